@@ -1,0 +1,51 @@
+# Makefile — the two commands of the README, and the pieces they are made of.
+#   make demo   install deps, build, run the main job
+#   make test   install deps, build, run every test (unit, Python, sanitizers, fuzz)
+BUILD ?= build
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 20
+
+.PHONY: demo test deps deps-test build build-asan build-fuzz unit pytest asan fuzz bench clean
+
+demo: deps build
+	./$(BUILD)/ddtree tree --draw < examples/tree_problem.json
+	./$(BUILD)/ddtree tree < examples/tree_problem.json
+
+test: deps-test build unit pytest asan fuzz
+	@echo "make test: all tests passed"
+
+deps:
+	scripts/install-deps.sh
+deps-test:
+	scripts/install-deps.sh --tests
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+pytest: build
+	DDT_BUILD_DIR=$(abspath $(BUILD)) python3 -m pytest -q tests/python
+
+build-asan:
+	CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDT_SANITIZE=ON -DDDT_CUDA=OFF >/dev/null
+	cmake --build build-asan -j $(JOBS)
+
+asan: build-asan
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	DDT_BUILD_DIR=$(abspath build-asan) DDT_PYTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=0 python3 -m pytest -q tests/python -k "cli"
+
+build-fuzz:
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDDT_FUZZ=ON -DDDT_CUDA=OFF >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+
+fuzz: build-fuzz
+	scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+bench: build
+	./$(BUILD)/bench_tree
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
