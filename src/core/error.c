@@ -48,5 +48,13 @@ void ddt_error_prefix(ddt_error *err, const char *fmt, ...) {
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", head, old);
+    old[sizeof old - 1] = '\0';
+    /* truncation is fine: the message is for humans and stays NUL-terminated */
+    size_t hl = strlen(head);
+    memcpy(err->msg, head, hl + 1);
+    size_t room = sizeof err->msg - 1 - hl;
+    size_t ol = strlen(old);
+    if (ol > room) ol = room;
+    memcpy(err->msg + hl, old, ol);
+    err->msg[hl + ol] = '\0';
 }
