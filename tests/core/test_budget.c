@@ -1,0 +1,117 @@
+/*
+ * test_budget.c — the cost-aware ("auto") budget: interpolation of the verify
+ * cost table, checks of bad tables, and the stopping rule of the builder
+ * (src/core/budget.c, src/core/tree.c).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/detmath.h"
+#include "ddtree.h"
+
+static void test_interpolation(void **state) {
+    (void)state;
+    float nodes[3] = {0.0f, 10.0f, 30.0f};
+    float ctx[2] = {1000.0f, 3000.0f};
+    float ver[6] = {1.0f, 2.0f, 6.0f, /* at 1000 */ 3.0f, 4.0f, 8.0f /* at 3000 */};
+    ddt_cost_model c = {0.5f, 3, nodes, 2, ctx, ver, 2000.0f};
+    assert_int_equal(ddt_cost_check(&c, NULL), DDT_OK);
+    assert_float_equal(ddt_cost_verify(&c, 0.0f), 2.0f, 1e-6);
+    assert_float_equal(ddt_cost_verify(&c, 5.0f), 2.5f, 1e-6);
+    assert_float_equal(ddt_cost_verify(&c, 20.0f), 5.0f, 1e-6);
+    assert_float_equal(ddt_cost_verify(&c, 99.0f), 7.0f, 1e-6); /* clamped */
+    c.context_len = 0.0f;
+    assert_float_equal(ddt_cost_verify(&c, 10.0f), 2.0f, 1e-6);
+    c.context_len = 1e9f;
+    assert_float_equal(ddt_cost_verify(&c, 10.0f), 4.0f, 1e-6);
+    assert_float_equal(ddt_cost_theta(&c, 10.0f, 1.0f), 2.0f / 4.5f, 1e-6);
+}
+
+static void test_bad_models(void **state) {
+    (void)state;
+    ddt_error err;
+    float nodes[3] = {0.0f, 10.0f, 5.0f};
+    float ver[3] = {1.0f, 2.0f, 3.0f};
+    ddt_cost_model c = {0.5f, 3, nodes, 1, NULL, ver, 0.0f};
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "increasing"));
+    nodes[2] = 20.0f;
+    ver[1] = 0.0f;
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "verify[0][1]"));
+    ver[1] = NAN;
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_ERR_INVALID);
+    ver[1] = 2.0f;
+    c.draft = -1.0f;
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "draft"));
+    c.draft = 0.5f;
+    c.n_nodes = 0;
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_ERR_INVALID);
+}
+
+/* The builder stops at the first n where theta(n+1) <= theta(n), and the tree
+ * it returns is the fixed-budget tree cut at that n. */
+static void test_auto_budget_stops_where_theta_peaks(void **state) {
+    (void)state;
+    enum { D = 6, K = 8 };
+    float logq[D * K];
+    int32_t tok[D * K];
+    srand(3);
+    for (int d = 0; d < D; d++) {
+        float v = -0.05f;
+        for (int r = 0; r < K; r++) {
+            logq[d * K + r] = v;
+            v -= 0.2f + (float)(rand() % 100) / 50.0f;
+            tok[d * K + r] = r;
+        }
+    }
+    ddt_draft_table tb = {D, K, logq, tok};
+    float nodes[4] = {0.0f, 8.0f, 32.0f, 128.0f};
+    float ver[4] = {1.0f, 1.05f, 1.6f, 4.0f};
+    ddt_cost_model c = {0.2f, 4, nodes, 1, NULL, ver, 0.0f};
+    ddt_builder *b;
+    ddt_tree t, full;
+    assert_int_equal(ddt_builder_create(256, &b, NULL), DDT_OK);
+    assert_int_equal(ddt_tree_alloc(257, &t, NULL), DDT_OK);
+    assert_int_equal(ddt_tree_alloc(257, &full, NULL), DDT_OK);
+    assert_int_equal(ddt_tree_build(b, &tb, 0, 256, &c, 0, &t, NULL), DDT_OK);
+    assert_int_equal(ddt_tree_build(b, &tb, 0, 256, NULL, 0, &full, NULL), DDT_OK);
+    int32_t n = t.n_nodes - 1;
+    assert_true(n > 0 && n < 256);
+    assert_memory_equal(t.token, full.token, (size_t)t.n_nodes * sizeof(int32_t));
+    assert_memory_equal(t.parent, full.parent, (size_t)t.n_nodes * sizeof(int32_t));
+    /* recompute theta along the full tree's pop order */
+    float phi = 0.0f, theta = ddt_cost_theta(&c, 0.0f, 0.0f);
+    for (int32_t i = 1; i <= n; i++) {
+        phi += ddt_exp_det(full.logw[i]);
+        float th = ddt_cost_theta(&c, (float)i, phi);
+        assert_true(th > theta);
+        theta = th;
+    }
+    float phi_next = phi + ddt_exp_det(full.logw[n + 1]);
+    assert_true(ddt_cost_theta(&c, (float)(n + 1), phi_next) <= theta);
+    /* flat cost: more nodes always help, so the cap is reached */
+    float flat[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    c.verify = flat;
+    assert_int_equal(ddt_tree_build(b, &tb, 0, 100, &c, 0, &t, NULL), DDT_OK);
+    assert_int_equal(t.n_nodes, 101);
+    ddt_tree_free(&t);
+    ddt_tree_free(&full);
+    ddt_builder_destroy(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_interpolation),
+        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_auto_budget_stops_where_theta_peaks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
