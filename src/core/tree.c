@@ -3,6 +3,8 @@
  * top-K table (Algorithm 1 of DDTree, arXiv 2604.12989), the DFlash chain, and
  * trees given as parent arrays.
  *
+ * The loop itself lives in best_first.h, shared with the CUDA backend.
+ *
  * Best-first build.  The weight of a prefix u = (u_1..u_d) is
  * log w(u) = sum_i log q_i(u_i); the B heaviest prefixes form a tree because
  * weights only shrink along a path.  A max-heap holds the frontier: each entry is
@@ -20,16 +22,9 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/detmath.h"
+#include "core/best_first.h"
 #include "core/error.h"
 #include "ddtree.h"
-
-typedef struct heap_entry {
-    float logw;     /* weight of the prefix this entry would add */
-    int32_t parent; /* node index of its parent in the tree being built */
-    int32_t depth;  /* 1..D */
-    int32_t rank;   /* rank in row depth-1 of the table */
-} heap_entry;
 
 /* Open-addressing set of token ids, stamped with an epoch so it never needs clearing. */
 #define DUP_SLOTS 4096
@@ -37,9 +32,9 @@ typedef struct heap_entry {
 struct ddt_builder {
     int32_t max_budget;
     int32_t heap_cap;
-    int32_t heap_n;
-    heap_entry *heap;                 /* [heap_cap] */
+    ddt_bf_entry *heap;               /* [heap_cap] */
     uint16_t (*ranks)[DDT_MAX_DEPTH]; /* [max_budget + 1] rank tuple of each built node */
+    float *vcost;                     /* [max_budget + 1] verify cost per node count (auto budget) */
     int32_t dup_token[DUP_SLOTS];
     uint32_t dup_epoch[DUP_SLOTS];
     uint32_t epoch;
@@ -162,7 +157,8 @@ ddt_status ddt_builder_create(int32_t max_budget, ddt_builder **out, ddt_error *
     b->heap_cap = max_budget + 2; /* each pop removes one entry and adds at most two */
     b->heap = ddt_calloc_array((size_t)b->heap_cap, sizeof *b->heap);
     b->ranks = ddt_calloc_array((size_t)max_budget + 1, sizeof *b->ranks);
-    if (!b->heap || !b->ranks) {
+    b->vcost = ddt_calloc_array((size_t)max_budget + 1, sizeof *b->vcost);
+    if (!b->heap || !b->ranks || !b->vcost) {
         ddt_builder_destroy(b);
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating a tree builder");
     }
@@ -174,50 +170,8 @@ void ddt_builder_destroy(ddt_builder *b) {
     if (!b) return;
     free(b->heap);
     free(b->ranks);
+    free(b->vcost);
     free(b);
-}
-
-/* Rank tuple element i (0-based) of a heap entry: its parent's tuple, then its own rank. */
-static inline int32_t entry_rank_at(const ddt_builder *b, const heap_entry *e, int32_t i) {
-    return i == e->depth - 1 ? e->rank : (int32_t)b->ranks[e->parent][i];
-}
-
-/* True when entry a pops before entry b. */
-static bool entry_before(const ddt_builder *b, const heap_entry *a, const heap_entry *e2) {
-    if (a->logw != e2->logw) return a->logw > e2->logw;
-    int32_t m = a->depth < e2->depth ? a->depth : e2->depth;
-    for (int32_t i = 0; i < m; i++) {
-        int32_t ra = entry_rank_at(b, a, i), rb = entry_rank_at(b, e2, i);
-        if (ra != rb) return ra < rb;
-    }
-    return a->depth < e2->depth;
-}
-
-static void heap_push(ddt_builder *b, heap_entry e) {
-    int32_t i = b->heap_n++;
-    while (i > 0) {
-        int32_t p = (i - 1) / 2;
-        if (!entry_before(b, &e, &b->heap[p])) break;
-        b->heap[i] = b->heap[p];
-        i = p;
-    }
-    b->heap[i] = e;
-}
-
-static heap_entry heap_pop(ddt_builder *b) {
-    heap_entry top = b->heap[0];
-    heap_entry last = b->heap[--b->heap_n];
-    int32_t n = b->heap_n, i = 0;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && entry_before(b, &b->heap[c + 1], &b->heap[c])) c++;
-        if (!entry_before(b, &b->heap[c], &last)) break;
-        b->heap[i] = b->heap[c];
-        i = c;
-    }
-    if (n > 0) b->heap[i] = last;
-    return top;
 }
 
 /* Siblings drawn from one row must carry distinct tokens, or the walk could not
@@ -275,49 +229,16 @@ ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *tb, int32_t roo
         return ddt_fail(err, DDT_ERR_RANGE, "tree capacity %d is below budget + 1 = %d",
                         tree->capacity, want + 1);
 
-    tree->n_nodes = 1;
-    tree->token[0] = root_token;
-    tree->parent[0] = -1;
-    tree->depth[0] = 0;
-    tree->rank[0] = -1;
-    tree->logw[0] = 0.0f;
     int32_t max_rank[DDT_MAX_DEPTH];
-    for (int32_t d = 0; d < DDT_MAX_DEPTH; d++) max_rank[d] = -1;
-
-    float phi = 0.0f, theta = 0.0f;
-    if (cost) theta = ddt_cost_theta(cost, 0.0f, 0.0f);
-
-    b->heap_n = 0;
-    if (want > 0) heap_push(b, (heap_entry){tb->logq[0], 0, 1, 0});
-    while (tree->n_nodes - 1 < want && b->heap_n > 0) {
-        heap_entry e = heap_pop(b);
-        if (cost) {
-            float phi_next = phi + ddt_exp_det(e.logw);
-            float theta_next = ddt_cost_theta(cost, (float)tree->n_nodes, phi_next);
-            if (!(theta_next > theta)) break; /* throughput stopped rising */
-            phi = phi_next;
-            theta = theta_next;
-        }
-        int32_t id = tree->n_nodes++;
-        const float *row = tb->logq + (size_t)(e.depth - 1) * (size_t)tb->k;
-        tree->token[id] = tb->token[(size_t)(e.depth - 1) * (size_t)tb->k + (size_t)e.rank];
-        tree->parent[id] = e.parent;
-        tree->depth[id] = e.depth;
-        tree->rank[id] = e.rank;
-        tree->logw[id] = e.logw;
-        if (e.rank > max_rank[e.depth - 1]) max_rank[e.depth - 1] = e.rank;
-        /* this node's rank tuple: its parent's, then its own rank */
-        if (e.depth > 1) memcpy(b->ranks[id], b->ranks[e.parent], (size_t)(e.depth - 1) * sizeof(uint16_t));
-        b->ranks[id][e.depth - 1] = (uint16_t)e.rank;
-        if (e.rank + 1 < tb->k) {
-            float w = tree->logw[e.parent] + row[e.rank + 1];
-            heap_push(b, (heap_entry){w, e.parent, e.depth, e.rank + 1});
-        }
-        if (e.depth < tb->depth) {
-            float w = e.logw + tb->logq[(size_t)e.depth * (size_t)tb->k];
-            heap_push(b, (heap_entry){w, id, e.depth + 1, 0});
-        }
-    }
+    if (cost)
+        for (int32_t n = 0; n <= want; n++) b->vcost[n] = ddt_cost_verify(cost, (float)n);
+    ddt_bf_args args = {
+        .logq = tb->logq, .token = tb->token, .depth = tb->depth, .k = tb->k, .want = want,
+        .root_token = root_token, .vcost = cost ? b->vcost : NULL,
+        .draft_cost = cost ? cost->draft : 0.0f, .heap = b->heap, .ranks = b->ranks,
+        .out_token = tree->token, .out_parent = tree->parent, .out_depth = tree->depth,
+        .out_rank = tree->rank, .out_logw = tree->logw, .max_rank = max_rank};
+    tree->n_nodes = ddt_best_first(&args);
     st = check_used_distinct(b, tb, max_rank, err);
     if (st) {
         tree->n_nodes = 0;

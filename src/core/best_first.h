@@ -1,0 +1,138 @@
+/*
+ * best_first.h — the best-first loop of the DDTree builder, written once as
+ * inline code that compiles both for the host (src/core/tree.c) and for the GPU
+ * (src/backend/cuda/tree_cuda.cu), so the two build the same tree node for node
+ * by construction rather than by two implementations agreeing.
+ *
+ * Inputs are raw arrays with every size already checked by the caller; nothing
+ * here allocates or reports errors.  See tree.c for the algorithm and the tie
+ * order (rank tuple, lexicographic, a prefix before its extensions).
+ */
+#ifndef DDT_CORE_BEST_FIRST_H
+#define DDT_CORE_BEST_FIRST_H
+
+#include <stdint.h>
+
+#include "core/detmath.h"
+#include "ddtree.h"
+
+#ifdef __CUDACC__
+#define DDT_HD __host__ __device__
+#else
+#define DDT_HD
+#endif
+
+typedef struct ddt_bf_entry {
+    float logw;     /* weight of the prefix this entry would add */
+    int32_t parent; /* node index of its parent */
+    int32_t depth;  /* 1..D */
+    int32_t rank;   /* rank in row depth-1 of the table */
+} ddt_bf_entry;
+
+typedef struct ddt_bf_args {
+    const float *logq;      /* [D][K] */
+    const int32_t *token;   /* [D][K] */
+    int32_t depth, k;       /* D, K */
+    int32_t want;           /* nodes to pop at most (budget, capped by the table size) */
+    int32_t root_token;
+    /* cost-aware stop: NULL for a fixed budget, else verify cost per node count
+     * [want + 1] and the draft cost; stop where theta stops rising */
+    const float *vcost;
+    float draft_cost;
+    /* workspace */
+    ddt_bf_entry *heap;               /* [want + 2] */
+    uint16_t (*ranks)[DDT_MAX_DEPTH]; /* [want + 1] rank tuple of each node */
+    /* outputs, [want + 1] each */
+    int32_t *out_token, *out_parent, *out_depth, *out_rank;
+    float *out_logw;
+    int32_t *max_rank; /* [D] highest rank used per depth, -1 if none */
+} ddt_bf_args;
+
+DDT_HD static inline int32_t ddt_bf_rank_at(const ddt_bf_args *a, const ddt_bf_entry *e, int32_t i) {
+    return i == e->depth - 1 ? e->rank : (int32_t)a->ranks[e->parent][i];
+}
+
+/* True when entry x pops before entry y. */
+DDT_HD static inline int ddt_bf_before(const ddt_bf_args *a, const ddt_bf_entry *x,
+                                       const ddt_bf_entry *y) {
+    if (x->logw != y->logw) return x->logw > y->logw;
+    int32_t m = x->depth < y->depth ? x->depth : y->depth;
+    for (int32_t i = 0; i < m; i++) {
+        int32_t rx = ddt_bf_rank_at(a, x, i), ry = ddt_bf_rank_at(a, y, i);
+        if (rx != ry) return rx < ry;
+    }
+    return x->depth < y->depth;
+}
+
+DDT_HD static inline void ddt_bf_push(const ddt_bf_args *a, int32_t *n, ddt_bf_entry e) {
+    int32_t i = (*n)++;
+    while (i > 0) {
+        int32_t p = (i - 1) / 2;
+        if (!ddt_bf_before(a, &e, &a->heap[p])) break;
+        a->heap[i] = a->heap[p];
+        i = p;
+    }
+    a->heap[i] = e;
+}
+
+DDT_HD static inline ddt_bf_entry ddt_bf_pop(const ddt_bf_args *a, int32_t *n) {
+    ddt_bf_entry top = a->heap[0];
+    ddt_bf_entry last = a->heap[--(*n)];
+    int32_t cnt = *n, i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= cnt) break;
+        if (c + 1 < cnt && ddt_bf_before(a, &a->heap[c + 1], &a->heap[c])) c++;
+        if (!ddt_bf_before(a, &a->heap[c], &last)) break;
+        a->heap[i] = a->heap[c];
+        i = c;
+    }
+    if (cnt > 0) a->heap[i] = last;
+    return top;
+}
+
+/* Runs the best-first loop; returns the node count including the root. */
+DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
+    a->out_token[0] = a->root_token;
+    a->out_parent[0] = -1;
+    a->out_depth[0] = 0;
+    a->out_rank[0] = -1;
+    a->out_logw[0] = 0.0f;
+    for (int32_t d = 0; d < a->depth; d++) a->max_rank[d] = -1;
+    int32_t nodes = 1, heap_n = 0;
+    float phi = 0.0f, theta = 0.0f;
+    if (a->vcost) theta = 1.0f / (a->draft_cost + a->vcost[0]);
+    if (a->want > 0) ddt_bf_push(a, &heap_n, (ddt_bf_entry){a->logq[0], 0, 1, 0});
+    while (nodes - 1 < a->want && heap_n > 0) {
+        ddt_bf_entry e = ddt_bf_pop(a, &heap_n);
+        if (a->vcost) {
+            float phi_next = phi + ddt_exp_det(e.logw);
+            float theta_next = (1.0f + phi_next) / (a->draft_cost + a->vcost[nodes]);
+            if (!(theta_next > theta)) break; /* throughput stopped rising */
+            phi = phi_next;
+            theta = theta_next;
+        }
+        int32_t id = nodes++;
+        size_t row = (size_t)(e.depth - 1) * (size_t)a->k;
+        a->out_token[id] = a->token[row + (size_t)e.rank];
+        a->out_parent[id] = e.parent;
+        a->out_depth[id] = e.depth;
+        a->out_rank[id] = e.rank;
+        a->out_logw[id] = e.logw;
+        if (e.rank > a->max_rank[e.depth - 1]) a->max_rank[e.depth - 1] = e.rank;
+        for (int32_t i = 0; i < e.depth - 1; i++) a->ranks[id][i] = a->ranks[e.parent][i];
+        a->ranks[id][e.depth - 1] = (uint16_t)e.rank;
+        /* a child's weight is always fp32(parent weight + logq): reproducible anywhere */
+        if (e.rank + 1 < a->k)
+            ddt_bf_push(a, &heap_n,
+                        (ddt_bf_entry){a->out_logw[e.parent] + a->logq[row + (size_t)e.rank + 1],
+                                       e.parent, e.depth, e.rank + 1});
+        if (e.depth < a->depth)
+            ddt_bf_push(a, &heap_n,
+                        (ddt_bf_entry){e.logw + a->logq[(size_t)e.depth * (size_t)a->k], id,
+                                       e.depth + 1, 0});
+    }
+    return nodes;
+}
+
+#endif
