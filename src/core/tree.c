@@ -115,7 +115,9 @@ static ddt_status check_token(int32_t tok, int32_t vocab, const char *what, int3
     return DDT_OK;
 }
 
-/* Rows sorted descending, no NaN or +inf, tokens in range; columns [0, kcheck). */
+/* Rows sorted descending, no NaN or +inf, tokens in range; columns [0, kcheck).
+ * The table is the biggest input of a round (D x K), so a branch-free pass looks
+ * for any fault first and only a faulty table pays for the search that names it. */
 static ddt_status check_table(const ddt_draft_table *tb, int32_t kcheck, int32_t vocab,
                               ddt_error *err) {
     if (!tb || !tb->logq || !tb->token)
@@ -125,6 +127,16 @@ static ddt_status check_table(const ddt_draft_table *tb, int32_t kcheck, int32_t
                         DDT_MAX_DEPTH);
     if (tb->k < 1 || tb->k > DDT_MAX_TOPK)
         return ddt_fail(err, DDT_ERR_RANGE, "draft table K %d outside 1..%d", tb->k, DDT_MAX_TOPK);
+    uint32_t limit = vocab > 0 ? (uint32_t)vocab : (uint32_t)INT32_MAX + 1u;
+    int bad = 0;
+    for (int32_t d = 0; d < tb->depth; d++) {
+        const float *row = tb->logq + (size_t)d * (size_t)tb->k;
+        const int32_t *tok = tb->token + (size_t)d * (size_t)tb->k;
+        bad |= !(row[0] < INFINITY); /* NaN or +inf */
+        for (int32_t r = 1; r < kcheck; r++) bad |= !(row[r] <= row[r - 1]); /* NaN fails too */
+        for (int32_t r = 0; r < kcheck; r++) bad |= (uint32_t)tok[r] >= limit;
+    }
+    if (!bad) return DDT_OK;
     for (int32_t d = 0; d < tb->depth; d++) {
         const float *row = tb->logq + (size_t)d * (size_t)tb->k;
         const int32_t *tok = tb->token + (size_t)d * (size_t)tb->k;
@@ -140,7 +152,7 @@ static ddt_status check_table(const ddt_draft_table *tb, int32_t kcheck, int32_t
             if (st) return st;
         }
     }
-    return DDT_OK;
+    return ddt_fail(err, DDT_ERR_INTERNAL, "draft table check disagrees with itself");
 }
 
 /* ------------------------------------------------------------------ builder */
