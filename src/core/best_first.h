@@ -48,6 +48,16 @@ typedef struct ddt_bf_args {
     int32_t *max_rank; /* [D] highest rank used per depth, -1 if none */
 } ddt_bf_args;
 
+DDT_HD static inline ddt_bf_entry ddt_bf_make(float logw, int32_t parent, int32_t depth,
+                                             int32_t rank) {
+    ddt_bf_entry e;
+    e.logw = logw;
+    e.parent = parent;
+    e.depth = depth;
+    e.rank = rank;
+    return e;
+}
+
 DDT_HD static inline int32_t ddt_bf_rank_at(const ddt_bf_args *a, const ddt_bf_entry *e, int32_t i) {
     return i == e->depth - 1 ? e->rank : (int32_t)a->ranks[e->parent][i];
 }
@@ -102,7 +112,7 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
     int32_t nodes = 1, heap_n = 0;
     float phi = 0.0f, theta = 0.0f;
     if (a->vcost) theta = 1.0f / (a->draft_cost + a->vcost[0]);
-    if (a->want > 0) ddt_bf_push(a, &heap_n, (ddt_bf_entry){a->logq[0], 0, 1, 0});
+    if (a->want > 0) ddt_bf_push(a, &heap_n, ddt_bf_make(a->logq[0], 0, 1, 0));
     while (nodes - 1 < a->want && heap_n > 0) {
         ddt_bf_entry e = ddt_bf_pop(a, &heap_n);
         if (a->vcost) {
@@ -125,12 +135,12 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
         /* a child's weight is always fp32(parent weight + logq): reproducible anywhere */
         if (e.rank + 1 < a->k)
             ddt_bf_push(a, &heap_n,
-                        (ddt_bf_entry){a->out_logw[e.parent] + a->logq[row + (size_t)e.rank + 1],
-                                       e.parent, e.depth, e.rank + 1});
+                        ddt_bf_make(a->out_logw[e.parent] + a->logq[row + (size_t)e.rank + 1],
+                                    e.parent, e.depth, e.rank + 1));
         if (e.depth < a->depth)
             ddt_bf_push(a, &heap_n,
-                        (ddt_bf_entry){e.logw + a->logq[(size_t)e.depth * (size_t)a->k], id,
-                                       e.depth + 1, 0});
+                        ddt_bf_make(e.logw + a->logq[(size_t)e.depth * (size_t)a->k], id,
+                                    e.depth + 1, 0));
     }
     return nodes;
 }

@@ -1,0 +1,84 @@
+/*
+ * tree_cuda.h — the DDTree round's tree kernels on the GPU: per-depth top-K of
+ * the drafter's logits, the best-first tree build, the argmax of the target's
+ * logits per node, and the bounded walk ("accept").  Every launcher takes a
+ * stream and reads its data-dependent inputs (the root token, the node count)
+ * from device memory, so a round runs with no host synchronisation and can be
+ * captured in a CUDA graph.
+ *
+ * Device-side faults (a table with NaN or unsorted rows, a malformed tree) do
+ * not trap: the kernel writes a non-zero code into the status word and a safe
+ * result (a root-only tree, an empty walk), and the host reads the status when
+ * it next synchronises.
+ */
+#ifndef DDT_CUDA_TREE_H
+#define DDT_CUDA_TREE_H
+
+#include <stdint.h>
+
+#include "ddtree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *ddt_stream; /* cudaStream_t without including CUDA */
+
+/* Status codes written by the kernels into ddt_cuda_tree.status. */
+enum {
+    DDT_CUDA_TREE_OK = 0,
+    DDT_CUDA_TREE_BAD_TABLE = 1, /* NaN / +inf / unsorted row / token out of range */
+    DDT_CUDA_TREE_BAD_TREE = 2,  /* walk input malformed */
+    DDT_CUDA_TREE_BAD_TARGET = 3 /* target_next out of range */
+};
+
+/* Device buffers of one tree, sized once for a maximum budget. All pointers are
+ * device pointers. */
+typedef struct ddt_cuda_tree {
+    int32_t capacity;      /* max nodes incl. root */
+    int32_t vis_words;     /* ceil(capacity / 64) */
+    int32_t *token;        /* [capacity] */
+    int32_t *parent;       /* [capacity] */
+    int32_t *depth;        /* [capacity] */
+    int32_t *rank;         /* [capacity] */
+    float *logw;           /* [capacity] */
+    uint64_t *vis;         /* [capacity][vis_words] */
+    int32_t *n_nodes;      /* [1] nodes built, incl. root */
+    int32_t *status;       /* [1] DDT_CUDA_TREE_* */
+    int32_t *root_token;   /* [1] the root (previous bonus); the walk writes the next one */
+    int32_t *path;         /* [DDT_MAX_PATH] accepted node ids */
+    int32_t *path_len;     /* [1] */
+    int32_t *bonus;        /* [1] */
+    /* workspace */
+    void *heap;            /* [capacity + 1] best-first heap entries */
+    uint16_t *ranks;       /* [capacity][DDT_MAX_DEPTH] rank tuples */
+    int32_t *max_rank;     /* [DDT_MAX_DEPTH] */
+} ddt_cuda_tree;
+
+ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, ddt_error *err);
+void ddt_cuda_tree_free(ddt_cuda_tree *t);
+
+/* Top-K per row: logits [rows][vocab] fp32 -> logq [rows][k] = z - logsumexp(z),
+ * sorted descending (ties: lower token id first), token [rows][k].  k <= 1024. */
+ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab, int32_t k,
+                                    float *logq, int32_t *token, ddt_stream stream,
+                                    ddt_error *err);
+
+/* Best-first build from a device table [depth][k] with *t->root_token as root. */
+ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_t *token,
+                               int32_t depth, int32_t k, int32_t budget, int32_t vocab,
+                               ddt_stream stream, ddt_error *err);
+
+/* target_next[i] = argmax over logits[i][:] (lowest id on ties) for i < *n_nodes. */
+ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int32_t *n_rows,
+                                int32_t vocab, int32_t *target_next, ddt_stream stream,
+                                ddt_error *err);
+
+/* Walk: path, path_len, bonus; and *root_token = bonus for the next round. */
+ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next, int32_t vocab,
+                                ddt_stream stream, ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,396 @@
+/*
+ * test_cuda_tree.c — GPU tests of the tree kernels against the CPU core, run on
+ * the H200 by scripts/gpu-test.sh (CI compiles it but has no GPU to run it).
+ *
+ *  - top-K + log-softmax vs a double-precision CPU reference (ids exactly, ties
+ *    to the lowest id; log-probabilities by normalised error);
+ *  - best-first build vs ddt_tree_build on the same table: every node bitwise;
+ *    visibility rows; a bad table gives the status code and a root-only tree;
+ *  - argmax per row vs CPU (lowest id on ties);
+ *  - walk vs ddt_tree_walk; damaged trees and targets give status codes.
+ * Output buffers are poisoned (0xFF bytes: NaN floats, -1 ints) before each
+ * launch so unwritten entries show.  Exit status 0 only when every check passes.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/tree_cuda.h"
+#include "ddtree.h"
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            g_failures++;                                                                 \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                          \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fputc('\n', stderr);                                                          \
+        }                                                                                 \
+    } while (0)
+#define CU(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
+                    cudaGetErrorString(e_));                                              \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+#define OK(call)                                                                          \
+    do {                                                                                  \
+        ddt_error err_;                                                                   \
+        if ((call) != DDT_OK) {                                                           \
+            fprintf(stderr, "error at %s:%d: %s\n", __FILE__, __LINE__, err_.msg);       \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+/* ------------------------------------------------------------------ top-K */
+
+static const float *g_z;
+static int cmp_ref(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    if (g_z[i] != g_z[j]) return g_z[i] > g_z[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+static void test_topk(int rows, int vocab, int k, int ties) {
+    size_t n = (size_t)rows * (size_t)vocab;
+    float *z = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        z[i] = ties ? (float)((int)(rnd() % 33) - 16) * 0.25f : 8.0f * rndf() - 4.0f;
+    float *dz, *dq;
+    int32_t *dt;
+    CU(cudaMalloc((void **)&dz, n * sizeof(float)));
+    CU(cudaMalloc((void **)&dq, (size_t)rows * (size_t)k * sizeof(float)));
+    CU(cudaMalloc((void **)&dt, (size_t)rows * (size_t)k * sizeof(int32_t)));
+    CU(cudaMemcpy(dz, z, n * sizeof(float), cudaMemcpyHostToDevice));
+    CU(cudaMemset(dq, 0xff, (size_t)rows * (size_t)k * sizeof(float)));
+    CU(cudaMemset(dt, 0xff, (size_t)rows * (size_t)k * sizeof(int32_t)));
+    OK(ddt_cuda_topk_logsoftmax(dz, rows, vocab, k, dq, dt, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    float *q = malloc((size_t)rows * (size_t)k * sizeof(float));
+    int32_t *t = malloc((size_t)rows * (size_t)k * sizeof(int32_t));
+    CU(cudaMemcpy(q, dq, (size_t)rows * (size_t)k * sizeof(float), cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(t, dt, (size_t)rows * (size_t)k * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    int *idx = malloc((size_t)vocab * sizeof(int));
+    double num = 0.0, den = 0.0;
+    int id_mismatch = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *zr = z + (size_t)r * (size_t)vocab;
+        double m = -INFINITY, s = 0.0;
+        for (int i = 0; i < vocab; i++) m = fmax(m, zr[i]);
+        for (int i = 0; i < vocab; i++) s += exp((double)zr[i] - m);
+        double lse = m + log(s);
+        for (int i = 0; i < vocab; i++) idx[i] = i;
+        g_z = zr;
+        qsort(idx, (size_t)vocab, sizeof(int), cmp_ref);
+        for (int j = 0; j < k; j++) {
+            id_mismatch += t[r * k + j] != idx[j];
+            double ref = (double)zr[idx[j]] - lse, got = q[r * k + j];
+            num += (got - ref) * (got - ref);
+            den += ref * ref + 1e-30;
+            if (j > 0) CHECK(q[r * k + j] <= q[r * k + j - 1], "top-K row %d not sorted at %d", r, j);
+        }
+    }
+    double nerr = sqrt(num / den);
+    CHECK(id_mismatch == 0, "top-K rows %d vocab %d k %d ties %d: %d ids differ", rows, vocab, k,
+          ties, id_mismatch);
+    CHECK(nerr < 1e-6, "top-K rows %d vocab %d k %d: normalised error %g", rows, vocab, k, nerr);
+    printf("topk rows %d vocab %d k %d ties %d: ids equal, normalised error %.2e\n", rows, vocab, k,
+           ties, nerr);
+    free(z);
+    free(q);
+    free(t);
+    free(idx);
+    CU(cudaFree(dz));
+    CU(cudaFree(dq));
+    CU(cudaFree(dt));
+}
+
+/* ------------------------------------------------------------------ build + walk */
+
+typedef struct host_tree {
+    int32_t n, status, token[DDT_MAX_NODES], parent[DDT_MAX_NODES], depth[DDT_MAX_NODES],
+        rank[DDT_MAX_NODES];
+    float logw[DDT_MAX_NODES];
+    uint64_t vis[DDT_MAX_NODES * ((DDT_MAX_NODES + 63) / 64)];
+} host_tree;
+
+static void fetch_tree(const ddt_cuda_tree *dt, host_tree *h) {
+    CU(cudaMemcpy(&h->n, dt->n_nodes, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&h->status, dt->status, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    size_t c = (size_t)dt->capacity;
+    CU(cudaMemcpy(h->token, dt->token, c * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(h->parent, dt->parent, c * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(h->depth, dt->depth, c * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(h->rank, dt->rank, c * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(h->logw, dt->logw, c * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(h->vis, dt->vis, c * (size_t)dt->vis_words * 8, cudaMemcpyDeviceToHost));
+}
+
+static void poison_tree(const ddt_cuda_tree *dt) {
+    size_t c = (size_t)dt->capacity;
+    CU(cudaMemset(dt->token, 0xff, c * 4));
+    CU(cudaMemset(dt->parent, 0xff, c * 4));
+    CU(cudaMemset(dt->depth, 0xff, c * 4));
+    CU(cudaMemset(dt->rank, 0xff, c * 4));
+    CU(cudaMemset(dt->logw, 0xff, c * 4));
+    CU(cudaMemset(dt->vis, 0xff, c * (size_t)dt->vis_words * 8));
+    CU(cudaMemset(dt->path, 0xff, DDT_MAX_PATH * 4));
+}
+
+static int cmp_fdesc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static void test_build_and_walk(int iters) {
+    ddt_cuda_tree dt;
+    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &dt, &err_));
+    ddt_builder *b;
+    ddt_tree ct;
+    OK(ddt_builder_create(DDT_MAX_BUDGET, &b, &err_));
+    OK(ddt_tree_alloc(DDT_MAX_NODES, &ct, &err_));
+    static float logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+    static int32_t tok[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+    static host_tree h;
+    float *dq;
+    int32_t *dtok, *dnext;
+    CU(cudaMalloc((void **)&dq, sizeof logq));
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&dnext, DDT_MAX_NODES * 4));
+    int mismatched = 0, walks = 0, long_walks = 0;
+    for (int it = 0; it < iters; it++) {
+        int D = 1 + (int)(rnd() % (it % 3 ? 15 : 31));
+        int K = (it % 5 == 0) ? 1 + (int)(rnd() % 1024) : 1 + (int)(rnd() % 64);
+        int B = (int)(rnd() % 1025);
+        int ties = it % 4 == 0;
+        for (int d = 0; d < D; d++) {
+            for (int r = 0; r < K; r++) {
+                logq[d * K + r] = ties ? -(float)(rnd() % 6) * 0.5f : -6.0f * rndf();
+                tok[d * K + r] = r * 3 + (int)(rnd() % 3); /* distinct within a row */
+            }
+            qsort(logq + d * K, (size_t)K, sizeof(float), cmp_fdesc);
+        }
+        int32_t root = (int32_t)(rnd() % 5000);
+        ddt_draft_table tb = {D, K, logq, tok};
+        OK(ddt_tree_build(b, &tb, root, B, NULL, 5000, &ct, &err_));
+        poison_tree(&dt);
+        CU(cudaMemcpy(dq, logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dtok, tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+        OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, B, 5000, NULL, &err_));
+        CU(cudaDeviceSynchronize());
+        fetch_tree(&dt, &h);
+        int bad = h.status != 0 || h.n != ct.n_nodes;
+        for (int i = 0; !bad && i < h.n; i++) {
+            bad |= h.token[i] != ct.token[i] || h.parent[i] != ct.parent[i] ||
+                   h.depth[i] != ct.depth[i] || h.rank[i] != ct.rank[i] ||
+                   memcmp(&h.logw[i], &ct.logw[i], 4) != 0;
+            bad |= memcmp(h.vis + (size_t)i * (size_t)dt.vis_words,
+                          ct.vis + (size_t)i * (size_t)ct.vis_words, (size_t)ct.vis_words * 8) != 0;
+        }
+        if (bad) {
+            mismatched++;
+            if (mismatched < 5)
+                fprintf(stderr, "build mismatch: D %d K %d B %d: gpu n %d status %d, cpu n %d\n",
+                        D, K, B, h.n, h.status, ct.n_nodes);
+            continue;
+        }
+        /* walk: the target follows a random root-to-node path, then disagrees */
+        static int32_t next[DDT_MAX_NODES];
+        for (int i = 0; i < ct.n_nodes; i++) {
+            int c = ct.first_child[i], pick = (int)(rnd() % 4);
+            while (c >= 0 && pick-- > 0 && ct.next_sibling[c] >= 0) c = ct.next_sibling[c];
+            next[i] = (c >= 0 && rnd() % 8) ? ct.token[c] : (int32_t)(rnd() % 5000);
+        }
+        ddt_walk_result w;
+        OK(ddt_tree_walk(&ct, next, 5000, &w, &err_));
+        CU(cudaMemcpy(dnext, next, (size_t)ct.n_nodes * 4, cudaMemcpyHostToDevice));
+        OK(ddt_cuda_tree_accept(&dt, dnext, 5000, NULL, &err_));
+        int32_t path[DDT_MAX_PATH], len, bonus, status, nroot;
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(&len, dt.path_len, 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&bonus, dt.bonus, 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&status, dt.status, 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&nroot, dt.root_token, 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(path, dt.path, sizeof path, cudaMemcpyDeviceToHost));
+        CHECK(status == 0 && len == w.length && bonus == w.bonus && nroot == w.bonus &&
+                  memcmp(path, w.path, (size_t)len * 4) == 0,
+              "walk mismatch: D %d K %d B %d: gpu len %d bonus %d status %d, cpu len %d bonus %d",
+              D, K, B, len, bonus, status, w.length, w.bonus);
+        walks++;
+        long_walks += w.length > 3;
+    }
+    CHECK(mismatched == 0, "%d of %d builds differ from the CPU", mismatched, iters);
+    printf("build: %d random problems, %d differ from the CPU; walk: %d compared (%d longer than 3)\n",
+           iters, mismatched, walks, long_walks);
+
+    /* a table with NaN: status, and a root-only tree */
+    int D = 3, K = 4;
+    for (int i = 0; i < D * K; i++) {
+        logq[i] = -(float)(i % K);
+        tok[i] = i;
+    }
+    logq[6] = NAN;
+    int32_t root = 17;
+    CU(cudaMemcpy(dq, logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dtok, tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+    poison_tree(&dt);
+    OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, 10, 5000, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    fetch_tree(&dt, &h);
+    CHECK(h.status == DDT_CUDA_TREE_BAD_TABLE && h.n == 1 && h.token[0] == 17 && h.vis[0] == 1,
+          "NaN table: status %d n %d", h.status, h.n);
+    /* unsorted row */
+    logq[6] = 0.5f;
+    CU(cudaMemcpy(dq, logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, 10, 5000, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    fetch_tree(&dt, &h);
+    CHECK(h.status == DDT_CUDA_TREE_BAD_TABLE && h.n == 1, "unsorted table: status %d", h.status);
+    /* a good table, then a damaged tree: a parent pointing forward (a cycle) */
+    logq[6] = -2.0f;
+    CU(cudaMemcpy(dq, logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, 10, 5000, NULL, &err_));
+    int32_t next[11] = {0}, cyc = 5;
+    CU(cudaMemcpy(dnext, next, sizeof next, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dt.parent + 3, &cyc, 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_accept(&dt, dnext, 5000, NULL, &err_));
+    int32_t status, len;
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&status, dt.status, 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&len, dt.path_len, 4, cudaMemcpyDeviceToHost));
+    CHECK(status == DDT_CUDA_TREE_BAD_TREE && len == 0, "cyclic tree: status %d len %d", status, len);
+    /* target out of vocabulary */
+    OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, 10, 5000, NULL, &err_));
+    next[2] = 999999;
+    CU(cudaMemcpy(dnext, next, sizeof next, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_accept(&dt, dnext, 5000, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&status, dt.status, 4, cudaMemcpyDeviceToHost));
+    CHECK(status == DDT_CUDA_TREE_BAD_TARGET, "bad target: status %d", status);
+    printf("bad table / damaged tree / bad target: status codes checked\n");
+
+    CU(cudaFree(dq));
+    CU(cudaFree(dtok));
+    CU(cudaFree(dnext));
+    ddt_cuda_tree_free(&dt);
+    ddt_tree_free(&ct);
+    ddt_builder_destroy(b);
+}
+
+/* The device pipeline: top-K from logits, build from that table; the CPU builds
+ * from the GPU's table and must agree node for node. */
+static void test_pipeline(void) {
+    enum { D = 15, V = 32003, K = 256, B = 256 };
+    float *z = malloc((size_t)D * V * sizeof(float));
+    for (size_t i = 0; i < (size_t)D * V; i++) z[i] = 6.0f * rndf() + ((i % V) == 7 ? 5.0f : 0.0f);
+    float *dz, *dq;
+    int32_t *dtok;
+    CU(cudaMalloc((void **)&dz, (size_t)D * V * sizeof(float)));
+    CU(cudaMalloc((void **)&dq, (size_t)D * K * sizeof(float)));
+    CU(cudaMalloc((void **)&dtok, (size_t)D * K * sizeof(int32_t)));
+    CU(cudaMemcpy(dz, z, (size_t)D * V * sizeof(float), cudaMemcpyHostToDevice));
+    ddt_cuda_tree dt;
+    OK(ddt_cuda_tree_alloc(B, &dt, &err_));
+    int32_t root = 3;
+    CU(cudaMemcpy(dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_topk_logsoftmax(dz, D, V, K, dq, dtok, NULL, &err_));
+    OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, B, V, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    static float logq[D * K];
+    static int32_t tok[D * K];
+    static host_tree h;
+    CU(cudaMemcpy(logq, dq, sizeof logq, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(tok, dtok, sizeof tok, cudaMemcpyDeviceToHost));
+    fetch_tree(&dt, &h);
+    ddt_builder *b;
+    ddt_tree ct;
+    OK(ddt_builder_create(B, &b, &err_));
+    OK(ddt_tree_alloc(B + 1, &ct, &err_));
+    ddt_draft_table tb = {D, K, logq, tok};
+    OK(ddt_tree_build(b, &tb, root, B, NULL, V, &ct, &err_));
+    int same = h.n == ct.n_nodes && h.status == 0;
+    for (int i = 0; same && i < h.n; i++)
+        same = h.token[i] == ct.token[i] && h.parent[i] == ct.parent[i];
+    CHECK(same, "pipeline: GPU tree differs from the CPU tree built on the GPU's table");
+    printf("pipeline top-K -> build (D %d, V %d, K %d, B %d): %s\n", D, V, K, B, same ? "equal" : "DIFFERENT");
+    ddt_builder_destroy(b);
+    ddt_tree_free(&ct);
+    ddt_cuda_tree_free(&dt);
+    free(z);
+    CU(cudaFree(dz));
+    CU(cudaFree(dq));
+    CU(cudaFree(dtok));
+}
+
+static void test_argmax(int rows, int vocab) {
+    size_t n = (size_t)rows * (size_t)vocab;
+    float *z = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) z[i] = (float)(rnd() % 50); /* many ties at the maximum */
+    float *dz;
+    int32_t *dout, *dn;
+    CU(cudaMalloc((void **)&dz, n * sizeof(float)));
+    CU(cudaMalloc((void **)&dout, (size_t)rows * 4));
+    CU(cudaMalloc((void **)&dn, 4));
+    CU(cudaMemcpy(dz, z, n * sizeof(float), cudaMemcpyHostToDevice));
+    int32_t used = rows - 2; /* rows past the node count stay untouched */
+    CU(cudaMemcpy(dn, &used, 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xff, (size_t)rows * 4));
+    OK(ddt_cuda_argmax_rows(dz, rows, dn, vocab, dout, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    int32_t *out = malloc((size_t)rows * 4);
+    CU(cudaMemcpy(out, dout, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        int32_t want = -1;
+        if (r < used) {
+            want = 0;
+            for (int i = 1; i < vocab; i++)
+                if (z[(size_t)r * vocab + i] > z[(size_t)r * vocab + want]) want = i;
+        }
+        bad += out[r] != want;
+    }
+    CHECK(bad == 0, "argmax rows %d vocab %d: %d rows differ", rows, vocab, bad);
+    printf("argmax rows %d vocab %d: %d differ\n", rows, vocab, bad);
+    free(z);
+    free(out);
+    CU(cudaFree(dz));
+    CU(cudaFree(dout));
+    CU(cudaFree(dn));
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* for compute-sanitizer */
+    test_topk(3, 1001, 1, 0);
+    test_topk(5, 1001, 7, 1);
+    test_topk(2, 50257, 64, 0);
+    test_topk(3, 163840, 1024, 1);
+    test_topk(1, 1000, 1000, 1);
+    if (!quick) test_topk(15, 163840, 512, 0);
+    test_build_and_walk(quick ? 20 : 400);
+    test_pipeline();
+    test_argmax(37, 50257);
+    test_argmax(5, 163840);
+    if (g_failures) {
+        printf("test_cuda_tree: %d FAILED checks\n", g_failures);
+        return 1;
+    }
+    printf("test_cuda_tree: all checks passed\n");
+    return 0;
+}
