@@ -67,9 +67,14 @@ typedef struct ddt_model_config {
     char **ignore;                   /* owned; module names or "re:" regexes left out of quantisation */
     int32_t bos_token_id;            /* -1 when absent */
     int32_t eos_token_id;            /* -1 when absent */
+    /* Private to config.c (owned): compiled "re:" ignore patterns and the
+     * compressed-tensors targets.  Zeroed by parse; never copy a parsed config by
+     * value and free both copies. */
+    void *priv;
 } ddt_model_config;
 
-/* Parse config.json text; `where` names the file in messages. */
+/* Parse config.json text; `where` names the file in messages.  *cfg is zeroed
+ * first; on failure it holds nothing to free (ddt_config_free is still safe). */
 ddt_status ddt_config_parse(const char *text, size_t len, const char *where,
                             ddt_model_config *cfg, ddt_error *err);
 /* Read and parse a file (path to config.json or to the model folder). */
@@ -77,7 +82,13 @@ ddt_status ddt_config_load(const char *path, ddt_model_config *cfg, ddt_error *e
 void ddt_config_free(ddt_model_config *cfg);
 
 /* Whether linear module `module` (e.g. "model.layers.1.mlp.experts.0.up_proj") is
- * quantised under cfg's quantization_config (false when in the ignore list). */
+ * quantised under cfg's quantization_config (false when in the ignore list).
+ * The name may carry tensor_prefix or not, and a trailing ".weight" is ignored.
+ * Ignore entries are exact names or "re:<POSIX ERE>" anchored at the start of the
+ * name only (Python re.match, as compressed-tensors and vLLM apply them).
+ * FP8: attention and MLP/expert *_proj linears unless ignored (never lm_head or the
+ * router).  INT4: *_proj linears and lm_head that match a config_groups target and
+ * no ignore entry.  Advisory: the engine also reads the format from tensor names. */
 bool ddt_config_is_quantized(const ddt_model_config *cfg, const char *module);
 
 /* Softmax scale of MLA: (nope+rope)^-0.5 * mscale^2 with YaRN's mscale. */

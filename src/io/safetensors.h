@@ -78,6 +78,9 @@ void ddt_st_tensors_free(ddt_st_tensor *tensors, int32_t count);
 
 /* ---- quantised weight views ---------------------------------------------- */
 
+#define DDT_FP8_BLOCK 128  /* edge of an FP8 scale block (DeepSeek-V3 weight_block_size) */
+#define DDT_INT4_GROUP 32  /* columns per INT4 scale (compressed-tensors group_size) */
+
 typedef enum ddt_qformat {
     DDT_Q_DENSE = 0,   /* F32 / BF16 / F16 [rows][cols] */
     DDT_Q_FP8_BLOCK,   /* F8_E4M3 [rows][cols] + weight_scale_inv F32 [ceil(rows/128)][ceil(cols/128)], w = q * s */
@@ -107,7 +110,9 @@ typedef struct ddt_qweight {
 ddt_status ddt_checkpoint_weight(const ddt_checkpoint *ck, const char *base, int64_t rows,
                                  int64_t cols, ddt_qweight *out, ddt_error *err);
 
-/* Plain tensor lookup with a dtype and shape check (ndim entries of shape; -1 = any). */
+/* Plain tensor lookup with a dtype and shape check (ndim entries of shape; -1 = any).
+ * dtype DDT_DTYPE_COUNT accepts any dtype; ndim < 0 skips the shape check; shape
+ * NULL with ndim >= 0 checks only the rank. */
 ddt_status ddt_checkpoint_tensor(const ddt_checkpoint *ck, const char *name, ddt_dtype dtype,
                                  int32_t ndim, const int64_t *shape, const ddt_st_tensor **out,
                                  ddt_error *err);
