@@ -20,6 +20,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [[ "${1:-}" == "--tests" ]]; then
-  python3 -c "import numpy, pytest" 2>/dev/null || \
+  python3 -c "import numpy, pytest, tiktoken" 2>/dev/null || \
     python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi
