@@ -63,6 +63,9 @@ int main(int argc, char **argv) {
     srand(1);
     for (size_t i = 0; i < (size_t)D * V; i++) z[i] = 4.0f * (float)rand() / (float)RAND_MAX;
     CU(cudaMemcpy(dz, z, (size_t)D * V * sizeof(float), cudaMemcpyHostToDevice));
+    size_t wsb = ddt_cuda_topk_workspace_bytes(D, V, DDT_MAX_TOPK);
+    void *ws;
+    CU(cudaMalloc(&ws, wsb));
     cudaStream_t s;
     CU(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
@@ -132,9 +135,9 @@ int main(int argc, char **argv) {
         }
         /* top-K of the drafter's logits at K = B */
         int kk = B > DDT_MAX_TOPK ? DDT_MAX_TOPK : B;
-        OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, dq, dtok, (ddt_stream)s, &err_));
+        OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, dq, dtok, ws, wsb, (ddt_stream)s, &err_));
         CU(cudaEventRecord(e0, s));
-        for (int i = 0; i < 50; i++) OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, dq, dtok, (ddt_stream)s, &err_));
+        for (int i = 0; i < 50; i++) OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, dq, dtok, ws, wsb, (ddt_stream)s, &err_));
         CU(cudaEventRecord(e1, s));
         CU(cudaEventSynchronize(e1));
         CU(cudaEventElapsedTime(&ms, e0, e1));

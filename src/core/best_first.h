@@ -41,7 +41,6 @@ typedef struct ddt_bf_args {
     float draft_cost;
     /* workspace */
     ddt_bf_entry *heap;               /* [want + 2] */
-    uint16_t (*ranks)[DDT_MAX_DEPTH]; /* [want + 1] rank tuple of each node */
     /* outputs, [want + 1] each */
     int32_t *out_token, *out_parent, *out_depth, *out_rank;
     float *out_logw;
@@ -58,19 +57,26 @@ DDT_HD static inline ddt_bf_entry ddt_bf_make(float logw, int32_t parent, int32_
     return e;
 }
 
-DDT_HD static inline int32_t ddt_bf_rank_at(const ddt_bf_args *a, const ddt_bf_entry *e, int32_t i) {
-    return i == e->depth - 1 ? e->rank : (int32_t)a->ranks[e->parent][i];
+/* Rank tuple of an entry: its parent's ranks from the root down, then its own.
+ * Built only on exact weight ties, which are rare, so nodes store no tuples. */
+DDT_HD static inline void ddt_bf_tuple(const ddt_bf_args *a, const ddt_bf_entry *e,
+                                       int32_t *tuple) {
+    tuple[e->depth - 1] = e->rank;
+    for (int32_t node = e->parent, i = e->depth - 2; i >= 0; node = a->out_parent[node], i--)
+        tuple[i] = a->out_rank[node];
 }
 
-/* True when entry x pops before entry y. */
+/* True when entry x pops before entry y: heavier first, then the lower rank
+ * tuple (lexicographic, a prefix before its extensions). */
 DDT_HD static inline int ddt_bf_before(const ddt_bf_args *a, const ddt_bf_entry *x,
                                        const ddt_bf_entry *y) {
     if (x->logw != y->logw) return x->logw > y->logw;
+    int32_t tx[DDT_MAX_DEPTH], ty[DDT_MAX_DEPTH];
+    ddt_bf_tuple(a, x, tx);
+    ddt_bf_tuple(a, y, ty);
     int32_t m = x->depth < y->depth ? x->depth : y->depth;
-    for (int32_t i = 0; i < m; i++) {
-        int32_t rx = ddt_bf_rank_at(a, x, i), ry = ddt_bf_rank_at(a, y, i);
-        if (rx != ry) return rx < ry;
-    }
+    for (int32_t i = 0; i < m; i++)
+        if (tx[i] != ty[i]) return tx[i] < ty[i];
     return x->depth < y->depth;
 }
 
@@ -130,8 +136,6 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
         a->out_rank[id] = e.rank;
         a->out_logw[id] = e.logw;
         if (e.rank > a->max_rank[e.depth - 1]) a->max_rank[e.depth - 1] = e.rank;
-        for (int32_t i = 0; i < e.depth - 1; i++) a->ranks[id][i] = a->ranks[e.parent][i];
-        a->ranks[id][e.depth - 1] = (uint16_t)e.rank;
         /* a child's weight is always fp32(parent weight + logq): reproducible anywhere */
         if (e.rank + 1 < a->k)
             ddt_bf_push(a, &heap_n,

@@ -33,7 +33,6 @@ struct ddt_builder {
     int32_t max_budget;
     int32_t heap_cap;
     ddt_bf_entry *heap;               /* [heap_cap] */
-    uint16_t (*ranks)[DDT_MAX_DEPTH]; /* [max_budget + 1] rank tuple of each built node */
     float *vcost;                     /* [max_budget + 1] verify cost per node count (auto budget) */
     int32_t dup_token[DUP_SLOTS];
     uint32_t dup_epoch[DUP_SLOTS];
@@ -168,9 +167,8 @@ ddt_status ddt_builder_create(int32_t max_budget, ddt_builder **out, ddt_error *
     b->max_budget = max_budget;
     b->heap_cap = max_budget + 2; /* each pop removes one entry and adds at most two */
     b->heap = ddt_calloc_array((size_t)b->heap_cap, sizeof *b->heap);
-    b->ranks = ddt_calloc_array((size_t)max_budget + 1, sizeof *b->ranks);
     b->vcost = ddt_calloc_array((size_t)max_budget + 1, sizeof *b->vcost);
-    if (!b->heap || !b->ranks || !b->vcost) {
+    if (!b->heap || !b->vcost) {
         ddt_builder_destroy(b);
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating a tree builder");
     }
@@ -181,7 +179,6 @@ ddt_status ddt_builder_create(int32_t max_budget, ddt_builder **out, ddt_error *
 void ddt_builder_destroy(ddt_builder *b) {
     if (!b) return;
     free(b->heap);
-    free(b->ranks);
     free(b->vcost);
     free(b);
 }
@@ -247,7 +244,7 @@ ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *tb, int32_t roo
     ddt_bf_args args = {
         .logq = tb->logq, .token = tb->token, .depth = tb->depth, .k = tb->k, .want = want,
         .root_token = root_token, .vcost = cost ? b->vcost : NULL,
-        .draft_cost = cost ? cost->draft : 0.0f, .heap = b->heap, .ranks = b->ranks,
+        .draft_cost = cost ? cost->draft : 0.0f, .heap = b->heap,
         .out_token = tree->token, .out_parent = tree->parent, .out_depth = tree->depth,
         .out_rank = tree->rank, .out_logw = tree->logw, .max_rank = max_rank};
     tree->n_nodes = ddt_best_first(&args);

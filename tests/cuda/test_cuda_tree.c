@@ -79,7 +79,11 @@ static void test_topk(int rows, int vocab, int k, int ties) {
     CU(cudaMemcpy(dz, z, n * sizeof(float), cudaMemcpyHostToDevice));
     CU(cudaMemset(dq, 0xff, (size_t)rows * (size_t)k * sizeof(float)));
     CU(cudaMemset(dt, 0xff, (size_t)rows * (size_t)k * sizeof(int32_t)));
-    OK(ddt_cuda_topk_logsoftmax(dz, rows, vocab, k, dq, dt, NULL, &err_));
+    size_t wsb = ddt_cuda_topk_workspace_bytes(rows, vocab, k);
+    void *ws;
+    CU(cudaMalloc(&ws, wsb));
+    CU(cudaMemset(ws, 0xff, wsb));
+    OK(ddt_cuda_topk_logsoftmax(dz, rows, vocab, k, dq, dt, ws, wsb, NULL, &err_));
     CU(cudaDeviceSynchronize());
     float *q = malloc((size_t)rows * (size_t)k * sizeof(float));
     int32_t *t = malloc((size_t)rows * (size_t)k * sizeof(int32_t));
@@ -118,6 +122,7 @@ static void test_topk(int rows, int vocab, int k, int ties) {
     CU(cudaFree(dz));
     CU(cudaFree(dq));
     CU(cudaFree(dt));
+    CU(cudaFree(ws));
 }
 
 /* ------------------------------------------------------------------ build + walk */
@@ -310,7 +315,10 @@ static void test_pipeline(void) {
     OK(ddt_cuda_tree_alloc(B, &dt, &err_));
     int32_t root = 3;
     CU(cudaMemcpy(dt.root_token, &root, 4, cudaMemcpyHostToDevice));
-    OK(ddt_cuda_topk_logsoftmax(dz, D, V, K, dq, dtok, NULL, &err_));
+    size_t wsb = ddt_cuda_topk_workspace_bytes(D, V, K);
+    void *ws;
+    CU(cudaMalloc(&ws, wsb));
+    OK(ddt_cuda_topk_logsoftmax(dz, D, V, K, dq, dtok, ws, wsb, NULL, &err_));
     OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, B, V, NULL, &err_));
     CU(cudaDeviceSynchronize());
     static float logq[D * K];
@@ -337,6 +345,7 @@ static void test_pipeline(void) {
     CU(cudaFree(dz));
     CU(cudaFree(dq));
     CU(cudaFree(dtok));
+    CU(cudaFree(ws));
 }
 
 static void test_argmax(int rows, int vocab) {
@@ -382,6 +391,8 @@ int main(int argc, char **argv) {
     test_topk(2, 50257, 64, 0);
     test_topk(3, 163840, 1024, 1);
     test_topk(1, 1000, 1000, 1);
+    test_topk(2, 8197, 64, 1);     /* a last chunk shorter than k */
+    test_topk(1, 16390, 1024, 0);
     if (!quick) test_topk(15, 163840, 512, 0);
     test_build_and_walk(quick ? 20 : 400);
     test_pipeline();

@@ -78,45 +78,59 @@ static __device__ int block_exclusive_count(int flag, int *scratch, int *total) 
 /* ------------------------------------------------------------------ top-K */
 
 /*
- * One block per row, TOPK_THREADS threads.  (1) logsumexp by block reductions;
- * (2) radix select of the k-th largest key, 8 bits per pass from the top;
- * (3) gather every key above the threshold, then keys equal to it in index
- * order until k are held (so ties keep the lowest ids, as the CPU does);
- * (4) bitonic sort of the k candidates by (key desc, id asc) in shared memory.
+ * Two stages, so the whole GPU works on a few long rows:
+ *  1. grid (chunks, rows): each block takes TOPK_CHUNK logits of a row into
+ *     shared memory as order-preserving keys, writes the chunk's max and
+ *     sum(exp(z - max)), and its own top-k sorted by (key desc, id asc);
+ *  2. one block per row merges the chunks' log-sum-exps and selects the top-k
+ *     of the chunks' candidates the same way.
+ * Selection: radix select of the k-th largest key, 8 bits per pass from the
+ * top; every key above it, then keys equal to it in position order until k are
+ * held; bitonic sort.  Position order is id order in stage 1, and in stage 2
+ * (chunks in id order, each sorted with ties by id) equal keys also come in id
+ * order, so ties keep the lowest ids, as the CPU does.
  */
-static __global__ void __launch_bounds__(TOPK_THREADS)
-topk_logsoftmax_kernel(const float *__restrict__ logits, int vocab, int k,
-                       float *__restrict__ logq, int32_t *__restrict__ token) {
-    __shared__ float fscratch[32];
-    __shared__ int iscratch[32];
+#define TOPK_CHUNK 8192
+
+typedef struct chunk_src { /* stage 1: keys in shared memory, ids = base + position */
+    const uint32_t *key;
+    int32_t base;
+    __device__ uint32_t k(int i) const { return key[i]; }
+    __device__ int32_t id(int i) const { return base + i; }
+} chunk_src;
+
+typedef struct cand_src { /* stage 2: the chunks' candidates */
+    const uint32_t *key;
+    const int32_t *ids;
+    __device__ uint32_t k(int i) const { return key[i]; }
+    __device__ int32_t id(int i) const { return ids[i]; }
+} cand_src;
+
+/* The top min(k, n) of n keys into out_key/out_id [TOPK_THREADS], sorted; the
+ * rest padded with (0, INT_MAX). Called by all threads of a TOPK_THREADS block. */
+template <class Src>
+static __device__ void select_topk(const Src &src, int n, int k, uint32_t *out_key,
+                                   int32_t *out_id) {
     __shared__ unsigned hist[256];
     __shared__ unsigned s_bin, s_remaining;
     __shared__ int s_count;
-    __shared__ uint32_t cand_key[TOPK_THREADS];
-    __shared__ int32_t cand_idx[TOPK_THREADS];
-    const float *z = logits + (size_t)blockIdx.x * (size_t)vocab;
+    __shared__ int iscratch[32];
     const int tid = threadIdx.x;
-
-    float m = -INFINITY;
-    for (int i = tid; i < vocab; i += blockDim.x) m = fmaxf(m, z[i]);
-    m = block_max(m, fscratch);
-    float s = 0.0f;
-    for (int i = tid; i < vocab; i += blockDim.x) s += expf(z[i] - m);
-    s = block_sum(s, fscratch);
-    const float lse = m + logf(s);
-
+    const int kk = k < n ? k : n;
     uint32_t prefix = 0, mask = 0;
-    unsigned remaining = (unsigned)k;
+    unsigned remaining = (unsigned)kk;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        for (int i = tid; i < vocab; i += blockDim.x) {
-            uint32_t key = float_key(z[i]);
+        for (int i = tid; i < n; i += blockDim.x) {
+            uint32_t key = src.k(i);
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (tid == 0) {
             unsigned cum = 0;
+            s_bin = 0;
+            s_remaining = remaining;
             for (int b = 255; b >= 0; b--) {
                 if (cum + hist[b] >= remaining) {
                     s_bin = (unsigned)b;
@@ -132,36 +146,35 @@ topk_logsoftmax_kernel(const float *__restrict__ logits, int vocab, int k,
         remaining = s_remaining;
         __syncthreads();
     }
-    const uint32_t thresh = prefix; /* the k-th largest key; `remaining` copies of it are needed */
-
+    const uint32_t thresh = prefix;
     if (tid == 0) s_count = 0;
     __syncthreads();
-    for (int i = tid; i < vocab; i += blockDim.x) {
-        uint32_t key = float_key(z[i]);
+    for (int i = tid; i < n; i += blockDim.x) {
+        uint32_t key = src.k(i);
         if (key > thresh) {
             int slot = atomicAdd(&s_count, 1);
-            cand_key[slot] = key;
-            cand_idx[slot] = i;
+            out_key[slot] = key;
+            out_id[slot] = src.id(i);
         }
     }
     __syncthreads();
     const int gt = s_count;
     int taken = 0;
-    for (int base = 0; base < vocab && taken < (int)remaining; base += blockDim.x) {
+    for (int base = 0; base < n && taken < (int)remaining; base += blockDim.x) {
         int i = base + tid;
-        int eq = i < vocab && float_key(z[i]) == thresh;
+        int eq = i < n && src.k(i) == thresh;
         int total;
         int r = block_exclusive_count(eq, iscratch, &total);
         if (eq && taken + r < (int)remaining) {
-            cand_key[gt + taken + r] = thresh;
-            cand_idx[gt + taken + r] = i;
+            out_key[gt + taken + r] = thresh;
+            out_id[gt + taken + r] = src.id(i);
         }
         taken += total;
     }
     __syncthreads();
-    for (int i = k + tid; i < TOPK_THREADS; i += blockDim.x) {
-        cand_key[i] = 0u;
-        cand_idx[i] = INT_MAX;
+    for (int i = kk + tid; i < TOPK_THREADS; i += blockDim.x) {
+        out_key[i] = 0u;
+        out_id[i] = INT_MAX;
     }
     __syncthreads();
     /* bitonic sort into "before" order: key desc, id asc */
@@ -169,23 +182,81 @@ topk_logsoftmax_kernel(const float *__restrict__ logits, int vocab, int k,
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             int i = tid, j = tid ^ stride;
             if (j > i) {
-                uint32_t ki = cand_key[i], kj = cand_key[j];
-                int32_t ii = cand_idx[i], ij = cand_idx[j];
+                uint32_t ki = out_key[i], kj = out_key[j];
+                int32_t ii = out_id[i], ij = out_id[j];
                 bool j_before = kj > ki || (kj == ki && ij < ii);
                 bool up = (i & size) == 0;
                 if (up == j_before) {
-                    cand_key[i] = kj;
-                    cand_key[j] = ki;
-                    cand_idx[i] = ij;
-                    cand_idx[j] = ii;
+                    out_key[i] = kj;
+                    out_key[j] = ki;
+                    out_id[i] = ij;
+                    out_id[j] = ii;
                 }
             }
             __syncthreads();
         }
     }
-    if (tid < k) {
-        logq[(size_t)blockIdx.x * (size_t)k + tid] = key_float(cand_key[tid]) - lse;
-        token[(size_t)blockIdx.x * (size_t)k + tid] = cand_idx[tid];
+}
+
+static __global__ void __launch_bounds__(TOPK_THREADS)
+topk_chunk_kernel(const float *__restrict__ logits, int vocab, int k, int chunks,
+                  float *__restrict__ part_max, float *__restrict__ part_sum,
+                  uint32_t *__restrict__ cand_key, int32_t *__restrict__ cand_id) {
+    __shared__ uint32_t s_key[TOPK_CHUNK];
+    __shared__ uint32_t o_key[TOPK_THREADS];
+    __shared__ int32_t o_id[TOPK_THREADS];
+    __shared__ float fscratch[32];
+    const int chunk = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+    const int base = chunk * TOPK_CHUNK;
+    const int len = vocab - base < TOPK_CHUNK ? vocab - base : TOPK_CHUNK;
+    const float *z = logits + (size_t)row * (size_t)vocab + base;
+    float m = -INFINITY;
+    for (int i = tid; i < len; i += blockDim.x) {
+        float v = z[i];
+        s_key[i] = float_key(v);
+        m = fmaxf(m, v);
+    }
+    m = block_max(m, fscratch);
+    float s = 0.0f;
+    for (int i = tid; i < len; i += blockDim.x) s += expf(key_float(s_key[i]) - m);
+    s = block_sum(s, fscratch);
+    const size_t slot = (size_t)row * (size_t)chunks + (size_t)chunk;
+    if (tid == 0) {
+        part_max[slot] = m;
+        part_sum[slot] = s;
+    }
+    chunk_src src = {s_key, base};
+    select_topk(src, len, k, o_key, o_id);
+    for (int j = tid; j < k; j += blockDim.x) {
+        cand_key[slot * (size_t)k + j] = o_key[j];
+        cand_id[slot * (size_t)k + j] = o_id[j];
+    }
+}
+
+static __global__ void __launch_bounds__(TOPK_THREADS)
+topk_merge_kernel(int k, int chunks, const float *__restrict__ part_max,
+                  const float *__restrict__ part_sum, const uint32_t *__restrict__ cand_key,
+                  const int32_t *__restrict__ cand_id, float *__restrict__ logq,
+                  int32_t *__restrict__ token) {
+    __shared__ uint32_t o_key[TOPK_THREADS];
+    __shared__ int32_t o_id[TOPK_THREADS];
+    __shared__ float fscratch[32];
+    const int row = blockIdx.x, tid = threadIdx.x;
+    const float *pm = part_max + (size_t)row * (size_t)chunks;
+    const float *ps = part_sum + (size_t)row * (size_t)chunks;
+    float m = -INFINITY;
+    for (int c = tid; c < chunks; c += blockDim.x) m = fmaxf(m, pm[c]);
+    m = block_max(m, fscratch);
+    float s = 0.0f;
+    for (int c = tid; c < chunks; c += blockDim.x) s += ps[c] * expf(pm[c] - m);
+    s = block_sum(s, fscratch);
+    const float lse = m + logf(s);
+    const size_t off = (size_t)row * (size_t)chunks * (size_t)k;
+    cand_src src = {cand_key + off, cand_id + off};
+    select_topk(src, chunks * k, k, o_key, o_id);
+    for (int j = tid; j < k; j += blockDim.x) {
+        logq[(size_t)row * (size_t)k + j] = key_float(o_key[j]) - lse;
+        token[(size_t)row * (size_t)k + j] = o_id[j];
     }
 }
 
@@ -198,8 +269,18 @@ typedef struct build_params {
     ddt_cuda_tree t;
 } build_params;
 
+/*
+ * One block.  Thread 0 runs the best-first loop with the heap and the node
+ * arrays in shared memory (a pop is a chain of dependent loads, so their latency
+ * is the whole cost); the block checks the table before and writes the node
+ * arrays and the visibility bitsets out in parallel after.
+ */
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
     __shared__ int s_bad, s_n;
+    __shared__ ddt_bf_entry s_heap[DDT_MAX_NODES + 1];
+    __shared__ int32_t s_token[DDT_MAX_NODES], s_parent[DDT_MAX_NODES], s_depth[DDT_MAX_NODES],
+        s_rank[DDT_MAX_NODES], s_maxrank[DDT_MAX_DEPTH];
+    __shared__ float s_logw[DDT_MAX_NODES];
     const int tid = threadIdx.x;
     if (tid == 0) s_bad = 0;
     __syncthreads();
@@ -219,11 +300,11 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         if (s_bad) {
             /* never hand a bad table's tree to verify: a root-only tree */
             *p.t.status = DDT_CUDA_TREE_BAD_TABLE;
-            p.t.token[0] = root;
-            p.t.parent[0] = -1;
-            p.t.depth[0] = 0;
-            p.t.rank[0] = -1;
-            p.t.logw[0] = 0.0f;
+            s_token[0] = root;
+            s_parent[0] = -1;
+            s_depth[0] = 0;
+            s_rank[0] = -1;
+            s_logw[0] = 0.0f;
             s_n = 1;
         } else {
             ddt_bf_args a;
@@ -235,26 +316,30 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
             a.root_token = root;
             a.vcost = NULL;
             a.draft_cost = 0.0f;
-            a.heap = (ddt_bf_entry *)p.t.heap;
-            a.ranks = (uint16_t(*)[DDT_MAX_DEPTH])p.t.ranks;
-            a.out_token = p.t.token;
-            a.out_parent = p.t.parent;
-            a.out_depth = p.t.depth;
-            a.out_rank = p.t.rank;
-            a.out_logw = p.t.logw;
-            a.max_rank = p.t.max_rank;
+            a.heap = s_heap;
+            a.out_token = s_token;
+            a.out_parent = s_parent;
+            a.out_depth = s_depth;
+            a.out_rank = s_rank;
+            a.out_logw = s_logw;
+            a.max_rank = s_maxrank;
             s_n = ddt_best_first(&a);
             *p.t.status = DDT_CUDA_TREE_OK;
         }
         *p.t.n_nodes = s_n;
     }
     __syncthreads();
-    /* visibility: each node's row is the set of its ancestors and itself */
     const int n = s_n, words = p.t.vis_words;
     for (int i = tid; i < n; i += blockDim.x) {
+        p.t.token[i] = s_token[i];
+        p.t.parent[i] = s_parent[i];
+        p.t.depth[i] = s_depth[i];
+        p.t.rank[i] = s_rank[i];
+        p.t.logw[i] = s_logw[i];
+        /* visibility: each node's row is the set of its ancestors and itself */
         uint64_t *row = p.t.vis + (size_t)i * (size_t)words;
         for (int w = 0; w < words; w++) row[w] = 0;
-        for (int a = i; a >= 0; a = p.t.parent[a]) row[a >> 6] |= 1ull << (a & 63);
+        for (int a = i; a >= 0; a = s_parent[a]) row[a >> 6] |= 1ull << (a & 63);
     }
 }
 
@@ -390,9 +475,6 @@ extern "C" ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, 
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path, DDT_MAX_PATH * sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path_len, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->bonus, sizeof(int32_t)), err);
-    DDT_CUDA_TRY(cudaMalloc(&t->heap, (cap + 1) * sizeof(ddt_bf_entry)), err);
-    DDT_CUDA_TRY(cudaMalloc((void **)&t->ranks, cap * DDT_MAX_DEPTH * sizeof(uint16_t)), err);
-    DDT_CUDA_TRY(cudaMalloc((void **)&t->max_rank, DDT_MAX_DEPTH * sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->n_nodes, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->status, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->root_token, 0, sizeof(int32_t)), err);
@@ -402,25 +484,54 @@ extern "C" ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, 
 extern "C" void ddt_cuda_tree_free(ddt_cuda_tree *t) {
     if (!t) return;
     void *ptrs[] = {t->token, t->parent, t->depth, t->rank, t->logw, t->vis, t->n_nodes,
-                    t->status, t->root_token, t->path, t->path_len, t->bonus, t->heap,
-                    t->ranks, t->max_rank};
+                    t->status, t->root_token, t->path, t->path_len, t->bonus};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
     memset(t, 0, sizeof *t);
 }
 
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" size_t ddt_cuda_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k) {
+    if (rows < 1 || vocab < 1 || k < 1) return 0;
+    size_t chunks = ((size_t)vocab + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    size_t parts = (size_t)rows * chunks;
+    return 2 * align256(parts * sizeof(float)) + align256(parts * (size_t)k * sizeof(uint32_t)) +
+           align256(parts * (size_t)k * sizeof(int32_t));
+}
+
 extern "C" ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab,
                                                int32_t k, float *logq, int32_t *token,
+                                               void *workspace, size_t workspace_bytes,
                                                ddt_stream stream, ddt_error *err) {
-    if (!logits || !logq || !token)
+    if (!logits || !logq || !token || !workspace)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_topk_logsoftmax: NULL buffer");
     if (rows < 1 || vocab < 1 || k < 1 || k > DDT_MAX_TOPK || k > vocab)
         return ddt_fail(err, DDT_ERR_RANGE,
                         "top-K: rows %d, vocab %d, k %d (need rows >= 1, 1 <= k <= min(vocab, %d))",
                         rows, vocab, k, DDT_MAX_TOPK);
-    topk_logsoftmax_kernel<<<rows, TOPK_THREADS, 0, (cudaStream_t)stream>>>(logits, vocab, k, logq,
-                                                                            token);
-    DDT_CUDA_LAUNCHED("topk_logsoftmax", (cudaStream_t)stream, err);
+    size_t need = ddt_cuda_topk_workspace_bytes(rows, vocab, k);
+    if (workspace_bytes < need)
+        return ddt_fail(err, DDT_ERR_RANGE, "top-K workspace of %zu bytes, needs %zu",
+                        workspace_bytes, need);
+    const int chunks = (vocab + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    const size_t parts = (size_t)rows * (size_t)chunks;
+    char *w = (char *)workspace;
+    float *part_max = (float *)w;
+    w += align256(parts * sizeof(float));
+    float *part_sum = (float *)w;
+    w += align256(parts * sizeof(float));
+    uint32_t *cand_key = (uint32_t *)w;
+    w += align256(parts * (size_t)k * sizeof(uint32_t));
+    int32_t *cand_id = (int32_t *)w;
+    cudaStream_t st = (cudaStream_t)stream;
+    topk_chunk_kernel<<<dim3(chunks, rows), TOPK_THREADS, 0, st>>>(logits, vocab, k, chunks,
+                                                                  part_max, part_sum, cand_key,
+                                                                  cand_id);
+    DDT_CUDA_LAUNCHED("topk_chunk", st, err);
+    topk_merge_kernel<<<rows, TOPK_THREADS, 0, st>>>(k, chunks, part_max, part_sum, cand_key,
+                                                     cand_id, logq, token);
+    DDT_CUDA_LAUNCHED("topk_merge", st, err);
     return DDT_OK;
 }
 

@@ -14,6 +14,7 @@
 #ifndef DDT_CUDA_TREE_H
 #define DDT_CUDA_TREE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ddtree.h"
@@ -49,20 +50,18 @@ typedef struct ddt_cuda_tree {
     int32_t *path;         /* [DDT_MAX_PATH] accepted node ids */
     int32_t *path_len;     /* [1] */
     int32_t *bonus;        /* [1] */
-    /* workspace */
-    void *heap;            /* [capacity + 1] best-first heap entries */
-    uint16_t *ranks;       /* [capacity][DDT_MAX_DEPTH] rank tuples */
-    int32_t *max_rank;     /* [DDT_MAX_DEPTH] */
 } ddt_cuda_tree;
 
 ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, ddt_error *err);
 void ddt_cuda_tree_free(ddt_cuda_tree *t);
 
 /* Top-K per row: logits [rows][vocab] fp32 -> logq [rows][k] = z - logsumexp(z),
- * sorted descending (ties: lower token id first), token [rows][k].  k <= 1024. */
+ * sorted descending (ties: lower token id first), token [rows][k].  k <= 1024.
+ * `workspace` is device memory of ddt_cuda_topk_workspace_bytes(rows, vocab, k). */
+size_t ddt_cuda_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k);
 ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab, int32_t k,
-                                    float *logq, int32_t *token, ddt_stream stream,
-                                    ddt_error *err);
+                                    float *logq, int32_t *token, void *workspace,
+                                    size_t workspace_bytes, ddt_stream stream, ddt_error *err);
 
 /* Best-first build from a device table [depth][k] with *t->root_token as root. */
 ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_t *token,
