@@ -14,6 +14,7 @@ typedef struct subcommand {
 
 static const subcommand k_commands[] = {
     {"tree", ddt_cmd_tree, "build and walk a DDTree draft tree from a JSON problem on stdin"},
+    {"generate", ddt_cmd_generate, "decode with a target model from prompt token ids (CPU)"},
 };
 
 static void usage(FILE *f) {

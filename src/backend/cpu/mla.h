@@ -1,0 +1,47 @@
+/*
+ * mla.h — Multi-head Latent Attention in the absorbed form, over a latent cache.
+ *
+ * Each cached token holds `rank` latent values c (kv_a_layernorm output) and
+ * `rope_dim` rotated shared key values k_rope: one row of rank + rope_dim floats,
+ * shared by all heads (MQA with key width rank + rope_dim, value width rank).
+ * For query token t and head h:
+ *   s_j = scale * (q_lat[t][h] . c_j + q_rope[t][h] . k_rope_j)   over visible rows j
+ *   out[t][h] = sum_j softmax(s)_j c_j                              (rank values)
+ * where q_lat = q_nope W_UK (see qmatmul's transposed product) and the caller
+ * then applies W_UV and o_proj.  The softmax is computed online (running max and
+ * sum, one pass), in fp32, over the visible rows in increasing row order.
+ *
+ * Visibility: the kv rows [0, n_prefix) (committed tokens) are visible to every
+ * query; rows n_prefix + j (j < n, this forward's tokens, already written) are
+ * visible to query t when j <= t (vis == NULL, causal prefill) or when bit j of
+ * vis[t] is set (tree verify, vis [n][vis_words]).
+ */
+#ifndef DDT_BACKEND_CPU_MLA_H
+#define DDT_BACKEND_CPU_MLA_H
+
+#include <stdint.h>
+
+#include "backend/cpu/pool.h"
+
+typedef struct ddt_mla_attn {
+    int32_t n;              /* query tokens */
+    int32_t n_heads;
+    int32_t rank;           /* kv_lora_rank */
+    int32_t rope_dim;       /* qk_rope_head_dim */
+    const float *q_lat;     /* [n][n_heads][rank], strides below */
+    int64_t q_lat_ld_t, q_lat_ld_h;
+    const float *q_rope;    /* [n][n_heads][rope_dim], rotated */
+    int64_t q_rope_ld_t, q_rope_ld_h;
+    const float *kv;        /* [n_prefix + n][rank + rope_dim] rows, row stride kv_ld */
+    int64_t kv_ld;
+    int64_t n_prefix;       /* committed rows, all visible */
+    const uint64_t *vis;    /* NULL (causal) or [n][vis_words] bitsets over the n new rows */
+    int32_t vis_words;
+    float scale;            /* softmax scale */
+    float *out;             /* [n][n_heads][rank], strides below */
+    int64_t out_ld_t, out_ld_h;
+} ddt_mla_attn;
+
+void ddt_cpu_mla_attention(ddt_cpu_pool *pool, const ddt_mla_attn *a);
+
+#endif

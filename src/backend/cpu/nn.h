@@ -1,0 +1,30 @@
+/*
+ * nn.h — row-wise ops of the CPU backend: RMSNorm (as Hugging Face computes it:
+ * normalise in fp32, then multiply by the weight) and the SiLU-gated product of
+ * the MLPs.  Norm weights are read in place (F32/BF16/F16).
+ */
+#ifndef DDT_BACKEND_CPU_NN_H
+#define DDT_BACKEND_CPU_NN_H
+
+#include <stdint.h>
+
+#include "backend/cpu/pool.h"
+#include "io/safetensors.h"
+
+/* A borrowed 1-D float vector in its checkpoint dtype (F32/BF16/F16). */
+typedef struct ddt_cpu_vec {
+    const void *data; /* [n] */
+    ddt_dtype dtype;
+    int64_t n;
+} ddt_cpu_vec;
+
+/* y[t][:] = w * (x[t][:] / sqrt(mean(x[t]^2) + eps)) for t < n rows of `dim`
+ * values (row strides ldx, ldy; y may equal x). */
+void ddt_cpu_rmsnorm(ddt_cpu_pool *pool, const float *x, int64_t ldx, int64_t n, int64_t dim,
+                     const ddt_cpu_vec *w, float eps, float *y, int64_t ldy);
+
+/* g[t][j] = silu(g[t][j]) * u[t][j], silu(v) = v / (1 + exp(-v)), for j < dim. */
+void ddt_cpu_silu_mul(ddt_cpu_pool *pool, float *g, int64_t ldg, const float *u, int64_t ldu,
+                      int64_t n, int64_t dim);
+
+#endif

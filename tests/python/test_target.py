@@ -1,0 +1,145 @@
+"""`ddtree generate` (the CPU target, --mode ar) as a subprocess.
+
+Greedy continuations must equal transformers' (tests/fixtures/target/*/reference.json) token for
+token, up to the first step whose reference top-2 margin is below 1e-4; bad flags, a missing model
+folder, ids outside the vocabulary and a prompt longer than the context exit with status 2 and a
+message on stderr.  Needs DDT_BUILD_DIR (the build folder holding the `ddtree` binary).
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "target")
+MARGIN_MIN = 1e-4
+VARIANTS = ["fp32", "bf16", "fp8", "int4", "ngroup", "qlora_null", "yarn", "dense3", "sharded", "kimi"]
+QUICK = os.environ.get("DDT_PYTEST_QUICK") == "1"
+
+
+def ddtree_bin():
+    build = os.environ.get("DDT_BUILD_DIR")
+    assert build, "set DDT_BUILD_DIR to the build folder"
+    path = os.path.join(build, "ddtree")
+    assert os.path.isfile(path), f"{path} not built"
+    return path
+
+
+def run(*args, timeout=120):
+    return subprocess.run([ddtree_bin(), "generate", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def reference(variant):
+    with open(os.path.join(FIXTURES, variant, "reference.json")) as f:
+        return json.load(f)
+
+
+def comparable_steps(prompt):
+    """Greedy steps that a float32 engine must reproduce: those before the first near-tie."""
+    for s, m in enumerate(prompt["greedy_top2_margins"]):
+        if m < MARGIN_MIN:
+            print(f"stopping at step {s}: reference top-2 margin {m} < {MARGIN_MIN}")
+            return s
+    return len(prompt["greedy_tokens"])
+
+
+def ids_arg(ids):
+    return ",".join(str(i) for i in ids)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:2] if QUICK else VARIANTS)
+def test_cli_greedy_matches_transformers(variant):
+    ref = reference(variant)
+    for p in ref["prompts"]:
+        steps = comparable_steps(p)
+        if steps == 0:
+            continue
+        r = run("--model", os.path.join(FIXTURES, variant), "--mode", "ar", "--temperature", "0",
+                "--prompt-ids", ids_arg(p["ids"]), "--max-tokens", str(steps), "--json", "--threads", "2")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out == {"ids": p["greedy_tokens"][:steps]}
+        assert "tokens/s" in r.stderr
+
+
+def test_cli_plain_output_threads_and_sampling():
+    model = os.path.join(FIXTURES, "fp32")
+    p = reference("fp32")["prompts"][2]
+    a = run("--model", model, "--prompt-ids", ids_arg(p["ids"]), "--max-tokens", "5", "--threads", "1")
+    b = run("--model", model, "--prompt-ids", ids_arg(p["ids"]), "--max-tokens", "5", "--threads", "3")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout
+    assert [int(x) for x in a.stdout.split()] == p["greedy_tokens"][:5]
+    # sampling is reproducible from the seed and stays in the vocabulary
+    s1 = run("--model", model, "--prompt-ids", "5,6,7", "--max-tokens", "12", "--temperature", "1.5",
+             "--seed", "7", "--json")
+    s2 = run("--model", model, "--prompt-ids", "5,6,7", "--max-tokens", "12", "--temperature", "1.5",
+             "--seed", "7", "--json")
+    assert s1.returncode == 0, s1.stderr
+    ids = json.loads(s1.stdout)["ids"]
+    assert ids == json.loads(s2.stdout)["ids"]
+    assert len(ids) == 12 and all(0 <= i < 300 for i in ids)
+    # zero tokens requested: an empty list
+    z = run("--model", model, "--prompt-ids", "5", "--max-tokens", "0", "--json")
+    assert z.returncode == 0 and json.loads(z.stdout) == {"ids": []}
+
+
+def test_cli_stops_when_context_is_full():
+    model = os.path.join(FIXTURES, "fp32")
+    p = reference("fp32")["prompts"][0]
+    n = len(p["ids"])
+    r = run("--model", model, "--prompt-ids", ids_arg(p["ids"]), "--max-tokens", "10", "--ctx", str(n + 2), "--json")
+    assert r.returncode == 0, r.stderr
+    # n + 2 positions: the prompt, then two generated tokens fed back, the third never fed
+    assert json.loads(r.stdout)["ids"] == p["greedy_tokens"][:3]
+    assert "context" in r.stderr
+
+
+def test_cli_help():
+    r = run("--help")
+    assert r.returncode == 0 and "--prompt-ids" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bogus"], "unknown option"),
+    (["--model"], "needs a value"),
+    (["--prompt-ids", "1,2", "--max-tokens", "3"], "--model is required"),
+    (["--model", "@FP32", "--max-tokens", "3"], "--prompt-ids is required"),
+    (["--model", "@FP32", "--prompt-ids", "1,2"], "--max-tokens is required"),
+    (["--model", "@FP32", "--prompt-ids", "1,,2", "--max-tokens", "3"], "--prompt-ids"),
+    (["--model", "@FP32", "--prompt-ids", "1,x", "--max-tokens", "3"], "--prompt-ids"),
+    (["--model", "@FP32", "--prompt-ids", "", "--max-tokens", "3"], "--prompt-ids"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "-1"], "--max-tokens"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--threads", "0"], "--threads"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--temperature", "-1"], "--temperature"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--top-p", "0"], "--top-p"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--mode", "ddtree"], "not implemented yet"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--mode", "dflash"], "not implemented yet"),
+    (["--model", "@FP32", "--prompt-ids", "1", "--max-tokens", "3", "--mode", "fast"], "unknown"),
+    (["--model", "/nonexistent/model", "--prompt-ids", "1", "--max-tokens", "3"], "/nonexistent/model"),
+    (["--model", "@FP32", "--prompt-ids", "1,300", "--max-tokens", "3"], "vocabulary"),
+    (["--model", "@FP32", "--prompt-ids", "-1", "--max-tokens", "3"], "vocabulary"),
+    (["--model", "@FP32", "--prompt-ids", "1,2,3,4", "--max-tokens", "3", "--ctx", "3"], "longer than the context"),
+    (["--model", "@EMPTY", "--prompt-ids", "1", "--max-tokens", "3"], "config.json"),
+])
+def test_cli_bad_input_exits_2(args, needle, tmp_path):
+    subst = {"@FP32": os.path.join(FIXTURES, "fp32"), "@EMPTY": str(tmp_path)}
+    r = run(*[subst.get(a, a) for a in args])
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert needle in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_cli_damaged_checkpoint_exits_2(tmp_path):
+    # config present, weights file cut short
+    src = os.path.join(FIXTURES, "fp32")
+    with open(os.path.join(src, "config.json")) as f:
+        (tmp_path / "config.json").write_text(f.read())
+    with open(os.path.join(src, "model.safetensors"), "rb") as f:
+        data = f.read()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    r = run("--model", str(tmp_path), "--prompt-ids", "1,2", "--max-tokens", "2")
+    assert r.returncode == 2
+    assert "model.safetensors" in r.stderr
