@@ -33,6 +33,7 @@ typedef struct ddt_bf_args {
     const float *logq;      /* [D][K] */
     const int32_t *token;   /* [D][K] */
     int32_t depth, k;       /* D, K */
+    int32_t ld;             /* row stride of logq and token (>= the ranks ever read; K on the CPU) */
     int32_t want;           /* nodes to pop at most (budget, capped by the table size) */
     int32_t root_token;
     /* cost-aware stop: NULL for a fixed budget, else verify cost per node count
@@ -119,6 +120,7 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
     float phi = 0.0f, theta = 0.0f;
     if (a->vcost) theta = 1.0f / (a->draft_cost + a->vcost[0]);
     if (a->want > 0) ddt_bf_push(a, &heap_n, ddt_bf_make(a->logq[0], 0, 1, 0));
+    /* Every rank read below is at most `want`: a rank r needs r earlier pops at its depth. */
     while (nodes - 1 < a->want && heap_n > 0) {
         ddt_bf_entry e = ddt_bf_pop(a, &heap_n);
         if (a->vcost) {
@@ -129,7 +131,7 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
             theta = theta_next;
         }
         int32_t id = nodes++;
-        size_t row = (size_t)(e.depth - 1) * (size_t)a->k;
+        size_t row = (size_t)(e.depth - 1) * (size_t)a->ld;
         a->out_token[id] = a->token[row + (size_t)e.rank];
         a->out_parent[id] = e.parent;
         a->out_depth[id] = e.depth;
@@ -143,7 +145,7 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
                                     e.parent, e.depth, e.rank + 1));
         if (e.depth < a->depth)
             ddt_bf_push(a, &heap_n,
-                        ddt_bf_make(e.logw + a->logq[(size_t)e.depth * (size_t)a->k], id,
+                        ddt_bf_make(e.logw + a->logq[(size_t)e.depth * (size_t)a->ld], id,
                                     e.depth + 1, 0));
     }
     return nodes;

@@ -242,7 +242,8 @@ ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *tb, int32_t roo
     if (cost)
         for (int32_t n = 0; n <= want; n++) b->vcost[n] = ddt_cost_verify(cost, (float)n);
     ddt_bf_args args = {
-        .logq = tb->logq, .token = tb->token, .depth = tb->depth, .k = tb->k, .want = want,
+        .logq = tb->logq, .token = tb->token, .depth = tb->depth, .k = tb->k, .ld = tb->k,
+        .want = want,
         .root_token = root_token, .vcost = cost ? b->vcost : NULL,
         .draft_cost = cost ? cost->draft : 0.0f, .heap = b->heap,
         .out_token = tree->token, .out_parent = tree->parent, .out_depth = tree->depth,

@@ -266,8 +266,12 @@ typedef struct build_params {
     const float *logq;
     const int32_t *tok;
     int32_t depth, k, want, vocab;
+    int32_t stage_cols; /* columns of the table staged in shared memory, 0 = read from global */
     ddt_cuda_tree t;
 } build_params;
+
+/* Dynamic shared memory the build may use for the staged table (opted in at alloc). */
+#define BUILD_STAGE_BYTES (160 * 1024)
 
 /*
  * One block.  Thread 0 runs the best-first loop with the heap and the node
@@ -281,7 +285,10 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     __shared__ int32_t s_token[DDT_MAX_NODES], s_parent[DDT_MAX_NODES], s_depth[DDT_MAX_NODES],
         s_rank[DDT_MAX_NODES], s_maxrank[DDT_MAX_DEPTH];
     __shared__ float s_logw[DDT_MAX_NODES];
+    extern __shared__ float s_stage[]; /* [depth][stage_cols] logq, then [depth][stage_cols] tokens */
     const int tid = threadIdx.x;
+    const int sc = p.stage_cols;
+    int32_t *s_stage_tok = (int32_t *)(s_stage + (size_t)p.depth * (size_t)sc);
     if (tid == 0) s_bad = 0;
     __syncthreads();
     const int32_t root = *p.t.root_token;
@@ -293,6 +300,12 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         bad |= !(v < INFINITY) || v != v;
         if (r > 0) bad |= !(v <= p.logq[e - 1]);
         bad |= p.tok[e] < 0 || (p.vocab > 0 && p.tok[e] >= p.vocab);
+        /* the best-first loop is a chain of dependent loads: give it the table's
+         * leading columns (all it can ever read) from shared memory */
+        if (r < sc) {
+            s_stage[(e / p.k) * sc + r] = v;
+            s_stage_tok[(e / p.k) * sc + r] = p.tok[e];
+        }
     }
     if (bad) atomicOr(&s_bad, 1);
     __syncthreads();
@@ -308,10 +321,11 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
             s_n = 1;
         } else {
             ddt_bf_args a;
-            a.logq = p.logq;
-            a.token = p.tok;
+            a.logq = sc ? s_stage : p.logq;
+            a.token = sc ? s_stage_tok : p.tok;
             a.depth = p.depth;
             a.k = p.k;
+            a.ld = sc ? sc : p.k;
             a.want = p.want;
             a.root_token = root;
             a.vcost = NULL;
@@ -475,6 +489,9 @@ extern "C" ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, 
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path, DDT_MAX_PATH * sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path_len, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->bonus, sizeof(int32_t)), err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      BUILD_STAGE_BYTES),
+                 err);
     DDT_CUDA_TRY(cudaMemset(t->n_nodes, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->status, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->root_token, 0, sizeof(int32_t)), err);
@@ -558,7 +575,11 @@ extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
     p.want = (int32_t)(table_nodes < budget ? table_nodes : budget);
     p.vocab = vocab;
     p.t = *t;
-    tree_build_kernel<<<1, BUILD_THREADS, 0, (cudaStream_t)stream>>>(p);
+    /* ranks 0..want can be read (a sibling push reads rank + 1) */
+    int32_t cols = p.want + 1 < k ? p.want + 1 : k;
+    size_t stage = (size_t)depth * (size_t)cols * 8;
+    p.stage_cols = stage <= BUILD_STAGE_BYTES ? cols : 0;
+    tree_build_kernel<<<1, BUILD_THREADS, p.stage_cols ? stage : 0, (cudaStream_t)stream>>>(p);
     DDT_CUDA_LAUNCHED("tree_build", (cudaStream_t)stream, err);
     return DDT_OK;
 }
