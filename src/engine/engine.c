@@ -1,0 +1,496 @@
+/*
+ * engine.c — the ar / chain / tree decoding loops on the CPU backend (see
+ * engine.h for the round).  Everything a round touches is allocated in
+ * ddt_engine_create; ddt_engine_generate allocates nothing.
+ */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "model/drafter.h"
+#include "model/target.h"
+
+#define PREFILL_CHUNK 64       /* prompt tokens per forward */
+#define DEFAULT_MAX_CTX 8192   /* when neither the caller nor a small model bounds it */
+#define COST_POINTS 12
+
+typedef struct zid {
+    float z;
+    int32_t id;
+} zid;
+
+struct ddt_engine {
+    ddt_engine_options opts;
+    ddt_target *target;
+    ddt_drafter_head *head;
+    ddt_drafter *drafter;
+    int32_t vocab, max_ctx, depth, kmax, max_nodes, n_capture;
+    float *logits;        /* [max_nodes][vocab] verify logits (prefill: row 0) */
+    float *draft_logits;  /* [depth][vocab] */
+    float *logq;          /* [depth][kmax] */
+    int32_t *table_tok;   /* [depth][kmax] */
+    zid *pairs;           /* [vocab] top-K scratch */
+    int32_t *target_next; /* [max_nodes] */
+    int32_t *rows;        /* [PREFILL_CHUNK] 0..PREFILL_CHUNK-1 */
+    ddt_tree tree;
+    ddt_builder *builder;
+    ddt_sampler *sampler;
+    bool have_cost;
+    ddt_cost_model cost;
+    float cost_nodes[COST_POINTS], cost_verify[COST_POINTS];
+};
+
+bool ddt_mode_parse(const char *s, ddt_mode *out) {
+    if (!s) return false;
+    if (!strcmp(s, "ar")) *out = DDT_MODE_AR;
+    else if (!strcmp(s, "chain") || !strcmp(s, "dflash")) *out = DDT_MODE_CHAIN;
+    else if (!strcmp(s, "tree") || !strcmp(s, "ddtree")) *out = DDT_MODE_TREE;
+    else return false;
+    return true;
+}
+
+const char *ddt_mode_name(ddt_mode m) {
+    switch (m) {
+    case DDT_MODE_AR: return "ar";
+    case DDT_MODE_CHAIN: return "chain";
+    case DDT_MODE_TREE: return "tree";
+    }
+    return "?";
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ top-K */
+
+/* a before b: higher logit, then lower id */
+static inline bool zid_before(zid a, zid b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
+
+static int cmp_zid(const void *pa, const void *pb) {
+    zid a = *(const zid *)pa, b = *(const zid *)pb;
+    return zid_before(a, b) ? -1 : zid_before(b, a) ? 1 : 0;
+}
+
+/* Sift-down for a heap whose root is the *last* in before-order (the worst kept). */
+static void worst_heap_down(zid *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && zid_before(h[c], h[c + 1])) c++;
+        if (!zid_before(h[i], h[c])) return;
+        zid t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+/* The top k of z[0..v) by (z desc, id asc) as log-probabilities z - logsumexp(z). */
+static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, zid *scratch, float *logq,
+                                  int32_t *tok, int32_t row, ddt_error *err) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < v; i++) {
+        if (isnan(z[i])) return ddt_fail(err, DDT_ERR_INVALID, "drafter logit [%d][%d] is NaN", row, i);
+        if (z[i] > m) m = z[i];
+    }
+    double s = 0.0;
+    for (int32_t i = 0; i < v; i++) s += exp((double)z[i] - (double)m);
+    float lse = (float)((double)m + log(s));
+    for (int32_t i = 0; i < k; i++) scratch[i] = (zid){z[i], i};
+    for (int32_t i = k / 2 - 1; i >= 0; i--) worst_heap_down(scratch, k, i);
+    for (int32_t i = k; i < v; i++) {
+        zid c = {z[i], i};
+        if (zid_before(c, scratch[0])) {
+            scratch[0] = c;
+            worst_heap_down(scratch, k, 0);
+        }
+    }
+    qsort(scratch, (size_t)k, sizeof(zid), cmp_zid);
+    for (int32_t i = 0; i < k; i++) {
+        logq[i] = scratch[i].z - lse;
+        tok[i] = scratch[i].id;
+    }
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ create */
+
+static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
+    if (o->mode != DDT_MODE_AR && o->mode != DDT_MODE_CHAIN && o->mode != DDT_MODE_TREE)
+        return ddt_fail(err, DDT_ERR_INVALID, "unknown decoding mode %d", (int)o->mode);
+    if (o->mode != DDT_MODE_AR && !o->draft_fn && !o->draft_dir)
+        return ddt_fail(err, DDT_ERR_INVALID, "mode %s needs a drafter (--draft DIR)",
+                        ddt_mode_name(o->mode));
+    if (o->draft_fn && (o->draft_depth < 1 || o->draft_depth > DDT_MAX_DEPTH))
+        return ddt_fail(err, DDT_ERR_RANGE, "custom drafter depth %d outside 1..%d",
+                        o->draft_depth, DDT_MAX_DEPTH);
+    if (o->budget < 0 || o->budget > DDT_MAX_BUDGET)
+        return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside 0..%d", o->budget, DDT_MAX_BUDGET);
+    if (o->mode == DDT_MODE_TREE && o->budget < 1)
+        return ddt_fail(err, DDT_ERR_RANGE, "tree mode needs a budget of at least 1 node");
+    if (o->cost) {
+        ddt_status st = ddt_cost_check(o->cost, err);
+        if (st) return st;
+        if (o->cost->n_nodes > COST_POINTS || o->cost->n_contexts != 1)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                            "engine cost models hold one context row of at most %d points",
+                            COST_POINTS);
+    }
+    return ddt_sampling_check(&o->sampling, err);
+}
+
+void ddt_engine_free(ddt_engine *e) {
+    if (!e) return;
+    ddt_drafter_free(e->drafter);
+    ddt_drafter_head_close(e->head);
+    ddt_target_free(e->target);
+    free(e->logits);
+    free(e->draft_logits);
+    free(e->logq);
+    free(e->table_tok);
+    free(e->pairs);
+    free(e->target_next);
+    free(e->rows);
+    ddt_tree_free(&e->tree);
+    ddt_builder_destroy(e->builder);
+    ddt_sampler_destroy(e->sampler);
+    free(e);
+}
+
+/* A star tree of n nodes (root + n-1 children) for timing verify. */
+static void make_star(ddt_tree *t, int32_t n, int32_t vocab) {
+    t->n_nodes = n;
+    memset(t->vis, 0, (size_t)n * (size_t)t->vis_words * sizeof(uint64_t));
+    for (int32_t i = 0; i < n; i++) {
+        t->token[i] = i % vocab;
+        t->parent[i] = i ? 0 : -1;
+        t->depth[i] = i ? 1 : 0;
+        uint64_t *row = t->vis + (size_t)i * (size_t)t->vis_words;
+        row[0] |= 1u;
+        row[i >> 6] |= (uint64_t)1 << (i & 63);
+    }
+}
+
+/* Measure C_verify(n) on this machine: verify of 1 + n nodes after one committed
+ * token, best of three; made non-decreasing so noise cannot end a build early. */
+static ddt_status measure_cost(ddt_engine *e, ddt_error *err) {
+    int32_t pts = 0;
+    for (int32_t n = 0; n <= e->opts.budget && pts < COST_POINTS; n = n ? 2 * n : 1) {
+        e->cost_nodes[pts++] = (float)n;
+        if (pts < COST_POINTS && 2 * n > e->opts.budget && n != e->opts.budget) {
+            e->cost_nodes[pts++] = (float)e->opts.budget;
+            break;
+        }
+    }
+    int32_t zero = 0;
+    ddt_status st = ddt_target_prefill(e->target, &zero, 1, NULL, false, err);
+    if (st) return st;
+    for (int32_t p = 0; p < pts; p++) {
+        int32_t n = (int32_t)e->cost_nodes[p] + 1;
+        make_star(&e->tree, n, e->vocab);
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
+                                   e->tree.vis_words, n, NULL, err);
+            if (st) return st;
+            double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        e->cost_verify[p] = (float)(best > 1e-7 ? best : 1e-7);
+        if (p > 0 && e->cost_verify[p] < e->cost_verify[p - 1]) e->cost_verify[p] = e->cost_verify[p - 1];
+    }
+    double draft = 0.0;
+    if (e->drafter) {
+        double t0 = now_s();
+        st = ddt_drafter_draft(e->drafter, 0, e->draft_logits, err);
+        if (st) return st;
+        draft = now_s() - t0;
+    }
+    st = ddt_target_rollback(e->target, 0, err);
+    if (st) return st;
+    e->cost = (ddt_cost_model){(float)draft, pts, e->cost_nodes, 1, NULL, e->cost_verify, 0.0f};
+    e->have_cost = true;
+    return ddt_cost_check(&e->cost, err);
+}
+
+ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *opts,
+                             ddt_engine **out, ddt_error *err) {
+    if (!model_dir || !opts || !out)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_create: NULL argument");
+    *out = NULL;
+    ddt_status st = check_options(opts, err);
+    if (st) return st;
+    ddt_engine *e = calloc(1, sizeof *e);
+    if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
+    e->opts = *opts;
+    e->opts.cost = NULL;
+
+    /* the drafter's config names the target layers whose features it needs */
+    ddt_drafter_config dcfg;
+    bool dflash = opts->mode != DDT_MODE_AR && !opts->draft_fn;
+    if (dflash) {
+        st = ddt_drafter_config_load(opts->draft_dir, &dcfg, err);
+        if (st) goto fail;
+        e->depth = dcfg.block_size - 1;
+        e->n_capture = dcfg.n_target_layers;
+    } else {
+        e->depth = opts->mode == DDT_MODE_AR ? 0 : opts->draft_depth;
+    }
+    ddt_model_config mcfg;
+    st = ddt_config_load(model_dir, &mcfg, err);
+    if (st) goto fail;
+    int32_t model_ctx = mcfg.max_position_embeddings;
+    ddt_config_free(&mcfg);
+    e->max_ctx = opts->max_ctx > 0 ? opts->max_ctx
+                                   : (model_ctx > 0 && model_ctx < DEFAULT_MAX_CTX ? model_ctx : DEFAULT_MAX_CTX);
+    if (model_ctx > 0 && e->max_ctx > model_ctx) {
+        st = ddt_fail(err, DDT_ERR_RANGE, "context %d is longer than the model's maximum %d",
+                      e->max_ctx, model_ctx);
+        goto fail;
+    }
+    e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1
+                 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
+    ddt_target_options topt = {e->max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
+                               opts->n_threads, dflash ? dcfg.target_layer_ids : NULL,
+                               dflash ? dcfg.n_target_layers : 0};
+    st = ddt_target_load(model_dir, &topt, &e->target, err);
+    if (st) goto fail;
+    e->vocab = ddt_target_vocab(e->target);
+    if (dflash) {
+        st = ddt_drafter_head_open(model_dir, &e->head, err);
+        if (st) goto fail;
+        ddt_drafter_options dopt = {e->max_ctx, opts->n_threads, NULL};
+        st = ddt_drafter_load(opts->draft_dir, ddt_drafter_head_target(e->head), &dopt, &e->drafter, err);
+        if (st) goto fail;
+    }
+    e->kmax = opts->mode == DDT_MODE_TREE ? (opts->budget < e->vocab ? opts->budget : e->vocab) : 1;
+    size_t depth_rows = e->depth > 0 ? (size_t)e->depth : 1;
+    e->logits = ddt_malloc_array((size_t)e->max_nodes * (size_t)e->vocab, sizeof(float));
+    e->draft_logits = ddt_malloc_array(depth_rows * (size_t)e->vocab, sizeof(float));
+    e->logq = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(float));
+    e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
+    e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(zid));
+    e->target_next = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
+    e->rows = ddt_malloc_array(PREFILL_CHUNK, sizeof(int32_t));
+    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs ||
+        !e->target_next || !e->rows) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's buffers (vocab %d, %d nodes)",
+                      e->vocab, e->max_nodes);
+        goto fail;
+    }
+    for (int32_t i = 0; i < PREFILL_CHUNK; i++) e->rows[i] = i;
+    st = ddt_tree_alloc(e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK, &e->tree, err);
+    if (st) goto fail;
+    st = ddt_builder_create(e->max_nodes - 1, &e->builder, err);
+    if (st) goto fail;
+    st = ddt_sampler_create(e->vocab, &e->sampler, err);
+    if (st) goto fail;
+    if (opts->mode == DDT_MODE_TREE && opts->budget_auto) {
+        if (opts->cost) {
+            memcpy(e->cost_nodes, opts->cost->nodes, (size_t)opts->cost->n_nodes * sizeof(float));
+            memcpy(e->cost_verify, opts->cost->verify, (size_t)opts->cost->n_nodes * sizeof(float));
+            e->cost = *opts->cost;
+            e->cost.nodes = e->cost_nodes;
+            e->cost.verify = e->cost_verify;
+            e->have_cost = true;
+        } else {
+            st = measure_cost(e, err);
+            if (st) goto fail;
+        }
+    }
+    *out = e;
+    return DDT_OK;
+fail:
+    ddt_engine_free(e);
+    return st;
+}
+
+int32_t ddt_engine_vocab(const ddt_engine *e) { return e->vocab; }
+int32_t ddt_engine_max_ctx(const ddt_engine *e) { return e->max_ctx; }
+const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->have_cost ? &e->cost : NULL; }
+
+/* ------------------------------------------------------------------ generate */
+
+typedef struct emitter {
+    int32_t *out;
+    int32_t n, max;
+    const int32_t *stop;
+    int32_t n_stop;
+    bool done;
+    ddt_emit_fn fn;
+    void *ctx;
+} emitter;
+
+/* Emit ids in order until max_new or a stop id (emitted, then done). */
+static void emit(emitter *em, const int32_t *ids, int32_t n) {
+    int32_t start = em->n;
+    for (int32_t i = 0; i < n && !em->done; i++) {
+        if (em->n >= em->max) {
+            em->done = true;
+            break;
+        }
+        em->out[em->n++] = ids[i];
+        for (int32_t s = 0; s < em->n_stop; s++)
+            if (ids[i] == em->stop[s]) em->done = true;
+    }
+    if (em->n >= em->max) em->done = true;
+    if (em->fn && em->n > start) em->fn(em->ctx, em->out + start, em->n - start);
+}
+
+/* Append the drafter features of rows[0..m) of the last target forward. */
+static ddt_status feed_drafter(ddt_engine *e, const int32_t *rows, int32_t m, ddt_error *err) {
+    if (!e->drafter || m == 0) return DDT_OK;
+    const float *layers[DDT_TARGET_MAX_CAPTURE];
+    int32_t n_rows = 0;
+    for (int32_t s = 0; s < e->n_capture; s++) {
+        layers[s] = ddt_target_hidden(e->target, s, &n_rows);
+        if (!layers[s]) return ddt_fail(err, DDT_ERR_INTERNAL, "target hidden-state capture %d missing", s);
+    }
+    return ddt_drafter_append_rows(e->drafter, layers, n_rows, rows, m, err);
+}
+
+/* Fill the draft table [depth][k] for the block after the committed context. */
+static ddt_status draft_table(ddt_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
+    int32_t pos = ddt_target_len(e->target);
+    if (e->opts.draft_fn)
+        return e->opts.draft_fn(e->opts.draft_ctx, bonus, pos, e->depth, k, e->logq, e->table_tok, err);
+    ddt_status st = ddt_drafter_draft(e->drafter, bonus, e->draft_logits, err);
+    if (st) return st;
+    for (int32_t d = 0; d < e->depth; d++) {
+        st = topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
+                             e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
+        if (st) return st;
+    }
+    return DDT_OK;
+}
+
+ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_prompt,
+                               int32_t max_new, const int32_t *stop, int32_t n_stop,
+                               int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn, void *emit_ctx,
+                               ddt_gen_stats *stats, ddt_error *err) {
+    if (!e || !prompt || !n_out || (max_new > 0 && !out))
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_generate: NULL argument");
+    ddt_gen_stats s;
+    memset(&s, 0, sizeof s);
+    *n_out = 0;
+    if (n_prompt < 1) return ddt_fail(err, DDT_ERR_INVALID, "the prompt is empty");
+    if (max_new < 0) return ddt_fail(err, DDT_ERR_RANGE, "max new tokens %d is negative", max_new);
+    if (n_stop < 0 || (n_stop > 0 && !stop)) return ddt_fail(err, DDT_ERR_INVALID, "bad stop-token list");
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return ddt_fail(err, DDT_ERR_INVALID, "prompt token %d (position %d) outside the vocabulary [0, %d)",
+                            prompt[i], i, e->vocab);
+    if (n_prompt >= e->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE,
+                        "the prompt has %d tokens; the context holds %d (prompt + at least one generated token)",
+                        n_prompt, e->max_ctx);
+    ddt_status st = ddt_target_rollback(e->target, 0, err);
+    if (st) return st;
+    if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
+
+    emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
+    const ddt_sampling *samp = &e->opts.sampling;
+    double t_start = now_s();
+    s.prompt_tokens = n_prompt;
+    /* prompt, in chunks; the drafter gets every chunk's features */
+    for (int32_t i = 0; i < n_prompt; i += PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
+        st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
+        if (st) return st;
+        st = feed_drafter(e, e->rows, c, err);
+        if (st) return st;
+    }
+    int32_t bonus;
+    st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, 0, 0, &bonus, err);
+    if (st) return st;
+    double t_decode = now_s();
+    s.t_prefill = t_decode - t_start;
+    emit(&em, &bonus, 1);
+
+    for (uint64_t round = 1; !em.done; round++) {
+        int32_t len = ddt_target_len(e->target);
+        int32_t room = e->max_ctx - len - 1; /* nodes beyond the root that still fit */
+        if (room < 0) break;                 /* context full */
+        double t0 = now_s(), t1, t2, t3, t4;
+        int32_t n;
+        if (e->opts.mode == DDT_MODE_AR) {
+            t1 = t2 = now_s();
+            st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err);
+            if (st) return st;
+            t3 = now_s();
+            st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, round, 0, &bonus, err);
+            if (st) return st;
+            t4 = now_s();
+            n = 1;
+            s.accepted += 1;
+            emit(&em, &bonus, 1);
+        } else {
+            int32_t budget = e->opts.mode == DDT_MODE_TREE ? e->opts.budget : e->depth;
+            if (budget > room) budget = room;
+            int32_t k = e->opts.mode == DDT_MODE_TREE ? (budget < e->kmax ? budget : e->kmax) : 1;
+            if (k < 1) k = 1;
+            st = draft_table(e, bonus, k, err);
+            if (st) return st;
+            t1 = now_s();
+            ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
+            if (e->opts.mode == DDT_MODE_TREE) {
+                if (e->have_cost) e->cost.context_len = (float)len;
+                st = ddt_tree_build(e->builder, &tb, bonus, budget, e->have_cost ? &e->cost : NULL,
+                                    e->vocab, &e->tree, err);
+            } else {
+                st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);
+            }
+            if (st) return st;
+            t2 = now_s();
+            n = e->tree.n_nodes;
+            st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
+                                   e->tree.vis_words, n, e->logits, err);
+            if (st) return st;
+            t3 = now_s();
+            for (int32_t i = 0; i < n; i++) {
+                st = ddt_sample_token(e->sampler, e->logits + (size_t)i * (size_t)e->vocab, e->vocab,
+                                      samp, round, (uint32_t)i, &e->target_next[i], err);
+                if (st) return st;
+            }
+            ddt_walk_result w;
+            st = ddt_tree_walk(&e->tree, e->target_next, e->vocab, &w, err);
+            if (st) return st;
+            t4 = now_s();
+            st = ddt_target_commit(e->target, w.path, w.length, err);
+            if (st) return st;
+            st = feed_drafter(e, w.path, w.length, err);
+            if (st) return st;
+            int32_t ids[DDT_MAX_PATH];
+            for (int32_t i = 1; i < w.length; i++) ids[i - 1] = e->tree.token[w.path[i]];
+            ids[w.length - 1] = w.bonus;
+            bonus = w.bonus;
+            s.accepted += w.length;
+            emit(&em, ids, w.length);
+        }
+        double t5 = now_s();
+        s.rounds++;
+        s.nodes_verified += n;
+        s.t_draft += t1 - t0;
+        s.t_build += t2 - t1;
+        s.t_verify += t3 - t2;
+        s.t_walk += t4 - t3;
+        s.t_commit += t5 - t4;
+    }
+    double t_end = now_s();
+    s.tokens = em.n;
+    s.t_total = t_end - t_start;
+    s.mean_acceptance = s.rounds ? (double)s.accepted / (double)s.rounds : 0.0;
+    s.tokens_per_s = t_end > t_decode ? (double)(em.n > 1 ? em.n - 1 : 0) / (t_end - t_decode) : 0.0;
+    *n_out = em.n;
+    if (stats) *stats = s;
+    return DDT_OK;
+}

@@ -1,0 +1,95 @@
+/*
+ * engine.h — the decoding engine: autoregressive, DFlash chain and DDTree
+ * decoding of a target with a drafter, on the CPU backend.
+ *
+ * One round (chain and tree modes), every buffer allocated once at create:
+ *   draft   the drafter drafts the block [bonus, MASK...] after the committed
+ *           context: logits for depths 1..D
+ *   build   top-K log-probabilities per depth, then the best-first tree under
+ *           the budget (or the chain of rank-0 tokens)
+ *   verify  one target forward over the tree with the ancestor-only mask
+ *   walk    the target's next token at every node (argmax, or a sample keyed
+ *           by (seed, round, node)), then the longest agreed path and the bonus
+ *   commit  the path's KV moves into the target's cache; the path's target
+ *           features are appended to the drafter's context
+ * AR mode is the round with no draft: the tree is the root alone.
+ *
+ * Output equals the target's own: greedy output is token for token the AR
+ * output, and at T > 0 every emitted token is a target sample (sample-and-match).
+ */
+#ifndef DDT_ENGINE_ENGINE_H
+#define DDT_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddtree.h"
+
+typedef enum ddt_mode {
+    DDT_MODE_AR = 0,
+    DDT_MODE_CHAIN = 1, /* DFlash: the drafter's greedy token at every depth */
+    DDT_MODE_TREE = 2   /* DDTree */
+} ddt_mode;
+
+/* Parse "ar", "chain" (or "dflash"), "tree" (or "ddtree"); false when unknown. */
+bool ddt_mode_parse(const char *s, ddt_mode *out);
+const char *ddt_mode_name(ddt_mode m);
+
+/*
+ * A drafter other than the DFlash model (tests, studies): fill the per-depth
+ * top-K table for the block after `position` whose first token is `bonus`:
+ * logq [depth][k] sorted descending with distinct tokens per row.
+ */
+typedef ddt_status (*ddt_draft_fn)(void *ctx, int32_t bonus, int32_t position, int32_t depth,
+                                   int32_t k, float *logq, int32_t *token, ddt_error *err);
+
+typedef struct ddt_engine_options {
+    ddt_mode mode;
+    const char *draft_dir;     /* DFlash drafter folder (chain / tree), unless draft_fn */
+    ddt_draft_fn draft_fn;     /* custom drafter (overrides draft_dir) */
+    void *draft_ctx;
+    int32_t draft_depth;       /* D for draft_fn (1..DDT_MAX_DEPTH); the DFlash depth is block_size-1 */
+    int32_t budget;            /* tree nodes without the root, 0..DDT_MAX_BUDGET */
+    bool budget_auto;          /* cost-aware budget (CaDDTree), capped by `budget` */
+    const ddt_cost_model *cost;/* verify cost table for auto; NULL = measure one at create */
+    ddt_sampling sampling;     /* temperature 0 = greedy */
+    int32_t max_ctx;           /* context tokens (prompt + generated); <= 0 = the model's maximum */
+    int32_t n_threads;         /* CPU threads; <= 0 = every core */
+} ddt_engine_options;
+
+typedef struct ddt_gen_stats {
+    int32_t prompt_tokens;
+    int32_t tokens;            /* emitted */
+    int32_t rounds;            /* verify forwards after the prompt (AR: one per token) */
+    int64_t nodes_verified;    /* tree nodes scored, roots included */
+    int64_t accepted;          /* tokens emitted by rounds (accepted nodes + bonus) */
+    double mean_acceptance;    /* accepted / rounds: tau */
+    double t_prefill, t_draft, t_build, t_verify, t_walk, t_commit, t_total; /* seconds */
+    double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
+} ddt_gen_stats;
+
+/* Called with each round's emitted tokens, in order, as soon as they are known. */
+typedef void (*ddt_emit_fn)(void *ctx, const int32_t *ids, int32_t n);
+
+typedef struct ddt_engine ddt_engine;
+
+ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *opts,
+                             ddt_engine **out, ddt_error *err);
+void ddt_engine_free(ddt_engine *e);
+
+int32_t ddt_engine_vocab(const ddt_engine *e);
+int32_t ddt_engine_max_ctx(const ddt_engine *e);
+/* The cost model in use for the auto budget (measured or given), NULL otherwise. */
+const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
+
+/*
+ * Generate up to max_new tokens after prompt[0..n_prompt) (n_prompt >= 1) from a
+ * fresh context; stops early after any id in stop[0..n_stop) (which is emitted)
+ * or when the context is full.  out [max_new] receives the emitted ids.
+ */
+ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_prompt,
+                               int32_t max_new, const int32_t *stop, int32_t n_stop,
+                               int32_t *out, int32_t *n_out, ddt_emit_fn emit, void *emit_ctx,
+                               ddt_gen_stats *stats, ddt_error *err);
+
+#endif
