@@ -1,59 +1,72 @@
 /*
- * cmd_generate.c — `ddtree generate`: decode with the target model on the CPU
- * from a prompt given as token ids.  Only --mode ar (plain autoregressive
- * decoding, one prefill of one token per step) exists for now; the speculative
- * modes report "not implemented yet".  Generated ids go to stdout (a JSON
- * object with --json), timing to stderr.  Bad flags or input: exit 2.
+ * cmd_generate.c — `ddtree generate`: decode with a target (and a DFlash drafter
+ * for the chain and tree modes) on the CPU.  The prompt is text (--prompt), a
+ * chat message in the Kimi template (--chat), or token ids (--prompt-ids).
+ * Text streams to stdout as rounds accept it (ids when the model has no
+ * tokenizer); a summary goes to stderr; --json prints {"ids", "text", "stats"}
+ * at the end instead.  Bad flags, files or prompts: a message and exit 2.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "commands.h"
 #include "ddtree.h"
+#include "engine/engine.h"
 #include "io/config.h"
-#include "model/target.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
-#define PREFILL_CHUNK 512      /* prompt tokens per forward */
 #define MAX_NEW_TOKENS 1000000 /* sanity bound on --max-tokens */
+#define MAX_PROMPT_IDS (1 << 20)
 
 static const char k_usage[] =
-    "usage: ddtree generate --model DIR --prompt-ids ID,ID,... --max-tokens N [options]\n"
+    "usage: ddtree generate --model DIR (--prompt TEXT | --chat TEXT | --prompt-ids ID,...)\n"
+    "                       --max-tokens N [options]\n"
     "\n"
-    "Decodes with the target model in DIR (config.json + safetensors) on the CPU.\n"
+    "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model]) on the CPU.\n"
     "Options:\n"
-    "  --model DIR          model folder (required)\n"
-    "  --prompt-ids LIST    comma-separated prompt token ids (required)\n"
+    "  --model DIR          target model folder (required)\n"
+    "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
+    "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
+    "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
+    "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
+    "  --max-budget N       cap of the auto budget, 1..1024\n"
+    "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
+    "  --chat TEXT          a user message in the Kimi chat template (needs the tokenizer)\n"
+    "  --system TEXT        system message for --chat (default: Kimi's)\n"
+    "  --prompt-ids LIST    comma-separated prompt token ids\n"
     "  --max-tokens N       tokens to generate, 0..1000000 (required)\n"
-    "  --mode MODE          ar (default); dflash and ddtree are not implemented yet\n"
-    "  --temperature T      0 = greedy (default); > 0 samples\n"
+    "  --temperature T      0 = greedy (default); > 0 samples (sample-and-match: output is the target's)\n"
     "  --top-k K            sampling: keep the K most likely tokens (0 = off, default)\n"
     "  --top-p P            sampling: nucleus mass in (0, 1] (1 = off, default)\n"
     "  --seed S             sampling seed (default 0)\n"
-    "  --ctx N              context length (default: the model's max_position_embeddings)\n"
+    "  --ctx N              context length (default: the model's maximum, at most 8192)\n"
     "  --threads N          CPU threads (default: every core)\n"
-    "  --stop-at-eos        stop after generating the config's eos_token_id\n"
-    "  --json               print {\"ids\": [...]} (the generated ids) instead of plain ids\n"
+    "  --stop-at-eos        stop after the config's eos_token_id (and <|im_end|> with --chat)\n"
+    "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
     "  --help               this text\n"
-    "Exit status: 0 done, 2 bad arguments or model, 1 other failure.\n";
+    "Exit status: 0 done, 2 bad arguments, model or prompt, 1 other failure.\n";
 
 typedef struct gen_args {
-    const char *model;
-    const char *mode;
+    const char *model, *draft, *mode, *prompt_text, *chat, *system;
     int32_t *prompt;
     int32_t n_prompt;
     long long max_new;
     bool have_max_new;
+    long long budget, max_budget;
+    bool budget_auto;
     float temperature;
     long long top_k;
     float top_p;
     unsigned long long seed;
-    long long ctx;   /* 0 = from the config */
+    long long ctx;
     long long threads;
     bool json;
     bool stop_eos;
@@ -92,11 +105,10 @@ static bool parse_float(const char *s, float *out) {
     return true;
 }
 
-/* "1,2,3" -> ids; false on an empty list or a malformed entry. */
 static bool parse_ids(const char *s, gen_args *a) {
     size_t n = 1;
     for (const char *p = s; *p; p++) n += *p == ',';
-    if (n > (size_t)INT32_MAX / sizeof(int32_t)) return false;
+    if (n > MAX_PROMPT_IDS) return false;
     a->prompt = malloc(n * sizeof(int32_t));
     if (!a->prompt) return false;
     const char *p = s;
@@ -116,6 +128,8 @@ static bool parse_ids(const char *s, gen_args *a) {
 static int parse_args(int argc, char **argv, gen_args *a) {
     a->mode = "ar";
     a->top_p = 1.0f;
+    a->budget = 32;
+    a->max_budget = 64;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -131,7 +145,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             continue;
         }
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
-                                             "--top-k", "--top-p", "--seed", "--ctx", "--threads"};
+                                             "--top-k", "--top-p", "--seed", "--ctx", "--threads", "--draft",
+                                             "--budget", "--max-budget", "--prompt", "--chat", "--system"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
         if (!known) return usage_error("unknown option '%s'", f);
@@ -140,12 +155,27 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         long long ll;
         if (!strcmp(f, "--model")) {
             a->model = v;
+        } else if (!strcmp(f, "--draft")) {
+            a->draft = v;
         } else if (!strcmp(f, "--mode")) {
             a->mode = v;
+        } else if (!strcmp(f, "--prompt")) {
+            a->prompt_text = v;
+        } else if (!strcmp(f, "--chat")) {
+            a->chat = v;
+        } else if (!strcmp(f, "--system")) {
+            a->system = v;
         } else if (!strcmp(f, "--prompt-ids")) {
             free(a->prompt);
             a->prompt = NULL;
             if (!parse_ids(v, a)) return usage_error("--prompt-ids '%s': expected comma-separated integers", v);
+        } else if (!strcmp(f, "--budget")) {
+            if (!strcmp(v, "auto")) a->budget_auto = true;
+            else if (!parse_ll(v, 1, DDT_MAX_BUDGET, &a->budget))
+                return usage_error("--budget '%s': expected 1..%d or auto", v, DDT_MAX_BUDGET);
+        } else if (!strcmp(f, "--max-budget")) {
+            if (!parse_ll(v, 1, DDT_MAX_BUDGET, &a->max_budget))
+                return usage_error("--max-budget '%s': expected 1..%d", v, DDT_MAX_BUDGET);
         } else if (!strcmp(f, "--max-tokens")) {
             if (!parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
                 return usage_error("--max-tokens '%s': expected an integer in 0..1000000", v);
@@ -168,22 +198,96 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
     }
     if (!a->model) return usage_error("--model is required");
-    if (!a->prompt) return usage_error("--prompt-ids is required");
+    int sources = (a->prompt != NULL) + (a->prompt_text != NULL) + (a->chat != NULL);
+    if (sources == 0) return usage_error("a prompt is required: --prompt TEXT, --chat TEXT or --prompt-ids");
+    if (sources > 1) return usage_error("give one of --prompt, --chat and --prompt-ids");
     if (!a->have_max_new) return usage_error("--max-tokens is required");
-    if (!strcmp(a->mode, "dflash") || !strcmp(a->mode, "ddtree"))
-        return usage_error("--mode %s: not implemented yet (only ar)", a->mode);
-    if (strcmp(a->mode, "ar") != 0) return usage_error("--mode '%s': unknown (ar, dflash, ddtree)", a->mode);
+    ddt_mode m;
+    if (!ddt_mode_parse(a->mode, &m)) return usage_error("--mode '%s': unknown (ar, chain, tree)", a->mode);
+    if (m != DDT_MODE_AR && !a->draft)
+        return usage_error("--mode %s needs a drafter: --draft DIR", a->mode);
     return -1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Exit status for a library failure: bad input 2, resources or bugs 1. */
 static int status_exit(ddt_status st) { return st == DDT_ERR_NOMEM || st == DDT_ERR_INTERNAL ? 1 : 2; }
+
+static bool has_file(const char *dir, const char *name) {
+    char p[4096];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+typedef struct stream_ctx {
+    const ddt_tokenizer *tok;
+    bool text;  /* stream decoded text; else ids */
+    bool quiet; /* --json: print nothing until the end */
+    int64_t printed;
+} stream_ctx;
+
+static void on_emit(void *ctx, const int32_t *ids, int32_t n) {
+    stream_ctx *s = ctx;
+    if (s->quiet) return;
+    for (int32_t i = 0; i < n; i++) {
+        if (s->text) {
+            const uint8_t *b;
+            size_t len;
+            if (!ddt_tokenizer_is_special(s->tok, ids[i]) &&
+                ddt_tokenizer_token_bytes(s->tok, ids[i], &b, &len, NULL) == DDT_OK)
+                fwrite(b, 1, len, stdout);
+        } else {
+            printf("%s%d", s->printed ? " " : "", ids[i]);
+        }
+        s->printed++;
+    }
+    fflush(stdout);
+}
+
+/* Length of the valid UTF-8 sequence at s (1..4), 0 when invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    if (s[0] < 0x80) return 1;
+    size_t len = (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    uint32_t cp = s[0] & (0x7F >> len);
+    for (size_t i = 1; i < len; i++) cp = (cp << 6) | (s[i] & 0x3F);
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+}
+
+/* JSON strings must be UTF-8: a model can emit bytes that are not, which become U+FFFD. */
+static json_t *utf8_json_string(const char *text, size_t n) {
+    char *buf = malloc(n * 3 + 1);
+    if (!buf) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_seq((const unsigned char *)text + i, n - i);
+        if (l) {
+            memcpy(buf + o, text + i, l);
+            o += l;
+            i += l;
+        } else {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    json_t *j = json_stringn(buf, o);
+    free(buf);
+    return j;
+}
+
+static json_t *stats_json(const ddt_gen_stats *s, const char *mode, int32_t budget, bool autob) {
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:I, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+                     "mode", mode, "budget", budget, "budget_auto", autob, "prompt_tokens", s->prompt_tokens,
+                     "tokens", s->tokens, "rounds", s->rounds, "nodes_verified", (json_int_t)s->nodes_verified,
+                     "mean_acceptance", s->mean_acceptance, "tokens_per_s", s->tokens_per_s, "seconds",
+                     "prefill", s->t_prefill, "draft", s->t_draft, "build", s->t_build, "verify", s->t_verify,
+                     "walk", s->t_walk, "commit", s->t_commit, "total", s->t_total);
+}
 
 int ddt_cmd_generate(int argc, char **argv) {
     gen_args a = {0};
@@ -193,12 +297,11 @@ int ddt_cmd_generate(int argc, char **argv) {
         return rc;
     }
     ddt_error err = {0};
-    ddt_model_config cfg;
-    ddt_target *t = NULL;
-    ddt_sampler *smp = NULL;
-    float *logits = NULL;
+    ddt_tokenizer *tok = NULL;
+    ddt_engine *eng = NULL;
     int32_t *out = NULL;
-    bool have_cfg = false;
+    char *text = NULL;
+    ddt_status st;
     struct stat sb;
     if (stat(a.model, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         fprintf(stderr, "ddtree generate: --model %s: not a model folder (%s)\n", a.model,
@@ -206,110 +309,146 @@ int ddt_cmd_generate(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    ddt_status st = ddt_config_load(a.model, &cfg, &err);
-    if (st != DDT_OK) {
+    if (a.draft && (stat(a.draft, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        fprintf(stderr, "ddtree generate: --draft %s: not a drafter folder\n", a.draft);
+        rc = 2;
+        goto done;
+    }
+    ddt_model_config cfg;
+    if ((st = ddt_config_load(a.model, &cfg, &err)) != DDT_OK) {
         fprintf(stderr, "ddtree generate: %s\n", err.msg);
         rc = status_exit(st);
         goto done;
     }
-    have_cfg = true;
-    const int32_t V = cfg.vocab_size;
-    for (int32_t i = 0; i < a.n_prompt; i++)
-        if (a.prompt[i] < 0 || a.prompt[i] >= V) {
-            fprintf(stderr, "ddtree generate: prompt id %d (position %d) is outside the vocabulary 0..%d\n", a.prompt[i],
-                    i, V - 1);
-            rc = 2;
+    int32_t eos = cfg.eos_token_id, max_pos = cfg.max_position_embeddings;
+    ddt_config_free(&cfg);
+    if (has_file(a.model, "tiktoken.model")) {
+        if ((st = ddt_tokenizer_load(a.model, &tok, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree generate: tokenizer: %s\n", err.msg);
+            rc = status_exit(st);
             goto done;
         }
-    long long ctx = a.ctx > 0 ? a.ctx : cfg.max_position_embeddings;
-    if (a.n_prompt > ctx) {
-        fprintf(stderr, "ddtree generate: the prompt of %d tokens is longer than the context of %lld tokens\n",
-                a.n_prompt, ctx);
+    } else if (a.prompt_text || a.chat) {
+        fprintf(stderr, "ddtree generate: --prompt and --chat need a tokenizer: %s has no tiktoken.model\n", a.model);
         rc = 2;
         goto done;
     }
-    /* cache rows: the prompt plus every generated token but the last, which is never fed back */
-    long long want_rows = (long long)a.n_prompt + (a.max_new > 0 ? a.max_new - 1 : 0);
-    int32_t rows = (int32_t)(want_rows < ctx ? want_rows : ctx);
-    if (rows < 1) rows = 1;
-    ddt_sampling sp = {.temperature = a.temperature, .top_k = (int32_t)a.top_k, .top_p = a.top_p, .seed = a.seed};
-    if ((st = ddt_sampling_check(&sp, &err)) != DDT_OK) {
-        fprintf(stderr, "ddtree generate: %s\n", err.msg);
-        rc = 2;
-        goto done;
-    }
-    ddt_target_options opts = {.max_ctx = rows,
-                               .max_tokens = a.n_prompt < PREFILL_CHUNK ? a.n_prompt : PREFILL_CHUNK,
-                               .n_threads = (int32_t)a.threads};
-    double t0 = now_s();
-    if ((st = ddt_target_load(a.model, &opts, &t, &err)) != DDT_OK) {
-        fprintf(stderr, "ddtree generate: %s\n", err.msg);
-        rc = status_exit(st);
-        goto done;
-    }
-    double t1 = now_s();
-    logits = malloc(sizeof(float) * (size_t)V);
-    out = malloc(sizeof(int32_t) * (size_t)(a.max_new > 0 ? a.max_new : 1));
-    if (!logits || !out || ddt_sampler_create(V, &smp, &err) != DDT_OK) {
-        fprintf(stderr, "ddtree generate: out of memory\n");
-        rc = 1;
-        goto done;
-    }
-    for (int32_t i = 0; i < a.n_prompt; i += opts.max_tokens) {
-        int32_t n = a.n_prompt - i < opts.max_tokens ? a.n_prompt - i : opts.max_tokens;
-        bool last = i + n == a.n_prompt;
-        if ((st = ddt_target_prefill(t, a.prompt + i, n, last ? logits : NULL, false, &err)) != DDT_OK) {
+    if (a.prompt_text || a.chat) {
+        size_t cap = (a.prompt_text ? strlen(a.prompt_text) : strlen(a.chat) + 4096) + 64, n = 0;
+        a.prompt = malloc(cap * sizeof(int32_t));
+        if (!a.prompt) {
+            fprintf(stderr, "ddtree generate: out of memory\n");
+            rc = 1;
+            goto done;
+        }
+        st = a.prompt_text ? ddt_tokenizer_encode(tok, a.prompt_text, strlen(a.prompt_text), 0, a.prompt, cap, &n, &err)
+                           : ddt_chat_encode_prompt(tok, a.system, a.chat, a.prompt, cap, &n, &err);
+        if (st != DDT_OK) {
             fprintf(stderr, "ddtree generate: prompt: %s\n", err.msg);
             rc = status_exit(st);
             goto done;
         }
+        if (n == 0) {
+            fprintf(stderr, "ddtree generate: the prompt is empty\n");
+            rc = 2;
+            goto done;
+        }
+        a.n_prompt = (int32_t)n;
     }
-    double t2 = now_s();
-    long long n_out = 0;
-    const char *why = "max tokens";
-    while (n_out < a.max_new) {
-        int32_t tok;
-        if ((st = ddt_sample_token(smp, logits, V, &sp, (uint64_t)n_out, 0, &tok, &err)) != DDT_OK) {
-            fprintf(stderr, "ddtree generate: sampling: %s\n", err.msg);
+    long long ctx = a.ctx > 0 ? a.ctx : (max_pos > 0 && max_pos < 8192 ? max_pos : 8192);
+    if (max_pos > 0 && ctx > max_pos) {
+        fprintf(stderr, "ddtree generate: --ctx %lld is longer than the model's maximum %d\n", ctx, max_pos);
+        rc = 2;
+        goto done;
+    }
+    if (a.n_prompt >= ctx) {
+        fprintf(stderr, "ddtree generate: the prompt of %d tokens is longer than the context of %lld tokens "
+                        "(which must also hold one generated token)\n", a.n_prompt, ctx);
+        rc = 2;
+        goto done;
+    }
+    ddt_engine_options eo = {0};
+    ddt_mode_parse(a.mode, &eo.mode);
+    eo.draft_dir = a.draft;
+    eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
+    eo.budget_auto = a.budget_auto;
+    eo.sampling = (ddt_sampling){a.temperature, (int32_t)a.top_k, a.top_p, a.seed};
+    eo.max_ctx = (int32_t)ctx;
+    eo.n_threads = (int32_t)a.threads;
+    if ((st = ddt_engine_create(a.model, &eo, &eng, &err)) != DDT_OK) {
+        fprintf(stderr, "ddtree generate: %s\n", err.msg);
+        rc = status_exit(st);
+        goto done;
+    }
+    int32_t stop[2], n_stop = 0;
+    if (a.stop_eos && eos >= 0) stop[n_stop++] = eos;
+    if (a.stop_eos && a.chat && tok) {
+        int32_t im_end = ddt_tokenizer_token_id(tok, "<|im_end|>");
+        if (im_end >= 0) stop[n_stop++] = im_end;
+    }
+    out = malloc((size_t)(a.max_new > 0 ? a.max_new : 1) * sizeof(int32_t));
+    if (!out) {
+        fprintf(stderr, "ddtree generate: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    stream_ctx sc = {tok, tok != NULL, a.json, 0};
+    ddt_gen_stats gs;
+    int32_t n_out = 0;
+    st = ddt_engine_generate(eng, a.prompt, a.n_prompt, (int32_t)a.max_new, stop, n_stop, out, &n_out, on_emit,
+                             &sc, &gs, &err);
+    if (st != DDT_OK) {
+        fprintf(stderr, "\nddtree generate: %s\n", err.msg);
+        rc = status_exit(st);
+        goto done;
+    }
+    if (tok) {
+        size_t cap = (size_t)n_out * 64 + 1, len = 0;
+        text = malloc(cap);
+        if (!text || ddt_tokenizer_decode(tok, out, (size_t)n_out, text, cap, &len, &err) != DDT_OK) {
+            fprintf(stderr, "ddtree generate: decode: %s\n", text ? err.msg : "out of memory");
             rc = 1;
             goto done;
         }
-        out[n_out++] = tok;
-        if (a.stop_eos && tok == cfg.eos_token_id) {
-            why = "eos";
-            break;
-        }
-        if (n_out == a.max_new) break;
-        if (ddt_target_len(t) >= ddt_target_max_ctx(t)) {
-            why = "context full";
-            fprintf(stderr, "ddtree generate: stopped after %lld tokens: the context of %lld tokens is full\n", n_out,
-                    ctx);
-            break;
-        }
-        if ((st = ddt_target_prefill(t, &tok, 1, logits, false, &err)) != DDT_OK) {
-            fprintf(stderr, "ddtree generate: decode: %s\n", err.msg);
-            rc = status_exit(st);
+        text[len < cap ? len : cap - 1] = '\0';
+    }
+    const char *why = n_out >= a.max_new ? "max tokens" : n_stop && n_out && (out[n_out - 1] == stop[0] ||
+                      (n_stop > 1 && out[n_out - 1] == stop[1])) ? "stop token" : "context full";
+    if (a.json) {
+        json_t *o = json_object();
+        json_t *ids = json_array();
+        for (int32_t i = 0; i < n_out; i++) json_array_append_new(ids, json_integer(out[i]));
+        json_object_set_new(o, "ids", ids);
+        if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
+        json_object_set_new(o, "stats", stats_json(&gs, a.mode, eo.budget, a.budget_auto));
+        json_object_set_new(o, "stop_reason", json_string(why));
+        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        json_decref(o);
+        if (!s) {
+            fprintf(stderr, "ddtree generate: out of memory\n");
+            rc = 1;
             goto done;
         }
+        puts(s);
+        free(s);
+    } else {
+        putchar('\n');
     }
-    double t3 = now_s();
-    if (a.json) printf("{\"ids\": [");
-    for (long long i = 0; i < n_out; i++) printf("%s%d", i ? (a.json ? ", " : " ") : "", out[i]);
-    printf(a.json ? "]}\n" : "\n");
-    /* the first token comes from the prompt's logits; each later one costs one forward */
-    long long steps = n_out > 0 ? n_out - 1 : 0;
+    if (!strcmp(why, "context full"))
+        fprintf(stderr, "ddtree generate: stopped after %d tokens: the context of %lld tokens is full\n", n_out, ctx);
     fprintf(stderr,
-            "ddtree generate: mode ar, %d threads: load %.3f s; prompt %d tokens in %.3f s (%.1f tokens/s); "
-            "%lld tokens generated (%s), %lld decode steps in %.3f s: %.2f tokens/s\n",
-            (int)ddt_target_threads(t), t1 - t0, a.n_prompt, t2 - t1, t2 > t1 ? a.n_prompt / (t2 - t1) : 0.0,
-            n_out, why, steps, t3 - t2, t3 > t2 ? steps / (t3 - t2) : 0.0);
+            "ddtree generate: mode %s%s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
+            "mean acceptance %.2f tokens/round, %lld nodes verified\n"
+            "  time: prefill %.3f s, draft %.3f s, build %.3f s, verify %.3f s, walk %.3f s, commit %.3f s\n",
+            a.mode, a.budget_auto ? " (auto budget)" : "", gs.prompt_tokens, gs.tokens, why, gs.rounds,
+            gs.tokens_per_s, gs.mean_acceptance, (long long)gs.nodes_verified, gs.t_prefill, gs.t_draft,
+            gs.t_build, gs.t_verify, gs.t_walk, gs.t_commit);
     rc = 0;
 done:
-    ddt_sampler_destroy(smp);
-    ddt_target_free(t);
-    if (have_cfg) ddt_config_free(&cfg);
-    free(logits);
+    ddt_engine_free(eng);
+    ddt_tokenizer_free(tok);
     free(out);
+    free(text);
     free(a.prompt);
     return rc;
 }

@@ -121,7 +121,11 @@ static int get_float_array(problem *p, json_t *v, const char *what, size_t max, 
     if (!*out) return fail(p, "out of memory");
     for (size_t i = 0; i < *n; i++) {
         json_t *x = json_array_get(v, i);
-        if (!json_is_number(x)) return fail(p, "%s[%zu] must be a number", what, i);
+        if (!json_is_number(x)) {
+            free(*out); /* callers keep nothing on failure */
+            *out = NULL;
+            return fail(p, "%s[%zu] must be a number", what, i);
+        }
         (*out)[i] = (float)json_number_value(x);
     }
     return 0;

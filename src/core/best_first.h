@@ -117,15 +117,17 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
     a->out_logw[0] = 0.0f;
     for (int32_t d = 0; d < a->depth; d++) a->max_rank[d] = -1;
     int32_t nodes = 1, heap_n = 0;
-    float phi = 0.0f, theta = 0.0f;
-    if (a->vcost) theta = 1.0f / (a->draft_cost + a->vcost[0]);
-    if (a->want > 0) ddt_bf_push(a, &heap_n, ddt_bf_make(a->logq[0], 0, 1, 0));
+    /* double: a node's gain in theta can be below fp32 resolution long before it
+     * stops being a gain */
+    double phi = 0.0, theta = 0.0;
+    if (a->vcost) theta = 1.0 / ((double)a->draft_cost + (double)a->vcost[0]);
+    if (a->want > 0) ddt_bf_push(a, &heap_n, ddt_bf_make(a->out_logw[0] + a->logq[0], 0, 1, 0));
     /* Every rank read below is at most `want`: a rank r needs r earlier pops at its depth. */
     while (nodes - 1 < a->want && heap_n > 0) {
         ddt_bf_entry e = ddt_bf_pop(a, &heap_n);
         if (a->vcost) {
-            float phi_next = phi + ddt_exp_det(e.logw);
-            float theta_next = (1.0f + phi_next) / (a->draft_cost + a->vcost[nodes]);
+            double phi_next = phi + (double)ddt_exp_det(e.logw);
+            double theta_next = (1.0 + phi_next) / ((double)a->draft_cost + (double)a->vcost[nodes]);
             if (!(theta_next > theta)) break; /* throughput stopped rising */
             phi = phi_next;
             theta = theta_next;

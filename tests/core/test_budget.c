@@ -88,15 +88,16 @@ static void test_auto_budget_stops_where_theta_peaks(void **state) {
     assert_memory_equal(t.token, full.token, (size_t)t.n_nodes * sizeof(int32_t));
     assert_memory_equal(t.parent, full.parent, (size_t)t.n_nodes * sizeof(int32_t));
     /* recompute theta along the full tree's pop order */
-    float phi = 0.0f, theta = ddt_cost_theta(&c, 0.0f, 0.0f);
+    /* in double, as the builder accumulates */
+    double phi = 0.0, theta = 1.0 / ((double)c.draft + (double)ddt_cost_verify(&c, 0.0f));
     for (int32_t i = 1; i <= n; i++) {
-        phi += ddt_exp_det(full.logw[i]);
-        float th = ddt_cost_theta(&c, (float)i, phi);
+        phi += (double)ddt_exp_det(full.logw[i]);
+        double th = (1.0 + phi) / ((double)c.draft + (double)ddt_cost_verify(&c, (float)i));
         assert_true(th > theta);
         theta = th;
     }
-    float phi_next = phi + ddt_exp_det(full.logw[n + 1]);
-    assert_true(ddt_cost_theta(&c, (float)(n + 1), phi_next) <= theta);
+    double phi_next = phi + (double)ddt_exp_det(full.logw[n + 1]);
+    assert_true((1.0 + phi_next) / ((double)c.draft + (double)ddt_cost_verify(&c, (float)(n + 1))) <= theta);
     /* flat cost: more nodes always help, so the cap is reached */
     float flat[4] = {1.0f, 1.0f, 1.0f, 1.0f};
     c.verify = flat;
