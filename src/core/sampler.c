@@ -30,6 +30,7 @@
 #include "core/alloc.h"
 #include "core/detmath.h"
 #include "core/error.h"
+#include "core/zsort.h"
 #include "ddtree.h"
 
 #define DDT_SAMPLE_CHUNK 1024
@@ -89,18 +90,12 @@ ddt_status ddt_sampling_check(const ddt_sampling *s, ddt_error *err) {
 
 /* ------------------------------------------------------------------ workspace */
 
-/* (z desc, id asc) order; pairs carry their logit so qsort needs no context. */
-typedef struct zid {
-    float z;
-    int32_t id;
-} zid;
-
 struct ddt_sampler {
     int32_t vocab;
     int32_t *order; /* [vocab] candidate ids in canonical order */
     float *weight;  /* [vocab] e_i in canonical order */
     float *cum;     /* [vocab] chunked cumulative sums */
-    zid *pairs;     /* [vocab] sort buffer */
+    ddt_zid *pairs; /* [vocab] sort buffer */
 };
 
 ddt_status ddt_sampler_create(int32_t vocab, ddt_sampler **out, ddt_error *err) {
@@ -113,7 +108,7 @@ ddt_status ddt_sampler_create(int32_t vocab, ddt_sampler **out, ddt_error *err) 
     s->order = ddt_malloc_array((size_t)vocab, sizeof(int32_t));
     s->weight = ddt_malloc_array((size_t)vocab, sizeof(float));
     s->cum = ddt_malloc_array((size_t)vocab, sizeof(float));
-    s->pairs = ddt_malloc_array((size_t)vocab, sizeof(zid));
+    s->pairs = ddt_malloc_array((size_t)vocab, sizeof(ddt_zid));
     if (!s->order || !s->weight || !s->cum || !s->pairs) {
         ddt_sampler_destroy(s);
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating a sampler for %d tokens",
@@ -130,17 +125,6 @@ void ddt_sampler_destroy(ddt_sampler *s) {
     free(s->cum);
     free(s->pairs);
     free(s);
-}
-
-static int cmp_desc(const void *pa, const void *pb) {
-    const zid *a = pa, *b = pb;
-    if (a->z != b->z) return a->z > b->z ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
-
-static int cmp_int(const void *pa, const void *pb) {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    return (a > b) - (a < b);
 }
 
 /* Chunked cumulative sums (see the file comment, step 3). */
@@ -190,11 +174,11 @@ ddt_status ddt_sample_token(ddt_sampler *smp, const float *logits, int32_t vocab
     bool use_topp = s->top_p < 1.0f;
     for (int32_t i = 0; i < vocab; i++) smp->order[i] = i;
     if (use_topk || use_topp) {
-        for (int32_t i = 0; i < vocab; i++) smp->pairs[i] = (zid){logits[i], i};
-        qsort(smp->pairs, (size_t)vocab, sizeof(zid), cmp_desc);
+        for (int32_t i = 0; i < vocab; i++) smp->pairs[i] = (ddt_zid){logits[i], i};
+        ddt_zid_sort_desc(smp->pairs, vocab);
         for (int32_t i = 0; i < vocab; i++) smp->order[i] = smp->pairs[i].id;
         if (use_topk) n = s->top_k;
-        if (!use_topp) qsort(smp->order, (size_t)n, sizeof(int32_t), cmp_int);
+        if (!use_topp) ddt_i32_sort_asc(smp->order, n);
     }
     for (int32_t i = 0; i < n; i++) smp->weight[i] = ddt_exp_det((logits[smp->order[i]] - m) / s->temperature);
     chunked_cumsum(smp->weight, n, smp->cum);

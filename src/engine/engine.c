@@ -12,17 +12,13 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/zsort.h"
 #include "model/drafter.h"
 #include "model/target.h"
 
 #define PREFILL_CHUNK 64       /* prompt tokens per forward */
 #define DEFAULT_MAX_CTX 8192   /* when neither the caller nor a small model bounds it */
 #define COST_POINTS 12
-
-typedef struct zid {
-    float z;
-    int32_t id;
-} zid;
 
 struct ddt_engine {
     ddt_engine_options opts;
@@ -34,7 +30,7 @@ struct ddt_engine {
     float *draft_logits;  /* [depth][vocab] */
     float *logq;          /* [depth][kmax] */
     int32_t *table_tok;   /* [depth][kmax] */
-    zid *pairs;           /* [vocab] top-K scratch */
+    ddt_zid *pairs;       /* [vocab] top-K scratch */
     int32_t *target_next; /* [max_nodes] */
     int32_t *rows;        /* [PREFILL_CHUNK] 0..PREFILL_CHUNK-1 */
     ddt_tree tree;
@@ -72,21 +68,16 @@ static double now_s(void) {
 /* ------------------------------------------------------------------ top-K */
 
 /* a before b: higher logit, then lower id */
-static inline bool zid_before(zid a, zid b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
-
-static int cmp_zid(const void *pa, const void *pb) {
-    zid a = *(const zid *)pa, b = *(const zid *)pb;
-    return zid_before(a, b) ? -1 : zid_before(b, a) ? 1 : 0;
-}
+static inline bool zid_before(ddt_zid a, ddt_zid b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
 
 /* Sift-down for a heap whose root is the *last* in before-order (the worst kept). */
-static void worst_heap_down(zid *h, int32_t n, int32_t i) {
+static void worst_heap_down(ddt_zid *h, int32_t n, int32_t i) {
     for (;;) {
         int32_t c = 2 * i + 1;
         if (c >= n) return;
         if (c + 1 < n && zid_before(h[c], h[c + 1])) c++;
         if (!zid_before(h[i], h[c])) return;
-        zid t = h[i];
+        ddt_zid t = h[i];
         h[i] = h[c];
         h[c] = t;
         i = c;
@@ -94,7 +85,7 @@ static void worst_heap_down(zid *h, int32_t n, int32_t i) {
 }
 
 /* The top k of z[0..v) by (z desc, id asc) as log-probabilities z - logsumexp(z). */
-static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, zid *scratch, float *logq,
+static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid *scratch, float *logq,
                                   int32_t *tok, int32_t row, ddt_error *err) {
     float m = -INFINITY;
     for (int32_t i = 0; i < v; i++) {
@@ -104,16 +95,16 @@ static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, zid *scr
     double s = 0.0;
     for (int32_t i = 0; i < v; i++) s += exp((double)z[i] - (double)m);
     float lse = (float)((double)m + log(s));
-    for (int32_t i = 0; i < k; i++) scratch[i] = (zid){z[i], i};
+    for (int32_t i = 0; i < k; i++) scratch[i] = (ddt_zid){z[i], i};
     for (int32_t i = k / 2 - 1; i >= 0; i--) worst_heap_down(scratch, k, i);
     for (int32_t i = k; i < v; i++) {
-        zid c = {z[i], i};
+        ddt_zid c = {z[i], i};
         if (zid_before(c, scratch[0])) {
             scratch[0] = c;
             worst_heap_down(scratch, k, 0);
         }
     }
-    qsort(scratch, (size_t)k, sizeof(zid), cmp_zid);
+    ddt_zid_sort_desc(scratch, k);
     for (int32_t i = 0; i < k; i++) {
         logq[i] = scratch[i].z - lse;
         tok[i] = scratch[i].id;
@@ -278,7 +269,7 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     e->draft_logits = ddt_malloc_array(depth_rows * (size_t)e->vocab, sizeof(float));
     e->logq = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(float));
     e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
-    e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(zid));
+    e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(ddt_zid));
     e->target_next = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
     e->rows = ddt_malloc_array(PREFILL_CHUNK, sizeof(int32_t));
     if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs ||
