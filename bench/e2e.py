@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""End-to-end decoding benchmark: `ddtree generate` in ar, chain and tree modes (budgets 8..256
+and auto) at T = 0 and T = 1 on held-out prompts, on the machine it runs on, with Hugging Face
+transformers' `generate` on the same target (and the same machine) as the PyTorch baseline.
+Prints a Markdown table (tokens/s, speed-up over ar, mean acceptance length, time per phase)
+and writes a PNG plot of speed-up against budget.
+
+    python3 bench/e2e.py --build build --model models/X --draft models/Y \
+        --prompts models/heldout_prompts.json --max-tokens 128 --out-md e2e.md --out-png e2e.png
+
+Needs the built `ddtree`; the baseline needs torch + transformers (skipped with --no-hf, and
+the table says so); the plot needs matplotlib.  Python drives the binary here and measures;
+nothing of it is on the inference path."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def run_generate(args, prompt, mode, budget, temperature, seed):
+    cmd = [os.path.join(args.build, "ddtree"), "generate", "--model", args.model, "--max-tokens",
+           str(args.max_tokens), "--json", "--mode", mode, "--temperature", str(temperature), "--seed", str(seed)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if mode != "ar":
+        cmd += ["--draft", args.draft]
+    if mode == "tree":
+        cmd += (["--budget", "auto", "--max-budget", str(args.max_auto_budget)] if budget == "auto"
+                else ["--budget", str(budget)])
+    cmd += ["--prompt-ids", ",".join(map(str, prompt))] if isinstance(prompt, list) else ["--prompt", prompt]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"e2e: {' '.join(cmd)} failed:\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+def aggregate(outs):
+    tokens = sum(max(o["stats"]["tokens"] - 1, 0) for o in outs)  # the first token comes from the prompt pass
+    decode = sum(o["stats"]["seconds"]["total"] - o["stats"]["seconds"]["prefill"] for o in outs)
+    rounds = sum(o["stats"]["rounds"] for o in outs)
+    acc = sum(o["stats"]["mean_acceptance"] * o["stats"]["rounds"] for o in outs)
+    phases = {p: sum(o["stats"]["seconds"][p] for o in outs) for p in ("draft", "build", "verify", "walk", "commit")}
+    return {"tps": tokens / decode if decode > 0 else 0.0, "tau": acc / rounds if rounds else 0.0,
+            "phases": phases, "decode": decode}
+
+
+def hf_baseline(args, prompts):
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        return None, f"not run: {e}"
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16).to(dev).eval()
+    total, secs = 0, 0.0
+    for p in prompts:
+        ids = torch.tensor([p], device=dev)
+        model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.time()
+        out = model.generate(ids, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, do_sample=False)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        secs += time.time() - t0
+        total += out.shape[1] - len(p)
+    return total / secs, f"transformers {__import__('transformers').__version__}, bf16, {dev}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--prompts", required=True, help="JSON list of token-id lists (or of strings)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--budgets", default="8,16,32,64,128,256,auto")
+    ap.add_argument("--max-auto-budget", type=int, default=128)
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--out-md")
+    ap.add_argument("--out-png")
+    args = ap.parse_args()
+    with open(args.prompts) as f:
+        prompts = json.load(f)
+    budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    rows, curves = [], {}
+    for t in temps:
+        configs = [("ar", None), ("chain", None)] + [("tree", b) for b in budgets]
+        base = None
+        for mode, b in configs:
+            outs = [run_generate(args, p, mode, b, t, 1 + i) for i, p in enumerate(prompts)]
+            a = aggregate(outs)
+            if mode == "ar":
+                base = a["tps"]
+            a.update(mode=mode, budget=b, temp=t, speedup=a["tps"] / base if base else 0.0)
+            rows.append(a)
+            if mode == "tree":
+                curves.setdefault(t, []).append((b, a["speedup"]))
+            print(f"T={t} {mode} {b if b is not None else ''}: {a['tps']:.1f} tokens/s, x{a['speedup']:.2f}, "
+                  f"tau {a['tau']:.2f}", file=sys.stderr)
+    hf_tps, hf_note = (None, "not run (--no-hf)") if args.no_hf else hf_baseline(args, [p for p in prompts if isinstance(p, list)])
+    lines = [f"{len(prompts)} held-out prompts, {args.max_tokens} new tokens each; tokens/s counts decode "
+             "(prompt pass excluded).", "",
+             "| T | mode | budget | tokens/s | speed-up vs ar | mean acceptance | draft s | build s | verify s | walk s | commit s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ph = r["phases"]
+        lines.append(f"| {r['temp']:g} | {r['mode']} | {r['budget'] if r['budget'] is not None else '-'} | "
+                     f"{r['tps']:.1f} | {r['speedup']:.2f} | {r['tau']:.2f} | {ph['draft']:.3f} | {ph['build']:.3f} | "
+                     f"{ph['verify']:.3f} | {ph['walk']:.3f} | {ph['commit']:.3f} |")
+    ar0 = next(r["tps"] for r in rows if r["mode"] == "ar" and r["temp"] == temps[0])
+    lines += ["", f"Hugging Face generate baseline: " + (f"{hf_tps:.1f} tokens/s ({hf_note}); ar is "
+              f"{ar0 / hf_tps:.1f}x faster" if hf_tps else hf_note)]
+    md = "\n".join(lines)
+    print(md)
+    if args.out_md:
+        with open(args.out_md, "w") as f:
+            f.write(md + "\n")
+    if args.out_png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for t, pts in curves.items():
+            fixed = [(b, s) for b, s in pts if b != "auto"]
+            ax.plot([b for b, _ in fixed], [s for _, s in fixed], marker="o", label=f"tree, T={t:g}")
+            for b, s in pts:
+                if b == "auto":
+                    ax.axhline(s, linestyle="--", linewidth=1, label=f"tree auto, T={t:g}")
+            chain = next(r["speedup"] for r in rows if r["mode"] == "chain" and r["temp"] == t)
+            ax.axhline(chain, linestyle=":", linewidth=1, label=f"chain, T={t:g}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree budget (nodes)")
+        ax.set_ylabel("speed-up over ar (tokens/s)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.out_png, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
