@@ -306,6 +306,14 @@ fail:
 }
 
 int32_t ddt_engine_vocab(const ddt_engine *e) { return e->vocab; }
+
+ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err) {
+    if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_sampling: engine is NULL");
+    ddt_status st = ddt_sampling_check(s, err);
+    if (st) return st;
+    e->opts.sampling = *s;
+    return DDT_OK;
+}
 int32_t ddt_engine_max_ctx(const ddt_engine *e) { return e->max_ctx; }
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->have_cost ? &e->cost : NULL; }
 

@@ -79,6 +79,8 @@ void ddt_engine_free(ddt_engine *e);
 
 int32_t ddt_engine_vocab(const ddt_engine *e);
 int32_t ddt_engine_max_ctx(const ddt_engine *e);
+/* Change the sampling settings (temperature, top-k, top-p, seed) for later generations. */
+ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err);
 /* The cost model in use for the auto budget (measured or given), NULL otherwise. */
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
 

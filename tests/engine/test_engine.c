@@ -138,8 +138,24 @@ static void generate(const char *variant, const ddt_engine_options *o, const int
     ddt_engine_free(e);
 }
 
+/* AR outputs are computed once per (variant, prompt) and reused by every budget. */
+typedef struct ar_cached {
+    char variant[32];
+    int32_t prompt[64], n, max_new, out[MAX_GEN];
+} ar_cached;
+static ar_cached g_ar_cache[64];
+static int g_ar_n;
+
 static void ar_reference(const char *variant, const int32_t *prompt, int32_t n, int32_t max_new,
                          int32_t *out) {
+    for (int i = 0; i < g_ar_n; i++) {
+        ar_cached *c = &g_ar_cache[i];
+        if (!strcmp(c->variant, variant) && c->n == n && c->max_new == max_new &&
+            !memcmp(c->prompt, prompt, (size_t)n * sizeof(int32_t))) {
+            memcpy(out, c->out, (size_t)max_new * sizeof(int32_t));
+            return;
+        }
+    }
     ddt_engine_options o = {0};
     o.mode = DDT_MODE_AR;
     o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
@@ -147,6 +163,14 @@ static void ar_reference(const char *variant, const int32_t *prompt, int32_t n, 
     int32_t got;
     generate(variant, &o, prompt, n, max_new, out, &got, NULL);
     assert_int_equal(got, max_new);
+    if (g_ar_n < 64 && n <= 64 && max_new <= MAX_GEN) {
+        ar_cached *c = &g_ar_cache[g_ar_n++];
+        snprintf(c->variant, sizeof c->variant, "%s", variant);
+        memcpy(c->prompt, prompt, (size_t)n * sizeof(int32_t));
+        c->n = n;
+        c->max_new = max_new;
+        memcpy(c->out, out, (size_t)max_new * sizeof(int32_t));
+    }
 }
 
 /* ------------------------------------------------------------------ tests */
@@ -301,14 +325,12 @@ static void test_sampling(void **state) {
     enum { N = 500 };
     int32_t first_ar[N][3], first_tree[N][3];
     for (int i = 0; i < N; i++) {
-        ddt_engine_free(et);
-        ddt_engine_free(ea);
         /* independent samples: the two modes draw from disjoint seed sets (with one
          * seed both would share their first keys, and so their first tokens) */
         tree.sampling.seed = 1000 + (uint64_t)i;
         arm.sampling.seed = 900000 + (uint64_t)i;
-        if (ddt_engine_create(dir, &tree, &et, &err)) fail_msg("%s", err.msg);
-        if (ddt_engine_create(dir, &arm, &ea, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(ddt_engine_set_sampling(et, &tree.sampling, &err), DDT_OK);
+        assert_int_equal(ddt_engine_set_sampling(ea, &arm.sampling, &err), DDT_OK);
         assert_int_equal(ddt_engine_generate(et, ps.ids[0], ps.len[0], 3, NULL, 0, first_tree[i], &n1, NULL, NULL, NULL, &err), DDT_OK);
         assert_int_equal(ddt_engine_generate(ea, ps.ids[0], ps.len[0], 3, NULL, 0, first_ar[i], &n2, NULL, NULL, NULL, &err), DDT_OK);
     }
