@@ -23,7 +23,6 @@
 struct ddt_engine {
     ddt_engine_options opts;
     ddt_target *target;
-    ddt_drafter_head *head;
     ddt_drafter *drafter;
     int32_t vocab, max_ctx, depth, kmax, max_nodes, n_capture;
     float *logits;        /* [max_nodes][vocab] verify logits (prefill: row 0) */
@@ -141,7 +140,6 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
 void ddt_engine_free(ddt_engine *e) {
     if (!e) return;
     ddt_drafter_free(e->drafter);
-    ddt_drafter_head_close(e->head);
     ddt_target_free(e->target);
     free(e->logits);
     free(e->draft_logits);
@@ -257,10 +255,13 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     if (st) goto fail;
     e->vocab = ddt_target_vocab(e->target);
     if (dflash) {
-        st = ddt_drafter_head_open(model_dir, &e->head, err);
-        if (st) goto fail;
-        ddt_drafter_options dopt = {e->max_ctx, opts->n_threads, NULL};
-        st = ddt_drafter_load(opts->draft_dir, ddt_drafter_head_target(e->head), &dopt, &e->drafter, err);
+        /* the drafter borrows the target's embedding, LM head and threads: it runs
+         * between target forwards, never beside them */
+        const ddt_model_config *tc = ddt_target_config(e->target);
+        ddt_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, e->vocab,
+                                 ddt_target_embed(e->target), ddt_target_lm_head(e->target)};
+        ddt_drafter_options dopt = {e->max_ctx, opts->n_threads, ddt_target_pool(e->target)};
+        st = ddt_drafter_load(opts->draft_dir, &dt, &dopt, &e->drafter, err);
         if (st) goto fail;
     }
     e->kmax = opts->mode == DDT_MODE_TREE ? (opts->budget < e->vocab ? opts->budget : e->vocab) : 1;

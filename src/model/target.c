@@ -453,6 +453,9 @@ int32_t ddt_target_len(const ddt_target *t) { return t->kv.len; }
 int32_t ddt_target_max_ctx(const ddt_target *t) { return t->max_ctx; }
 int32_t ddt_target_max_tokens(const ddt_target *t) { return t->max_tokens; }
 int32_t ddt_target_threads(const ddt_target *t) { return ddt_cpu_pool_threads(t->pool); }
+const ddt_qweight *ddt_target_embed(const ddt_target *t) { return &t->embed; }
+const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->lm_head; }
+ddt_cpu_pool *ddt_target_pool(ddt_target *t) { return t->pool; }
 const ddt_kv_cache *ddt_target_cache(const ddt_target *t) { return &t->kv; }
 uint64_t ddt_target_weight_bytes(const ddt_target *t) { return t->weight_bytes; }
 uint64_t ddt_target_decode_bytes(const ddt_target *t) {

@@ -36,6 +36,7 @@
 
 #include "ddtree.h"
 #include "io/config.h"
+#include "io/safetensors.h"
 #include "model/kv_cache.h"
 
 #define DDT_TARGET_MAX_CAPTURE 64
@@ -60,6 +61,12 @@ int32_t ddt_target_len(const ddt_target *t);        /* committed tokens */
 int32_t ddt_target_max_ctx(const ddt_target *t);
 int32_t ddt_target_max_tokens(const ddt_target *t);
 int32_t ddt_target_threads(const ddt_target *t);    /* CPU threads of its pool */
+/* Weight views a drafter borrows: the embedding [vocab][hidden] and the LM head
+ * [vocab][hidden] (the embedding when tied); valid while the target lives. */
+const ddt_qweight *ddt_target_embed(const ddt_target *t);
+const ddt_qweight *ddt_target_lm_head(const ddt_target *t);
+/* The target's thread pool, for a drafter that runs between target forwards. */
+struct ddt_cpu_pool *ddt_target_pool(ddt_target *t);
 /* The latent cache (read-only view, for tests and tools). */
 const ddt_kv_cache *ddt_target_cache(const ddt_target *t);
 /* Bytes of every weight the model reads (as stored: quantised bytes + scales). */
