@@ -1,8 +1,7 @@
 /*
- * best_first.h — the best-first loop of the DDTree builder, written once as
- * inline code that compiles both for the host (src/core/tree.c) and for the GPU
- * (src/backend/cuda/tree_cuda.cu), so the two build the same tree node for node
- * by construction rather than by two implementations agreeing.
+ * best_first.h — the best-first loop of the DDTree builder (src/core/tree.c),
+ * inline code that also compiles for CUDA; the GPU (src/backend/cuda/tree_cuda.cu)
+ * runs a warp-parallel equivalent, tested bitwise against it node for node.
  *
  * Inputs are raw arrays with every size already checked by the caller; nothing
  * here allocates or reports errors.  See tree.c for the algorithm and the tie

@@ -162,87 +162,190 @@ static int cmp_fdesc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-static void test_build_and_walk(int iters) {
+/* Device and host state shared by the build comparisons. */
+typedef struct build_ctx {
     ddt_cuda_tree dt;
-    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &dt, &err_));
     ddt_builder *b;
     ddt_tree ct;
-    OK(ddt_builder_create(DDT_MAX_BUDGET, &b, &err_));
-    OK(ddt_tree_alloc(DDT_MAX_NODES, &ct, &err_));
-    static float logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
-    static int32_t tok[DDT_MAX_DEPTH * DDT_MAX_TOPK];
-    static host_tree h;
     float *dq;
     int32_t *dtok, *dnext;
-    CU(cudaMalloc((void **)&dq, sizeof logq));
-    CU(cudaMalloc((void **)&dtok, sizeof tok));
-    CU(cudaMalloc((void **)&dnext, DDT_MAX_NODES * 4));
-    int mismatched = 0, walks = 0, long_walks = 0;
+    int mismatched, compared, walks, long_walks;
+} build_ctx;
+
+static float g_logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+static int32_t g_tok[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+
+/* Builds g_logq/g_tok ([D][K]) on the CPU and the GPU and compares every node
+ * bitwise, the visibility rows, then a random walk.  Returns 1 when they differ. */
+static int compare_build(build_ctx *c, int D, int K, int B, const char *what) {
+    static host_tree h;
+    int32_t root = (int32_t)(rnd() % 5000);
+    ddt_draft_table tb = {D, K, g_logq, g_tok};
+    OK(ddt_tree_build(c->b, &tb, root, B, NULL, 5000, &c->ct, &err_));
+    const ddt_tree *ct = &c->ct;
+    poison_tree(&c->dt);
+    CU(cudaMemcpy(c->dq, g_logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->dtok, g_tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_build(&c->dt, c->dq, c->dtok, D, K, B, 5000, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    fetch_tree(&c->dt, &h);
+    c->compared++;
+    int bad = h.status != 0 || h.n != ct->n_nodes, first = -1;
+    for (int i = 0; !bad && i < h.n; i++) {
+        bad |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] ||
+               h.depth[i] != ct->depth[i] || h.rank[i] != ct->rank[i] ||
+               memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
+        bad |= memcmp(h.vis + (size_t)i * (size_t)c->dt.vis_words,
+                      ct->vis + (size_t)i * (size_t)ct->vis_words, (size_t)ct->vis_words * 8) != 0;
+        if (bad) first = i;
+    }
+    if (bad) {
+        c->mismatched++;
+        if (c->mismatched < 8)
+            fprintf(stderr,
+                    "build mismatch (%s): D %d K %d B %d: gpu n %d status %d, cpu n %d; first "
+                    "differing node %d\n",
+                    what, D, K, B, h.n, h.status, ct->n_nodes, first);
+        return 1;
+    }
+    /* walk: the target follows a random root-to-node path, then disagrees */
+    static int32_t next[DDT_MAX_NODES];
+    for (int i = 0; i < ct->n_nodes; i++) {
+        int ch = ct->first_child[i], pick = (int)(rnd() % 4);
+        while (ch >= 0 && pick-- > 0 && ct->next_sibling[ch] >= 0) ch = ct->next_sibling[ch];
+        next[i] = (ch >= 0 && rnd() % 8) ? ct->token[ch] : (int32_t)(rnd() % 5000);
+    }
+    ddt_walk_result w;
+    OK(ddt_tree_walk(ct, next, 5000, &w, &err_));
+    CU(cudaMemcpy(c->dnext, next, (size_t)ct->n_nodes * 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_accept(&c->dt, c->dnext, 5000, NULL, &err_));
+    int32_t path[DDT_MAX_PATH], len, bonus, status, nroot;
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&len, c->dt.path_len, 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&bonus, c->dt.bonus, 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&status, c->dt.status, 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&nroot, c->dt.root_token, 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(path, c->dt.path, sizeof path, cudaMemcpyDeviceToHost));
+    CHECK(status == 0 && len == w.length && bonus == w.bonus && nroot == w.bonus &&
+              memcmp(path, w.path, (size_t)len * 4) == 0,
+          "walk mismatch (%s): D %d K %d B %d: gpu len %d bonus %d status %d, cpu len %d bonus %d",
+          what, D, K, B, len, bonus, status, w.length, w.bonus);
+    c->walks++;
+    c->long_walks += w.length > 3;
+    return 0;
+}
+
+/* Table fillers: [D][K], rows sorted descending, tokens distinct within a row. */
+static void fill_tokens(int D, int K) {
+    for (int i = 0; i < D * K; i++) g_tok[i] = (i % K) * 3 + (int)(rnd() % 3);
+}
+
+enum { FILL_UNIFORM, FILL_TIES, FILL_ZERO, FILL_NEGINF, FILL_SIGNED_ZERO, FILL_POSITIVE, FILL_INTS };
+
+static void fill_table(int D, int K, int kind) {
+    for (int d = 0; d < D; d++) {
+        float *row = g_logq + d * K;
+        int ninf = kind == FILL_NEGINF ? (int)(rnd() % (unsigned)(K + 1)) : 0; /* may be all */
+        for (int r = 0; r < K; r++) {
+            switch (kind) {
+            case FILL_TIES: row[r] = -(float)(rnd() % 6) * 0.5f; break;  /* sums collide across depths */
+            case FILL_ZERO: row[r] = 0.0f; break;                         /* order by rank tuple only */
+            case FILL_NEGINF: row[r] = r >= K - ninf ? -INFINITY : -6.0f * rndf(); break;
+            case FILL_SIGNED_ZERO: row[r] = rnd() % 2 ? -0.0f : (rnd() % 2 ? 0.0f : -1.0f); break;
+            case FILL_POSITIVE: row[r] = 4.0f * rndf() - 2.0f; break;     /* children may outweigh parents */
+            case FILL_INTS: row[r] = -(float)(rnd() % 3); break;
+            default: row[r] = -6.0f * rndf(); break;
+            }
+        }
+        /* sort descending without reordering -inf or the signs of zeros wrongly:
+         * cmp_fdesc sees -0 == +0, so their order is arbitrary, which is fine */
+        qsort(row, (size_t)K, sizeof(float), cmp_fdesc);
+    }
+    fill_tokens(D, K);
+}
+
+static void test_build_and_walk(int iters) {
+    static build_ctx c;
+    memset(&c, 0, sizeof c);
+    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &c.dt, &err_));
+    OK(ddt_builder_create(DDT_MAX_BUDGET, &c.b, &err_));
+    OK(ddt_tree_alloc(DDT_MAX_NODES, &c.ct, &err_));
+    CU(cudaMalloc((void **)&c.dq, sizeof g_logq));
+    CU(cudaMalloc((void **)&c.dtok, sizeof g_tok));
+    CU(cudaMalloc((void **)&c.dnext, DDT_MAX_NODES * 4));
     for (int it = 0; it < iters; it++) {
         int D = 1 + (int)(rnd() % (it % 3 ? 15 : 31));
         int K = (it % 5 == 0) ? 1 + (int)(rnd() % 1024) : 1 + (int)(rnd() % 64);
         int B = (int)(rnd() % 1025);
-        int ties = it % 4 == 0;
-        for (int d = 0; d < D; d++) {
-            for (int r = 0; r < K; r++) {
-                logq[d * K + r] = ties ? -(float)(rnd() % 6) * 0.5f : -6.0f * rndf();
-                tok[d * K + r] = r * 3 + (int)(rnd() % 3); /* distinct within a row */
-            }
-            qsort(logq + d * K, (size_t)K, sizeof(float), cmp_fdesc);
-        }
-        int32_t root = (int32_t)(rnd() % 5000);
-        ddt_draft_table tb = {D, K, logq, tok};
-        OK(ddt_tree_build(b, &tb, root, B, NULL, 5000, &ct, &err_));
-        poison_tree(&dt);
-        CU(cudaMemcpy(dq, logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dtok, tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dt.root_token, &root, 4, cudaMemcpyHostToDevice));
-        OK(ddt_cuda_tree_build(&dt, dq, dtok, D, K, B, 5000, NULL, &err_));
-        CU(cudaDeviceSynchronize());
-        fetch_tree(&dt, &h);
-        int bad = h.status != 0 || h.n != ct.n_nodes;
-        for (int i = 0; !bad && i < h.n; i++) {
-            bad |= h.token[i] != ct.token[i] || h.parent[i] != ct.parent[i] ||
-                   h.depth[i] != ct.depth[i] || h.rank[i] != ct.rank[i] ||
-                   memcmp(&h.logw[i], &ct.logw[i], 4) != 0;
-            bad |= memcmp(h.vis + (size_t)i * (size_t)dt.vis_words,
-                          ct.vis + (size_t)i * (size_t)ct.vis_words, (size_t)ct.vis_words * 8) != 0;
-        }
-        if (bad) {
-            mismatched++;
-            if (mismatched < 5)
-                fprintf(stderr, "build mismatch: D %d K %d B %d: gpu n %d status %d, cpu n %d\n",
-                        D, K, B, h.n, h.status, ct.n_nodes);
-            continue;
-        }
-        /* walk: the target follows a random root-to-node path, then disagrees */
-        static int32_t next[DDT_MAX_NODES];
-        for (int i = 0; i < ct.n_nodes; i++) {
-            int c = ct.first_child[i], pick = (int)(rnd() % 4);
-            while (c >= 0 && pick-- > 0 && ct.next_sibling[c] >= 0) c = ct.next_sibling[c];
-            next[i] = (c >= 0 && rnd() % 8) ? ct.token[c] : (int32_t)(rnd() % 5000);
-        }
-        ddt_walk_result w;
-        OK(ddt_tree_walk(&ct, next, 5000, &w, &err_));
-        CU(cudaMemcpy(dnext, next, (size_t)ct.n_nodes * 4, cudaMemcpyHostToDevice));
-        OK(ddt_cuda_tree_accept(&dt, dnext, 5000, NULL, &err_));
-        int32_t path[DDT_MAX_PATH], len, bonus, status, nroot;
-        CU(cudaDeviceSynchronize());
-        CU(cudaMemcpy(&len, dt.path_len, 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(&bonus, dt.bonus, 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(&status, dt.status, 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(&nroot, dt.root_token, 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(path, dt.path, sizeof path, cudaMemcpyDeviceToHost));
-        CHECK(status == 0 && len == w.length && bonus == w.bonus && nroot == w.bonus &&
-                  memcmp(path, w.path, (size_t)len * 4) == 0,
-              "walk mismatch: D %d K %d B %d: gpu len %d bonus %d status %d, cpu len %d bonus %d",
-              D, K, B, len, bonus, status, w.length, w.bonus);
-        walks++;
-        long_walks += w.length > 3;
+        fill_table(D, K, it % 4 == 0 ? FILL_TIES : FILL_UNIFORM);
+        compare_build(&c, D, K, B, "random");
     }
-    CHECK(mismatched == 0, "%d of %d builds differ from the CPU", mismatched, iters);
+    int random_bad = c.mismatched;
+    CHECK(random_bad == 0, "%d of %d random builds differ from the CPU", random_bad, iters);
     printf("build: %d random problems, %d differ from the CPU; walk: %d compared (%d longer than 3)\n",
-           iters, mismatched, walks, long_walks);
+           iters, random_bad, c.walks, c.long_walks);
+
+    /* edge cases, each compared node for node */
+    static const struct {
+        int D, K, B, kind;
+        const char *what;
+    } edges[] = {
+        {1, 1, 1, FILL_UNIFORM, "D 1 K 1"},
+        {1, 1, 1024, FILL_UNIFORM, "D 1 K 1, budget over the table"},
+        {1, 700, 1024, FILL_UNIFORM, "D 1, budget over the table"},
+        {1, 1024, 1024, FILL_TIES, "D 1, long sibling runs with ties"},
+        {31, 1, 1024, FILL_UNIFORM, "K 1, a chain of 31"},
+        {31, 1, 5, FILL_UNIFORM, "K 1, budget below D"},
+        {2, 3, 1024, FILL_UNIFORM, "budget over the table (12 nodes)"},
+        {5, 4, 1024, FILL_TIES, "budget over the table with ties (1364 > 1024)"},
+        {7, 9, 0, FILL_UNIFORM, "budget 0"},
+        {31, 1024, 0, FILL_UNIFORM, "budget 0, largest table"},
+        {31, 1024, 1024, FILL_UNIFORM, "largest table and budget"},
+        {31, 4, 1024, FILL_ZERO, "all-zero table: pure rank-tuple order"},
+        {5, 1024, 1024, FILL_ZERO, "all-zero table, wide"},
+        {31, 2, 1024, FILL_ZERO, "all-zero table, binary"},
+        {31, 40, 1024, FILL_INTS, "integer weights: exact ties across depths"},
+        {12, 3, 700, FILL_INTS, "integer weights, narrow"},
+        {15, 64, 1024, FILL_NEGINF, "rows with -inf tails"},
+        {31, 8, 1024, FILL_NEGINF, "rows with -inf tails, deep"},
+        {15, 30, 600, FILL_SIGNED_ZERO, "-0 and +0 in rows"},
+        {15, 64, 1024, FILL_POSITIVE, "positive logq: children outweigh parents"},
+        {31, 3, 1024, FILL_POSITIVE, "positive logq, deep"},
+    };
+    int edge_bad = 0;
+    for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++) {
+        for (int rep = 0; rep < 3; rep++) {
+            fill_table(edges[e].D, edges[e].K, edges[e].kind);
+            edge_bad += compare_build(&c, edges[e].D, edges[e].K, edges[e].B, edges[e].what);
+        }
+    }
+    /* a row of -inf only, and -inf in the first row: -inf candidates are legal */
+    fill_table(6, 16, FILL_UNIFORM);
+    for (int r = 0; r < 16; r++) g_logq[2 * 16 + r] = -INFINITY;
+    edge_bad += compare_build(&c, 6, 16, 300, "a row of -inf");
+    fill_table(4, 5, FILL_UNIFORM);
+    for (int r = 2; r < 5; r++) g_logq[r] = -INFINITY;
+    edge_bad += compare_build(&c, 4, 5, 1024, "-inf at depth 1");
+    /* every kind at random sizes */
+    for (int it = 0; it < (iters < 50 ? 14 : 140); it++) {
+        int kind = it % 7;
+        int D = 1 + (int)(rnd() % 31), K = 1 + (int)(rnd() % (it % 2 ? 8 : 300));
+        int B = (int)(rnd() % 1025);
+        fill_table(D, K, kind);
+        edge_bad += compare_build(&c, D, K, B, "random kind");
+    }
+    CHECK(edge_bad == 0, "%d edge-case builds differ from the CPU", edge_bad);
+    printf("build edge cases (K 1, D 1, budget 0, budget over the table, -inf, +-0, ties, "
+           "positive logq): %d compared in all, %d differ\n",
+           c.compared - iters, edge_bad);
+
+    ddt_cuda_tree dt = c.dt;
+    static host_tree h;
+    float *dq = c.dq;
+    int32_t *dtok = c.dtok, *dnext = c.dnext;
+    float *logq = g_logq;
+    int32_t *tok = g_tok;
 
     /* a table with NaN: status, and a root-only tree */
     int D = 3, K = 4;
@@ -294,9 +397,9 @@ static void test_build_and_walk(int iters) {
     CU(cudaFree(dq));
     CU(cudaFree(dtok));
     CU(cudaFree(dnext));
-    ddt_cuda_tree_free(&dt);
-    ddt_tree_free(&ct);
-    ddt_builder_destroy(b);
+    ddt_cuda_tree_free(&c.dt);
+    ddt_tree_free(&c.ct);
+    ddt_builder_destroy(c.b);
 }
 
 /* The device pipeline: top-K from logits, build from that table; the CPU builds

@@ -2,11 +2,12 @@
  * tree_cuda.cu — the DDTree round's tree kernels (see tree_cuda.h): top-K of the
  * drafter's logits, the best-first build, argmax per node, and the walk.
  *
- * The build runs the very loop the CPU runs (src/core/best_first.h, compiled for
- * the device) in one thread, because a best-first pop depends on every previous
- * pop; the surrounding work — checking the table, the visibility bitsets — is
- * spread over the block.  Compiled with --fmad=false so the deterministic exp of
- * the cost-aware budget gives the CPU's bits.
+ * The build is a warp-parallel equivalent of the CPU's best-first loop
+ * (src/core/best_first.h): it pops the same nodes in the same order, and
+ * tests/cuda/test_cuda_tree.c checks it against the CPU bitwise, node for node.
+ * The surrounding work — checking the table, the visibility bitsets — is spread
+ * over the block.  Compiled with --fmad=false so that no weight sum is ever
+ * contracted into something the CPU does not compute.
  */
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -15,10 +16,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/tree_cuda.h"
-#include "core/best_first.h"
 
 #define TOPK_THREADS 1024
-#define BUILD_THREADS 256
+#define BUILD_THREADS 1024
 
 static_assert(DDT_MAX_TOPK == TOPK_THREADS, "top-K sorts one candidate per thread");
 
@@ -262,98 +262,277 @@ topk_merge_kernel(int k, int chunks, const float *__restrict__ part_max,
 
 /* ------------------------------------------------------------------ build */
 
+/*
+ * The best-first loop, warp-parallel.  The CPU's heap (best_first.h) holds
+ * exactly one entry per built node: that node's next child to try, rank r at
+ * depth depth + 1 with weight fp32(logw + logq[depth][r]), alive while r < K and
+ * depth < D.  So here every node keeps that candidate in shared memory, and
+ * each lane of the warp keeps the best candidate among the nodes it owns
+ * (node i belongs to lane i % 32).  A step:
+ *  1. the lanes' bests are reduced to the maximum weight; when it is held by
+ *     more than one candidate (exact ties, rare) the lowest rank tuple wins,
+ *     found by walking parents — the heap's own order, so the winner is the
+ *     entry the heap would pop;
+ *  2. a run of the winner's siblings is popped at once: ranks r, r+1, ... of
+ *     the same parent while each is strictly heavier than every other
+ *     candidate and than the first child of rank r (every child the run
+ *     creates weighs at most that); each is the heap's next pop by the same
+ *     argument, so the run only saves steps, never changes the order;
+ *  3. the nodes are appended, the parent's candidate moves past the run, each
+ *     new node gets its rank-0 child as candidate, and the owning lanes update
+ *     their bests (the winner's lane re-reduces its nodes with one warp op).
+ * Weights are formed exactly as on the CPU: fp32(parent logw + logq) for every
+ * node, the root's children included; no FMA is involved.
+ */
+
+/* One built node; 16 bytes, so one shared load fetches all of it. */
+typedef struct build_node {
+    float logw;
+    int32_t parent, depth, rank;
+} build_node;
+
+/* Order key of a candidate weight; 0 means no candidate.  -0 and +0 get one key
+ * because the CPU's `!=` treats them as equal (a tie, broken by the tuple). */
+static __device__ __forceinline__ uint32_t weight_key(float w) {
+    return w == 0.0f ? 0x80000000u : float_key(w);
+}
+
+/* For two candidates of equal weight, (a, ra) and (b, rb) — node and the rank of
+ * its next child — true when the first pops first: the lower rank tuple
+ * (root-down ranks of the node, then the candidate's rank), a prefix first. */
+static __device__ bool tuple_before(const build_node *nd, int a, int ra, int b, int rb) {
+    if (a == b) return ra < rb;
+    int xa = a, xb = b, ca = ra, cb = rb;
+    int da = nd[a].depth, db = nd[b].depth;
+    for (; da > db; da--) {
+        ca = nd[xa].rank;
+        xa = nd[xa].parent;
+    }
+    for (; db > da; db--) {
+        cb = nd[xb].rank;
+        xb = nd[xb].parent;
+    }
+    while (xa != xb) { /* below the common ancestor, ca and cb are the ranks that differ */
+        ca = nd[xa].rank;
+        xa = nd[xa].parent;
+        cb = nd[xb].rank;
+        xb = nd[xb].parent;
+    }
+    if (ca != cb) return ca < cb;
+    return nd[a].depth < nd[b].depth; /* not reached for distinct candidates */
+}
+
+/* Slow path of a step: the candidate of key `key` with the lowest tuple.
+ * Called by the whole warp; every lane returns the same node. */
+static __device__ int resolve_tie(const build_node *nd, const uint2 *cand, int n, uint32_t key) {
+    const unsigned full = 0xffffffffu;
+    int bi = -1, br = 0;
+    for (int i = (int)(threadIdx.x & 31); i < n; i += 32) {
+        uint2 c = cand[i];
+        if (c.x == key && (bi < 0 || tuple_before(nd, i, (int)c.y, bi, br))) {
+            bi = i;
+            br = (int)c.y;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        int oi = __shfl_xor_sync(full, bi, o), orank = __shfl_xor_sync(full, br, o);
+        if (oi >= 0 && (bi < 0 || tuple_before(nd, oi, orank, bi, br))) {
+            bi = oi;
+            br = orank;
+        }
+    }
+    return bi;
+}
+
+/* A lane's best candidate: key, node, and whether another of its nodes has the
+ * same key.  (Caching the node's fields here too, to save a shared load per
+ * step, measured slower on the H200: one warp hides no latency, so the step
+ * costs what its instruction count costs, and the cache adds shuffles.) */
+static __device__ __forceinline__ void lane_merge(uint32_t key, int idx, uint32_t *bkey, int *bidx,
+                                                  bool *btie) {
+    if (key > *bkey) {
+        *bkey = key;
+        *bidx = idx;
+        *btie = false;
+    } else if (key == *bkey && key != 0u) {
+        *btie = true;
+    }
+}
+
+/*
+ * Runs the loop in one warp.  sq: the table's logq staged in shared memory,
+ * [depth][ld] with ld = min(want + 1, K) (no rank above `want` is ever read).
+ * Returns the node count including the root, in every lane.
+ */
+static __device__ int build_warp(const float *sq, int ld, int D, int want, build_node *nd,
+                                 uint2 *cand) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31);
+    uint32_t bkey = 0u;
+    int bidx = -1;
+    bool btie = false;
+    if (lane == 0) {
+        build_node root = {0.0f, -1, 0, -1};
+        nd[0] = root;
+        bkey = want > 0 ? weight_key(0.0f + sq[0]) : 0u;
+        bidx = 0;
+        cand[0] = make_uint2(bkey, 0u);
+    }
+    int n = 1;
+    __syncwarp();
+    while (n - 1 < want) {
+        /* 1. the heaviest candidate; ties go to the slow path */
+        const uint32_t top = __reduce_max_sync(full, bkey);
+        if (top == 0u) break; /* frontier empty */
+        const unsigned hold = __ballot_sync(full, bkey == top);
+        const unsigned tied = __ballot_sync(full, bkey == top && btie);
+        const int p = (__popc(hold) == 1 && !tied) ? __shfl_sync(full, bidx, __ffs(hold) - 1)
+                                                   : resolve_tie(nd, cand, n, top);
+        const int owner = p & 31;
+        const build_node pn = nd[p];
+        const int r = (int)cand[p].y;
+        const int d = pn.depth + 1; /* depth of the nodes this step adds */
+        /* the owner's other candidates; the best candidate anywhere but p's */
+        const int q = owner + 32 * lane;
+        const uint32_t kq = (q < n && q != p) ? cand[q].x : 0u;
+        const uint32_t own_best = __reduce_max_sync(full, kq);
+        const uint32_t others = __reduce_max_sync(full, max(lane == owner ? 0u : bkey, kq));
+        const unsigned own_at = __ballot_sync(full, own_best != 0u && kq == own_best);
+        /* 2. lane k looks at sibling rank r + k and its first child */
+        const float *row = sq + (size_t)(d - 1) * (size_t)ld;
+        const int rk = r + lane;
+        const bool have = rk < ld; /* ld <= K; and r + run <= want < ld whenever r + run < K */
+        float w = 0.0f;
+        if (have) w = pn.logw + row[rk];
+        const uint32_t wkey = have ? weight_key(w) : 0u;
+        const bool leaf = d >= D;
+        const float next0 = leaf ? 0.0f : sq[(size_t)d * (size_t)ld];
+        const float c0 = (pn.logw + row[r]) + next0; /* first child of rank r (lane 0's w) */
+        const bool more = have && lane < 31 && n - 1 + lane < want && wkey > others &&
+                          (leaf || w > c0);
+        const unsigned run = __ballot_sync(full, lane == 0 || more);
+        const int m = __ffs(~run) - 1; /* leading pops, 1..31 */
+        __syncwarp();                  /* this step's reads before its writes */
+        /* 3. append; the parent's candidate moves to rank r + m */
+        const uint32_t ckey = leaf ? 0u : weight_key(w + next0);
+        if (lane < m) {
+            build_node v = {w, p, d, rk};
+            nd[n + lane] = v;
+            cand[n + lane] = make_uint2(ckey, 0u);
+        }
+        const uint32_t pkey = __shfl_sync(full, wkey, m); /* 0 when r + m >= K */
+        if (lane == m) cand[p] = make_uint2(pkey, (uint32_t)rk);
+        if (lane == owner) {
+            bkey = own_best;
+            bidx = own_best ? owner + 32 * (__ffs(own_at) - 1) : -1;
+            btie = __popc(own_at) > 1;
+            lane_merge(pkey, p, &bkey, &bidx, &btie);
+        }
+        const int k = (lane - n) & 31; /* the new node this lane owns, if k < m */
+        const uint32_t nkey = __shfl_sync(full, ckey, k);
+        if (k < m) lane_merge(nkey, n + k, &bkey, &bidx, &btie);
+        n += m;
+        __syncwarp();
+    }
+    return n;
+}
+
 typedef struct build_params {
     const float *logq;
     const int32_t *tok;
     int32_t depth, k, want, vocab;
-    int32_t stage_cols; /* columns of the table staged in shared memory, 0 = read from global */
+    int32_t ld; /* staged columns: min(want + 1, k) */
     ddt_cuda_tree t;
 } build_params;
 
-/* Dynamic shared memory the build may use for the staged table (opted in at alloc). */
-#define BUILD_STAGE_BYTES (160 * 1024)
+/* Shared memory for the staged table at the largest D x K (opted in at alloc). */
+#define BUILD_STAGE_BYTES (DDT_MAX_DEPTH * DDT_MAX_TOPK * 4)
 
 /*
- * One block.  Thread 0 runs the best-first loop with the heap and the node
- * arrays in shared memory (a pop is a chain of dependent loads, so their latency
- * is the whole cost); the block checks the table before and writes the node
- * arrays and the visibility bitsets out in parallel after.
+ * One block.  All threads check the table and stage its first `ld` columns of
+ * logq in shared memory; warp 0 runs the loop; all threads write the nodes and
+ * the visibility rows.
  */
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
     __shared__ int s_bad, s_n;
-    __shared__ ddt_bf_entry s_heap[DDT_MAX_NODES + 1];
-    __shared__ int32_t s_token[DDT_MAX_NODES], s_parent[DDT_MAX_NODES], s_depth[DDT_MAX_NODES],
-        s_rank[DDT_MAX_NODES], s_maxrank[DDT_MAX_DEPTH];
-    __shared__ float s_logw[DDT_MAX_NODES];
-    extern __shared__ float s_stage[]; /* [depth][stage_cols] logq, then [depth][stage_cols] tokens */
+    __shared__ build_node s_node[DDT_MAX_NODES];
+    __shared__ uint2 s_cand[DDT_MAX_NODES]; /* (candidate key, its rank) per node */
+    extern __shared__ float s_logq[];        /* [depth][ld] */
     const int tid = threadIdx.x;
-    const int sc = p.stage_cols;
-    int32_t *s_stage_tok = (int32_t *)(s_stage + (size_t)p.depth * (size_t)sc);
+    const int ld = p.ld;
     if (tid == 0) s_bad = 0;
     __syncthreads();
     const int32_t root = *p.t.root_token;
     int bad = tid == 0 && (root < 0 || (p.vocab > 0 && root >= p.vocab));
-    const int cells = p.depth * p.k;
-    for (int e = tid; e < cells; e += blockDim.x) {
-        int r = e % p.k;
-        float v = p.logq[e];
-        bad |= !(v < INFINITY) || v != v;
-        if (r > 0) bad |= !(v <= p.logq[e - 1]);
-        bad |= p.tok[e] < 0 || (p.vocab > 0 && p.tok[e] >= p.vocab);
-        /* the best-first loop is a chain of dependent loads: give it the table's
-         * leading columns (all it can ever read) from shared memory */
-        if (r < sc) {
-            s_stage[(e / p.k) * sc + r] = v;
-            s_stage_tok[(e / p.k) * sc + r] = p.tok[e];
+    /* four cells per thread per pass, loads issued together: the check is a
+     * latency-bound read of a table that may be 31 x 1024 */
+    const int cells = p.depth * p.k, nt = blockDim.x;
+    for (int base = 0; base < cells; base += 4 * nt) {
+        float v[4], prev[4];
+        int32_t tk[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int e = base + u * nt + tid;
+            v[u] = e < cells ? __ldg(p.logq + e) : 0.0f;
+            prev[u] = e < cells && e % p.k ? __ldg(p.logq + e - 1) : INFINITY;
+            tk[u] = e < cells ? __ldg(p.tok + e) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int e = base + u * nt + tid;
+            if (e >= cells) continue;
+            const int d = e / p.k, r = e - d * p.k;
+            bad |= !(v[u] < INFINITY); /* NaN or +inf */
+            if (r > 0) bad |= !(v[u] <= prev[u]); /* sorted descending; NaN fails too */
+            bad |= tk[u] < 0 || (p.vocab > 0 && tk[u] >= p.vocab);
+            if (r < ld) s_logq[d * ld + r] = v[u];
         }
     }
     if (bad) atomicOr(&s_bad, 1);
     __syncthreads();
-    if (tid == 0) {
-        if (s_bad) {
-            /* never hand a bad table's tree to verify: a root-only tree */
-            *p.t.status = DDT_CUDA_TREE_BAD_TABLE;
-            s_token[0] = root;
-            s_parent[0] = -1;
-            s_depth[0] = 0;
-            s_rank[0] = -1;
-            s_logw[0] = 0.0f;
+    if (s_bad) {
+        /* never hand a bad table's tree to verify: a root-only tree */
+        if (tid == 0) {
+            build_node v = {0.0f, -1, 0, -1};
+            s_node[0] = v;
             s_n = 1;
-        } else {
-            ddt_bf_args a;
-            a.logq = sc ? s_stage : p.logq;
-            a.token = sc ? s_stage_tok : p.tok;
-            a.depth = p.depth;
-            a.k = p.k;
-            a.ld = sc ? sc : p.k;
-            a.want = p.want;
-            a.root_token = root;
-            a.vcost = NULL;
-            a.draft_cost = 0.0f;
-            a.heap = s_heap;
-            a.out_token = s_token;
-            a.out_parent = s_parent;
-            a.out_depth = s_depth;
-            a.out_rank = s_rank;
-            a.out_logw = s_logw;
-            a.max_rank = s_maxrank;
-            s_n = ddt_best_first(&a);
-            *p.t.status = DDT_CUDA_TREE_OK;
+            *p.t.status = DDT_CUDA_TREE_BAD_TABLE;
+            *p.t.n_nodes = 1;
         }
-        *p.t.n_nodes = s_n;
+    } else if (tid < 32) {
+        int n = build_warp(s_logq, ld, p.depth, p.want, s_node, s_cand);
+        if (tid == 0) {
+            s_n = n;
+            *p.t.status = DDT_CUDA_TREE_OK;
+            *p.t.n_nodes = n;
+        }
     }
     __syncthreads();
     const int n = s_n, words = p.t.vis_words;
     for (int i = tid; i < n; i += blockDim.x) {
-        p.t.token[i] = s_token[i];
-        p.t.parent[i] = s_parent[i];
-        p.t.depth[i] = s_depth[i];
-        p.t.rank[i] = s_rank[i];
-        p.t.logw[i] = s_logw[i];
-        /* visibility: each node's row is the set of its ancestors and itself */
-        uint64_t *row = p.t.vis + (size_t)i * (size_t)words;
-        for (int w = 0; w < words; w++) row[w] = 0;
-        for (int a = i; a >= 0; a = s_parent[a]) row[a >> 6] |= 1ull << (a & 63);
+        const build_node v = s_node[i];
+        p.t.token[i] = i == 0 ? root : p.tok[(size_t)(v.depth - 1) * (size_t)p.k + v.rank];
+        p.t.parent[i] = v.parent;
+        p.t.depth[i] = v.depth;
+        p.t.rank[i] = v.rank;
+        p.t.logw[i] = v.logw;
+        /* visibility: the row of node i holds its ancestors and itself; they come
+         * in falling index order, so each word is written once, high to low */
+        uint64_t *vrow = p.t.vis + (size_t)i * (size_t)words;
+        int cur = i >> 6;
+        for (int w = words - 1; w > cur; w--) vrow[w] = 0;
+        uint64_t mask = 0;
+        for (int a = i; a >= 0; a = s_node[a].parent) {
+            for (; cur > (a >> 6); cur--) {
+                vrow[cur] = mask;
+                mask = 0;
+            }
+            mask |= 1ull << (a & 63);
+        }
+        for (; cur >= 0; cur--) {
+            vrow[cur] = mask;
+            mask = 0;
+        }
     }
 }
 
@@ -405,65 +584,72 @@ static __global__ void argmax_rows_kernel(const float *__restrict__ logits, cons
 
 /* ------------------------------------------------------------------ accept */
 
+#define ACCEPT_THREADS 256
+
 /*
- * One warp.  The lanes check the whole tree in parallel (parents below their
- * children, depths consistent and capped, tokens and targets in range); then
- * each step searches the current node's children with all lanes and takes the
- * lowest matching index, so the walk is bounded by the depth cap and the node
- * count whatever the input.
+ * One block.  The threads check the whole tree in parallel (parents below their
+ * children, depths consistent and capped, tokens and targets in range) and, in
+ * the same pass, record for every node the lowest-index child whose token is
+ * the node's target (shared-memory atomicMin); thread 0 then follows those
+ * links from the root, so the walk is a chain of at most DDT_MAX_PATH - 1
+ * shared loads, bounded whatever the input.  Same result as searching each
+ * node's children for the lowest matching index, as the CPU walk does.
  */
-static __global__ void tree_accept_kernel(ddt_cuda_tree t, const int32_t *__restrict__ target_next,
-                                          int vocab) {
-    const int lane = threadIdx.x;
-    const unsigned full = 0xffffffffu;
+static __global__ void __launch_bounds__(ACCEPT_THREADS)
+tree_accept_kernel(ddt_cuda_tree t, const int32_t *__restrict__ target_next, int vocab) {
+    __shared__ int32_t s_child[DDT_MAX_NODES]; /* lowest matching child, INT_MAX if none */
+    __shared__ int s_bad_tree, s_bad_target;
+    const int tid = threadIdx.x;
     const int n = *t.n_nodes;
-    int bad_tree = n < 1 || n > t.capacity, bad_target = 0;
-    if (!bad_tree) {
-        for (int i = lane; i < n; i += 32) {
-            int32_t tok = t.token[i], tn = target_next[i];
+    const int bad_n = n < 1 || n > t.capacity || n > DDT_MAX_NODES;
+    if (tid == 0) {
+        s_bad_tree = bad_n;
+        s_bad_target = 0;
+    }
+    for (int i = tid; i < DDT_MAX_NODES; i += blockDim.x) s_child[i] = INT_MAX;
+    __syncthreads();
+    if (!bad_n) {
+        int bad_tree = 0, bad_target = 0;
+        for (int i = tid; i < n; i += blockDim.x) {
+            const int32_t tok = t.token[i], tn = target_next[i];
             bad_tree |= tok < 0 || (vocab > 0 && tok >= vocab);
             bad_target |= tn < 0 || (vocab > 0 && tn >= vocab);
             if (i == 0) {
                 bad_tree |= t.parent[0] != -1 || t.depth[0] != 0;
             } else {
-                int32_t p = t.parent[i];
-                if (p < 0 || p >= i) bad_tree = 1;
-                else bad_tree |= t.depth[i] != t.depth[p] + 1 || t.depth[i] > DDT_MAX_DEPTH;
+                const int32_t pa = t.parent[i];
+                if (pa < 0 || pa >= i) {
+                    bad_tree = 1;
+                } else {
+                    bad_tree |= t.depth[i] != t.depth[pa] + 1 || t.depth[i] > DDT_MAX_DEPTH;
+                    if (target_next[pa] == tok) atomicMin(&s_child[pa], i);
+                }
             }
         }
+        if (bad_tree) atomicOr(&s_bad_tree, 1);
+        if (bad_target) atomicOr(&s_bad_target, 1);
     }
-    bad_tree = __any_sync(full, bad_tree);
-    bad_target = __any_sync(full, bad_target);
-    if (bad_tree || bad_target) {
-        if (lane == 0) {
-            *t.status = bad_tree ? DDT_CUDA_TREE_BAD_TREE : DDT_CUDA_TREE_BAD_TARGET;
-            *t.path_len = 0;
-            *t.bonus = -1;
-        }
+    __syncthreads();
+    if (tid != 0) return;
+    if (s_bad_tree || s_bad_target) {
+        *t.status = s_bad_tree ? DDT_CUDA_TREE_BAD_TREE : DDT_CUDA_TREE_BAD_TARGET;
+        *t.path_len = 0;
+        *t.bonus = -1;
         return;
     }
     int cur = 0, len = 1;
-    if (lane == 0) t.path[0] = 0;
+    t.path[0] = 0;
     for (;;) {
-        const int32_t want = target_next[cur];
-        int found = INT_MAX;
-        for (int j = cur + 1 + lane; j < n; j += 32)
-            if (t.parent[j] == cur && t.token[j] == want) {
-                found = j;
-                break;
-            }
-        found = __reduce_min_sync(full, found);
-        if (found == INT_MAX || len >= DDT_MAX_PATH) break;
-        if (lane == 0) t.path[len] = found;
-        len++;
-        cur = found;
+        const int c = s_child[cur];
+        if (c == INT_MAX || len >= DDT_MAX_PATH) break;
+        t.path[len++] = c;
+        cur = c;
     }
-    if (lane == 0) {
-        *t.path_len = len;
-        *t.bonus = target_next[cur];
-        *t.root_token = target_next[cur];
-        *t.status = DDT_CUDA_TREE_OK;
-    }
+    const int32_t bonus = target_next[cur];
+    *t.path_len = len;
+    *t.bonus = bonus;
+    *t.root_token = bonus;
+    *t.status = DDT_CUDA_TREE_OK;
 }
 
 /* ------------------------------------------------------------------ launchers */
@@ -575,11 +761,10 @@ extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
     p.want = (int32_t)(table_nodes < budget ? table_nodes : budget);
     p.vocab = vocab;
     p.t = *t;
-    /* ranks 0..want can be read (a sibling push reads rank + 1) */
-    int32_t cols = p.want + 1 < k ? p.want + 1 : k;
-    size_t stage = (size_t)depth * (size_t)cols * 8;
-    p.stage_cols = stage <= BUILD_STAGE_BYTES ? cols : 0;
-    tree_build_kernel<<<1, BUILD_THREADS, p.stage_cols ? stage : 0, (cudaStream_t)stream>>>(p);
+    /* ranks 0..want can be read (the parent's next candidate after a pop of rank want - 1) */
+    p.ld = p.want + 1 < k ? p.want + 1 : k;
+    const size_t stage = (size_t)depth * (size_t)p.ld * sizeof(float);
+    tree_build_kernel<<<1, BUILD_THREADS, stage, (cudaStream_t)stream>>>(p);
     DDT_CUDA_LAUNCHED("tree_build", (cudaStream_t)stream, err);
     return DDT_OK;
 }
@@ -601,7 +786,7 @@ extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows
 extern "C" ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next,
                                            int32_t vocab, ddt_stream stream, ddt_error *err) {
     if (!t || !target_next) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_accept: NULL argument");
-    tree_accept_kernel<<<1, 32, 0, (cudaStream_t)stream>>>(*t, target_next, vocab);
+    tree_accept_kernel<<<1, ACCEPT_THREADS, 0, (cudaStream_t)stream>>>(*t, target_next, vocab);
     DDT_CUDA_LAUNCHED("tree_accept", (cudaStream_t)stream, err);
     return DDT_OK;
 }

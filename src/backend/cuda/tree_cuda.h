@@ -63,7 +63,10 @@ ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t v
                                     float *logq, int32_t *token, void *workspace,
                                     size_t workspace_bytes, ddt_stream stream, ddt_error *err);
 
-/* Best-first build from a device table [depth][k] with *t->root_token as root. */
+/* Best-first build from a device table [depth][k] with *t->root_token as root:
+ * the tree ddt_tree_build gives for a fixed budget (no cost model), node for
+ * node and bitwise, ties included.  Unlike the CPU it does not reject a row
+ * whose used ranks repeat a token. */
 ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_t *token,
                                int32_t depth, int32_t k, int32_t budget, int32_t vocab,
                                ddt_stream stream, ddt_error *err);
