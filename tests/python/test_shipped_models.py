@@ -1,0 +1,82 @@
+"""The shipped model pair in models/ (trained by train/, see models/README.md): it loads in the C engine,
+greedy `tree` (budgets 8, 64, auto) and `chain` decoding print exactly the ids of greedy `ar` on held-out
+prompts, the trained drafter is accepted (mean acceptance length of the tree > 1.5 tokens per round), and
+the folder stays within its size limit.  Runs `ddtree generate` as a subprocess; needs DDT_BUILD_DIR."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.path.join(ROOT, "models")
+TARGET = os.path.join(MODELS, "pystdlib-target")
+DRAFTER = os.path.join(MODELS, "pystdlib-dflash")
+MAX_BYTES = 32 * 1000 * 1000
+N_TOKENS = 48
+
+
+def ddtree():
+    build = os.environ.get("DDT_BUILD_DIR")
+    assert build, "set DDT_BUILD_DIR to the build folder"
+    path = os.path.join(build, "ddtree")
+    assert os.path.exists(path), path
+    return path
+
+
+def prompts():
+    with open(os.path.join(MODELS, "heldout_prompts.json"), encoding="utf-8") as f:
+        return [p["text"] for p in json.load(f)["prompts"][:3]]
+
+
+def gen_json(*args):
+    r = subprocess.run([ddtree(), "generate", "--model", TARGET, "--json", "--threads", "2", *args],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_models_folder_size():
+    total = 0
+    for dirpath, _, files in os.walk(MODELS):
+        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    assert total <= MAX_BYTES, f"models/ holds {total} bytes, over {MAX_BYTES}"
+
+
+def test_pair_configs_agree():
+    with open(os.path.join(TARGET, "config.json")) as f:
+        t = json.load(f)
+    with open(os.path.join(DRAFTER, "config.json")) as f:
+        d = json.load(f)
+    assert t["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert d["architectures"] == ["DFlashDraftModel"]
+    assert d["hidden_size"] == t["hidden_size"]
+    assert d["num_target_layers"] == t["num_hidden_layers"]
+    assert d["vocab_size"] == t["vocab_size"]
+    assert all(0 <= i < t["num_hidden_layers"] for i in d["dflash_config"]["target_layer_ids"])
+    assert os.path.exists(os.path.join(TARGET, "tiktoken.model"))
+    assert len(prompts()) == 3
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_speculative_equals_ar_and_drafter_is_accepted(index):
+    prompt = prompts()[index]
+    base = ["--prompt", prompt, "--max-tokens", str(N_TOKENS)]
+    ar = gen_json(*base)
+    assert len(ar["ids"]) == N_TOKENS
+    assert ar["stats"]["mean_acceptance"] == pytest.approx(1.0)
+    # The trained target writes Python: its continuation decodes to text that is not one repeated byte.
+    assert len(set(ar["text"])) > 5, ar["text"]
+    tree_acceptance = {}
+    for extra in (["--mode", "chain"], ["--mode", "tree", "--budget", "8"], ["--mode", "tree", "--budget", "64"],
+                  ["--mode", "tree", "--budget", "auto"]):
+        out = gen_json(*base, "--draft", DRAFTER, *extra)
+        assert out["ids"] == ar["ids"], extra
+        st = out["stats"]
+        assert st["tokens"] == N_TOKENS and st["rounds"] >= 1
+        if extra[-1] in ("8", "64"):
+            tree_acceptance[extra[-1]] = st["mean_acceptance"]
+    # A trained drafter must get more than the bonus token accepted per round on average.
+    assert tree_acceptance["64"] > 1.5, tree_acceptance
+    assert tree_acceptance["8"] > 1.5, tree_acceptance
