@@ -5,11 +5,16 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test deps deps-test build build-asan build-fuzz unit pytest asan fuzz bench clean
+.PHONY: demo tree-demo test deps deps-test build build-asan build-fuzz unit pytest asan fuzz bench clean
 
+# The main job: DDTree decoding with the shipped pair (models/README.md) on a held-out prompt.
 demo: deps build
+	./$(BUILD)/ddtree generate --model models/pystdlib-target --draft models/pystdlib-dflash \
+	    --mode tree --budget 16 --prompt-file examples/heldout_prompt.py --max-tokens 128
+
+# The tree builder and walk on a small problem, drawn.
+tree-demo: build
 	./$(BUILD)/ddtree tree --draw < examples/tree_problem.json
-	./$(BUILD)/ddtree tree < examples/tree_problem.json
 
 test: deps-test build unit pytest asan fuzz
 	@echo "make test: all tests passed"

@@ -47,6 +47,20 @@ def aggregate(outs):
             "phases": phases, "decode": decode}
 
 
+def encode(model_dir, prompt):
+    """Token ids of a prompt with the model folder's tiktoken ranks and Kimi's pattern (the
+    C tokenizer gives the same ids: tests/python/test_tokenizer.py)."""
+    if isinstance(prompt, list):
+        return prompt
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train"))
+    from ddt_common import KIMI_PAT_STR
+    ranks = load_tiktoken_bpe(os.path.join(model_dir, "tiktoken.model"))
+    enc = tiktoken.Encoding("ddt", pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens={})
+    return enc.encode(prompt)
+
+
 def hf_baseline(args, prompts):
     try:
         import torch
@@ -82,12 +96,17 @@ def main():
     ap.add_argument("--budgets", default="8,16,32,64,128,256,auto")
     ap.add_argument("--max-auto-budget", type=int, default=128)
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--n-prompts", type=int, default=0, help="use the first N prompts (0 = all)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--out-md")
     ap.add_argument("--out-png")
     args = ap.parse_args()
     with open(args.prompts) as f:
         prompts = json.load(f)
+    if isinstance(prompts, dict):  # models/heldout_prompts.json: {"prompts": [{"text": ...}, ...]}
+        prompts = [p["text"] for p in prompts["prompts"]]
+    if args.n_prompts:
+        prompts = prompts[:args.n_prompts]
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     rows, curves = [], {}
@@ -105,7 +124,7 @@ def main():
                 curves.setdefault(t, []).append((b, a["speedup"]))
             print(f"T={t} {mode} {b if b is not None else ''}: {a['tps']:.1f} tokens/s, x{a['speedup']:.2f}, "
                   f"tau {a['tau']:.2f}", file=sys.stderr)
-    hf_tps, hf_note = (None, "not run (--no-hf)") if args.no_hf else hf_baseline(args, [p for p in prompts if isinstance(p, list)])
+    hf_tps, hf_note = (None, "not run (--no-hf)") if args.no_hf else hf_baseline(args, [encode(args.model, p) for p in prompts])
     lines = [f"{len(prompts)} held-out prompts, {args.max_tokens} new tokens each; tokens/s counts decode "
              "(prompt pass excluded).", "",
              "| T | mode | budget | tokens/s | speed-up vs ar | mean acceptance | draft s | build s | verify s | walk s | commit s |",

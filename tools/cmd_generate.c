@@ -39,6 +39,7 @@ static const char k_usage[] =
     "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
     "  --max-budget N       cap of the auto budget, 1..1024\n"
     "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
+    "  --prompt-file PATH   prompt text read from a file (at most 1 MiB)\n"
     "  --chat TEXT          a user message in the Kimi chat template (needs the tokenizer)\n"
     "  --system TEXT        system message for --chat (default: Kimi's)\n"
     "  --prompt-ids LIST    comma-separated prompt token ids\n"
@@ -56,6 +57,8 @@ static const char k_usage[] =
 
 typedef struct gen_args {
     const char *model, *draft, *mode, *prompt_text, *chat, *system;
+    char *file_text; /* owned: --prompt-file contents */
+    int n_text;      /* --prompt and --prompt-file flags given */
     int32_t *prompt;
     int32_t n_prompt;
     long long max_new;
@@ -146,7 +149,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
                                              "--top-k", "--top-p", "--seed", "--ctx", "--threads", "--draft",
-                                             "--budget", "--max-budget", "--prompt", "--chat", "--system"};
+                                             "--budget", "--max-budget", "--prompt", "--chat", "--system",
+                                             "--prompt-file"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
         if (!known) return usage_error("unknown option '%s'", f);
@@ -161,6 +165,22 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->mode = v;
         } else if (!strcmp(f, "--prompt")) {
             a->prompt_text = v;
+            a->n_text++;
+        } else if (!strcmp(f, "--prompt-file")) {
+            FILE *pf = fopen(v, "rb");
+            if (!pf) return usage_error("--prompt-file %s: %s", v, strerror(errno));
+            free(a->file_text);
+            a->file_text = malloc((1 << 20) + 1);
+            size_t got = a->file_text ? fread(a->file_text, 1, (1 << 20) + 1, pf) : 0;
+            bool too_big = got > (1 << 20), rerr = ferror(pf) != 0;
+            fclose(pf);
+            if (!a->file_text) return usage_error("--prompt-file %s: out of memory", v);
+            if (rerr) return usage_error("--prompt-file %s: read error", v);
+            if (too_big) return usage_error("--prompt-file %s: larger than 1 MiB", v);
+            if (memchr(a->file_text, '\0', got)) return usage_error("--prompt-file %s: holds a NUL byte", v);
+            a->file_text[got] = '\0';
+            a->prompt_text = a->file_text;
+            a->n_text++;
         } else if (!strcmp(f, "--chat")) {
             a->chat = v;
         } else if (!strcmp(f, "--system")) {
@@ -199,8 +219,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     }
     if (!a->model) return usage_error("--model is required");
     int sources = (a->prompt != NULL) + (a->prompt_text != NULL) + (a->chat != NULL);
-    if (sources == 0) return usage_error("a prompt is required: --prompt TEXT, --chat TEXT or --prompt-ids");
-    if (sources > 1) return usage_error("give one of --prompt, --chat and --prompt-ids");
+    if (sources == 0)
+        return usage_error("a prompt is required: --prompt TEXT, --prompt-file PATH, --chat TEXT or --prompt-ids");
+    if (sources > 1 || a->n_text > 1)
+        return usage_error("give one of --prompt, --prompt-file, --chat and --prompt-ids");
     if (!a->have_max_new) return usage_error("--max-tokens is required");
     ddt_mode m;
     if (!ddt_mode_parse(a->mode, &m)) return usage_error("--mode '%s': unknown (ar, chain, tree)", a->mode);
@@ -294,6 +316,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) {
         free(a.prompt);
+        free(a.file_text);
         return rc;
     }
     ddt_error err = {0};
@@ -433,6 +456,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         free(s);
     } else {
         putchar('\n');
+        fflush(stdout); /* before the summary on stderr */
     }
     if (!strcmp(why, "context full"))
         fprintf(stderr, "ddtree generate: stopped after %d tokens: the context of %lld tokens is full\n", n_out, ctx);
@@ -450,5 +474,6 @@ done:
     free(out);
     free(text);
     free(a.prompt);
+    free(a.file_text);
     return rc;
 }

@@ -100,3 +100,15 @@ def test_cli_bad_drafter_folder(tmp_path):
     r = run("--model", TARGET, "--draft", str(tmp_path), "--mode", "tree", "--prompt-ids", "1", "--max-tokens", "3")
     assert r.returncode == 2
     assert "config.json" in r.stderr
+
+
+def test_cli_prompt_file(model_with_tokenizer, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("def main():")
+    a = gen_json("--model", model_with_tokenizer, "--prompt-file", str(f), "--max-tokens", "6")
+    b = gen_json("--model", model_with_tokenizer, "--prompt", "def main():", "--max-tokens", "6")
+    assert a["ids"] == b["ids"]
+    r = run("--model", model_with_tokenizer, "--prompt-file", str(tmp_path / "missing"), "--max-tokens", "3")
+    assert r.returncode == 2 and "missing" in r.stderr
+    r = run("--model", model_with_tokenizer, "--prompt-file", str(f), "--prompt", "x", "--max-tokens", "3")
+    assert r.returncode == 2 and "give one of" in r.stderr
