@@ -16,12 +16,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 for f in src/backend/cuda/*.cu; do nvcc $NVFLAGS -c "$f" -o "build-gpu/$(basename "$f" .cu).o"; done
 CORE="src/core/*.c"
 gcc $CFLAGS tests/cuda/test_cuda_tree.c $CORE build-gpu/*.o $LIBS -o build-gpu/test_cuda_tree
+gcc $CFLAGS tests/cuda/test_cuda_kv.c $CORE build-gpu/*.o $LIBS -o build-gpu/test_cuda_kv
 gcc $CFLAGS bench/cuda_bench_tree.c $CORE build-gpu/*.o $LIBS -o build-gpu/cuda_bench_tree
 set +e
 rc=0
 build-gpu/test_cuda_tree 2>&1 | tee "$OUT/test_cuda_tree.log"; rc=$((rc | PIPESTATUS[0]))
+build-gpu/test_cuda_kv 2>&1 | tee "$OUT/test_cuda_kv.log"; rc=$((rc | PIPESTATUS[0]))
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda_tree --quick 2>&1 | tail -5 | tee "$OUT/sanitizer.log"
+  rc=$((rc | PIPESTATUS[0]))
+  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda_kv 2>&1 | tail -3 | tee -a "$OUT/sanitizer.log"
   rc=$((rc | PIPESTATUS[0]))
 else
   echo "compute-sanitizer not found" | tee "$OUT/sanitizer.log"; rc=1

@@ -1,0 +1,82 @@
+/*
+ * kv_cuda.cu — KV commit of the accepted path (see kv_cuda.h).
+ *
+ * One block per layer.  A path row may be the destination of an earlier path
+ * entry's move (path [0, 2, 3]: row 2 is read for k = 1 and written for k = 2),
+ * so each block first reads every moving row of a column slab into shared
+ * memory, synchronises, then writes them: no order between threads matters.
+ * The path is checked in every block (it is at most 32 entries) so a bad path
+ * moves nothing; a second one-thread launch records the status and advances len.
+ */
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_cuda.h"
+
+#define KV_THREADS 256
+#define KV_SLAB 1024 /* bytes of each row staged per pass */
+
+static_assert(KV_SLAB % 16 == 0, "slabs move 16-byte words");
+
+static __device__ bool path_ok(const int32_t *path, int m, int len, int capacity) {
+    if (m < 1 || m > DDT_MAX_PATH || len < 0 || path[0] != 0) return false;
+    for (int k = 1; k < m; k++)
+        if (path[k] <= path[k - 1]) return false;
+    return len + path[m - 1] < capacity;
+}
+
+static __global__ void __launch_bounds__(KV_THREADS)
+kv_commit_kernel(char *__restrict__ data, int capacity, int row_bytes, const int32_t *len_p,
+                 const int32_t *__restrict__ path, const int32_t *path_len) {
+    __shared__ uint4 slab[DDT_MAX_PATH][KV_SLAB / 16];
+    const int m = *path_len, len = *len_p;
+    if (!path_ok(path, m, len, capacity)) return;
+    char *layer = data + (size_t)blockIdx.x * (size_t)capacity * (size_t)row_bytes;
+    for (int c0 = 0; c0 < row_bytes; c0 += KV_SLAB) {
+        const int words = (row_bytes - c0 < KV_SLAB ? row_bytes - c0 : KV_SLAB) / 16;
+        for (int i = threadIdx.x; i < m * words; i += blockDim.x) {
+            int k = i / words, w = i % words;
+            const uint4 *src = (const uint4 *)(layer + (size_t)(len + path[k]) * row_bytes + c0);
+            slab[k][w] = src[w];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < m * words; i += blockDim.x) {
+            int k = i / words, w = i % words;
+            uint4 *dst = (uint4 *)(layer + (size_t)(len + k) * row_bytes + c0);
+            dst[w] = slab[k][w];
+        }
+        __syncthreads();
+    }
+}
+
+static __global__ void kv_advance_kernel(int32_t *len_p, int32_t *status, int capacity,
+                                         const int32_t *path, const int32_t *path_len) {
+    const int m = *path_len, len = *len_p;
+    if (path_ok(path, m, len, capacity)) {
+        *len_p = len + m;
+        *status = DDT_CUDA_KV_OK;
+    } else {
+        *status = DDT_CUDA_KV_BAD_PATH;
+    }
+}
+
+extern "C" ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path,
+                                         const int32_t *path_len, ddt_kv_stream stream,
+                                         ddt_error *err) {
+    if (!kv || !kv->data || !kv->len || !kv->status || !path || !path_len)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_commit: NULL argument");
+    if (kv->n_layers < 1 || kv->capacity < 1 || kv->row_bytes < 16 || kv->row_bytes % 16 ||
+        kv->row_bytes > 8192)
+        return ddt_fail(err, DDT_ERR_RANGE,
+                        "KV cache of %d layers x %d rows x %d bytes: rows must be 16..8192 bytes, "
+                        "a multiple of 16", kv->n_layers, kv->capacity, kv->row_bytes);
+    if (((uintptr_t)kv->data & 15u) != 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "KV cache data is not 16-byte aligned");
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_commit_kernel<<<kv->n_layers, KV_THREADS, 0, s>>>((char *)kv->data, kv->capacity,
+                                                         kv->row_bytes, kv->len, path, path_len);
+    DDT_CUDA_LAUNCHED("kv_commit", s, err);
+    kv_advance_kernel<<<1, 1, 0, s>>>(kv->len, kv->status, kv->capacity, path, path_len);
+    DDT_CUDA_LAUNCHED("kv_advance", s, err);
+    return DDT_OK;
+}

@@ -1,0 +1,43 @@
+/*
+ * kv_cuda.h — KV commit on the GPU: after a tree verify wrote node i's latent
+ * row at cache row len + i in every layer, move the accepted path's rows to
+ * len .. len + m - 1 and advance len, all from device memory (the path and its
+ * length come from the walk kernel), so the round needs no host sync and can be
+ * captured in a CUDA graph.  Rows are opaque bytes (bf16 or fp32 latent rows).
+ */
+#ifndef DDT_CUDA_KV_H
+#define DDT_CUDA_KV_H
+
+#include <stdint.h>
+
+#include "ddtree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *ddt_kv_stream; /* cudaStream_t without including CUDA */
+
+enum { DDT_CUDA_KV_OK = 0, DDT_CUDA_KV_BAD_PATH = 1 };
+
+typedef struct ddt_cuda_kv {
+    void *data;           /* device [n_layers][capacity][row_bytes] */
+    int32_t n_layers;
+    int32_t capacity;     /* rows per layer */
+    int32_t row_bytes;    /* a multiple of 16, <= 8192 */
+    int32_t *len;         /* device [1] committed rows */
+    int32_t *status;      /* device [1] DDT_CUDA_KV_* of the last commit */
+} ddt_cuda_kv;
+
+/*
+ * Commit: path[0..*path_len) (device) must start at 0, increase strictly and
+ * stay below capacity - len, and *path_len in 1..DDT_MAX_PATH; otherwise nothing
+ * moves and *status = DDT_CUDA_KV_BAD_PATH.  Two launches on `stream`.
+ */
+ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path, const int32_t *path_len,
+                              ddt_kv_stream stream, ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
