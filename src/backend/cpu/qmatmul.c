@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define MM_RB 4    /* weight rows per work item */
-#define MM_TB 8    /* activation rows per tile */
+#define MM_TB 64    /* activation rows per tile */
 #define MM_CH 256  /* columns dequantised per chunk (multiple of 8) */
 #define MT_CH 64   /* output columns per work item of the transposed product */
 
@@ -159,7 +159,45 @@ static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
                         wr[r] = wbuf[r];
                     }
                 }
-                for (int64_t t = 0; t < tc; t++) {
+                int64_t t = 0;
+                /* Two tokens x four rows per pass: each weight and activation vector
+                 * loaded once feeds several products (the plain loop loads two vectors
+                 * per product).  Every accumulator still adds its terms in the same
+                 * order, lane by lane, so results are bit-identical to the plain loop. */
+                if (rc == MM_RB) {
+                    const int64_t len8 = len & ~(int64_t)7;
+                    for (; t + 2 <= tc; t += 2) {
+                        const float *xa = jb->x + (t0 + t) * jb->ldx + g * jb->g.x_stride + c0;
+                        const float *xb = xa + jb->ldx;
+                        float *a0 = acc[t][0], *a1 = acc[t][1], *a2 = acc[t][2], *a3 = acc[t][3];
+                        float *b0 = acc[t + 1][0], *b1 = acc[t + 1][1], *b2 = acc[t + 1][2],
+                              *b3 = acc[t + 1][3];
+                        const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];
+                        float ra0[8], ra1[8], ra2[8], ra3[8], rb0[8], rb1[8], rb2[8], rb3[8];
+                        for (int l = 0; l < 8; l++) {
+                            ra0[l] = a0[l], ra1[l] = a1[l], ra2[l] = a2[l], ra3[l] = a3[l];
+                            rb0[l] = b0[l], rb1[l] = b1[l], rb2[l] = b2[l], rb3[l] = b3[l];
+                        }
+                        for (int64_t j = 0; j < len8; j += 8)
+                            for (int l = 0; l < 8; l++) {
+                                float x1 = xa[j + l], x2 = xb[j + l];
+                                float v0 = w0[j + l], v1 = w1[j + l], v2 = w2[j + l], v3 = w3[j + l];
+                                ra0[l] += v0 * x1, ra1[l] += v1 * x1, ra2[l] += v2 * x1, ra3[l] += v3 * x1;
+                                rb0[l] += v0 * x2, rb1[l] += v1 * x2, rb2[l] += v2 * x2, rb3[l] += v3 * x2;
+                            }
+                        for (int64_t j = len8; j < len; j++) {
+                            ra0[j & 7] += w0[j] * xa[j], ra1[j & 7] += w1[j] * xa[j];
+                            ra2[j & 7] += w2[j] * xa[j], ra3[j & 7] += w3[j] * xa[j];
+                            rb0[j & 7] += w0[j] * xb[j], rb1[j & 7] += w1[j] * xb[j];
+                            rb2[j & 7] += w2[j] * xb[j], rb3[j & 7] += w3[j] * xb[j];
+                        }
+                        for (int l = 0; l < 8; l++) {
+                            a0[l] = ra0[l], a1[l] = ra1[l], a2[l] = ra2[l], a3[l] = ra3[l];
+                            b0[l] = rb0[l], b1[l] = rb1[l], b2[l] = rb2[l], b3[l] = rb3[l];
+                        }
+                    }
+                }
+                for (; t < tc; t++) {
                     const float *xr = jb->x + (t0 + t) * jb->ldx + g * jb->g.x_stride + c0;
                     for (int64_t r = 0; r < rc; r++) {
                         const float *ww = wr[r];
