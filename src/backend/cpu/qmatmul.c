@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define MM_RB 4    /* weight rows per work item */
-#define MM_TB 64    /* activation rows per tile */
+#define MM_TB 8    /* activation rows per tile */
 #define MM_CH 256  /* columns dequantised per chunk (multiple of 8) */
 #define MT_CH 64   /* output columns per work item of the transposed product */
 
@@ -147,7 +147,7 @@ static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
         int64_t wrow0 = g * jb->g.w_row_stride + jb->g.w_row_offset + r0;
         for (int64_t t0 = 0; t0 < jb->n; t0 += MM_TB) {
             int64_t tc = jb->n - t0 < MM_TB ? jb->n - t0 : MM_TB;
-            memset(acc, 0, sizeof acc);
+            memset(acc, 0, (size_t)tc * sizeof acc[0]); /* only the rows in use */
             for (int64_t c0 = 0; c0 < cols; c0 += MM_CH) {
                 int64_t len = cols - c0 < MM_CH ? cols - c0 : MM_CH;
                 const float *wr[MM_RB];
