@@ -148,21 +148,21 @@ static void free_weight(test_weight *tw) {
 
 static void test_scalar_decoders(void **state) {
     (void)state;
-    assert_true(ddt_cpu_fp8_e4m3_to_f32(0x38) == 1.0f);
-    assert_true(ddt_cpu_fp8_e4m3_to_f32(0x7E) == 448.0f);
-    assert_true(ddt_cpu_fp8_e4m3_to_f32(0xFE) == -448.0f);
-    assert_true(ddt_cpu_fp8_e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
-    assert_true(isnan(ddt_cpu_fp8_e4m3_to_f32(0x7F)));
-    assert_true(isnan(ddt_cpu_fp8_e4m3_to_f32(0xFF)));
+    assert_true(ddt_fp8_e4m3_to_f32(0x38) == 1.0f);
+    assert_true(ddt_fp8_e4m3_to_f32(0x7E) == 448.0f);
+    assert_true(ddt_fp8_e4m3_to_f32(0xFE) == -448.0f);
+    assert_true(ddt_fp8_e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
+    assert_true(isnan(ddt_fp8_e4m3_to_f32(0x7F)));
+    assert_true(isnan(ddt_fp8_e4m3_to_f32(0xFF)));
     for (int v = 0; v < 256; v++)
-        if ((v & 0x7F) != 0x7F) assert_true(ddt_cpu_fp8_e4m3_to_f32((uint8_t)v) == (float)ref_fp8((uint8_t)v));
-    assert_true(ddt_cpu_bf16_to_f32(0x3F80) == 1.0f);
-    assert_true(ddt_cpu_bf16_to_f32(0xC040) == -3.0f);
-    assert_true(ddt_cpu_f16_to_f32(0x3C00) == 1.0f);
-    assert_true(ddt_cpu_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
-    assert_true(ddt_cpu_f16_to_f32(0xC000) == -2.0f);
-    assert_true(isinf(ddt_cpu_f16_to_f32(0x7C00)));
-    for (int v = 0; v < 0x7C00; v += 7) assert_true(ddt_cpu_f16_to_f32((uint16_t)v) == (float)ref_f16((uint16_t)v));
+        if ((v & 0x7F) != 0x7F) assert_true(ddt_fp8_e4m3_to_f32((uint8_t)v) == (float)ref_fp8((uint8_t)v));
+    assert_true(ddt_bf16_to_f32(0x3F80) == 1.0f);
+    assert_true(ddt_bf16_to_f32(0xC040) == -3.0f);
+    assert_true(ddt_f16_to_f32(0x3C00) == 1.0f);
+    assert_true(ddt_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    assert_true(ddt_f16_to_f32(0xC000) == -2.0f);
+    assert_true(isinf(ddt_f16_to_f32(0x7C00)));
+    for (int v = 0; v < 0x7C00; v += 7) assert_true(ddt_f16_to_f32((uint16_t)v) == (float)ref_f16((uint16_t)v));
 }
 
 /* ------------------------------------------------------------------ matmul */

@@ -28,44 +28,18 @@ static float bits_to_f32(uint32_t u) {
     return f;
 }
 
-float ddt_cpu_bf16_to_f32(uint16_t v) { return bits_to_f32((uint32_t)v << 16); }
-
-float ddt_cpu_f16_to_f32(uint16_t v) {
-    uint32_t sign = v >> 15;
-    uint32_t e = (v >> 10) & 0x1F, m = v & 0x3FF;
-    float mag;
-    if (e == 0) {
-        mag = ldexpf((float)m, -24);
-    } else if (e == 31) {
-        mag = m ? NAN : INFINITY;
-    } else {
-        mag = ldexpf((float)(m | 0x400), (int)e - 25);
-    }
-    return sign ? -mag : mag;
-}
-
-float ddt_cpu_fp8_e4m3_to_f32(uint8_t v) {
-    /* E4M3 "fn": bias 7, no infinities, S.1111.111 is NaN, max 448. */
-    int e = (v >> 3) & 0xF, m = v & 7;
-    float mag;
-    if (e == 15 && m == 7) mag = NAN;
-    else if (e == 0) mag = ldexpf((float)m, -9);
-    else mag = ldexpf((float)(8 + m), e - 10);
-    return (v & 0x80) ? -mag : mag;
-}
-
 static float g_fp8_lut[256];
 static pthread_once_t g_fp8_once = PTHREAD_ONCE_INIT;
 
 static void fp8_lut_init(void) {
-    for (int i = 0; i < 256; i++) g_fp8_lut[i] = ddt_cpu_fp8_e4m3_to_f32((uint8_t)i);
+    for (int i = 0; i < 256; i++) g_fp8_lut[i] = ddt_fp8_e4m3_to_f32((uint8_t)i);
 }
 
 float ddt_cpu_vec_at(const void *data, ddt_dtype dtype, int64_t i) {
     switch (dtype) {
     case DDT_DTYPE_F32: return ((const float *)data)[i];
-    case DDT_DTYPE_BF16: return ddt_cpu_bf16_to_f32(((const uint16_t *)data)[i]);
-    case DDT_DTYPE_F16: return ddt_cpu_f16_to_f32(((const uint16_t *)data)[i]);
+    case DDT_DTYPE_BF16: return ddt_bf16_to_f32(((const uint16_t *)data)[i]);
+    case DDT_DTYPE_F16: return ddt_f16_to_f32(((const uint16_t *)data)[i]);
     default: return NAN; /* the loader only hands over float vectors */
     }
 }
@@ -82,7 +56,7 @@ void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len,
             for (int64_t j = 0; j < len; j++) out[j] = bits_to_f32((uint32_t)s[j] << 16);
         } else {
             const uint16_t *s = (const uint16_t *)w->data + row * w->cols + c0;
-            for (int64_t j = 0; j < len; j++) out[j] = ddt_cpu_f16_to_f32(s[j]);
+            for (int64_t j = 0; j < len; j++) out[j] = ddt_f16_to_f32(s[j]);
         }
         return;
     case DDT_Q_FP8_BLOCK: {

@@ -52,11 +52,6 @@ void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_
 void ddt_cpu_matmul_t_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_cpu_groups *g,
                               const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy);
 
-/* Element conversions (the backend keeps its own so that ddt_cpu needs no ddt_io). */
-float ddt_cpu_bf16_to_f32(uint16_t v);
-float ddt_cpu_f16_to_f32(uint16_t v);
-float ddt_cpu_fp8_e4m3_to_f32(uint8_t v);
-
 /* Read element i of a small dense vector (norm weights, biases) of dtype F32/BF16/F16. */
 float ddt_cpu_vec_at(const void *data, ddt_dtype dtype, int64_t i);
 
