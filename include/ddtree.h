@@ -174,6 +174,17 @@ typedef struct ddt_walk_result {
 ddt_status ddt_tree_walk(const ddt_tree *tree, const int32_t *target_next, int32_t vocab,
                          ddt_walk_result *out, ddt_error *err);
 
+/*
+ * The same walk with the target's next token computed on demand: next(ctx, node,
+ * &token, err) is called only for the nodes the walk visits (at most
+ * DDT_MAX_PATH), in path order, so a caller sampling from per-node logits draws
+ * a handful of samples instead of one per node.  A token outside [0, vocab)
+ * (vocab > 0) or a failing callback ends the walk with an error.
+ */
+typedef ddt_status (*ddt_next_token_fn)(void *ctx, int32_t node, int32_t *token, ddt_error *err);
+ddt_status ddt_tree_walk_fn(const ddt_tree *tree, ddt_next_token_fn next, void *ctx, int32_t vocab,
+                            ddt_walk_result *out, ddt_error *err);
+
 /* ------------------------------------------------------------------ sampling */
 
 /* Philox4x32-10 (Salmon et al., SC'11): counter-based, so any node's sample can be

@@ -30,7 +30,6 @@ struct ddt_engine {
     float *logq;          /* [depth][kmax] */
     int32_t *table_tok;   /* [depth][kmax] */
     ddt_zid *pairs;       /* [vocab] top-K scratch */
-    int32_t *target_next; /* [max_nodes] */
     int32_t *rows;        /* [PREFILL_CHUNK] 0..PREFILL_CHUNK-1 */
     ddt_tree tree;
     ddt_builder *builder;
@@ -146,7 +145,6 @@ void ddt_engine_free(ddt_engine *e) {
     free(e->logq);
     free(e->table_tok);
     free(e->pairs);
-    free(e->target_next);
     free(e->rows);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
@@ -271,10 +269,8 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     e->logq = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(float));
     e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
     e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(ddt_zid));
-    e->target_next = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
     e->rows = ddt_malloc_array(PREFILL_CHUNK, sizeof(int32_t));
-    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs ||
-        !e->target_next || !e->rows) {
+    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs || !e->rows) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's buffers (vocab %d, %d nodes)",
                       e->vocab, e->max_nodes);
         goto fail;
@@ -344,6 +340,21 @@ static void emit(emitter *em, const int32_t *ids, int32_t n) {
     }
     if (em->n >= em->max) em->done = true;
     if (em->fn && em->n > start) em->fn(em->ctx, em->out + start, em->n - start);
+}
+
+/* The walk's callback: the target's next token at one node of the last verify,
+ * keyed (seed, round, node) so any backend draws the same sample. */
+typedef struct node_sampler {
+    ddt_engine *e;
+    const ddt_sampling *samp;
+    uint64_t round;
+} node_sampler;
+
+static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
+    const node_sampler *ns = ctx;
+    ddt_engine *e = ns->e;
+    return ddt_sample_token(e->sampler, e->logits + (size_t)node * (size_t)e->vocab, e->vocab, ns->samp,
+                            ns->round, (uint32_t)node, token, err);
 }
 
 /* Append the drafter features of rows[0..m) of the last target forward. */
@@ -456,13 +467,10 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
                                    e->tree.vis_words, n, e->logits, err);
             if (st) return st;
             t3 = now_s();
-            for (int32_t i = 0; i < n; i++) {
-                st = ddt_sample_token(e->sampler, e->logits + (size_t)i * (size_t)e->vocab, e->vocab,
-                                      samp, round, (uint32_t)i, &e->target_next[i], err);
-                if (st) return st;
-            }
+            /* the target's token is drawn only at the nodes the walk visits */
+            node_sampler ns = {e, samp, round};
             ddt_walk_result w;
-            st = ddt_tree_walk(&e->tree, e->target_next, e->vocab, &w, err);
+            st = ddt_tree_walk_fn(&e->tree, sample_node, &ns, e->vocab, &w, err);
             if (st) return st;
             t4 = now_s();
             st = ddt_target_commit(e->target, w.path, w.length, err);

@@ -8,8 +8,9 @@
  *   build   top-K log-probabilities per depth, then the best-first tree under
  *           the budget (or the chain of rank-0 tokens)
  *   verify  one target forward over the tree with the ancestor-only mask
- *   walk    the target's next token at every node (argmax, or a sample keyed
- *           by (seed, round, node)), then the longest agreed path and the bonus
+ *   walk    the longest agreed path and the bonus, drawing the target's next
+ *           token (argmax, or a sample keyed by (seed, round, node)) only at
+ *           the nodes the walk visits
  *   commit  the path's KV moves into the target's cache; the path's target
  *           features are appended to the drafter's context
  * AR mode is the round with no draft: the tree is the root alone.

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -103,11 +104,63 @@ static void test_walk_full_depth(void **state) {
     ddt_tree_free(&t);
 }
 
+typedef struct counted {
+    const int32_t *next;
+    int32_t calls, fail_at;
+    int32_t seen[DDT_MAX_NODES];
+} counted;
+
+static ddt_status counted_next(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
+    counted *c = ctx;
+    c->seen[c->calls++] = node;
+    if (node == c->fail_at) {
+        snprintf(err->msg, sizeof err->msg, "callback failed at %d", node);
+        err->status = DDT_ERR_INVALID;
+        return DDT_ERR_INVALID;
+    }
+    *token = c->next[node];
+    return DDT_OK;
+}
+
+/* The on-demand walk asks only for the visited nodes, in path order, and agrees
+ * with the array walk; callback errors and bad tokens stop it. */
+static void test_walk_on_demand(void **state) {
+    (void)state;
+    ddt_tree t;
+    assert_int_equal(ddt_tree_alloc(16, &t, NULL), DDT_OK);
+    int32_t tok[7] = {1, 10, 11, 12, 13, 14, 15}, par[7] = {-1, 0, 0, 1, 1, 2, 3};
+    assert_int_equal(ddt_tree_from_parents(tok, par, 7, 100, &t, NULL), DDT_OK);
+    int32_t next[7] = {10, 12, 0, 15, 0, 0, 77};
+    ddt_walk_result a, b;
+    ddt_error err;
+    assert_int_equal(ddt_tree_walk(&t, next, 100, &a, NULL), DDT_OK);
+    counted c = {next, 0, -1, {0}};
+    assert_int_equal(ddt_tree_walk_fn(&t, counted_next, &c, 100, &b, &err), DDT_OK);
+    assert_int_equal(b.length, a.length);
+    assert_memory_equal(b.path, a.path, (size_t)a.length * sizeof(int32_t));
+    assert_int_equal(b.bonus, a.bonus);
+    assert_int_equal(c.calls, a.length); /* one call per visited node, none elsewhere */
+    assert_memory_equal(c.seen, a.path, (size_t)a.length * sizeof(int32_t));
+    counted f = {next, 0, 3, {0}};
+    assert_int_equal(ddt_tree_walk_fn(&t, counted_next, &f, 100, &b, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "callback failed at 3"));
+    int32_t bad[7] = {10, 12, 0, 500, 0, 0, 0};
+    counted g = {bad, 0, -1, {0}};
+    assert_int_equal(ddt_tree_walk_fn(&t, counted_next, &g, 100, &b, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "node 3"));
+    t.parent[2] = 5; /* damaged trees are rejected before any call */
+    counted h = {next, 0, -1, {0}};
+    assert_int_equal(ddt_tree_walk_fn(&t, counted_next, &h, 100, &b, &err), DDT_ERR_INVALID);
+    assert_int_equal(h.calls, 0);
+    ddt_tree_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_walk_paths),
         cmocka_unit_test(test_walk_rejects_damaged_trees),
         cmocka_unit_test(test_walk_full_depth),
+        cmocka_unit_test(test_walk_on_demand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
