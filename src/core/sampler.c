@@ -173,12 +173,15 @@ ddt_status ddt_sample_token(ddt_sampler *smp, const float *logits, int32_t vocab
     bool use_topk = s->top_k > 0 && s->top_k < vocab;
     bool use_topp = s->top_p < 1.0f;
     for (int32_t i = 0; i < vocab; i++) smp->order[i] = i;
-    if (use_topk || use_topp) {
+    if (use_topk) { /* only the k kept need ordering */
+        n = s->top_k;
+        ddt_zid_top_k(logits, vocab, n, smp->pairs);
+        for (int32_t i = 0; i < n; i++) smp->order[i] = smp->pairs[i].id;
+        if (!use_topp) ddt_i32_sort_asc(smp->order, n);
+    } else if (use_topp) {
         for (int32_t i = 0; i < vocab; i++) smp->pairs[i] = (ddt_zid){logits[i], i};
         ddt_zid_sort_desc(smp->pairs, vocab);
         for (int32_t i = 0; i < vocab; i++) smp->order[i] = smp->pairs[i].id;
-        if (use_topk) n = s->top_k;
-        if (!use_topp) ddt_i32_sort_asc(smp->order, n);
     }
     for (int32_t i = 0; i < n; i++) smp->weight[i] = ddt_exp_det((logits[smp->order[i]] - m) / s->temperature);
     chunked_cumsum(smp->weight, n, smp->cum);

@@ -30,6 +30,33 @@ void ddt_zid_sort_desc(ddt_zid *a, int32_t n) {
     }
 }
 
+/* Sift-down of a heap whose root is the last kept in output order (the worst). */
+static void worst_down(ddt_zid *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && zid_first(h[c], h[c + 1])) c++;
+        if (!zid_first(h[i], h[c])) return;
+        ddt_zid t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+void ddt_zid_top_k(const float *z, int32_t v, int32_t k, ddt_zid *out) {
+    for (int32_t i = 0; i < k; i++) out[i] = (ddt_zid){z[i], i};
+    for (int32_t i = k / 2 - 1; i >= 0; i--) worst_down(out, k, i);
+    for (int32_t i = k; i < v; i++) {
+        ddt_zid c = {z[i], i};
+        if (zid_first(c, out[0])) {
+            out[0] = c;
+            worst_down(out, k, 0);
+        }
+    }
+    ddt_zid_sort_desc(out, k);
+}
+
 static void i32_down(int32_t *a, int32_t n, int32_t i) {
     for (;;) {
         int32_t c = 2 * i + 1;

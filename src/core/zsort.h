@@ -17,6 +17,9 @@ typedef struct ddt_zid {
 
 /* Sort a[0..n) by z descending, then id ascending. NaN must not occur. */
 void ddt_zid_sort_desc(ddt_zid *a, int32_t n);
+/* The top k of z[0..v) (1 <= k <= v) in (z desc, id asc) order into out[0..k):
+ * a bounded heap over the values, then a sort of the k kept; O(v log k). */
+void ddt_zid_top_k(const float *z, int32_t v, int32_t k, ddt_zid *out);
 /* Sort a[0..n) ascending. */
 void ddt_i32_sort_asc(int32_t *a, int32_t n);
 

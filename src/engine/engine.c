@@ -65,23 +65,6 @@ static double now_s(void) {
 
 /* ------------------------------------------------------------------ top-K */
 
-/* a before b: higher logit, then lower id */
-static inline bool zid_before(ddt_zid a, ddt_zid b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
-
-/* Sift-down for a heap whose root is the *last* in before-order (the worst kept). */
-static void worst_heap_down(ddt_zid *h, int32_t n, int32_t i) {
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && zid_before(h[c], h[c + 1])) c++;
-        if (!zid_before(h[i], h[c])) return;
-        ddt_zid t = h[i];
-        h[i] = h[c];
-        h[c] = t;
-        i = c;
-    }
-}
-
 /* The top k of z[0..v) by (z desc, id asc) as log-probabilities z - logsumexp(z). */
 static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid *scratch, float *logq,
                                   int32_t *tok, int32_t row, ddt_error *err) {
@@ -93,16 +76,7 @@ static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid 
     double s = 0.0;
     for (int32_t i = 0; i < v; i++) s += exp((double)z[i] - (double)m);
     float lse = (float)((double)m + log(s));
-    for (int32_t i = 0; i < k; i++) scratch[i] = (ddt_zid){z[i], i};
-    for (int32_t i = k / 2 - 1; i >= 0; i--) worst_heap_down(scratch, k, i);
-    for (int32_t i = k; i < v; i++) {
-        ddt_zid c = {z[i], i};
-        if (zid_before(c, scratch[0])) {
-            scratch[0] = c;
-            worst_heap_down(scratch, k, 0);
-        }
-    }
-    ddt_zid_sort_desc(scratch, k);
+    ddt_zid_top_k(z, v, k, scratch);
     for (int32_t i = 0; i < k; i++) {
         logq[i] = scratch[i].z - lse;
         tok[i] = scratch[i].id;

@@ -47,6 +47,18 @@ static void test_sorts_match_qsort(void **state) {
         qsort(b, (size_t)n, sizeof *b, cmp_ref);
         ddt_i32_sort_asc(x, n);
         qsort(y, (size_t)n, sizeof *y, cmp_i32);
+        /* top-k: the first k of the full sort */
+        if (n > 0) {
+            static float z[5000];
+            static ddt_zid top[5000];
+            for (int32_t i = 0; i < n; i++) z[b[i].id] = b[i].z;
+            int32_t k = 1 + rand() % n;
+            ddt_zid_top_k(z, n, k, top);
+            for (int32_t i = 0; i < k; i++) {
+                assert_true(top[i].z == b[i].z);
+                assert_int_equal(top[i].id, b[i].id);
+            }
+        }
         for (int32_t i = 0; i < n; i++) {
             assert_true(a[i].z == b[i].z);
             assert_int_equal(a[i].id, b[i].id);
