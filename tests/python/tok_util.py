@@ -13,23 +13,14 @@ import json
 import os
 import random
 import re
+import sys
 import unicodedata
 from collections import defaultdict
 
-# Kimi's pre-tokenisation pattern exactly as tokenization_kimi.py hands it to
-# tiktoken (Rust regex syntax: fancy-regex accepts the && class intersections).
-KIMI_PAT_STR = "|".join(
-    [
-        r"""[\p{Han}]+""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    ]
-)
+# Kimi's pre-tokenisation pattern as tokenization_kimi.py hands it to tiktoken: one
+# copy for the project's Python, in train/ddt_common.py (the tokenizer trainer uses it).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "train"))
+from ddt_common import KIMI_PAT_STR  # noqa: E402
 
 # Only used to cut training text into words; any reasonable split trains a usable vocabulary.
 _TRAIN_SPLIT = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d{1,3}| ?[^\s\w]+|\s+|_+""")
