@@ -13,6 +13,8 @@ from ctypes import POINTER, c_char, c_float, c_int, c_int32, c_uint32, c_uint64
 import numpy as np
 import pytest
 
+import ddt_paths
+
 # ---------------------------------------------------------------------------- ctypes mirror of ddtree.h
 
 DDT_ERROR_MSG_MAX = 512
@@ -267,13 +269,7 @@ def quick():
 
 @pytest.fixture(scope="session")
 def build_dir():
-    d = os.environ.get("DDT_BUILD_DIR")
-    if not d:
-        pytest.fail("DDT_BUILD_DIR is not set: run DDT_BUILD_DIR=<cmake build folder> "
-                    "python3 -m pytest tests/python", pytrace=False)
-    if not os.path.isdir(d):
-        pytest.fail(f"DDT_BUILD_DIR={d} is not a folder", pytrace=False)
-    return os.path.abspath(d)
+    return ddt_paths.build_dir()
 
 
 @pytest.fixture(scope="session")
@@ -286,11 +282,7 @@ def libddtree_path(build_dir):
 
 @pytest.fixture(scope="session")
 def ddtree_exe(build_dir):
-    p = os.path.join(build_dir, "ddtree")
-    if not (os.path.isfile(p) and os.access(p, os.X_OK)):
-        pytest.fail(f"{p} is missing or not executable: build the 'ddtree_cli' target",
-                    pytrace=False)
-    return p
+    return ddt_paths.ddtree_path()
 
 
 @pytest.fixture(scope="session")

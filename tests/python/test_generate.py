@@ -10,22 +10,16 @@ import subprocess
 
 import pytest
 
+from ddt_paths import ddtree_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TARGET = os.path.join(ROOT, "tests", "fixtures", "target", "fp32")
 DRAFT = os.path.join(ROOT, "tests", "fixtures", "drafter", "fp32")
 TOKENIZER = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
 
 
-def ddtree():
-    build = os.environ.get("DDT_BUILD_DIR")
-    assert build, "set DDT_BUILD_DIR to the build folder"
-    path = os.path.join(build, "ddtree")
-    assert os.path.exists(path), path
-    return path
-
-
 def run(*args, timeout=300):
-    return subprocess.run([ddtree(), "generate", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([ddtree_path(), "generate", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def gen_json(*args):

@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from ddt_paths import ddtree_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "models")
 TARGET = os.path.join(MODELS, "pystdlib-target")
@@ -17,21 +19,13 @@ MAX_BYTES = 32 * 1000 * 1000
 N_TOKENS = 48
 
 
-def ddtree():
-    build = os.environ.get("DDT_BUILD_DIR")
-    assert build, "set DDT_BUILD_DIR to the build folder"
-    path = os.path.join(build, "ddtree")
-    assert os.path.exists(path), path
-    return path
-
-
 def prompts():
     with open(os.path.join(MODELS, "heldout_prompts.json"), encoding="utf-8") as f:
         return [p["text"] for p in json.load(f)["prompts"][:3]]
 
 
 def gen_json(*args):
-    r = subprocess.run([ddtree(), "generate", "--model", TARGET, "--json", "--threads", "2", *args],
+    r = subprocess.run([ddtree_path(), "generate", "--model", TARGET, "--json", "--threads", "2", *args],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

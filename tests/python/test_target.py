@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+from ddt_paths import ddtree_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "target")
 MARGIN_MIN = 1e-4
@@ -19,16 +21,8 @@ VARIANTS = ["fp32", "bf16", "fp8", "int4", "ngroup", "qlora_null", "yarn", "dens
 QUICK = os.environ.get("DDT_PYTEST_QUICK") == "1"
 
 
-def ddtree_bin():
-    build = os.environ.get("DDT_BUILD_DIR")
-    assert build, "set DDT_BUILD_DIR to the build folder"
-    path = os.path.join(build, "ddtree")
-    assert os.path.isfile(path), f"{path} not built"
-    return path
-
-
 def run(*args, timeout=120):
-    return subprocess.run([ddtree_bin(), "generate", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([ddtree_path(), "generate", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def reference(variant):
