@@ -11,26 +11,7 @@
 #include <string.h>
 
 #include "backend/cuda/kv_cuda.h"
-
-static int g_failures;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            g_failures++;                                                                 \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                          \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fputc('\n', stderr);                                                          \
-        }                                                                                 \
-    } while (0)
-#define CU(call)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
-                    cudaGetErrorString(e_));                                              \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "cuda_test.h"
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
 static uint32_t rnd(void) {

@@ -19,34 +19,7 @@
 
 #include "backend/cuda/tree_cuda.h"
 #include "ddtree.h"
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            g_failures++;                                                                 \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                          \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fputc('\n', stderr);                                                          \
-        }                                                                                 \
-    } while (0)
-#define CU(call)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
-                    cudaGetErrorString(e_));                                              \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-#define OK(call)                                                                          \
-    do {                                                                                  \
-        ddt_error err_;                                                                   \
-        if ((call) != DDT_OK) {                                                           \
-            fprintf(stderr, "error at %s:%d: %s\n", __FILE__, __LINE__, err_.msg);       \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "cuda_test.h"
 
 static uint64_t g_rng = 88172645463325252ull;
 static uint32_t rnd(void) {
