@@ -247,11 +247,8 @@ static ddt_status add_ignores(cfg_ctx *c, json_t *qc, const char *key, ddt_model
         if (!json_is_string(v))
             return ddt_fail(c->err, DDT_ERR_FORMAT, "file %s: field %s[%zu]: expected a string, found %s",
                             c->where, field, i, json_type_name(v));
-        const char *s = json_string_value(v);
-        size_t len = strlen(s);
-        char *copy = malloc(len + 1);
+        char *copy = strdup(json_string_value(v));
         if (!copy) return ddt_fail(c->err, DDT_ERR_NOMEM, "file %s: out of memory", c->where);
-        memcpy(copy, s, len + 1);
         cfg->ignore[cfg->n_ignore++] = copy;
     }
     return DDT_OK;
@@ -394,11 +391,8 @@ static ddt_status parse_compressed(cfg_ctx *c, json_t *qc, ddt_model_config *cfg
                 return ddt_fail(c->err, DDT_ERR_FORMAT,
                                 "file %s: field %s.targets[%zu]: expected a string, found %s",
                                 c->where, field, i, json_type_name(v));
-            const char *s = json_string_value(v);
-            size_t len = strlen(s);
-            char *copy = malloc(len + 1);
+            char *copy = strdup(json_string_value(v));
             if (!copy) return ddt_fail(c->err, DDT_ERR_NOMEM, "file %s: out of memory", c->where);
-            memcpy(copy, s, len + 1);
             p->targets[p->n_targets++] = copy;
         }
     }
