@@ -19,7 +19,6 @@
 #include "commands.h"
 #include "ddtree.h"
 #include "engine/engine.h"
-#include "io/config.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -337,14 +336,6 @@ int ddt_cmd_generate(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    ddt_model_config cfg;
-    if ((st = ddt_config_load(a.model, &cfg, &err)) != DDT_OK) {
-        fprintf(stderr, "ddtree generate: %s\n", err.msg);
-        rc = status_exit(st);
-        goto done;
-    }
-    int32_t eos = cfg.eos_token_id, max_pos = cfg.max_position_embeddings;
-    ddt_config_free(&cfg);
     if (has_file(a.model, "tiktoken.model")) {
         if ((st = ddt_tokenizer_load(a.model, &tok, &err)) != DDT_OK) {
             fprintf(stderr, "ddtree generate: tokenizer: %s\n", err.msg);
@@ -378,31 +369,22 @@ int ddt_cmd_generate(int argc, char **argv) {
         }
         a.n_prompt = (int32_t)n;
     }
-    long long ctx = a.ctx > 0 ? a.ctx : (max_pos > 0 && max_pos < 8192 ? max_pos : 8192);
-    if (max_pos > 0 && ctx > max_pos) {
-        fprintf(stderr, "ddtree generate: --ctx %lld is longer than the model's maximum %d\n", ctx, max_pos);
-        rc = 2;
-        goto done;
-    }
-    if (a.n_prompt >= ctx) {
-        fprintf(stderr, "ddtree generate: the prompt of %d tokens is longer than the context of %lld tokens "
-                        "(which must also hold one generated token)\n", a.n_prompt, ctx);
-        rc = 2;
-        goto done;
-    }
     ddt_engine_options eo = {0};
     ddt_mode_parse(a.mode, &eo.mode);
     eo.draft_dir = a.draft;
     eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
     eo.budget_auto = a.budget_auto;
     eo.sampling = (ddt_sampling){a.temperature, (int32_t)a.top_k, a.top_p, a.seed};
-    eo.max_ctx = (int32_t)ctx;
+    eo.max_ctx = (int32_t)a.ctx; /* 0: the engine's default */
     eo.n_threads = (int32_t)a.threads;
     if ((st = ddt_engine_create(a.model, &eo, &eng, &err)) != DDT_OK) {
         fprintf(stderr, "ddtree generate: %s\n", err.msg);
         rc = status_exit(st);
         goto done;
     }
+    /* the engine checks the context against the model and the prompt against the context */
+    int32_t eos = ddt_engine_model_config(eng)->eos_token_id;
+    long long ctx = ddt_engine_max_ctx(eng);
     int32_t stop[2], n_stop = 0;
     if (a.stop_eos && eos >= 0) stop[n_stop++] = eos;
     if (a.stop_eos && a.chat && tok) {

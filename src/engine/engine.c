@@ -286,6 +286,7 @@ ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_err
     return DDT_OK;
 }
 int32_t ddt_engine_max_ctx(const ddt_engine *e) { return e->max_ctx; }
+const ddt_model_config *ddt_engine_model_config(const ddt_engine *e) { return ddt_target_config(e->target); }
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->have_cost ? &e->cost : NULL; }
 
 /* ------------------------------------------------------------------ generate */
@@ -376,8 +377,8 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
                             prompt[i], i, e->vocab);
     if (n_prompt >= e->max_ctx)
         return ddt_fail(err, DDT_ERR_RANGE,
-                        "the prompt has %d tokens; the context holds %d (prompt + at least one generated token)",
-                        n_prompt, e->max_ctx);
+                        "the prompt of %d tokens is longer than the context of %d tokens (which must "
+                        "also hold one generated token)", n_prompt, e->max_ctx);
     ddt_status st = ddt_target_rollback(e->target, 0, err);
     if (st) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "ddtree.h"
+#include "io/config.h"
 
 typedef enum ddt_mode {
     DDT_MODE_AR = 0,
@@ -80,6 +81,8 @@ void ddt_engine_free(ddt_engine *e);
 
 int32_t ddt_engine_vocab(const ddt_engine *e);
 int32_t ddt_engine_max_ctx(const ddt_engine *e);
+/* The target's parsed config.json (eos_token_id, sizes, ...). */
+const ddt_model_config *ddt_engine_model_config(const ddt_engine *e);
 /* Change the sampling settings (temperature, top-k, top-p, seed) for later generations. */
 ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err);
 /* The cost model in use for the auto budget (measured or given), NULL otherwise. */
