@@ -1,35 +1,84 @@
 #!/usr/bin/env bash
-# gpu-test.sh — builds and runs the CUDA tests and benchmarks on a machine with an
-# NVIDIA GPU (the H200 lent by the device tool), with nvcc and gcc only, so it needs
-# none of the Debian -dev packages.  Writes logs to $OUT (or ./gpu-out).
-#   scripts/gpu-test.sh            tests, compute-sanitizer, benchmarks
+# gpu-test.sh — builds ddtree with the CUDA backend and runs the GPU tests and
+# benchmarks on a machine with an NVIDIA GPU (the H200 lent by the device tool),
+# with nvcc and gcc only (scripts/gpu-env.sh supplies jansson and PCRE2 from
+# .gpudeps/), so it needs no Debian -dev package there.  Logs go to $OUT.
+#   scripts/gpu-test.sh [build|test|bench|all]...   (default: build test)
+# Exit status: non-zero when any test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT" build-gpu
-CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
-CFLAGS="-std=c11 -O2 -Wall -Wextra -Werror -Wno-unused-parameter -ffp-contract=off -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -I$CUDA_HOME/include"
-NVFLAGS="-std=c++17 -O2 -arch=sm_90 --fmad=false -Iinclude -Isrc -Xcompiler -Wall"
-LIBS="-L$CUDA_HOME/lib64 -lcudart -lm -lstdc++ -lpthread -ldl -lrt"
-set -e
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-for f in src/backend/cuda/*.cu; do nvcc $NVFLAGS -c "$f" -o "build-gpu/$(basename "$f" .cu).o"; done
-CORE="src/core/*.c"
-gcc $CFLAGS tests/cuda/test_cuda_tree.c $CORE build-gpu/*.o $LIBS -o build-gpu/test_cuda_tree
-gcc $CFLAGS tests/cuda/test_cuda_kv.c $CORE build-gpu/*.o $LIBS -o build-gpu/test_cuda_kv
-gcc $CFLAGS bench/cuda_bench_tree.c $CORE build-gpu/*.o $LIBS -o build-gpu/cuda_bench_tree
-set +e
+B=build-gpu
+mkdir -p "$OUT" $B/obj
+source scripts/gpu-env.sh
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build test)
 rc=0
-build-gpu/test_cuda_tree 2>&1 | tee "$OUT/test_cuda_tree.log"; rc=$((rc | PIPESTATUS[0]))
-build-gpu/test_cuda_kv 2>&1 | tee "$OUT/test_cuda_kv.log"; rc=$((rc | PIPESTATUS[0]))
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda_tree --quick 2>&1 | tail -5 | tee "$OUT/sanitizer.log"
-  rc=$((rc | PIPESTATUS[0]))
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda_kv 2>&1 | tail -3 | tee -a "$OUT/sanitizer.log"
-  rc=$((rc | PIPESTATUS[0]))
-else
-  echo "compute-sanitizer not found" | tee "$OUT/sanitizer.log"; rc=1
-fi
-build-gpu/cuda_bench_tree 1000 2>&1 | tee "$OUT/bench_tree.md"; rc=$((rc | PIPESTATUS[0]))
+
+build() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+  ddt_nvcc_objs $B/obj || return 1
+  local f pids=()
+  for f in src/core/*.c src/io/*.c src/text/*.c src/backend/cpu/*.c src/model/*.c src/engine/*.c; do
+    local o=$B/obj/$(basename "$(dirname "$f")")_$(basename "$f" .c).o
+    gcc $CFLAGS -DDDT_HAVE_CUDA=1 -c "$f" -o "$o" & pids+=($!)
+  done
+  local p; for p in "${pids[@]}"; do wait "$p" || return 1; done
+  rm -f $B/libddt.a
+  ar rcs $B/libddt.a $B/obj/*.o
+  gcc $CFLAGS tools/*.c $B/libddt.a $LIBS -o $B/ddtree || return 1
+  pids=()
+  for f in tests/cuda/test_*.c bench/cuda_bench_*.c; do
+    gcc $CFLAGS "$f" $B/libddt.a $LIBS -o $B/$(basename "$f" .c) & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || return 1; done
+  echo "build: ok"
+}
+
+run_test() { # name [args]
+  local n=$1; shift
+  echo "== $n $*"
+  $B/$n "$@" 2>&1 | tee "$OUT/$n.log"; local r=${PIPESTATUS[0]}
+  [ $r -ne 0 ] && echo "FAILED: $n (exit $r)" | tee -a "$OUT/failures.txt"
+  return $r
+}
+
+test_all() {
+  local r=0 f n
+  for f in tests/cuda/test_*.c; do
+    n=$(basename "$f" .c)
+    run_test "$n" || r=1
+  done
+  if command -v compute-sanitizer >/dev/null; then
+    for f in tests/cuda/test_*.c; do
+      n=$(basename "$f" .c)
+      echo "== compute-sanitizer $n --quick"
+      compute-sanitizer --tool memcheck --error-exitcode 9 $B/$n --quick > "$OUT/sanitizer_$n.log" 2>&1
+      local s=$?; tail -2 "$OUT/sanitizer_$n.log"
+      [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)" | tee -a "$OUT/failures.txt"; r=1; }
+    done
+  else
+    echo "compute-sanitizer not found" | tee -a "$OUT/failures.txt"; r=1
+  fi
+  return $r
+}
+
+bench_all() {
+  local f
+  for f in bench/cuda_bench_*.c; do
+    n=$(basename "$f" .c)
+    echo "== $n"
+    $B/$n 2>&1 | tee "$OUT/$n.md"
+  done
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+    build) build || { echo "gpu-test: build failed"; exit 1; } ;;
+    test) test_all || rc=1 ;;
+    bench) bench_all ;;
+    all) build || exit 1; test_all || rc=1; bench_all ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
 echo "gpu-test: exit $rc"
 exit $rc

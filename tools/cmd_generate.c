@@ -29,11 +29,13 @@ static const char k_usage[] =
     "usage: ddtree generate --model DIR (--prompt TEXT | --chat TEXT | --prompt-ids ID,...)\n"
     "                       --max-tokens N [options]\n"
     "\n"
-    "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model]) on the CPU.\n"
+    "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model]) on the CPU\n"
+    "or, with --backend cuda, on the GPU.\n"
     "Options:\n"
     "  --model DIR          target model folder (required)\n"
     "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
     "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
+    "  --backend B          cpu (default) or cuda (the whole round on the GPU; builds with nvcc only)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
     "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
     "  --max-budget N       cap of the auto budget, 1..1024\n"
@@ -55,7 +57,7 @@ static const char k_usage[] =
     "Exit status: 0 done, 2 bad arguments, model or prompt, 1 other failure.\n";
 
 typedef struct gen_args {
-    const char *model, *draft, *mode, *prompt_text, *chat, *system;
+    const char *model, *draft, *mode, *backend, *prompt_text, *chat, *system;
     char *file_text; /* owned: --prompt-file contents */
     int n_text;      /* --prompt and --prompt-file flags given */
     int32_t *prompt;
@@ -129,6 +131,7 @@ static bool parse_ids(const char *s, gen_args *a) {
 /* Parse argv; returns -1 to continue, else an exit status. */
 static int parse_args(int argc, char **argv, gen_args *a) {
     a->mode = "ar";
+    a->backend = "cpu";
     a->top_p = 1.0f;
     a->budget = 32;
     a->max_budget = 64;
@@ -149,7 +152,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
                                              "--top-k", "--top-p", "--seed", "--ctx", "--threads", "--draft",
                                              "--budget", "--max-budget", "--prompt", "--chat", "--system",
-                                             "--prompt-file"};
+                                             "--prompt-file", "--backend"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
         if (!known) return usage_error("unknown option '%s'", f);
@@ -162,6 +165,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->draft = v;
         } else if (!strcmp(f, "--mode")) {
             a->mode = v;
+        } else if (!strcmp(f, "--backend")) {
+            a->backend = v;
         } else if (!strcmp(f, "--prompt")) {
             a->prompt_text = v;
             a->n_text++;
@@ -227,6 +232,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (!ddt_mode_parse(a->mode, &m)) return usage_error("--mode '%s': unknown (ar, chain, tree)", a->mode);
     if (m != DDT_MODE_AR && !a->draft)
         return usage_error("--mode %s needs a drafter: --draft DIR", a->mode);
+    ddt_backend b;
+    if (!ddt_backend_parse(a->backend, &b)) return usage_error("--backend '%s': unknown (cpu, cuda)", a->backend);
     return -1;
 }
 
@@ -371,6 +378,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     }
     ddt_engine_options eo = {0};
     ddt_mode_parse(a.mode, &eo.mode);
+    ddt_backend_parse(a.backend, &eo.backend);
     eo.draft_dir = a.draft;
     eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
     eo.budget_auto = a.budget_auto;
@@ -425,7 +433,9 @@ int ddt_cmd_generate(int argc, char **argv) {
         for (int32_t i = 0; i < n_out; i++) json_array_append_new(ids, json_integer(out[i]));
         json_object_set_new(o, "ids", ids);
         if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
-        json_object_set_new(o, "stats", stats_json(&gs, a.mode, eo.budget, a.budget_auto));
+        json_t *sj = stats_json(&gs, a.mode, eo.budget, a.budget_auto);
+        if (sj) json_object_set_new(sj, "backend", json_string(a.backend));
+        json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         json_decref(o);

@@ -13,6 +13,10 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/zsort.h"
+#include "engine/emitter.h"
+#ifdef DDT_HAVE_CUDA
+#include "engine/engine_cuda.h"
+#endif
 #include "model/drafter.h"
 #include "model/target.h"
 
@@ -22,6 +26,9 @@
 
 struct ddt_engine {
     ddt_engine_options opts;
+#ifdef DDT_HAVE_CUDA
+    ddt_engine_cuda *cuda; /* the CUDA backend's engine, when options.backend is cuda */
+#endif
     ddt_target *target;
     ddt_drafter *drafter;
     int32_t vocab, max_ctx, depth, kmax, max_nodes, n_capture;
@@ -46,6 +53,22 @@ bool ddt_mode_parse(const char *s, ddt_mode *out) {
     else if (!strcmp(s, "tree") || !strcmp(s, "ddtree")) *out = DDT_MODE_TREE;
     else return false;
     return true;
+}
+
+bool ddt_backend_parse(const char *s, ddt_backend *out) {
+    if (!s) return false;
+    if (!strcmp(s, "cpu")) *out = DDT_BACKEND_CPU;
+    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *out = DDT_BACKEND_CUDA;
+    else return false;
+    return true;
+}
+
+bool ddt_backend_cuda_built(void) {
+#ifdef DDT_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
 }
 
 const char *ddt_mode_name(ddt_mode m) {
@@ -89,6 +112,11 @@ static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid 
 static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
     if (o->mode != DDT_MODE_AR && o->mode != DDT_MODE_CHAIN && o->mode != DDT_MODE_TREE)
         return ddt_fail(err, DDT_ERR_INVALID, "unknown decoding mode %d", (int)o->mode);
+    if (o->backend != DDT_BACKEND_CPU && o->backend != DDT_BACKEND_CUDA)
+        return ddt_fail(err, DDT_ERR_INVALID, "unknown backend %d", (int)o->backend);
+    if (o->backend == DDT_BACKEND_CUDA && !ddt_backend_cuda_built())
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "--backend cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
     if (o->mode != DDT_MODE_AR && !o->draft_fn && !o->draft_dir)
         return ddt_fail(err, DDT_ERR_INVALID, "mode %s needs a drafter (--draft DIR)",
                         ddt_mode_name(o->mode));
@@ -112,6 +140,9 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
 
 void ddt_engine_free(ddt_engine *e) {
     if (!e) return;
+#ifdef DDT_HAVE_CUDA
+    ddt_engine_cuda_free(e->cuda);
+#endif
     ddt_drafter_free(e->drafter);
     ddt_target_free(e->target);
     free(e->logits);
@@ -218,6 +249,15 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
                       e->max_ctx, model_ctx);
         goto fail;
     }
+#ifdef DDT_HAVE_CUDA
+    if (opts->backend == DDT_BACKEND_CUDA) {
+        st = ddt_engine_cuda_create(model_dir, opts, e->max_ctx, &e->cuda, err);
+        if (st) goto fail;
+        e->vocab = ddt_engine_cuda_vocab(e->cuda);
+        *out = e;
+        return DDT_OK;
+    }
+#endif
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1
                  : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
     ddt_target_options topt = {e->max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
@@ -283,39 +323,21 @@ ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_err
     ddt_status st = ddt_sampling_check(s, err);
     if (st) return st;
     e->opts.sampling = *s;
+#ifdef DDT_HAVE_CUDA
+    if (e->cuda) ddt_engine_cuda_set_sampling(e->cuda, s);
+#endif
     return DDT_OK;
 }
 int32_t ddt_engine_max_ctx(const ddt_engine *e) { return e->max_ctx; }
-const ddt_model_config *ddt_engine_model_config(const ddt_engine *e) { return ddt_target_config(e->target); }
+const ddt_model_config *ddt_engine_model_config(const ddt_engine *e) {
+#ifdef DDT_HAVE_CUDA
+    if (e->cuda) return ddt_engine_cuda_model_config(e->cuda);
+#endif
+    return ddt_target_config(e->target);
+}
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->have_cost ? &e->cost : NULL; }
 
 /* ------------------------------------------------------------------ generate */
-
-typedef struct emitter {
-    int32_t *out;
-    int32_t n, max;
-    const int32_t *stop;
-    int32_t n_stop;
-    bool done;
-    ddt_emit_fn fn;
-    void *ctx;
-} emitter;
-
-/* Emit ids in order until max_new or a stop id (emitted, then done). */
-static void emit(emitter *em, const int32_t *ids, int32_t n) {
-    int32_t start = em->n;
-    for (int32_t i = 0; i < n && !em->done; i++) {
-        if (em->n >= em->max) {
-            em->done = true;
-            break;
-        }
-        em->out[em->n++] = ids[i];
-        for (int32_t s = 0; s < em->n_stop; s++)
-            if (ids[i] == em->stop[s]) em->done = true;
-    }
-    if (em->n >= em->max) em->done = true;
-    if (em->fn && em->n > start) em->fn(em->ctx, em->out + start, em->n - start);
-}
 
 /* The walk's callback: the target's next token at one node of the last verify,
  * keyed (seed, round, node) so any backend draws the same sample. */
@@ -379,11 +401,16 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
         return ddt_fail(err, DDT_ERR_RANGE,
                         "the prompt of %d tokens is longer than the context of %d tokens (which must "
                         "also hold one generated token)", n_prompt, e->max_ctx);
+#ifdef DDT_HAVE_CUDA
+    if (e->cuda)
+        return ddt_engine_cuda_generate(e->cuda, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn,
+                                        emit_ctx, stats, err);
+#endif
     ddt_status st = ddt_target_rollback(e->target, 0, err);
     if (st) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
 
-    emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
+    ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
     const ddt_sampling *samp = &e->opts.sampling;
     double t_start = now_s();
     s.prompt_tokens = n_prompt;
@@ -400,7 +427,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
     if (st) return st;
     double t_decode = now_s();
     s.t_prefill = t_decode - t_start;
-    emit(&em, &bonus, 1);
+    ddt_emitter_push(&em, &bonus, 1);
 
     for (uint64_t round = 1; !em.done; round++) {
         int32_t len = ddt_target_len(e->target);
@@ -418,7 +445,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
             t4 = now_s();
             n = 1;
             s.accepted += 1;
-            emit(&em, &bonus, 1);
+            ddt_emitter_push(&em, &bonus, 1);
         } else {
             int32_t budget = e->opts.mode == DDT_MODE_TREE ? e->opts.budget : e->depth;
             if (budget > room) budget = room;
@@ -457,7 +484,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
             ids[w.length - 1] = w.bonus;
             bonus = w.bonus;
             s.accepted += w.length;
-            emit(&em, ids, w.length);
+            ddt_emitter_push(&em, ids, w.length);
         }
         double t5 = now_s();
         s.rounds++;

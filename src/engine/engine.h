@@ -1,6 +1,7 @@
 /*
  * engine.h — the decoding engine: autoregressive, DFlash chain and DDTree
- * decoding of a target with a drafter, on the CPU backend.
+ * decoding of a target with a drafter, on the CPU backend or (engine_cuda.h)
+ * the CUDA backend.
  *
  * One round (chain and tree modes), every buffer allocated once at create:
  *   draft   the drafter drafts the block [bonus, MASK...] after the committed
@@ -45,8 +46,19 @@ const char *ddt_mode_name(ddt_mode m);
 typedef ddt_status (*ddt_draft_fn)(void *ctx, int32_t bonus, int32_t position, int32_t depth,
                                    int32_t k, float *logq, int32_t *token, ddt_error *err);
 
+typedef enum ddt_backend {
+    DDT_BACKEND_CPU = 0,
+    DDT_BACKEND_CUDA = 1  /* the whole round on the GPU (builds with nvcc only) */
+} ddt_backend;
+
+/* Parse "cpu" or "cuda"; false when unknown. */
+bool ddt_backend_parse(const char *s, ddt_backend *out);
+/* Whether this build has the CUDA backend compiled in. */
+bool ddt_backend_cuda_built(void);
+
 typedef struct ddt_engine_options {
     ddt_mode mode;
+    ddt_backend backend;       /* cpu (default) or cuda */
     const char *draft_dir;     /* DFlash drafter folder (chain / tree), unless draft_fn */
     ddt_draft_fn draft_fn;     /* custom drafter (overrides draft_dir) */
     void *draft_ctx;

@@ -36,32 +36,6 @@
 
 /* ------------------------------------------------------------------ weights */
 
-typedef struct expert_w {
-    ddt_qweight gate; /* [inter][hidden] */
-    ddt_qweight up;   /* [inter][hidden] */
-    ddt_qweight down; /* [hidden][inter] */
-} expert_w;
-
-typedef struct layer_w {
-    ddt_cpu_vec attn_norm;   /* [hidden] input_layernorm */
-    ddt_cpu_vec mlp_norm;    /* [hidden] post_attention_layernorm */
-    ddt_qweight q_proj;      /* [heads*(nope+rope)][hidden], when q_lora_rank == 0 */
-    ddt_qweight q_a;         /* [q_lora][hidden] */
-    ddt_cpu_vec q_a_norm;    /* [q_lora] */
-    ddt_qweight q_b;         /* [heads*(nope+rope)][q_lora] */
-    ddt_qweight kv_a;        /* [rank+rope][hidden] kv_a_proj_with_mqa */
-    ddt_cpu_vec kv_a_norm;   /* [rank] */
-    ddt_qweight kv_b;        /* [heads*(nope+v)][rank]: per head W_UK [nope][rank] then W_UV [v][rank] */
-    ddt_qweight o_proj;      /* [hidden][heads*v] */
-    bool moe;
-    expert_w mlp;            /* dense MLP (inter = intermediate_size) */
-    ddt_qweight router;      /* [experts][hidden] mlp.gate */
-    ddt_cpu_vec router_bias; /* [experts] e_score_correction_bias */
-    expert_w *experts;       /* [experts], owned array of views (inter = moe_intermediate_size) */
-    bool has_shared;
-    expert_w shared;         /* inter = moe_intermediate_size * n_shared_experts */
-} layer_w;
-
 /* ------------------------------------------------------------------ model */
 
 struct ddt_target {
@@ -78,7 +52,7 @@ struct ddt_target {
     ddt_qweight embed;       /* [vocab][hidden] */
     ddt_cpu_vec final_norm;  /* [hidden] */
     ddt_qweight lm_head;     /* [vocab][hidden] (the embedding when tied) */
-    layer_w *layers;         /* [n_layers] */
+    ddt_target_layer *layers;         /* [n_layers] */
     float *inv_freq;         /* [rope/2] */
     uint64_t weight_bytes;   /* every weight the model reads */
     uint64_t routed_bytes;   /* of which routed experts */
@@ -173,7 +147,7 @@ static ddt_status load_vec(ddt_target *t, const char *base, int64_t n, ddt_cpu_v
     return DDT_OK;
 }
 
-static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, expert_w *m, ddt_error *err) {
+static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, ddt_target_mlp *m, ddt_error *err) {
     char b[NAME_MAX_LEN];
     ddt_status st;
     snprintf(b, sizeof b, "%s.gate_proj", pre);
@@ -186,7 +160,7 @@ static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, expert
 
 static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
     const ddt_model_config *c = &t->cfg;
-    layer_w *L = &t->layers[l];
+    ddt_target_layer *L = &t->layers[l];
     char b[NAME_MAX_LEN];
     ddt_status st;
 #define LNAME(fmt) snprintf(b, sizeof b, "model.layers.%d." fmt, l)
@@ -454,6 +428,17 @@ int32_t ddt_target_max_ctx(const ddt_target *t) { return t->max_ctx; }
 int32_t ddt_target_max_tokens(const ddt_target *t) { return t->max_tokens; }
 int32_t ddt_target_threads(const ddt_target *t) { return ddt_cpu_pool_threads(t->pool); }
 const ddt_qweight *ddt_target_embed(const ddt_target *t) { return &t->embed; }
+const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l) {
+    return l >= 0 && l < t->n_layers ? &t->layers[l] : NULL;
+}
+const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->final_norm; }
+void ddt_target_rope_table(const ddt_target *t, int32_t pos0, int32_t n, float *cos_out, float *sin_out) {
+    const int32_t half = t->rope / 2;
+    for (int32_t i = 0; i < n; i++)
+        ddt_cpu_rope_cos_sin(t->inv_freq, half, (int64_t)pos0 + i, t->rope_attn, cos_out + (size_t)i * half,
+                             sin_out + (size_t)i * half);
+}
+float ddt_target_softmax_scale(const ddt_target *t) { return t->softmax_scale; }
 const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->lm_head; }
 ddt_cpu_pool *ddt_target_pool(ddt_target *t) { return t->pool; }
 const ddt_kv_cache *ddt_target_cache(const ddt_target *t) { return &t->kv; }
@@ -478,7 +463,7 @@ const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tok
 /* ------------------------------------------------------------------ forward */
 
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) for n rows of in [n][hidden]. */
-static void mlp_forward(ddt_target *t, const expert_w *m, const float *in, int64_t n, float *out) {
+static void mlp_forward(ddt_target *t, const ddt_target_mlp *m, const float *in, int64_t n, float *out) {
     int64_t inter = m->gate.rows;
     ddt_cpu_matmul(t->pool, &m->gate, in, t->hidden, n, t->g, inter);
     ddt_cpu_matmul(t->pool, &m->up, in, t->hidden, n, t->u, inter);
@@ -487,7 +472,7 @@ static void mlp_forward(ddt_target *t, const expert_w *m, const float *in, int64
 }
 
 /* MoE block on t->xn [n][hidden] -> t->tmp [n][hidden]. */
-static void moe_forward(ddt_target *t, const layer_w *L, int32_t n) {
+static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
     const int32_t H = t->hidden, E = t->n_experts, K = t->top_k;
     ddt_cpu_matmul(t->pool, &L->router, t->xn, H, n, t->rlogits, E);
     ddt_moe_route_params rp = t->route;
@@ -549,7 +534,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                              t->sinv + (size_t)i * half);
     }
     for (int32_t l = 0; l < t->n_layers; l++) {
-        const layer_w *L = &t->layers[l];
+        const ddt_target_layer *L = &t->layers[l];
         ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->attn_norm, t->eps, t->xn, H);
         /* queries [n][heads][nope | rope] */
         if (t->q_lora > 0) {

@@ -80,3 +80,32 @@ extern "C" ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *p
     DDT_CUDA_LAUNCHED("kv_advance", s, err);
     return DDT_OK;
 }
+
+static __global__ void kv_add_kernel(int32_t *len_p, int32_t *status, int capacity, int n) {
+    const int len = *len_p;
+    if (len + n <= capacity) *len_p = len + n;
+    else *status = DDT_CUDA_KV_BAD_PATH;
+}
+
+extern "C" ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_kv_stream stream, ddt_error *err) {
+    if (!kv || !kv->len || n < 0) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_advance: bad argument");
+    kv_add_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(kv->len, kv->status, kv->capacity, n);
+    DDT_CUDA_LAUNCHED("kv_advance", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void kv_set_kernel(int32_t *len_p, int32_t *status, int new_len) {
+    *len_p = new_len;
+    *status = DDT_CUDA_KV_OK;
+}
+
+extern "C" ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_kv_stream stream,
+                                         ddt_error *err) {
+    if (!kv || !kv->len) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_set_len: NULL cache");
+    if (new_len < 0 || new_len > kv->capacity)
+        return ddt_fail(err, DDT_ERR_RANGE, "KV length %d outside 0..%d", new_len, kv->capacity);
+    /* a kernel, not a memcpy from a host stack variable that may be gone when it runs */
+    kv_set_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(kv->len, kv->status, new_len);
+    DDT_CUDA_LAUNCHED("kv_set_len", (cudaStream_t)stream, err);
+    return DDT_OK;
+}

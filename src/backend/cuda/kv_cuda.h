@@ -37,6 +37,13 @@ typedef struct ddt_cuda_kv {
 ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path, const int32_t *path_len,
                               ddt_kv_stream stream, ddt_error *err);
 
+/* After a prefill of n rows at len..len+n-1: len += n (one-thread launch; a
+ * length past capacity sets *status = DDT_CUDA_KV_BAD_PATH and leaves len). */
+ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_kv_stream stream, ddt_error *err);
+
+/* len = new_len from the host (0 <= new_len <= capacity): rollback or reset. */
+ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_kv_stream stream, ddt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

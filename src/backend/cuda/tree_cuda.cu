@@ -790,3 +790,23 @@ extern "C" ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *targ
     DDT_CUDA_LAUNCHED("tree_accept", (cudaStream_t)stream, err);
     return DDT_OK;
 }
+
+static __global__ void tree_emit_kernel(ddt_cuda_tree t, int32_t *out) {
+    const int len = *t.path_len;
+    if (len < 1 || len > DDT_MAX_PATH) {
+        out[0] = 0;
+        out[1] = *t.status ? *t.status : DDT_CUDA_TREE_BAD_TREE;
+        return;
+    }
+    out[0] = len;
+    out[1] = *t.status;
+    for (int k = 1; k < len; k++) out[1 + k] = t.token[t.path[k]];
+    out[1 + len] = *t.bonus;
+}
+
+extern "C" ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_stream stream, ddt_error *err) {
+    if (!t || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_emit: NULL argument");
+    tree_emit_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(*t, out);
+    DDT_CUDA_LAUNCHED("tree_emit", (cudaStream_t)stream, err);
+    return DDT_OK;
+}

@@ -80,6 +80,14 @@ ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int
 ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next, int32_t vocab,
                                 ddt_stream stream, ddt_error *err);
 
+/* The round's result in one small block for one device-to-host copy:
+ * out[0] = tokens emitted m (path_len: the accepted nodes after the root, then
+ * the bonus; 0 when the walk failed), out[1] = *status,
+ * out[2 .. 2+m) = token[path[1..path_len)] then the bonus.
+ * out: device [DDT_CUDA_EMIT_WORDS]. */
+#define DDT_CUDA_EMIT_WORDS (DDT_MAX_PATH + 2)
+ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_stream stream, ddt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

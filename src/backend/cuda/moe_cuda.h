@@ -1,0 +1,74 @@
+/*
+ * moe_cuda.h — the DeepSeek-V3 mixture of experts for a few tokens on the GPU:
+ * the noaux_tc router (as backend/cpu/moe.h) and the routed experts, grouped by
+ * expert so that each touched expert's weights are read once for all the
+ * tokens routed to it, with bf16 / FP8-block / INT4 weights dequantised inside
+ * the kernels.  The shared expert is a plain MLP the caller runs with
+ * qmatmul_cuda.h.
+ *
+ * Determinism contract (as qmatmul_cuda.h): every output value depends only on
+ * its own token's inputs, whatever the other tokens and n are; a token's routed
+ * experts are summed in increasing expert index, starting from 0.0f
+ * (acc += w_k * expert_k(x), an fp32 multiply then an add, as the CPU does).
+ */
+#ifndef DDT_CUDA_MOE_H
+#define DDT_CUDA_MOE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cuda/qmatmul_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddt_cuda_route_params {
+    int32_t n_experts;           /* 1..4096 */
+    int32_t top_k;               /* 1..n_experts, <= 16 */
+    int32_t n_group;             /* divides n_experts; 1 = no group limit */
+    int32_t topk_group;          /* 1..n_group */
+    bool norm_topk_prob;
+    float routed_scaling_factor;
+    const float *bias;           /* device [n_experts] e_score_correction_bias (fp32), or NULL */
+} ddt_cuda_route_params;
+
+/* Router: logits [n][n_experts] (device, row stride ld) -> idx [n][top_k] chosen
+ * experts in decreasing choice score and w [n][top_k] their weights; the same
+ * arithmetic as ddt_cpu_moe_route (sigmoid in fp32, group scores, ties to the
+ * lower index, weight = s / (sum + 1e-20) * scale). */
+ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_cuda_route_params *p,
+                              int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err);
+
+/* Routed experts of one MoE layer: device arrays of n_experts weights each
+ * (gate/up [inter][hidden], down [hidden][inter]); all experts share one
+ * format.  The arrays of ddt_qweight structs themselves live in device memory
+ * (ddt_cuda_moe_layer_upload builds them). */
+typedef struct ddt_cuda_moe_layer {
+    int32_t n_experts, hidden, inter;
+    ddt_qweight *gate, *up, *down; /* device arrays [n_experts] of device weights */
+    ddt_qweight *host_copy;        /* host mirror [3][n_experts] (for freeing) */
+} ddt_cuda_moe_layer;
+
+/* Upload n_experts experts' three host views (gate[e], up[e], down[e]). */
+ddt_status ddt_cuda_moe_layer_upload(const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down,
+                                     int32_t n_experts, ddt_cuda_moe_layer *out, ddt_error *err);
+void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m);
+
+/* Workspace bytes for up to max_tokens tokens with top_k experts each. */
+size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k);
+
+/* out[t] = sum over the token's top_k experts e (increasing e) of
+ * w[t][k] * down_e(silu(gate_e x[t]) * up_e x[t]).  x [n][hidden] (row stride ldx),
+ * idx / w [n][top_k] from ddt_cuda_moe_route, out [n][hidden] (row stride ldo).
+ * n <= max_tokens of the workspace.  Everything stays on the device: no host sync. */
+ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
+                                const int32_t *idx, const float *w, int32_t top_k, float *out, int64_t ldo,
+                                void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

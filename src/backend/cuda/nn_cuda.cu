@@ -1,0 +1,92 @@
+/*
+ * nn_cuda.cu — RMSNorm, SiLU gate, residual add and row gather on the GPU
+ * (see nn_cuda.h).  One block per row for the norm: 256 threads each sum a
+ * fixed strided slice of squares, then a fixed shared-memory tree adds the 256
+ * partial sums, so a row's result never depends on the other rows.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/nn_cuda.h"
+
+#define NORM_THREADS 256
+#define EW_THREADS 256
+
+static __global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int dim, const float *__restrict__ w, float eps,
+               float *out, int64_t ldo) {
+    __shared__ float part[NORM_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * ldx;
+    float *orow = out + (int64_t)blockIdx.x * ldo;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) s += xr[i] * xr[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int step = NORM_THREADS / 2; step > 0; step >>= 1) {
+        if (threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
+        __syncthreads();
+    }
+    const float inv = 1.0f / sqrtf(part[0] / (float)dim + eps);
+    /* every thread has read part[0]; out may alias x, and each element is read
+       then written by the same thread */
+    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = w[i] * (xr[i] * inv);
+}
+
+ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
+                            float *out, int64_t ldo, ddt_cuda_stream stream, ddt_error *err) {
+    if (n < 1 || dim < 1) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm: %d rows of %d", n, dim);
+    rmsnorm_kernel<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, dim, w, eps, out, ldo);
+    DDT_CUDA_LAUNCHED("rmsnorm", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void silu_mul_kernel(float *g, int64_t ldg, const float *__restrict__ u, int64_t ldu, int dim) {
+    float *gr = g + (int64_t)blockIdx.y * ldg;
+    const float *ur = u + (int64_t)blockIdx.y * ldu;
+    for (int i = blockIdx.x * EW_THREADS + threadIdx.x; i < dim; i += gridDim.x * EW_THREADS) {
+        float v = gr[i];
+        gr[i] = v / (1.0f + expf(-v)) * ur[i];
+    }
+}
+
+ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu, int32_t n, int32_t dim,
+                             ddt_cuda_stream stream, ddt_error *err) {
+    if (n < 1 || dim < 1) return ddt_fail(err, DDT_ERR_INVALID, "silu_mul: %d rows of %d", n, dim);
+    if (n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "silu_mul: %d rows (at most 65535)", n);
+    int bx = (dim + EW_THREADS - 1) / EW_THREADS;
+    if (bx > 64) bx = 64;
+    silu_mul_kernel<<<dim3(bx, n), EW_THREADS, 0, (cudaStream_t)stream>>>(g, ldg, u, ldu, dim);
+    DDT_CUDA_LAUNCHED("silu_mul", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void add_kernel(float *x, const float *__restrict__ y, int64_t count) {
+    for (int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x; i < count; i += (int64_t)gridDim.x * EW_THREADS)
+        x[i] = x[i] + y[i];
+}
+
+ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream stream, ddt_error *err) {
+    if (count < 1) return DDT_OK;
+    int64_t blocks = (count + EW_THREADS - 1) / EW_THREADS;
+    if (blocks > 1024) blocks = 1024;
+    add_kernel<<<(unsigned)blocks, EW_THREADS, 0, (cudaStream_t)stream>>>(x, y, count);
+    DDT_CUDA_LAUNCHED("add", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void gather_rows_kernel(float *dst, int64_t ldd, const float *__restrict__ src, int64_t lds,
+                                          const int32_t *__restrict__ rows, int cols) {
+    const float *s = src + (int64_t)rows[blockIdx.x] * lds;
+    float *d = dst + (int64_t)blockIdx.x * ldd;
+    for (int i = threadIdx.x; i < cols; i += EW_THREADS) d[i] = s[i];
+}
+
+ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
+                                int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err) {
+    if (m < 0 || cols < 1) return ddt_fail(err, DDT_ERR_INVALID, "gather_rows: %d rows of %d", m, cols);
+    if (m == 0) return DDT_OK;
+    gather_rows_kernel<<<m, EW_THREADS, 0, (cudaStream_t)stream>>>(dst, ldd, src, lds, rows, cols);
+    DDT_CUDA_LAUNCHED("gather_rows", (cudaStream_t)stream, err);
+    return DDT_OK;
+}

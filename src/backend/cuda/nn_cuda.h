@@ -1,0 +1,42 @@
+/*
+ * nn_cuda.h — the small element-wise and per-row kernels every model on the
+ * GPU needs (RMSNorm, SiLU-gated product, residual add, row gather), each the
+ * twin of backend/cpu/nn.h with the same arithmetic per element, and each
+ * independent of how many tokens are processed together (a row's result
+ * depends on that row only, with a fixed reduction order).
+ * All pointers are device pointers; every launcher takes a stream.
+ */
+#ifndef DDT_CUDA_NN_H
+#define DDT_CUDA_NN_H
+
+#include <stdint.h>
+
+#include "ddtree.h"
+#include "backend/cuda/qmatmul_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[t][i] = x[t][i] / sqrt(mean_i(x[t]^2) + eps) * w[i] for i < dim, t < n
+ * (row strides ldx, ldo; out may equal x).  The mean of squares is a fixed-order
+ * tree sum over 256 threads, accumulated in fp32. */
+ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
+                            float *out, int64_t ldo, ddt_cuda_stream stream, ddt_error *err);
+
+/* g[t][i] = silu(g[t][i]) * u[t][i] for i < dim, t < n (row strides ldg, ldu). */
+ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu, int32_t n, int32_t dim,
+                             ddt_cuda_stream stream, ddt_error *err);
+
+/* x[i] = x[i] + y[i] for i < count (x, y contiguous). */
+ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream stream, ddt_error *err);
+
+/* dst[k][0..cols) = src[rows[k]][0..cols) for k < m (row strides ldd, lds; rows on
+ * the device).  The drafter's context append gathers the accepted path's rows. */
+ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
+                                int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,93 @@
+/*
+ * qmatmul_cuda.h — matrix products of fp32 activations with weights in every
+ * checkpoint format (dense F32/BF16/F16, FP8 E4M3 with 128x128 block scales,
+ * INT4 group-32 compressed-tensors), on the GPU, for the few tokens of a decode
+ * step or a tree verify.  Weights are dequantised inside the kernel; products
+ * are accumulated in fp32.  The GPU twin of backend/cpu/qmatmul.h.
+ *
+ * A device weight is a ddt_qweight whose data / scale pointers are device
+ * pointers (ddt_cuda_qweight_upload makes one from a checkpoint view).
+ *
+ * Determinism contract (the engine's greedy tree == ar invariant rests on it):
+ * every output element y[t][o] is computed with an arithmetic order that depends
+ * only on the weight's shape, never on n (the number of tokens processed
+ * together), on t, or on the launch configuration chosen for n.  A token gives
+ * bit-identical results alone or inside a batch.  No atomics in reductions.
+ * Nothing here allocates device memory except the upload functions.
+ */
+#ifndef DDT_CUDA_QMATMUL_H
+#define DDT_CUDA_QMATMUL_H
+
+#include <stdint.h>
+
+#include "ddtree.h"
+#include "io/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *ddt_cuda_stream; /* cudaStream_t without including CUDA */
+
+/* Copy a host weight view (data and scales) to new device memory; *dev gets the
+ * same format / shape with device pointers.  Free with ddt_cuda_qweight_free. */
+ddt_status ddt_cuda_qweight_upload(const ddt_qweight *host, ddt_qweight *dev, ddt_error *err);
+void ddt_cuda_qweight_free(ddt_qweight *dev);
+/* Bytes the weight occupies on the device (data + scales). */
+uint64_t ddt_cuda_qweight_bytes(const ddt_qweight *w);
+
+/* Upload a small vector (norm weight, router bias) of dtype F32/BF16/F16 as
+ * fp32 device memory [n].  Free with cudaFree (ddt_cuda_free). */
+ddt_status ddt_cuda_vec_upload(const void *data, ddt_dtype dtype, int64_t n, float **dev, ddt_error *err);
+void ddt_cuda_free(void *dev);
+
+/* Grouped row selection, as ddt_cpu_groups: group g uses weight rows
+ * [g*w_row_stride + w_row_offset, ... + rows), reads x at column offset
+ * g*x_stride of each x row and writes y at column offset g*y_stride. */
+typedef struct ddt_cuda_groups {
+    int32_t count;
+    int64_t w_row_stride;
+    int64_t w_row_offset;
+    int64_t rows;
+    int64_t x_stride;
+    int64_t y_stride;
+} ddt_cuda_groups;
+
+/* y[t][o] = sum_j x[t][j] * w[o][j]: x [n][w->cols] (row stride ldx), y [n][w->rows]
+ * (row stride ldy), device pointers; y must not alias x.  n >= 1. */
+ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
+                           int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
+
+/* y[t][g*y_stride + o] = sum_{j < w->cols} x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j] */
+ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+                                   int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                   ddt_cuda_stream stream, ddt_error *err);
+
+/* The transposed product y = x W (MLA's q_lat = q_nope W_UK):
+ * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j],
+ * j < w->cols, summed over i in increasing order. */
+ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+                                     int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                     ddt_cuda_stream stream, ddt_error *err);
+
+/* Embedding gather: out[t][0..cols) = dequantised row ids[t] of w (ids is a
+ * device array of n ids, each checked against rows: an id out of range writes
+ * NaN to its row).  out row stride ldo. */
+ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, int32_t n, float *out, int64_t ldo,
+                          ddt_cuda_stream stream, ddt_error *err);
+
+/* Tests and benchmarks: a device weight of the given format and shape filled on the
+ * device with hash-random values (dense: uniform in [-amp, amp); FP8: random
+ * non-NaN bytes with scales in [amp/2, amp); INT4: random nibbles with bf16
+ * scales in [amp, 2 amp)), so multi-GB layers need no host copy.  F32 / BF16 /
+ * FP8 / INT4 (group 32, block 128).  Free with ddt_cuda_qweight_free.  Syncs. */
+ddt_status ddt_cuda_qweight_random(ddt_qformat format, ddt_dtype dtype, int64_t rows, int64_t cols, float amp,
+                                   uint64_t seed, ddt_qweight *dev, ddt_error *err);
+/* dev[0..n) = hash-uniform values in [lo, hi) (deterministic in seed and index). */
+ddt_status ddt_cuda_fill_uniform(float *dev, int64_t n, float lo, float hi, uint64_t seed, ddt_cuda_stream stream,
+                                 ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

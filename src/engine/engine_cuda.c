@@ -1,0 +1,407 @@
+/*
+ * engine_cuda.c — the ar / chain / tree loops on the CUDA backend (see
+ * engine_cuda.h).  Every device buffer is allocated in create; a round only
+ * launches kernels (or replays the graph that holds them) and copies its
+ * emitted tokens back.
+ */
+#include "engine/engine_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_cuda.h"
+#include "backend/cuda/tree_cuda.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "engine/emitter.h"
+#include "model/drafter.h"
+#include "model/drafter_cuda.h"
+#include "model/target_cuda.h"
+
+#define PREFILL_CHUNK 64
+#define N_EVENTS 6
+
+struct ddt_engine_cuda {
+    ddt_engine_options opts;
+    ddt_cuda_target *target;
+    ddt_cuda_drafter *drafter;
+    cudaStream_t s;
+    int32_t vocab, max_ctx, depth, kmax, max_nodes, n_capture;
+    /* device */
+    int32_t *ids;          /* [max_ctx] prompt */
+    float *logits;         /* [max_nodes][vocab] */
+    float *draft_logits;   /* [depth][vocab] */
+    float *logq;           /* [depth][kmax] */
+    int32_t *table_tok;    /* [depth][kmax] */
+    void *topk_ws;
+    size_t topk_ws_bytes;
+    int32_t *target_next;  /* [max_nodes] */
+    int32_t *emit_d;       /* [DDT_CUDA_EMIT_WORDS] */
+    int32_t *one;          /* [1] = 1 */
+    ddt_cuda_tree tree;
+    /* host (pinned where copied asynchronously) */
+    int32_t *emit_h;       /* [DDT_CUDA_EMIT_WORDS] */
+    int32_t *walk_h;       /* [DDT_MAX_PATH + 2]: path, length, bonus for the device after a host walk */
+    float *logits_h;       /* [max_nodes][vocab] (T > 0) */
+    int32_t *tok_h, *par_h;/* [max_nodes] (T > 0) */
+    ddt_tree htree;
+    ddt_sampler *sampler;
+    const float *capture[DDT_DRAFTER_MAX_TARGET_LAYERS];
+    /* the greedy round as a graph, captured on first use for budget graph_budget */
+    cudaGraphExec_t graph;
+    int32_t graph_budget;
+    cudaEvent_t ev[N_EVENTS];
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define TRY(call)                      \
+    do {                               \
+        ddt_status st_ = (call);       \
+        if (st_ != DDT_OK) return st_; \
+    } while (0)
+
+void ddt_engine_cuda_free(ddt_engine_cuda *e) {
+    if (!e) return;
+    if (e->s) cudaStreamSynchronize(e->s);
+    if (e->graph) cudaGraphExecDestroy(e->graph);
+    for (int i = 0; i < N_EVENTS; i++)
+        if (e->ev[i]) cudaEventDestroy(e->ev[i]);
+    ddt_cuda_drafter_free(e->drafter);
+    void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
+                   e->emit_d, e->one};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    ddt_cuda_tree_free(&e->tree);
+    void *pinned[] = {e->emit_h, e->walk_h, e->logits_h};
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
+        if (pinned[i]) cudaFreeHost(pinned[i]);
+    free(e->tok_h);
+    free(e->par_h);
+    ddt_tree_free(&e->htree);
+    ddt_sampler_destroy(e->sampler);
+    ddt_cuda_target_free(e->target);
+    free(e);
+}
+
+int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e) { return e->vocab; }
+const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
+    return ddt_cuda_target_config(e->target);
+}
+void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e->opts.sampling = *s; }
+
+static ddt_status dmalloc(void **p, size_t n, size_t sz, ddt_error *err) {
+    size_t bytes;
+    if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "device buffer size overflows");
+    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
+    return DDT_OK;
+}
+
+ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
+                                  ddt_engine_cuda **out, ddt_error *err) {
+    *out = NULL;
+    if (opts->draft_fn)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the CUDA backend drafts with a DFlash model only (no custom drafter)");
+    if (opts->budget_auto)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "--budget auto is not supported on the CUDA backend yet (the device tree builder takes a "
+                        "fixed budget); give a number");
+    ddt_engine_cuda *e = calloc(1, sizeof *e);
+    if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
+    e->opts = *opts;
+    e->max_ctx = max_ctx;
+    ddt_status st;
+    ddt_drafter_config dcfg;
+    const bool dflash = opts->mode != DDT_MODE_AR;
+    if (dflash) {
+        if ((st = ddt_drafter_config_load(opts->draft_dir, &dcfg, err)) != DDT_OK) goto fail;
+        e->depth = dcfg.block_size - 1;
+        e->n_capture = dcfg.n_target_layers;
+    }
+    e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
+    ddt_cuda_target_options topt = {max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
+                                    dflash ? dcfg.target_layer_ids : NULL, dflash ? dcfg.n_target_layers : 0};
+    if ((st = ddt_cuda_target_load(model_dir, &topt, &e->target, err)) != DDT_OK) goto fail;
+    e->s = (cudaStream_t)ddt_cuda_target_stream(e->target);
+    e->vocab = ddt_cuda_target_vocab(e->target);
+    if (dflash) {
+        const ddt_model_config *tc = ddt_cuda_target_config(e->target);
+        ddt_cuda_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, e->vocab,
+                                      ddt_cuda_target_embed(e->target), ddt_cuda_target_lm_head(e->target)};
+        if ((st = ddt_cuda_drafter_load(opts->draft_dir, &dt, max_ctx, &e->drafter, err)) != DDT_OK) goto fail;
+        for (int32_t i = 0; i < e->n_capture; i++) e->capture[i] = ddt_cuda_target_hidden(e->target, i);
+    }
+    e->kmax = opts->mode == DDT_MODE_TREE ? (opts->budget < e->vocab ? opts->budget : e->vocab) : 1;
+    if (e->kmax > 1024) e->kmax = 1024;
+    const size_t drows = e->depth > 0 ? (size_t)e->depth : 1, V = (size_t)e->vocab;
+    if ((st = dmalloc((void **)&e->ids, (size_t)max_ctx, sizeof(int32_t), err)) ||
+        (st = dmalloc((void **)&e->logits, (size_t)e->max_nodes * V, sizeof(float), err)) ||
+        (st = dmalloc((void **)&e->draft_logits, drows * V, sizeof(float), err)) ||
+        (st = dmalloc((void **)&e->logq, drows * (size_t)e->kmax, sizeof(float), err)) ||
+        (st = dmalloc((void **)&e->table_tok, drows * (size_t)e->kmax, sizeof(int32_t), err)) ||
+        (st = dmalloc((void **)&e->target_next, (size_t)e->max_nodes, sizeof(int32_t), err)) ||
+        (st = dmalloc((void **)&e->emit_d, DDT_CUDA_EMIT_WORDS, sizeof(int32_t), err)) ||
+        (st = dmalloc((void **)&e->one, 1, sizeof(int32_t), err)))
+        goto fail;
+    e->topk_ws_bytes = ddt_cuda_topk_workspace_bytes((int32_t)drows, e->vocab, e->kmax);
+    if ((st = dmalloc(&e->topk_ws, e->topk_ws_bytes, 1, err))) goto fail;
+    if ((st = ddt_cuda_tree_alloc(e->max_nodes - 1, &e->tree, err))) goto fail;
+    {
+        int32_t one = 1;
+        cudaError_t ce = cudaMemcpy(e->one, &one, sizeof one, cudaMemcpyHostToDevice);
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->emit_h, DDT_CUDA_EMIT_WORDS * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->walk_h, (DDT_MAX_PATH + 2) * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->logits_h, (size_t)e->max_nodes * V * sizeof(float));
+        for (int i = 0; i < N_EVENTS && ce == cudaSuccess; i++) ce = cudaEventCreate(&e->ev[i]);
+        if (ce != cudaSuccess) {
+            st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: engine buffers: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
+    }
+    e->tok_h = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
+    e->par_h = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
+    if (!e->tok_h || !e->par_h) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's host buffers");
+        goto fail;
+    }
+    if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
+    if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
+    *out = e;
+    return DDT_OK;
+fail:
+    ddt_engine_cuda_free(e);
+    return st;
+}
+
+/* ------------------------------------------------------------------ round */
+
+/* Draft, top-K and build on the device: the tree of budget nodes (chain: k = 1). */
+static ddt_status launch_draft_build(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+    TRY(ddt_cuda_topk_logsoftmax(e->draft_logits, e->depth, e->vocab, k, e->logq, e->table_tok, e->topk_ws,
+                                 e->topk_ws_bytes, e->s, err));
+    TRY(ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, e->s, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[2], e->s), err);
+    return DDT_OK;
+}
+
+static ddt_status launch_verify(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
+    TRY(ddt_cuda_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, n,
+                               e->logits, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[3], e->s), err);
+    return DDT_OK;
+}
+
+/* Commit the path in tree.path / path_len, feed the drafter, pack the emitted tokens. */
+static ddt_status launch_commit(ddt_engine_cuda *e, ddt_error *err) {
+    TRY(ddt_cuda_target_commit(e->target, e->tree.path, e->tree.path_len, err));
+    TRY(ddt_cuda_drafter_append_rows(e->drafter, e->capture, e->tree.path, e->tree.path_len, DDT_MAX_PATH, e->s,
+                                     err));
+    TRY(ddt_cuda_tree_emit(&e->tree, e->emit_d, e->s, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[5], e->s), err);
+    return DDT_OK;
+}
+
+/* The whole greedy round (the graph's body). */
+static ddt_status launch_greedy_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    TRY(launch_draft_build(e, budget, k, err));
+    TRY(launch_verify(e, budget + 1, err));
+    TRY(ddt_cuda_argmax_rows(e->logits, budget + 1, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
+    TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[4], e->s), err);
+    return launch_commit(e, err);
+}
+
+static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+    ddt_status st = launch_greedy_round(e, budget, k, err);
+    cudaGraph_t g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+    if (st != DDT_OK) {
+        if (g) cudaGraphDestroy(g);
+        return st;
+    }
+    if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture: %s", cudaGetErrorString(ce));
+    ce = cudaGraphInstantiate(&e->graph, g, 0);
+    cudaGraphDestroy(g);
+    if (ce != cudaSuccess) {
+        e->graph = NULL;
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph instantiate: %s", cudaGetErrorString(ce));
+    }
+    e->graph_budget = budget;
+    return DDT_OK;
+}
+
+typedef struct host_walk {
+    ddt_engine_cuda *e;
+    uint64_t round;
+} host_walk;
+
+static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
+    const host_walk *hw = ctx;
+    ddt_engine_cuda *e = hw->e;
+    return ddt_sample_token(e->sampler, e->logits_h + (size_t)node * (size_t)e->vocab, e->vocab, &e->opts.sampling,
+                            hw->round, (uint32_t)node, token, err);
+}
+
+/* A sampled round: draft, build and verify on the device, the walk on the host. */
+static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, uint64_t round, ddt_error *err) {
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    TRY(launch_draft_build(e, budget, k, err));
+    const int32_t n = budget + 1;
+    TRY(launch_verify(e, n, err));
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)n * e->vocab,
+                                 cudaMemcpyDeviceToHost, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.n_nodes, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h + 1, e->tree.status, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s), err);
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    if (e->emit_h[1] != DDT_CUDA_TREE_OK || e->emit_h[0] != n)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "device tree build: status %d, %d nodes (expected %d)", e->emit_h[1],
+                        e->emit_h[0], n);
+    DDT_CUDA_TRY(cudaMemcpy(e->tok_h, e->tree.token, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), err);
+    DDT_CUDA_TRY(cudaMemcpy(e->par_h, e->tree.parent, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), err);
+    TRY(ddt_tree_from_parents(e->tok_h, e->par_h, n, e->vocab, &e->htree, err));
+    host_walk hw = {e, round};
+    ddt_walk_result w;
+    TRY(ddt_tree_walk_fn(&e->htree, sample_node, &hw, e->vocab, &w, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[4], e->s), err);
+    /* the device walk's outputs, as the greedy round's accept kernel leaves them */
+    memcpy(e->walk_h, w.path, sizeof(int32_t) * (size_t)w.length);
+    e->walk_h[DDT_MAX_PATH] = w.length;
+    e->walk_h[DDT_MAX_PATH + 1] = w.bonus;
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.path, e->walk_h, sizeof(int32_t) * DDT_MAX_PATH, cudaMemcpyHostToDevice,
+                                 e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.path_len, e->walk_h + DDT_MAX_PATH, sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.bonus, e->walk_h + DDT_MAX_PATH + 1, sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.root_token, e->walk_h + DDT_MAX_PATH + 1, sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, e->s), err);
+    return launch_commit(e, err);
+}
+
+/* The first token (after the prompt) or an AR step's token from logits row 0. */
+static ddt_status next_token(ddt_engine_cuda *e, uint64_t round, int32_t *tok, ddt_error *err) {
+    if (e->opts.sampling.temperature <= 0.0f) {
+        TRY(ddt_cuda_argmax_rows(e->logits, 1, e->one, e->vocab, e->tree.root_token, e->s, err));
+        DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
+                     err);
+        DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+        *tok = e->emit_h[0];
+        return DDT_OK;
+    }
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)e->vocab, cudaMemcpyDeviceToHost,
+                                 e->s), err);
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    TRY(ddt_sample_token(e->sampler, e->logits_h, e->vocab, &e->opts.sampling, round, 0, tok, err));
+    e->walk_h[0] = *tok;
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.root_token, e->walk_h, sizeof(int32_t), cudaMemcpyHostToDevice, e->s), err);
+    return DDT_OK;
+}
+
+static ddt_status check_kv(ddt_engine_cuda *e, ddt_error *err) {
+    int32_t st_h = 0;
+    DDT_CUDA_TRY(cudaMemcpy(&st_h, ddt_cuda_target_kv(e->target)->status, sizeof st_h, cudaMemcpyDeviceToHost), err);
+    if (st_h != DDT_CUDA_KV_OK) return ddt_fail(err, DDT_ERR_INTERNAL, "device KV cache: status %d", st_h);
+    return DDT_OK;
+}
+
+static float elapsed(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) return 0.0f;
+    return ms * 1e-3f;
+}
+
+ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                    const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
+                                    ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
+    ddt_gen_stats s;
+    memset(&s, 0, sizeof s);
+    const bool greedy = e->opts.sampling.temperature <= 0.0f;
+    TRY(ddt_cuda_target_reset(e->target, err));
+    if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
+    ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
+    double t_start = now_s();
+    s.prompt_tokens = n_prompt;
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->ids, prompt, sizeof(int32_t) * (size_t)n_prompt, cudaMemcpyHostToDevice, e->s),
+                 err);
+    for (int32_t i = 0; i < n_prompt; i += PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
+        TRY(ddt_cuda_target_prefill(e->target, e->ids + i, c, e->logits, false, err));
+        if (e->drafter) TRY(ddt_cuda_drafter_append_prefix(e->drafter, e->capture, c, e->s, err));
+    }
+    int32_t bonus;
+    TRY(next_token(e, 0, &bonus, err));
+    TRY(check_kv(e, err));
+    double t_decode = now_s();
+    s.t_prefill = t_decode - t_start;
+    ddt_emitter_push(&em, &bonus, 1);
+    int32_t len = n_prompt;
+    for (uint64_t round = 1; !em.done; round++) {
+        const int32_t room = e->max_ctx - len - 1;
+        if (room < 0) break;
+        double t0 = now_s();
+        int32_t n, m;
+        if (e->opts.mode == DDT_MODE_AR) {
+            TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
+            TRY(next_token(e, round, &bonus, err));
+            n = m = 1;
+            s.t_verify += now_s() - t0;
+            ddt_emitter_push(&em, &bonus, 1);
+        } else {
+            int32_t budget = e->opts.mode == DDT_MODE_TREE ? e->opts.budget : e->depth;
+            if (budget > room) budget = room;
+            int32_t k = e->opts.mode == DDT_MODE_TREE ? (budget < e->kmax ? budget : e->kmax) : 1;
+            if (k < 1) k = 1;
+            if (budget < 1) break; /* no node fits: the context is full */
+            if (greedy) {
+                if (budget == e->max_nodes - 1) {
+                    if (!e->graph) TRY(capture_graph(e, budget, k, err));
+                    DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
+                } else {
+                    TRY(launch_greedy_round(e, budget, k, err)); /* the context's last rounds */
+                }
+            } else {
+                TRY(sampled_round(e, budget, k, round, err));
+            }
+            DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->emit_d, sizeof(int32_t) * DDT_CUDA_EMIT_WORDS,
+                                         cudaMemcpyDeviceToHost, e->s), err);
+            DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+            m = e->emit_h[0];
+            if (m < 1 || m > DDT_MAX_PATH || e->emit_h[1] != DDT_CUDA_TREE_OK)
+                return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",
+                                (unsigned long long)round, e->emit_h[1], m);
+            n = budget + 1;
+            s.t_draft += elapsed(e->ev[0], e->ev[1]);
+            s.t_build += elapsed(e->ev[1], e->ev[2]);
+            s.t_verify += elapsed(e->ev[2], e->ev[3]);
+            s.t_walk += elapsed(e->ev[3], e->ev[4]);
+            s.t_commit += elapsed(e->ev[4], e->ev[5]);
+            bonus = e->emit_h[1 + m];
+            ddt_emitter_push(&em, e->emit_h + 2, m);
+        }
+        len += m;
+        s.rounds++;
+        s.nodes_verified += n;
+        s.accepted += m;
+    }
+    TRY(check_kv(e, err));
+    (void)bonus;
+    double t_end = now_s();
+    s.tokens = em.n;
+    s.t_total = t_end - t_start;
+    s.mean_acceptance = s.rounds ? (double)s.accepted / (double)s.rounds : 0.0;
+    s.tokens_per_s = t_end > t_decode ? (double)(em.n > 1 ? em.n - 1 : 0) / (t_end - t_decode) : 0.0;
+    *n_out = em.n;
+    if (stats) *stats = s;
+    return DDT_OK;
+}

@@ -1,0 +1,30 @@
+/*
+ * engine_cuda.h — the decoding engine's CUDA backend (internal to the engine
+ * layer; callers use engine.h with options.backend = DDT_BACKEND_CUDA).
+ *
+ * The round (draft, top-K, tree build, verify, argmax + walk, KV commit,
+ * drafter context append, emit) is a sequence of launches on one stream whose
+ * data-dependent inputs all live on the device, captured once in a CUDA graph
+ * and replayed; the host copies the round's emitted tokens back (one
+ * synchronisation per round, which streaming output needs anyway).  Greedy
+ * decoding only walks on the device; at T > 0 the verify logits come back and
+ * the CPU sampler walks the tree (the same Philox draws as the CPU backend).
+ */
+#ifndef DDT_ENGINE_ENGINE_CUDA_H
+#define DDT_ENGINE_ENGINE_CUDA_H
+
+#include "engine/engine.h"
+
+typedef struct ddt_engine_cuda ddt_engine_cuda;
+
+ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
+                                  ddt_engine_cuda **out, ddt_error *err);
+void ddt_engine_cuda_free(ddt_engine_cuda *e);
+int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e);
+const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e);
+void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s);
+ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                    const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
+                                    ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err);
+
+#endif

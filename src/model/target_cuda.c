@@ -1,0 +1,453 @@
+/*
+ * target_cuda.c — the target model on the CUDA backend (see target_cuda.h):
+ * CPU-side load and checks, upload of the weight views, then forwards that are
+ * sequences of launches on one stream (no host synchronisation anywhere).
+ */
+#include "model/target_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mla_cuda.h"
+#include "backend/cuda/moe_cuda.h"
+#include "backend/cuda/nn_cuda.h"
+#include "backend/cuda/qmatmul_cuda.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "model/target.h"
+
+#define LATENT_NORM_EPS 1e-6f /* as the CPU target: HF builds the latent norms with the default eps */
+
+typedef struct dev_mlp {
+    ddt_qweight gate, up, down;
+} dev_mlp;
+
+typedef struct dev_layer {
+    float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
+    ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
+    bool moe, has_shared;
+    dev_mlp mlp, shared;
+    ddt_cuda_moe_layer experts;
+} dev_layer;
+
+struct ddt_cuda_target {
+    ddt_target *host; /* config, checks and the checkpoint views */
+    const ddt_model_config *cfg;
+    cudaStream_t stream;
+    int32_t max_ctx, max_tokens;
+    int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers, n_experts, top_k, inter_max;
+    float eps, scale;
+    ddt_cuda_route_params route;
+
+    ddt_qweight embed, lm_head;
+    bool tied;
+    float *final_norm;
+    dev_layer *layers;
+    float *cos_t, *sin_t; /* [max_ctx][rope/2] */
+    ddt_cuda_kv kv;
+
+    /* run state [max_tokens][...] */
+    float *x, *xn, *qa, *q, *kva, *kvn, *q_lat, *o_lat, *o_v, *tmp, *acc, *g, *u, *rlogits, *rw, *scores;
+    int32_t *ridx, *iota;
+    void *moe_ws;
+    size_t moe_ws_bytes;
+    int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
+    float *capture; /* [n_capture][max_tokens][hidden] */
+
+    uint64_t weight_bytes, state_bytes;
+};
+
+/* ------------------------------------------------------------------ load */
+
+static ddt_status up_w(ddt_cuda_target *t, const ddt_qweight *h, ddt_qweight *d, ddt_error *err) {
+    ddt_status st = ddt_cuda_qweight_upload(h, d, err);
+    if (st == DDT_OK) t->weight_bytes += ddt_cuda_qweight_bytes(d);
+    return st;
+}
+
+static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_error *err) {
+    ddt_status st = ddt_cuda_vec_upload(v->data, v->dtype, v->n, d, err);
+    if (st == DDT_OK) t->weight_bytes += (uint64_t)v->n * sizeof(float);
+    return st;
+}
+
+static ddt_status up_mlp(ddt_cuda_target *t, const ddt_target_mlp *h, dev_mlp *d, ddt_error *err) {
+    ddt_status st;
+    if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
+    if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;
+    return up_w(t, &h->down, &d->down, err);
+}
+
+static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
+    const ddt_target_layer *h = ddt_target_layer_at(t->host, l);
+    dev_layer *d = &t->layers[l];
+    ddt_status st;
+    if ((st = up_v(t, &h->attn_norm, &d->attn_norm, err)) != DDT_OK) return st;
+    if ((st = up_v(t, &h->mlp_norm, &d->mlp_norm, err)) != DDT_OK) return st;
+    if (t->q_lora > 0) {
+        if ((st = up_w(t, &h->q_a, &d->q_a, err)) != DDT_OK) return st;
+        if ((st = up_v(t, &h->q_a_norm, &d->q_a_norm, err)) != DDT_OK) return st;
+        if ((st = up_w(t, &h->q_b, &d->q_b, err)) != DDT_OK) return st;
+    } else if ((st = up_w(t, &h->q_proj, &d->q_proj, err)) != DDT_OK) {
+        return st;
+    }
+    if ((st = up_w(t, &h->kv_a, &d->kv_a, err)) != DDT_OK) return st;
+    if ((st = up_v(t, &h->kv_a_norm, &d->kv_a_norm, err)) != DDT_OK) return st;
+    if ((st = up_w(t, &h->kv_b, &d->kv_b, err)) != DDT_OK) return st;
+    if ((st = up_w(t, &h->o_proj, &d->o_proj, err)) != DDT_OK) return st;
+    d->moe = h->moe;
+    if (!h->moe) return up_mlp(t, &h->mlp, &d->mlp, err);
+    if ((st = up_w(t, &h->router, &d->router, err)) != DDT_OK) return st;
+    if ((st = up_v(t, &h->router_bias, &d->router_bias, err)) != DDT_OK) return st;
+    ddt_qweight *g = ddt_calloc_array((size_t)t->n_experts * 3, sizeof *g);
+    if (!g) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
+    ddt_qweight *u = g + t->n_experts, *dn = u + t->n_experts;
+    for (int32_t e = 0; e < t->n_experts; e++) {
+        g[e] = h->experts[e].gate;
+        u[e] = h->experts[e].up;
+        dn[e] = h->experts[e].down;
+    }
+    st = ddt_cuda_moe_layer_upload(g, u, dn, t->n_experts, &d->experts, err);
+    free(g);
+    if (st != DDT_OK) return st;
+    for (int32_t e = 0; e < t->n_experts; e++)
+        t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
+                           ddt_cuda_qweight_bytes(&h->experts[e].down);
+    d->has_shared = h->has_shared;
+    return h->has_shared ? up_mlp(t, &h->shared, &d->shared, err) : DDT_OK;
+}
+
+static ddt_status dalloc(ddt_cuda_target *t, void **p, size_t n, size_t sz, ddt_error *err) {
+    size_t bytes;
+    if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "device buffer size overflows");
+    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
+    t->state_bytes += bytes;
+    return DDT_OK;
+}
+
+static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
+    const size_t T = (size_t)t->max_tokens, H = (size_t)t->hidden;
+    ddt_status st;
+#define A(ptr, count, type)                                                             \
+    do {                                                                                \
+        if ((st = dalloc(t, (void **)&(ptr), (count), sizeof(type), err)) != DDT_OK) return st; \
+    } while (0)
+    A(t->x, T * H, float);
+    A(t->xn, T * H, float);
+    A(t->tmp, T * H, float);
+    A(t->acc, T * H, float);
+    A(t->qa, T * (size_t)(t->q_lora > 0 ? t->q_lora : 1), float);
+    A(t->q, T * (size_t)t->heads * (size_t)t->qdim, float);
+    A(t->kva, T * (size_t)(t->rank + t->rope), float);
+    A(t->kvn, T * (size_t)t->rank, float);
+    A(t->q_lat, T * (size_t)t->heads * (size_t)t->rank, float);
+    A(t->o_lat, T * (size_t)t->heads * (size_t)t->rank, float);
+    A(t->o_v, T * (size_t)t->heads * (size_t)t->vdim, float);
+    A(t->g, T * (size_t)t->inter_max, float);
+    A(t->u, T * (size_t)t->inter_max, float);
+    A(t->scores, T * (size_t)t->heads * (size_t)t->max_ctx, float);
+    A(t->iota, T, int32_t);
+    A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
+    A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
+    if (t->n_experts > 0) {
+        A(t->rlogits, T * (size_t)t->n_experts, float);
+        A(t->ridx, T * (size_t)t->top_k, int32_t);
+        A(t->rw, T * (size_t)t->top_k, float);
+    }
+    if (t->n_capture > 0) A(t->capture, (size_t)t->n_capture * T * H, float);
+    const size_t width = (size_t)(t->rank + t->rope);
+    A(t->kv.data, (size_t)t->n_layers * (size_t)t->max_ctx * width, float);
+    A(t->kv.len, 1, int32_t);
+    A(t->kv.status, 1, int32_t);
+#undef A
+    t->kv.n_layers = t->n_layers;
+    t->kv.capacity = t->max_ctx;
+    t->kv.row_bytes = (int32_t)(width * sizeof(float));
+    DDT_CUDA_TRY(cudaMemset(t->kv.len, 0, sizeof(int32_t)), err);
+    DDT_CUDA_TRY(cudaMemset(t->kv.status, 0, sizeof(int32_t)), err);
+    /* iota (prefill depths) and the RoPE tables, computed by the CPU code */
+    const size_t half = (size_t)(t->rope / 2);
+    int32_t *io = malloc(T * sizeof *io);
+    float *cs = malloc((size_t)t->max_ctx * half * sizeof *cs), *sn = malloc((size_t)t->max_ctx * half * sizeof *sn);
+    if (!io || !cs || !sn) {
+        free(io), free(cs), free(sn);
+        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the RoPE tables");
+    }
+    for (size_t i = 0; i < T; i++) io[i] = (int32_t)i;
+    ddt_target_rope_table(t->host, 0, t->max_ctx, cs, sn);
+    cudaError_t e1 = cudaMemcpy(t->iota, io, T * sizeof *io, cudaMemcpyHostToDevice);
+    cudaError_t e2 = cudaMemcpy(t->cos_t, cs, (size_t)t->max_ctx * half * sizeof *cs, cudaMemcpyHostToDevice);
+    cudaError_t e3 = cudaMemcpy(t->sin_t, sn, (size_t)t->max_ctx * half * sizeof *sn, cudaMemcpyHostToDevice);
+    free(io), free(cs), free(sn);
+    DDT_CUDA_TRY(e1, err);
+    DDT_CUDA_TRY(e2, err);
+    DDT_CUDA_TRY(e3, err);
+    if (t->n_experts > 0) {
+        for (int32_t l = 0; l < t->n_layers; l++)
+            if (t->layers[l].moe) {
+                t->moe_ws_bytes = ddt_cuda_moe_workspace_bytes(&t->layers[l].experts, t->max_tokens, t->top_k);
+                break;
+            }
+        if ((st = dalloc(t, &t->moe_ws, t->moe_ws_bytes, 1, err)) != DDT_OK) return st;
+    }
+    return DDT_OK;
+}
+
+ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
+                                ddt_error *err) {
+    if (!dir || !opts || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_target_load: NULL argument");
+    *out = NULL;
+    if (opts->max_ctx < 1 || opts->max_tokens < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "target options: max_ctx %d and max_tokens %d must be >= 1",
+                        opts->max_ctx, opts->max_tokens);
+    int dev_count = 0;
+    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count < 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "--backend cuda: no CUDA device is available");
+    ddt_cuda_target *t = calloc(1, sizeof *t);
+    if (!t) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    /* the CPU target checks the config, the capture list and every tensor; its own
+       run state is sized for one token since it never runs */
+    ddt_target_options ho = {.max_ctx = 1, .max_tokens = 1, .n_threads = 1, .capture_layers = opts->capture_layers,
+                             .n_capture = opts->n_capture};
+    ddt_status st = ddt_target_load(dir, &ho, &t->host, err);
+    if (st != DDT_OK) {
+        free(t);
+        return st;
+    }
+    const ddt_model_config *c = ddt_target_config(t->host);
+    t->cfg = c;
+    t->max_ctx = opts->max_ctx;
+    t->max_tokens = opts->max_tokens;
+    t->hidden = c->hidden_size;
+    t->heads = c->num_attention_heads;
+    t->nope = c->qk_nope_head_dim;
+    t->rope = c->qk_rope_head_dim;
+    t->vdim = c->v_head_dim;
+    t->rank = c->kv_lora_rank;
+    t->qdim = t->nope + t->rope;
+    t->q_lora = c->q_lora_rank;
+    t->vocab = c->vocab_size;
+    t->n_layers = c->num_hidden_layers;
+    t->eps = c->rms_norm_eps;
+    t->scale = ddt_target_softmax_scale(t->host);
+    t->inter_max = 1;
+    for (int32_t l = 0; l < t->n_layers; l++) {
+        bool moe = ddt_config_layer_is_moe(c, l);
+        int32_t need = moe ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
+                           : c->intermediate_size;
+        if (moe) {
+            t->n_experts = c->n_routed_experts;
+            t->top_k = c->num_experts_per_tok;
+        }
+        if (need > t->inter_max) t->inter_max = need;
+    }
+    t->n_capture = opts->n_capture;
+    for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
+    t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
+                                       .n_group = c->n_group > 0 ? c->n_group : 1,
+                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
+                                       .norm_topk_prob = c->norm_topk_prob,
+                                       .routed_scaling_factor = c->routed_scaling_factor};
+    if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
+        goto fail;
+    }
+    t->tied = c->tie_word_embeddings;
+    if ((st = up_w(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
+    if (t->tied) t->lm_head = t->embed;
+    else if ((st = up_w(t, ddt_target_lm_head(t->host), &t->lm_head, err)) != DDT_OK) goto fail;
+    if ((st = up_v(t, ddt_target_final_norm(t->host), &t->final_norm, err)) != DDT_OK) goto fail;
+    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
+    if (!t->layers) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t l = 0; l < t->n_layers; l++)
+        if ((st = upload_layer(t, l, err)) != DDT_OK) goto fail;
+    if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
+    *out = t;
+    return DDT_OK;
+fail:
+    ddt_error_prefix(err, "model %s (cuda): ", dir);
+    ddt_cuda_target_free(t);
+    return st;
+}
+
+static void free_mlp(dev_mlp *m) {
+    ddt_cuda_qweight_free(&m->gate);
+    ddt_cuda_qweight_free(&m->up);
+    ddt_cuda_qweight_free(&m->down);
+}
+
+void ddt_cuda_target_free(ddt_cuda_target *t) {
+    if (!t) return;
+    if (t->stream) cudaStreamSynchronize(t->stream);
+    if (t->layers) {
+        for (int32_t l = 0; l < t->n_layers; l++) {
+            dev_layer *d = &t->layers[l];
+            float *vecs[] = {d->attn_norm, d->mlp_norm, d->q_a_norm, d->kv_a_norm, d->router_bias};
+            for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) ddt_cuda_free(vecs[i]);
+            ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->kv_b, &d->o_proj, &d->router};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ddt_cuda_qweight_free(ws[i]);
+            free_mlp(&d->mlp);
+            free_mlp(&d->shared);
+            if (d->moe) ddt_cuda_moe_layer_free(&d->experts);
+        }
+        free(t->layers);
+    }
+    ddt_cuda_qweight_free(&t->embed);
+    if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
+    void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
+                    t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits,
+                    t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
+    if (t->stream) cudaStreamDestroy(t->stream);
+    ddt_target_free(t->host);
+    free(t);
+}
+
+const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t) { return t->cfg; }
+int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->vocab; }
+int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t) { return t->max_ctx; }
+int32_t ddt_cuda_target_max_tokens(const ddt_cuda_target *t) { return t->max_tokens; }
+void *ddt_cuda_target_stream(const ddt_cuda_target *t) { return t->stream; }
+const ddt_cuda_kv *ddt_cuda_target_kv(const ddt_cuda_target *t) { return &t->kv; }
+const ddt_qweight *ddt_cuda_target_embed(const ddt_cuda_target *t) { return &t->embed; }
+const ddt_qweight *ddt_cuda_target_lm_head(const ddt_cuda_target *t) { return &t->lm_head; }
+const float *ddt_cuda_target_hidden(const ddt_cuda_target *t, int32_t slot) {
+    if (slot < 0 || slot >= t->n_capture) return NULL;
+    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->hidden;
+}
+uint64_t ddt_cuda_target_weight_bytes(const ddt_cuda_target *t) { return t->weight_bytes; }
+uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t) { return t->state_bytes; }
+
+ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
+    return ddt_cuda_kv_set_len(&t->kv, 0, t->stream, err);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define TRY(call)                              \
+    do {                                       \
+        ddt_status st_ = (call);               \
+        if (st_ != DDT_OK) return st_;         \
+    } while (0)
+
+/* out[n][hidden] = down(silu(gate(in)) * up(in)) */
+static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
+                              ddt_error *err) {
+    const int64_t inter = m->gate.rows;
+    TRY(ddt_cuda_matmul(&m->gate, in, t->hidden, n, t->g, inter, t->stream, err));
+    TRY(ddt_cuda_matmul(&m->up, in, t->hidden, n, t->u, inter, t->stream, err));
+    TRY(ddt_cuda_silu_mul(t->g, inter, t->u, inter, n, (int32_t)inter, t->stream, err));
+    return ddt_cuda_matmul(&m->down, t->g, inter, n, out, t->hidden, t->stream, err);
+}
+
+static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
+    for (int32_t s = 0; s < t->n_capture; s++)
+        if (t->capture_layer[s] == layer)
+            DDT_CUDA_TRY(cudaMemcpyAsync(t->capture + (size_t)s * t->max_tokens * t->hidden, src,
+                                         sizeof(float) * (size_t)n * t->hidden, cudaMemcpyDeviceToDevice, t->stream),
+                         err);
+    return DDT_OK;
+}
+
+static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
+                          const uint64_t *vis, int32_t vis_words, float *logits, int32_t logit_row0,
+                          ddt_error *err) {
+    const int32_t H = t->hidden, heads = t->heads, qd = t->qdim, rank = t->rank, rope = t->rope;
+    const int64_t width = rank + rope;
+    cudaStream_t s = t->stream;
+    TRY(ddt_cuda_embed(&t->embed, ids, n, t->x, H, s, err));
+    for (int32_t l = 0; l < t->n_layers; l++) {
+        const dev_layer *L = &t->layers[l];
+        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->attn_norm, t->eps, t->xn, H, s, err));
+        if (t->q_lora > 0) {
+            TRY(ddt_cuda_matmul(&L->q_a, t->xn, H, n, t->qa, t->q_lora, s, err));
+            TRY(ddt_cuda_rmsnorm(t->qa, t->q_lora, n, t->q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->q_lora, s,
+                                 err));
+            TRY(ddt_cuda_matmul(&L->q_b, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd, s, err));
+        } else {
+            TRY(ddt_cuda_matmul(&L->q_proj, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
+        }
+        TRY(ddt_cuda_matmul(&L->kv_a, t->xn, H, n, t->kva, width, s, err));
+        TRY(ddt_cuda_rmsnorm(t->kva, width, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
+        float *layer_cache = (float *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)width;
+        ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->nope, .rope = rope, .rank = rank,
+                                     .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
+                                     .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
+                                     .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
+                                     .cache = layer_cache, .capacity = t->max_ctx};
+        TRY(ddt_cuda_mla_rope_write(&ra, s, err));
+        ddt_cuda_groups uk = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = 0,
+                              .rows = t->nope, .x_stride = qd, .y_stride = rank};
+        TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
+                                      s, err));
+        ddt_cuda_mla_attn_args aa = {.n = n, .heads = heads, .rank = rank, .rope = rope, .q_lat = t->q_lat,
+                                     .q_rope = t->q + t->nope, .q_rope_ld_t = (int64_t)heads * qd,
+                                     .q_rope_ld_h = qd, .cache = layer_cache, .capacity = t->max_ctx,
+                                     .len = t->kv.len, .depth = depth, .vis = vis, .vis_words = vis_words,
+                                     .scale = t->scale, .scores = t->scores, .out = t->o_lat};
+        TRY(ddt_cuda_mla_attention(&aa, s, err));
+        ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = t->nope,
+                              .rows = t->vdim, .x_stride = rank, .y_stride = t->vdim};
+        TRY(ddt_cuda_matmul_grouped(&L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
+                                    (int64_t)heads * t->vdim, s, err));
+        TRY(ddt_cuda_matmul(&L->o_proj, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H, s, err));
+        TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->eps, t->xn, H, s, err));
+        if (L->moe) {
+            TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->n_experts, s, err));
+            ddt_cuda_route_params rp = t->route;
+            rp.bias = L->router_bias;
+            TRY(ddt_cuda_moe_route(t->rlogits, t->n_experts, n, &rp, t->ridx, t->rw, s, err));
+            TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->top_k, t->acc, H, t->moe_ws,
+                                     t->moe_ws_bytes, s, err));
+            if (L->has_shared) {
+                TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
+                TRY(ddt_cuda_add(t->tmp, t->acc, (int64_t)n * H, s, err)); /* acc + shared: + commutes */
+            } else {
+                DDT_CUDA_TRY(cudaMemcpyAsync(t->tmp, t->acc, sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToDevice,
+                                             s),
+                             err);
+            }
+        } else {
+            TRY(mlp_forward(t, &L->mlp, t->xn, n, t->tmp, err));
+        }
+        TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        if (l < t->n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
+    }
+    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->eps, t->xn, H, s, err));
+    TRY(capture_store(t, t->n_layers - 1, t->xn, n, err));
+    if (logits)
+        TRY(ddt_cuda_matmul(&t->lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->vocab, s,
+                            err));
+    return DDT_OK;
+}
+
+ddt_status ddt_cuda_target_prefill(ddt_cuda_target *t, const int32_t *ids, int32_t n, float *logits,
+                                   bool all_logits, ddt_error *err) {
+    if (!ids) return ddt_fail(err, DDT_ERR_INVALID, "prefill: NULL token array");
+    if (n < 1 || n > t->max_tokens)
+        return ddt_fail(err, DDT_ERR_RANGE, "prefill: %d tokens, allowed 1..%d per forward", n, t->max_tokens);
+    TRY(forward(t, ids, n, t->iota, NULL, 0, logits, all_logits ? 0 : n - 1, err));
+    return ddt_cuda_kv_advance(&t->kv, n, t->stream, err);
+}
+
+ddt_status ddt_cuda_target_verify(ddt_cuda_target *t, const int32_t *tokens, const int32_t *depth,
+                                  const uint64_t *vis, int32_t vis_words, int32_t n, float *logits,
+                                  ddt_error *err) {
+    if (!tokens || !depth || !vis) return ddt_fail(err, DDT_ERR_INVALID, "verify: NULL tree array");
+    if (n < 1 || n > t->max_tokens)
+        return ddt_fail(err, DDT_ERR_RANGE, "verify: %d nodes, allowed 1..%d per forward", n, t->max_tokens);
+    if (vis_words < (n + 63) / 64)
+        return ddt_fail(err, DDT_ERR_INVALID, "verify: %d visibility words per row cannot hold %d nodes", vis_words, n);
+    return forward(t, tokens, n, depth, vis, vis_words, logits, 0, err);
+}
+
+ddt_status ddt_cuda_target_commit(ddt_cuda_target *t, const int32_t *path, const int32_t *path_len,
+                                  ddt_error *err) {
+    return ddt_cuda_kv_commit(&t->kv, path, path_len, t->stream, err);
+}

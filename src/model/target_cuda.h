@@ -1,0 +1,89 @@
+/*
+ * target_cuda.h — the DeepSeek-V3 / Kimi K2.x target on the CUDA backend.
+ *
+ * Loading goes through the CPU target (model/target.h: config, checks, weight
+ * views), whose views are then uploaded as they are stored (bf16 / FP8-block /
+ * INT4 stay quantised on the device and are dequantised inside the kernels).
+ * The maths is the CPU target's, in fp32 activations, with the same per-layer
+ * steps; the latent cache is fp32 on the device.
+ *
+ * Everything a forward needs to know that changes between rounds lives on the
+ * device: the committed length (kv.len), the tokens, the tree (depth, vis) and
+ * the accepted path.  So prefill / verify / commit launch work without a host
+ * synchronisation and a whole round can be captured in a CUDA graph.  Only the
+ * token count n of a forward comes from the host (a decoding round's tree
+ * always has budget + 1 nodes).  All calls are asynchronous on the target's
+ * stream; device-side faults (a bad path, a position past the cache) are
+ * reported through status words the caller reads after synchronising.
+ *
+ * Per-element results do not depend on how many tokens are processed together,
+ * and attention visits positions in logical order (mla_cuda.h), so a tree node
+ * gets bitwise the logits its root-to-node path gets in a prefill.
+ */
+#ifndef DDT_MODEL_TARGET_CUDA_H
+#define DDT_MODEL_TARGET_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddtree.h"
+#include "backend/cuda/kv_cuda.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+
+typedef struct ddt_cuda_target ddt_cuda_target;
+
+typedef struct ddt_cuda_target_options {
+    int32_t max_ctx;               /* cache rows (committed + one forward) */
+    int32_t max_tokens;            /* tokens per forward */
+    const int32_t *capture_layers; /* layer ids whose hidden states are kept (HF hidden_states[id + 1]) */
+    int32_t n_capture;
+} ddt_cuda_target_options;
+
+ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
+                                ddt_error *err);
+void ddt_cuda_target_free(ddt_cuda_target *t);
+
+const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t);
+int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t);
+int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t);
+int32_t ddt_cuda_target_max_tokens(const ddt_cuda_target *t);
+/* The stream every call of this target runs on (cudaStream_t). */
+void *ddt_cuda_target_stream(const ddt_cuda_target *t);
+/* The device latent cache (len, status words included). */
+const ddt_cuda_kv *ddt_cuda_target_kv(const ddt_cuda_target *t);
+/* Device weights a drafter borrows: embedding and LM head ([vocab][hidden]). */
+const ddt_qweight *ddt_cuda_target_embed(const ddt_cuda_target *t);
+const ddt_qweight *ddt_cuda_target_lm_head(const ddt_cuda_target *t);
+/* Device capture buffer of slot s: [max_tokens][hidden], row i = token i of the last forward. */
+const float *ddt_cuda_target_hidden(const ddt_cuda_target *t, int32_t slot);
+/* Device bytes held: weights, and run state + cache. */
+uint64_t ddt_cuda_target_weight_bytes(const ddt_cuda_target *t);
+uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t);
+
+/* Forget everything: len = 0. */
+ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err);
+
+/*
+ * Append n tokens ids (DEVICE [n], each checked on the device: an id outside
+ * the vocabulary gives NaN logits) at positions len..len+n-1, then len += n.
+ * logits: NULL, or DEVICE [n][vocab] when all_logits, else [vocab] for the last
+ * token.  1 <= n <= max_tokens.
+ */
+ddt_status ddt_cuda_target_prefill(ddt_cuda_target *t, const int32_t *ids, int32_t n, float *logits,
+                                   bool all_logits, ddt_error *err);
+
+/*
+ * Score a draft tree of n nodes (DEVICE tokens [n], depth [n], vis [n][vis_words]);
+ * node i goes to position len + depth[i] and cache row len + i.  logits DEVICE
+ * [n][vocab].  len is unchanged.
+ */
+ddt_status ddt_cuda_target_verify(ddt_cuda_target *t, const int32_t *tokens, const int32_t *depth,
+                                  const uint64_t *vis, int32_t vis_words, int32_t n, float *logits,
+                                  ddt_error *err);
+
+/* Commit the accepted path (DEVICE path [..], *path_len) of the last verify: kv_cuda.h. */
+ddt_status ddt_cuda_target_commit(ddt_cuda_target *t, const int32_t *path, const int32_t *path_len,
+                                  ddt_error *err);
+
+#endif

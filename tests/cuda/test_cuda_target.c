@@ -1,0 +1,263 @@
+/*
+ * test_cuda_target.c — the CUDA target and the CUDA engine against the CPU
+ * backend, on the HF fixtures and the shipped model pair:
+ *  1. per fixture variant (fp32, bf16, FP8, INT4, n_group, q_lora null, YaRN,
+ *     dense, sharded, Kimi layout): prefill and tree-verify logits vs the CPU
+ *     target (normalised error, argmax), KV commit of a path then more prefill;
+ *  2. the GPU path invariance the greedy invariant rests on: a tree node's
+ *     verify logits are bitwise the logits of a prefill of its root-to-node path;
+ *  3. engine: greedy GPU ar == GPU chain == GPU tree (budgets 1..64, graph
+ *     replay) token for token, and == CPU ar; T = 1 reproducible by seed.
+ * Unused device memory is poisoned with NaN where the test owns it.
+ * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases).
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/kv_cuda.h"
+#include "cuda_test.h"
+#include "engine/engine.h"
+#include "model/target.h"
+#include "model/target_cuda.h"
+#include "text/tokenizer.h"
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+
+static double nerr(const float *a, const float *ref, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)a[i] - (double)ref[i];
+        d += x * x;
+        r += (double)ref[i] * ref[i];
+    }
+    return sqrt(d / (r > 0 ? r : 1));
+}
+
+static int argmax(const float *z, int v) {
+    int b = 0;
+    for (int i = 1; i < v; i++)
+        if (z[i] > z[b]) b = i;
+    return b;
+}
+
+/* argmax rows agree, or the CPU's two candidates are within tol (a near tie) */
+static int argmax_mismatches(const float *gpu, const float *cpu, int rows, int v, float tol) {
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        int a = argmax(gpu + (size_t)r * v, v), b = argmax(cpu + (size_t)r * v, v);
+        if (a != b && fabsf(cpu[(size_t)r * v + a] - cpu[(size_t)r * v + b]) > tol) bad++;
+    }
+    return bad;
+}
+
+static void nan_fill(float *d, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    CU(cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice));
+    free(h);
+}
+
+/* random tree of n nodes: parents with depth <= 6, vis = ancestors + self */
+static void random_tree(int n, int vocab, int32_t *tok, int32_t *par, int32_t *depth, uint64_t *vis) {
+    memset(vis, 0, sizeof(uint64_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int32_t)(rnd() % (uint32_t)vocab);
+        if (i == 0) {
+            par[i] = -1;
+            depth[i] = 0;
+        } else {
+            int p;
+            do p = (int)(rnd() % (uint32_t)i); while (depth[p] >= 6);
+            par[i] = p;
+            depth[i] = depth[p] + 1;
+        }
+        for (int j = i; j >= 0; j = par[j]) vis[i] |= 1ull << j;
+    }
+}
+
+static void test_variant(const char *variant) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "tests/fixtures/target/%s", variant);
+    const int CTX = 48, TOK = 20, NP = 13, NT = 11;
+    ddt_target *ct;
+    ddt_cuda_target *gt;
+    ddt_target_options co = {.max_ctx = CTX, .max_tokens = TOK, .n_threads = 2};
+    ddt_cuda_target_options go = {.max_ctx = CTX, .max_tokens = TOK};
+    OK(ddt_target_load(dir, &co, &ct, &err_));
+    OK(ddt_cuda_target_load(dir, &go, &gt, &err_));
+    const int V = ddt_target_vocab(ct);
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(gt);
+    float *cl = malloc(sizeof(float) * TOK * V), *gl = malloc(sizeof(float) * TOK * V), *dl;
+    int32_t *ids, prompt[TOK], tok[TOK], par[TOK], depth[TOK], path[8], *dpath, *dlen, *dtok, *ddep;
+    uint64_t vis[TOK], *dvis;
+    CU(cudaMalloc((void **)&dl, sizeof(float) * TOK * V));
+    CU(cudaMalloc((void **)&ids, sizeof(int32_t) * TOK));
+    CU(cudaMalloc((void **)&dpath, sizeof(int32_t) * 32));
+    CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dtok, sizeof(int32_t) * TOK));
+    CU(cudaMalloc((void **)&ddep, sizeof(int32_t) * TOK));
+    CU(cudaMalloc((void **)&dvis, sizeof(uint64_t) * TOK));
+    nan_fill(dl, (size_t)TOK * V);
+    for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
+    /* 1. prefill, all logits */
+    OK(ddt_target_prefill(ct, prompt, NP, cl, true, &err_));
+    CU(cudaMemcpy(ids, prompt, sizeof(int32_t) * NP, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_prefill(gt, ids, NP, dl, true, &err_));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaMemcpy(gl, dl, sizeof(float) * NP * V, cudaMemcpyDeviceToHost));
+    double e1 = nerr(gl, cl, (size_t)NP * V);
+    int m1 = argmax_mismatches(gl, cl, NP, V, 1e-4f);
+    CHECK(e1 < 1e-4 && m1 == 0, "%s: prefill logits error %.3g, %d argmax mismatches", variant, e1, m1);
+    /* 2. a tree verify */
+    random_tree(NT, V, tok, par, depth, vis);
+    OK(ddt_target_verify(ct, tok, depth, vis, 1, NT, cl, &err_));
+    CU(cudaMemcpy(dtok, tok, sizeof(int32_t) * NT, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(ddep, depth, sizeof(int32_t) * NT, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dvis, vis, sizeof(uint64_t) * NT, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_verify(gt, dtok, ddep, dvis, 1, NT, dl, &err_));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaMemcpy(gl, dl, sizeof(float) * NT * V, cudaMemcpyDeviceToHost));
+    double e2 = nerr(gl, cl, (size_t)NT * V);
+    int m2 = argmax_mismatches(gl, cl, NT, V, 1e-4f);
+    CHECK(e2 < 1e-4 && m2 == 0, "%s: verify logits error %.3g, %d argmax mismatches", variant, e2, m2);
+    /* the deepest node's path */
+    int v = 0;
+    for (int i = 0; i < NT; i++)
+        if (depth[i] > depth[v]) v = i;
+    int m = depth[v] + 1;
+    for (int j = v, k = m - 1; j >= 0; j = par[j], k--) path[k] = j;
+    /* 3. GPU path invariance: prefill of the path == verify rows, bitwise */
+    float *vrows = malloc(sizeof(float) * (size_t)m * V);
+    for (int k = 0; k < m; k++) memcpy(vrows + (size_t)k * V, gl + (size_t)path[k] * V, sizeof(float) * V);
+    int32_t ptok[8];
+    for (int k = 0; k < m; k++) ptok[k] = tok[path[k]];
+    CU(cudaMemcpy(ids, ptok, sizeof(int32_t) * m, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_prefill(gt, ids, m, dl, true, &err_));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaMemcpy(gl, dl, sizeof(float) * m * V, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(gl, vrows, sizeof(float) * (size_t)m * V) == 0,
+          "%s: verify rows of a path differ from a prefill of that path (not bitwise)", variant);
+    OK(ddt_cuda_kv_set_len(ddt_cuda_target_kv(gt), NP, s, &err_));
+    /* 4. commit the path (re-verify first: the prefill above overwrote rows), then continue */
+    OK(ddt_cuda_target_verify(gt, dtok, ddep, dvis, 1, NT, dl, &err_));
+    CU(cudaMemcpy(dpath, path, sizeof(int32_t) * m, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dlen, &m, sizeof(int32_t), cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_commit(gt, dpath, dlen, &err_));
+    OK(ddt_target_commit(ct, path, m, &err_));
+    int32_t more[3] = {(int32_t)(rnd() % (uint32_t)V), (int32_t)(rnd() % (uint32_t)V), 1};
+    OK(ddt_target_prefill(ct, more, 3, cl, true, &err_));
+    CU(cudaMemcpy(ids, more, sizeof more, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_prefill(gt, ids, 3, dl, true, &err_));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaMemcpy(gl, dl, sizeof(float) * 3 * V, cudaMemcpyDeviceToHost));
+    double e3 = nerr(gl, cl, (size_t)3 * V);
+    int32_t len_h = -1, st_h = -1;
+    CU(cudaMemcpy(&len_h, ddt_cuda_target_kv(gt)->len, sizeof len_h, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&st_h, ddt_cuda_target_kv(gt)->status, sizeof st_h, cudaMemcpyDeviceToHost));
+    CHECK(e3 < 1e-4, "%s: logits after commit, error %.3g", variant, e3);
+    CHECK(len_h == NP + m + 3 && st_h == 0, "%s: device len %d (want %d), status %d", variant, len_h, NP + m + 3,
+          st_h);
+    printf("  %-10s prefill %.2e  verify %.2e  after commit %.2e  (path of %d)\n", variant, e1, e2, e3, m);
+    free(vrows);
+    cudaFree(dl), cudaFree(ids), cudaFree(dpath), cudaFree(dlen), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
+    free(cl), free(gl);
+    ddt_cuda_target_free(gt);
+    ddt_target_free(ct);
+}
+
+typedef struct run_out {
+    int32_t ids[256];
+    int32_t n;
+    ddt_gen_stats st;
+} run_out;
+
+static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
+                       const int32_t *prompt, int np, int max_new, run_out *r) {
+    ddt_engine_options o = {0};
+    o.mode = mode;
+    o.backend = be;
+    o.draft_dir = draft;
+    o.budget = budget;
+    o.sampling = (ddt_sampling){temp, 0, 1.0f, 7};
+    o.n_threads = 2;
+    o.max_ctx = 0; /* the model's default */
+    ddt_engine *e;
+    OK(ddt_engine_create(model, &o, &e, &err_));
+    OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
+    ddt_engine_free(e);
+}
+
+static void test_engine(const char *model, const char *draft, const int32_t *prompt, int np, int max_new,
+                        bool quick) {
+    run_out cpu, ar, x;
+    run_engine(model, draft, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &cpu);
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar);
+    CHECK(ar.n == max_new && cpu.n == max_new, "%s: lengths gpu %d cpu %d", model, ar.n, cpu.n);
+    int first = -1;
+    for (int i = 0; i < ar.n && i < cpu.n && first < 0; i++)
+        if (ar.ids[i] != cpu.ids[i]) first = i;
+    CHECK(first < 0, "%s: GPU ar differs from CPU ar at token %d", model, first);
+    printf("  %s: GPU ar == CPU ar over %d tokens: %s (GPU ar %.1f tok/s)\n", model, ar.n, first < 0 ? "yes" : "NO",
+           ar.st.tokens_per_s);
+    const int budgets_full[] = {1, 7, 16, 64}, budgets_quick[] = {7};
+    const int *budgets = quick ? budgets_quick : budgets_full;
+    int nb = quick ? 1 : 4;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_CHAIN, 0, 0.0f, prompt, np, max_new, &x);
+    CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU chain != GPU ar", model);
+    printf("  chain: tau %.2f, %.1f tok/s\n", x.st.mean_acceptance, x.st.tokens_per_s);
+    for (int b = 0; b < nb; b++) {
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, budgets[b], 0.0f, prompt, np, max_new, &x);
+        CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU tree budget %d != GPU ar",
+              model, budgets[b]);
+        printf("  tree budget %d: tau %.2f, %.1f tok/s\n", budgets[b], x.st.mean_acceptance, x.st.tokens_per_s);
+    }
+    /* T = 1: the same seed gives the same tokens; tree and ar are both target samples */
+    run_out t1, t2;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t1);
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t2);
+    CHECK(t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n), "%s: T=1 not reproducible", model);
+    printf("  tree T=1 budget 16: tau %.2f (reproducible: %s)\n", t1.st.mean_acceptance,
+           t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n) ? "yes" : "NO");
+}
+
+int main(int argc, char **argv) {
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const char *variants[] = {"fp32", "bf16", "fp8", "int4", "ngroup", "qlora_null", "yarn", "dense3", "sharded", "kimi"};
+    int nv = quick ? 2 : 10;
+    printf("CUDA target vs CPU target (normalised logit error):\n");
+    for (int i = 0; i < nv; i++) test_variant(variants[i]);
+    printf("engine, fixture pair (fp32 target + fp32 drafter):\n");
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);
+    test_engine("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, quick);
+    if (!quick) {
+        printf("engine, shipped pair on a held-out prompt:\n");
+        ddt_tokenizer *tok;
+        OK(ddt_tokenizer_load("models/pystdlib-target", &tok, &err_));
+        FILE *f = fopen("examples/heldout_prompt.py", "rb");
+        if (!f) {
+            fprintf(stderr, "cannot open examples/heldout_prompt.py (run from the repository root)\n");
+            return 1;
+        }
+        static char text[1 << 16];
+        size_t len = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        static int32_t ids[8192];
+        size_t n_ids;
+        OK(ddt_tokenizer_encode(tok, text, len, 0, ids, 8192, &n_ids, &err_));
+        ddt_tokenizer_free(tok);
+        test_engine("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, false);
+    }
+    if (g_failures) printf("test_cuda_target: %d FAILURES\n", g_failures);
+    else printf("test_cuda_target: all passed\n");
+    return g_failures ? 1 : 0;
+}
