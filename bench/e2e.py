@@ -7,6 +7,7 @@ and writes a PNG plot of speed-up against budget.
 
     python3 bench/e2e.py --build build --model models/X --draft models/Y \
         --prompts models/heldout_prompts.json --max-tokens 128 --out-md e2e.md --out-png e2e.png
+    (on the GPU: --build build-gpu --backend cuda, after scripts/gpu-test.sh build)
 
 Needs the built `ddtree`; the baseline needs torch + transformers (skipped with --no-hf, and
 the table says so); the plot needs matplotlib.  Python drives the binary here and measures;
@@ -25,6 +26,8 @@ def run_generate(args, prompt, mode, budget, temperature, seed):
            str(args.max_tokens), "--json", "--mode", mode, "--temperature", str(temperature), "--seed", str(seed)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.backend != "cpu":
+        cmd += ["--backend", args.backend]
     if mode != "ar":
         cmd += ["--draft", args.draft]
     if mode == "tree":
@@ -93,6 +96,7 @@ def main():
     ap.add_argument("--prompts", required=True, help="JSON list of token-id lists (or of strings)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--backend", default="cpu", help="cpu or cuda (ddtree generate --backend)")
     ap.add_argument("--budgets", default="8,16,32,64,128,256,auto")
     ap.add_argument("--max-auto-budget", type=int, default=128)
     ap.add_argument("--temperatures", default="0,1")

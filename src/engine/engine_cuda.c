@@ -97,6 +97,8 @@ const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
 }
 void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e->opts.sampling = *s; }
 
+static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
+
 static ddt_status dmalloc(void **p, size_t n, size_t sz, ddt_error *err) {
     size_t bytes;
     if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "device buffer size overflows");
@@ -173,6 +175,11 @@ ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_option
     }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
     if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
+    if (dflash) {
+        /* capture the full-budget greedy round now, so that no generation pays for it */
+        int32_t budget = e->max_nodes - 1, k = opts->mode == DDT_MODE_TREE ? e->kmax : 1;
+        if ((st = capture_graph(e, budget, k, err))) goto fail;
+    }
     *out = e;
     return DDT_OK;
 fail:
@@ -365,7 +372,6 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (budget < 1) break; /* no node fits: the context is full */
             if (greedy) {
                 if (budget == e->max_nodes - 1) {
-                    if (!e->graph) TRY(capture_graph(e, budget, k, err));
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
                     TRY(launch_greedy_round(e, budget, k, err)); /* the context's last rounds */

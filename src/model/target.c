@@ -259,6 +259,13 @@ static ddt_status check_config(const ddt_model_config *c, const char *dir, ddt_e
     return DDT_OK;
 }
 
+static ddt_rope_params rope_params(const ddt_model_config *c) {
+    return (ddt_rope_params){.dim = c->qk_rope_head_dim, .theta = c->rope_theta, .yarn = c->has_yarn,
+                             .factor = c->yarn_factor, .original_max_position = c->yarn_original_max_position,
+                             .beta_fast = c->yarn_beta_fast, .beta_slow = c->yarn_beta_slow,
+                             .mscale = c->yarn_mscale, .mscale_all_dim = c->yarn_mscale_all_dim};
+}
+
 /* Allocate one run-state array of n x sz; records NOMEM via *ok. */
 static void *state_alloc(ddt_target *t, size_t n, size_t sz, bool *ok) {
     void *p = ddt_calloc_array(n ? n : 1, sz);
@@ -391,10 +398,7 @@ ddt_status ddt_target_load(const char *dir, const ddt_target_options *opts, ddt_
                                       .norm_topk_prob = c->norm_topk_prob,
                                       .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
-    ddt_rope_params rp = {.dim = t->rope, .theta = c->rope_theta, .yarn = c->has_yarn, .factor = c->yarn_factor,
-                          .original_max_position = c->yarn_original_max_position,
-                          .beta_fast = c->yarn_beta_fast, .beta_slow = c->yarn_beta_slow,
-                          .mscale = c->yarn_mscale, .mscale_all_dim = c->yarn_mscale_all_dim};
+    ddt_rope_params rp = rope_params(c);
     ddt_cpu_rope_freqs(&rp, t->inv_freq, &t->rope_attn);
     if ((st = ddt_cpu_pool_create(opts->n_threads, &t->pool, err)) != DDT_OK) goto fail;
     *out = t;
@@ -432,13 +436,21 @@ const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l) {
     return l >= 0 && l < t->n_layers ? &t->layers[l] : NULL;
 }
 const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->final_norm; }
-void ddt_target_rope_table(const ddt_target *t, int32_t pos0, int32_t n, float *cos_out, float *sin_out) {
-    const int32_t half = t->rope / 2;
+ddt_status ddt_target_rope_table(const ddt_model_config *c, int32_t pos0, int32_t n, float *cos_out,
+                                 float *sin_out, ddt_error *err) {
+    const int32_t half = c->qk_rope_head_dim / 2;
+    if (c->qk_rope_head_dim % 2 != 0 || c->qk_rope_head_dim > DDT_ROPE_MAX_DIM || half < 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "qk_rope_head_dim %d must be even, 2..%d", c->qk_rope_head_dim,
+                        DDT_ROPE_MAX_DIM);
+    float inv_freq[DDT_ROPE_MAX_DIM / 2], attn;
+    ddt_rope_params rp = rope_params(c);
+    ddt_cpu_rope_freqs(&rp, inv_freq, &attn);
     for (int32_t i = 0; i < n; i++)
-        ddt_cpu_rope_cos_sin(t->inv_freq, half, (int64_t)pos0 + i, t->rope_attn, cos_out + (size_t)i * half,
+        ddt_cpu_rope_cos_sin(inv_freq, half, (int64_t)pos0 + i, attn, cos_out + (size_t)i * half,
                              sin_out + (size_t)i * half);
+    return DDT_OK;
 }
-float ddt_target_softmax_scale(const ddt_target *t) { return t->softmax_scale; }
+
 const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->lm_head; }
 ddt_cpu_pool *ddt_target_pool(ddt_target *t) { return t->pool; }
 const ddt_kv_cache *ddt_target_cache(const ddt_target *t) { return &t->kv; }

@@ -97,11 +97,10 @@ const ddt_qweight *ddt_target_lm_head(const ddt_target *t);
 /* Layer l's weight views (NULL when l is out of range) and the final norm. */
 const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l);
 const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t);
-/* RoPE cos/sin (attention factor applied) for positions pos0..pos0+n-1:
- * [n][qk_rope_head_dim / 2] each, the values the CPU forward uses. */
-void ddt_target_rope_table(const ddt_target *t, int32_t pos0, int32_t n, float *cos_out, float *sin_out);
-/* The attention softmax scale (with YaRN's mscale folded in). */
-float ddt_target_softmax_scale(const ddt_target *t);
+/* RoPE cos/sin (attention factor applied) of a config for positions
+ * pos0..pos0+n-1: [n][qk_rope_head_dim / 2] each, the values the CPU forward uses. */
+ddt_status ddt_target_rope_table(const ddt_model_config *c, int32_t pos0, int32_t n, float *cos_out,
+                                 float *sin_out, ddt_error *err);
 /* The target's thread pool, for a drafter that runs between target forwards. */
 struct ddt_cpu_pool *ddt_target_pool(ddt_target *t);
 /* The latent cache (read-only view, for tests and tools). */

@@ -6,6 +6,7 @@
 #include "model/target_cuda.h"
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,8 +34,9 @@ typedef struct dev_layer {
 } dev_layer;
 
 struct ddt_cuda_target {
-    ddt_target *host; /* config, checks and the checkpoint views */
+    ddt_target *host; /* config, checks and the checkpoint views (NULL for a synthetic target) */
     const ddt_model_config *cfg;
+    ddt_model_config synth_cfg; /* a synthetic target's config (shallow copy: no ignore list) */
     cudaStream_t stream;
     int32_t max_ctx, max_tokens;
     int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers, n_experts, top_k, inter_max;
@@ -176,7 +178,11 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the RoPE tables");
     }
     for (size_t i = 0; i < T; i++) io[i] = (int32_t)i;
-    ddt_target_rope_table(t->host, 0, t->max_ctx, cs, sn);
+    ddt_status rst = ddt_target_rope_table(t->cfg, 0, t->max_ctx, cs, sn, err);
+    if (rst != DDT_OK) {
+        free(io), free(cs), free(sn);
+        return rst;
+    }
     cudaError_t e1 = cudaMemcpy(t->iota, io, T * sizeof *io, cudaMemcpyHostToDevice);
     cudaError_t e2 = cudaMemcpy(t->cos_t, cs, (size_t)t->max_ctx * half * sizeof *cs, cudaMemcpyHostToDevice);
     cudaError_t e3 = cudaMemcpy(t->sin_t, sn, (size_t)t->max_ctx * half * sizeof *sn, cudaMemcpyHostToDevice);
@@ -193,6 +199,43 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
         if ((st = dalloc(t, &t->moe_ws, t->moe_ws_bytes, 1, err)) != DDT_OK) return st;
     }
     return DDT_OK;
+}
+
+/* Sizes and options every forward reads, from the config. */
+static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_cuda_target_options *opts) {
+    t->cfg = c;
+    t->max_ctx = opts->max_ctx;
+    t->max_tokens = opts->max_tokens;
+    t->hidden = c->hidden_size;
+    t->heads = c->num_attention_heads;
+    t->nope = c->qk_nope_head_dim;
+    t->rope = c->qk_rope_head_dim;
+    t->vdim = c->v_head_dim;
+    t->rank = c->kv_lora_rank;
+    t->qdim = t->nope + t->rope;
+    t->q_lora = c->q_lora_rank;
+    t->vocab = c->vocab_size;
+    t->n_layers = c->num_hidden_layers;
+    t->eps = c->rms_norm_eps;
+    t->scale = ddt_config_softmax_scale(c);
+    t->inter_max = 1;
+    for (int32_t l = 0; l < t->n_layers; l++) {
+        bool moe = ddt_config_layer_is_moe(c, l);
+        int32_t need = moe ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
+                           : c->intermediate_size;
+        if (moe) {
+            t->n_experts = c->n_routed_experts;
+            t->top_k = c->num_experts_per_tok;
+        }
+        if (need > t->inter_max) t->inter_max = need;
+    }
+    t->n_capture = opts->n_capture;
+    for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
+    t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
+                                       .n_group = c->n_group > 0 ? c->n_group : 1,
+                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
+                                       .norm_topk_prob = c->norm_topk_prob,
+                                       .routed_scaling_factor = c->routed_scaling_factor};
 }
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
@@ -216,45 +259,12 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         free(t);
         return st;
     }
-    const ddt_model_config *c = ddt_target_config(t->host);
-    t->cfg = c;
-    t->max_ctx = opts->max_ctx;
-    t->max_tokens = opts->max_tokens;
-    t->hidden = c->hidden_size;
-    t->heads = c->num_attention_heads;
-    t->nope = c->qk_nope_head_dim;
-    t->rope = c->qk_rope_head_dim;
-    t->vdim = c->v_head_dim;
-    t->rank = c->kv_lora_rank;
-    t->qdim = t->nope + t->rope;
-    t->q_lora = c->q_lora_rank;
-    t->vocab = c->vocab_size;
-    t->n_layers = c->num_hidden_layers;
-    t->eps = c->rms_norm_eps;
-    t->scale = ddt_target_softmax_scale(t->host);
-    t->inter_max = 1;
-    for (int32_t l = 0; l < t->n_layers; l++) {
-        bool moe = ddt_config_layer_is_moe(c, l);
-        int32_t need = moe ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
-                           : c->intermediate_size;
-        if (moe) {
-            t->n_experts = c->n_routed_experts;
-            t->top_k = c->num_experts_per_tok;
-        }
-        if (need > t->inter_max) t->inter_max = need;
-    }
-    t->n_capture = opts->n_capture;
-    for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
-    t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
-                                       .n_group = c->n_group > 0 ? c->n_group : 1,
-                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
-                                       .norm_topk_prob = c->norm_topk_prob,
-                                       .routed_scaling_factor = c->routed_scaling_factor};
+    init_dims(t, ddt_target_config(t->host), opts);
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
         goto fail;
     }
-    t->tied = c->tie_word_embeddings;
+    t->tied = t->cfg->tie_word_embeddings;
     if ((st = up_w(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
     if (t->tied) t->lm_head = t->embed;
     else if ((st = up_w(t, ddt_target_lm_head(t->host), &t->lm_head, err)) != DDT_OK) goto fail;
@@ -271,6 +281,118 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
     return DDT_OK;
 fail:
     ddt_error_prefix(err, "model %s (cuda): ", dir);
+    ddt_cuda_target_free(t);
+    return st;
+}
+
+/* ------------------------------------------------------------------ synthetic */
+
+static ddt_status rand_w(ddt_cuda_target *t, ddt_qformat f, int64_t rows, int64_t cols, uint64_t *seed,
+                         ddt_qweight *w, ddt_error *err) {
+    /* amp ~ 1/sqrt(cols) keeps activations O(1) through the layers */
+    float amp = 1.0f / sqrtf((float)cols);
+    ddt_dtype dt = f == DDT_Q_DENSE ? DDT_DTYPE_BF16 : f == DDT_Q_FP8_BLOCK ? DDT_DTYPE_F8_E4M3 : DDT_DTYPE_I32;
+    if (f == DDT_Q_FP8_BLOCK) amp /= 240.0f; /* FP8 values reach +-448: scales bring them to amp */
+    if (f == DDT_Q_INT4_GROUP) amp /= 8.0f;  /* nibbles reach +-8 */
+    ddt_status st = ddt_cuda_qweight_random(f, dt, rows, cols, amp, (*seed)++, w, err);
+    if (st == DDT_OK) t->weight_bytes += ddt_cuda_qweight_bytes(w);
+    return st;
+}
+
+static ddt_status ones(ddt_cuda_target *t, int64_t n, float **p, ddt_error *err) {
+    DDT_CUDA_TRY(cudaMalloc((void **)p, sizeof(float) * (size_t)n), err);
+    t->weight_bytes += sizeof(float) * (uint64_t)n;
+    return ddt_cuda_fill_uniform(*p, n, 1.0f, 1.0f, 0, t->stream, err);
+}
+
+static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uint64_t *seed, dev_mlp *m,
+                           ddt_error *err) {
+    ddt_status st;
+    if ((st = rand_w(t, f, inter, t->hidden, seed, &m->gate, err)) != DDT_OK) return st;
+    if ((st = rand_w(t, f, inter, t->hidden, seed, &m->up, err)) != DDT_OK) return st;
+    return rand_w(t, f, t->hidden, inter, seed, &m->down, err);
+}
+
+static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth_options *so, uint64_t *seed,
+                             ddt_error *err) {
+    const ddt_model_config *c = t->cfg;
+    dev_layer *d = &t->layers[l];
+    const ddt_qformat f = so->dense_format;
+    ddt_status st;
+    const int64_t qrows = (int64_t)t->heads * t->qdim;
+    if ((st = ones(t, t->hidden, &d->attn_norm, err)) || (st = ones(t, t->hidden, &d->mlp_norm, err)) ||
+        (st = ones(t, t->rank, &d->kv_a_norm, err)))
+        return st;
+    if (t->q_lora > 0) {
+        if ((st = rand_w(t, f, t->q_lora, t->hidden, seed, &d->q_a, err)) || (st = ones(t, t->q_lora, &d->q_a_norm, err)) ||
+            (st = rand_w(t, f, qrows, t->q_lora, seed, &d->q_b, err)))
+            return st;
+    } else if ((st = rand_w(t, f, qrows, t->hidden, seed, &d->q_proj, err))) {
+        return st;
+    }
+    if ((st = rand_w(t, f, t->rank + t->rope, t->hidden, seed, &d->kv_a, err)) ||
+        (st = rand_w(t, f, (int64_t)t->heads * (t->nope + t->vdim), t->rank, seed, &d->kv_b, err)) ||
+        (st = rand_w(t, f, t->hidden, (int64_t)t->heads * t->vdim, seed, &d->o_proj, err)))
+        return st;
+    d->moe = ddt_config_layer_is_moe(c, l);
+    if (!d->moe) return rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err);
+    /* router and its bias stay bf16 / fp32 in every checkpoint */
+    if ((st = rand_w(t, DDT_Q_DENSE, t->n_experts, t->hidden, seed, &d->router, err))) return st;
+    DDT_CUDA_TRY(cudaMalloc((void **)&d->router_bias, sizeof(float) * (size_t)t->n_experts), err);
+    if ((st = ddt_cuda_fill_uniform(d->router_bias, t->n_experts, -0.01f, 0.01f, (*seed)++, t->stream, err))) return st;
+    const ddt_qformat ef = so->expert_format;
+    ddt_dtype edt = ef == DDT_Q_DENSE ? DDT_DTYPE_BF16 : ef == DDT_Q_FP8_BLOCK ? DDT_DTYPE_F8_E4M3 : DDT_DTYPE_I32;
+    float amp = 1.0f / sqrtf((float)t->hidden) / (ef == DDT_Q_INT4_GROUP ? 8.0f : ef == DDT_Q_FP8_BLOCK ? 240.0f : 1.0f);
+    if ((st = ddt_cuda_moe_layer_random(t->n_experts, t->hidden, c->moe_intermediate_size, ef, edt, amp, (*seed)++,
+                                        &d->experts, err)))
+        return st;
+    for (int32_t e = 0; e < t->n_experts; e++)
+        t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
+    d->has_shared = c->n_shared_experts > 0;
+    return d->has_shared ? rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)
+                         : DDT_OK;
+}
+
+ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda_target_options *opts,
+                                     const ddt_cuda_synth_options *so, ddt_cuda_target **out, ddt_error *err) {
+    if (!cfg || !opts || !so || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_target_synthetic: NULL argument");
+    *out = NULL;
+    if (opts->max_ctx < 1 || opts->max_tokens < 1 || cfg->num_hidden_layers < 1 || cfg->hidden_size < 1 ||
+        cfg->num_attention_heads < 1 || cfg->kv_lora_rank < 1 || cfg->vocab_size < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "synthetic target: bad sizes");
+    if (so->dense_format == DDT_Q_INT4_GROUP)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "synthetic target: INT4 is for routed experts only");
+    ddt_cuda_target *t = calloc(1, sizeof *t);
+    if (!t) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    t->synth_cfg = *cfg;
+    t->synth_cfg.ignore = NULL;
+    t->synth_cfg.n_ignore = 0;
+    t->synth_cfg.priv = NULL;
+    init_dims(t, &t->synth_cfg, opts);
+    ddt_status st;
+    uint64_t seed = so->seed;
+    if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
+        goto fail;
+    }
+    if ((st = rand_w(t, DDT_Q_DENSE, t->vocab, t->hidden, &seed, &t->embed, err))) goto fail;
+    t->tied = !so->lm_head; /* without its own head the logits come from the embedding (still [vocab][hidden]) */
+    if (t->tied) t->lm_head = t->embed;
+    else if ((st = rand_w(t, DDT_Q_DENSE, t->vocab, t->hidden, &seed, &t->lm_head, err))) goto fail;
+    if ((st = ones(t, t->hidden, &t->final_norm, err))) goto fail;
+    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
+    if (!t->layers) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t l = 0; l < t->n_layers; l++)
+        if ((st = rand_layer(t, l, so, &seed, err))) goto fail;
+    if ((st = alloc_state(t, err))) goto fail;
+    DDT_CUDA_TRY(cudaStreamSynchronize(t->stream), err);
+    *out = t;
+    return DDT_OK;
+fail:
+    ddt_error_prefix(err, "synthetic target: ");
     ddt_cuda_target_free(t);
     return st;
 }

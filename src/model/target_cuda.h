@@ -44,6 +44,22 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
                                 ddt_error *err);
 void ddt_cuda_target_free(ddt_cuda_target *t);
 
+/*
+ * A target of the config's shapes with random weights made on the device (no
+ * checkpoint, no host copy): benchmarks at real model shapes (a few Kimi K2.6
+ * layers).  Norms are 1, weights uniform with amplitude ~1/sqrt(fan-in) so that
+ * activations stay finite.  cfg->num_hidden_layers layers are built, dense for
+ * layers < first_k_dense_replace; the config's ignore list is not used.
+ */
+typedef struct ddt_cuda_synth_options {
+    ddt_qformat dense_format;  /* attention, dense MLP, shared expert: DDT_Q_DENSE (bf16) or DDT_Q_FP8_BLOCK */
+    ddt_qformat expert_format; /* routed experts: DDT_Q_DENSE (bf16), DDT_Q_FP8_BLOCK or DDT_Q_INT4_GROUP */
+    bool lm_head;              /* an LM head of its own (else the embedding serves as the head) */
+    uint64_t seed;
+} ddt_cuda_synth_options;
+ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda_target_options *opts,
+                                     const ddt_cuda_synth_options *so, ddt_cuda_target **out, ddt_error *err);
+
 const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t);
 int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t);
 int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t);

@@ -56,13 +56,21 @@ ddt_status ddt_cuda_moe_layer_upload(const ddt_qweight *gate, const ddt_qweight 
                                      int32_t n_experts, ddt_cuda_moe_layer *out, ddt_error *err);
 void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m);
 
+/* Tests and benchmarks: a layer of n_experts experts filled on the device with
+ * random weights (ddt_cuda_qweight_random: format, dtype, amp), no host copy of
+ * the weights.  Free with ddt_cuda_moe_layer_free.  Syncs. */
+ddt_status ddt_cuda_moe_layer_random(int32_t n_experts, int32_t hidden, int32_t inter, ddt_qformat format,
+                                     ddt_dtype dtype, float amp, uint64_t seed, ddt_cuda_moe_layer *out,
+                                     ddt_error *err);
+
 /* Workspace bytes for up to max_tokens tokens with top_k experts each. */
 size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k);
 
 /* out[t] = sum over the token's top_k experts e (increasing e) of
  * w[t][k] * down_e(silu(gate_e x[t]) * up_e x[t]).  x [n][hidden] (row stride ldx),
  * idx / w [n][top_k] from ddt_cuda_moe_route, out [n][hidden] (row stride ldo).
- * n <= max_tokens of the workspace.  Everything stays on the device: no host sync. */
+ * n <= max_tokens of the workspace (and <= 65535).  Everything stays on the device: no
+ * host sync.  An expert index outside 0..n_experts-1 makes its token's row NaN. */
 ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
                                 const int32_t *idx, const float *w, int32_t top_k, float *out, int64_t ldo,
                                 void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,

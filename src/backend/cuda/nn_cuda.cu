@@ -33,7 +33,7 @@ rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int dim, const float *_
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = w[i] * (xr[i] * inv);
 }
 
-ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
+extern "C" ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
                             float *out, int64_t ldo, ddt_cuda_stream stream, ddt_error *err) {
     if (n < 1 || dim < 1) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm: %d rows of %d", n, dim);
     rmsnorm_kernel<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, dim, w, eps, out, ldo);

@@ -1,0 +1,158 @@
+/*
+ * cuda_bench_moe.c — speed of the routed experts of one Kimi K2.6 MoE layer on the
+ * GPU (hidden 7168, moe_intermediate 2048, 384 INT4 group-32 experts, top-8), and of
+ * a dense bf16 projection (q_b_proj 24576 x 1536) through ddt_cuda_matmul.
+ *
+ * Both are memory-bound at decode sizes, so the roofline is the device's copy
+ * bandwidth, measured in the same run (cudaMemcpy device to device of 2 GiB,
+ * bytes read + written per second).  For the experts the bytes are those of the
+ * experts the routing touched (gate + up + down + scales, each read once).
+ * Weights are generated on the device (no 8.4 GB host copy).  Times are medians of
+ * 25 runs after warm-up, by CUDA events.  Prints a markdown table.
+ *   cuda_bench_moe [iterations]
+ */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/moe_cuda.h"
+#include "../tests/cuda/cuda_test.h"
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof(float), cmp_float);
+    return v[n / 2];
+}
+
+int main(int argc, char **argv) {
+    int iters = argc > 1 ? atoi(argv[1]) : 25;
+    if (iters < 20) iters = 20;
+    const int E = 384, H = 7168, I = 2048, K = 8, MAXN = 128;
+    cudaEvent_t ev0, ev1;
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    float *times = malloc(sizeof(float) * (size_t)iters);
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+
+    /* roofline: device-to-device copy of 2 GiB */
+    const size_t cb = (size_t)2 << 30;
+    void *ca, *cbuf;
+    CU(cudaMalloc(&ca, cb));
+    CU(cudaMalloc(&cbuf, cb));
+    CU(cudaMemset(ca, 1, cb));
+    for (int i = 0; i < 3; i++) CU(cudaMemcpy(cbuf, ca, cb, cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < iters; i++) {
+        CU(cudaEventRecord(ev0, 0));
+        CU(cudaMemcpyAsync(cbuf, ca, cb, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(ev1, 0));
+        CU(cudaEventSynchronize(ev1));
+        CU(cudaEventElapsedTime(&times[i], ev0, ev1));
+    }
+    const double copy_gbs = 2.0 * (double)cb / (median(times, iters) * 1e-3) / 1e9;
+    CU(cudaFree(ca));
+    CU(cudaFree(cbuf));
+
+    ddt_cuda_moe_layer layer;
+    OK(ddt_cuda_moe_layer_random(E, H, I, DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 0.01f, 12345, &layer, &err_));
+    const double expert_bytes = 2.0 * (double)ddt_cuda_qweight_bytes(&layer.host_copy[0]) +
+                                (double)ddt_cuda_qweight_bytes(&layer.host_copy[2 * E]);
+    size_t wsb = ddt_cuda_moe_workspace_bytes(&layer, MAXN, K);
+    void *ws;
+    float *x, *logits, *bias, *w, *out;
+    int32_t *idx;
+    CU(cudaMalloc(&ws, wsb));
+    CU(cudaMalloc((void **)&x, sizeof(float) * (size_t)MAXN * H));
+    CU(cudaMalloc((void **)&out, sizeof(float) * (size_t)MAXN * H));
+    CU(cudaMalloc((void **)&logits, sizeof(float) * (size_t)MAXN * E));
+    CU(cudaMalloc((void **)&bias, sizeof(float) * (size_t)E));
+    CU(cudaMalloc((void **)&w, sizeof(float) * (size_t)MAXN * K));
+    CU(cudaMalloc((void **)&idx, sizeof(int32_t) * (size_t)MAXN * K));
+    OK(ddt_cuda_fill_uniform(x, (int64_t)MAXN * H, -1.0f, 1.0f, 1, NULL, &err_));
+    OK(ddt_cuda_fill_uniform(logits, (int64_t)MAXN * E, -4.0f, 4.0f, 2, NULL, &err_));
+    OK(ddt_cuda_fill_uniform(bias, E, -0.1f, 0.1f, 3, NULL, &err_));
+    ddt_cuda_route_params rp = {E, K, 1, 1, true, 2.827f, bias};
+    int32_t *hidx = malloc(sizeof(int32_t) * (size_t)MAXN * K);
+
+    printf("# MoE experts, K2.6 layer shape (%s)\n\n", prop.name);
+    printf("device copy bandwidth (d2d, read+write): %.0f GB/s\n\n", copy_gbs);
+    printf("experts: %d x INT4 [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, I, H, H, I, K,
+           expert_bytes / 1e6);
+    printf("| tokens | touched experts | MB read | route us | experts us | GB/s | of copy bw |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    static const int ns[] = {1, 4, 16, 32, 64, 128};
+    for (int ni = 0; ni < 6; ni++) {
+        const int n = ns[ni];
+        for (int i = 0; i < 3; i++) OK(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_));
+        for (int i = 0; i < iters; i++) {
+            CU(cudaEventRecord(ev0, 0));
+            OK(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_));
+            CU(cudaEventRecord(ev1, 0));
+            CU(cudaEventSynchronize(ev1));
+            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
+        }
+        const float route_ms = median(times, iters);
+        CU(cudaMemcpy(hidx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyDeviceToHost));
+        char seen[384] = {0};
+        int touched = 0;
+        for (int i = 0; i < n * K; i++)
+            if (!seen[hidx[i]]) seen[hidx[i]] = 1, touched++;
+        for (int i = 0; i < 3; i++)
+            OK(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_));
+        for (int i = 0; i < iters; i++) {
+            CU(cudaEventRecord(ev0, 0));
+            OK(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_));
+            CU(cudaEventRecord(ev1, 0));
+            CU(cudaEventSynchronize(ev1));
+            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
+        }
+        const float ms = median(times, iters);
+        const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% |\n", n, touched, bytes / 1e6, route_ms * 1e3, ms * 1e3,
+               gbs, 100.0 * gbs / copy_gbs);
+    }
+    ddt_cuda_moe_layer_free(&layer);
+
+    /* dense bf16 projection */
+    const int R = 24576, C = 1536;
+    ddt_qweight qb;
+    OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, R, C, 0.05f, 7, &qb, &err_));
+    float *y;
+    CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * R));
+    const double wbytes = (double)ddt_cuda_qweight_bytes(&qb);
+    printf("\n# dense bf16 q_b_proj [%d, %d] (%.1f MB) through ddt_cuda_matmul\n\n", R, C, wbytes / 1e6);
+    printf("| tokens | us | weight GB/s | of copy bw | GFLOP/s |\n|---:|---:|---:|---:|---:|\n");
+    static const int dn[] = {1, 16, 64};
+    for (int ni = 0; ni < 3; ni++) {
+        const int n = dn[ni];
+        for (int i = 0; i < 3; i++) OK(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_));
+        for (int i = 0; i < iters; i++) {
+            CU(cudaEventRecord(ev0, 0));
+            OK(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_));
+            CU(cudaEventRecord(ev1, 0));
+            CU(cudaEventSynchronize(ev1));
+            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
+        }
+        const float ms = median(times, iters);
+        const double gbs = wbytes / (ms * 1e-3) / 1e9;
+        printf("| %d | %.1f | %.0f | %.0f%% | %.0f |\n", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+               2.0 * R * C * n / (ms * 1e-3) / 1e9);
+    }
+    ddt_cuda_qweight_free(&qb);
+    CU(cudaFree(y));
+    CU(cudaFree(ws));
+    CU(cudaFree(x));
+    CU(cudaFree(out));
+    CU(cudaFree(logits));
+    CU(cudaFree(bias));
+    CU(cudaFree(w));
+    CU(cudaFree(idx));
+    free(times);
+    free(hidx);
+    return g_failures != 0;
+}

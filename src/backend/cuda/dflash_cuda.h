@@ -1,0 +1,107 @@
+/*
+ * dflash_cuda.h — the kernels only the DFlash drafter needs on the GPU (its
+ * model code is model/drafter_cuda.c; generic pieces such as matmul, RMSNorm,
+ * SiLU and row gathers come from qmatmul_cuda.h / nn_cuda.h):
+ *
+ *   - Qwen3 rotate_half RoPE read from a host-precomputed cos/sin table
+ *     [rows][head_dim/2] (bitwise the CPU's ddt_cpu_rope_cos_sin values), at
+ *     positions len + t with len read from device memory;
+ *   - the K/V store that rotates keys into the drafter's cache rows len + t;
+ *   - non-causal GQA attention of the block's queries over cache rows
+ *     [0, len + n_block) (split over rows, combined in a fixed order);
+ *   - the bookkeeping of an append whose token count lives on the device.
+ *
+ * Everything that changes between rounds (the context length len, an append's
+ * count m) is read from device memory, so a round needs no host sync and can be
+ * captured in a CUDA graph; grids are sized for the largest case at the call
+ * site and blocks with nothing to do exit.  Per-row results depend only on that
+ * row (and, for attention, on the cache rows it reads), never on how many rows
+ * are processed together, and every reduction has a fixed order.
+ * All pointers are device pointers.
+ */
+#ifndef DDT_CUDA_DFLASH_H
+#define DDT_CUDA_DFLASH_H
+
+#include <stdint.h>
+
+#include "backend/cuda/qmatmul_cuda.h"
+#include "ddtree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status word of a drafter (sticky: an append that fails keeps it set until reset). */
+enum { DDT_DFLASH_OK = 0, DDT_DFLASH_BAD_APPEND = 1 };
+
+/* Largest head_dim the attention kernel holds in registers (32 lanes x 16). */
+#define DDT_DFLASH_MAX_HEAD_DIM 512
+
+/*
+ * Whether an append of count tokens is valid: count in [0, max_count] and
+ * len + count <= limit.  The same rule gates the K/V store and the len advance,
+ * so a bad append writes nothing and moves nothing.
+ * count = *count_dev when count_dev is not NULL, else count_host.
+ */
+
+/* out[k] = rows[min(k, m - 1)] for k < max_m (0 when m < 1): the accepted path's
+ * rows, with the slots past m (whatever the caller left there) replaced by a row
+ * that exists, so gathering max_m rows never reads outside the capture. */
+ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t max_m, int32_t *out,
+                                 ddt_cuda_stream stream, ddt_error *err);
+
+/*
+ * In-place rotate_half RoPE of x [n][nh * hd] (row stride nh * hd): row t, head
+ * h is rotated by the angles of table row *len + t:
+ *   out[i] = a c - b s,  out[i + hd/2] = b c + a s,  a = x[i], b = x[i + hd/2].
+ * cos_t / sin_t are [table_rows][hd/2]; rows past the table are left alone.
+ */
+ddt_status ddt_dflash_rope(float *x, int32_t n, int32_t nh, int32_t hd, const int32_t *len,
+                           const float *cos_t, const float *sin_t, int32_t table_rows,
+                           ddt_cuda_stream stream, ddt_error *err);
+
+/*
+ * K/V store of n rows: for row t < count (count as above, rows past it skipped),
+ * cache row r = *len + t gets k_cache[r] = RoPE(k_src[t]) at position r and
+ * v_cache[r] = v_src[t].  Rows are kvd = n_kv_heads * hd floats (k_src / v_src row
+ * stride kvd).  Nothing is written unless count <= max_count and
+ * *len + count <= limit (limit <= the table's rows and the cache's rows).
+ */
+ddt_status ddt_dflash_kv_store(const float *k_src, const float *v_src, int32_t n, const int32_t *count_dev,
+                               int32_t count_host, int32_t max_count, const int32_t *len, int32_t limit,
+                               const float *cos_t, const float *sin_t, int32_t n_kv_heads, int32_t hd,
+                               float *k_cache, float *v_cache, ddt_cuda_stream stream, ddt_error *err);
+
+/* len += count and status stays as it was when the append is valid (rule above);
+ * otherwise len is unchanged and *status = DDT_DFLASH_BAD_APPEND.  One thread. */
+ddt_status ddt_dflash_advance(int32_t *len, int32_t *status, const int32_t *count_dev, int32_t count_host,
+                              int32_t max_count, int32_t limit, ddt_cuda_stream stream, ddt_error *err);
+
+/* Geometry of the block attention. */
+typedef struct ddt_dflash_attn {
+    int32_t n_block;    /* query rows (the block, L) */
+    int32_t heads;      /* query heads */
+    int32_t kv_heads;   /* divides heads; query head h reads kv head h / (heads / kv_heads) */
+    int32_t hd;         /* head_dim, 1..DDT_DFLASH_MAX_HEAD_DIM */
+    int32_t max_rows;   /* cache rows (rows read are [0, *len + n_block) <= max_rows) */
+    int32_t split;      /* rows per partial (fixed per drafter: the combine order depends on it only) */
+    float scale;        /* softmax scale, head_dim^-0.5 */
+} ddt_dflash_attn;
+
+/* Partial-result floats the attention needs: ceil(max_rows / split) * n_block * heads * (hd + 2). */
+uint64_t ddt_dflash_attn_scratch_floats(const ddt_dflash_attn *a);
+
+/*
+ * o[t][h*hd + j] = sum_r softmax_r(scale * q_t,h . k_r) v_r[j] over cache rows
+ * r < *len + n_block (no mask), q [n_block][heads*hd], k/v cache [max_rows][kv_heads*hd].
+ * Each split of `split` rows keeps an online softmax over its rows in increasing
+ * order; the splits are then combined in increasing order.  Two launches.
+ */
+ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float *q, const float *k_cache,
+                                const float *v_cache, const int32_t *len, float *scratch, float *o,
+                                ddt_cuda_stream stream, ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

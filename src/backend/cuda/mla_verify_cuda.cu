@@ -1,0 +1,798 @@
+/*
+ * mla_verify_cuda.cu — tree-verify MLA-absorb attention on Hopper (see
+ * mla_verify_cuda.h for the contract).
+ *
+ * Work split.  The T*H query rows are cut into tiles of 64 (one wgmma M); the
+ * cache rows into blocks of 64: the prefix blocks, then one "tail" block that
+ * starts at row n_prefix and holds the tree's T rows (masked by vis).  The
+ * blocks are divided evenly into S splits with S*tiles close to the 132
+ * multiprocessors; one CTA = one query tile x one split.  All the tiles of a
+ * split read the same cache rows at about the same time, so the cache comes
+ * from HBM about once and from L2 for the other tiles.
+ *
+ * One CTA (FlashMLA-like, two warpgroups, 1 CTA per SM, 226 KB of shared memory):
+ *   shared: Q tile [64][576] and two cache stages [64][576] (each as nine
+ *   64x64 bf16 tiles of 128-byte rows in the 128-byte swizzle that TMA writes
+ *   and wgmma reads), P [64][64] bf16, per-row scale / max / sum.
+ *   warpgroup 0: S = Q K^T (wgmma m64n64k16, 36 steps), mask, online softmax
+ *     (exp2, running max), P in bf16 to shared memory, then O[:, 0:256] += P V.
+ *   warpgroup 1: O[:, 256:512] += P V; its first thread also issues the TMA
+ *     loads of the next blocks once both warpgroups released a stage.
+ *   The 64x512 fp32 output tile is 128 registers per thread in each warpgroup;
+ *   V is the same shared tile as K, read transposed (MN-major descriptor).
+ * Rows of a block past the valid ones (past n_prefix, past the tree, or past
+ * the cache) are zeroed in shared memory before use: a NaN there must not reach
+ * P V through 0 * NaN.
+ *
+ * Merge of the splits, in split order (deterministic): each split writes its
+ * normalised output and log2-sum-exp; out = sum_s w_s O_s / sum_s w_s with
+ * w_s = 2^(lse_s - max lse).  Two paths with the same arithmetic, hence the
+ * same bits: when the S splits of a tile fit one thread-block cluster (S <= 8,
+ * e.g. T >= 17 at H = 64) they merge through distributed shared memory and
+ * nothing goes through HBM; otherwise through the workspace and a second
+ * (combine) kernel.
+ *
+ * The softmax is taken in base 2 (scores scaled by scale*log2 e) with the
+ * hardware exp2; P is rounded to bf16 for the tensor cores and the row sums add
+ * the rounded values, so numerator and denominator agree.
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mla_verify_cuda.h"
+
+namespace {
+
+constexpr int DK = DDT_MLA_DK, DV = DDT_MLA_DV;
+constexpr int BM = 64;          /* query rows per CTA: one wgmma M */
+constexpr int BN = 64;          /* cache rows per block */
+constexpr int KT = DK / 64;     /* 9 column tiles of 64 per row */
+constexpr int TILE = 8192;      /* bytes of one 64x64 bf16 tile */
+constexpr int BLK = KT * TILE;  /* 73728: a Q tile or a cache block */
+constexpr int SPLIT_TARGET = 132; /* H200 multiprocessors; a constant so plans do not depend on the device */
+constexpr int MAX_CLUSTER = 8;  /* portable cluster size */
+constexpr int NTHREADS = 256;
+constexpr int SO_LD = DV + 8;   /* fp32 row stride of the staged output (spreads banks) */
+
+constexpr int OFF_Q = 0;
+constexpr int OFF_KV = BLK;             /* two stages */
+constexpr int OFF_P = OFF_KV + 2 * BLK;
+constexpr int OFF_SCALE = OFF_P + TILE; /* [64] per-row rescale of the block */
+constexpr int OFF_M = OFF_SCALE + 256;  /* [64] final running max (log2 domain) */
+constexpr int OFF_L = OFF_M + 256;      /* [64] final row sum */
+constexpr int OFF_LSE = OFF_L + 256;    /* [64] staged log2-sum-exp (cluster merge) */
+constexpr int OFF_BAR = OFF_LSE + 256;
+constexpr int BAR_FULL = 0;             /* [2][KT]: one per tile of each stage */
+constexpr int BAR_EMPTY = 2 * KT;       /* [2] */
+constexpr int BAR_Q = 2 * KT + 2;
+constexpr int N_BARS = 2 * KT + 3;
+constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024; /* + room to align the base to 1024 */
+static_assert(OFF_KV + BM * SO_LD * 4 <= OFF_P, "the staged output fits over the cache stages");
+static_assert(SMEM_BYTES <= 232448, "fits the 227 KB a Hopper CTA may use");
+
+/* named barriers (0 is __syncthreads) */
+constexpr int NB_P_READY = 1; /* wg0 arrives, wg1 waits: P and scale of the block are in smem */
+constexpr int NB_P_FREE = 2;  /* wg1 arrives, wg0 waits: wg1 finished reading P */
+constexpr int NB_WG0 = 3;     /* warpgroup 0 alone */
+
+struct Params {
+    const int32_t *n_prefix;
+    const uint64_t *vis;
+    int T, H, n_rows, n_qtiles, s_grid;
+    long long max_prefix, kv_rows;
+    float scale_log2;
+    float *o_part;   /* [s_grid][n_rows][DV] normalised split outputs (global path) */
+    float *lse_part; /* [s_grid][n_rows] log2-sum-exp of each split */
+    void *out;
+    int out_fp32;
+    long long out_ld;
+    float *lse;
+};
+
+/* ---- split plan: a function of (n_prefix, query tiles) only ---- */
+
+__host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, int &bps) {
+    const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
+    long long smax = SPLIT_TARGET / n_qtiles;
+    if (smax < 1) smax = 1;
+    if (smax > nb) smax = nb;
+    const long long b = (nb + smax - 1) / smax;
+    bps = (int)b;
+    S = (int)((nb + b - 1) / b);
+}
+
+/* An upper bound of S for every n_prefix <= max_prefix: the grid's y. */
+__host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
+    const long long nb = (max_prefix + BN - 1) / BN + 1;
+    long long smax = SPLIT_TARGET / n_qtiles;
+    if (smax < 1) smax = 1;
+    return (int)(smax < nb ? smax : nb);
+}
+
+/* ---- PTX wrappers ---- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred P1;\n"
+        "WAIT_LOOP:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@!P1 bra WAIT_LOOP;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+/* 2-D tile load (c0 = column, c1 = row) completing on an mbarrier. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::
+                     : "memory");
+}
+
+__device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ float ld_cluster_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float4 ld_cluster_v4(uint32_t a) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t a, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_zero16(uint32_t a) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(a), "r"(0) : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* wgmma shared-memory descriptor, 128-byte swizzle. */
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr >> 4) & 0x3FFFu) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+/* K-major operand (Q, K, P): 128-byte rows, 8-row groups 1024 bytes apart; the
+ * leading offset is unused with this swizzle. */
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t saddr) { return make_desc(saddr, 16, 1024); }
+/* MN-major operand (V = the cache tile read transposed): 64 columns per 128-byte
+ * row, the next 64 columns one tile (8192 bytes) on, 8-row groups 1024 apart. */
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t saddr) { return make_desc(saddr, TILE, 1024); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accesses of wgmma accumulators across a wait. */
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* D[64x64] += A[64x16] (K-major smem) * B[16x64] (K-major smem) */
+__device__ __forceinline__ void wgmma_m64n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+#define F8(i)                                                                                              \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+#define F32(i) F8(i), F8(i + 8), F8(i + 16), F8(i + 24)
+
+/* D[64x256] += A[64x16] (K-major smem) * B[16x256] (MN-major smem: transposed) */
+__device__ __forceinline__ void wgmma_m64n256_tb(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 1;\n"
+        "}\n"
+        : F32(0), F32(32), F32(64), F32(96)
+        : "l"(da), "l"(db), "r"(1));
+}
+
+#undef F32
+#undef F8
+
+/* ---- geometry of one block of cache rows ---- */
+
+struct BlockGeom {
+    int row0;  /* first cache row */
+    int valid; /* rows of the block in use (the rest is zeroed) */
+    bool tail; /* the tree's rows: masked by vis */
+};
+
+__device__ __forceinline__ BlockGeom block_geom(int b, int nbp, long long np, int T) {
+    BlockGeom g;
+    if (b < nbp) {
+        g.row0 = b * BN;
+        const long long left = np - (long long)g.row0;
+        g.valid = left < BN ? (int)left : BN;
+        g.tail = false;
+    } else {
+        g.row0 = (int)np;
+        g.valid = T;
+        g.tail = true;
+    }
+    return g;
+}
+
+__device__ __forceinline__ void load_block(const CUtensorMap *tmkv, uint32_t sb, int stage, int row0) {
+    const uint32_t dst = sb + OFF_KV + stage * BLK;
+#pragma unroll 1
+    for (int kt = 0; kt < KT; kt++) {
+        const uint32_t bar = sb + OFF_BAR + (BAR_FULL + stage * KT + kt) * 8;
+        mbar_expect_tx(bar, TILE);
+        tma_load_2d(dst + kt * TILE, tmkv, kt * 64, row0, bar);
+    }
+}
+
+/* ---- the merge of the splits of one row, 4 output columns (shared by both paths) ---- */
+
+template <class LseF, class OF>
+__device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, long long grow, int c4, bool write_lse,
+                                            LseF lse_of, OF o_of) {
+    float4 res;
+    float lse_out;
+    if (!ok) {
+        res = make_float4(NAN, NAN, NAN, NAN);
+        lse_out = NAN;
+    } else {
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, lse_of(s));
+        if (M == -INFINITY) { /* no visible row (padding rows only) */
+            res = make_float4(0.f, 0.f, 0.f, 0.f);
+            lse_out = -INFINITY;
+        } else {
+            float W = 0.f;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int s = 0; s < S; s++) {
+                const float w = ex2(lse_of(s) - M);
+                const float4 v = o_of(s);
+                W += w;
+                acc.x += w * v.x;
+                acc.y += w * v.y;
+                acc.z += w * v.z;
+                acc.w += w * v.w;
+            }
+            res = make_float4(acc.x / W, acc.y / W, acc.z / W, acc.w / W);
+            lse_out = (M + log2f(W)) * 0.69314718055994531f;
+        }
+    }
+    if (p.out_fp32) {
+        *(float4 *)((float *)p.out + grow * p.out_ld + c4) = res;
+    } else {
+        __nv_bfloat162 lo = __floats2bfloat162_rn(res.x, res.y), hi = __floats2bfloat162_rn(res.z, res.w);
+        uint2 u;
+        u.x = *(uint32_t *)&lo;
+        u.y = *(uint32_t *)&hi;
+        *(uint2 *)((__nv_bfloat16 *)p.out + grow * p.out_ld + c4) = u;
+    }
+    if (write_lse && p.lse) p.lse[grow] = lse_out;
+}
+
+/* ---- the split kernel ---- */
+
+template <bool CLUSTER>
+__global__ void __launch_bounds__(NTHREADS, 1)
+    mla_attn_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmkv, const Params p) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t sb = (raw + 1023u) & ~1023u; /* swizzled tiles need 1024-byte alignment */
+    uint8_t *const sg = smem_raw + (sb - raw);
+    float *const s_scale = (float *)(sg + OFF_SCALE);
+    float *const s_m = (float *)(sg + OFF_M);
+    float *const s_l = (float *)(sg + OFF_L);
+
+    const int qtile = blockIdx.x, split = blockIdx.y;
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+    const int warp = t >> 5, lane = tid & 31, quad = lane & 3;
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8; /* this thread's rows of the accumulators */
+
+    const long long np = *p.n_prefix;
+    const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
+    int S = 0, bps = 0;
+    if (ok) split_plan(np, p.n_qtiles, S, bps);
+    const int nbp = ok ? (int)((np + BN - 1) / BN) : 0;
+    const int b_begin = split * bps;
+    const int nblk = (ok && split < S) ? min(nbp + 1, b_begin + bps) - b_begin : 0;
+    if (!CLUSTER && nblk == 0) return; /* the combine kernel reads splits < S only */
+
+    float o[128]; /* this warpgroup's half of the 64x512 output tile */
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+
+    if (nblk > 0) {
+        if (tid == 0) {
+            for (int i = 0; i < N_BARS; i++) mbar_init(sb + OFF_BAR + i * 8, (i == BAR_EMPTY || i == BAR_EMPTY + 1) ? 2 : 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+        if (tid == 0) {
+            const uint32_t qbar = sb + OFF_BAR + BAR_Q * 8;
+            mbar_expect_tx(qbar, BLK);
+            for (int kt = 0; kt < KT; kt++) tma_load_2d(sb + OFF_Q + kt * TILE, &tmq, kt * 64, qtile * BM, qbar);
+            for (int i = 0; i < 2 && i < nblk; i++)
+                load_block(&tmkv, sb, i, block_geom(b_begin + i, nbp, np, p.T).row0);
+        }
+        const uint32_t pb = sb + OFF_P;
+
+        if (wg == 0) {
+            /* ---- warpgroup 0: scores, mask, softmax, P, left half of O ---- */
+            const long long g0 = (long long)qtile * BM + r0, g1 = g0 + 8;
+            const uint64_t vis0 = g0 < p.n_rows ? p.vis[g0 / p.H] : 0ull;
+            const uint64_t vis1 = g1 < p.n_rows ? p.vis[g1 / p.H] : 0ull;
+            const float sl2 = p.scale_log2;
+            float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+            mbar_wait(sb + OFF_BAR + BAR_Q * 8, 0);
+#pragma unroll 1
+            for (int i = 0; i < nblk; i++) {
+                const int stage = i & 1;
+                const uint32_t par = (i >> 1) & 1;
+                const BlockGeom g = block_geom(b_begin + i, nbp, np, p.T);
+                const uint32_t kv = sb + OFF_KV + stage * BLK;
+                const uint32_t full = sb + OFF_BAR + (BAR_FULL + stage * KT) * 8;
+                /* all nine tiles first: a wait between wgmmas would make ptxas serialise them */
+                for (int kt = 0; kt < KT; kt++) mbar_wait(full + kt * 8, par);
+                if (g.valid < BN) {
+                    /* zero the unused rows (NaN there would survive 0 * NaN in P V) */
+                    const int nz = (BN - g.valid) * 8;
+                    for (int idx = t; idx < KT * nz; idx += 128) {
+                        const int kt = idx / nz, rem = idx - kt * nz;
+                        st_shared_zero16(kv + kt * TILE + (g.valid + (rem >> 3)) * 128 + (rem & 7) * 16);
+                    }
+                    fence_proxy_async();
+                    bar_sync(NB_WG0, 128);
+                }
+                float s[32];
+#pragma unroll
+                for (int j = 0; j < 32; j++) s[j] = 0.f;
+                fence_regs(s);
+                wgmma_fence();
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++) {
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+                        wgmma_m64n64(s, kmajor_desc(sb + OFF_Q + kt * TILE + kk * 32), kmajor_desc(kv + kt * TILE + kk * 32));
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(s);
+
+                /* mask: columns past the valid rows; in the tail, non-ancestors */
+                if (g.valid < BN || g.tail) {
+#pragma unroll
+                    for (int j = 0; j < 32; j++) {
+                        const int c = 8 * (j >> 2) + 2 * quad + (j & 1);
+                        const uint64_t vr = (j & 2) ? vis1 : vis0;
+                        const bool keep = c < g.valid && (!g.tail || ((vr >> c) & 1ull));
+                        if (!keep) s[j] = -INFINITY;
+                    }
+                }
+                /* online softmax over the block (log2 domain) */
+                float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    if (j & 2)
+                        mx1 = fmaxf(mx1, s[j]);
+                    else
+                        mx0 = fmaxf(mx0, s[j]);
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+                const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+                const float a0 = ex2(m0 - mu0), a1 = ex2(m1 - mu1);
+                m0 = mn0;
+                m1 = mn1;
+                uint32_t pk[16];
+                float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < 32; j += 2) {
+                    const float mu = (j & 2) ? mu1 : mu0;
+                    const __nv_bfloat162 b2 =
+                        __floats2bfloat162_rn(ex2(__fmaf_rn(s[j], sl2, -mu)), ex2(__fmaf_rn(s[j + 1], sl2, -mu)));
+                    const float2 f = __bfloat1622float2(b2);
+                    if (j & 2)
+                        sum1 += f.x + f.y;
+                    else
+                        sum0 += f.x + f.y;
+                    pk[j >> 1] = *(const uint32_t *)&b2;
+                }
+                l0 = l0 * a0 + sum0;
+                l1 = l1 * a1 + sum1;
+
+                /* P to shared memory (swizzled like a TMA tile), scale beside it */
+                if (i > 0) bar_sync(NB_P_FREE, 256);
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++) {
+                    st_shared_u32(pb + r0 * 128 + ((jj ^ (r0 & 7)) << 4) + quad * 4, pk[2 * jj]);
+                    st_shared_u32(pb + r1 * 128 + ((jj ^ (r1 & 7)) << 4) + quad * 4, pk[2 * jj + 1]);
+                }
+                if (quad == 0) {
+                    s_scale[r0] = a0;
+                    s_scale[r1] = a1;
+                }
+                fence_proxy_async();
+                bar_arrive(NB_P_READY, 256);
+                bar_sync(NB_WG0, 128);
+
+#pragma unroll
+                for (int j = 0; j < 128; j++) o[j] *= (j & 2) ? a1 : a0;
+                fence_regs(o); /* the rescale must land before the fence, not be scheduled after it */
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_m64n256_tb(o, kmajor_desc(pb + kk * 32), mnmajor_desc(kv + kk * 2048));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(o);
+                if (t == 0) mbar_arrive(sb + OFF_BAR + (BAR_EMPTY + stage) * 8);
+            }
+            l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+            l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+            if (quad == 0) {
+                s_m[r0] = m0;
+                s_m[r1] = m1;
+                s_l[r0] = l0;
+                s_l[r1] = l1;
+            }
+        } else {
+            /* ---- warpgroup 1: right half of O; its thread 0 refills the stages ---- */
+#pragma unroll 1
+            for (int i = 0; i < nblk; i++) {
+                const int stage = i & 1;
+                const uint32_t par = (i >> 1) & 1;
+                const uint32_t kv = sb + OFF_KV + stage * BLK;
+                bar_sync(NB_P_READY, 256);
+                const float a0 = s_scale[r0], a1 = s_scale[r1];
+#pragma unroll
+                for (int j = 0; j < 128; j++) o[j] *= (j & 2) ? a1 : a0;
+                fence_regs(o); /* the rescale must land before the fence, not be scheduled after it */
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_m64n256_tb(o, kmajor_desc(pb + kk * 32), mnmajor_desc(kv + 4 * TILE + kk * 2048));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(o);
+                if (i + 1 < nblk) bar_arrive(NB_P_FREE, 256);
+                if (t == 0) {
+                    const uint32_t empty = sb + OFF_BAR + (BAR_EMPTY + stage) * 8;
+                    mbar_arrive(empty);
+                    if (i + 2 < nblk) {
+                        mbar_wait(empty, par); /* warpgroup 0 is done with the stage too */
+                        load_block(&tmkv, sb, stage, block_geom(b_begin + i + 2, nbp, np, p.T).row0);
+                    }
+                }
+                __syncwarp();
+            }
+        }
+    }
+    fence_proxy_async(); /* the stages are rewritten below by ordinary stores */
+    __syncthreads();
+
+    /* ---- epilogue: this split's normalised rows and log2-sum-exp ---- */
+    const long long g0 = (long long)qtile * BM + r0, g1 = g0 + 8;
+    const int cbase = wg * 256 + 2 * quad;
+    float inv0 = 0.f, inv1 = 0.f, lse0 = -INFINITY, lse1 = -INFINITY;
+    if (nblk > 0) {
+        const float L0 = s_l[r0], L1 = s_l[r1];
+        if (L0 > 0.f) {
+            inv0 = 1.f / L0;
+            lse0 = s_m[r0] + log2f(L0);
+        }
+        if (L1 > 0.f) {
+            inv1 = 1.f / L1;
+            lse1 = s_m[r1] + log2f(L1);
+        }
+    }
+    if (!CLUSTER) {
+        float *op = p.o_part + (size_t)split * p.n_rows * DV;
+        if (g0 < p.n_rows) {
+#pragma unroll
+            for (int jj = 0; jj < 32; jj++)
+                *(float2 *)(op + g0 * DV + cbase + 8 * jj) = make_float2(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
+            if (wg == 0 && quad == 0) p.lse_part[(size_t)split * p.n_rows + g0] = lse0;
+        }
+        if (g1 < p.n_rows) {
+#pragma unroll
+            for (int jj = 0; jj < 32; jj++)
+                *(float2 *)(op + g1 * DV + cbase + 8 * jj) = make_float2(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
+            if (wg == 0 && quad == 0) p.lse_part[(size_t)split * p.n_rows + g1] = lse1;
+        }
+    } else {
+        float *const sO = (float *)(sg + OFF_KV);
+        float *const sLse = (float *)(sg + OFF_LSE);
+        if (nblk > 0) {
+#pragma unroll
+            for (int jj = 0; jj < 32; jj++) {
+                *(float2 *)(sO + r0 * SO_LD + cbase + 8 * jj) = make_float2(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
+                *(float2 *)(sO + r1 * SO_LD + cbase + 8 * jj) = make_float2(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
+            }
+            if (wg == 0 && quad == 0) {
+                sLse[r0] = lse0;
+                sLse[r1] = lse1;
+            }
+        }
+        cluster_sync(); /* every split's rows are staged */
+        /* this CTA merges rows [split*64/C, (split+1)*64/C) of the tile over the cluster */
+        const int C = gridDim.y;
+        const int lo = split * BM / C, hi = (split + 1) * BM / C;
+        const int c4 = (tid & 127) * 4;
+        const uint32_t lse_base = smem_u32(sLse), o_base = smem_u32(sO);
+        for (int r = lo + (tid >> 7); r < hi; r += 2) {
+            const long long grow = (long long)qtile * BM + r;
+            if (grow >= p.n_rows) continue;
+            combine_row(
+                p, S, ok, grow, c4, (tid & 127) == 0,
+                [&](int s) { return ld_cluster_f32(map_to_cta(lse_base + r * 4, (uint32_t)s)); },
+                [&](int s) { return ld_cluster_v4(map_to_cta(o_base + (r * SO_LD + c4) * 4, (uint32_t)s)); });
+        }
+        cluster_sync(); /* no CTA leaves while others still read its shared memory */
+    }
+}
+
+/* ---- global-path merge: one CTA per query row ---- */
+
+__global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+    const long long grow = blockIdx.x;
+    const long long np = *p.n_prefix;
+    const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
+    int S = 0, bps = 0;
+    if (ok) split_plan(np, p.n_qtiles, S, bps);
+    const int c4 = threadIdx.x * 4;
+    const size_t nr = (size_t)p.n_rows;
+    combine_row(
+        p, S, ok, grow, c4, threadIdx.x == 0, [&](int s) { return p.lse_part[(size_t)s * nr + grow]; },
+        [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
+}
+
+/* ---- host side ---- */
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled through the runtime, so nothing links libcuda. */
+encode_tiled_fn get_encoder() {
+    static encode_tiled_fn fn = nullptr;
+    if (!fn) {
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (encode_tiled_fn)ptr;
+    }
+    return fn;
+}
+
+/* A [rows][576] bf16 matrix with a row pitch, read in 64x64 boxes, 128-byte swizzle. */
+bool encode_rows(encode_tiled_fn enc, CUtensorMap *map, const void *base, long long rows, long long ld) {
+    cuuint64_t dims[2] = {(cuuint64_t)DK, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {64, 64};
+    cuuint32_t estr[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Can all n_qtiles clusters of C CTAs be resident at once?  (cached per C) */
+bool clusters_fit(int C, int n_qtiles) {
+    static int cache[MAX_CLUSTER + 1] = {0};
+    if (cache[C] == 0) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = (unsigned)C;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(1, (unsigned)C, 1);
+        cfg.blockDim = dim3(NTHREADS, 1, 1);
+        cfg.dynamicSmemBytes = SMEM_BYTES;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, mla_attn_kernel<true>, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        cache[C] = n > 0 ? n : -1;
+    }
+    return cache[C] >= n_qtiles;
+}
+
+} /* namespace */
+
+extern "C" size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
+    if (n_tokens < 1 || n_heads < 1 || max_prefix < 0) return 0;
+    const long long n_rows = (long long)n_tokens * n_heads;
+    const int n_qtiles = (int)((n_rows + BM - 1) / BM);
+    const long long sg = grid_splits(max_prefix, n_qtiles);
+    return (size_t)(sg * n_rows * (DV + 1) * 4 + 256);
+}
+
+extern "C" void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int64_t n_prefix, int32_t *splits,
+                                         int32_t *blocks_per_split) {
+    const long long n_rows = (long long)n_tokens * n_heads;
+    const int n_qtiles = (int)((n_rows + BM - 1) / BM);
+    int S = 0, b = 0;
+    split_plan(n_prefix, n_qtiles > 0 ? n_qtiles : 1, S, b);
+    if (splits) *splits = S;
+    if (blocks_per_split) *blocks_per_split = b;
+}
+
+extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_mla_stream stream, ddt_error *err) {
+    if (!a || !a->q || !a->kv || !a->n_prefix || !a->vis || !a->out || !a->workspace)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_mla_verify_run: NULL argument");
+    if (a->n_tokens < 1 || a->n_tokens > DDT_MLA_MAX_TOKENS || a->n_heads < 1 || a->n_heads > 4096)
+        return ddt_fail(err, DDT_ERR_RANGE, "MLA verify: %d tokens x %d heads (tokens 1..%d, heads 1..4096)",
+                        a->n_tokens, a->n_heads, DDT_MLA_MAX_TOKENS);
+    if (a->kv_ld < DK || a->kv_ld % 8 || a->kv_rows < 1 || a->kv_rows > (1ll << 31) - 1 || a->max_prefix < 0 ||
+        a->max_prefix > (1ll << 31) - 1 - DDT_MLA_MAX_TOKENS)
+        return ddt_fail(err, DDT_ERR_RANGE,
+                        "MLA verify: cache of %lld rows at pitch %lld, max prefix %lld (pitch >= 576 and a multiple "
+                        "of 8, rows and prefix below 2^31)",
+                        (long long)a->kv_rows, (long long)a->kv_ld, (long long)a->max_prefix);
+    if (a->out_ld < DV || a->out_ld % 8)
+        return ddt_fail(err, DDT_ERR_RANGE, "MLA verify: output pitch %lld (>= 512, a multiple of 8)", (long long)a->out_ld);
+    if (!(a->scale > 0.f) || !isfinite(a->scale))
+        return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: scale %g must be positive and finite", (double)a->scale);
+    if (((uintptr_t)a->q | (uintptr_t)a->kv | (uintptr_t)a->out | (uintptr_t)a->workspace) & 15u)
+        return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: q, kv, out and workspace must be 16-byte aligned");
+    if (a->path < DDT_MLA_PATH_AUTO || a->path > DDT_MLA_PATH_CLUSTER)
+        return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: unknown path %d", a->path);
+
+    encode_tiled_fn enc = get_encoder();
+    if (!enc) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "MLA verify: cuTensorMapEncodeTiled is not available");
+
+    const int n_rows = a->n_tokens * a->n_heads;
+    const int n_qtiles = (n_rows + BM - 1) / BM;
+    const int sgrid = grid_splits(a->max_prefix, n_qtiles);
+
+    CUtensorMap tmq, tmkv;
+    if (!encode_rows(enc, &tmq, a->q, n_rows, DK) || !encode_rows(enc, &tmkv, a->kv, a->kv_rows, a->kv_ld))
+        return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: cuTensorMapEncodeTiled refused the q or cache layout");
+
+    Params p;
+    p.n_prefix = a->n_prefix;
+    p.vis = a->vis;
+    p.T = a->n_tokens;
+    p.H = a->n_heads;
+    p.n_rows = n_rows;
+    p.n_qtiles = n_qtiles;
+    p.s_grid = sgrid;
+    p.max_prefix = a->max_prefix;
+    p.kv_rows = a->kv_rows;
+    p.scale_log2 = a->scale * 1.4426950408889634f;
+    p.o_part = (float *)a->workspace;
+    p.lse_part = p.o_part + (size_t)sgrid * n_rows * DV;
+    p.out = a->out;
+    p.out_fp32 = a->out_fp32 ? 1 : 0;
+    p.out_ld = a->out_ld;
+    p.lse = a->lse;
+
+    bool cluster;
+    if (a->path == DDT_MLA_PATH_GLOBAL)
+        cluster = false;
+    else if (a->path == DDT_MLA_PATH_CLUSTER)
+        cluster = sgrid <= MAX_CLUSTER;
+    else
+        cluster = sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles);
+    if (a->path == DDT_MLA_PATH_CLUSTER && !cluster)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "MLA verify: %d splits do not fit a cluster of %d", sgrid, MAX_CLUSTER);
+
+    cudaStream_t s = (cudaStream_t)stream;
+    if (cluster) {
+        DDT_CUDA_TRY(cudaFuncSetAttribute(mla_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES), err);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = (unsigned)sgrid;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)sgrid, 1);
+        cfg.blockDim = dim3(NTHREADS, 1, 1);
+        cfg.dynamicSmemBytes = SMEM_BYTES;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        DDT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_attn_kernel<true>, tmq, tmkv, p), err);
+        DDT_CUDA_LAUNCHED("mla_attn_cluster", s, err);
+    } else {
+        DDT_CUDA_TRY(cudaFuncSetAttribute(mla_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES), err);
+        mla_attn_kernel<false><<<dim3((unsigned)n_qtiles, (unsigned)sgrid, 1), NTHREADS, SMEM_BYTES, s>>>(tmq, tmkv, p);
+        DDT_CUDA_LAUNCHED("mla_attn", s, err);
+        mla_combine_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);
+        DDT_CUDA_LAUNCHED("mla_combine", s, err);
+    }
+    return DDT_OK;
+}

@@ -1,0 +1,520 @@
+/*
+ * moe_cuda.cu — DeepSeek-V3 router and routed experts on the GPU (see moe_cuda.h).
+ *
+ * Experts run in four launches with no host sync:
+ *   1. sort (one block): count the n*top_k (token, expert) entries per expert, an
+ *      exclusive scan gives each expert a contiguous range of entry slots and the
+ *      list of touched experts in increasing index; every entry gets a slot.  The
+ *      order of a token inside its expert's range comes from a shared-memory atomic
+ *      cursor and may vary from run to run, but no value depends on it: each slot is
+ *      computed from its own token only, and the combine reads slots by token.
+ *   2. gate/up: grid (row blocks, expert slots); a warp takes 2 intermediate rows
+ *      of gate and of up (4 weight rows, qmatmul_dev.cuh's fixed order) for every
+ *      token of its expert and writes silu(g) * u.  Blocks of expert slots past the
+ *      number touched leave at once (the grid is sized for min(n*top_k, experts)).
+ *   3. down: the same shape over hidden rows, into one output row per entry.
+ *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
+ *      acc = acc + w * out, in that order (the CPU's order).
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_cuda.h"
+#include "backend/cuda/qmatmul_dev.cuh"
+
+#define MOE_MAX_EXPERTS 4096
+#define MOE_MAX_TOPK 16
+#define ROUTE_THREADS 256
+#define SORT_THREADS 1024
+#define EX_WARPS 4
+#define COMBINE_THREADS 256
+
+/* ------------------------------------------------------------------ router */
+
+struct Best {
+    float v;
+    int i; /* -1: none */
+};
+
+/* max value, lowest index on ties; "none" loses to anything */
+static __device__ __forceinline__ Best best_of(Best a, Best b) {
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+}
+
+static __global__ void __launch_bounds__(ROUTE_THREADS)
+route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params p, int32_t *idx, float *w) {
+    /* 41 KB: s is recomputed for the chosen experts instead of stored (same bits) */
+    __shared__ float choice[MOE_MAX_EXPERTS];
+    __shared__ float gscore[MOE_MAX_EXPERTS];
+    __shared__ unsigned char gkeep[MOE_MAX_EXPERTS], taken[MOE_MAX_EXPERTS];
+    __shared__ Best wbest[ROUTE_THREADS / 32];
+    __shared__ int chosen[MOE_MAX_TOPK];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int E = p.n_experts, G = p.n_group > 0 ? p.n_group : 1, per = E / G;
+    const float *lg = logits + (int64_t)blockIdx.x * ld;
+    for (int e = tid; e < E; e += ROUTE_THREADS) {
+        const float sv = 1.0f / (1.0f + expf(-lg[e]));
+        choice[e] = p.bias ? sv + p.bias[e] : sv;
+        taken[e] = 0;
+    }
+    __syncthreads();
+    for (int g = tid; g < G; g += ROUTE_THREADS) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            const float c = choice[e];
+            if (c > b1) {
+                b2 = b1;
+                b1 = c;
+            } else if (c > b2) {
+                b2 = c;
+            }
+        }
+        gscore[g] = per >= 2 ? b1 + b2 : b1;
+        gkeep[g] = 0;
+    }
+    __syncthreads();
+    if (tid == 0) { /* a handful of groups: the CPU loop as is */
+        const int keep = p.topk_group > 0 && p.topk_group < G ? p.topk_group : G;
+        for (int k = 0; k < keep; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!gkeep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+            gkeep[best] = 1;
+        }
+    }
+    __syncthreads();
+    for (int k = 0; k < p.top_k; k++) {
+        Best b = {0.0f, -1};
+        for (int e = tid; e < E; e += ROUTE_THREADS)
+            if (!taken[e] && gkeep[e / per]) b = best_of(b, Best{choice[e], e});
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            Best o;
+            o.v = __shfl_xor_sync(0xffffffffu, b.v, off);
+            o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
+            b = best_of(b, o);
+        }
+        if (lane == 0) wbest[warp] = b;
+        __syncthreads();
+        if (tid == 0) {
+            Best t = wbest[0];
+            for (int i = 1; i < ROUTE_THREADS / 32; i++) t = best_of(t, wbest[i]);
+            const int e = t.i < 0 ? 0 : t.i;
+            taken[e] = 1;
+            chosen[k] = e;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        int32_t *it = idx + (int64_t)blockIdx.x * p.top_k;
+        float *wt = w + (int64_t)blockIdx.x * p.top_k;
+        float sum = 0.0f;
+        for (int k = 0; k < p.top_k; k++) {
+            const float sv = 1.0f / (1.0f + expf(-lg[chosen[k]]));
+            it[k] = chosen[k];
+            wt[k] = sv;
+            sum += sv;
+        }
+        const float denom = sum + 1e-20f;
+        for (int k = 0; k < p.top_k; k++) {
+            float v = wt[k];
+            if (p.norm_topk_prob) v = v / denom;
+            wt[k] = v * p.routed_scaling_factor;
+        }
+    }
+}
+
+extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_cuda_route_params *p,
+                                         int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err) {
+    if (!p || !logits || !idx || !w || n < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_route: missing arguments or %d tokens", n);
+    const int G = p->n_group > 0 ? p->n_group : 1;
+    if (p->n_experts < 1 || p->n_experts > MOE_MAX_EXPERTS || p->top_k < 1 || p->top_k > MOE_MAX_TOPK ||
+        p->top_k > p->n_experts || p->n_experts % G != 0 || p->topk_group < 1 || p->topk_group > G)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_route: %d experts, top %d, %d groups keep %d", p->n_experts,
+                        p->top_k, p->n_group, p->topk_group);
+    if (n > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "moe_route: %d tokens", n);
+    route_kernel<<<(unsigned)n, ROUTE_THREADS, 0, (cudaStream_t)stream>>>(logits, ld, *p, idx, w);
+    DDT_CUDA_LAUNCHED("moe_route", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ layers */
+
+static ddt_status upload_fail_cleanup(ddt_qweight *hc, int32_t count, ddt_status st) {
+    for (int32_t i = 0; i < count; i++) ddt_cuda_qweight_free(&hc[i]);
+    free(hc);
+    return st;
+}
+
+static ddt_status layer_finish(ddt_qweight *hc, int32_t E, const ddt_qweight *ref, ddt_cuda_moe_layer *out,
+                               ddt_error *err) {
+    ddt_qweight *darr = NULL;
+    cudaError_t e = cudaMalloc((void **)&darr, sizeof(ddt_qweight) * 3 * (size_t)E);
+    if (e == cudaSuccess) e = cudaMemcpy(darr, hc, sizeof(ddt_qweight) * 3 * (size_t)E, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        if (darr) cudaFree(darr);
+        return upload_fail_cleanup(hc, 3 * E, ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe layer table: %s",
+                                                       cudaGetErrorString(e)));
+    }
+    out->n_experts = E;
+    out->hidden = (int32_t)ref->cols;
+    out->inter = (int32_t)ref->rows;
+    out->gate = darr;
+    out->up = darr + E;
+    out->down = darr + 2 * (size_t)E;
+    out->host_copy = hc;
+    return DDT_OK;
+}
+
+static ddt_status check_expert(const ddt_qweight *w, const ddt_qweight *ref, int64_t rows, int64_t cols, int32_t e,
+                               const char *which, ddt_error *err) {
+    if (w->format != ref->format || w->dtype != ref->dtype || w->rows != rows || w->cols != cols ||
+        (w->format == DDT_Q_INT4_GROUP && w->group != ref->group) ||
+        (w->format == DDT_Q_FP8_BLOCK && w->block != ref->block))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "moe_layer_upload: expert %d %s: format %d dtype %d [%lld, %lld], expected format %d dtype %d "
+                        "[%lld, %lld]",
+                        e, which, (int)w->format, (int)w->dtype, (long long)w->rows, (long long)w->cols,
+                        (int)ref->format, (int)ref->dtype, (long long)rows, (long long)cols);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_moe_layer_upload(const ddt_qweight *gate, const ddt_qweight *up,
+                                                const ddt_qweight *down, int32_t n_experts, ddt_cuda_moe_layer *out,
+                                                ddt_error *err) {
+    if (!gate || !up || !down || !out || n_experts < 1 || n_experts > MOE_MAX_EXPERTS)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_layer_upload: %d experts", n_experts);
+    const int64_t I = gate[0].rows, H = gate[0].cols;
+    for (int32_t e = 0; e < n_experts; e++) {
+        ddt_status st = check_expert(&gate[e], &gate[0], I, H, e, "gate", err);
+        if (st == DDT_OK) st = check_expert(&up[e], &gate[0], I, H, e, "up", err);
+        if (st == DDT_OK) st = check_expert(&down[e], &gate[0], H, I, e, "down", err);
+        if (st != DDT_OK) return st;
+    }
+    ddt_qweight *hc = (ddt_qweight *)calloc(3 * (size_t)n_experts, sizeof(ddt_qweight));
+    if (!hc) return ddt_fail(err, DDT_ERR_NOMEM, "moe_layer_upload: %d experts", n_experts);
+    for (int32_t k = 0; k < 3; k++) {
+        const ddt_qweight *src = k == 0 ? gate : k == 1 ? up : down;
+        for (int32_t e = 0; e < n_experts; e++) {
+            ddt_status st = ddt_cuda_qweight_upload(&src[e], &hc[k * n_experts + e], err);
+            if (st != DDT_OK) return upload_fail_cleanup(hc, k * n_experts + e, st);
+        }
+    }
+    return layer_finish(hc, n_experts, &hc[0], out, err);
+}
+
+extern "C" ddt_status ddt_cuda_moe_layer_random(int32_t n_experts, int32_t hidden, int32_t inter, ddt_qformat format,
+                                                ddt_dtype dtype, float amp, uint64_t seed, ddt_cuda_moe_layer *out,
+                                                ddt_error *err) {
+    if (!out || n_experts < 1 || n_experts > MOE_MAX_EXPERTS || hidden < 1 || inter < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_layer_random: %d experts [%d, %d]", n_experts, inter, hidden);
+    ddt_qweight *hc = (ddt_qweight *)calloc(3 * (size_t)n_experts, sizeof(ddt_qweight));
+    if (!hc) return ddt_fail(err, DDT_ERR_NOMEM, "moe_layer_random: %d experts", n_experts);
+    for (int32_t k = 0; k < 3; k++)
+        for (int32_t e = 0; e < n_experts; e++) {
+            const int64_t r = k < 2 ? inter : hidden, c = k < 2 ? hidden : inter;
+            ddt_status st = ddt_cuda_qweight_random(format, dtype, r, c, amp, seed + 7919u * (uint64_t)(k * n_experts + e),
+                                                    &hc[k * n_experts + e], err);
+            if (st != DDT_OK) return upload_fail_cleanup(hc, k * n_experts + e, st);
+        }
+    return layer_finish(hc, n_experts, &hc[0], out, err);
+}
+
+extern "C" void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m) {
+    if (!m) return;
+    if (m->host_copy)
+        for (int32_t i = 0; i < 3 * m->n_experts; i++) ddt_cuda_qweight_free(&m->host_copy[i]);
+    free(m->host_copy);
+    if (m->gate) cudaFree(m->gate);
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------ workspace */
+
+struct MoeWs {
+    int32_t *slot_expert, *slot_off, *slot_cnt, *n_touched; /* [E] x 3, [1] */
+    int32_t *sorted_tok, *pos_of;                           /* [M] x 2 */
+    float *h;                                               /* [M][inter] */
+    float *o;                                               /* [M][hidden] */
+    size_t bytes;
+};
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t inter) {
+    MoeWs w;
+    uint8_t *p = (uint8_t *)base;
+    size_t off = 0;
+#define WS_TAKE(field, type, count)                                  \
+    w.field = (type *)(p ? p + off : NULL);                          \
+    off += align256(sizeof(type) * (size_t)(count));
+    WS_TAKE(slot_expert, int32_t, E)
+    WS_TAKE(slot_off, int32_t, E)
+    WS_TAKE(slot_cnt, int32_t, E)
+    WS_TAKE(n_touched, int32_t, 1)
+    WS_TAKE(sorted_tok, int32_t, M)
+    WS_TAKE(pos_of, int32_t, M)
+    WS_TAKE(h, float, M * inter)
+    WS_TAKE(o, float, M * hidden)
+#undef WS_TAKE
+    w.bytes = off;
+    return w;
+}
+
+extern "C" size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k) {
+    if (!m || max_tokens < 1 || top_k < 1) return 0;
+    return ws_layout(NULL, m->n_experts, (int64_t)max_tokens * top_k, m->hidden, m->inter).bytes;
+}
+
+/* ------------------------------------------------------------------ sort */
+
+/* Exclusive block scan of one 64-bit value per thread (SORT_THREADS threads). */
+static __device__ long long block_excl_scan(long long v, long long *wsum, long long *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long inc = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        long long o = __shfl_up_sync(0xffffffffu, inc, off);
+        if (lane >= off) inc += o;
+    }
+    if (lane == 31) wsum[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        long long t = wsum[lane];
+        long long ti = t;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            long long o = __shfl_up_sync(0xffffffffu, ti, off);
+            if (lane >= off) ti += o;
+        }
+        wsum[lane] = ti - t; /* exclusive prefix of warp totals */
+        if (lane == 31) *total = ti;
+    }
+    __syncthreads();
+    return wsum[warp] + inc - v;
+}
+
+static __global__ void __launch_bounds__(SORT_THREADS)
+moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, MoeWs ws) {
+    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
+    __shared__ long long wsum[32], total;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < M; i += SORT_THREADS) {
+        const int e = idx[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    const int per = (E + SORT_THREADS - 1) / SORT_THREADS, e0 = tid * per;
+    long long c_sum = 0, t_sum = 0;
+    for (int e = e0; e < e0 + per && e < E; e++) c_sum += cnt[e], t_sum += cnt[e] > 0;
+    const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &total);
+    int off = (int)(ex >> 32), slot = (int)(ex & 0xFFFFFFFFll);
+    for (int e = e0; e < e0 + per && e < E; e++) {
+        const int c = cnt[e];
+        cur[e] = off;
+        if (c > 0) {
+            ws.slot_expert[slot] = e;
+            ws.slot_off[slot] = off;
+            ws.slot_cnt[slot] = c;
+            slot++;
+        }
+        off += c;
+    }
+    if (tid == 0) *ws.n_touched = (int)(total & 0xFFFFFFFFll);
+    __syncthreads();
+    for (int i = tid; i < M; i += SORT_THREADS) {
+        const int e = idx[i];
+        if (e >= 0 && e < E) {
+            const int pos = atomicAdd(&cur[e], 1);
+            ws.sorted_tok[pos] = i / K;
+            ws.pos_of[i] = pos;
+        } else {
+            ws.pos_of[i] = -1;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ expert GEMMs */
+
+/* warp: intermediate rows o0, o0+1 of gate and up -> h = silu(g) * u */
+template <int F, int TB>
+static __global__ void __launch_bounds__(EX_WARPS * 32)
+moe_gateup_kernel(const ddt_qweight *__restrict__ gate, const ddt_qweight *__restrict__ up, MoeWs ws,
+                  const float *__restrict__ x, int64_t ldx, bool xvec, int inter) {
+    const int slot = blockIdx.y;
+    if (slot >= *ws.n_touched) return;
+    const int lane = threadIdx.x & 31;
+    const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * 2;
+    if (o0 >= inter) return;
+    const int e = ws.slot_expert[slot], base = ws.slot_off[slot], cnt = ws.slot_cnt[slot];
+    const ddt_qweight gw = gate[e], uw = up[e];
+    const QView W = qview_make<F>(gw);
+    const int o1 = o0 + 1 < inter ? o0 + 1 : o0;
+    const uint8_t *wd[4] = {(const uint8_t *)gw.data, (const uint8_t *)uw.data, (const uint8_t *)gw.data,
+                            (const uint8_t *)uw.data};
+    const void *gs = F == QF_FP8 ? (const void *)gw.scale_inv : (const void *)gw.scale;
+    const void *us = F == QF_FP8 ? (const void *)uw.scale_inv : (const void *)uw.scale;
+    const void *wsc[4] = {gs, us, gs, us};
+    const int64_t row[4] = {o0, o0, o1, o1};
+    for (int t0 = 0; t0 < cnt; t0 += TB) {
+        const int ntok = cnt - t0 < TB ? cnt - t0 : TB;
+        const float *xr[TB];
+#pragma unroll
+        for (int t = 0; t < TB; t++) xr[t] = x + (int64_t)ws.sorted_tok[base + t0 + (t < ntok ? t : 0)] * ldx;
+        float out[4][TB];
+        warp_dot<F, 4, TB>(W, wd, wsc, row, xr, ntok, xvec, out);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == j * TB + t && t < ntok && o0 + j < inter) {
+                    const float g = out[2 * j][t], u = out[2 * j + 1][t];
+                    ws.h[(int64_t)(base + t0 + t) * inter + o0 + j] = g / (1.0f + expf(-g)) * u;
+                }
+    }
+}
+
+/* warp: hidden rows o0 .. o0+3 of down for every token of the expert */
+template <int F, int TB>
+static __global__ void __launch_bounds__(EX_WARPS * 32)
+moe_down_kernel(const ddt_qweight *__restrict__ down, MoeWs ws, bool hvec, int hidden, int inter) {
+    const int slot = blockIdx.y;
+    if (slot >= *ws.n_touched) return;
+    const int lane = threadIdx.x & 31;
+    const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * 4;
+    if (o0 >= hidden) return;
+    const int e = ws.slot_expert[slot], base = ws.slot_off[slot], cnt = ws.slot_cnt[slot];
+    const ddt_qweight dw = down[e];
+    const QView W = qview_make<F>(dw);
+    const uint8_t *wd[4] = {W.data, W.data, W.data, W.data};
+    const void *wsc[4] = {W.scale, W.scale, W.scale, W.scale};
+    int64_t row[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) row[r] = o0 + r < hidden ? o0 + r : hidden - 1;
+    for (int t0 = 0; t0 < cnt; t0 += TB) {
+        const int ntok = cnt - t0 < TB ? cnt - t0 : TB;
+        const float *xr[TB];
+#pragma unroll
+        for (int t = 0; t < TB; t++) xr[t] = ws.h + (int64_t)(base + t0 + (t < ntok ? t : 0)) * inter;
+        float out[4][TB];
+        warp_dot<F, 4, TB>(W, wd, wsc, row, xr, ntok, hvec, out);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t && t < ntok && o0 + r < hidden)
+                    ws.o[(int64_t)(base + t0 + t) * hidden + o0 + r] = out[r][t];
+    }
+}
+
+/* ------------------------------------------------------------------ combine */
+
+static __global__ void __launch_bounds__(COMBINE_THREADS)
+moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E, MoeWs ws, int hidden,
+                   float *out, int64_t ldo) {
+    __shared__ int spos[MOE_MAX_TOPK];
+    __shared__ float sw[MOE_MAX_TOPK];
+    __shared__ int bad;
+    const int t = blockIdx.y;
+    if (threadIdx.x == 0) {
+        int ord[MOE_MAX_TOPK];
+        int b = 0;
+        for (int k = 0; k < K; k++) {
+            const int e = idx[(int64_t)t * K + k];
+            if (e < 0 || e >= E) b = 1;
+            /* insertion by (expert, k): increasing expert index, the CPU's order */
+            int j = k;
+            while (j > 0 && idx[(int64_t)t * K + ord[j - 1]] > e) {
+                ord[j] = ord[j - 1];
+                j--;
+            }
+            ord[j] = k;
+        }
+        for (int k = 0; k < K; k++) {
+            spos[k] = ws.pos_of[(int64_t)t * K + ord[k]];
+            sw[k] = w[(int64_t)t * K + ord[k]];
+        }
+        bad = b;
+    }
+    __syncthreads();
+    float *orow = out + (int64_t)t * ldo;
+    for (int d = blockIdx.x * COMBINE_THREADS + threadIdx.x; d < hidden; d += gridDim.x * COMBINE_THREADS) {
+        float acc = __int_as_float(0x7FC00000); /* a token with a bad expert index gets NaN */
+        if (!bad) {
+            acc = 0.0f;
+            for (int k = 0; k < K; k++) acc = acc + sw[k] * ws.o[(int64_t)spos[k] * hidden + d];
+        }
+        orow[d] = acc;
+    }
+}
+
+/* ------------------------------------------------------------------ experts */
+
+template <int F, int TB>
+static void experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                           const MoeWs &ws, cudaStream_t s) {
+    const int H = m->hidden, I = m->inter;
+    const bool hvec = I % 4 == 0;
+    dim3 g1((unsigned)((I + 2 * EX_WARPS - 1) / (2 * EX_WARPS)), (unsigned)slots);
+    moe_gateup_kernel<F, TB><<<g1, EX_WARPS * 32, 0, s>>>(m->gate, m->up, ws, x, ldx, xvec, I);
+    dim3 g2((unsigned)((H + 4 * EX_WARPS - 1) / (4 * EX_WARPS)), (unsigned)slots);
+    moe_down_kernel<F, TB><<<g2, EX_WARPS * 32, 0, s>>>(m->down, ws, hvec, H, I);
+}
+
+template <int F>
+static void experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                              int32_t n, const MoeWs &ws, cudaStream_t s) {
+    if (n == 1) experts_launch<F, 1>(m, x, ldx, xvec, slots, ws, s);
+    else if (n == 2) experts_launch<F, 2>(m, x, ldx, xvec, slots, ws, s);
+    else experts_launch<F, 4>(m, x, ldx, xvec, slots, ws, s);
+}
+
+extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
+                                           const int32_t *idx, const float *w, int32_t top_k, float *out, int64_t ldo,
+                                           void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                           ddt_error *err) {
+    if (!m || !m->host_copy || !x || !idx || !w || !out || !workspace || n < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: missing arguments or %d tokens", n);
+    if (top_k < 1 || top_k > MOE_MAX_TOPK)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: top_k %d outside 1..%d", top_k, MOE_MAX_TOPK);
+    const int64_t M = (int64_t)n * top_k;
+    if (M > 0x7FFFFFFF / 2 || n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
+    MoeWs ws = ws_layout(workspace, m->n_experts, M, m->hidden, m->inter);
+    if (ws.bytes > workspace_bytes)
+        return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens need %zu workspace bytes, %zu given", n, ws.bytes,
+                        workspace_bytes);
+    const ddt_qweight *ref = &m->host_copy[0];
+    const int F = qfmt_of(*ref);
+    if (F == QF_INT4 && (ref->group != 32 || m->hidden % 32 != 0 || m->inter % 32 != 0))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "moe_experts: INT4 experts need group 32 and sizes multiple of 32");
+    if (F == QF_FP8 && (ref->block < 16 || ref->block % 16 != 0))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "moe_experts: FP8 block %d", ref->block);
+    cudaStream_t s = (cudaStream_t)stream;
+    const int slots = (int)(M < m->n_experts ? M : m->n_experts);
+    const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, ws);
+    DDT_CUDA_LAUNCHED("moe_sort", s, err);
+    switch (F) {
+    case QF_F32: experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, n, ws, s); break;
+    case QF_BF16: experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, n, ws, s); break;
+    case QF_F16: experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, n, ws, s); break;
+    case QF_FP8: experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, n, ws, s); break;
+    default: experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, n, ws, s); break;
+    }
+    DDT_CUDA_LAUNCHED("moe_experts", s, err);
+    int bx = (m->hidden + COMBINE_THREADS - 1) / COMBINE_THREADS;
+    if (bx > 8) bx = 8;
+    moe_combine_kernel<<<dim3((unsigned)bx, (unsigned)n), COMBINE_THREADS, 0, s>>>(idx, w, top_k, m->n_experts, ws,
+                                                                                  m->hidden, out, ldo);
+    DDT_CUDA_LAUNCHED("moe_combine", s, err);
+    return DDT_OK;
+}

@@ -1,0 +1,448 @@
+/*
+ * qmatmul_cuda.cu — quantised matrix products on the GPU (see qmatmul_cuda.h).
+ *
+ * x W^T: one warp per R = 4 consecutive output rows of a group, looping over the
+ * tokens TB at a time; the per-element order is fixed by qmatmul_dev.cuh, so the
+ * choice of TB (by n) changes speed only.  Holding 4 rows per warp lets each x
+ * value loaded from L1 feed 4 weight rows (the activations are read far more
+ * often than the weights, and L1 bandwidth is the next wall after DRAM).
+ *
+ * x W: one thread per output column (coalesced weight rows), 4 tokens per thread,
+ * summing rows in increasing order from 0.0f with the CPU's dequantised values:
+ * the same operations as ddt_cpu_matmul_t_grouped, so results are bit-identical
+ * to the CPU.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/qmatmul_cuda.h"
+#include "backend/cuda/qmatmul_dev.cuh"
+
+#define MM_WARPS 4 /* warps per block of the x W^T kernel */
+#define MM_R 4     /* weight rows per warp */
+
+/* ------------------------------------------------------------------ sizes */
+
+static uint64_t data_bytes(const ddt_qweight *w) {
+    const uint64_t r = (uint64_t)w->rows, c = (uint64_t)w->cols;
+    switch (w->format) {
+    case DDT_Q_DENSE: return r * c * (w->dtype == DDT_DTYPE_F32 ? 4u : 2u);
+    case DDT_Q_FP8_BLOCK: return r * c;
+    case DDT_Q_INT4_GROUP: return r * ((c + 7) / 8) * 4;
+    }
+    return 0;
+}
+
+static uint64_t scale_bytes(const ddt_qweight *w) {
+    const uint64_t r = (uint64_t)w->rows, c = (uint64_t)w->cols;
+    switch (w->format) {
+    case DDT_Q_DENSE: return 0;
+    case DDT_Q_FP8_BLOCK: return ((r + w->block - 1) / w->block) * ((c + w->block - 1) / w->block) * 4;
+    case DDT_Q_INT4_GROUP: return r * ((c + w->group - 1) / w->group) * 2;
+    }
+    return 0;
+}
+
+extern "C" uint64_t ddt_cuda_qweight_bytes(const ddt_qweight *w) { return data_bytes(w) + scale_bytes(w); }
+
+static ddt_status check_weight(const ddt_qweight *w, const char *what, ddt_error *err) {
+    if (!w || !w->data) return ddt_fail(err, DDT_ERR_INVALID, "%s: no weight data", what);
+    if (w->rows < 1 || w->cols < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "%s: weight shape [%lld, %lld]", what, (long long)w->rows,
+                        (long long)w->cols);
+    switch (w->format) {
+    case DDT_Q_DENSE:
+        if (w->dtype != DDT_DTYPE_F32 && w->dtype != DDT_DTYPE_BF16 && w->dtype != DDT_DTYPE_F16)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: dense weight of dtype %d", what, (int)w->dtype);
+        return DDT_OK;
+    case DDT_Q_FP8_BLOCK:
+        if (w->block < 16 || w->block % 16 != 0 || !w->scale_inv)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: FP8 block %d (a multiple of 16 with scales needed)", what,
+                            w->block);
+        return DDT_OK;
+    case DDT_Q_INT4_GROUP:
+        if (w->group < 1 || !w->scale)
+            return ddt_fail(err, DDT_ERR_INVALID, "%s: INT4 group %d without scales", what, w->group);
+        return DDT_OK;
+    }
+    return ddt_fail(err, DDT_ERR_INVALID, "%s: unknown weight format %d", what, (int)w->format);
+}
+
+/* ------------------------------------------------------------------ upload */
+
+extern "C" ddt_status ddt_cuda_qweight_upload(const ddt_qweight *host, ddt_qweight *dev, ddt_error *err) {
+    ddt_status st = check_weight(host, "qweight_upload", err);
+    if (st != DDT_OK) return st;
+    ddt_qweight d = *host;
+    void *data = NULL, *scale = NULL;
+    const uint64_t db = data_bytes(host), sb = scale_bytes(host);
+    DDT_CUDA_TRY(cudaMalloc(&data, db), err);
+    cudaError_t e = cudaMemcpy(data, host->data, db, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && sb > 0) {
+        e = cudaMalloc(&scale, sb);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(scale, host->format == DDT_Q_FP8_BLOCK ? (const void *)host->scale_inv
+                                                                   : (const void *)host->scale,
+                           sb, cudaMemcpyHostToDevice);
+    }
+    if (e != cudaSuccess) {
+        cudaFree(data);
+        if (scale) cudaFree(scale);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_upload of %llu + %llu bytes: %s",
+                        (unsigned long long)db, (unsigned long long)sb, cudaGetErrorString(e));
+    }
+    d.data = data;
+    d.scale_inv = host->format == DDT_Q_FP8_BLOCK ? (const float *)scale : NULL;
+    d.scale = host->format == DDT_Q_INT4_GROUP ? (const uint16_t *)scale : NULL;
+    *dev = d;
+    return DDT_OK;
+}
+
+extern "C" void ddt_cuda_qweight_free(ddt_qweight *dev) {
+    if (!dev) return;
+    if (dev->data) cudaFree((void *)dev->data);
+    if (dev->scale_inv) cudaFree((void *)dev->scale_inv);
+    if (dev->scale) cudaFree((void *)dev->scale);
+    dev->data = NULL;
+    dev->scale_inv = NULL;
+    dev->scale = NULL;
+}
+
+static float host_f16(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    if (ex == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (ex != 0) {
+        bits = sign | ((ex - 15 + 127) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int32_t e = -14;
+        uint32_t m = man;
+        while (!(m & 0x400u)) m <<= 1, e--;
+        bits = sign | ((uint32_t)(e + 127) << 23) | ((m & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+extern "C" ddt_status ddt_cuda_vec_upload(const void *data, ddt_dtype dtype, int64_t n, float **dev, ddt_error *err) {
+    if (!data || n < 1 || !dev) return ddt_fail(err, DDT_ERR_INVALID, "vec_upload: no data or %lld elements", (long long)n);
+    if (dtype != DDT_DTYPE_F32 && dtype != DDT_DTYPE_BF16 && dtype != DDT_DTYPE_F16)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "vec_upload: dtype %d is not a float vector", (int)dtype);
+    float *tmp = (float *)malloc((size_t)n * sizeof(float));
+    if (!tmp) return ddt_fail(err, DDT_ERR_NOMEM, "vec_upload: %lld floats", (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (dtype == DDT_DTYPE_F32) {
+            tmp[i] = ((const float *)data)[i];
+        } else if (dtype == DDT_DTYPE_BF16) {
+            uint32_t b = (uint32_t)((const uint16_t *)data)[i] << 16;
+            memcpy(&tmp[i], &b, sizeof b);
+        } else {
+            tmp[i] = host_f16(((const uint16_t *)data)[i]);
+        }
+    }
+    float *d = NULL;
+    cudaError_t e = cudaMalloc((void **)&d, (size_t)n * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(d, tmp, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+    free(tmp);
+    if (e != cudaSuccess) {
+        if (d) cudaFree(d);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: vec_upload of %lld floats: %s", (long long)n,
+                        cudaGetErrorString(e));
+    }
+    *dev = d;
+    return DDT_OK;
+}
+
+extern "C" void ddt_cuda_free(void *dev) {
+    if (dev) cudaFree(dev);
+}
+
+/* ------------------------------------------------------------------ y = x W^T */
+
+struct MMArgs {
+    QView W;
+    int64_t w_row_stride, w_row_offset, rows;
+    int32_t count;
+    const float *x;
+    int64_t ldx, x_stride;
+    int32_t n;
+    float *y;
+    int64_t ldy, y_stride;
+    bool xvec;
+};
+
+template <int F, int TB>
+static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
+    const int lane = threadIdx.x & 31;
+    const int64_t rblocks = (a.rows + MM_R - 1) / MM_R;
+    const int64_t wid = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (wid >= rblocks * a.count) return; /* whole warp leaves together */
+    const int64_t g = wid / rblocks, o0 = (wid % rblocks) * MM_R;
+    int64_t row[MM_R];
+    const uint8_t *wd[MM_R];
+    const void *ws[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        wd[r] = a.W.data;
+        ws[r] = a.W.scale;
+        const int64_t o = o0 + r < a.rows ? o0 + r : a.rows - 1; /* spare rows recompute the last one */
+        row[r] = g * a.w_row_stride + a.w_row_offset + o;
+    }
+    for (int32_t t0 = 0; t0 < a.n; t0 += TB) {
+        const int ntok = a.n - t0 < TB ? a.n - t0 : TB;
+        const float *xr[TB];
+#pragma unroll
+        for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
+        float out[MM_R][TB];
+        warp_dot<F, MM_R, TB>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
+#pragma unroll
+        for (int r = 0; r < MM_R; r++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
+                    a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+    }
+}
+
+template <int F>
+static void mm_launch(const MMArgs &a, cudaStream_t s) {
+    const int64_t warps = (a.rows + MM_R - 1) / MM_R * a.count;
+    const unsigned blocks = (unsigned)((warps + MM_WARPS - 1) / MM_WARPS);
+    if (a.n == 1) mm_kernel<F, 1><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    else if (a.n == 2) mm_kernel<F, 2><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    else mm_kernel<F, 4><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+}
+
+static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, const char *what, ddt_error *err) {
+    if (!g || g->count < 1 || g->rows < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "%s: empty group description", what);
+    const int64_t last = (int64_t)(g->count - 1) * g->w_row_stride + g->w_row_offset + g->rows - 1;
+    if (g->w_row_offset < 0 || g->w_row_stride < 0 || last >= w->rows)
+        return ddt_fail(err, DDT_ERR_RANGE, "%s: groups reach weight row %lld of %lld", what, (long long)last,
+                        (long long)w->rows);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+                                              int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
+                                              ddt_error *err) {
+    ddt_status st = check_weight(w, "matmul", err);
+    if (st != DDT_OK) return st;
+    if ((st = check_groups(w, g, "matmul", err)) != DDT_OK) return st;
+    if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul: %d tokens", n);
+    if ((int64_t)g->count * ((g->rows + MM_R - 1) / MM_R) > (int64_t)MM_WARPS * 0x7FFFFFFF)
+        return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
+    MMArgs a;
+    a.w_row_stride = g->w_row_stride;
+    a.w_row_offset = g->w_row_offset;
+    a.rows = g->rows;
+    a.count = g->count;
+    a.x = x;
+    a.ldx = ldx;
+    a.x_stride = g->x_stride;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (qfmt_of(*w)) {
+    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, s); break;
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, s); break;
+    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16>(a, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8>(a, s); break;
+    case QF_INT4:
+        a.W = qview_make<QF_INT4>(*w);
+        if (w->group != 32 || w->cols % 32 != 0 || !a.W.wvec)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                            "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
+                            "multiple of 32 and 16-byte aligned data",
+                            (long long)w->rows, (long long)w->cols, w->group);
+        mm_launch<QF_INT4>(a, s);
+        break;
+    }
+    DDT_CUDA_LAUNCHED("matmul", s, err);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
+                                      int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
+    if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul: no weight");
+    ddt_cuda_groups g = {1, 0, 0, w->rows, 0, 0};
+    return ddt_cuda_matmul_grouped(w, &g, x, ldx, n, y, ldy, stream, err);
+}
+
+/* ------------------------------------------------------------------ y = x W */
+
+#define MT_THREADS 128
+#define MT_TB 4
+
+static __global__ void __launch_bounds__(MT_THREADS)
+mt_kernel(const ddt_qweight w, const ddt_cuda_groups g, const float *__restrict__ x, int64_t ldx, int32_t n,
+          float *__restrict__ y, int64_t ldy) {
+    const int64_t j = (int64_t)blockIdx.x * MT_THREADS + threadIdx.x;
+    const int64_t grp = blockIdx.y;
+    const int32_t t0 = (int32_t)blockIdx.z * MT_TB;
+    if (j >= w.cols) return;
+    const int ntok = n - t0 < MT_TB ? n - t0 : MT_TB;
+    float acc[MT_TB];
+#pragma unroll
+    for (int t = 0; t < MT_TB; t++) acc[t] = 0.0f;
+    const int64_t wrow0 = grp * g.w_row_stride + g.w_row_offset;
+    const float *xb = x + (int64_t)t0 * ldx + grp * g.x_stride;
+    for (int64_t i = 0; i < g.rows; i++) {
+        const float wv = qdeq_elem(w, wrow0 + i, j);
+#pragma unroll
+        for (int t = 0; t < MT_TB; t++)
+            if (t < ntok) acc[t] = acc[t] + xb[t * ldx + i] * wv;
+    }
+#pragma unroll
+    for (int t = 0; t < MT_TB; t++)
+        if (t < ntok) y[(int64_t)(t0 + t) * ldy + grp * g.y_stride + j] = acc[t];
+}
+
+extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+                                                int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                                ddt_cuda_stream stream, ddt_error *err) {
+    ddt_status st = check_weight(w, "matmul_t", err);
+    if (st != DDT_OK) return st;
+    if ((st = check_groups(w, g, "matmul_t", err)) != DDT_OK) return st;
+    if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul_t: %d tokens", n);
+    if (g->count > 65535 || (n + MT_TB - 1) / MT_TB > 65535)
+        return ddt_fail(err, DDT_ERR_RANGE, "matmul_t: %d groups x %d tokens over the grid limit", g->count, n);
+    dim3 grid((unsigned)((w->cols + MT_THREADS - 1) / MT_THREADS), (unsigned)g->count,
+              (unsigned)((n + MT_TB - 1) / MT_TB));
+    mt_kernel<<<grid, MT_THREADS, 0, (cudaStream_t)stream>>>(*w, *g, x, ldx, n, y, ldy);
+    DDT_CUDA_LAUNCHED("matmul_t", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+static __global__ void embed_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, float *out, int64_t ldo) {
+    const int32_t id = ids[blockIdx.y];
+    float *o = out + (int64_t)blockIdx.y * ldo;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < w.cols; c += (int64_t)gridDim.x * blockDim.x)
+        o[c] = (id >= 0 && id < w.rows) ? qdeq_elem(w, id, c) : __int_as_float(0x7FC00000);
+}
+
+extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, int32_t n, float *out, int64_t ldo,
+                                     ddt_cuda_stream stream, ddt_error *err) {
+    ddt_status st = check_weight(w, "embed", err);
+    if (st != DDT_OK) return st;
+    if (n < 1 || n > 65535 || !ids || !out) return ddt_fail(err, DDT_ERR_INVALID, "embed: %d ids", n);
+    int64_t bx = (w->cols + 255) / 256;
+    if (bx > 64) bx = 64;
+    embed_kernel<<<dim3((unsigned)bx, (unsigned)n), 256, 0, (cudaStream_t)stream>>>(*w, ids, out, ldo);
+    DDT_CUDA_LAUNCHED("embed", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ random weights */
+
+static __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* kind 0: random 32-bit words; 1: bf16 in [-a, a); 2: FP8 bytes, never NaN;
+ * 3: bf16 scales in [a, 2a); 4: fp32 in [lo, hi) */
+static __global__ void fill_kernel(void *dst, int64_t count, int kind, float lo, float hi, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = mix64(seed ^ mix64((uint64_t)i));
+        const float u = (float)(r >> 40) * (1.0f / 16777216.0f);
+        switch (kind) {
+        case 0: ((uint32_t *)dst)[i] = (uint32_t)r; break;
+        case 1: ((uint16_t *)dst)[i] = (uint16_t)(__float_as_uint((2.0f * u - 1.0f) * hi) >> 16); break;
+        case 2: {
+            uint8_t b = (uint8_t)r;
+            if ((b & 0x7Fu) == 0x7Fu) b = (uint8_t)(b & 0xFEu);
+            ((uint8_t *)dst)[i] = b;
+            break;
+        }
+        case 3: ((uint16_t *)dst)[i] = (uint16_t)(__float_as_uint(hi * (1.0f + u)) >> 16); break;
+        default: ((float *)dst)[i] = lo + (hi - lo) * u; break;
+        }
+    }
+}
+
+static ddt_status fill(void *dst, int64_t count, int kind, float lo, float hi, uint64_t seed, cudaStream_t s,
+                       ddt_error *err) {
+    if (count < 1) return DDT_OK;
+    int64_t blocks = (count + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    fill_kernel<<<(unsigned)blocks, 256, 0, s>>>(dst, count, kind, lo, hi, seed);
+    DDT_CUDA_LAUNCHED("fill", s, err);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_fill_uniform(float *dev, int64_t n, float lo, float hi, uint64_t seed,
+                                            ddt_cuda_stream stream, ddt_error *err) {
+    return fill(dev, n, 4, lo, hi, seed, (cudaStream_t)stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_qweight_random(ddt_qformat format, ddt_dtype dtype, int64_t rows, int64_t cols,
+                                              float amp, uint64_t seed, ddt_qweight *dev, ddt_error *err) {
+    ddt_qweight w;
+    memset(&w, 0, sizeof w);
+    w.format = format;
+    w.dtype = format == DDT_Q_FP8_BLOCK ? DDT_DTYPE_F8_E4M3 : format == DDT_Q_INT4_GROUP ? DDT_DTYPE_I32 : dtype;
+    w.rows = rows;
+    w.cols = cols;
+    w.block = DDT_FP8_BLOCK;
+    w.group = DDT_INT4_GROUP;
+    w.data = (const void *)1; /* placeholders for the checks */
+    w.scale = (const uint16_t *)1;
+    w.scale_inv = (const float *)1;
+    ddt_status st = check_weight(&w, "qweight_random", err);
+    if (st != DDT_OK) return st;
+    if (format == DDT_Q_DENSE && dtype == DDT_DTYPE_F16)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "qweight_random: F16 is not generated");
+    const uint64_t db = data_bytes(&w), sb = scale_bytes(&w);
+    void *data = NULL, *scale = NULL;
+    DDT_CUDA_TRY(cudaMalloc(&data, db), err);
+    if (sb > 0) {
+        cudaError_t e = cudaMalloc(&scale, sb);
+        if (e != cudaSuccess) {
+            cudaFree(data);
+            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_random scales: %s", cudaGetErrorString(e));
+        }
+    }
+    w.data = data;
+    w.scale = format == DDT_Q_INT4_GROUP ? (const uint16_t *)scale : NULL;
+    w.scale_inv = format == DDT_Q_FP8_BLOCK ? (const float *)scale : NULL;
+    cudaStream_t s = 0;
+    switch (format) {
+    case DDT_Q_DENSE:
+        st = dtype == DDT_DTYPE_F32 ? fill(data, rows * cols, 4, -amp, amp, seed, s, err)
+                                    : fill(data, rows * cols, 1, 0.0f, amp, seed, s, err);
+        break;
+    case DDT_Q_FP8_BLOCK:
+        st = fill(data, (int64_t)db, 2, 0, 0, seed, s, err);
+        if (st == DDT_OK) st = fill(scale, (int64_t)(sb / 4), 4, amp * 0.5f, amp, seed + 1, s, err);
+        break;
+    case DDT_Q_INT4_GROUP:
+        st = fill(data, (int64_t)(db / 4), 0, 0, 0, seed, s, err);
+        if (st == DDT_OK) st = fill(scale, (int64_t)(sb / 2), 3, 0, amp, seed + 1, s, err);
+        break;
+    }
+    if (st == DDT_OK) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_random: %s", cudaGetErrorString(e));
+    }
+    if (st != DDT_OK) {
+        ddt_cuda_qweight_free(&w);
+        return st;
+    }
+    *dev = w;
+    return DDT_OK;
+}

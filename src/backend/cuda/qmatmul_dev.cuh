@@ -1,0 +1,327 @@
+/*
+ * qmatmul_dev.cuh — device code shared by qmatmul_cuda.cu and moe_cuda.cu (no
+ * relocatable device code, so each includes it): a warp computes the dot products
+ * of R weight rows with TB activation rows, weights dequantised in registers.
+ *
+ * Fixed arithmetic order (the determinism contract): a row is cut into chunks of
+ * CW columns (one 16-byte load of packed weights: 8 dense, 16 FP8, 32 INT4 values);
+ * lane l takes chunks l, l+32, l+64, ... in increasing order.  Inside a chunk, each
+ * 8-column piece is a sequential sum (INT4: even and odd nibbles as two sequential
+ * sums, odd ones scaled by 1/16 afterwards — exact, see int4_piece), pieces are
+ * added in order, the chunk sum (times its FP8 / INT4 scale) is added to the lane's
+ * accumulator, and the 32 lanes are combined by a fixed xor-shuffle tree.  None of
+ * this depends on R, TB, the token count, the launch shape or the alignment of x:
+ * a row / token pair gives the same bits in any batch.
+ */
+#ifndef DDT_CUDA_QMATMUL_DEV_CUH
+#define DDT_CUDA_QMATMUL_DEV_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+
+enum { QF_F32 = 0, QF_BF16, QF_F16, QF_FP8, QF_INT4 };
+
+template <int F> struct QFmt;
+template <> struct QFmt<QF_F32> { static constexpr int CW = 8, RAWN = 2, ESZ = 4; };
+template <> struct QFmt<QF_BF16> { static constexpr int CW = 8, RAWN = 1, ESZ = 2; };
+template <> struct QFmt<QF_F16> { static constexpr int CW = 8, RAWN = 1, ESZ = 2; };
+template <> struct QFmt<QF_FP8> { static constexpr int CW = 16, RAWN = 1, ESZ = 1; };
+template <> struct QFmt<QF_INT4> { static constexpr int CW = 32, RAWN = 1, ESZ = 0; };
+
+/* What the chunked kernels need of a weight (built on the device for MoE experts). */
+struct QView {
+    const uint8_t *data;
+    const void *scale;   /* FP8: float scale_inv; INT4: bf16 scale; else unused */
+    int64_t cols;
+    int64_t row_bytes;   /* bytes between rows of data */
+    int64_t nchunks;     /* ceil(cols / CW) */
+    int32_t sstride;     /* FP8: scale columns; INT4: groups per row */
+    int32_t block;       /* FP8 block edge */
+    bool wvec;           /* base and every row 16-byte aligned: full chunks load as uint4 */
+};
+
+static __host__ __device__ inline int qfmt_of(const ddt_qweight &w) {
+    if (w.format == DDT_Q_FP8_BLOCK) return QF_FP8;
+    if (w.format == DDT_Q_INT4_GROUP) return QF_INT4;
+    if (w.dtype == DDT_DTYPE_BF16) return QF_BF16;
+    if (w.dtype == DDT_DTYPE_F16) return QF_F16;
+    return QF_F32;
+}
+
+template <int F> static __host__ __device__ inline QView qview_make(const ddt_qweight &w) {
+    QView v;
+    v.data = (const uint8_t *)w.data;
+    v.cols = w.cols;
+    v.block = w.block;
+    if (F == QF_INT4) {
+        v.row_bytes = ((w.cols + 7) / 8) * 4;
+        v.scale = w.scale;
+        v.sstride = (int32_t)((w.cols + w.group - 1) / w.group);
+    } else if (F == QF_FP8) {
+        v.row_bytes = w.cols;
+        v.scale = w.scale_inv;
+        v.sstride = (int32_t)((w.cols + w.block - 1) / w.block);
+    } else {
+        v.row_bytes = w.cols * QFmt<F>::ESZ;
+        v.scale = nullptr;
+        v.sstride = 0;
+    }
+    v.nchunks = (w.cols + QFmt<F>::CW - 1) / QFmt<F>::CW;
+    v.wvec = ((uintptr_t)w.data % 16 == 0) && (v.row_bytes % 16 == 0);
+    return v;
+}
+
+struct QRaw {
+    uint4 u[2];
+};
+
+/* Chunk c of a row: packed bits (zero beyond cols: value 0 in every dense / FP8
+ * encoding; INT4 rows never have partial chunks) and its scale. */
+template <int F>
+static __device__ __forceinline__ void qload(const QView &W, const uint8_t *rb, const void *scale, int64_t row,
+                                             int64_t c, QRaw &raw, float &s) {
+    constexpr int CW = QFmt<F>::CW;
+    const bool full = (c + 1) * CW <= W.cols;
+    if (F == QF_INT4 || (W.wvec && full)) {
+        const uint4 *p = (const uint4 *)(rb + c * 16 * QFmt<F>::RAWN);
+        raw.u[0] = __ldg(p);
+        if (QFmt<F>::RAWN == 2) raw.u[1] = __ldg(p + 1);
+    } else {
+        /* element-wise (odd widths): the same bits as the vector load would give */
+        uint32_t wd[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) wd[i] = 0;
+        const int64_t c0 = c * CW;
+#pragma unroll
+        for (int e = 0; e < CW; e++) {
+            if (c0 + e < W.cols) {
+                uint32_t bits;
+                if (QFmt<F>::ESZ == 4) bits = ((const uint32_t *)rb)[c0 + e];
+                else if (QFmt<F>::ESZ == 2) bits = ((const uint16_t *)rb)[c0 + e];
+                else bits = rb[c0 + e];
+                const int sh = (e * QFmt<F>::ESZ * 8) % 32;
+                wd[(e * QFmt<F>::ESZ) / 4] |= bits << sh;
+            }
+        }
+        raw.u[0] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        raw.u[1] = make_uint4(wd[4], wd[5], wd[6], wd[7]);
+    }
+    if (F == QF_FP8) {
+        s = ((const float *)scale)[(row / W.block) * W.sstride + (c * CW) / W.block];
+    } else if (F == QF_INT4) {
+        s = __uint_as_float((uint32_t)((const uint16_t *)scale)[row * W.sstride + c] << 16);
+    } else {
+        s = 1.0f;
+    }
+}
+
+static __device__ __forceinline__ uint32_t u4_get(const uint4 &u, int i) {
+    return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+/* Piece p (8 columns) of a dense / FP8 chunk as floats (FP8 unscaled). */
+template <int F> static __device__ __forceinline__ void dense_piece(const QRaw &raw, int p, float v[8]) {
+    if (F == QF_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = __uint_as_float(u4_get(raw.u[0], i));
+            v[4 + i] = __uint_as_float(u4_get(raw.u[1], i));
+        }
+    } else if (F == QF_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t w = u4_get(raw.u[0], i);
+            v[2 * i] = __uint_as_float(w << 16);
+            v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+        }
+    } else if (F == QF_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t w = u4_get(raw.u[0], i);
+            v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+            v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+        }
+    } else { /* FP8: bytes 8p .. 8p+7 */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint32_t w = u4_get(raw.u[0], 2 * p + i);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w >> (16 * h)) & 0xFFFFu), __NV_E4M3);
+                float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+                v[4 * i + 2 * h] = f.x;
+                v[4 * i + 2 * h + 1] = f.y;
+            }
+        }
+    }
+}
+
+/* x[col0 .. col0+8) of one activation row; zeros past cols on the element path. */
+static __device__ __forceinline__ void xload8(const float *xr, int64_t col0, int64_t cols, bool vec, float x[8]) {
+    if (vec && col0 + 8 <= cols) {
+        float4 a = *(const float4 *)(xr + col0), b = *(const float4 *)(xr + col0 + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = col0 + e < cols ? xr[col0 + e] : 0.0f;
+    }
+}
+
+/*
+ * INT4 piece: the 8 nibbles of one word.  Each byte b holds columns 2b (low nibble)
+ * and 2b+1 (high nibble).  Or-ing the low nibble into the mantissa of 2^23 gives
+ * 2^23 + q exactly, so subtracting 2^23 + 8 is q - 8 with no conversion; the high
+ * nibble lands as 2^23 + 16q and gives 16(q - 8).  16 (q-8) x rounds to exactly 16
+ * times the rounded (q-8) x, so the odd sum times 1/16 is the sum of (q-8) x.
+ * The piece value is the even sum plus the odd sum / 16.
+ */
+static __device__ __forceinline__ void int4_vals(uint32_t w, float ve[4], float vo[4]) {
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        uint32_t byte = w >> (8 * b);
+        ve[b] = __uint_as_float(0x4B000000u | (byte & 0x0Fu)) - 8388616.0f;
+        vo[b] = __uint_as_float(0x4B000000u | (byte & 0xF0u)) - 8388736.0f;
+    }
+}
+
+/*
+ * Lane-level accumulation of one chunk for R rows x TB tokens into acc.
+ * col0 = first column of the chunk; xr[t] = activation row t (t < ntok).
+ */
+template <int F, int R, int TB>
+static __device__ __forceinline__ void qchunk(const QRaw (&raw)[R], const float (&s)[R], int64_t col0, int64_t cols,
+                                              const float *const (&xr)[TB], int ntok, bool xvec,
+                                              float (&acc)[R][TB]) {
+    constexpr int NP = QFmt<F>::CW / 8;
+    float part[R][TB];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        float x[TB][8];
+#pragma unroll
+        for (int t = 0; t < TB; t++)
+            if (t < ntok) xload8(xr[t], col0 + 8 * p, cols, xvec, x[t]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (F == QF_INT4) {
+                float ve[4], vo[4];
+                int4_vals(u4_get(raw[r].u[0], p), ve, vo);
+#pragma unroll
+                for (int t = 0; t < TB; t++) {
+                    if (t >= ntok) continue;
+                    float qe = ve[0] * x[t][0];
+                    qe = qe + ve[1] * x[t][2];
+                    qe = qe + ve[2] * x[t][4];
+                    qe = qe + ve[3] * x[t][6];
+                    float qo = vo[0] * x[t][1];
+                    qo = qo + vo[1] * x[t][3];
+                    qo = qo + vo[2] * x[t][5];
+                    qo = qo + vo[3] * x[t][7];
+                    float q = qe + qo * 0.0625f;
+                    part[r][t] = p == 0 ? q : part[r][t] + q;
+                }
+            } else {
+                float v[8];
+                dense_piece<F>(raw[r], p, v);
+#pragma unroll
+                for (int t = 0; t < TB; t++) {
+                    if (t >= ntok) continue;
+                    float q = v[0] * x[t][0];
+#pragma unroll
+                    for (int e = 1; e < 8; e++) q = q + v[e] * x[t][e];
+                    part[r][t] = p == 0 ? q : part[r][t] + q;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < TB; t++) {
+            if (t >= ntok) continue;
+            if (F == QF_FP8 || F == QF_INT4) acc[r][t] = acc[r][t] + part[r][t] * s[r];
+            else acc[r][t] = acc[r][t] + part[r][t];
+        }
+}
+
+/*
+ * The whole warp: out[r][t] = sum_j x_t[j] * w_r[row_r][j] for t < ntok, in every lane.
+ * Row r lives in the weight with data wd[r] and scales ws[r]; all R weights share
+ * W's shape and format (gate and up of one expert, or R rows of one matrix).
+ * Loads of the next chunk are issued before the current one is consumed.
+ */
+template <int F, int R, int TB>
+static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *const (&wd)[R],
+                                                const void *const (&ws)[R], const int64_t (&row)[R],
+                                                const float *const (&xr)[TB], int ntok, bool xvec,
+                                                float (&out)[R][TB]) {
+    const int lane = threadIdx.x & 31;
+    float acc[R][TB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < TB; t++) acc[r][t] = 0.0f;
+    const uint8_t *rb[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rb[r] = wd[r] + row[r] * W.row_bytes;
+    int64_t c = lane;
+    QRaw cur[R];
+    float sc[R];
+    if (c < W.nchunks) {
+#pragma unroll
+        for (int r = 0; r < R; r++) qload<F>(W, rb[r], ws[r], row[r], c, cur[r], sc[r]);
+    }
+    while (c < W.nchunks) {
+        const int64_t cn = c + 32;
+        QRaw nxt[R];
+        float sn[R];
+        if (cn < W.nchunks) {
+#pragma unroll
+            for (int r = 0; r < R; r++) qload<F>(W, rb[r], ws[r], row[r], cn, nxt[r], sn[r]);
+        }
+        qchunk<F, R, TB>(cur, sc, c * QFmt<F>::CW, W.cols, xr, ntok, xvec, acc);
+#pragma unroll
+        for (int r = 0; r < R; r++) cur[r] = nxt[r], sc[r] = sn[r];
+        c = cn;
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < TB; t++) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, off);
+            out[r][t] = v;
+        }
+}
+
+/* One element dequantised exactly as ddt_cpu_dequant does (for x W and the embedding). */
+static __device__ __forceinline__ float qdeq_elem(const ddt_qweight &w, int64_t row, int64_t col) {
+    switch (w.format) {
+    case DDT_Q_DENSE:
+        if (w.dtype == DDT_DTYPE_F32) return ((const float *)w.data)[row * w.cols + col];
+        if (w.dtype == DDT_DTYPE_BF16)
+            return __uint_as_float((uint32_t)((const uint16_t *)w.data)[row * w.cols + col] << 16);
+        return __half2float(__ushort_as_half(((const uint16_t *)w.data)[row * w.cols + col]));
+    case DDT_Q_FP8_BLOCK: {
+        const uint8_t q = ((const uint8_t *)w.data)[row * w.cols + col];
+        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, __NV_E4M3);
+        const float f = __half2float(*reinterpret_cast<__half *>(&hr));
+        const int64_t scols = (w.cols + w.block - 1) / w.block;
+        return f * w.scale_inv[(row / w.block) * scols + col / w.block];
+    }
+    case DDT_Q_INT4_GROUP: {
+        const int64_t words = (w.cols + 7) / 8, groups = (w.cols + w.group - 1) / w.group;
+        const uint32_t p = ((const uint32_t *)w.data)[row * words + (col >> 3)];
+        const int32_t q = (int32_t)((p >> (4 * (col & 7))) & 0xFu) - 8;
+        const float s = __uint_as_float((uint32_t)w.scale[row * groups + col / w.group] << 16);
+        return (float)q * s;
+    }
+    }
+    return __int_as_float(0x7FC00000);
+}
+
+#endif

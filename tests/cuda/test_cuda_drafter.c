@@ -1,0 +1,402 @@
+/*
+ * test_cuda_drafter.c — the GPU DFlash drafter (model/drafter_cuda.h) against
+ * the CPU drafter (model/drafter.h) on the fixture drafters (fp32; bf16 + YaRN
+ * with the legacy attention factor and the "model." prefix) for the fp32 fixture
+ * target, and on the shipped pair models/pystdlib-dflash + pystdlib-target (bf16).
+ *
+ * Both drafters get the same random target features, appended in odd counts
+ * (1, 7, 23, 31, prefixes of 61 and 67 that cross the 64-token chunk, an empty
+ * append) through the capture layout (one [rows][hidden] buffer per target
+ * layer, rows picked by a device rows array whose unused slots hold garbage),
+ * and draft after several of them with random bonus tokens:
+ *   - logits: normalised error ||gpu - cpu|| / ||cpu|| < 1e-5, argmax per row
+ *     equal (a mismatch only counts when the CPU's top two differ by > 1e-5);
+ *   - the logits buffer is poisoned with NaN before every draft, with one
+ *     padding row after the L-1 rows that must stay untouched;
+ *   - the device length follows the CPU's; an append that does not fit writes
+ *     nothing, keeps the length and sets the status word;
+ *   - chunking invariance, bitwise: the same 23 tokens appended as 23, 7 + 16,
+ *     a prefix of 23, or a prefix of 7 + rows of 16 give the same logits;
+ *   - a CUDA graph of (append_rows + draft) replayed twice equals the eager calls
+ *     bit for bit (len advances on the device between replays).
+ * Run from the repository root (scripts/gpu-test.sh); --quick: fixtures only
+ * (for compute-sanitizer).
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/dflash_cuda.h"
+#include "backend/cuda/qmatmul_cuda.h"
+#include "cuda_test.h"
+#include "model/drafter.h"
+#include "model/drafter_cuda.h"
+
+#define TOL 1e-5
+#define N_ROWS 67 /* capture rows per target layer (a prefill chunk of 64 plus 3) */
+#define MAX_CTX 211
+
+static uint64_t g_rng = 0x5DEECE66Dull * 2654435761ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+static double norm_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        num += e * e;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num) / (sqrt(den) + 1e-30);
+}
+
+/* everything one model's checks share */
+typedef struct pair {
+    const char *name;
+    ddt_drafter *cpu;
+    ddt_cuda_drafter *gpu;
+    int32_t H, L, V, n_tl;
+    float *h_layers[DDT_DRAFTER_MAX_TARGET_LAYERS]; /* host capture [N_ROWS][H] */
+    float *d_layers[DDT_DRAFTER_MAX_TARGET_LAYERS]; /* device copies */
+    int32_t *d_rows, *d_m, *d_bonus;                /* device [DDT_MAX_PATH], [1], [1] */
+    float *d_logits;                                /* device [L][V]: L-1 rows + one poisoned padding row */
+    float *h_cpu, *h_gpu;                           /* host [L][V] */
+    double worst;
+} pair;
+
+/* Fresh random capture rows (scaled per layer so the layers differ in size). */
+static void new_features(pair *p) {
+    for (int32_t s = 0; s < p->n_tl; s++) {
+        float scale = 0.5f + (float)s;
+        for (size_t i = 0; i < (size_t)N_ROWS * p->H; i++) p->h_layers[s][i] = rndf() * scale;
+        CU(cudaMemcpy(p->d_layers[s], p->h_layers[s], sizeof(float) * (size_t)N_ROWS * p->H, cudaMemcpyHostToDevice));
+    }
+}
+
+static int32_t gpu_len(const pair *p) {
+    int32_t len;
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&len, ddt_cuda_drafter_len_device(p->gpu), sizeof len, cudaMemcpyDeviceToHost));
+    return len;
+}
+static int32_t gpu_status(const pair *p) {
+    int32_t s;
+    CU(cudaMemcpy(&s, ddt_cuda_drafter_status_device(p->gpu), sizeof s, cudaMemcpyDeviceToHost));
+    return s;
+}
+
+/* Append m tokens through append_rows on both (max_m >= m; GPU slots past m hold garbage). */
+static void append_rows_both(pair *p, int32_t m, int32_t max_m, bool cpu_too) {
+    int32_t rows[DDT_MAX_PATH];
+    for (int32_t k = 0; k < DDT_MAX_PATH; k++) rows[k] = k < m ? (int32_t)(rnd() % N_ROWS) : 0x7fffff00 + k;
+    CU(cudaMemcpy(p->d_rows, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(p->d_m, &m, sizeof m, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, max_m, NULL, &err_));
+    if (cpu_too) OK(ddt_drafter_append_rows(p->cpu, (const float *const *)p->h_layers, N_ROWS, rows, m, &err_));
+}
+
+static void append_prefix_both(pair *p, int32_t m) {
+    int32_t rows[N_ROWS];
+    for (int32_t k = 0; k < m; k++) rows[k] = k;
+    OK(ddt_cuda_drafter_append_prefix(p->gpu, (const float *const *)p->d_layers, m, NULL, &err_));
+    OK(ddt_drafter_append_rows(p->cpu, (const float *const *)p->h_layers, N_ROWS, rows, m, &err_));
+}
+
+/* GPU draft into the poisoned buffer; copies all L rows to h_gpu. */
+static void gpu_draft(pair *p, int32_t bonus, ddt_cuda_stream s) {
+    CU(cudaMemcpy(p->d_bonus, &bonus, sizeof bonus, cudaMemcpyHostToDevice));
+    CU(cudaMemset(p->d_logits, 0xFF, sizeof(float) * (size_t)p->L * p->V));
+    OK(ddt_cuda_drafter_draft(p->gpu, p->d_bonus, p->d_logits, s, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(p->h_gpu, p->d_logits, sizeof(float) * (size_t)p->L * p->V, cudaMemcpyDeviceToHost));
+}
+
+static bool padding_intact(const pair *p) {
+    const uint32_t *pad = (const uint32_t *)(p->h_gpu + (size_t)(p->L - 1) * p->V);
+    for (int32_t i = 0; i < p->V; i++)
+        if (pad[i] != 0xFFFFFFFFu) return false;
+    return true;
+}
+
+/* Draft on both and compare. */
+static void draft_compare(pair *p, const char *what) {
+    int32_t bonus = (int32_t)(rnd() % (uint32_t)p->V);
+    gpu_draft(p, bonus, NULL);
+    OK(ddt_drafter_draft(p->cpu, bonus, p->h_cpu, &err_));
+    const size_t n = (size_t)(p->L - 1) * p->V;
+    double e = norm_err(p->h_gpu, p->h_cpu, n);
+    bool finite = true;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p->h_gpu[i])) finite = false;
+    int mism = 0;
+    for (int32_t r = 0; r < p->L - 1; r++) {
+        const float *c = p->h_cpu + (size_t)r * p->V, *g = p->h_gpu + (size_t)r * p->V;
+        int32_t ac = 0, ag = 0;
+        for (int32_t v = 1; v < p->V; v++) {
+            if (c[v] > c[ac]) ac = v;
+            if (g[v] > g[ag]) ag = v;
+        }
+        if (ac == ag) continue;
+        float second = -INFINITY;
+        for (int32_t v = 0; v < p->V; v++)
+            if (v != ac && c[v] > second) second = c[v];
+        if (c[ac] - second > 1e-5f * (fabsf(c[ac]) + 1.0f)) mism++;
+        else printf("    (%s row %d: near tie %g vs %g, argmax %d vs %d not counted)\n", what, r, c[ac], second, ac, ag);
+    }
+    if (e > p->worst) p->worst = e;
+    printf("  %-14s %-34s len %3d bonus %5d: err %.3g%s\n", p->name, what, ddt_drafter_len(p->cpu), bonus, e,
+           mism ? " ARGMAX MISMATCH" : "");
+    CHECK(finite, "%s %s: non-finite GPU logits", p->name, what);
+    CHECK(e < TOL, "%s %s: normalised error %g >= %g", p->name, what, e, TOL);
+    CHECK(mism == 0, "%s %s: argmax differs in %d rows", p->name, what, mism);
+    CHECK(padding_intact(p), "%s %s: logits padding row was written", p->name, what);
+    CHECK(gpu_len(p) == ddt_drafter_len(p->cpu), "%s %s: GPU len %d, CPU len %d", p->name, what, gpu_len(p),
+          ddt_drafter_len(p->cpu));
+}
+
+/* ------------------------------------------------------------------ chunking */
+
+/* Logits (host copy) after reset + `how` on the same 23 capture rows 0..22 and a fixed bonus. */
+static void chunked(pair *p, int how, int32_t bonus, float *out) {
+    OK(ddt_cuda_drafter_reset(p->gpu, NULL, &err_));
+    int32_t rows[DDT_MAX_PATH], m;
+    for (int32_t k = 0; k < DDT_MAX_PATH; k++) rows[k] = -1000 - k; /* garbage past m */
+    switch (how) {
+    case 0: /* one append of 23 with max_m 32 */
+        for (int32_t k = 0; k < 23; k++) rows[k] = k;
+        m = 23;
+        CU(cudaMemcpy(p->d_rows, rows, sizeof rows, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(p->d_m, &m, sizeof m, cudaMemcpyHostToDevice));
+        OK(ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, 32, NULL, &err_));
+        break;
+    case 1: /* 7 then 16, exact max_m */
+        for (int part = 0; part < 2; part++) {
+            int32_t first = part ? 7 : 0;
+            m = part ? 16 : 7;
+            for (int32_t k = 0; k < DDT_MAX_PATH; k++) rows[k] = k < m ? first + k : -1000 - k;
+            CU(cudaMemcpy(p->d_rows, rows, sizeof rows, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(p->d_m, &m, sizeof m, cudaMemcpyHostToDevice));
+            OK(ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, m, NULL,
+                                            &err_));
+        }
+        break;
+    case 2: /* a prefix of 23 */
+        OK(ddt_cuda_drafter_append_prefix(p->gpu, (const float *const *)p->d_layers, 23, NULL, &err_));
+        break;
+    default: { /* a prefix of 7, then rows 7..22 */
+        OK(ddt_cuda_drafter_append_prefix(p->gpu, (const float *const *)p->d_layers, 7, NULL, &err_));
+        for (int32_t k = 0; k < DDT_MAX_PATH; k++) rows[k] = k < 16 ? 7 + k : -1000 - k;
+        m = 16;
+        CU(cudaMemcpy(p->d_rows, rows, sizeof rows, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(p->d_m, &m, sizeof m, cudaMemcpyHostToDevice));
+        OK(ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, 31, NULL, &err_));
+    }
+    }
+    gpu_draft(p, bonus, NULL);
+    CHECK(gpu_len(p) == 23, "%s chunking %d: len %d", p->name, how, gpu_len(p));
+    memcpy(out, p->h_gpu, sizeof(float) * (size_t)p->L * p->V);
+}
+
+static void test_chunking(pair *p) {
+    size_t n = (size_t)p->L * p->V;
+    float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    int32_t bonus = (int32_t)(rnd() % (uint32_t)p->V);
+    chunked(p, 0, bonus, ref);
+    static const char *const names[] = {"23", "7 + 16", "prefix 23", "prefix 7 + rows 16"};
+    for (int how = 1; how < 4; how++) {
+        chunked(p, how, bonus, got);
+        bool same = !memcmp(ref, got, sizeof(float) * n);
+        printf("  %-14s chunking %-20s vs one append of 23: %s\n", p->name, names[how], same ? "bitwise equal" : "DIFFER");
+        CHECK(same, "%s: appending as %s changes the logits", p->name, names[how]);
+    }
+    chunked(p, 0, bonus, got);
+    CHECK(!memcmp(ref, got, sizeof(float) * n), "%s: the same appends + draft twice differ", p->name);
+    free(ref);
+    free(got);
+}
+
+/* ------------------------------------------------------------------ CUDA graph */
+
+/* reset, prefix 23, then twice (append_rows of 7 tokens, draft): eagerly on the
+ * legacy stream and as a graph replayed twice; both drafts must match bitwise. */
+static void test_graph(pair *p) {
+    size_t n = (size_t)p->L * p->V;
+    float *eager = malloc(sizeof(float) * n * 2), *graph = malloc(sizeof(float) * n * 2);
+    int32_t rows[DDT_MAX_PATH], m = 7, bonus = (int32_t)(rnd() % (uint32_t)p->V);
+    for (int32_t k = 0; k < DDT_MAX_PATH; k++) rows[k] = k < m ? (int32_t)(rnd() % N_ROWS) : 0x7fffff00;
+    CU(cudaMemcpy(p->d_rows, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(p->d_m, &m, sizeof m, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(p->d_bonus, &bonus, sizeof bonus, cudaMemcpyHostToDevice));
+
+    OK(ddt_cuda_drafter_reset(p->gpu, NULL, &err_));
+    OK(ddt_cuda_drafter_append_prefix(p->gpu, (const float *const *)p->d_layers, 23, NULL, &err_));
+    for (int rep = 0; rep < 2; rep++) {
+        OK(ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, 32, NULL, &err_));
+        OK(ddt_cuda_drafter_draft(p->gpu, p->d_bonus, p->d_logits, NULL, &err_));
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(eager + rep * n, p->d_logits, sizeof(float) * (size_t)(p->L - 1) * p->V,
+                      cudaMemcpyDeviceToHost));
+    }
+
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    OK(ddt_cuda_drafter_reset(p->gpu, (ddt_cuda_stream)s, &err_));
+    OK(ddt_cuda_drafter_append_prefix(p->gpu, (const float *const *)p->d_layers, 23, (ddt_cuda_stream)s, &err_));
+    CU(cudaStreamSynchronize(s));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ddt_error e1, e2;
+    ddt_status st1 = ddt_cuda_drafter_append_rows(p->gpu, (const float *const *)p->d_layers, p->d_rows, p->d_m, 32,
+                                                  (ddt_cuda_stream)s, &e1);
+    ddt_status st2 = ddt_cuda_drafter_draft(p->gpu, p->d_bonus, p->d_logits, (ddt_cuda_stream)s, &e2);
+    cudaError_t ce = cudaStreamEndCapture(s, &g);
+    CHECK(st1 == DDT_OK, "%s: append_rows under capture: %s", p->name, e1.msg);
+    CHECK(st2 == DDT_OK, "%s: draft under capture: %s", p->name, e2.msg);
+    CHECK(ce == cudaSuccess, "%s: graph capture: %s", p->name, cudaGetErrorString(ce));
+    if (st1 == DDT_OK && st2 == DDT_OK && ce == cudaSuccess) {
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        for (int rep = 0; rep < 2; rep++) {
+            CU(cudaMemsetAsync(p->d_logits, 0xFF, sizeof(float) * n, s));
+            CU(cudaGraphLaunch(ge, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(graph + rep * n, p->d_logits, sizeof(float) * (size_t)(p->L - 1) * p->V,
+                          cudaMemcpyDeviceToHost));
+        }
+        size_t rowb = sizeof(float) * (size_t)(p->L - 1) * p->V;
+        bool same = !memcmp(eager, graph, rowb) && !memcmp(eager + n, graph + n, rowb);
+        bool moved = memcmp(eager, eager + n, rowb) != 0;
+        printf("  %-14s graph of append_rows(7) + draft, replayed twice: %s (len %d)\n", p->name,
+               same ? "bitwise equal to eager" : "DIFFERS", gpu_len(p));
+        CHECK(same, "%s: graph replay differs from eager calls", p->name);
+        CHECK(moved, "%s: second replay drafted the same as the first (len not advanced?)", p->name);
+        CHECK(gpu_len(p) == 23 + 14, "%s: len after two replays %d", p->name, gpu_len(p));
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+    }
+    CU(cudaStreamDestroy(s));
+    free(eager);
+    free(graph);
+}
+
+/* ------------------------------------------------------------------ one model */
+
+static void test_model(const char *name, const char *drafter_dir, const char *target_dir) {
+    printf("%s (%s):\n", name, drafter_dir);
+    pair P = {.name = name}, *p = &P;
+    ddt_drafter_head *head;
+    OK(ddt_drafter_head_open(target_dir, &head, &err_));
+    const ddt_drafter_target *ht = ddt_drafter_head_target(head);
+    ddt_drafter_options o = {.max_ctx = MAX_CTX, .n_threads = 4};
+    OK(ddt_drafter_load(drafter_dir, ht, &o, &p->cpu, &err_));
+    ddt_qweight d_embed, d_lm;
+    OK(ddt_cuda_qweight_upload(ht->embed, &d_embed, &err_));
+    OK(ddt_cuda_qweight_upload(ht->lm_head, &d_lm, &err_));
+    ddt_cuda_drafter_target gt = {.hidden_size = ht->hidden_size, .num_layers = ht->num_layers,
+                                  .vocab_size = ht->vocab_size, .embed = &d_embed, .lm_head = &d_lm};
+
+    /* the CPU's load checks, with its messages */
+    ddt_cuda_drafter *bad = NULL;
+    ddt_error e;
+    ddt_cuda_drafter_target gt_bad = gt;
+    gt_bad.hidden_size += 1;
+    CHECK(ddt_cuda_drafter_load(drafter_dir, &gt_bad, MAX_CTX, &bad, &e) != DDT_OK && !bad &&
+              strstr(e.msg, "hidden_size"),
+          "%s: a target of another hidden size was accepted (%s)", name, e.msg);
+    CHECK(ddt_cuda_drafter_load(drafter_dir, &gt, 0, &bad, &e) != DDT_OK && !bad, "%s: max_ctx 0 was accepted", name);
+
+    OK(ddt_cuda_drafter_load(drafter_dir, &gt, MAX_CTX, &p->gpu, &err_));
+    const ddt_drafter_config *c = ddt_cuda_drafter_config(p->gpu);
+    p->H = c->hidden_size;
+    p->L = ddt_cuda_drafter_block_size(p->gpu);
+    p->V = ht->vocab_size;
+    p->n_tl = c->n_target_layers;
+    CHECK(p->L == ddt_drafter_block_size(p->cpu), "%s: block size %d vs CPU %d", name, p->L,
+          ddt_drafter_block_size(p->cpu));
+    printf("  %-14s H %d, L %d, V %d, %d feature layers; device weights %.2f MB, state %.2f MB\n", name, p->H, p->L,
+           p->V, p->n_tl, ddt_cuda_drafter_weight_bytes(p->gpu) / 1e6, ddt_cuda_drafter_state_bytes(p->gpu) / 1e6);
+    for (int32_t s = 0; s < p->n_tl; s++) {
+        p->h_layers[s] = malloc(sizeof(float) * (size_t)N_ROWS * p->H);
+        CU(cudaMalloc((void **)&p->d_layers[s], sizeof(float) * (size_t)N_ROWS * p->H));
+    }
+    CU(cudaMalloc((void **)&p->d_rows, sizeof(int32_t) * DDT_MAX_PATH));
+    CU(cudaMalloc((void **)&p->d_m, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&p->d_bonus, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&p->d_logits, sizeof(float) * (size_t)p->L * p->V));
+    p->h_cpu = malloc(sizeof(float) * (size_t)p->L * p->V);
+    p->h_gpu = malloc(sizeof(float) * (size_t)p->L * p->V);
+
+    /* an empty context first: the block attends to itself only */
+    new_features(p);
+    draft_compare(p, "empty context");
+    append_rows_both(p, 1, 1, true);
+    new_features(p);
+    append_rows_both(p, 7, 32, true);
+    draft_compare(p, "rows 1 + 7 (max_m 32)");
+    new_features(p);
+    append_rows_both(p, 23, 23, true);
+    draft_compare(p, "+ rows 23");
+    new_features(p);
+    append_prefix_both(p, 61);
+    draft_compare(p, "+ prefix 61");
+    append_rows_both(p, 0, 5, true);
+    new_features(p);
+    append_rows_both(p, 31, 32, true);
+    draft_compare(p, "+ rows 0, + rows 31");
+    draft_compare(p, "again, another bonus");
+    new_features(p);
+    append_prefix_both(p, 67);
+    draft_compare(p, "+ prefix 67 (64 + 3)");
+    /* 190 + 23 > 211: must store nothing and flag it */
+    CHECK(gpu_status(p) == DDT_DFLASH_OK, "%s: status set before the overflow", name);
+    append_rows_both(p, 23, 23, false);
+    CHECK(gpu_len(p) == 190, "%s: len %d after an append past the context", name, gpu_len(p));
+    CHECK(gpu_status(p) == DDT_DFLASH_BAD_APPEND, "%s: status %d after an append past the context", name,
+          gpu_status(p));
+    draft_compare(p, "after a refused append");
+    append_rows_both(p, 21, 23, true);
+    draft_compare(p, "+ rows 21 (context full)");
+    OK(ddt_cuda_drafter_reset(p->gpu, NULL, &err_));
+    CHECK(gpu_len(p) == 0 && gpu_status(p) == DDT_DFLASH_OK, "%s: reset left len %d status %d", name, gpu_len(p),
+          gpu_status(p));
+
+    test_chunking(p);
+    test_graph(p);
+    printf("  %-14s worst normalised logit error %.3g\n", name, p->worst);
+
+    for (int32_t s = 0; s < p->n_tl; s++) {
+        free(p->h_layers[s]);
+        CU(cudaFree(p->d_layers[s]));
+    }
+    CU(cudaFree(p->d_rows));
+    CU(cudaFree(p->d_m));
+    CU(cudaFree(p->d_bonus));
+    CU(cudaFree(p->d_logits));
+    free(p->h_cpu);
+    free(p->h_gpu);
+    ddt_cuda_drafter_free(p->gpu);
+    ddt_cuda_qweight_free(&d_embed);
+    ddt_cuda_qweight_free(&d_lm);
+    ddt_drafter_free(p->cpu);
+    ddt_drafter_head_close(head);
+}
+
+int main(int argc, char **argv) {
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    printf("GPU DFlash drafter vs CPU drafter:\n");
+    test_model("fixture fp32", "tests/fixtures/drafter/fp32", "tests/fixtures/target/fp32");
+    test_model("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32");
+    if (!quick) test_model("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target");
+    if (g_failures) printf("test_cuda_drafter: %d FAILURES\n", g_failures);
+    else printf("test_cuda_drafter: all passed\n");
+    return g_failures ? 1 : 0;
+}
