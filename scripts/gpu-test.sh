@@ -2,7 +2,8 @@
 # gpu-test.sh — builds ddtree with the CUDA backend and runs the GPU tests and
 # benchmarks on a machine with an NVIDIA GPU (the H200 lent by the device tool),
 # with nvcc and gcc only (scripts/gpu-env.sh supplies jansson and PCRE2 from
-# .gpudeps/), so it needs no Debian -dev package there.  Logs go to $OUT.
+# .gpudeps/), so it needs no Debian -dev package there.  Everything is logged to
+# $OUT/gpu-test.log (tests) and $OUT/bench.md (benchmarks).
 #   scripts/gpu-test.sh [build|test|bench|all]...   (default: build test)
 # Exit status: non-zero when any test fails.
 set -uo pipefail
@@ -15,7 +16,7 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build test)
 rc=0
 
 build() {
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   ddt_nvcc_objs $B/obj || return 1
   local f pids=()
   for f in src/core/*.c src/io/*.c src/text/*.c src/backend/cpu/*.c src/model/*.c src/engine/*.c; do
@@ -37,8 +38,8 @@ build() {
 run_test() { # name [args]
   local n=$1; shift
   echo "== $n $*"
-  $B/$n "$@" 2>&1 | tee "$OUT/$n.log"; local r=${PIPESTATUS[0]}
-  [ $r -ne 0 ] && echo "FAILED: $n (exit $r)" | tee -a "$OUT/failures.txt"
+  $B/$n "$@" 2>&1; local r=$?
+  [ $r -ne 0 ] && echo "FAILED: $n (exit $r)"
   return $r
 }
 
@@ -52,12 +53,12 @@ test_all() {
     for f in tests/cuda/test_*.c; do
       n=$(basename "$f" .c)
       echo "== compute-sanitizer $n --quick"
-      compute-sanitizer --tool memcheck --error-exitcode 9 $B/$n --quick > "$OUT/sanitizer_$n.log" 2>&1
-      local s=$?; tail -2 "$OUT/sanitizer_$n.log"
-      [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)" | tee -a "$OUT/failures.txt"; r=1; }
+      compute-sanitizer --tool memcheck --error-exitcode 9 $B/$n --quick > $B/sanitizer.log 2>&1
+      local s=$?; tail -2 $B/sanitizer.log
+      [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)"; tail -30 $B/sanitizer.log; r=1; }
     done
   else
-    echo "compute-sanitizer not found" | tee -a "$OUT/failures.txt"; r=1
+    echo "FAILED: compute-sanitizer not found"; r=1
   fi
   return $r
 }
@@ -67,16 +68,15 @@ bench_all() {
   for f in bench/cuda_bench_*.c; do
     n=$(basename "$f" .c)
     echo "== $n"
-    $B/$n 2>&1 | tee "$OUT/$n.md"
+    $B/$n 2>&1
   done
 }
 
 for s in "${steps[@]}"; do
   case $s in
-    build) build || { echo "gpu-test: build failed"; exit 1; } ;;
-    test) test_all || rc=1 ;;
-    bench) bench_all ;;
-    all) build || exit 1; test_all || rc=1; bench_all ;;
+    build) build > $B/build.log 2>&1 || { tail -50 $B/build.log; echo "gpu-test: build failed"; exit 1; } ;;
+    test) test_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    bench) bench_all 2>&1 | tee -a "$OUT/bench.md" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
 done

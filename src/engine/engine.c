@@ -117,6 +117,8 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
     if (o->backend == DDT_BACKEND_CUDA && !ddt_backend_cuda_built())
         return ddt_fail(err, DDT_ERR_UNSUPPORTED,
                         "--backend cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
+    if (o->fast_attention && o->backend != DDT_BACKEND_CUDA)
+        return ddt_fail(err, DDT_ERR_INVALID, "--fast-attention is a CUDA backend option (add --backend cuda)");
     if (o->mode != DDT_MODE_AR && !o->draft_fn && !o->draft_dir)
         return ddt_fail(err, DDT_ERR_INVALID, "mode %s needs a drafter (--draft DIR)",
                         ddt_mode_name(o->mode));

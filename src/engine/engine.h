@@ -59,6 +59,9 @@ bool ddt_backend_cuda_built(void);
 typedef struct ddt_engine_options {
     ddt_mode mode;
     ddt_backend backend;       /* cpu (default) or cuda */
+    bool fast_attention;       /* cuda: bf16 latent cache + tensor-core attention (MLA 512/64 models,
+                                  <= 64 tokens per forward); off = the exact fp32 path, under which
+                                  greedy tree output is bitwise ar output */
     const char *draft_dir;     /* DFlash drafter folder (chain / tree), unless draft_fn */
     ddt_draft_fn draft_fn;     /* custom drafter (overrides draft_dir) */
     void *draft_ctx;

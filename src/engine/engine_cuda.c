@@ -129,7 +129,8 @@ ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_option
     }
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
     ddt_cuda_target_options topt = {max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
-                                    dflash ? dcfg.target_layer_ids : NULL, dflash ? dcfg.n_target_layers : 0};
+                                    dflash ? dcfg.target_layer_ids : NULL, dflash ? dcfg.n_target_layers : 0,
+                                    opts->fast_attention};
     if ((st = ddt_cuda_target_load(model_dir, &topt, &e->target, err)) != DDT_OK) goto fail;
     e->s = (cudaStream_t)ddt_cuda_target_stream(e->target);
     e->vocab = ddt_cuda_target_vocab(e->target);
@@ -175,11 +176,9 @@ ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_option
     }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
     if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
-    if (dflash) {
-        /* capture the full-budget greedy round now, so that no generation pays for it */
-        int32_t budget = e->max_nodes - 1, k = opts->mode == DDT_MODE_TREE ? e->kmax : 1;
-        if ((st = capture_graph(e, budget, k, err))) goto fail;
-    }
+    /* capture the full-budget greedy round now, so that no generation pays for it */
+    if ((st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
+        goto fail;
     *out = e;
     return DDT_OK;
 fail:
@@ -217,9 +216,15 @@ static ddt_status launch_commit(ddt_engine_cuda *e, ddt_error *err) {
     return DDT_OK;
 }
 
-/* The whole greedy round (the graph's body). */
+/* The whole greedy round (the graph's body); AR (budget 0): one target step. */
 static ddt_status launch_greedy_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    if (e->opts.mode == DDT_MODE_AR) {
+        TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
+        TRY(ddt_cuda_argmax_rows(e->logits, 1, e->one, e->vocab, e->tree.root_token, e->s, err));
+        DDT_CUDA_TRY(cudaEventRecord(e->ev[3], e->s), err);
+        return DDT_OK;
+    }
     TRY(launch_draft_build(e, budget, k, err));
     TRY(launch_verify(e, budget + 1, err));
     TRY(ddt_cuda_argmax_rows(e->logits, budget + 1, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
@@ -358,7 +363,16 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
         if (room < 0) break;
         double t0 = now_s();
         int32_t n, m;
-        if (e->opts.mode == DDT_MODE_AR) {
+        if (e->opts.mode == DDT_MODE_AR && greedy) {
+            DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
+            DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
+                         err);
+            DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+            bonus = e->emit_h[0];
+            n = m = 1;
+            s.t_verify += elapsed(e->ev[0], e->ev[3]);
+            ddt_emitter_push(&em, &bonus, 1);
+        } else if (e->opts.mode == DDT_MODE_AR) {
             TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
             TRY(next_token(e, round, &bonus, err));
             n = m = 1;

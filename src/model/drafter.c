@@ -383,7 +383,7 @@ static void rope_params_of(const ddt_drafter_config *c, ddt_rope_params *rp) {
 }
 
 /* inv_freq[head_dim/2] and the cos/sin factor (an explicit attention_factor wins). */
-static float rope_setup(const ddt_drafter_config *c, float *inv_freq) {
+float ddt_drafter_config_rope(const ddt_drafter_config *c, float *inv_freq) {
     ddt_rope_params rp;
     rope_params_of(c, &rp);
     float f = 1.0f;
@@ -394,7 +394,7 @@ static float rope_setup(const ddt_drafter_config *c, float *inv_freq) {
 
 float ddt_drafter_config_rope_attention_factor(const ddt_drafter_config *cfg) {
     float inv[DDT_ROPE_MAX_DIM / 2];
-    return rope_setup(cfg, inv);
+    return ddt_drafter_config_rope(cfg, inv);
 }
 
 /* ------------------------------------------------------------------ target head */
@@ -715,7 +715,7 @@ ddt_status ddt_drafter_load(const char *dir, const ddt_drafter_target *target, c
     for (int32_t l = 0; l < d->n_layers; l++)
         if ((st = load_layer(d, l, err)) != DDT_OK) goto fail;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
-    d->rope_attn = rope_setup(c, d->inv_freq);
+    d->rope_attn = ddt_drafter_config_rope(c, d->inv_freq);
     if (opts->pool) {
         d->pool = opts->pool;
     } else {

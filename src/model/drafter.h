@@ -98,6 +98,9 @@ ddt_status ddt_drafter_config_load(const char *path, ddt_drafter_config *cfg, dd
 
 /* The cos/sin attention factor the drafter's RoPE uses (1 without YaRN). */
 float ddt_drafter_config_rope_attention_factor(const ddt_drafter_config *cfg);
+/* The RoPE frequencies inv_freq[head_dim / 2] (YaRN-scaled when configured);
+ * returns the attention factor.  Every backend builds its cos/sin from these. */
+float ddt_drafter_config_rope(const ddt_drafter_config *cfg, float *inv_freq);
 
 /* What the drafter borrows from its target; every pointer must outlive the drafter. */
 typedef struct ddt_drafter_target {

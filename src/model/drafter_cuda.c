@@ -176,25 +176,12 @@ static ddt_status upload_weights(ddt_cuda_drafter *d, const char *dir, ddt_error
 }
 
 /* cos/sin of every position 0..cap-1 with the CPU drafter's frequencies and factor
- * (drafter.c rope_setup: ddt_cpu_rope_freqs on the config's RoPE parameters, the
- * factor from ddt_drafter_config_rope_attention_factor), uploaded once. */
+ * (ddt_drafter_config_rope), uploaded once. */
 static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
     const ddt_drafter_config *c = &d->cfg;
     const int32_t half = d->hd / 2;
-    ddt_rope_params rp;
-    memset(&rp, 0, sizeof rp);
-    rp.dim = c->head_dim;
-    rp.theta = c->rope_theta;
-    rp.yarn = c->has_yarn;
-    rp.factor = c->yarn_factor;
-    rp.original_max_position = c->yarn_original_max_position;
-    rp.beta_fast = c->yarn_beta_fast;
-    rp.beta_slow = c->yarn_beta_slow;
-    rp.mscale = c->legacy_yarn_attention_factor ? 0.0f : c->yarn_mscale;
-    rp.mscale_all_dim = c->legacy_yarn_attention_factor ? 0.0f : c->yarn_mscale_all_dim;
-    float inv_freq[DDT_ROPE_MAX_DIM / 2], unused;
-    ddt_cpu_rope_freqs(&rp, inv_freq, &unused);
-    const float attn = ddt_drafter_config_rope_attention_factor(c);
+    float inv_freq[DDT_ROPE_MAX_DIM / 2];
+    const float attn = ddt_drafter_config_rope(c, inv_freq);
     size_t n = (size_t)d->cap * (size_t)half;
     float *cs = ddt_calloc_array(n, sizeof(float)), *sn = ddt_calloc_array(n, sizeof(float));
     ddt_status st = DDT_OK;

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/mla_cuda.h"
+#include "backend/cuda/mla_verify_cuda.h"
 #include "backend/cuda/moe_cuda.h"
 #include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
@@ -53,6 +54,11 @@ struct ddt_cuda_target {
     /* run state [max_tokens][...] */
     float *x, *xn, *qa, *q, *kva, *kvn, *q_lat, *o_lat, *o_v, *tmp, *acc, *g, *u, *rlogits, *rw, *scores;
     int32_t *ridx, *iota;
+    bool fast;           /* bf16 cache + mla_verify_cuda.h */
+    uint16_t *q16;       /* fast: [max_tokens][heads][576] bf16 queries */
+    uint64_t *causal;    /* fast: [max_tokens] prefill visibility rows */
+    void *mla_ws;
+    size_t mla_ws_bytes;
     void *moe_ws;
     size_t moe_ws_bytes;
     int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
@@ -149,7 +155,14 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     A(t->o_v, T * (size_t)t->heads * (size_t)t->vdim, float);
     A(t->g, T * (size_t)t->inter_max, float);
     A(t->u, T * (size_t)t->inter_max, float);
-    A(t->scores, T * (size_t)t->heads * (size_t)t->max_ctx, float);
+    if (t->fast) {
+        A(t->q16, T * (size_t)t->heads * (size_t)(t->rank + t->rope), uint16_t);
+        A(t->causal, T, uint64_t);
+        t->mla_ws_bytes = ddt_cuda_mla_verify_workspace(t->max_tokens, t->heads, t->max_ctx);
+        if ((st = dalloc(t, &t->mla_ws, t->mla_ws_bytes, 1, err)) != DDT_OK) return st;
+    } else {
+        A(t->scores, T * (size_t)t->heads * (size_t)t->max_ctx, float);
+    }
     A(t->iota, T, int32_t);
     A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
     A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
@@ -160,13 +173,14 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     }
     if (t->n_capture > 0) A(t->capture, (size_t)t->n_capture * T * H, float);
     const size_t width = (size_t)(t->rank + t->rope);
-    A(t->kv.data, (size_t)t->n_layers * (size_t)t->max_ctx * width, float);
+    const size_t elem = t->fast ? 2 : sizeof(float);
+    if ((st = dalloc(t, &t->kv.data, (size_t)t->n_layers * (size_t)t->max_ctx * width, elem, err)) != DDT_OK) return st;
     A(t->kv.len, 1, int32_t);
     A(t->kv.status, 1, int32_t);
 #undef A
     t->kv.n_layers = t->n_layers;
     t->kv.capacity = t->max_ctx;
-    t->kv.row_bytes = (int32_t)(width * sizeof(float));
+    t->kv.row_bytes = (int32_t)(width * elem);
     DDT_CUDA_TRY(cudaMemset(t->kv.len, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->kv.status, 0, sizeof(int32_t)), err);
     /* iota (prefill depths) and the RoPE tables, computed by the CPU code */
@@ -178,6 +192,15 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the RoPE tables");
     }
     for (size_t i = 0; i < T; i++) io[i] = (int32_t)i;
+    if (t->fast) {
+        uint64_t causal[DDT_MLA_MAX_TOKENS];
+        for (size_t i = 0; i < T; i++) causal[i] = i == 63 ? ~0ull : (2ull << i) - 1;
+        cudaError_t ce = cudaMemcpy(t->causal, causal, T * sizeof(uint64_t), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) {
+            free(io), free(cs), free(sn);
+            DDT_CUDA_TRY(ce, err);
+        }
+    }
     ddt_status rst = ddt_target_rope_table(t->cfg, 0, t->max_ctx, cs, sn, err);
     if (rst != DDT_OK) {
         free(io), free(cs), free(sn);
@@ -231,11 +254,21 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
     }
     t->n_capture = opts->n_capture;
     for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
+    t->fast = opts->fast_attention;
     t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
                                        .n_group = c->n_group > 0 ? c->n_group : 1,
                                        .topk_group = c->topk_group > 0 ? c->topk_group : 1,
                                        .norm_topk_prob = c->norm_topk_prob,
                                        .routed_scaling_factor = c->routed_scaling_factor};
+}
+
+static ddt_status check_fast(const ddt_cuda_target *t, ddt_error *err) {
+    if (t->fast && (t->rank != DDT_MLA_DV || t->rank + t->rope != DDT_MLA_DK || t->max_tokens > DDT_MLA_MAX_TOKENS))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "fast attention needs kv_lora_rank %d + qk_rope_head_dim %d and <= %d tokens per forward "
+                        "(have %d + %d, %d)", DDT_MLA_DV, DDT_MLA_DK - DDT_MLA_DV, DDT_MLA_MAX_TOKENS, t->rank,
+                        t->rope, t->max_tokens);
+    return DDT_OK;
 }
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
@@ -260,6 +293,7 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         return st;
     }
     init_dims(t, ddt_target_config(t->host), opts);
+    if ((st = check_fast(t, err)) != DDT_OK) goto fail;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
         goto fail;
@@ -369,7 +403,11 @@ ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda
     t->synth_cfg.n_ignore = 0;
     t->synth_cfg.priv = NULL;
     init_dims(t, &t->synth_cfg, opts);
-    ddt_status st;
+    ddt_status st = check_fast(t, err);
+    if (st != DDT_OK) {
+        free(t);
+        return st;
+    }
     uint64_t seed = so->seed;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
@@ -423,7 +461,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
                     t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits,
-                    t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture};
+                    t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     ddt_target_free(t->host);
@@ -444,6 +482,15 @@ const float *ddt_cuda_target_hidden(const ddt_cuda_target *t, int32_t slot) {
 }
 uint64_t ddt_cuda_target_weight_bytes(const ddt_cuda_target *t) { return t->weight_bytes; }
 uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t) { return t->state_bytes; }
+
+ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_t seed, ddt_error *err) {
+    if (len < 0 || len >= t->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE, "fake context of %d rows in a cache of %d", len, t->max_ctx);
+    ddt_status st = ddt_cuda_mla_cache_fill(t->kv.data, t->n_layers, t->max_ctx, t->rank + t->rope, len, t->fast,
+                                            seed, t->stream, err);
+    if (st != DDT_OK) return st;
+    return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
+}
 
 ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
     return ddt_cuda_kv_set_len(&t->kv, 0, t->stream, err);
@@ -496,23 +543,35 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         }
         TRY(ddt_cuda_matmul(&L->kv_a, t->xn, H, n, t->kva, width, s, err));
         TRY(ddt_cuda_rmsnorm(t->kva, width, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
-        float *layer_cache = (float *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)width;
+        char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
         ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->nope, .rope = rope, .rank = rank,
                                      .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
                                      .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
                                      .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
-                                     .cache = layer_cache, .capacity = t->max_ctx};
+                                     .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
         TRY(ddt_cuda_mla_rope_write(&ra, s, err));
         ddt_cuda_groups uk = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = 0,
                               .rows = t->nope, .x_stride = qd, .y_stride = rank};
         TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
                                       s, err));
-        ddt_cuda_mla_attn_args aa = {.n = n, .heads = heads, .rank = rank, .rope = rope, .q_lat = t->q_lat,
-                                     .q_rope = t->q + t->nope, .q_rope_ld_t = (int64_t)heads * qd,
-                                     .q_rope_ld_h = qd, .cache = layer_cache, .capacity = t->max_ctx,
-                                     .len = t->kv.len, .depth = depth, .vis = vis, .vis_words = vis_words,
-                                     .scale = t->scale, .scores = t->scores, .out = t->o_lat};
-        TRY(ddt_cuda_mla_attention(&aa, s, err));
+        if (t->fast) {
+            TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
+                                    s, err));
+            ddt_cuda_mla_verify va = {.n_tokens = n, .n_heads = heads, .q = t->q16, .kv = (const uint16_t *)layer_cache,
+                                      .kv_ld = width, .kv_rows = t->max_ctx, .n_prefix = t->kv.len,
+                                      .max_prefix = t->max_ctx - n, .vis = vis ? vis : t->causal, .scale = t->scale,
+                                      .out = t->o_lat, .out_fp32 = 1, .out_ld = rank, .lse = NULL,
+                                      .workspace = t->mla_ws, .path = DDT_MLA_PATH_AUTO};
+            TRY(ddt_cuda_mla_verify_run(&va, s, err));
+        } else {
+            ddt_cuda_mla_attn_args aa = {.n = n, .heads = heads, .rank = rank, .rope = rope, .q_lat = t->q_lat,
+                                         .q_rope = t->q + t->nope, .q_rope_ld_t = (int64_t)heads * qd,
+                                         .q_rope_ld_h = qd, .cache = (const float *)layer_cache,
+                                         .capacity = t->max_ctx, .len = t->kv.len, .depth = depth, .vis = vis,
+                                         .vis_words = vis_words, .scale = t->scale, .scores = t->scores,
+                                         .out = t->o_lat};
+            TRY(ddt_cuda_mla_attention(&aa, s, err));
+        }
         ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = t->nope,
                               .rows = t->vdim, .x_stride = rank, .y_stride = t->vdim};
         TRY(ddt_cuda_matmul_grouped(&L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
@@ -566,6 +625,8 @@ ddt_status ddt_cuda_target_verify(ddt_cuda_target *t, const int32_t *tokens, con
         return ddt_fail(err, DDT_ERR_RANGE, "verify: %d nodes, allowed 1..%d per forward", n, t->max_tokens);
     if (vis_words < (n + 63) / 64)
         return ddt_fail(err, DDT_ERR_INVALID, "verify: %d visibility words per row cannot hold %d nodes", vis_words, n);
+    if (t->fast && vis_words != 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "verify: fast attention takes one visibility word per node");
     return forward(t, tokens, n, depth, vis, vis_words, logits, 0, err);
 }
 

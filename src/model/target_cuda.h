@@ -38,6 +38,11 @@ typedef struct ddt_cuda_target_options {
     int32_t max_tokens;            /* tokens per forward */
     const int32_t *capture_layers; /* layer ids whose hidden states are kept (HF hidden_states[id + 1]) */
     int32_t n_capture;
+    bool fast_attention;           /* bf16 latent cache + the tensor-core kernel (mla_verify_cuda.h):
+                                      needs kv_lora_rank 512, qk_rope_head_dim 64, max_tokens <= 64;
+                                      faster at long contexts, but a tree node's logits are no longer
+                                      bitwise those of its path's prefill (the split-KV plan depends on
+                                      the token count) */
 } ddt_cuda_target_options;
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
@@ -76,6 +81,10 @@ const float *ddt_cuda_target_hidden(const ddt_cuda_target *t, int32_t slot);
 /* Device bytes held: weights, and run state + cache. */
 uint64_t ddt_cuda_target_weight_bytes(const ddt_cuda_target *t);
 uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t);
+
+/* Benchmarks: pretend len committed tokens (rows [0, len) filled with random
+ * latent values): long contexts without prefilling them. */
+ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_t seed, ddt_error *err);
 
 /* Forget everything: len = 0. */
 ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err);

@@ -174,6 +174,81 @@ static void test_variant(const char *variant) {
     ddt_target_free(ct);
 }
 
+/* The tensor-core attention path (bf16 cache, mla_verify_cuda.h) inside the target
+ * against the exact fp32 path, on a synthetic model with K2.6's attention widths
+ * (rank 512, rope 64) and the same random weights: prefill and tree verify logits. */
+static void test_fast_attention(void) {
+    ddt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.hidden_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 5;
+    c.q_lora_rank = 96;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 32;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 48;
+    c.vocab_size = 517;
+    c.intermediate_size = 160;
+    c.moe_intermediate_size = 64;
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.n_shared_experts = 1;
+    c.first_k_dense_replace = 1;
+    c.moe_layer_freq = 1;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5f;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.rope_interleave = true;
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_DENSE, .lm_head = true, .seed = 5};
+    ddt_cuda_target_options go = {.max_ctx = 300, .max_tokens = 40};
+    ddt_cuda_target *exact, *fast;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &exact, &err_));
+    go.fast_attention = true;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &fast, &err_));
+    const int V = c.vocab_size, NP = 37, NT = 29;
+    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
+    uint64_t vis[40], *dvis;
+    float *dl, *a = malloc(sizeof(float) * 40 * V), *b = malloc(sizeof(float) * 40 * V);
+    CU(cudaMalloc((void **)&ids, sizeof prompt));
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&ddep, sizeof depth));
+    CU(cudaMalloc((void **)&dvis, sizeof vis));
+    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
+    for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
+    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
+    random_tree(NT, V, tok, par, depth, vis);
+    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    double e[2];
+    for (int pass = 0; pass < 2; pass++) {
+        ddt_cuda_target *ts[2] = {exact, fast};
+        float *outs[2] = {a, b};
+        for (int k = 0; k < 2; k++) {
+            nan_fill(dl, (size_t)40 * V);
+            if (pass == 0) OK(ddt_cuda_target_prefill(ts[k], ids, NP, dl, true, &err_));
+            else OK(ddt_cuda_target_verify(ts[k], dtok, ddep, dvis, 1, NT, dl, &err_));
+            CU(cudaStreamSynchronize((cudaStream_t)ddt_cuda_target_stream(ts[k])));
+            CU(cudaMemcpy(outs[k], dl, sizeof(float) * (size_t)(pass ? NT : NP) * V, cudaMemcpyDeviceToHost));
+        }
+        e[pass] = nerr(b, a, (size_t)(pass ? NT : NP) * V);
+        bool finite = true;
+        for (size_t i = 0; i < (size_t)(pass ? NT : NP) * V; i++) finite &= isfinite(b[i]) != 0;
+        /* bf16 cache and queries: ~3 significant digits per score */
+        CHECK(finite && e[pass] < 2e-2, "fast attention %s: error %.3g vs the exact path%s", pass ? "verify" : "prefill",
+              e[pass], finite ? "" : " (non-finite values)");
+    }
+    printf("  fast (bf16, tensor-core) attention vs exact: prefill %.2e, verify %.2e\n", e[0], e[1]);
+    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    free(a), free(b);
+    ddt_cuda_target_free(exact);
+    ddt_cuda_target_free(fast);
+}
+
 typedef struct run_out {
     int32_t ids[256];
     int32_t n;
@@ -235,6 +310,7 @@ int main(int argc, char **argv) {
     int nv = quick ? 2 : 10;
     printf("CUDA target vs CPU target (normalised logit error):\n");
     for (int i = 0; i < nv; i++) test_variant(variants[i]);
+    test_fast_attention();
     printf("engine, fixture pair (fp32 target + fp32 drafter):\n");
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);

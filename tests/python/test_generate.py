@@ -106,3 +106,21 @@ def test_cli_prompt_file(model_with_tokenizer, tmp_path):
     assert r.returncode == 2 and "missing" in r.stderr
     r = run("--model", model_with_tokenizer, "--prompt-file", str(f), "--prompt", "x", "--max-tokens", "3")
     assert r.returncode == 2 and "give one of" in r.stderr
+
+
+def test_cli_backend_flag():
+    """--backend cpu is the default's output; an unknown backend is a usage error; --backend cuda
+    either runs on a GPU (and then gives the CPU's greedy ids on this fixture) or, on a machine
+    without one (CI) or a build without nvcc, fails with exit 2 and a message naming CUDA."""
+    base = ["--model", TARGET, "--prompt-ids", "5,6,7", "--max-tokens", "12"]
+    cpu = gen_json(*base)
+    assert gen_json(*base, "--backend", "cpu")["ids"] == cpu["ids"]
+    bad = run(*base, "--backend", "tpu")
+    assert bad.returncode == 2 and "--backend 'tpu'" in bad.stderr
+    for mode in (["--mode", "ar"], ["--mode", "tree", "--draft", DRAFT, "--budget", "8"]):
+        r = run(*base, *mode, "--backend", "cuda", "--json")
+        if r.returncode == 0:
+            assert json.loads(r.stdout)["ids"] == cpu["ids"]
+        else:
+            assert r.returncode == 2, r.stderr
+            assert "cuda" in r.stderr.lower(), r.stderr

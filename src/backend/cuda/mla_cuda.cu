@@ -11,6 +11,7 @@
  * p_j * c_j[d] over positions in increasing order.  Every order depends on the
  * logical positions only, never on n or on which rows hold the ancestors.
  */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -30,8 +31,14 @@ rope_write_kernel(ddt_cuda_mla_rope_args a) {
     if (row < 0 || row >= a.capacity) return; /* nowhere to write; the caller checked capacity */
     const float *cs = a.cos_t + (int64_t)(bad ? 0 : pos) * half;
     const float *sn = a.sin_t + (int64_t)(bad ? 0 : pos) * half;
-    float *dst = a.cache + (int64_t)row * (a.rank + a.rope);
-    for (int d = threadIdx.x; d < a.rank; d += ROPE_THREADS) dst[d] = bad ? NAN : a.kvn[(int64_t)i * a.rank + d];
+    const int64_t base = (int64_t)row * (a.rank + a.rope);
+    float *dst = a.bf16_cache ? NULL : (float *)a.cache + base;
+    __nv_bfloat16 *dst16 = a.bf16_cache ? (__nv_bfloat16 *)a.cache + base : NULL;
+    for (int d = threadIdx.x; d < a.rank; d += ROPE_THREADS) {
+        float v = bad ? NAN : a.kvn[(int64_t)i * a.rank + d];
+        if (dst16) dst16[d] = __float2bfloat16(v);
+        else dst[d] = v;
+    }
     /* k_rope: one thread per rotation pair */
     const float *kr = a.kva + (int64_t)i * a.kva_ld + a.rank;
     for (int p = threadIdx.x; p < half; p += ROPE_THREADS) {
@@ -39,8 +46,14 @@ rope_write_kernel(ddt_cuda_mla_rope_args a) {
         if (a.interleave) { x0 = kr[2 * p]; x1 = kr[2 * p + 1]; }
         else { x0 = kr[p]; x1 = kr[p + half]; }
         float c = cs[p], s = sn[p];
-        dst[a.rank + p] = bad ? NAN : x0 * c - x1 * s;
-        dst[a.rank + p + half] = bad ? NAN : x1 * c + x0 * s;
+        float r0 = bad ? NAN : x0 * c - x1 * s, r1 = bad ? NAN : x1 * c + x0 * s;
+        if (dst16) {
+            dst16[a.rank + p] = __float2bfloat16(r0);
+            dst16[a.rank + p + half] = __float2bfloat16(r1);
+        } else {
+            dst[a.rank + p] = r0;
+            dst[a.rank + p + half] = r1;
+        }
     }
     /* queries: rotate every (head, pair) into shared memory, then write back;
        interleaved pairs are read from where other pairs are written */
@@ -153,5 +166,51 @@ extern "C" ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, dd
     if (smem > 48 * 1024) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla attention: %zu bytes of shared memory", smem);
     mla_attn_kernel<<<a->n * a->heads, ATTN_THREADS, smem, (cudaStream_t)stream>>>(*a);
     DDT_CUDA_LAUNCHED("mla_attention", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void pack_q_kernel(const float *__restrict__ q_lat, const float *__restrict__ q_rope,
+                                     int64_t ld_t, int64_t ld_h, int heads, int rank, int rope,
+                                     __nv_bfloat16 *__restrict__ q16) {
+    const int i = blockIdx.x / heads, h = blockIdx.x % heads, w = rank + rope;
+    __nv_bfloat16 *dst = q16 + (int64_t)blockIdx.x * w;
+    const float *ql = q_lat + (int64_t)blockIdx.x * rank, *qr = q_rope + (int64_t)i * ld_t + (int64_t)h * ld_h;
+    for (int d = threadIdx.x; d < w; d += blockDim.x) dst[d] = __float2bfloat16(d < rank ? ql[d] : qr[d - rank]);
+}
+
+extern "C" ddt_status ddt_cuda_mla_pack_q(const float *q_lat, const float *q_rope, int64_t q_rope_ld_t,
+                                          int64_t q_rope_ld_h, int32_t n, int32_t heads, int32_t rank, int32_t rope,
+                                          uint16_t *q16, ddt_cuda_stream stream, ddt_error *err) {
+    if (n < 1 || heads < 1 || rank < 1 || rope < 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "mla pack_q: %d tokens x %d heads", n, heads);
+    pack_q_kernel<<<n * heads, 128, 0, (cudaStream_t)stream>>>(q_lat, q_rope, q_rope_ld_t, q_rope_ld_h, heads, rank,
+                                                               rope, (__nv_bfloat16 *)q16);
+    DDT_CUDA_LAUNCHED("mla_pack_q", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+static __global__ void cache_fill_kernel(void *cache, int64_t per_layer, int64_t used, int64_t total, bool bf16,
+                                         uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        if (i % per_layer >= used) continue;
+        uint64_t x = seed ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        float u = (float)(uint32_t)(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        if (bf16) ((__nv_bfloat16 *)cache)[i] = __float2bfloat16(u);
+        else ((float *)cache)[i] = u;
+    }
+}
+
+extern "C" ddt_status ddt_cuda_mla_cache_fill(void *cache, int32_t layers, int32_t capacity, int32_t width,
+                                              int32_t rows, bool bf16, uint64_t seed, ddt_cuda_stream stream,
+                                              ddt_error *err) {
+    if (layers < 1 || capacity < 1 || width < 1 || rows < 0 || rows > capacity)
+        return ddt_fail(err, DDT_ERR_INVALID, "mla cache_fill: %d rows of %d", rows, capacity);
+    const int64_t per_layer = (int64_t)capacity * width;
+    cache_fill_kernel<<<4096, 256, 0, (cudaStream_t)stream>>>(cache, per_layer, (int64_t)rows * width,
+                                                              per_layer * layers, bf16, seed);
+    DDT_CUDA_LAUNCHED("mla_cache_fill", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -40,8 +40,9 @@ typedef struct ddt_cuda_mla_rope_args {
     const float *kvn;                   /* device [n][rank] normalised latent */
     const float *kva;                   /* device [n][kva_ld]: k_rope (pre-rotation) at column rank */
     int32_t kva_ld;
-    float *cache;                       /* device layer base [capacity][rank + rope] */
+    void *cache;                        /* device layer base [capacity][rank + rope], fp32 or bf16 */
     int32_t capacity;
+    bool bf16_cache;                    /* rows are bf16 (the tensor-core path of mla_verify_cuda.h) */
 } ddt_cuda_mla_rope_args;
 
 /* Rotate the queries' rope parts and write cache rows *len + i = [kvn[i], rope(k_rope[i])]. */
@@ -64,6 +65,17 @@ typedef struct ddt_cuda_mla_attn_args {
 } ddt_cuda_mla_attn_args;
 
 ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, ddt_cuda_stream stream, ddt_error *err);
+
+/* The tensor-core path's query: q16[i][h] = bf16(q_lat[i][h][0..rank) | q_rope[i][h][0..rope))
+ * (q16 [n][heads][rank + rope] contiguous, q_lat [n][heads][rank]). */
+ddt_status ddt_cuda_mla_pack_q(const float *q_lat, const float *q_rope, int64_t q_rope_ld_t, int64_t q_rope_ld_h,
+                               int32_t n, int32_t heads, int32_t rank, int32_t rope, uint16_t *q16,
+                               ddt_cuda_stream stream, ddt_error *err);
+
+/* Benchmarks: fill rows [0, rows) of every layer of a cache ([layers][capacity][width],
+ * fp32 or bf16) with hash-random values in [-1, 1), standing for a long context. */
+ddt_status ddt_cuda_mla_cache_fill(void *cache, int32_t layers, int32_t capacity, int32_t width, int32_t rows,
+                                   bool bf16, uint64_t seed, ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
 }

@@ -710,6 +710,14 @@ extern "C" void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int6
     if (blocks_per_split) *blocks_per_split = b;
 }
 
+extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
+    const long long n_rows = (long long)n_tokens * n_heads;
+    const int n_qtiles = (int)((n_rows + BM - 1) / BM);
+    if (n_qtiles < 1 || max_prefix < 0) return DDT_MLA_PATH_GLOBAL;
+    const int sgrid = grid_splits(max_prefix, n_qtiles);
+    return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
+}
+
 extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_mla_stream stream, ddt_error *err) {
     if (!a || !a->q || !a->kv || !a->n_prefix || !a->vis || !a->out || !a->workspace)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_mla_verify_run: NULL argument");

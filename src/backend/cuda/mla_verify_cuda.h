@@ -78,6 +78,9 @@ size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t 
 void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int64_t n_prefix, int32_t *splits,
                               int32_t *blocks_per_split);
 
+/* The merge path DDT_MLA_PATH_AUTO takes for these sizes (CLUSTER or GLOBAL). */
+int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_heads, int64_t max_prefix);
+
 /* One or two launches on `stream`; allocates nothing. */
 ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_mla_stream stream, ddt_error *err);
 

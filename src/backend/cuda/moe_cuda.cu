@@ -4,7 +4,9 @@
  * Experts run in four launches with no host sync:
  *   1. sort (one block): count the n*top_k (token, expert) entries per expert, an
  *      exclusive scan gives each expert a contiguous range of entry slots and the
- *      list of touched experts in increasing index; every entry gets a slot.  The
+ *      list of touched experts in increasing index, written as one record per
+ *      expert slot (weights + range) so an expert block starts its weight loads
+ *      after a single dependent load; every entry gets a slot.  The
  *      order of a token inside its expert's range comes from a shared-memory atomic
  *      cursor and may vary from run to run, but no value depends on it: each slot is
  *      computed from its own token only, and the combine reads slots by token.
@@ -28,7 +30,7 @@
 #define MOE_MAX_EXPERTS 4096
 #define MOE_MAX_TOPK 16
 #define ROUTE_THREADS 256
-#define SORT_THREADS 1024
+#define SORT_THREADS 256
 #define EX_WARPS 4
 #define COMBINE_THREADS 256
 
@@ -49,11 +51,10 @@ static __device__ __forceinline__ Best best_of(Best a, Best b) {
 
 static __global__ void __launch_bounds__(ROUTE_THREADS)
 route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params p, int32_t *idx, float *w) {
-    /* 41 KB: s is recomputed for the chosen experts instead of stored (same bits) */
+    /* 40 KB: s is recomputed for the chosen experts instead of stored (same bits) */
     __shared__ float choice[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_EXPERTS];
     __shared__ unsigned char gkeep[MOE_MAX_EXPERTS], taken[MOE_MAX_EXPERTS];
-    __shared__ Best wbest[ROUTE_THREADS / 32];
     __shared__ int chosen[MOE_MAX_TOPK];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int E = p.n_experts, G = p.n_group > 0 ? p.n_group : 1, per = E / G;
@@ -64,7 +65,12 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
         taken[e] = 0;
     }
     __syncthreads();
-    for (int g = tid; g < G; g += ROUTE_THREADS) {
+    /* The selection runs in warp 0 alone: a few shuffles per pick, no block barriers. */
+    if (warp != 0) return;
+    const int keep = p.topk_group > 0 && p.topk_group < G ? p.topk_group : G;
+    for (int g = lane; g < G; g += 32) {
+        gkeep[g] = keep == G; /* every group kept: their scores do not matter */
+        if (keep == G) continue;
         float b1 = -INFINITY, b2 = -INFINITY;
         for (int e = g * per; e < (g + 1) * per; e++) {
             const float c = choice[e];
@@ -76,11 +82,9 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
             }
         }
         gscore[g] = per >= 2 ? b1 + b2 : b1;
-        gkeep[g] = 0;
     }
-    __syncthreads();
-    if (tid == 0) { /* a handful of groups: the CPU loop as is */
-        const int keep = p.topk_group > 0 && p.topk_group < G ? p.topk_group : G;
+    __syncwarp();
+    if (keep < G && lane == 0) { /* a handful of groups: the CPU loop as is */
         for (int k = 0; k < keep; k++) {
             int best = -1;
             for (int g = 0; g < G; g++)
@@ -88,10 +92,10 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
             gkeep[best] = 1;
         }
     }
-    __syncthreads();
+    __syncwarp();
     for (int k = 0; k < p.top_k; k++) {
         Best b = {0.0f, -1};
-        for (int e = tid; e < E; e += ROUTE_THREADS)
+        for (int e = lane; e < E; e += 32)
             if (!taken[e] && gkeep[e / per]) b = best_of(b, Best{choice[e], e});
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -100,18 +104,11 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
             o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
             b = best_of(b, o);
         }
-        if (lane == 0) wbest[warp] = b;
-        __syncthreads();
-        if (tid == 0) {
-            Best t = wbest[0];
-            for (int i = 1; i < ROUTE_THREADS / 32; i++) t = best_of(t, wbest[i]);
-            const int e = t.i < 0 ? 0 : t.i;
-            taken[e] = 1;
-            chosen[k] = e;
-        }
-        __syncthreads();
+        const int e = b.i < 0 ? 0 : b.i; /* same in every lane */
+        if (lane == 0) taken[e] = 1, chosen[k] = e;
+        __syncwarp();
     }
-    if (tid == 0) {
+    if (lane == 0) {
         int32_t *it = idx + (int64_t)blockIdx.x * p.top_k;
         float *wt = w + (int64_t)blockIdx.x * p.top_k;
         float sum = 0.0f;
@@ -238,8 +235,16 @@ extern "C" void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m) {
 
 /* ------------------------------------------------------------------ workspace */
 
+/* What an expert kernel's block needs, in one 64-byte load: the expert's weights
+ * (gate, up, down data and scales) and its range of entry slots; cnt 0 = no expert. */
+struct SlotRec {
+    const uint8_t *d[3];
+    const void *s[3];
+    int32_t off, cnt;
+};
+
 struct MoeWs {
-    int32_t *slot_expert, *slot_off, *slot_cnt, *n_touched; /* [E] x 3, [1] */
+    SlotRec *rec;                                           /* [min(M, E)] */
     int32_t *sorted_tok, *pos_of;                           /* [M] x 2 */
     float *h;                                               /* [M][inter] */
     float *o;                                               /* [M][hidden] */
@@ -255,10 +260,7 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t
 #define WS_TAKE(field, type, count)                                  \
     w.field = (type *)(p ? p + off : NULL);                          \
     off += align256(sizeof(type) * (size_t)(count));
-    WS_TAKE(slot_expert, int32_t, E)
-    WS_TAKE(slot_off, int32_t, E)
-    WS_TAKE(slot_cnt, int32_t, E)
-    WS_TAKE(n_touched, int32_t, 1)
+    WS_TAKE(rec, SlotRec, E < M ? E : M)
     WS_TAKE(sorted_tok, int32_t, M)
     WS_TAKE(pos_of, int32_t, M)
     WS_TAKE(h, float, M * inter)
@@ -287,7 +289,7 @@ static __device__ long long block_excl_scan(long long v, long long *wsum, long l
     if (lane == 31) wsum[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        long long t = wsum[lane];
+        long long t = lane < SORT_THREADS / 32 ? wsum[lane] : 0;
         long long ti = t;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
@@ -301,10 +303,15 @@ static __device__ long long block_excl_scan(long long v, long long *wsum, long l
     return wsum[warp] + inc - v;
 }
 
+static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
+    return w.format == DDT_Q_FP8_BLOCK ? (const void *)w.scale_inv : (const void *)w.scale;
+}
+
 static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, MoeWs ws) {
+moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int max_slots, const ddt_qweight *gate,
+                const ddt_qweight *up, const ddt_qweight *down, MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
-    __shared__ long long wsum[32], total;
+    __shared__ long long wsum[SORT_THREADS / 32], total;
     const int tid = threadIdx.x;
     for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
@@ -322,15 +329,20 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, MoeWs ws) 
         const int c = cnt[e];
         cur[e] = off;
         if (c > 0) {
-            ws.slot_expert[slot] = e;
-            ws.slot_off[slot] = off;
-            ws.slot_cnt[slot] = c;
+            SlotRec r;
+            r.d[0] = (const uint8_t *)gate[e].data, r.s[0] = wscale(gate[e]);
+            r.d[1] = (const uint8_t *)up[e].data, r.s[1] = wscale(up[e]);
+            r.d[2] = (const uint8_t *)down[e].data, r.s[2] = wscale(down[e]);
+            r.off = off;
+            r.cnt = c;
+            ws.rec[slot] = r;
             slot++;
         }
         off += c;
     }
-    if (tid == 0) *ws.n_touched = (int)(total & 0xFFFFFFFFll);
     __syncthreads();
+    /* the grid has max_slots expert slots: the ones no expert took do nothing */
+    for (int sl = (int)(total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
     for (int i = tid; i < M; i += SORT_THREADS) {
         const int e = idx[i];
         if (e >= 0 && e < E) {
@@ -346,73 +358,67 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, MoeWs ws) 
 /* ------------------------------------------------------------------ expert GEMMs */
 
 /* warp: intermediate rows o0, o0+1 of gate and up -> h = silu(g) * u */
-template <int F, int TB>
+template <int F, int TB, int U>
 static __global__ void __launch_bounds__(EX_WARPS * 32)
-moe_gateup_kernel(const ddt_qweight *__restrict__ gate, const ddt_qweight *__restrict__ up, MoeWs ws,
-                  const float *__restrict__ x, int64_t ldx, bool xvec, int inter) {
-    const int slot = blockIdx.y;
-    if (slot >= *ws.n_touched) return;
+moe_gateup_kernel(const QView W, MoeWs ws, const float *__restrict__ x, int64_t ldx, bool xvec, int inter) {
+    const SlotRec rec = ws.rec[blockIdx.y];
+    if (rec.cnt == 0) return;
     const int lane = threadIdx.x & 31;
     const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * 2;
     if (o0 >= inter) return;
-    const int e = ws.slot_expert[slot], base = ws.slot_off[slot], cnt = ws.slot_cnt[slot];
-    const ddt_qweight gw = gate[e], uw = up[e];
-    const QView W = qview_make<F>(gw);
     const int o1 = o0 + 1 < inter ? o0 + 1 : o0;
-    const uint8_t *wd[4] = {(const uint8_t *)gw.data, (const uint8_t *)uw.data, (const uint8_t *)gw.data,
-                            (const uint8_t *)uw.data};
-    const void *gs = F == QF_FP8 ? (const void *)gw.scale_inv : (const void *)gw.scale;
-    const void *us = F == QF_FP8 ? (const void *)uw.scale_inv : (const void *)uw.scale;
-    const void *wsc[4] = {gs, us, gs, us};
+    const uint8_t *wd[4] = {rec.d[0], rec.d[1], rec.d[0], rec.d[1]};
+    const void *wsc[4] = {rec.s[0], rec.s[1], rec.s[0], rec.s[1]};
     const int64_t row[4] = {o0, o0, o1, o1};
-    for (int t0 = 0; t0 < cnt; t0 += TB) {
-        const int ntok = cnt - t0 < TB ? cnt - t0 : TB;
+    for (int t0 = 0; t0 < rec.cnt; t0 += TB) {
+        const int ntok = rec.cnt - t0 < TB ? rec.cnt - t0 : TB;
         const float *xr[TB];
 #pragma unroll
-        for (int t = 0; t < TB; t++) xr[t] = x + (int64_t)ws.sorted_tok[base + t0 + (t < ntok ? t : 0)] * ldx;
+        for (int t = 0; t < TB; t++) xr[t] = x + (int64_t)ws.sorted_tok[rec.off + t0 + (t < ntok ? t : 0)] * ldx;
         float out[4][TB];
-        warp_dot<F, 4, TB>(W, wd, wsc, row, xr, ntok, xvec, out);
+        warp_dot<F, 4, TB, U>(W, wd, wsc, row, xr, ntok, xvec, out);
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int t = 0; t < TB; t++)
                 if (lane == j * TB + t && t < ntok && o0 + j < inter) {
                     const float g = out[2 * j][t], u = out[2 * j + 1][t];
-                    ws.h[(int64_t)(base + t0 + t) * inter + o0 + j] = g / (1.0f + expf(-g)) * u;
+                    ws.h[(int64_t)(rec.off + t0 + t) * inter + o0 + j] = g / (1.0f + expf(-g)) * u;
                 }
     }
 }
 
-/* warp: hidden rows o0 .. o0+3 of down for every token of the expert */
-template <int F, int TB>
+/* warp: hidden rows o0 .. o0+R-1 of down for every token of the expert */
+template <int F, int R, int TB, int U>
 static __global__ void __launch_bounds__(EX_WARPS * 32)
-moe_down_kernel(const ddt_qweight *__restrict__ down, MoeWs ws, bool hvec, int hidden, int inter) {
-    const int slot = blockIdx.y;
-    if (slot >= *ws.n_touched) return;
+moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
+    const SlotRec rec = ws.rec[blockIdx.y];
+    if (rec.cnt == 0) return;
     const int lane = threadIdx.x & 31;
-    const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * 4;
+    const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * R;
     if (o0 >= hidden) return;
-    const int e = ws.slot_expert[slot], base = ws.slot_off[slot], cnt = ws.slot_cnt[slot];
-    const ddt_qweight dw = down[e];
-    const QView W = qview_make<F>(dw);
-    const uint8_t *wd[4] = {W.data, W.data, W.data, W.data};
-    const void *wsc[4] = {W.scale, W.scale, W.scale, W.scale};
-    int64_t row[4];
+    const uint8_t *wd[R];
+    const void *wsc[R];
+    int64_t row[R];
 #pragma unroll
-    for (int r = 0; r < 4; r++) row[r] = o0 + r < hidden ? o0 + r : hidden - 1;
-    for (int t0 = 0; t0 < cnt; t0 += TB) {
-        const int ntok = cnt - t0 < TB ? cnt - t0 : TB;
+    for (int r = 0; r < R; r++) {
+        wd[r] = rec.d[2];
+        wsc[r] = rec.s[2];
+        row[r] = o0 + r < hidden ? o0 + r : hidden - 1;
+    }
+    for (int t0 = 0; t0 < rec.cnt; t0 += TB) {
+        const int ntok = rec.cnt - t0 < TB ? rec.cnt - t0 : TB;
         const float *xr[TB];
 #pragma unroll
-        for (int t = 0; t < TB; t++) xr[t] = ws.h + (int64_t)(base + t0 + (t < ntok ? t : 0)) * inter;
-        float out[4][TB];
-        warp_dot<F, 4, TB>(W, wd, wsc, row, xr, ntok, hvec, out);
+        for (int t = 0; t < TB; t++) xr[t] = ws.h + (int64_t)(rec.off + t0 + (t < ntok ? t : 0)) * inter;
+        float out[R][TB];
+        warp_dot<F, R, TB, U>(W, wd, wsc, row, xr, ntok, hvec, out);
 #pragma unroll
-        for (int r = 0; r < 4; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < TB; t++)
                 if (lane == r * TB + t && t < ntok && o0 + r < hidden)
-                    ws.o[(int64_t)(base + t0 + t) * hidden + o0 + r] = out[r][t];
+                    ws.o[(int64_t)(rec.off + t0 + t) * hidden + o0 + r] = out[r][t];
     }
 }
 
@@ -459,23 +465,30 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
 
 /* ------------------------------------------------------------------ experts */
 
-template <int F, int TB>
+/*
+ * TB tokens per pass, U chunks of loads in flight, R down rows per warp.  Decode
+ * (about one token per expert) wants many loads in flight and no idle token
+ * slots; big batches want several tokens per weight load.
+ */
+template <int F, int TB, int U, int RD, int UD>
 static void experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
                            const MoeWs &ws, cudaStream_t s) {
     const int H = m->hidden, I = m->inter;
     const bool hvec = I % 4 == 0;
+    const QView Wgu = qview_make<F>(m->host_copy[0]), Wd = qview_make<F>(m->host_copy[2 * m->n_experts]);
     dim3 g1((unsigned)((I + 2 * EX_WARPS - 1) / (2 * EX_WARPS)), (unsigned)slots);
-    moe_gateup_kernel<F, TB><<<g1, EX_WARPS * 32, 0, s>>>(m->gate, m->up, ws, x, ldx, xvec, I);
-    dim3 g2((unsigned)((H + 4 * EX_WARPS - 1) / (4 * EX_WARPS)), (unsigned)slots);
-    moe_down_kernel<F, TB><<<g2, EX_WARPS * 32, 0, s>>>(m->down, ws, hvec, H, I);
+    moe_gateup_kernel<F, TB, U><<<g1, EX_WARPS * 32, 0, s>>>(Wgu, ws, x, ldx, xvec, I);
+    dim3 g2((unsigned)((H + RD * EX_WARPS - 1) / (RD * EX_WARPS)), (unsigned)slots);
+    moe_down_kernel<F, RD, TB, UD><<<g2, EX_WARPS * 32, 0, s>>>(Wd, ws, hvec, H, I);
 }
 
 template <int F>
 static void experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                              int32_t n, const MoeWs &ws, cudaStream_t s) {
-    if (n == 1) experts_launch<F, 1>(m, x, ldx, xvec, slots, ws, s);
-    else if (n == 2) experts_launch<F, 2>(m, x, ldx, xvec, slots, ws, s);
-    else experts_launch<F, 4>(m, x, ldx, xvec, slots, ws, s);
+                              int64_t M, const MoeWs &ws, cudaStream_t s) {
+    const int64_t E = m->n_experts;
+    if (M * 2 <= E) experts_launch<F, 1, 4, 8, 2>(m, x, ldx, xvec, slots, ws, s);
+    else if (M <= 2 * E) experts_launch<F, 2, 2, 8, 1>(m, x, ldx, xvec, slots, ws, s);
+    else experts_launch<F, 4, 1, 4, 1>(m, x, ldx, xvec, slots, ws, s);
 }
 
 extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
@@ -501,14 +514,14 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     cudaStream_t s = (cudaStream_t)stream;
     const int slots = (int)(M < m->n_experts ? M : m->n_experts);
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, ws);
+    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, slots, m->gate, m->up, m->down, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
     switch (F) {
-    case QF_F32: experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, n, ws, s); break;
-    case QF_BF16: experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, n, ws, s); break;
-    case QF_F16: experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, n, ws, s); break;
-    case QF_FP8: experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, n, ws, s); break;
-    default: experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, n, ws, s); break;
+    case QF_F32: experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, M, ws, s); break;
+    case QF_BF16: experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, M, ws, s); break;
+    case QF_F16: experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, M, ws, s); break;
+    case QF_FP8: experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, M, ws, s); break;
+    default: experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, M, ws, s); break;
     }
     DDT_CUDA_LAUNCHED("moe_experts", s, err);
     int bx = (m->hidden + COMBINE_THREADS - 1) / COMBINE_THREADS;

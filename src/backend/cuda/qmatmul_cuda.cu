@@ -2,8 +2,9 @@
  * qmatmul_cuda.cu — quantised matrix products on the GPU (see qmatmul_cuda.h).
  *
  * x W^T: one warp per R = 4 consecutive output rows of a group, looping over the
- * tokens TB at a time; the per-element order is fixed by qmatmul_dev.cuh, so the
- * choice of TB (by n) changes speed only.  Holding 4 rows per warp lets each x
+ * tokens TB at a time, with U chunks of loads in flight per row; the per-element
+ * order is fixed by qmatmul_dev.cuh, so the choice of TB and U (by n) changes
+ * speed only.  Holding 4 rows per warp lets each x
  * value loaded from L1 feed 4 weight rows (the activations are read far more
  * often than the weights, and L1 bandwidth is the next wall after DRAM).
  *
@@ -178,7 +179,7 @@ struct MMArgs {
     bool xvec;
 };
 
-template <int F, int TB>
+template <int F, int TB, int U>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     const int lane = threadIdx.x & 31;
     const int64_t rblocks = (a.rows + MM_R - 1) / MM_R;
@@ -201,7 +202,7 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
 #pragma unroll
         for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
         float out[MM_R][TB];
-        warp_dot<F, MM_R, TB>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
+        warp_dot<F, MM_R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
 #pragma unroll
         for (int r = 0; r < MM_R; r++)
 #pragma unroll
@@ -215,9 +216,10 @@ template <int F>
 static void mm_launch(const MMArgs &a, cudaStream_t s) {
     const int64_t warps = (a.rows + MM_R - 1) / MM_R * a.count;
     const unsigned blocks = (unsigned)((warps + MM_WARPS - 1) / MM_WARPS);
-    if (a.n == 1) mm_kernel<F, 1><<<blocks, MM_WARPS * 32, 0, s>>>(a);
-    else if (a.n == 2) mm_kernel<F, 2><<<blocks, MM_WARPS * 32, 0, s>>>(a);
-    else mm_kernel<F, 4><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    /* fewer tokens per pass leave registers for more loads in flight */
+    if (a.n == 1) mm_kernel<F, 1, 4><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    else if (a.n == 2) mm_kernel<F, 2, 2><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    else mm_kernel<F, 4, 1><<<blocks, MM_WARPS * 32, 0, s>>>(a);
 }
 
 static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, const char *what, ddt_error *err) {

@@ -82,8 +82,8 @@ struct QRaw {
 /* Chunk c of a row: packed bits (zero beyond cols: value 0 in every dense / FP8
  * encoding; INT4 rows never have partial chunks) and its scale. */
 template <int F>
-static __device__ __forceinline__ void qload(const QView &W, const uint8_t *rb, const void *scale, int64_t row,
-                                             int64_t c, QRaw &raw, float &s) {
+static __device__ __forceinline__ void qload(const QView &W, const uint8_t *rb, const void *srow, int64_t c,
+                                             QRaw &raw, float &s) {
     constexpr int CW = QFmt<F>::CW;
     const bool full = (c + 1) * CW <= W.cols;
     if (F == QF_INT4 || (W.wvec && full)) {
@@ -111,9 +111,9 @@ static __device__ __forceinline__ void qload(const QView &W, const uint8_t *rb, 
         raw.u[1] = make_uint4(wd[4], wd[5], wd[6], wd[7]);
     }
     if (F == QF_FP8) {
-        s = ((const float *)scale)[(row / W.block) * W.sstride + (c * CW) / W.block];
+        s = ((const float *)srow)[(c * CW) / W.block];
     } else if (F == QF_INT4) {
-        s = __uint_as_float((uint32_t)((const uint16_t *)scale)[row * W.sstride + c] << 16);
+        s = __uint_as_float((uint32_t)((const uint16_t *)srow)[c] << 16);
     } else {
         s = 1.0f;
     }
@@ -247,13 +247,23 @@ static __device__ __forceinline__ void qchunk(const QRaw (&raw)[R], const float 
         }
 }
 
+/* Row `row` of a weight's scales: FP8 its block row, INT4 its group scales. */
+template <int F>
+static __device__ __forceinline__ const void *qscale_row(const QView &W, const void *scale, int64_t row) {
+    if (F == QF_FP8) return (const float *)scale + (row / W.block) * W.sstride;
+    if (F == QF_INT4) return (const uint16_t *)scale + row * W.sstride;
+    return scale;
+}
+
 /*
  * The whole warp: out[r][t] = sum_j x_t[j] * w_r[row_r][j] for t < ntok, in every lane.
  * Row r lives in the weight with data wd[r] and scales ws[r]; all R weights share
  * W's shape and format (gate and up of one expert, or R rows of one matrix).
- * Loads of the next chunk are issued before the current one is consumed.
+ * Each lane issues the loads of U chunks x R rows (16 bytes each) before using any
+ * of them, so that many bytes are in flight per warp; the chunks are then consumed
+ * in increasing order, so U changes nothing in the arithmetic.
  */
-template <int F, int R, int TB>
+template <int F, int R, int TB, int U>
 static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *const (&wd)[R],
                                                 const void *const (&ws)[R], const int64_t (&row)[R],
                                                 const float *const (&xr)[TB], int ntok, bool xvec,
@@ -265,27 +275,25 @@ static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *c
 #pragma unroll
         for (int t = 0; t < TB; t++) acc[r][t] = 0.0f;
     const uint8_t *rb[R];
+    const void *sr[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) rb[r] = wd[r] + row[r] * W.row_bytes;
-    int64_t c = lane;
-    QRaw cur[R];
-    float sc[R];
-    if (c < W.nchunks) {
-#pragma unroll
-        for (int r = 0; r < R; r++) qload<F>(W, rb[r], ws[r], row[r], c, cur[r], sc[r]);
+    for (int r = 0; r < R; r++) {
+        rb[r] = wd[r] + row[r] * W.row_bytes;
+        sr[r] = qscale_row<F>(W, ws[r], row[r]);
     }
-    while (c < W.nchunks) {
-        const int64_t cn = c + 32;
-        QRaw nxt[R];
-        float sn[R];
-        if (cn < W.nchunks) {
+    for (int64_t cb = lane; cb < W.nchunks; cb += 32 * U) {
+        QRaw raw[U][R];
+        float sc[U][R];
 #pragma unroll
-            for (int r = 0; r < R; r++) qload<F>(W, rb[r], ws[r], row[r], cn, nxt[r], sn[r]);
-        }
-        qchunk<F, R, TB>(cur, sc, c * QFmt<F>::CW, W.cols, xr, ntok, xvec, acc);
+        for (int u = 0; u < U; u++)
+            if (cb + 32 * u < W.nchunks) {
 #pragma unroll
-        for (int r = 0; r < R; r++) cur[r] = nxt[r], sc[r] = sn[r];
-        c = cn;
+                for (int r = 0; r < R; r++) qload<F>(W, rb[r], sr[r], cb + 32 * u, raw[u][r], sc[u][r]);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (cb + 32 * u < W.nchunks)
+                qchunk<F, R, TB>(raw[u], sc[u], (cb + 32 * u) * QFmt<F>::CW, W.cols, xr, ntok, xvec, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)

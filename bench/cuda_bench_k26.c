@@ -1,0 +1,248 @@
+/*
+ * cuda_bench_k26.c — a Kimi K2.6 slice at the real shapes on one GPU: MoE
+ * decoder layers (hidden 7168, 64 heads, MLA 1536/512/64, 384 INT4 routed
+ * experts of 2048, top-8, one bf16 shared expert, bf16 attention) and the
+ * dense first layer, with random weights made on the device and a random
+ * latent cache standing for the context.  Times one tree-verify forward per
+ * layer against tree size n and context N (the table the cost-aware budget
+ * takes as C_verify), the LM head, and projects a 61-layer round.
+ *
+ * Roofline per MoE layer: bytes it must read (attention + shared expert + router
+ * weights, the routed experts the n tokens touch, the latent cache) over the
+ * device copy bandwidth measured in the same run.  The routed experts touched
+ * are counted from the router's actual choices (host readback after the timing).
+ *
+ *   cuda_bench_k26 [--quick]        (markdown on stdout)
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tests/cuda/cuda_test.h"
+#include "io/config.h"
+#include "backend/cuda/qmatmul_cuda.h"
+#include "model/target_cuda.h"
+
+static uint64_t g_rng = 0x5DEECE66Dull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+
+static ddt_model_config k26(int layers, int dense_first) {
+    ddt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.architecture, "DeepseekV3ForCausalLM");
+    c.hidden_size = 7168;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = 64;
+    c.q_lora_rank = 1536;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    c.vocab_size = 163840;
+    c.intermediate_size = 18432;
+    c.moe_intermediate_size = 2048;
+    c.n_routed_experts = 384;
+    c.num_experts_per_tok = 8;
+    c.n_shared_experts = 1;
+    c.first_k_dense_replace = dense_first;
+    c.moe_layer_freq = 1;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.827f;
+    strcpy(c.scoring_func, "sigmoid");
+    strcpy(c.topk_method, "noaux_tc");
+    c.rms_norm_eps = 1e-5f;
+    c.rope_theta = 50000.0f;
+    c.max_position_embeddings = 262144;
+    c.rope_interleave = true;
+    c.has_yarn = true;
+    c.yarn_factor = 64.0f;
+    c.yarn_original_max_position = 4096.0f;
+    c.yarn_beta_fast = 1.0f;
+    c.yarn_beta_slow = 1.0f;
+    c.yarn_mscale = 1.0f;
+    c.yarn_mscale_all_dim = 1.0f;
+    c.bos_token_id = c.eos_token_id = -1;
+    return c;
+}
+
+/* a random tree of n nodes, depth <= 15 (what a 16-block drafter builds) */
+static void random_tree(int n, int32_t *tok, int32_t *depth, uint64_t *vis) {
+    int32_t par[64];
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int32_t)(rnd() % 163840u);
+        vis[i] = 0;
+        if (i == 0) {
+            par[0] = -1;
+            depth[0] = 0;
+        } else {
+            int p;
+            do p = (int)(rnd() % (uint32_t)i); while (depth[p] >= 15);
+            par[i] = p;
+            depth[i] = depth[p] + 1;
+        }
+        for (int j = i; j >= 0; j = par[j]) vis[i] |= 1ull << j;
+    }
+}
+
+static double copy_bw(void) {
+    const size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CU(cudaEventRecord(e0, 0));
+    for (int i = 0; i < 5; i++) CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CU(cudaEventRecord(e1, 0));
+    CU(cudaEventSynchronize(e1));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    cudaFree(a), cudaFree(b);
+    return 5.0 * 2.0 * (double)bytes / (ms * 1e-3); /* read + write */
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* median ms of reps verify forwards of the tree already on the device */
+static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t *ddep, const uint64_t *dvis, int n,
+                         int reps) {
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float v[32];
+    for (int r = -2; r < reps; r++) {
+        CU(cudaEventRecord(e0, s));
+        OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    qsort(v, (size_t)reps, sizeof v[0], cmp_f);
+    return v[reps / 2];
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const int ns[] = {1, 2, 4, 8, 16, 32, 48, 64};
+    const int Ns[] = {1024, 4096, 16384, 65536};
+    const int n_n = quick ? 4 : 8, n_N = quick ? 2 : 4, reps = quick ? 3 : 9;
+    const int MOE_LAYERS = 2;
+    const double bw = copy_bw();
+    printf("# Kimi K2.6 slice on one GPU\n\ndevice copy bandwidth (d2d, read + write): %.0f GB/s\n\n", bw * 1e-9);
+
+    /* MoE layers */
+    ddt_model_config c = k26(MOE_LAYERS, 0);
+    ddt_cuda_target_options o = {.max_ctx = 65536 + 128, .max_tokens = 64, .fast_attention = true};
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
+                                 .seed = 1};
+    ddt_cuda_target *t;
+    OK(ddt_cuda_target_synthetic(&c, &o, &so, &t, &err_));
+    printf("%d MoE layers built: %.1f GB of weights on the device\n\n", MOE_LAYERS,
+           (double)ddt_cuda_target_weight_bytes(t) * 1e-9);
+    int32_t tok[64], depth[64], *dtok, *ddep;
+    uint64_t vis[64], *dvis;
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&ddep, sizeof depth));
+    CU(cudaMalloc((void **)&dvis, sizeof vis));
+    /* per-layer bytes that do not depend on n: attention + shared expert + router, bf16 */
+    const double attn_b = 2.0 * (7168.0 * 1536 + 1536.0 * 64 * 192 + 7168.0 * 576 + 512.0 * 64 * 256 + 7168.0 * 64 * 128);
+    const double shared_b = 2.0 * 3 * 7168.0 * 2048, router_b = 2.0 * 384 * 7168;
+    const double expert_b = 3 * (7168.0 * 2048 / 2 + 7168.0 * 2048 / 32 * 2); /* INT4 + bf16 scales */
+    float table[4][8];
+    printf("## One MoE layer: tree-verify forward time (ms) by tree size n and context N\n\n| n |");
+    for (int j = 0; j < n_N; j++) printf(" N=%d |", Ns[j]);
+    printf(" floor at N=%d (ms) | ratio |\n|---:|", Ns[0]);
+    for (int j = 0; j <= n_N + 1; j++) printf("---:|");
+    printf("\n");
+    for (int j = 0; j < n_N; j++) {
+        OK(ddt_cuda_target_fake_context(t, Ns[j], 7 + (uint64_t)j, &err_));
+        for (int i = 0; i < n_n; i++) {
+            random_tree(ns[i], tok, depth, vis);
+            CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+            table[j][i] = time_verify(t, dtok, ddep, dvis, ns[i], reps) / MOE_LAYERS;
+        }
+    }
+    for (int i = 0; i < n_n; i++) {
+        printf("| %d |", ns[i]);
+        for (int j = 0; j < n_N; j++) printf(" %.3f |", table[j][i]);
+        /* expected distinct experts of n tokens with top-8 of 384 (random routing) */
+        double touched = 384.0 * (1.0 - pow(1.0 - 8.0 / 384.0, ns[i]));
+        double bytes = attn_b + shared_b + router_b + touched * expert_b + (double)Ns[0] * 1152.0;
+        double floor_ms = bytes / bw * 1e3;
+        printf(" %.3f | %.2f |\n", floor_ms, table[0][i] / floor_ms);
+    }
+    /* LM head (vocab 163840 x 7168 bf16): the embedding has that shape */
+    printf("\n## LM head (163840 x 7168 bf16) by n\n\n| n | ms |\n|---:|---:|\n");
+    float lm[8];
+    {
+        float *x, *y;
+        CU(cudaMalloc((void **)&x, sizeof(float) * 64 * 7168));
+        CU(cudaMalloc((void **)&y, sizeof(float) * 64 * (size_t)163840));
+        CU(cudaMemset(x, 0, sizeof(float) * 64 * 7168));
+        cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+        cudaEvent_t e0, e1;
+        CU(cudaEventCreate(&e0));
+        CU(cudaEventCreate(&e1));
+        for (int i = 0; i < n_n; i++) {
+            float v[16];
+            for (int r = -1; r < reps; r++) {
+                CU(cudaEventRecord(e0, s));
+                OK(ddt_cuda_matmul(ddt_cuda_target_embed(t), x, 7168, ns[i], y, 163840, s, &err_));
+                CU(cudaEventRecord(e1, s));
+                CU(cudaEventSynchronize(e1));
+                if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
+            }
+            qsort(v, (size_t)reps, sizeof v[0], cmp_f);
+            lm[i] = v[reps / 2];
+            printf("| %d | %.3f |\n", ns[i], lm[i]);
+        }
+        cudaFree(x), cudaFree(y);
+    }
+    ddt_cuda_target_free(t);
+
+    /* the dense first layer (MLP 18432) */
+    c = k26(1, 1);
+    so.seed = 2;
+    OK(ddt_cuda_target_synthetic(&c, &o, &so, &t, &err_));
+    OK(ddt_cuda_target_fake_context(t, 4096, 3, &err_));
+    float dense[8];
+    printf("\n## Dense layer 0 at N=4096 by n\n\n| n | ms |\n|---:|---:|\n");
+    for (int i = 0; i < n_n; i++) {
+        random_tree(ns[i], tok, depth, vis);
+        CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+        dense[i] = time_verify(t, dtok, ddep, dvis, ns[i], reps);
+        printf("| %d | %.3f |\n", ns[i], dense[i]);
+    }
+    ddt_cuda_target_free(t);
+
+    /* projection: 1 dense + 60 MoE layers + LM head, at N = 4096 */
+    printf("\n## Projected 61-layer verify round at N=4096 (one GPU's compute, no communication)\n\n"
+           "| n | round ms | tokens/s at tau=1 | tau=2.5 | tau=3.5 | tau=4.5 |\n|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_n; i++) {
+        double ms = dense[i] + 60.0 * table[n_N > 1 ? 1 : 0][i] + lm[i];
+        printf("| %d | %.2f | %.1f | %.1f | %.1f | %.1f |\n", ns[i], ms, 1e3 / ms, 2.5e3 / ms, 3.5e3 / ms,
+               4.5e3 / ms);
+    }
+    cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
+    return g_failures ? 1 : 0;
+}
