@@ -7,10 +7,11 @@ FUZZ_SECONDS ?= 20
 
 .PHONY: demo tree-demo test deps deps-test build build-asan build-fuzz unit pytest asan fuzz bench clean
 
-# The main job: DDTree decoding with the shipped pair (models/README.md) on a held-out prompt.
+# The main job: DDTree decoding with the shipped pair (models/README.md) on a held-out prompt,
+# on the GPU when the build has CUDA and one is present, else on the CPU.
 demo: deps build
 	./$(BUILD)/ddtree generate --model models/pystdlib-target --draft models/pystdlib-dflash \
-	    --mode tree --budget 16 --prompt-file examples/heldout_prompt.py --max-tokens 128
+	    --mode tree --budget 16 --prompt-file examples/heldout_prompt.py --max-tokens 128 --backend auto
 
 # The tree builder and walk on a small problem, drawn.
 tree-demo: build

@@ -35,7 +35,10 @@ static const char k_usage[] =
     "  --model DIR          target model folder (required)\n"
     "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
     "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
-    "  --backend B          cpu (default) or cuda (the whole round on the GPU; builds with nvcc only)\n"
+    "  --backend B          cpu (default), cuda (the whole round on the GPU; builds with nvcc only)\n"
+    "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
+    "  --fast-attention     cuda: bf16 latent cache + tensor-core MLA attention (kv_lora_rank 512 and\n"
+    "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
     "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
     "  --max-budget N       cap of the auto budget, 1..1024\n"
@@ -74,6 +77,7 @@ typedef struct gen_args {
     long long threads;
     bool json;
     bool stop_eos;
+    bool fast_attention;
 } gen_args;
 
 #if defined(__GNUC__)
@@ -147,6 +151,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         if (!strcmp(f, "--stop-at-eos")) {
             a->stop_eos = true;
+            continue;
+        }
+        if (!strcmp(f, "--fast-attention")) {
+            a->fast_attention = true;
             continue;
         }
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
@@ -233,7 +241,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (m != DDT_MODE_AR && !a->draft)
         return usage_error("--mode %s needs a drafter: --draft DIR", a->mode);
     ddt_backend b;
-    if (!ddt_backend_parse(a->backend, &b)) return usage_error("--backend '%s': unknown (cpu, cuda)", a->backend);
+    if (!ddt_backend_parse(a->backend, &b)) return usage_error("--backend '%s': unknown (cpu, cuda, auto)", a->backend);
     return -1;
 }
 
@@ -379,6 +387,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_engine_options eo = {0};
     ddt_mode_parse(a.mode, &eo.mode);
     ddt_backend_parse(a.backend, &eo.backend);
+    eo.fast_attention = a.fast_attention;
     eo.draft_dir = a.draft;
     eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
     eo.budget_auto = a.budget_auto;
@@ -434,7 +443,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         json_object_set_new(o, "ids", ids);
         if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
         json_t *sj = stats_json(&gs, a.mode, eo.budget, a.budget_auto);
-        if (sj) json_object_set_new(sj, "backend", json_string(a.backend));
+        if (sj) json_object_set_new(sj, "backend", json_string(ddt_backend_name(ddt_engine_backend(&eo))));
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -453,10 +462,10 @@ int ddt_cmd_generate(int argc, char **argv) {
     if (!strcmp(why, "context full"))
         fprintf(stderr, "ddtree generate: stopped after %d tokens: the context of %lld tokens is full\n", n_out, ctx);
     fprintf(stderr,
-            "ddtree generate: mode %s%s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
+            "ddtree generate: mode %s%s on %s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
             "mean acceptance %.2f tokens/round, %lld nodes verified\n"
             "  time: prefill %.3f s, draft %.3f s, build %.3f s, verify %.3f s, walk %.3f s, commit %.3f s\n",
-            a.mode, a.budget_auto ? " (auto budget)" : "", gs.prompt_tokens, gs.tokens, why, gs.rounds,
+            a.mode, a.budget_auto ? " (auto budget)" : "", ddt_backend_name(ddt_engine_backend(&eo)), gs.prompt_tokens, gs.tokens, why, gs.rounds,
             gs.tokens_per_s, gs.mean_acceptance, (long long)gs.nodes_verified, gs.t_prefill, gs.t_draft,
             gs.t_build, gs.t_verify, gs.t_walk, gs.t_commit);
     rc = 0;

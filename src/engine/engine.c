@@ -59,6 +59,7 @@ bool ddt_backend_parse(const char *s, ddt_backend *out) {
     if (!s) return false;
     if (!strcmp(s, "cpu")) *out = DDT_BACKEND_CPU;
     else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *out = DDT_BACKEND_CUDA;
+    else if (!strcmp(s, "auto")) *out = DDT_BACKEND_AUTO;
     else return false;
     return true;
 }
@@ -68,6 +69,19 @@ bool ddt_backend_cuda_built(void) {
     return true;
 #else
     return false;
+#endif
+}
+
+const char *ddt_backend_name(ddt_backend b) {
+    return b == DDT_BACKEND_CPU ? "cpu" : b == DDT_BACKEND_CUDA ? "cuda" : b == DDT_BACKEND_AUTO ? "auto" : "?";
+}
+
+ddt_backend ddt_engine_backend(const ddt_engine_options *o) {
+    if (o->backend != DDT_BACKEND_AUTO) return o->backend;
+#ifdef DDT_HAVE_CUDA
+    return ddt_engine_cuda_available() ? DDT_BACKEND_CUDA : DDT_BACKEND_CPU;
+#else
+    return DDT_BACKEND_CPU;
 #endif
 }
 
@@ -112,12 +126,12 @@ static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid 
 static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
     if (o->mode != DDT_MODE_AR && o->mode != DDT_MODE_CHAIN && o->mode != DDT_MODE_TREE)
         return ddt_fail(err, DDT_ERR_INVALID, "unknown decoding mode %d", (int)o->mode);
-    if (o->backend != DDT_BACKEND_CPU && o->backend != DDT_BACKEND_CUDA)
+    if (o->backend != DDT_BACKEND_CPU && o->backend != DDT_BACKEND_CUDA && o->backend != DDT_BACKEND_AUTO)
         return ddt_fail(err, DDT_ERR_INVALID, "unknown backend %d", (int)o->backend);
     if (o->backend == DDT_BACKEND_CUDA && !ddt_backend_cuda_built())
         return ddt_fail(err, DDT_ERR_UNSUPPORTED,
                         "--backend cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
-    if (o->fast_attention && o->backend != DDT_BACKEND_CUDA)
+    if (o->fast_attention && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--fast-attention is a CUDA backend option (add --backend cuda)");
     if (o->mode != DDT_MODE_AR && !o->draft_fn && !o->draft_dir)
         return ddt_fail(err, DDT_ERR_INVALID, "mode %s needs a drafter (--draft DIR)",
@@ -227,6 +241,7 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
     e->opts = *opts;
     e->opts.cost = NULL;
+    e->opts.backend = ddt_engine_backend(opts);
 
     /* the drafter's config names the target layers whose features it needs */
     ddt_drafter_config dcfg;
@@ -252,7 +267,7 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
         goto fail;
     }
 #ifdef DDT_HAVE_CUDA
-    if (opts->backend == DDT_BACKEND_CUDA) {
+    if (e->opts.backend == DDT_BACKEND_CUDA) {
         st = ddt_engine_cuda_create(model_dir, opts, e->max_ctx, &e->cuda, err);
         if (st) goto fail;
         e->vocab = ddt_engine_cuda_vocab(e->cuda);

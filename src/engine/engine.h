@@ -48,13 +48,15 @@ typedef ddt_status (*ddt_draft_fn)(void *ctx, int32_t bonus, int32_t position, i
 
 typedef enum ddt_backend {
     DDT_BACKEND_CPU = 0,
-    DDT_BACKEND_CUDA = 1  /* the whole round on the GPU (builds with nvcc only) */
+    DDT_BACKEND_CUDA = 1, /* the whole round on the GPU (builds with nvcc only) */
+    DDT_BACKEND_AUTO = 2  /* cuda when built with it and a GPU is present, else cpu */
 } ddt_backend;
 
-/* Parse "cpu" or "cuda"; false when unknown. */
+/* Parse "cpu", "cuda" or "auto"; false when unknown. */
 bool ddt_backend_parse(const char *s, ddt_backend *out);
 /* Whether this build has the CUDA backend compiled in. */
 bool ddt_backend_cuda_built(void);
+const char *ddt_backend_name(ddt_backend b);
 
 typedef struct ddt_engine_options {
     ddt_mode mode;
@@ -73,6 +75,9 @@ typedef struct ddt_engine_options {
     int32_t max_ctx;           /* context tokens (prompt + generated); <= 0 = the model's maximum */
     int32_t n_threads;         /* CPU threads; <= 0 = every core */
 } ddt_engine_options;
+
+/* The backend an engine created with these options runs on (auto resolved). */
+ddt_backend ddt_engine_backend(const ddt_engine_options *o);
 
 typedef struct ddt_gen_stats {
     int32_t prompt_tokens;

@@ -91,6 +91,11 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     free(e);
 }
 
+bool ddt_engine_cuda_available(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e) { return e->vocab; }
 const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
     return ddt_cuda_target_config(e->target);

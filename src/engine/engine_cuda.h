@@ -17,6 +17,9 @@
 
 typedef struct ddt_engine_cuda ddt_engine_cuda;
 
+/* A CUDA device is present and usable. */
+bool ddt_engine_cuda_available(void);
+
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err);
 void ddt_engine_cuda_free(ddt_engine_cuda *e);

@@ -19,13 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/mla.h"
+#include "backend/cpu/pool.h"
 #include "backend/cuda/mla_verify_cuda.h"
 #include "cuda_test.h"
-
-/* The CPU reference is compiled into this test so that it links with ddt_cuda
- * and ddt_core alone, as CMake links every GPU test. */
-#include "backend/cpu/mla.c"
-#include "backend/cpu/pool.c"
 
 #define ERR_BOUND 1e-2
 

@@ -115,6 +115,10 @@ def test_cli_backend_flag():
     base = ["--model", TARGET, "--prompt-ids", "5,6,7", "--max-tokens", "12"]
     cpu = gen_json(*base)
     assert gen_json(*base, "--backend", "cpu")["ids"] == cpu["ids"]
+    auto = gen_json(*base, "--backend", "auto")  # cpu here unless a GPU is present
+    assert auto["ids"] == cpu["ids"] and auto["stats"]["backend"] in ("cpu", "cuda")
+    fast = run(*base, "--fast-attention")
+    assert fast.returncode == 2 and "--backend cuda" in fast.stderr
     bad = run(*base, "--backend", "tpu")
     assert bad.returncode == 2 and "--backend 'tpu'" in bad.stderr
     for mode in (["--mode", "ar"], ["--mode", "tree", "--draft", DRAFT, "--budget", "8"]):

@@ -359,6 +359,9 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
 template <bool CLUSTER>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_attn_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmkv, const Params p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap(); /* a pass for plain sm_90 (-arch=sm_90a also emits compute_90 PTX): wgmma needs sm_90a */
+#else
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sb = (raw + 1023u) & ~1023u; /* swizzled tiles need 1024-byte alignment */
@@ -618,6 +621,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
         cluster_sync(); /* no CTA leaves while others still read its shared memory */
     }
+#endif
 }
 
 /* ---- global-path merge: one CTA per query row ---- */
@@ -665,10 +669,19 @@ bool encode_rows(encode_tiled_fn enc, CUtensorMap *map, const void *base, long l
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* Can all n_qtiles clusters of C CTAs be resident at once?  (cached per C) */
-bool clusters_fit(int C, int n_qtiles) {
-    static int cache[MAX_CLUSTER + 1] = {0};
-    if (cache[C] == 0) {
+/* How many clusters of C CTAs can be resident at once, per C (0: not measured yet). */
+int g_cluster_cap[MAX_CLUSTER + 1];
+bool g_prepared = false;
+
+/* Kernel attributes and the cluster occupancy, once per process (outside any
+ * graph capture when the caller asked for the workspace size at load time). */
+cudaError_t prepare_kernels() {
+    if (g_prepared) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(mla_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(mla_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e != cudaSuccess) return e;
+    for (int C = 1; C <= MAX_CLUSTER; C++) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -685,19 +698,29 @@ bool clusters_fit(int C, int n_qtiles) {
             (void)cudaGetLastError();
             n = 0;
         }
-        cache[C] = n > 0 ? n : -1;
+        g_cluster_cap[C] = n;
     }
-    return cache[C] >= n_qtiles;
+    g_prepared = true;
+    return cudaSuccess;
 }
+
+/* Can all n_qtiles clusters of C CTAs be resident at once? */
+bool clusters_fit(int C, int n_qtiles) { return g_prepared && g_cluster_cap[C] >= n_qtiles; }
 
 } /* namespace */
 
 extern "C" size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
     if (n_tokens < 1 || n_heads < 1 || max_prefix < 0) return 0;
-    const long long n_rows = (long long)n_tokens * n_heads;
-    const int n_qtiles = (int)((n_rows + BM - 1) / BM);
-    const long long sg = grid_splits(max_prefix, n_qtiles);
-    return (size_t)(sg * n_rows * (DV + 1) * 4 + 256);
+    (void)prepare_kernels(); /* errors surface again in run() */
+    /* fewer tokens can mean more splits (T = 1 takes up to 132): the largest over T' <= n_tokens */
+    size_t best = 0;
+    for (int t = 1; t <= n_tokens; t++) {
+        const long long n_rows = (long long)t * n_heads;
+        const int n_qtiles = (int)((n_rows + BM - 1) / BM);
+        const size_t b = (size_t)grid_splits(max_prefix, n_qtiles) * (size_t)n_rows * (DV + 1) * 4;
+        if (b > best) best = b;
+    }
+    return best + 256;
 }
 
 extern "C" void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int64_t n_prefix, int32_t *splits,
@@ -715,6 +738,7 @@ extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_hea
     const int n_qtiles = (int)((n_rows + BM - 1) / BM);
     if (n_qtiles < 1 || max_prefix < 0) return DDT_MLA_PATH_GLOBAL;
     const int sgrid = grid_splits(max_prefix, n_qtiles);
+    if (prepare_kernels() != cudaSuccess) return DDT_MLA_PATH_GLOBAL;
     return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
 }
 
@@ -768,6 +792,7 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     p.out_ld = a->out_ld;
     p.lse = a->lse;
 
+    DDT_CUDA_TRY(prepare_kernels(), err);
     bool cluster;
     if (a->path == DDT_MLA_PATH_GLOBAL)
         cluster = false;
@@ -780,7 +805,6 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
 
     cudaStream_t s = (cudaStream_t)stream;
     if (cluster) {
-        DDT_CUDA_TRY(cudaFuncSetAttribute(mla_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES), err);
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -796,7 +820,6 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
         DDT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_attn_kernel<true>, tmq, tmkv, p), err);
         DDT_CUDA_LAUNCHED("mla_attn_cluster", s, err);
     } else {
-        DDT_CUDA_TRY(cudaFuncSetAttribute(mla_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES), err);
         mla_attn_kernel<false><<<dim3((unsigned)n_qtiles, (unsigned)sgrid, 1), NTHREADS, SMEM_BYTES, s>>>(tmq, tmkv, p);
         DDT_CUDA_LAUNCHED("mla_attn", s, err);
         mla_combine_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);

@@ -70,7 +70,10 @@ typedef struct ddt_cuda_mla_verify {
     int32_t path;             /* DDT_MLA_PATH_* (AUTO unless testing) */
 } ddt_cuda_mla_verify;
 
-/* Workspace bytes for T tokens, H heads and contexts up to max_prefix rows. */
+/* Workspace bytes for any T' <= n_tokens tokens, H heads and contexts up to
+ * max_prefix rows.  Call it at load time: it also sets the kernels' attributes
+ * and measures which clusters fit the GPU, so that run() makes no such calls
+ * while a graph is being captured. */
 size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t max_prefix);
 
 /* Split plan for a given prefix (what the kernel computes on the device), for

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# gpu-e2e.sh — the end-to-end benchmark on the GPU: `ddtree generate --backend cuda`
+# in ar, chain and tree (budgets 8..256) at T = 0 and T = 1 on the held-out prompts
+# of the shipped pair, plus Hugging Face generate on the same GPU (bench/e2e.py).
+# Writes $OUT/e2e_gpu.md and $OUT/e2e_gpu.png.  Builds first if needed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+[ -x build-gpu/ddtree ] || bash scripts/gpu-test.sh build || exit 1
+export PYTHONUNBUFFERED=1
+python3 bench/e2e.py --build build-gpu --backend cuda --model models/pystdlib-target \
+    --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
+    --n-prompts "${N_PROMPTS:-8}" --budgets "${BUDGETS:-8,16,32,64,128,256}" --out-md "$OUT/e2e_gpu.md" --out-png "$OUT/e2e_gpu.png"
