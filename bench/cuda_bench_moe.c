@@ -8,7 +8,8 @@
  * bytes read + written per second).  For the experts the bytes are those of the
  * experts the routing touched (gate + up + down + scales, each read once).
  * Weights are generated on the device (no 8.4 GB host copy).  Times are medians of
- * 25 runs after warm-up, by CUDA events.  Prints a markdown table.
+ * 25 single calls after warm-up, by CUDA events, and the mean of 25 calls queued
+ * back to back.  Prints markdown tables.
  *   cuda_bench_moe [iterations]
  */
 #include <cuda_runtime_api.h>
@@ -28,6 +29,29 @@ static float median(float *v, int n) {
     qsort(v, (size_t)n, sizeof(float), cmp_float);
     return v[n / 2];
 }
+
+/* Median of iters single calls between two events (ms), then the mean of iters
+ * calls queued back to back (ms): the first includes any launch gap the host
+ * leaves, the second is what a CUDA graph or a busy stream sees. */
+#define TIME_CALLS(call, med_ms, queued_ms)                                   \
+    do {                                                                      \
+        for (int w_ = 0; w_ < 3; w_++) OK(call);                              \
+        for (int i_ = 0; i_ < iters; i_++) {                                  \
+            CU(cudaEventRecord(ev0, 0));                                      \
+            OK(call);                                                         \
+            CU(cudaEventRecord(ev1, 0));                                      \
+            CU(cudaEventSynchronize(ev1));                                    \
+            CU(cudaEventElapsedTime(&times[i_], ev0, ev1));                   \
+        }                                                                     \
+        med_ms = median(times, iters);                                        \
+        CU(cudaEventRecord(ev0, 0));                                          \
+        for (int i_ = 0; i_ < iters; i_++) OK(call);                          \
+        CU(cudaEventRecord(ev1, 0));                                          \
+        CU(cudaEventSynchronize(ev1));                                        \
+        float tot_;                                                           \
+        CU(cudaEventElapsedTime(&tot_, ev0, ev1));                            \
+        queued_ms = tot_ / iters;                                             \
+    } while (0)
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 25;
@@ -83,38 +107,24 @@ int main(int argc, char **argv) {
     printf("device copy bandwidth (d2d, read+write): %.0f GB/s\n\n", copy_gbs);
     printf("experts: %d x INT4 [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, I, H, H, I, K,
            expert_bytes / 1e6);
-    printf("| tokens | touched experts | MB read | route us | experts us | GB/s | of copy bw |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| tokens | touched experts | MB read | route us | experts us (median) | GB/s | of copy bw | experts us "
+           "(queued) | of copy bw (queued) |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     static const int ns[] = {1, 4, 16, 32, 64, 128};
     for (int ni = 0; ni < 6; ni++) {
         const int n = ns[ni];
-        for (int i = 0; i < 3; i++) OK(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_));
-        for (int i = 0; i < iters; i++) {
-            CU(cudaEventRecord(ev0, 0));
-            OK(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_));
-            CU(cudaEventRecord(ev1, 0));
-            CU(cudaEventSynchronize(ev1));
-            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
-        }
-        const float route_ms = median(times, iters);
+        float route_ms, route_q, ms, q;
+        TIME_CALLS(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_), route_ms, route_q);
         CU(cudaMemcpy(hidx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyDeviceToHost));
         char seen[384] = {0};
         int touched = 0;
         for (int i = 0; i < n * K; i++)
             if (!seen[hidx[i]]) seen[hidx[i]] = 1, touched++;
-        for (int i = 0; i < 3; i++)
-            OK(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_));
-        for (int i = 0; i < iters; i++) {
-            CU(cudaEventRecord(ev0, 0));
-            OK(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_));
-            CU(cudaEventRecord(ev1, 0));
-            CU(cudaEventSynchronize(ev1));
-            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
-        }
-        const float ms = median(times, iters);
-        const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% |\n", n, touched, bytes / 1e6, route_ms * 1e3, ms * 1e3,
-               gbs, 100.0 * gbs / copy_gbs);
+        TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
+        const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
+        printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n", n, touched, bytes / 1e6,
+               route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3, 100.0 * gq / copy_gbs);
+        (void)route_q;
     }
     ddt_cuda_moe_layer_free(&layer);
 
@@ -126,22 +136,16 @@ int main(int argc, char **argv) {
     CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * R));
     const double wbytes = (double)ddt_cuda_qweight_bytes(&qb);
     printf("\n# dense bf16 q_b_proj [%d, %d] (%.1f MB) through ddt_cuda_matmul\n\n", R, C, wbytes / 1e6);
-    printf("| tokens | us | weight GB/s | of copy bw | GFLOP/s |\n|---:|---:|---:|---:|---:|\n");
+    printf("| tokens | us (median) | weight GB/s | of copy bw | GFLOP/s | us (queued) | of copy bw (queued) |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     static const int dn[] = {1, 16, 64};
     for (int ni = 0; ni < 3; ni++) {
         const int n = dn[ni];
-        for (int i = 0; i < 3; i++) OK(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_));
-        for (int i = 0; i < iters; i++) {
-            CU(cudaEventRecord(ev0, 0));
-            OK(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_));
-            CU(cudaEventRecord(ev1, 0));
-            CU(cudaEventSynchronize(ev1));
-            CU(cudaEventElapsedTime(&times[i], ev0, ev1));
-        }
-        const float ms = median(times, iters);
-        const double gbs = wbytes / (ms * 1e-3) / 1e9;
-        printf("| %d | %.1f | %.0f | %.0f%% | %.0f |\n", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
-               2.0 * R * C * n / (ms * 1e-3) / 1e9);
+        float ms, q;
+        TIME_CALLS(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_), ms, q);
+        const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
+        printf("| %d | %.1f | %.0f | %.0f%% | %.0f | %.1f | %.0f%% |\n", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+               2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3, 100.0 * gq / copy_gbs);
     }
     ddt_cuda_qweight_free(&qb);
     CU(cudaFree(y));

@@ -9,7 +9,8 @@
  * rounds P to bf16 for the tensor cores: relative rounding 2^-9 per weight, about
  * 1e-3 in the output, and a bf16 output adds as much again, so ~2e-3 is
  * expected; 1e-2 leaves room and still catches any wrong row or mask), the
- * log-sum-exp on the small cases, two runs bitwise equal, both merge paths
+ * log-sum-exp on the small cases (< 4e-3, see LSE_BOUND), two runs bitwise
+ * equal, both merge paths
  * bitwise equal, padding untouched, and a bad n_prefix giving NaN.
  * Usage: test_cuda_mla_verify [--quick]   (run by scripts/gpu-test.sh)
  */
@@ -25,6 +26,11 @@
 #include "cuda_test.h"
 
 #define ERR_BOUND 1e-2
+/* The kernel's row sums add the bf16-rounded weights (so that they normalise
+ * exactly what the tensor cores multiplied): each weight is off by at most 2^-9
+ * relative, so the sum is too and ln(sum) by at most ~2e-3; with few visible
+ * rows the error does not average out (1.8e-3 seen on the H200). */
+#define LSE_BOUND 4e-3
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
@@ -55,6 +61,7 @@ typedef struct mla_case {
 } mla_case;
 
 static ddt_cpu_pool *g_pool;
+static int g_diag = 0;
 static double g_worst = 0.0;
 
 /* One GPU run into *out (poisoned first); returns the output bytes in host memory. */
@@ -207,9 +214,47 @@ static void run_case(const mla_case *c, int check_paths) {
                 double e = fabs(lse[(size_t)t * H + h] - (mx + log(sum)));
                 if (!(e <= lse_err)) lse_err = e; /* NaN propagates */
             }
-        CHECK(lse_err < 1e-3, "np %d T %d H %d: lse error %.3g", np, T, H, lse_err);
+        CHECK(lse_err < LSE_BOUND, "np %d T %d H %d: lse error %.3g", np, T, H, lse_err);
     }
 
+    if ((nerr >= ERR_BOUND || nonfinite) && g_diag++ < 3) {
+        /* where it goes wrong: per 64-column chunk (warpgroup halves, V tiles) and per
+         * 16-row group of the 64-row query tiles (warps); lse right + output wrong = P V */
+        printf("  diagnosis np %d T %d H %d: error by column chunk:", np, T, H);
+        for (int ch = 0; ch < 8; ch++) {
+            double ea = 0, eb = 0;
+            for (size_t r = 0; r < n_rows; r++)
+                for (int k = ch * 64; k < ch * 64 + 64; k++) {
+                    size_t idx = r * (size_t)c->out_ld + k;
+                    float g = c->out_fp32 ? ((float *)got)[idx] : bf2f(((uint16_t *)got)[idx]);
+                    double d = (double)g - ref[r * DDT_MLA_DV + k];
+                    ea += d * d;
+                    eb += (double)ref[r * DDT_MLA_DV + k] * ref[r * DDT_MLA_DV + k];
+                }
+            printf(" %.2g", sqrt(ea / (eb > 0 ? eb : 1)));
+        }
+        printf("\n  by row group (row %% 64 / 16):");
+        for (int rg = 0; rg < 4; rg++) {
+            double ea = 0, eb = 0;
+            for (size_t r = 0; r < n_rows; r++) {
+                if ((int)(r % 64) / 16 != rg) continue;
+                for (int k = 0; k < DDT_MLA_DV; k++) {
+                    size_t idx = r * (size_t)c->out_ld + k;
+                    float g = c->out_fp32 ? ((float *)got)[idx] : bf2f(((uint16_t *)got)[idx]);
+                    double d = (double)g - ref[r * DDT_MLA_DV + k];
+                    ea += d * d;
+                    eb += (double)ref[r * DDT_MLA_DV + k] * ref[r * DDT_MLA_DV + k];
+                }
+            }
+            printf(" %.2g", sqrt(ea / (eb > 0 ? eb : 1)));
+        }
+        printf("\n  row 0: gpu");
+        for (int k = 0; k < 6; k++)
+            printf(" %.4f", c->out_fp32 ? ((float *)got)[k] : bf2f(((uint16_t *)got)[k]));
+        printf("  ref");
+        for (int k = 0; k < 6; k++) printf(" %.4f", ref[k]);
+        printf("  lse gpu %.5f\n", lse[0]);
+    }
     CHECK(nonfinite == 0, "np %d T %d H %d: %d non-finite outputs", np, T, H, nonfinite);
     CHECK(nerr < ERR_BOUND, "np %d T %d H %d: normalised error %.3g", np, T, H, nerr);
     CHECK(bad_pad == 0, "np %d T %d H %d: %d padding bytes written", np, T, H, bad_pad);
@@ -236,9 +281,14 @@ static void run_case(const mla_case *c, int check_paths) {
     }
     int32_t S, bps;
     ddt_cuda_mla_verify_plan(T, H, np, &S, &bps);
-    printf("np %5d T %2d H %2d %s: splits %3d x %3d blocks  err %.2e  max|d| %.2e  lse %s%.1e  paths %d\n", np, T, H,
-           c->out_fp32 ? "f32" : "b16", S, bps, nerr, maxabs, lse_err < 0 ? "-" : "", lse_err < 0 ? 0.0 : lse_err,
-           paths);
+    char lse_txt[32];
+    if (lse_err < 0)
+        snprintf(lse_txt, sizeof lse_txt, "n/a");
+    else
+        snprintf(lse_txt, sizeof lse_txt, "%.1e", lse_err);
+    printf("np %5d T %2d H %2d %s: splits %3d x %3d blocks  err %.2e  max|d| %.2e  lse %s  paths %d\n", np, T, H,
+           c->out_fp32 ? "f32" : "b16", S, bps, nerr, maxabs, lse_txt, paths);
+    fflush(stdout);
 
     CU(cudaFree(dq));
     CU(cudaFree(dkv));

@@ -28,9 +28,10 @@
  * normalised output and log2-sum-exp; out = sum_s w_s O_s / sum_s w_s with
  * w_s = 2^(lse_s - max lse).  Two paths with the same arithmetic, hence the
  * same bits: when the S splits of a tile fit one thread-block cluster (S <= 8,
- * e.g. T >= 17 at H = 64) they merge through distributed shared memory and
- * nothing goes through HBM; otherwise through the workspace and a second
- * (combine) kernel.
+ * e.g. T >= 17 at H = 64) they merge through distributed shared memory (each
+ * CTA pushes its rows to the CTA that merges them, over the then idle cache
+ * stages) and nothing goes through HBM; otherwise through the workspace and a
+ * second (combine) kernel.
  *
  * The softmax is taken in base 2 (scores scaled by scale*log2 e) with the
  * hardware exp2; P is rounded to bf16 for the tensor cores and the row sums add
@@ -44,6 +45,12 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/mla_verify_cuda.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* A plain sm_90 pass (-arch=sm_90a also emits compute_90 PTX) compiles the split
+ * kernel's body out, which leaves its Hopper-only helpers unreferenced. */
+#pragma nv_diag_suppress 177
+#endif
 
 namespace {
 
@@ -64,15 +71,27 @@ constexpr int OFF_P = OFF_KV + 2 * BLK;
 constexpr int OFF_SCALE = OFF_P + TILE; /* [64] per-row rescale of the block */
 constexpr int OFF_M = OFF_SCALE + 256;  /* [64] final running max (log2 domain) */
 constexpr int OFF_L = OFF_M + 256;      /* [64] final row sum */
-constexpr int OFF_LSE = OFF_L + 256;    /* [64] staged log2-sum-exp (cluster merge) */
-constexpr int OFF_BAR = OFF_LSE + 256;
-constexpr int BAR_FULL = 0;             /* [2][KT]: one per tile of each stage */
-constexpr int BAR_EMPTY = 2 * KT;       /* [2] */
-constexpr int BAR_Q = 2 * KT + 2;
-constexpr int N_BARS = 2 * KT + 3;
+constexpr int OFF_BAR = OFF_L + 256;
+constexpr int BAR_FULL = 0;             /* [2]: the nine tiles of a stage landed */
+constexpr int BAR_EMPTY = 2;            /* [2]: both warpgroups are done with a stage */
+constexpr int BAR_Q = 4;
+constexpr int N_BARS = 5;
 constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024; /* + room to align the base to 1024 */
-static_assert(OFF_KV + BM * SO_LD * 4 <= OFF_P, "the staged output fits over the cache stages");
+constexpr bool recv_fits() { /* the cluster merge's receive buffer: C splits x ceil(64/C) rows */
+    for (int c = 1; c <= 8; c++)
+        if (c * ((BM + c - 1) / c) * SO_LD * 4 > 2 * BLK || c * ((BM + c - 1) / c) * 4 > TILE) return false;
+    return true;
+}
+static_assert(recv_fits(), "the cluster merge's receive buffers fit over the cache stages and P");
 static_assert(SMEM_BYTES <= 232448, "fits the 227 KB a Hopper CTA may use");
+
+/* 1 (default): warpgroup 0 waits for its P V before the next block's S and
+ * releases the stage at once; 0: leaves it in flight under the next S.  On the
+ * H200, 1 was as fast or faster everywhere (T=16, N=64K: 249 vs 266 us), as the
+ * stage then goes back to the TMA producer a block earlier. */
+#ifndef MLA_DRAIN_PV
+#define MLA_DRAIN_PV 1
+#endif
 
 /* named barriers (0 is __syncthreads) */
 constexpr int NB_P_READY = 1; /* wg0 arrives, wg1 waits: P and scale of the block are in smem */
@@ -175,19 +194,12 @@ __device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, uint32_t rank) {
     return r;
 }
 
-__device__ __forceinline__ float ld_cluster_f32(uint32_t a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
+__device__ __forceinline__ void st_cluster_v2(uint32_t a, float x, float y) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(x), "f"(y) : "memory");
 }
 
-__device__ __forceinline__ float4 ld_cluster_v4(uint32_t a) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
+__device__ __forceinline__ void st_cluster_f32(uint32_t a, float x) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(x) : "memory");
 }
 
 __device__ __forceinline__ void st_shared_u32(uint32_t a, uint32_t v) {
@@ -301,20 +313,17 @@ __device__ __forceinline__ BlockGeom block_geom(int b, int nbp, long long np, in
 }
 
 __device__ __forceinline__ void load_block(const CUtensorMap *tmkv, uint32_t sb, int stage, int row0) {
-    const uint32_t dst = sb + OFF_KV + stage * BLK;
+    const uint32_t dst = sb + OFF_KV + stage * BLK, bar = sb + OFF_BAR + (BAR_FULL + stage) * 8;
+    mbar_expect_tx(bar, BLK);
 #pragma unroll 1
-    for (int kt = 0; kt < KT; kt++) {
-        const uint32_t bar = sb + OFF_BAR + (BAR_FULL + stage * KT + kt) * 8;
-        mbar_expect_tx(bar, TILE);
-        tma_load_2d(dst + kt * TILE, tmkv, kt * 64, row0, bar);
-    }
+    for (int kt = 0; kt < KT; kt++) tma_load_2d(dst + kt * TILE, tmkv, kt * 64, row0, bar);
 }
 
 /* ---- the merge of the splits of one row, 4 output columns (shared by both paths) ---- */
 
-template <class LseF, class OF>
+template <class OF>
 __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, long long grow, int c4, bool write_lse,
-                                            LseF lse_of, OF o_of) {
+                                            const float *lse, int lse_stride, OF o_of) {
     float4 res;
     float lse_out;
     if (!ok) {
@@ -322,21 +331,30 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
         lse_out = NAN;
     } else {
         float M = -INFINITY;
-        for (int s = 0; s < S; s++) M = fmaxf(M, lse_of(s));
+        for (int s = 0; s < S; s++) M = fmaxf(M, lse[s * lse_stride]);
         if (M == -INFINITY) { /* no visible row (padding rows only) */
             res = make_float4(0.f, 0.f, 0.f, 0.f);
             lse_out = -INFINITY;
         } else {
             float W = 0.f;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int s = 0; s < S; s++) {
-                const float w = ex2(lse_of(s) - M);
-                const float4 v = o_of(s);
-                W += w;
-                acc.x += w * v.x;
-                acc.y += w * v.y;
-                acc.z += w * v.z;
-                acc.w += w * v.w;
+            for (int s0 = 0; s0 < S; s0 += 8) {
+                /* eight loads in flight, then the sums in split order */
+                float4 v[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (s0 + k < S) v[k] = o_of(s0 + k);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    if (s0 + k < S) {
+                        const float w = ex2(lse[(s0 + k) * lse_stride] - M);
+                        W += w;
+                        acc.x += w * v[k].x;
+                        acc.y += w * v[k].y;
+                        acc.z += w * v[k].z;
+                        acc.w += w * v[k].w;
+                    }
+                }
             }
             res = make_float4(acc.x / W, acc.y / W, acc.z / W, acc.w / W);
             lse_out = (M + log2f(W)) * 0.69314718055994531f;
@@ -395,6 +413,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
         __syncthreads();
         if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmq) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmkv) : "memory");
             const uint32_t qbar = sb + OFF_BAR + BAR_Q * 8;
             mbar_expect_tx(qbar, BLK);
             for (int kt = 0; kt < KT; kt++) tma_load_2d(sb + OFF_Q + kt * TILE, &tmq, kt * 64, qtile * BM, qbar);
@@ -410,6 +430,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const uint64_t vis1 = g1 < p.n_rows ? p.vis[g1 / p.H] : 0ull;
             const float sl2 = p.scale_log2;
             float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+            int pv_stage = -1; /* stage whose P V is still in flight */
             mbar_wait(sb + OFF_BAR + BAR_Q * 8, 0);
 #pragma unroll 1
             for (int i = 0; i < nblk; i++) {
@@ -417,9 +438,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 const uint32_t par = (i >> 1) & 1;
                 const BlockGeom g = block_geom(b_begin + i, nbp, np, p.T);
                 const uint32_t kv = sb + OFF_KV + stage * BLK;
-                const uint32_t full = sb + OFF_BAR + (BAR_FULL + stage * KT) * 8;
-                /* all nine tiles first: a wait between wgmmas would make ptxas serialise them */
-                for (int kt = 0; kt < KT; kt++) mbar_wait(full + kt * 8, par);
+                /* the whole block first: a wait between wgmmas would make ptxas serialise them */
+                mbar_wait(sb + OFF_BAR + (BAR_FULL + stage) * 8, par);
                 if (g.valid < BN) {
                     /* zero the unused rows (NaN there would survive 0 * NaN in P V) */
                     const int nz = (BN - g.valid) * 8;
@@ -442,6 +462,12 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                         wgmma_m64n64(s, kmajor_desc(sb + OFF_Q + kt * TILE + kk * 32), kmajor_desc(kv + kt * TILE + kk * 32));
                 }
                 wgmma_commit();
+                if (pv_stage >= 0) {
+                    /* the previous block's P V ran under this S: release its stage */
+                    wgmma_wait<1>();
+                    fence_regs(o);
+                    if (t == 0) mbar_arrive(sb + OFF_BAR + (BAR_EMPTY + pv_stage) * 8);
+                }
                 wgmma_wait<0>();
                 fence_regs(s);
 
@@ -513,9 +539,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 for (int kk = 0; kk < 4; kk++)
                     wgmma_m64n256_tb(o, kmajor_desc(pb + kk * 32), mnmajor_desc(kv + kk * 2048));
                 wgmma_commit();
+#if MLA_DRAIN_PV
                 wgmma_wait<0>();
                 fence_regs(o);
                 if (t == 0) mbar_arrive(sb + OFF_BAR + (BAR_EMPTY + stage) * 8);
+#else
+                pv_stage = stage; /* left in flight: waited for under the next block's S */
+#endif
+            }
+            if (pv_stage >= 0) {
+                wgmma_wait<0>();
+                fence_regs(o);
+                if (t == 0) mbar_arrive(sb + OFF_BAR + (BAR_EMPTY + pv_stage) * 8);
             }
             l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
             l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -592,34 +627,40 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (wg == 0 && quad == 0) p.lse_part[(size_t)split * p.n_rows + g1] = lse1;
         }
     } else {
-        float *const sO = (float *)(sg + OFF_KV);
-        float *const sLse = (float *)(sg + OFF_LSE);
+        /* Rows [lo(c), lo(c+1)) of the tile, lo(c) = c*64/C, are merged by CTA c of
+         * the cluster.  Each split pushes its rows into the owner's shared memory
+         * (remote stores do not wait), then every CTA merges from local memory. */
+        const int C = gridDim.y, rpm = (BM + C - 1) / C;
+        const uint32_t recv_o = sb + OFF_KV, recv_lse = sb + OFF_P;
+        cluster_sync(); /* every CTA is done with its stages: they become receive buffers */
         if (nblk > 0) {
 #pragma unroll
-            for (int jj = 0; jj < 32; jj++) {
-                *(float2 *)(sO + r0 * SO_LD + cbase + 8 * jj) = make_float2(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
-                *(float2 *)(sO + r1 * SO_LD + cbase + 8 * jj) = make_float2(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
-            }
-            if (wg == 0 && quad == 0) {
-                sLse[r0] = lse0;
-                sLse[r1] = lse1;
+            for (int h = 0; h < 2; h++) {
+                const int r = h ? r1 : r0;
+                int owner = 0;
+                for (int c = 1; c < C; c++)
+                    if (c * BM / C <= r) owner = c;
+                const int rl = r - owner * BM / C;
+                const float inv = h ? inv1 : inv0;
+                const uint32_t row = map_to_cta(recv_o + (uint32_t)((split * rpm + rl) * SO_LD + cbase) * 4, (uint32_t)owner);
+#pragma unroll
+                for (int jj = 0; jj < 32; jj++)
+                    st_cluster_v2(row + jj * 32, o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+                if (wg == 0 && quad == 0)
+                    st_cluster_f32(map_to_cta(recv_lse + (uint32_t)(split * rpm + rl) * 4, (uint32_t)owner), h ? lse1 : lse0);
             }
         }
-        cluster_sync(); /* every split's rows are staged */
-        /* this CTA merges rows [split*64/C, (split+1)*64/C) of the tile over the cluster */
-        const int C = gridDim.y;
+        cluster_sync(); /* all pushes have landed */
         const int lo = split * BM / C, hi = (split + 1) * BM / C;
-        const int c4 = (tid & 127) * 4;
-        const uint32_t lse_base = smem_u32(sLse), o_base = smem_u32(sO);
-        for (int r = lo + (tid >> 7); r < hi; r += 2) {
-            const long long grow = (long long)qtile * BM + r;
+        const float *const rlse = (const float *)(sg + OFF_P);
+        const float *const ro = (const float *)(sg + OFF_KV);
+        for (int item = tid; item < (hi - lo) * 128; item += NTHREADS) {
+            const int rl = item >> 7, c4 = (item & 127) * 4;
+            const long long grow = (long long)qtile * BM + lo + rl;
             if (grow >= p.n_rows) continue;
-            combine_row(
-                p, S, ok, grow, c4, (tid & 127) == 0,
-                [&](int s) { return ld_cluster_f32(map_to_cta(lse_base + r * 4, (uint32_t)s)); },
-                [&](int s) { return ld_cluster_v4(map_to_cta(o_base + (r * SO_LD + c4) * 4, (uint32_t)s)); });
+            combine_row(p, S, ok, grow, c4, c4 == 0, rlse + rl, rpm,
+                        [&](int sp) { return *(const float4 *)(ro + (size_t)(sp * rpm + rl) * SO_LD + c4); });
         }
-        cluster_sync(); /* no CTA leaves while others still read its shared memory */
     }
 #endif
 }
@@ -627,16 +668,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 /* ---- global-path merge: one CTA per query row ---- */
 
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+    __shared__ float sl[SPLIT_TARGET];
     const long long grow = blockIdx.x;
     const long long np = *p.n_prefix;
     const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
     int S = 0, bps = 0;
     if (ok) split_plan(np, p.n_qtiles, S, bps);
-    const int c4 = threadIdx.x * 4;
     const size_t nr = (size_t)p.n_rows;
-    combine_row(
-        p, S, ok, grow, c4, threadIdx.x == 0, [&](int s) { return p.lse_part[(size_t)s * nr + grow]; },
-        [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
+    for (int s = threadIdx.x; s < S; s += blockDim.x) sl[s] = p.lse_part[(size_t)s * nr + grow];
+    __syncthreads();
+    const int c4 = threadIdx.x * 4;
+    combine_row(p, S, ok, grow, c4, threadIdx.x == 0, sl, 1,
+                [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
 }
 
 /* ---- host side ---- */

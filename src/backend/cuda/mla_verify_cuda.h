@@ -65,7 +65,8 @@ typedef struct ddt_cuda_mla_verify {
     void *out;                /* DEVICE [T][H] rows of 512 at out_ld elements: bf16 or fp32 */
     int32_t out_fp32;         /* 0: bf16 out, 1: fp32 out */
     int64_t out_ld;           /* elements between (t,h) rows, >= 512 */
-    float *lse;               /* DEVICE [T][H] or NULL: natural log of sum_j exp(s_j) */
+    float *lse;               /* DEVICE [T][H] or NULL: ln sum_j exp(s_j), summed over the bf16-rounded
+                                 weights that also normalise out (|error| <= ~2e-3) */
     void *workspace;          /* DEVICE, ddt_cuda_mla_verify_workspace() bytes, 16-byte aligned */
     int32_t path;             /* DDT_MLA_PATH_* (AUTO unless testing) */
 } ddt_cuda_mla_verify;

@@ -296,7 +296,7 @@ static __device__ long long block_excl_scan(long long v, long long *wsum, long l
             long long o = __shfl_up_sync(0xffffffffu, ti, off);
             if (lane >= off) ti += o;
         }
-        wsum[lane] = ti - t; /* exclusive prefix of warp totals */
+        if (lane < SORT_THREADS / 32) wsum[lane] = ti - t; /* exclusive prefix of warp totals */
         if (lane == 31) *total = ti;
     }
     __syncthreads();
