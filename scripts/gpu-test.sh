@@ -70,6 +70,8 @@ bench_all() {
     echo "== $n"
     $B/$n 2>&1
   done
+  echo "== bench/mla_torch.py (plain PyTorch baseline for cuda_bench_mla)"
+  PYTHONUNBUFFERED=1 python3 bench/mla_torch.py 2>&1
 }
 
 for s in "${steps[@]}"; do
