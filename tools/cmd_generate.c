@@ -39,6 +39,8 @@ static const char k_usage[] =
     "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
     "  --fast-attention     cuda: bf16 latent cache + tensor-core MLA attention (kv_lora_rank 512 and\n"
     "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
+    "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
+    "                       heads and routed experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
     "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
     "  --max-budget N       cap of the auto budget, 1..1024\n"
@@ -78,6 +80,7 @@ typedef struct gen_args {
     bool json;
     bool stop_eos;
     bool fast_attention;
+    long long gpus;
 } gen_args;
 
 #if defined(__GNUC__)
@@ -136,6 +139,7 @@ static bool parse_ids(const char *s, gen_args *a) {
 static int parse_args(int argc, char **argv, gen_args *a) {
     a->mode = "ar";
     a->backend = "cpu";
+    a->gpus = 1;
     a->top_p = 1.0f;
     a->budget = 32;
     a->max_budget = 64;
@@ -160,7 +164,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
                                              "--top-k", "--top-p", "--seed", "--ctx", "--threads", "--draft",
                                              "--budget", "--max-budget", "--prompt", "--chat", "--system",
-                                             "--prompt-file", "--backend"};
+                                             "--prompt-file", "--backend", "--gpus"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
         if (!known) return usage_error("unknown option '%s'", f);
@@ -225,6 +229,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->seed = (unsigned long long)ll;
         } else if (!strcmp(f, "--ctx")) {
             if (!parse_ll(v, 1, INT32_MAX, &a->ctx)) return usage_error("--ctx '%s': expected an integer >= 1", v);
+        } else if (!strcmp(f, "--gpus")) {
+            if (!parse_ll(v, 1, DDT_ENGINE_MAX_GPUS, &a->gpus))
+                return usage_error("--gpus '%s': expected an integer in 1..%d", v, DDT_ENGINE_MAX_GPUS);
         } else if (!strcmp(f, "--threads")) {
             if (!parse_ll(v, 1, 256, &a->threads)) return usage_error("--threads '%s': expected an integer in 1..256", v);
         }
@@ -388,6 +395,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_mode_parse(a.mode, &eo.mode);
     ddt_backend_parse(a.backend, &eo.backend);
     eo.fast_attention = a.fast_attention;
+    eo.gpus = (int32_t)a.gpus;
     eo.draft_dir = a.draft;
     eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
     eo.budget_auto = a.budget_auto;

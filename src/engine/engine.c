@@ -16,6 +16,7 @@
 #include "engine/emitter.h"
 #ifdef DDT_HAVE_CUDA
 #include "engine/engine_cuda.h"
+#include "engine/engine_multi_cuda.h"
 #endif
 #include "model/drafter.h"
 #include "model/target.h"
@@ -28,6 +29,7 @@ struct ddt_engine {
     ddt_engine_options opts;
 #ifdef DDT_HAVE_CUDA
     ddt_engine_cuda *cuda; /* the CUDA backend's engine, when options.backend is cuda */
+    ddt_engine_multi *multi; /* ... on several GPUs (options.gpus > 1 or nccl_always) */
 #endif
     ddt_target *target;
     ddt_drafter *drafter;
@@ -133,6 +135,12 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
                         "--backend cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
     if (o->fast_attention && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--fast-attention is a CUDA backend option (add --backend cuda)");
+    if (o->gpus < 0 || o->gpus > DDT_ENGINE_MAX_GPUS)
+        return ddt_fail(err, DDT_ERR_RANGE, "--gpus %d: the number of GPUs must be 1..%d", o->gpus,
+                        DDT_ENGINE_MAX_GPUS);
+    if ((o->gpus > 1 || o->nccl_always) && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
+        return ddt_fail(err, DDT_ERR_INVALID, "--gpus %d needs the CUDA backend (add --backend cuda); the %s backend "
+                        "runs on one CPU", o->gpus, ddt_backend_name(ddt_engine_backend(o)));
     if (o->mode != DDT_MODE_AR && !o->draft_fn && !o->draft_dir)
         return ddt_fail(err, DDT_ERR_INVALID, "mode %s needs a drafter (--draft DIR)",
                         ddt_mode_name(o->mode));
@@ -158,6 +166,7 @@ void ddt_engine_free(ddt_engine *e) {
     if (!e) return;
 #ifdef DDT_HAVE_CUDA
     ddt_engine_cuda_free(e->cuda);
+    ddt_engine_multi_free(e->multi);
 #endif
     ddt_drafter_free(e->drafter);
     ddt_target_free(e->target);
@@ -268,6 +277,13 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     }
 #ifdef DDT_HAVE_CUDA
     if (e->opts.backend == DDT_BACKEND_CUDA) {
+        if (opts->gpus > 1 || opts->nccl_always) {
+            st = ddt_engine_multi_create(model_dir, opts, e->max_ctx, &e->multi, err);
+            if (st) goto fail;
+            e->vocab = ddt_engine_multi_vocab(e->multi);
+            *out = e;
+            return DDT_OK;
+        }
         st = ddt_engine_cuda_create(model_dir, opts, e->max_ctx, &e->cuda, err);
         if (st) goto fail;
         e->vocab = ddt_engine_cuda_vocab(e->cuda);
@@ -342,6 +358,7 @@ ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_err
     e->opts.sampling = *s;
 #ifdef DDT_HAVE_CUDA
     if (e->cuda) ddt_engine_cuda_set_sampling(e->cuda, s);
+    if (e->multi) ddt_engine_multi_set_sampling(e->multi, s);
 #endif
     return DDT_OK;
 }
@@ -349,6 +366,7 @@ int32_t ddt_engine_max_ctx(const ddt_engine *e) { return e->max_ctx; }
 const ddt_model_config *ddt_engine_model_config(const ddt_engine *e) {
 #ifdef DDT_HAVE_CUDA
     if (e->cuda) return ddt_engine_cuda_model_config(e->cuda);
+    if (e->multi) return ddt_engine_multi_model_config(e->multi);
 #endif
     return ddt_target_config(e->target);
 }
@@ -421,6 +439,9 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
 #ifdef DDT_HAVE_CUDA
     if (e->cuda)
         return ddt_engine_cuda_generate(e->cuda, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn,
+                                        emit_ctx, stats, err);
+    if (e->multi)
+        return ddt_engine_multi_generate(e->multi, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn,
                                         emit_ctx, stats, err);
 #endif
     ddt_status st = ddt_target_rollback(e->target, 0, err);

@@ -58,12 +58,18 @@ bool ddt_backend_parse(const char *s, ddt_backend *out);
 bool ddt_backend_cuda_built(void);
 const char *ddt_backend_name(ddt_backend b);
 
+#define DDT_ENGINE_MAX_GPUS 64
+
 typedef struct ddt_engine_options {
     ddt_mode mode;
     ddt_backend backend;       /* cpu (default) or cuda */
     bool fast_attention;       /* cuda: bf16 latent cache + tensor-core attention (MLA 512/64 models,
                                   <= 64 tokens per forward); off = the exact fp32 path, under which
                                   greedy tree output is bitwise ar output */
+    int32_t gpus;              /* cuda: GPUs of this host the target is split over, 0 or 1 = one GPU,
+                                  up to DDT_ENGINE_MAX_GPUS (engine_multi_cuda.h: NCCL) */
+    bool nccl_always;          /* cuda: run the multi-GPU (NCCL) code even for one GPU (tests: it must
+                                  give the single-GPU path's output bit for bit) */
     const char *draft_dir;     /* DFlash drafter folder (chain / tree), unless draft_fn */
     ddt_draft_fn draft_fn;     /* custom drafter (overrides draft_dir) */
     void *draft_ctx;

@@ -113,6 +113,12 @@ static ddt_status dmalloc(void **p, size_t n, size_t sz, ddt_error *err) {
 
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err) {
+    return ddt_engine_cuda_create_rank(model_dir, opts, max_ctx, 0, 0, NULL, NULL, out, err);
+}
+
+ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
+                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce, void *ctx,
+                                       ddt_engine_cuda **out, ddt_error *err) {
     *out = NULL;
     if (opts->draft_fn)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the CUDA backend drafts with a DFlash model only (no custom drafter)");
@@ -133,9 +139,15 @@ ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_option
         e->n_capture = dcfg.n_target_layers;
     }
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
-    ddt_cuda_target_options topt = {max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
-                                    dflash ? dcfg.target_layer_ids : NULL, dflash ? dcfg.n_target_layers : 0,
-                                    opts->fast_attention};
+    ddt_cuda_target_options topt = {.max_ctx = max_ctx,
+                                    .max_tokens = e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
+                                    .capture_layers = dflash ? dcfg.target_layer_ids : NULL,
+                                    .n_capture = dflash ? dcfg.n_target_layers : 0,
+                                    .fast_attention = opts->fast_attention,
+                                    .shard_rank = rank,
+                                    .shard_world = world,
+                                    .allreduce = allreduce,
+                                    .allreduce_ctx = ctx};
     if ((st = ddt_cuda_target_load(model_dir, &topt, &e->target, err)) != DDT_OK) goto fail;
     e->s = (cudaStream_t)ddt_cuda_target_stream(e->target);
     e->vocab = ddt_cuda_target_vocab(e->target);
@@ -193,21 +205,32 @@ fail:
 
 /* ------------------------------------------------------------------ round */
 
+/* A phase timestamp.  Inside stream capture the record must be an external
+ * event node, else capture turns it into a mere dependency and the event is
+ * never recorded when the graph replays (and timing it is an error). */
+static cudaError_t mark(ddt_engine_cuda *e, int i) {
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t ce = cudaStreamIsCapturing(e->s, &cs);
+    if (ce != cudaSuccess) return ce;
+    return cudaEventRecordWithFlags(e->ev[i], e->s,
+                                    cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault);
+}
+
 /* Draft, top-K and build on the device: the tree of budget nodes (chain: k = 1). */
 static ddt_status launch_draft_build(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+    DDT_CUDA_TRY(mark(e, 1), err);
     TRY(ddt_cuda_topk_logsoftmax(e->draft_logits, e->depth, e->vocab, k, e->logq, e->table_tok, e->topk_ws,
                                  e->topk_ws_bytes, e->s, err));
     TRY(ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, e->s, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[2], e->s), err);
+    DDT_CUDA_TRY(mark(e, 2), err);
     return DDT_OK;
 }
 
 static ddt_status launch_verify(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
     TRY(ddt_cuda_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, n,
                                e->logits, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[3], e->s), err);
+    DDT_CUDA_TRY(mark(e, 3), err);
     return DDT_OK;
 }
 
@@ -217,24 +240,24 @@ static ddt_status launch_commit(ddt_engine_cuda *e, ddt_error *err) {
     TRY(ddt_cuda_drafter_append_rows(e->drafter, e->capture, e->tree.path, e->tree.path_len, DDT_MAX_PATH, e->s,
                                      err));
     TRY(ddt_cuda_tree_emit(&e->tree, e->emit_d, e->s, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[5], e->s), err);
+    DDT_CUDA_TRY(mark(e, 5), err);
     return DDT_OK;
 }
 
 /* The whole greedy round (the graph's body); AR (budget 0): one target step. */
 static ddt_status launch_greedy_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    DDT_CUDA_TRY(mark(e, 0), err);
     if (e->opts.mode == DDT_MODE_AR) {
         TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
         TRY(ddt_cuda_argmax_rows(e->logits, 1, e->one, e->vocab, e->tree.root_token, e->s, err));
-        DDT_CUDA_TRY(cudaEventRecord(e->ev[3], e->s), err);
+        DDT_CUDA_TRY(mark(e, 3), err);
         return DDT_OK;
     }
     TRY(launch_draft_build(e, budget, k, err));
     TRY(launch_verify(e, budget + 1, err));
     TRY(ddt_cuda_argmax_rows(e->logits, budget + 1, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
     TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[4], e->s), err);
+    DDT_CUDA_TRY(mark(e, 4), err);
     return launch_commit(e, err);
 }
 
@@ -272,7 +295,7 @@ static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error
 
 /* A sampled round: draft, build and verify on the device, the walk on the host. */
 static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, uint64_t round, ddt_error *err) {
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    DDT_CUDA_TRY(mark(e, 0), err);
     TRY(launch_draft_build(e, budget, k, err));
     const int32_t n = budget + 1;
     TRY(launch_verify(e, n, err));
@@ -290,7 +313,7 @@ static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, u
     host_walk hw = {e, round};
     ddt_walk_result w;
     TRY(ddt_tree_walk_fn(&e->htree, sample_node, &hw, e->vocab, &w, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[4], e->s), err);
+    DDT_CUDA_TRY(mark(e, 4), err);
     /* the device walk's outputs, as the greedy round's accept kernel leaves them */
     memcpy(e->walk_h, w.path, sizeof(int32_t) * (size_t)w.length);
     e->walk_h[DDT_MAX_PATH] = w.length;

@@ -14,6 +14,7 @@
 #define DDT_ENGINE_ENGINE_CUDA_H
 
 #include "engine/engine.h"
+#include "model/target_cuda.h"
 
 typedef struct ddt_engine_cuda ddt_engine_cuda;
 
@@ -22,6 +23,13 @@ bool ddt_engine_cuda_available(void);
 
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err);
+/* One rank of a multi-GPU engine (engine_multi_cuda.h), on the calling thread's
+ * current device: its target holds rank `rank` of `world` (model/shard.h) and
+ * sums partial results with allreduce(ctx, ...).  Everything else (drafter,
+ * tree, walk) runs whole on every rank, on the same bytes. */
+ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
+                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce, void *ctx,
+                                       ddt_engine_cuda **out, ddt_error *err);
 void ddt_engine_cuda_free(ddt_engine_cuda *e);
 int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e);
 const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e);

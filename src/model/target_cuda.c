@@ -41,6 +41,12 @@ struct ddt_cuda_target {
     cudaStream_t stream;
     int32_t max_ctx, max_tokens;
     int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers, n_experts, top_k, inter_max;
+    /* multi-GPU: heads is the rank's own count (shard.n_heads); n_experts stays the
+       router's global count */
+    bool sharded;
+    ddt_shard shard;
+    ddt_cuda_allreduce_fn allreduce;
+    void *allreduce_ctx;
     float eps, scale;
     ddt_cuda_route_params route;
 
@@ -88,43 +94,75 @@ static ddt_status up_mlp(ddt_cuda_target *t, const ddt_target_mlp *h, dev_mlp *d
     return up_w(t, &h->down, &d->down, err);
 }
 
+/* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
+static bool owns_dense(const ddt_cuda_target *t) { return !t->sharded || t->shard.dense; }
+
+/* Upload rows [r0, r0 + n) of a host weight (the whole weight when that is all of it). */
+static ddt_status up_rows(ddt_cuda_target *t, const ddt_qweight *h, int64_t r0, int64_t n, ddt_qweight *d,
+                          ddt_error *err) {
+    ddt_qweight v;
+    ddt_status st = ddt_shard_rows(h, r0, n, &v, err);
+    return st != DDT_OK ? st : up_w(t, &v, d, err);
+}
+
+/* Upload columns [c0, c0 + n) of a host weight (a host copy, freed after the upload). */
+static ddt_status up_cols(ddt_cuda_target *t, const ddt_qweight *h, int64_t c0, int64_t n, ddt_qweight *d,
+                          ddt_error *err) {
+    if (c0 == 0 && n == h->cols) return up_w(t, h, d, err);
+    ddt_qweight v;
+    void *buf;
+    ddt_status st = ddt_shard_cols(h, c0, n, &v, &buf, err);
+    if (st == DDT_OK) st = up_w(t, &v, d, err);
+    free(buf);
+    return st;
+}
+
 static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     const ddt_target_layer *h = ddt_target_layer_at(t->host, l);
     dev_layer *d = &t->layers[l];
     ddt_status st;
     if ((st = up_v(t, &h->attn_norm, &d->attn_norm, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->mlp_norm, &d->mlp_norm, err)) != DDT_OK) return st;
+    /* the rank's heads: q rows and kv_b rows per head are contiguous, o_proj's
+       columns per head too (all heads when unsharded or replicated) */
+    const int64_t h0 = t->sharded ? t->shard.head0 : 0;
     if (t->q_lora > 0) {
         if ((st = up_w(t, &h->q_a, &d->q_a, err)) != DDT_OK) return st;
         if ((st = up_v(t, &h->q_a_norm, &d->q_a_norm, err)) != DDT_OK) return st;
-        if ((st = up_w(t, &h->q_b, &d->q_b, err)) != DDT_OK) return st;
-    } else if ((st = up_w(t, &h->q_proj, &d->q_proj, err)) != DDT_OK) {
+        if ((st = up_rows(t, &h->q_b, h0 * t->qdim, (int64_t)t->heads * t->qdim, &d->q_b, err)) != DDT_OK) return st;
+    } else if ((st = up_rows(t, &h->q_proj, h0 * t->qdim, (int64_t)t->heads * t->qdim, &d->q_proj, err)) != DDT_OK) {
         return st;
     }
     if ((st = up_w(t, &h->kv_a, &d->kv_a, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->kv_a_norm, &d->kv_a_norm, err)) != DDT_OK) return st;
-    if ((st = up_w(t, &h->kv_b, &d->kv_b, err)) != DDT_OK) return st;
-    if ((st = up_w(t, &h->o_proj, &d->o_proj, err)) != DDT_OK) return st;
+    const int64_t kvb = t->nope + t->vdim;
+    if ((st = up_rows(t, &h->kv_b, h0 * kvb, (int64_t)t->heads * kvb, &d->kv_b, err)) != DDT_OK) return st;
+    if ((st = up_cols(t, &h->o_proj, h0 * t->vdim, (int64_t)t->heads * t->vdim, &d->o_proj, err)) != DDT_OK)
+        return st;
     d->moe = h->moe;
-    if (!h->moe) return up_mlp(t, &h->mlp, &d->mlp, err);
+    if (!h->moe) return owns_dense(t) ? up_mlp(t, &h->mlp, &d->mlp, err) : DDT_OK;
     if ((st = up_w(t, &h->router, &d->router, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->router_bias, &d->router_bias, err)) != DDT_OK) return st;
-    ddt_qweight *g = ddt_calloc_array((size_t)t->n_experts * 3, sizeof *g);
+    /* the rank's routed experts (all of them when unsharded) */
+    const int32_t e0 = t->sharded ? t->shard.expert0 : 0, ne = t->sharded ? t->shard.n_experts : t->n_experts;
+    ddt_qweight *g = ddt_calloc_array((size_t)ne * 3, sizeof *g);
     if (!g) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
-    ddt_qweight *u = g + t->n_experts, *dn = u + t->n_experts;
-    for (int32_t e = 0; e < t->n_experts; e++) {
-        g[e] = h->experts[e].gate;
-        u[e] = h->experts[e].up;
-        dn[e] = h->experts[e].down;
+    ddt_qweight *u = g + ne, *dn = u + ne;
+    for (int32_t e = 0; e < ne; e++) {
+        g[e] = h->experts[e0 + e].gate;
+        u[e] = h->experts[e0 + e].up;
+        dn[e] = h->experts[e0 + e].down;
     }
-    st = ddt_cuda_moe_layer_upload(g, u, dn, t->n_experts, &d->experts, err);
+    st = ddt_cuda_moe_layer_upload(g, u, dn, ne, &d->experts, err);
     free(g);
     if (st != DDT_OK) return st;
-    for (int32_t e = 0; e < t->n_experts; e++)
+    d->experts.first_expert = e0;
+    d->experts.total_experts = t->n_experts;
+    for (int32_t e = e0; e < e0 + ne; e++)
         t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
-    d->has_shared = h->has_shared;
-    return h->has_shared ? up_mlp(t, &h->shared, &d->shared, err) : DDT_OK;
+    d->has_shared = h->has_shared && owns_dense(t);
+    return d->has_shared ? up_mlp(t, &h->shared, &d->shared, err) : DDT_OK;
 }
 
 static ddt_status dalloc(ddt_cuda_target *t, void **p, size_t n, size_t sz, ddt_error *err) {
@@ -262,6 +300,19 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
                                        .routed_scaling_factor = c->routed_scaling_factor};
 }
 
+/* The rank's part of the model (model/shard.h); after init_dims. */
+static ddt_status setup_shard(ddt_cuda_target *t, const ddt_cuda_target_options *opts, ddt_error *err) {
+    if (opts->shard_world == 0) return DDT_OK;
+    if (!opts->allreduce) return ddt_fail(err, DDT_ERR_INVALID, "a sharded target needs an all-reduce function");
+    ddt_status st = ddt_shard_plan(t->cfg, opts->shard_rank, opts->shard_world, &t->shard, err);
+    if (st != DDT_OK) return st;
+    t->sharded = true;
+    t->heads = t->shard.n_heads;
+    t->allreduce = opts->allreduce;
+    t->allreduce_ctx = opts->allreduce_ctx;
+    return DDT_OK;
+}
+
 static ddt_status check_fast(const ddt_cuda_target *t, ddt_error *err) {
     if (t->fast && (t->rank != DDT_MLA_DV || t->rank + t->rope != DDT_MLA_DK || t->max_tokens > DDT_MLA_MAX_TOKENS))
         return ddt_fail(err, DDT_ERR_UNSUPPORTED,
@@ -293,6 +344,7 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         return st;
     }
     init_dims(t, ddt_target_config(t->host), opts);
+    if ((st = setup_shard(t, opts, err)) != DDT_OK) goto fail;
     if ((st = check_fast(t, err)) != DDT_OK) goto fail;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
@@ -369,7 +421,7 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         (st = rand_w(t, f, t->hidden, (int64_t)t->heads * t->vdim, seed, &d->o_proj, err)))
         return st;
     d->moe = ddt_config_layer_is_moe(c, l);
-    if (!d->moe) return rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err);
+    if (!d->moe) return owns_dense(t) ? rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err) : DDT_OK;
     /* router and its bias stay bf16 / fp32 in every checkpoint */
     if ((st = rand_w(t, DDT_Q_DENSE, t->n_experts, t->hidden, seed, &d->router, err))) return st;
     DDT_CUDA_TRY(cudaMalloc((void **)&d->router_bias, sizeof(float) * (size_t)t->n_experts), err);
@@ -377,12 +429,15 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     const ddt_qformat ef = so->expert_format;
     ddt_dtype edt = ef == DDT_Q_DENSE ? DDT_DTYPE_BF16 : ef == DDT_Q_FP8_BLOCK ? DDT_DTYPE_F8_E4M3 : DDT_DTYPE_I32;
     float amp = 1.0f / sqrtf((float)t->hidden) / (ef == DDT_Q_INT4_GROUP ? 8.0f : ef == DDT_Q_FP8_BLOCK ? 240.0f : 1.0f);
-    if ((st = ddt_cuda_moe_layer_random(t->n_experts, t->hidden, c->moe_intermediate_size, ef, edt, amp, (*seed)++,
+    const int32_t ne = t->sharded ? t->shard.n_experts : t->n_experts;
+    if ((st = ddt_cuda_moe_layer_random(ne, t->hidden, c->moe_intermediate_size, ef, edt, amp, (*seed)++,
                                         &d->experts, err)))
         return st;
-    for (int32_t e = 0; e < t->n_experts; e++)
+    d->experts.first_expert = t->sharded ? t->shard.expert0 : 0;
+    d->experts.total_experts = t->n_experts;
+    for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
-    d->has_shared = c->n_shared_experts > 0;
+    d->has_shared = c->n_shared_experts > 0 && owns_dense(t);
     return d->has_shared ? rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)
                          : DDT_OK;
 }
@@ -403,7 +458,8 @@ ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda
     t->synth_cfg.n_ignore = 0;
     t->synth_cfg.priv = NULL;
     init_dims(t, &t->synth_cfg, opts);
-    ddt_status st = check_fast(t, err);
+    ddt_status st = setup_shard(t, opts, err);
+    if (st == DDT_OK) st = check_fast(t, err);
     if (st != DDT_OK) {
         free(t);
         return st;
@@ -577,6 +633,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(ddt_cuda_matmul_grouped(&L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
                                     (int64_t)heads * t->vdim, s, err));
         TRY(ddt_cuda_matmul(&L->o_proj, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H, s, err));
+        if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->eps, t->xn, H, s, err));
         if (L->moe) {
@@ -594,9 +651,14 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                              s),
                              err);
             }
-        } else {
+        } else if (owns_dense(t)) {
             TRY(mlp_forward(t, &L->mlp, t->xn, n, t->tmp, err));
+        } else {
+            DDT_CUDA_TRY(cudaMemsetAsync(t->tmp, 0, sizeof(float) * (size_t)n * H, s), err);
         }
+        /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
+           so at one rank this is bitwise the unsharded forward */
+        if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
         if (l < t->n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
     }

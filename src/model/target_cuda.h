@@ -30,8 +30,14 @@
 #include "backend/cuda/kv_cuda.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/shard.h"
 
 typedef struct ddt_cuda_target ddt_cuda_target;
+
+/* Sum buf[0..count) over the ranks, in place, on stream (cudaStream_t), so that
+ * every rank holds the same bytes after it (engine_multi_cuda.c: ncclAllReduce).
+ * Called inside forwards, so it must be graph-capturable and must not allocate. */
+typedef ddt_status (*ddt_cuda_allreduce_fn)(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err);
 
 typedef struct ddt_cuda_target_options {
     int32_t max_ctx;               /* cache rows (committed + one forward) */
@@ -43,6 +49,15 @@ typedef struct ddt_cuda_target_options {
                                       faster at long contexts, but a tree node's logits are no longer
                                       bitwise those of its path's prefill (the split-KV plan depends on
                                       the token count) */
+    /* Multi-GPU (model/shard.h): shard_world 0 = the whole model on this GPU, no
+       reduction (the single-GPU path).  shard_world >= 1: this target is rank
+       shard_rank of shard_world; it holds the rank's heads and experts and calls
+       allreduce after each attention output projection (when the heads are split)
+       and after each MLP / MoE.  shard_world 1 holds everything but still goes
+       through allreduce (tests of the multi-GPU path on one GPU). */
+    int32_t shard_rank, shard_world;
+    ddt_cuda_allreduce_fn allreduce;
+    void *allreduce_ctx;
 } ddt_cuda_target_options;
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,

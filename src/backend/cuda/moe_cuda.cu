@@ -161,6 +161,8 @@ static ddt_status layer_finish(ddt_qweight *hc, int32_t E, const ddt_qweight *re
                                                        cudaGetErrorString(e)));
     }
     out->n_experts = E;
+    out->first_expert = 0;
+    out->total_experts = E;
     out->hidden = (int32_t)ref->cols;
     out->inter = (int32_t)ref->rows;
     out->gate = darr;
@@ -308,7 +310,7 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
 }
 
 static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int max_slots, const ddt_qweight *gate,
+moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int max_slots, const ddt_qweight *gate,
                 const ddt_qweight *up, const ddt_qweight *down, MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
     __shared__ long long wsum[SORT_THREADS / 32], total;
@@ -316,7 +318,7 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int max_sl
     for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
     for (int i = tid; i < M; i += SORT_THREADS) {
-        const int e = idx[i];
+        const int e = idx[i] - first; /* local index; experts of other ranks fall outside 0..E-1 */
         if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
@@ -344,7 +346,7 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int max_sl
     /* the grid has max_slots expert slots: the ones no expert took do nothing */
     for (int sl = (int)(total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
     for (int i = tid; i < M; i += SORT_THREADS) {
-        const int e = idx[i];
+        const int e = idx[i] - first;
         if (e >= 0 && e < E) {
             const int pos = atomicAdd(&cur[e], 1);
             ws.sorted_tok[pos] = i / K;
@@ -425,7 +427,7 @@ moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
 /* ------------------------------------------------------------------ combine */
 
 static __global__ void __launch_bounds__(COMBINE_THREADS)
-moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E, MoeWs ws, int hidden,
+moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws, int hidden,
                    float *out, int64_t ldo) {
     __shared__ int spos[MOE_MAX_TOPK];
     __shared__ float sw[MOE_MAX_TOPK];
@@ -436,7 +438,7 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
         int b = 0;
         for (int k = 0; k < K; k++) {
             const int e = idx[(int64_t)t * K + k];
-            if (e < 0 || e >= E) b = 1;
+            if (e < 0 || e >= E_total) b = 1;
             /* insertion by (expert, k): increasing expert index, the CPU's order */
             int j = k;
             while (j > 0 && idx[(int64_t)t * K + ord[j - 1]] > e) {
@@ -457,7 +459,8 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
         float acc = __int_as_float(0x7FC00000); /* a token with a bad expert index gets NaN */
         if (!bad) {
             acc = 0.0f;
-            for (int k = 0; k < K; k++) acc = acc + sw[k] * ws.o[(int64_t)spos[k] * hidden + d];
+            for (int k = 0; k < K; k++) /* spos < 0: an expert another rank holds */
+                if (spos[k] >= 0) acc = acc + sw[k] * ws.o[(int64_t)spos[k] * hidden + d];
         }
         orow[d] = acc;
     }
@@ -499,6 +502,9 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: missing arguments or %d tokens", n);
     if (top_k < 1 || top_k > MOE_MAX_TOPK)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: top_k %d outside 1..%d", top_k, MOE_MAX_TOPK);
+    if (m->first_expert < 0 || m->total_experts > MOE_MAX_EXPERTS || m->first_expert > m->total_experts - m->n_experts)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: experts [%d, %d) of %d", m->first_expert,
+                        m->first_expert + m->n_experts, m->total_experts);
     const int64_t M = (int64_t)n * top_k;
     if (M > 0x7FFFFFFF / 2 || n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     MoeWs ws = ws_layout(workspace, m->n_experts, M, m->hidden, m->inter);
@@ -514,7 +520,8 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     cudaStream_t s = (cudaStream_t)stream;
     const int slots = (int)(M < m->n_experts ? M : m->n_experts);
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, slots, m->gate, m->up, m->down, ws);
+    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, slots, m->gate,
+                                               m->up, m->down, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
     switch (F) {
     case QF_F32: experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, M, ws, s); break;
@@ -526,7 +533,7 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     DDT_CUDA_LAUNCHED("moe_experts", s, err);
     int bx = (m->hidden + COMBINE_THREADS - 1) / COMBINE_THREADS;
     if (bx > 8) bx = 8;
-    moe_combine_kernel<<<dim3((unsigned)bx, (unsigned)n), COMBINE_THREADS, 0, s>>>(idx, w, top_k, m->n_experts, ws,
+    moe_combine_kernel<<<dim3((unsigned)bx, (unsigned)n), COMBINE_THREADS, 0, s>>>(idx, w, top_k, m->total_experts, ws,
                                                                                   m->hidden, out, ldo);
     DDT_CUDA_LAUNCHED("moe_combine", s, err);
     return DDT_OK;

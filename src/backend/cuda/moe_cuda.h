@@ -47,6 +47,12 @@ ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const 
  * (ddt_cuda_moe_layer_upload builds them). */
 typedef struct ddt_cuda_moe_layer {
     int32_t n_experts, hidden, inter;
+    /* Expert parallel (model/shard.h): this layer holds global experts
+     * [first_expert, first_expert + n_experts) of total_experts; the router's
+     * indices are global, and a token's experts held elsewhere add nothing here
+     * (an index outside 0..total_experts-1 still gives NaN).  Upload / random
+     * set 0 and n_experts (the whole layer); a sharded caller sets both after. */
+    int32_t first_expert, total_experts;
     ddt_qweight *gate, *up, *down; /* device arrays [n_experts] of device weights */
     ddt_qweight *host_copy;        /* host mirror [3][n_experts] (for freeing) */
 } ddt_cuda_moe_layer;
@@ -66,7 +72,7 @@ ddt_status ddt_cuda_moe_layer_random(int32_t n_experts, int32_t hidden, int32_t 
 /* Workspace bytes for up to max_tokens tokens with top_k experts each. */
 size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k);
 
-/* out[t] = sum over the token's top_k experts e (increasing e) of
+/* out[t] = sum over the token's top_k experts e held by the layer (increasing e) of
  * w[t][k] * down_e(silu(gate_e x[t]) * up_e x[t]).  x [n][hidden] (row stride ldx),
  * idx / w [n][top_k] from ddt_cuda_moe_route, out [n][hidden] (row stride ldo).
  * n <= max_tokens of the workspace (and <= 65535).  Everything stays on the device: no

@@ -119,25 +119,50 @@ static __device__ void select_topk(const Src &src, int n, int k, uint32_t *out_k
     const int kk = k < n ? k : n;
     uint32_t prefix = 0, mask = 0;
     unsigned remaining = (unsigned)kk;
+    __shared__ unsigned wtot[8];
+    const int lane = tid & 31, warp = tid >> 5;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        for (int i = tid; i < n; i += blockDim.x) {
-            uint32_t key = src.k(i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
-        __syncthreads();
         if (tid == 0) {
-            unsigned cum = 0;
             s_bin = 0;
             s_remaining = remaining;
-            for (int b = 255; b >= 0; b--) {
-                if (cum + hist[b] >= remaining) {
-                    s_bin = (unsigned)b;
-                    s_remaining = remaining - cum;
-                    break;
-                }
-                cum += hist[b];
+        }
+        __syncthreads();
+        /* Warp-aggregated histogram: the keys of a chunk share their top bytes, so
+         * per-thread atomics would all hit one bin and serialise 32-fold; lanes
+         * with the same bin elect one that adds the count. */
+        for (int b0 = 0; b0 < n; b0 += blockDim.x) {
+            const int i = b0 + tid;
+            bool act = false;
+            unsigned bin = 0xFFFFFFFFu;
+            if (i < n) {
+                const uint32_t key = src.k(i);
+                act = (key & mask) == prefix;
+                if (act) bin = (key >> shift) & 255u;
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (act && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        /* The bin holding the remaining-th largest key: a suffix scan over the bins
+         * (thread t holds bin 255 - t), instead of one thread walking 256 bins. */
+        unsigned h = 0, incl = 0;
+        if (tid < 256) {
+            h = hist[255 - tid];
+            incl = h;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            if (lane == 31) wtot[warp] = incl;
+        }
+        __syncthreads();
+        if (tid < 256) {
+            for (int w = 0; w < warp; w++) incl += wtot[w];
+            const unsigned excl = incl - h;
+            if (excl < remaining && incl >= remaining) {
+                s_bin = 255u - (unsigned)tid;
+                s_remaining = remaining - excl;
             }
         }
         __syncthreads();
@@ -177,11 +202,15 @@ static __device__ void select_topk(const Src &src, int n, int k, uint32_t *out_k
         out_id[i] = INT_MAX;
     }
     __syncthreads();
-    /* bitonic sort into "before" order: key desc, id asc */
-    for (int size = 2; size <= TOPK_THREADS; size <<= 1) {
+    /* bitonic sort into "before" order: key desc, id asc — of the first P slots
+     * only, P the smallest power of two >= k (the rest are padding, and callers
+     * read k entries) */
+    int P = 2;
+    while (P < k) P <<= 1;
+    for (int size = 2; size <= P; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             int i = tid, j = tid ^ stride;
-            if (j > i) {
+            if (j > i && j < P) {
                 uint32_t ki = out_key[i], kj = out_key[j];
                 int32_t ii = out_id[i], ij = out_id[j];
                 bool j_before = kj > ki || (kj == ki && ij < ii);
