@@ -1,0 +1,35 @@
+/*
+ * engine_multi_cuda.h — the CUDA engine on several GPUs of one host (internal
+ * to the engine layer; callers set engine options gpus / nccl_always).
+ *
+ * One CUDA engine (engine_cuda.h) per GPU, each with its rank's part of the
+ * target (model/shard.h: attention heads and routed experts split, partial
+ * outputs summed by ncclAllReduce inside the forward).  An NCCL ring all-reduce
+ * leaves the same bytes on every rank, so after each reduction every rank holds
+ * bitwise identical activations, logits and trees: every rank runs the same
+ * round (drafter, tree build, verify, walk, commit) redundantly, captures it in
+ * its own CUDA graph (NCCL calls are capturable), and takes the same decisions
+ * without any host synchronisation beyond the single-GPU engine's.  One host
+ * thread per rank drives it; rank 0 runs on the caller's thread and emits.
+ */
+#ifndef DDT_ENGINE_ENGINE_MULTI_CUDA_H
+#define DDT_ENGINE_ENGINE_MULTI_CUDA_H
+
+#include "engine/engine.h"
+
+typedef struct ddt_engine_multi ddt_engine_multi;
+
+/* opts->gpus GPUs (at least 1; devices 0..gpus-1); more than cudaGetDeviceCount
+ * is an error naming both numbers. */
+ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
+                                   ddt_engine_multi **out, ddt_error *err);
+void ddt_engine_multi_free(ddt_engine_multi *m);
+int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
+const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
+void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);
+/* As ddt_engine_cuda_generate; emit_fn is called on the caller's thread (rank 0). */
+ddt_status ddt_engine_multi_generate(ddt_engine_multi *m, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                     const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
+                                     ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err);
+
+#endif

@@ -1,0 +1,129 @@
+/*
+ * shard.c — the multi-GPU split of a target (see shard.h): which heads and
+ * experts a rank owns, and row / column slices of quantised weight views.
+ */
+#include "model/shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+static bool model_has_moe(const ddt_model_config *cfg) {
+    for (int32_t l = 0; l < cfg->num_hidden_layers; l++)
+        if (ddt_config_layer_is_moe(cfg, l)) return true;
+    return false;
+}
+
+ddt_status ddt_shard_plan(const ddt_model_config *cfg, int32_t rank, int32_t world, ddt_shard *out, ddt_error *err) {
+    if (!cfg || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_shard_plan: NULL argument");
+    if (world < 1 || world > DDT_SHARD_MAX_WORLD)
+        return ddt_fail(err, DDT_ERR_RANGE, "--gpus %d: the number of GPUs must be 1..%d", world, DDT_SHARD_MAX_WORLD);
+    if (rank < 0 || rank >= world)
+        return ddt_fail(err, DDT_ERR_RANGE, "rank %d outside 0..%d of %d GPUs", rank, world - 1, world);
+    const int32_t H = cfg->num_attention_heads;
+    if (H < 1) return ddt_fail(err, DDT_ERR_INVALID, "model has %d attention heads", H);
+    memset(out, 0, sizeof *out);
+    out->rank = rank;
+    out->world = world;
+    out->split_heads = H % world == 0;
+    out->head0 = out->split_heads ? rank * (H / world) : 0;
+    out->n_heads = out->split_heads ? H / world : H;
+    if (model_has_moe(cfg)) {
+        const int64_t E = cfg->n_routed_experts;
+        if (E < world)
+            return ddt_fail(err, DDT_ERR_RANGE,
+                            "--gpus %d: the model has %lld routed experts, fewer than the GPUs (each GPU must hold "
+                            "at least one)", world, (long long)E);
+        out->expert0 = (int32_t)((int64_t)rank * E / world);
+        out->n_experts = (int32_t)((int64_t)(rank + 1) * E / world) - out->expert0;
+    }
+    out->dense = rank == 0;
+    return DDT_OK;
+}
+
+/* Bytes of one element row of data (INT4: packed int32 words). */
+static size_t data_row_bytes(const ddt_qweight *w, int64_t cols) {
+    if (w->format == DDT_Q_INT4_GROUP) return (size_t)((cols + 7) / 8) * 4;
+    return (size_t)cols * ddt_dtype_size(w->dtype);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static ddt_status check_range(const char *what, int64_t a, int64_t n, int64_t limit, ddt_error *err) {
+    if (a < 0 || n < 1 || a > limit - n)
+        return ddt_fail(err, DDT_ERR_RANGE, "shard: %s [%lld, %lld) outside [0, %lld)", what, (long long)a,
+                        (long long)(a + n), (long long)limit);
+    return DDT_OK;
+}
+
+/* The slice [a, a + n) of a dimension of length len cut in units of `unit`. */
+static ddt_status check_aligned(const char *what, int64_t a, int64_t n, int64_t len, int64_t unit, ddt_error *err) {
+    if (unit > 1 && (a % unit != 0 || ((a + n) % unit != 0 && a + n != len)))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "shard: %s [%lld, %lld) of a quantised weight does not fall on its %lld-element blocks",
+                        what, (long long)a, (long long)(a + n), (long long)unit);
+    return DDT_OK;
+}
+
+ddt_status ddt_shard_rows(const ddt_qweight *w, int64_t r0, int64_t n, ddt_qweight *out, ddt_error *err) {
+    ddt_status st = check_range("rows", r0, n, w->rows, err);
+    if (st != DDT_OK) return st;
+    *out = *w;
+    out->rows = n;
+    out->data = (const uint8_t *)w->data + (size_t)r0 * data_row_bytes(w, w->cols);
+    if (w->format == DDT_Q_FP8_BLOCK) {
+        if ((st = check_aligned("rows", r0, n, w->rows, w->block, err)) != DDT_OK) return st;
+        out->scale_inv = w->scale_inv + (size_t)(r0 / w->block) * (size_t)ceil_div(w->cols, w->block);
+    } else if (w->format == DDT_Q_INT4_GROUP) {
+        out->scale = w->scale + (size_t)r0 * (size_t)ceil_div(w->cols, w->group);
+    }
+    return DDT_OK;
+}
+
+ddt_status ddt_shard_cols(const ddt_qweight *w, int64_t c0, int64_t n, ddt_qweight *out, void **buf,
+                          ddt_error *err) {
+    *buf = NULL;
+    ddt_status st = check_range("columns", c0, n, w->cols, err);
+    if (st != DDT_OK) return st;
+    const int64_t unit = w->format == DDT_Q_FP8_BLOCK ? w->block : w->format == DDT_Q_INT4_GROUP ? w->group : 1;
+    if ((st = check_aligned("columns", c0, n, w->cols, unit, err)) != DDT_OK) return st;
+    const size_t src_row = data_row_bytes(w, w->cols), dst_row = data_row_bytes(w, n);
+    const size_t src_off = data_row_bytes(w, c0); /* c0 is a multiple of 8 for INT4 (group 32) */
+    size_t data_bytes, scale_bytes = 0, total;
+    if (!ddt_mul_size((size_t)w->rows, dst_row, &data_bytes))
+        return ddt_fail(err, DDT_ERR_RANGE, "shard: column slice size overflows");
+    int64_t s_rows = 0, s_src = 0, s_dst = 0, s_off = 0; /* scale grid: rows, row lengths, first column */
+    size_t s_elem = 0;
+    if (w->format == DDT_Q_FP8_BLOCK) {
+        s_rows = ceil_div(w->rows, w->block), s_src = ceil_div(w->cols, w->block), s_dst = ceil_div(n, w->block);
+        s_off = c0 / w->block, s_elem = sizeof(float);
+    } else if (w->format == DDT_Q_INT4_GROUP) {
+        s_rows = w->rows, s_src = ceil_div(w->cols, w->group), s_dst = ceil_div(n, w->group);
+        s_off = c0 / w->group, s_elem = sizeof(uint16_t);
+    }
+    if (s_elem && !ddt_mul_size((size_t)s_rows * (size_t)s_dst, s_elem, &scale_bytes))
+        return ddt_fail(err, DDT_ERR_RANGE, "shard: column slice size overflows");
+    /* scales first: they need the stricter (4-byte) alignment and data_bytes may be odd */
+    total = scale_bytes + data_bytes;
+    uint8_t *p = malloc(total ? total : 1);
+    if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "shard: out of memory for a %zu-byte column slice", total);
+    const uint8_t *src = w->data;
+    uint8_t *dst = p + scale_bytes;
+    for (int64_t r = 0; r < w->rows; r++)
+        memcpy(dst + (size_t)r * dst_row, src + (size_t)r * src_row + src_off, dst_row);
+    *out = *w;
+    out->cols = n;
+    out->data = dst;
+    if (s_elem) {
+        const uint8_t *ssrc = w->format == DDT_Q_FP8_BLOCK ? (const uint8_t *)w->scale_inv : (const uint8_t *)w->scale;
+        for (int64_t r = 0; r < s_rows; r++)
+            memcpy(p + (size_t)(r * s_dst) * s_elem, ssrc + (size_t)(r * s_src + s_off) * s_elem,
+                   (size_t)s_dst * s_elem);
+        if (w->format == DDT_Q_FP8_BLOCK) out->scale_inv = (const float *)p;
+        else out->scale = (const uint16_t *)p;
+    }
+    *buf = p;
+    return DDT_OK;
+}

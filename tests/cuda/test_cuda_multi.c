@@ -1,0 +1,354 @@
+/*
+ * test_cuda_multi.c — the multi-GPU (NCCL) path on one GPU, run on the H200 by
+ * scripts/gpu-test.sh (CI compiles it but has no GPU to run it).
+ *
+ *  1. World size 1 through NCCL: a target sharded as rank 0 of 1 with
+ *     ncclAllReduce gives bitwise the logits of the unsharded target; the
+ *     engine with nccl_always (the multi-GPU engine, one rank) gives token for
+ *     token the single-GPU engine's output and the CPU's, greedy ar / tree and
+ *     sampled tree, on the fixture pair and the shipped pair.
+ *  2. World sizes 2, 3 and 4 emulated on the one GPU (test-only transport, not
+ *     a product one): one host thread per rank, each rank's target holding its
+ *     shard, partial sums added in rank order with a plain device add between
+ *     two barriers.  Fed the unsharded greedy sequence, the sharded logits stay
+ *     within a small normalised error of the unsharded ones, and on the shipped
+ *     model every step's argmax is the same (= the same greedy output).  World 3
+ *     leaves 4 heads unsplit: the replicated-attention path.
+ *  3. Errors: more GPUs than devices, --gpus with the CPU backend.
+ * --quick (compute-sanitizer) runs the emulation on the fixture only, without
+ * NCCL (whose own transports are not under test), and says so.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/nn_cuda.h"
+#include "ddtree.h"
+#include "engine/engine.h"
+#include "model/target_cuda.h"
+#include "text/tokenizer.h"
+#include "cuda_test.h"
+
+#define CHUNK 64
+#define MAX_WORLD 4
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+
+/* ------------------------------------------------------------------ transports */
+
+static ddt_status nccl_reduce(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err) {
+    ncclResult_t r = ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, *(ncclComm_t *)ctx,
+                                   (cudaStream_t)stream);
+    if (r != ncclSuccess) {
+        snprintf(err->msg, sizeof err->msg, "ncclAllReduce: %s", ncclGetErrorString(r));
+        return DDT_ERR_INTERNAL;
+    }
+    return DDT_OK;
+}
+
+/* The emulated all-reduce: stage every rank's partial, then every rank sums the
+ * stages in rank order (so all ranks get the same bytes, as NCCL guarantees). */
+typedef struct emu_comm {
+    int world;
+    pthread_barrier_t bar;
+    float *stage[MAX_WORLD]; /* device [cap] each */
+    int64_t cap;
+} emu_comm;
+
+typedef struct emu_rank {
+    emu_comm *c;
+    int r;
+} emu_rank;
+
+static ddt_status emu_reduce(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err) {
+    emu_rank *er = ctx;
+    emu_comm *c = er->c;
+    cudaStream_t s = stream;
+    if (count > c->cap) {
+        snprintf(err->msg, sizeof err->msg, "emulated all-reduce of %lld > %lld floats", (long long)count,
+                 (long long)c->cap);
+        return DDT_ERR_RANGE;
+    }
+    CU(cudaMemcpyAsync(c->stage[er->r], buf, sizeof(float) * (size_t)count, cudaMemcpyDeviceToDevice, s));
+    CU(cudaStreamSynchronize(s));
+    pthread_barrier_wait(&c->bar);
+    CU(cudaMemcpyAsync(buf, c->stage[0], sizeof(float) * (size_t)count, cudaMemcpyDeviceToDevice, s));
+    for (int k = 1; k < c->world; k++) {
+        ddt_status st = ddt_cuda_add(buf, c->stage[k], count, s, err);
+        if (st != DDT_OK) return st;
+    }
+    CU(cudaStreamSynchronize(s));
+    pthread_barrier_wait(&c->bar); /* nobody restages before everyone has read */
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ teacher-forced runs */
+
+/* Prefill prompt then feed seq[0..n_new) one token at a time; logits [n_new + 1][vocab]
+ * on the host: row 0 after the prompt, row i + 1 after seq[i].  seq NULL: the run
+ * feeds its own argmax (and writes it to *own). */
+typedef struct run_job {
+    ddt_cuda_target *t;
+    const int32_t *prompt, *seq;
+    int np, n_new, vocab;
+    float *logits;
+    int32_t *own;
+} run_job;
+
+static int argmax(const float *z, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (z[i] > z[b]) b = i;
+    return b;
+}
+
+static void *run_forced(void *p) {
+    run_job *j = p;
+    CU(cudaSetDevice(0));
+    cudaStream_t s = ddt_cuda_target_stream(j->t);
+    int32_t *ids;
+    float *dl;
+    CU(cudaMalloc((void **)&ids, sizeof(int32_t) * (size_t)(j->np + 1)));
+    CU(cudaMalloc((void **)&dl, sizeof(float) * (size_t)j->vocab));
+    CU(cudaMemcpy(ids, j->prompt, sizeof(int32_t) * (size_t)j->np, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_reset(j->t, &err_));
+    for (int i = 0; i < j->np; i += CHUNK) {
+        int c = j->np - i < CHUNK ? j->np - i : CHUNK;
+        OK(ddt_cuda_target_prefill(j->t, ids + i, c, dl, false, &err_));
+    }
+    for (int k = 0;; k++) {
+        CU(cudaMemcpyAsync(j->logits + (size_t)k * j->vocab, dl, sizeof(float) * (size_t)j->vocab,
+                           cudaMemcpyDeviceToHost, s));
+        CU(cudaStreamSynchronize(s));
+        if (k == j->n_new) break;
+        int32_t next = j->seq ? j->seq[k] : argmax(j->logits + (size_t)k * j->vocab, j->vocab);
+        if (j->own) j->own[k] = next;
+        CU(cudaMemcpyAsync(ids, &next, sizeof next, cudaMemcpyHostToDevice, s));
+        OK(ddt_cuda_target_prefill(j->t, ids, 1, dl, false, &err_));
+    }
+    CU(cudaStreamSynchronize(s));
+    CU(cudaFree(ids));
+    CU(cudaFree(dl));
+    return NULL;
+}
+
+static ddt_cuda_target *load(const char *dir, int ctx, int rank, int world, ddt_cuda_allreduce_fn fn, void *fctx) {
+    ddt_cuda_target_options o = {.max_ctx = ctx, .max_tokens = CHUNK, .shard_rank = rank, .shard_world = world,
+                                 .allreduce = fn, .allreduce_ctx = fctx};
+    ddt_cuda_target *t;
+    OK(ddt_cuda_target_load(dir, &o, &t, &err_));
+    return t;
+}
+
+/* The unsharded greedy run: its tokens (own) and logits. */
+static void reference(const char *dir, const int32_t *prompt, int np, int n_new, int vocab, int32_t *own,
+                      float *logits) {
+    ddt_cuda_target *t = load(dir, np + n_new + 1, 0, 0, NULL, NULL);
+    run_job j = {t, prompt, NULL, np, n_new, vocab, logits, own};
+    run_forced(&j);
+    ddt_cuda_target_free(t);
+}
+
+/* 1. world 1 over NCCL: bitwise the unsharded logits. */
+static void test_nccl_world1(const char *dir, const int32_t *prompt, int np, int n_new, int vocab) {
+    const size_t nl = (size_t)(n_new + 1) * (size_t)vocab;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_new);
+    reference(dir, prompt, np, n_new, vocab, seq, ref);
+    ncclComm_t comm;
+    int dev0 = 0;
+    if (ncclCommInitAll(&comm, 1, &dev0) != ncclSuccess) {
+        CHECK(0, "ncclCommInitAll over 1 GPU failed");
+        return;
+    }
+    ddt_cuda_target *t = load(dir, np + n_new + 1, 0, 1, nccl_reduce, &comm);
+    run_job j = {t, prompt, seq, np, n_new, vocab, got, NULL};
+    run_forced(&j);
+    ddt_cuda_target_free(t);
+    ncclCommDestroy(comm);
+    CHECK(!memcmp(ref, got, nl * sizeof(float)), "%s: NCCL world 1 logits differ from the unsharded target", dir);
+    printf("  %s: NCCL world 1, %d steps: logits %s\n", dir, n_new + 1,
+           memcmp(ref, got, nl * sizeof(float)) ? "DIFFER" : "bitwise equal");
+    free(ref), free(got), free(seq);
+}
+
+/* 2. world W emulated on one GPU. */
+static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_new, int vocab, int world,
+                          bool need_argmax) {
+    const size_t nl = (size_t)(n_new + 1) * (size_t)vocab;
+    float *ref = malloc(nl * sizeof(float));
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_new);
+    reference(dir, prompt, np, n_new, vocab, seq, ref);
+    emu_comm c = {.world = world};
+    pthread_barrier_init(&c.bar, NULL, (unsigned)world);
+    ddt_cuda_target *t[MAX_WORLD];
+    emu_rank er[MAX_WORLD];
+    run_job jobs[MAX_WORLD];
+    pthread_t th[MAX_WORLD];
+    float *got[MAX_WORLD];
+    for (int r = 0; r < world; r++) {
+        er[r] = (emu_rank){&c, r};
+        t[r] = load(dir, np + n_new + 1, r, world, emu_reduce, &er[r]);
+        c.cap = (int64_t)CHUNK * ddt_cuda_target_config(t[r])->hidden_size;
+        got[r] = malloc(nl * sizeof(float));
+        jobs[r] = (run_job){t[r], prompt, seq, np, n_new, vocab, got[r], NULL};
+    }
+    for (int r = 0; r < world; r++) CU(cudaMalloc((void **)&c.stage[r], sizeof(float) * (size_t)c.cap));
+    for (int r = 0; r < world; r++) pthread_create(&th[r], NULL, run_forced, &jobs[r]);
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    /* every rank holds the same bytes; the sum order differs from the unsharded run */
+    for (int r = 1; r < world; r++)
+        CHECK(!memcmp(got[0], got[r], nl * sizeof(float)), "%s world %d: rank %d's logits differ from rank 0's", dir,
+              world, r);
+    double num = 0.0, den = 0.0;
+    int same = 0;
+    for (int k = 0; k <= n_new; k++) {
+        const float *a = ref + (size_t)k * vocab, *b = got[0] + (size_t)k * vocab;
+        for (int v = 0; v < vocab; v++) num += ((double)a[v] - b[v]) * ((double)a[v] - b[v]), den += (double)a[v] * a[v];
+        same += argmax(a, vocab) == argmax(b, vocab);
+    }
+    double rel = sqrt(num / (den > 0 ? den : 1));
+    printf("  %s: world %d emulated, %d steps: normalised logit error %.2e, argmax equal at %d/%d steps\n", dir, world,
+           n_new + 1, rel, same, n_new + 1);
+    CHECK(rel < 1e-4, "%s world %d: normalised logit error %.3e", dir, world, rel);
+    if (need_argmax) CHECK(same == n_new + 1, "%s world %d: greedy token differs at %d steps", dir, world, n_new + 1 - same);
+    for (int r = 0; r < world; r++) {
+        ddt_cuda_target_free(t[r]);
+        CU(cudaFree(c.stage[r]));
+        free(got[r]);
+    }
+    pthread_barrier_destroy(&c.bar);
+    free(ref), free(seq);
+}
+
+/* ------------------------------------------------------------------ engine */
+
+typedef struct run_out {
+    int32_t ids[512];
+    int32_t n;
+} run_out;
+
+static ddt_status run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget,
+                             float temp, int gpus, bool nccl, const int32_t *prompt, int np, int max_new, run_out *r,
+                             ddt_error *err) {
+    ddt_engine_options o = {0};
+    o.mode = mode;
+    o.backend = be;
+    o.draft_dir = draft;
+    o.budget = budget;
+    o.sampling = (ddt_sampling){temp, 0, 1.0f, 11};
+    o.n_threads = 2;
+    o.gpus = gpus;
+    o.nccl_always = nccl;
+    ddt_engine *e;
+    ddt_status st = ddt_engine_create(model, &o, &e, err);
+    if (st != DDT_OK) return st;
+    st = ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, NULL, err);
+    ddt_engine_free(e);
+    return st;
+}
+
+static bool same_out(const run_out *a, const run_out *b) {
+    return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n);
+}
+
+static void test_engine(const char *model, const char *draft, const int32_t *prompt, int np, int max_new) {
+    static run_out cpu, one, multi;
+    ddt_error err;
+    OK(run_engine(model, draft, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, 0, false, prompt, np, max_new, &cpu, &err));
+    OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, 1, true, prompt, np, max_new, &multi, &err));
+    CHECK(same_out(&cpu, &multi), "%s: greedy ar over NCCL (1 GPU) != CPU ar", model);
+    const int budgets[] = {1, 16, 63};
+    for (int b = 0; b < 3; b++) {
+        OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, budgets[b], 0.0f, 0, false, prompt, np, max_new,
+                      &one, &err));
+        OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, budgets[b], 0.0f, 1, true, prompt, np, max_new,
+                      &multi, &err));
+        CHECK(same_out(&one, &multi), "%s: greedy tree %d over NCCL != single-GPU tree", model, budgets[b]);
+        CHECK(same_out(&cpu, &multi), "%s: greedy tree %d over NCCL != CPU ar", model, budgets[b]);
+    }
+    OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, 0, false, prompt, np, max_new, &one, &err));
+    OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, 1, true, prompt, np, max_new, &multi, &err));
+    CHECK(same_out(&one, &multi), "%s: sampled tree (T=1) over NCCL != single-GPU sampled tree", model);
+    printf("  %s: engine over NCCL (1 GPU): %d tokens; ar == CPU ar %s, tree 1/16/63 == single-GPU tree == CPU ar "
+           "%s, T=1 tree == single-GPU %s\n", model, multi.n, g_failures ? "?" : "yes", g_failures ? "?" : "yes",
+           g_failures ? "?" : "yes");
+}
+
+static void test_errors(void) {
+    int n_dev = 0;
+    CU(cudaGetDeviceCount(&n_dev));
+    static run_out r;
+    int32_t prompt[4] = {1, 2, 3, 4};
+    ddt_error err = {0};
+    ddt_status st = run_engine("tests/fixtures/target/fp32", NULL, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, n_dev + 1,
+                               false, prompt, 4, 4, &r, &err);
+    char want_a[64], want_b[64];
+    snprintf(want_a, sizeof want_a, "--gpus %d", n_dev + 1);
+    snprintf(want_b, sizeof want_b, "only %d CUDA device", n_dev);
+    CHECK(st == DDT_ERR_RANGE && strstr(err.msg, want_a) && strstr(err.msg, want_b),
+          "more GPUs than devices: status %d, '%s'", (int)st, err.msg);
+    printf("  --gpus %d on %d device(s): %s\n", n_dev + 1, n_dev, err.msg);
+    st = run_engine("tests/fixtures/target/fp32", NULL, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, 2, false, prompt, 4, 4,
+                    &r, &err);
+    CHECK(st == DDT_ERR_INVALID && strstr(err.msg, "--gpus 2 needs the CUDA backend"), "--gpus with cpu: %d '%s'",
+          (int)st, err.msg);
+    printf("  --gpus 2 --backend cpu: %s\n", err.msg);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const char *fx = "tests/fixtures/target/fp32";
+    int32_t fprompt[40];
+    for (int i = 0; i < 40; i++) fprompt[i] = (int32_t)(rnd() % 300u);
+    printf("emulated world sizes on one GPU (fixture, 4 heads, 4 experts):\n");
+    test_emulated(fx, fprompt, 40, quick ? 6 : 32, 300, 2, false);
+    if (quick) {
+        printf("--quick: NCCL, the shipped pair and worlds 3 / 4 are run without --quick only\n");
+    } else {
+        test_emulated(fx, fprompt, 40, 32, 300, 3, false); /* 4 heads over 3: replicated attention */
+        test_emulated(fx, fprompt, 40, 32, 300, 4, false);
+        test_emulated("tests/fixtures/target/int4", fprompt, 40, 32, 300, 2, false);
+        printf("NCCL at world size 1:\n");
+        test_nccl_world1(fx, fprompt, 40, 32, 300);
+        test_engine(fx, "tests/fixtures/drafter/fp32", fprompt, 40, 64);
+        printf("shipped pair on a held-out prompt:\n");
+        ddt_tokenizer *tok;
+        OK(ddt_tokenizer_load("models/pystdlib-target", &tok, &err_));
+        FILE *f = fopen("examples/heldout_prompt.py", "rb");
+        if (!f) {
+            fprintf(stderr, "cannot open examples/heldout_prompt.py (run from the repository root)\n");
+            return 1;
+        }
+        static char text[1 << 16];
+        size_t len = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        static int32_t ids[8192];
+        size_t n_ids;
+        OK(ddt_tokenizer_encode(tok, text, len, 0, ids, 8192, &n_ids, &err_));
+        ddt_tokenizer_free(tok);
+        const char *sm = "models/pystdlib-target";
+        const int V = 4352;
+        test_nccl_world1(sm, ids, (int)n_ids, 64, V);
+        test_emulated(sm, ids, (int)n_ids, 64, V, 2, true);
+        test_emulated(sm, ids, (int)n_ids, 64, V, 4, true);
+        test_engine(sm, "models/pystdlib-dflash", ids, (int)n_ids, 128);
+        printf("errors:\n");
+        test_errors();
+    }
+    if (g_failures) printf("test_cuda_multi: %d FAILURES\n", g_failures);
+    else printf("test_cuda_multi: all passed\n");
+    return g_failures ? 1 : 0;
+}
