@@ -264,7 +264,7 @@ static bool same_out(const run_out *a, const run_out *b) {
 
 static void test_engine(const char *model, const char *draft, const int32_t *prompt, int np, int max_new) {
     static run_out cpu, one, multi;
-        OK(run_engine(model, draft, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, 0, false, prompt, np, max_new, &cpu, &err_));
+    OK(run_engine(model, draft, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, 0, false, prompt, np, max_new, &cpu, &err_));
     OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, 1, true, prompt, np, max_new, &multi, &err_));
     CHECK(same_out(&cpu, &multi), "%s: greedy ar over NCCL (1 GPU) != CPU ar", model);
     const int budgets[] = {1, 16, 63};
