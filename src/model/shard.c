@@ -105,7 +105,9 @@ ddt_status ddt_shard_cols(const ddt_qweight *w, int64_t c0, int64_t n, ddt_qweig
     }
     if (s_elem && !ddt_mul_size((size_t)s_rows * (size_t)s_dst, s_elem, &scale_bytes))
         return ddt_fail(err, DDT_ERR_RANGE, "shard: column slice size overflows");
-    /* scales first: they need the stricter (4-byte) alignment and data_bytes may be odd */
+    /* scales first, padded to 16 bytes: INT4 data is read as 32-bit words (and by the
+     * GPU as 16-byte vectors), while INT4 scales are 2-byte and FP8 data may be odd */
+    scale_bytes = (scale_bytes + 15) & ~(size_t)15;
     total = scale_bytes + data_bytes;
     uint8_t *p = malloc(total ? total : 1);
     if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "shard: out of memory for a %zu-byte column slice", total);
