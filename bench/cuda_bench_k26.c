@@ -11,6 +11,8 @@
  * weights, the routed experts the n tokens touch, the latent cache) over the
  * device copy bandwidth measured in the same run.  The routed experts touched
  * are counted from the router's actual choices (host readback after the timing).
+ * Everything is measured twice: with the target's tensor_cores option off (fp32
+ * CUDA-core matmuls) and on (mma.sync, qmatmul_tc.cuh).
  *
  *   cuda_bench_k26 [--quick]        (markdown on stdout)
  */
@@ -137,18 +139,19 @@ static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t 
     return v[reps / 2];
 }
 
-int main(int argc, char **argv) {
-    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+/* Every table for one setting of the target's tensor_cores option. */
+static void run_all(bool quick, bool tc, double bw) {
     const int ns[] = {1, 2, 4, 8, 16, 32, 48, 64};
     const int Ns[] = {1024, 4096, 16384, 65536};
     const int n_n = quick ? 4 : 8, n_N = quick ? 2 : 4, reps = quick ? 3 : 9;
     const int MOE_LAYERS = 2;
-    const double bw = copy_bw();
-    printf("# Kimi K2.6 slice on one GPU\n\ndevice copy bandwidth (d2d, read + write): %.0f GB/s\n\n", bw * 1e-9);
+    printf("\n# tensor_cores %s (projections, routed experts, LM head on %s)\n\n", tc ? "on" : "off",
+           tc ? "mma.sync bf16 -> fp32" : "fp32 CUDA cores");
 
     /* MoE layers */
     ddt_model_config c = k26(MOE_LAYERS, 0);
-    ddt_cuda_target_options o = {.max_ctx = 65536 + 128, .max_tokens = 64, .fast_attention = true};
+    ddt_cuda_target_options o = {.max_ctx = 65536 + 128, .max_tokens = 64, .fast_attention = true,
+                                 .tensor_cores = tc};
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
                                  .seed = 1};
     ddt_cuda_target *t;
@@ -205,7 +208,8 @@ int main(int argc, char **argv) {
             float v[16];
             for (int r = -1; r < reps; r++) {
                 CU(cudaEventRecord(e0, s));
-                OK(ddt_cuda_matmul(ddt_cuda_target_embed(t), x, 7168, ns[i], y, 163840, s, &err_));
+                OK(ddt_cuda_matmul_mode(ddt_cuda_target_embed(t), tc ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32, x,
+                                        7168, ns[i], y, 163840, s, &err_));
                 CU(cudaEventRecord(e1, s));
                 CU(cudaEventSynchronize(e1));
                 if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
@@ -244,5 +248,13 @@ int main(int argc, char **argv) {
                4.5e3 / ms);
     }
     cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const double bw = copy_bw();
+    printf("# Kimi K2.6 slice on one GPU\n\ndevice copy bandwidth (d2d, read + write): %.0f GB/s\n", bw * 1e-9);
+    run_all(quick, false, bw);
+    run_all(quick, true, bw);
     return g_failures ? 1 : 0;
 }

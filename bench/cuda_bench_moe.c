@@ -9,7 +9,9 @@
  * experts the routing touched (gate + up + down + scales, each read once).
  * Weights are generated on the device (no 8.4 GB host copy).  Times are medians of
  * 25 single calls after warm-up, by CUDA events, and the mean of 25 calls queued
- * back to back.  Prints markdown tables.
+ * back to back.  Every table is printed for both computations of qmatmul_cuda.h:
+ * FP32 (CUDA cores, the reference) and TENSOR (mma.sync bf16 -> fp32).  Prints
+ * markdown tables.
  *   cuda_bench_moe [iterations]
  */
 #include <cuda_runtime_api.h>
@@ -107,47 +109,68 @@ int main(int argc, char **argv) {
     printf("device copy bandwidth (d2d, read+write): %.0f GB/s\n\n", copy_gbs);
     printf("experts: %d x INT4 [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, I, H, H, I, K,
            expert_bytes / 1e6);
-    printf("| tokens | touched experts | MB read | route us | experts us (median) | GB/s | of copy bw | experts us "
-           "(queued) | of copy bw (queued) |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    static const int ns[] = {1, 4, 16, 32, 64, 128};
-    for (int ni = 0; ni < 6; ni++) {
-        const int n = ns[ni];
-        float route_ms, route_q, ms, q;
-        TIME_CALLS(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_), route_ms, route_q);
-        CU(cudaMemcpy(hidx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyDeviceToHost));
-        char seen[384] = {0};
-        int touched = 0;
-        for (int i = 0; i < n * K; i++)
-            if (!seen[hidx[i]]) seen[hidx[i]] = 1, touched++;
-        TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
-        const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
-        printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n", n, touched, bytes / 1e6,
-               route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3, 100.0 * gq / copy_gbs);
-        (void)route_q;
+    for (int mi = 0; mi < 2; mi++) {
+        layer.mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+        printf("\n## experts on %s\n\n", mi ? "tensor cores (DDT_CUDA_MM_TENSOR)" : "CUDA cores (DDT_CUDA_MM_FP32)");
+        printf("| tokens | touched experts | MB read | route us | experts us (median) | GB/s | of copy bw | experts us "
+               "(queued) | of copy bw (queued) |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        static const int ns[] = {1, 4, 16, 32, 64, 128};
+        for (int ni = 0; ni < 6; ni++) {
+            const int n = ns[ni];
+            float route_ms, route_q, ms, q;
+            TIME_CALLS(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_), route_ms, route_q);
+            CU(cudaMemcpy(hidx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyDeviceToHost));
+            char seen[384] = {0};
+            int touched = 0;
+            for (int i = 0; i < n * K; i++)
+                if (!seen[hidx[i]]) seen[hidx[i]] = 1, touched++;
+            TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
+            const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
+            printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n", n, touched, bytes / 1e6,
+                   route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3, 100.0 * gq / copy_gbs);
+            (void)route_q;
+        }
     }
     ddt_cuda_moe_layer_free(&layer);
 
-    /* dense bf16 projection */
-    const int R = 24576, C = 1536;
-    ddt_qweight qb;
-    OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, R, C, 0.05f, 7, &qb, &err_));
+    /* dense projections: q_b_proj (bf16), the same shape in FP8 blocks and INT4,
+       and the LM head (bf16 [163840, 7168]) */
+    static const struct {
+        const char *name;
+        ddt_qformat f;
+        ddt_dtype dt;
+        int R, C;
+    } dense[] = {{"bf16 q_b_proj", DDT_Q_DENSE, DDT_DTYPE_BF16, 24576, 1536},
+                 {"FP8 q_b_proj", DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, 24576, 1536},
+                 {"INT4 shared-expert-like", DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 4096, 7168},
+                 {"bf16 LM head", DDT_Q_DENSE, DDT_DTYPE_BF16, 163840, 7168}};
     float *y;
-    CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * R));
-    const double wbytes = (double)ddt_cuda_qweight_bytes(&qb);
-    printf("\n# dense bf16 q_b_proj [%d, %d] (%.1f MB) through ddt_cuda_matmul\n\n", R, C, wbytes / 1e6);
-    printf("| tokens | us (median) | weight GB/s | of copy bw | GFLOP/s | us (queued) | of copy bw (queued) |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-    static const int dn[] = {1, 16, 64};
-    for (int ni = 0; ni < 3; ni++) {
-        const int n = dn[ni];
-        float ms, q;
-        TIME_CALLS(ddt_cuda_matmul(&qb, x, C, n, y, R, NULL, &err_), ms, q);
-        const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
-        printf("| %d | %.1f | %.0f | %.0f%% | %.0f | %.1f | %.0f%% |\n", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
-               2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3, 100.0 * gq / copy_gbs);
+    CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * 163840));
+    for (int di = 0; di < 4; di++) {
+        const int R = dense[di].R, C = dense[di].C;
+        ddt_qweight qb;
+        OK(ddt_cuda_qweight_random(dense[di].f, dense[di].dt, R, C, 0.05f, 7, &qb, &err_));
+        const double wbytes = (double)ddt_cuda_qweight_bytes(&qb);
+        printf("\n# dense %s [%d, %d] (%.1f MB) through ddt_cuda_matmul_mode\n\n", dense[di].name, R, C,
+               wbytes / 1e6);
+        printf("| mode | tokens | us (median) | weight GB/s | of copy bw | GFLOP/s | us (queued) | of copy bw (queued) "
+               "|\n");
+        printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        static const int dn[] = {1, 8, 16, 32, 64};
+        for (int mi = 0; mi < 2; mi++)
+            for (int ni = 0; ni < 5; ni++) {
+                const int n = dn[ni];
+                const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+                float ms, q;
+                TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, NULL, &err_), ms, q);
+                const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
+                printf("| %s | %d | %.1f | %.0f | %.0f%% | %.0f | %.1f | %.0f%% |\n", mi ? "tensor" : "fp32", n,
+                       ms * 1e3, gbs, 100.0 * gbs / copy_gbs, 2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3,
+                       100.0 * gq / copy_gbs);
+            }
+        ddt_cuda_qweight_free(&qb);
     }
-    ddt_cuda_qweight_free(&qb);
     CU(cudaFree(y));
     CU(cudaFree(ws));
     CU(cudaFree(x));

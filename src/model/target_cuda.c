@@ -61,6 +61,7 @@ struct ddt_cuda_target {
     float *x, *xn, *qa, *q, *kva, *kvn, *q_lat, *o_lat, *o_v, *tmp, *acc, *g, *u, *rlogits, *rw, *scores;
     int32_t *ridx, *iota;
     bool fast;           /* bf16 cache + mla_verify_cuda.h */
+    ddt_cuda_mm_mode mm; /* opts->tensor_cores: how projections / experts / LM head run */
     uint16_t *q16;       /* fast: [max_tokens][heads][576] bf16 queries */
     uint64_t *causal;    /* fast: [max_tokens] prefill visibility rows */
     void *mla_ws;
@@ -158,6 +159,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     if (st != DDT_OK) return st;
     d->experts.first_expert = e0;
     d->experts.total_experts = t->n_experts;
+    d->experts.mode = t->mm;
     for (int32_t e = e0; e < e0 + ne; e++)
         t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
@@ -293,6 +295,7 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
     t->n_capture = opts->n_capture;
     for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
     t->fast = opts->fast_attention;
+    t->mm = opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
     t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
                                        .n_group = c->n_group > 0 ? c->n_group : 1,
                                        .topk_group = c->topk_group > 0 ? c->topk_group : 1,
@@ -435,6 +438,7 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         return st;
     d->experts.first_expert = t->sharded ? t->shard.expert0 : 0;
     d->experts.total_experts = t->n_experts;
+    d->experts.mode = t->mm;
     for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
     d->has_shared = c->n_shared_experts > 0 && owns_dense(t);
@@ -564,10 +568,10 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
 static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
                               ddt_error *err) {
     const int64_t inter = m->gate.rows;
-    TRY(ddt_cuda_matmul(&m->gate, in, t->hidden, n, t->g, inter, t->stream, err));
-    TRY(ddt_cuda_matmul(&m->up, in, t->hidden, n, t->u, inter, t->stream, err));
+    TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->hidden, n, t->g, inter, t->stream, err));
+    TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->hidden, n, t->u, inter, t->stream, err));
     TRY(ddt_cuda_silu_mul(t->g, inter, t->u, inter, n, (int32_t)inter, t->stream, err));
-    return ddt_cuda_matmul(&m->down, t->g, inter, n, out, t->hidden, t->stream, err);
+    return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, inter, n, out, t->hidden, t->stream, err);
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
@@ -590,14 +594,14 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         const dev_layer *L = &t->layers[l];
         TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->attn_norm, t->eps, t->xn, H, s, err));
         if (t->q_lora > 0) {
-            TRY(ddt_cuda_matmul(&L->q_a, t->xn, H, n, t->qa, t->q_lora, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, t->q_lora, s, err));
             TRY(ddt_cuda_rmsnorm(t->qa, t->q_lora, n, t->q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->q_lora, s,
                                  err));
-            TRY(ddt_cuda_matmul(&L->q_b, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd, s, err));
         } else {
-            TRY(ddt_cuda_matmul(&L->q_proj, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
         }
-        TRY(ddt_cuda_matmul(&L->kv_a, t->xn, H, n, t->kva, width, s, err));
+        TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
         TRY(ddt_cuda_rmsnorm(t->kva, width, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
         ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->nope, .rope = rope, .rank = rank,
@@ -630,9 +634,9 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         }
         ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = t->nope,
                               .rows = t->vdim, .x_stride = rank, .y_stride = t->vdim};
-        TRY(ddt_cuda_matmul_grouped(&L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                                    (int64_t)heads * t->vdim, s, err));
-        TRY(ddt_cuda_matmul(&L->o_proj, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H, s, err));
+        TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
+                                         (int64_t)heads * t->vdim, s, err));
+        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->eps, t->xn, H, s, err));
@@ -665,8 +669,8 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->eps, t->xn, H, s, err));
     TRY(capture_store(t, t->n_layers - 1, t->xn, n, err));
     if (logits)
-        TRY(ddt_cuda_matmul(&t->lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->vocab, s,
-                            err));
+        TRY(ddt_cuda_matmul_mode(&t->lm_head, t->mm, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits,
+                                 t->vocab, s, err));
     return DDT_OK;
 }
 

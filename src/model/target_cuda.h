@@ -49,6 +49,11 @@ typedef struct ddt_cuda_target_options {
                                       faster at long contexts, but a tree node's logits are no longer
                                       bitwise those of its path's prefill (the split-KV plan depends on
                                       the token count) */
+    bool tensor_cores;             /* projections, routed experts and LM head on the tensor cores
+                                      (DDT_CUDA_MM_TENSOR, qmatmul_cuda.h): much faster for 8..64
+                                      tokens, relative error ~1e-5 instead of ~1e-7; the router stays
+                                      on the FP32 path.  Tree == AR equality still holds (both use
+                                      the same kernels) */
     /* Multi-GPU (model/shard.h): shard_world 0 = the whole model on this GPU, no
        reduction (the single-GPU path).  shard_world >= 1: this target is rank
        shard_rank of shard_world; it holds the rank's heads and experts and calls

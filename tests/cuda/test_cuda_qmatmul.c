@@ -3,6 +3,17 @@
  * twins (backend/cpu/qmatmul.h) for every weight format (F32, BF16, F16, FP8 block
  * 128, INT4 group 32) on odd shapes and token counts 1, 3, 17, 64:
  *   - x W^T, grouped x W^T and x W: normalised error < 1e-5 against the CPU;
+ *   - the tensor-core path (DDT_CUDA_MM_TENSOR) of x W^T and grouped x W^T for
+ *     BF16, FP8 and INT4 on the same odd shapes (rows not a multiple of 16,
+ *     columns not a multiple of 32 where the format allows) and n = 1, 3, 9, 17,
+ *     64, 70 (every n-tile count and two token blocks): normalised error < 5e-5.
+ *     Why 5e-5: the weights are exact and the products are accumulated in fp32;
+ *     the only approximation is x = bf16 hi + bf16 lo, whose error is at most
+ *     2^-9 of the residual, i.e. about 2^-18 = 3.8e-6 of |x| per term, so the
+ *     error relative to the sum is about that (measured: printed); 5e-5 leaves
+ *     room for the accumulation order and still catches any real mistake (a
+ *     wrong column or scale gives errors of order 1, plain bf16 x about 2e-3).
+ *     F32 and F16 weights in tensor mode take the FP32 path: bit-identical;
  *   - the determinism contract: every token of a batch is bit-identical to the same
  *     token computed alone (from a separate, differently aligned buffer);
  *   - output padding (poisoned with NaN) is never written;
@@ -131,8 +142,18 @@ static void free_weight(hw *h) {
 
 static ddt_cpu_pool *g_pool;
 
-/* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W */
-static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpad) {
+/* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W (FP32 only).
+ * mode: DDT_CUDA_MM_FP32 or DDT_CUDA_MM_TENSOR for kinds 0 and 1. */
+static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, const ddt_cuda_groups *g, const float *x,
+                    int64_t ldx, int n, float *y, int64_t ldy) {
+    if (kind == 0) OK(ddt_cuda_matmul_mode(dw, mode, x, ldx, n, y, ldy, NULL, &err_));
+    else if (kind == 1) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, NULL, &err_));
+    else OK(ddt_cuda_matmul_t_grouped(dw, g, x, ldx, n, y, ldy, NULL, &err_));
+}
+
+static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, int xpad, ddt_cuda_mm_mode mode) {
+    const int tc = mode == DDT_CUDA_MM_TENSOR && (f == 1 || f == 3 || f == 4);
+    const double tol = tc ? 5e-5 : 1e-5;
     ddt_cuda_groups g = {1, 0, 0, rows, 0, 0};
     int64_t wrows = rows, xw, yw;
     if (kind == 1) { /* 3 groups of `rows` rows at offset 5 inside blocks of rows+7 */
@@ -167,9 +188,7 @@ static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpa
     CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
     poison(ygot, (size_t)(n * ldy));
     CU(cudaMemcpy(dy, ygot, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
-    if (kind == 0) OK(ddt_cuda_matmul(&dw, dx, ldx, n, dy, ldy, NULL, &err_));
-    else if (kind == 1) OK(ddt_cuda_matmul_grouped(&dw, &g, dx, ldx, n, dy, ldy, NULL, &err_));
-    else OK(ddt_cuda_matmul_t_grouped(&dw, &g, dx, ldx, n, dy, ldy, NULL, &err_));
+    mm_call(&dw, mode, kind, &g, dx, ldx, n, dy, ldy);
     CU(cudaDeviceSynchronize());
     CU(cudaMemcpy(ygot, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
 
@@ -193,8 +212,8 @@ static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpa
     double e = den > 0 ? sqrt(num / den) : sqrt(num);
     CHECK(bad_pad == 0, "%s kind %d [%lld x %lld] n=%d: %lld outputs written outside / missing", fmt_name(f), kind,
           (long long)rows, (long long)cols, n, (long long)bad_pad);
-    CHECK(e < 1e-5, "%s kind %d [%lld x %lld] n=%d: normalised error %.3g", fmt_name(f), kind, (long long)rows,
-          (long long)cols, n, e);
+    CHECK(e < tol, "%s kind %d%s [%lld x %lld] n=%d: normalised error %.3g", fmt_name(f), kind, tc ? " tensor" : "",
+          (long long)rows, (long long)cols, n, e);
     if (kind == 2) /* x W performs the CPU's operations in the CPU's order */
         CHECK(exact == total, "%s x W [%lld x %lld] n=%d: %lld of %lld not bit-identical to the CPU", fmt_name(f),
               (long long)rows, (long long)cols, n, (long long)(total - exact), (long long)total);
@@ -202,24 +221,34 @@ static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpa
     /* determinism: each token alone, from a buffer shifted by one float (other alignment) */
     int64_t mism = 0;
     for (int t = 0; t < n; t++) {
-        if (n == 64 && t % 7 != 0 && t != 63) continue;
+        if (n >= 64 && t % 7 != 0 && t != n - 1) continue;
         const int shift = (t & 1) ? 1 : 0;
         CU(cudaMemcpy(dx1 + shift, x + t * ldx, sizeof(float) * (size_t)ldx, cudaMemcpyHostToDevice));
         float *pz = malloc(sizeof(float) * (size_t)ldy);
         poison(pz, (size_t)ldy);
         CU(cudaMemcpy(dy1, pz, sizeof(float) * (size_t)ldy, cudaMemcpyHostToDevice));
         free(pz);
-        if (kind == 0) OK(ddt_cuda_matmul(&dw, dx1 + shift, ldx, 1, dy1, ldy, NULL, &err_));
-        else if (kind == 1) OK(ddt_cuda_matmul_grouped(&dw, &g, dx1 + shift, ldx, 1, dy1, ldy, NULL, &err_));
-        else OK(ddt_cuda_matmul_t_grouped(&dw, &g, dx1 + shift, ldx, 1, dy1, ldy, NULL, &err_));
+        mm_call(&dw, mode, kind, &g, dx1 + shift, ldx, 1, dy1, ldy);
         CU(cudaMemcpy(yone, dy1, sizeof(float) * (size_t)ldy, cudaMemcpyDeviceToHost));
         if (memcmp(yone, ygot + t * ldy, sizeof(float) * (size_t)ldy) != 0) mism++;
     }
-    CHECK(mism == 0, "%s kind %d [%lld x %lld] n=%d: %lld tokens differ alone vs in the batch", fmt_name(f), kind,
-          (long long)rows, (long long)cols, n, (long long)mism);
-    printf("%-4s %s [%4lld x %4lld] n=%2d ldx+%d: err %.2e, exact %lld/%lld, alone==batch %s\n", fmt_name(f),
-           kind == 0 ? "xW^T " : kind == 1 ? "grpWT" : "grpXW", (long long)rows, (long long)cols, n, xpad, e,
-           (long long)exact, (long long)total, mism == 0 ? "yes" : "NO");
+    CHECK(mism == 0, "%s kind %d%s [%lld x %lld] n=%d: %lld tokens differ alone vs in the batch", fmt_name(f), kind,
+          tc ? " tensor" : "", (long long)rows, (long long)cols, n, (long long)mism);
+    /* a weight the tensor path does not take runs the FP32 path, bit for bit */
+    int64_t fallback_diff = 0;
+    if (mode == DDT_CUDA_MM_TENSOR && !tc) {
+        float *yf = malloc(sizeof(float) * (size_t)(n * ldy));
+        poison(yf, (size_t)(n * ldy));
+        CU(cudaMemcpy(dy, yf, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
+        mm_call(&dw, DDT_CUDA_MM_FP32, kind, &g, dx, ldx, n, dy, ldy);
+        CU(cudaMemcpy(yf, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+        fallback_diff = memcmp(yf, ygot, sizeof(float) * (size_t)(n * ldy)) != 0;
+        free(yf);
+        CHECK(fallback_diff == 0, "%s kind %d: tensor mode fallback differs from the FP32 path", fmt_name(f), kind);
+    }
+    printf("%-4s %s%s [%4lld x %4lld] n=%2d ldx+%d: err %.2e, exact %lld/%lld, alone==batch %s\n", fmt_name(f),
+           kind == 0 ? "xW^T " : kind == 1 ? "grpWT" : "grpXW", tc ? " TC" : "", (long long)rows, (long long)cols, n,
+           xpad, e, (long long)exact, (long long)total, mism == 0 ? "yes" : "NO");
     ddt_cuda_qweight_free(&dw);
     CU(cudaFree(dx));
     CU(cudaFree(dy));
@@ -230,6 +259,10 @@ static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpa
     free(ygot);
     free(yone);
     free_weight(&h);
+}
+
+static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpad) {
+    run_case_mode(f, kind, rows, cols, n, xpad, DDT_CUDA_MM_FP32);
 }
 
 static void embed_case(int f, int64_t rows, int64_t cols) {
@@ -292,6 +325,24 @@ int main(int argc, char **argv) {
                 }
             }
         embed_case(f, 37, f == 4 ? 160 : 131);
+    }
+    /* the tensor-core path: BF16, FP8, INT4 (and F32 / F16 falling back) */
+    {
+        static const int tns[] = {1, 3, 9, 17, 64, 70};
+        static const int tfmt[] = {1, 3, 4, 0, 2};
+        for (int fi = 0; fi < 5; fi++) {
+            const int f = tfmt[fi];
+            const int64_t(*sh)[2] = f == 4 ? ishape : dshape;
+            const int nsh = fi >= 3 ? 1 : quick ? 2 : (f == 4 ? 4 : 5);
+            for (int s = 0; s < nsh; s++)
+                for (int i = 0; i < 6; i++) {
+                    if (quick && i % 2 == 1) continue; /* n = 1, 9, 64 */
+                    if (fi >= 3 && i != 2) continue;
+                    run_case_mode(f, 0, sh[s][0], sh[s][1], tns[i], (s + i) % 2 ? 3 : 0, DDT_CUDA_MM_TENSOR);
+                    if (s < 3 && i < 5)
+                        run_case_mode(f, 1, sh[s][0] / 3 + 1, sh[s][1], tns[i], i % 2, DDT_CUDA_MM_TENSOR);
+                }
+        }
     }
     /* a format the GPU kernels cannot take is refused with a message, not run */
     {

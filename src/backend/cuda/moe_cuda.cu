@@ -4,19 +4,23 @@
  * Experts run in four launches with no host sync:
  *   1. sort (one block): count the n*top_k (token, expert) entries per expert, an
  *      exclusive scan gives each expert a contiguous range of entry slots and the
- *      list of touched experts in increasing index, written as one record per
- *      expert slot (weights + range) so an expert block starts its weight loads
+ *      list of touched experts in increasing index, written as work items of at
+ *      most C entries each (weights + range: an expert with many tokens becomes
+ *      several items that run on different blocks side by side instead of one
+ *      block looping over them all) so an expert block starts its weight loads
  *      after a single dependent load; every entry gets a slot.  The
  *      order of a token inside its expert's range comes from a shared-memory atomic
  *      cursor and may vary from run to run, but no value depends on it: each slot is
  *      computed from its own token only, and the combine reads slots by token.
- *   2. gate/up: grid (row blocks, expert slots); a warp takes 2 intermediate rows
+ *   2. gate/up: grid (row blocks, work items); a warp takes 2 intermediate rows
  *      of gate and of up (4 weight rows, qmatmul_dev.cuh's fixed order) for every
  *      token of its expert and writes silu(g) * u.  Blocks of expert slots past the
  *      number touched leave at once (the grid is sized for min(n*top_k, experts)).
  *   3. down: the same shape over hidden rows, into one output row per entry.
  *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
  *      acc = acc + w * out, in that order (the CPU's order).
+ * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are qmatmul_tc.cuh's
+ * tensor-core kernels over items of at most 8 entries (one n-tile).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -26,6 +30,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/moe_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
+#include "backend/cuda/qmatmul_tc.cuh"
 
 #define MOE_MAX_EXPERTS 4096
 #define MOE_MAX_TOPK 16
@@ -163,6 +168,7 @@ static ddt_status layer_finish(ddt_qweight *hc, int32_t E, const ddt_qweight *re
     out->n_experts = E;
     out->first_expert = 0;
     out->total_experts = E;
+    out->mode = DDT_CUDA_MM_FP32;
     out->hidden = (int32_t)ref->cols;
     out->inter = (int32_t)ref->rows;
     out->gate = darr;
@@ -238,15 +244,12 @@ extern "C" void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m) {
 /* ------------------------------------------------------------------ workspace */
 
 /* What an expert kernel's block needs, in one 64-byte load: the expert's weights
- * (gate, up, down data and scales) and its range of entry slots; cnt 0 = no expert. */
-struct SlotRec {
-    const uint8_t *d[3];
-    const void *s[3];
-    int32_t off, cnt;
-};
+ * (gate, up, down data and scales) and its range of at most C entry slots; cnt 0 =
+ * no work (qmatmul_tc.cuh's MoeItem, which the tensor-core kernels read too). */
+typedef MoeItem SlotRec;
 
 struct MoeWs {
-    SlotRec *rec;                                           /* [min(M, E)] */
+    SlotRec *rec;                                           /* [min(M, E) + M] work items */
     int32_t *sorted_tok, *pos_of;                           /* [M] x 2 */
     float *h;                                               /* [M][inter] */
     float *o;                                               /* [M][hidden] */
@@ -262,7 +265,8 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t
 #define WS_TAKE(field, type, count)                                  \
     w.field = (type *)(p ? p + off : NULL);                          \
     off += align256(sizeof(type) * (size_t)(count));
-    WS_TAKE(rec, SlotRec, E < M ? E : M)
+    /* work items: sum over experts of ceil(c_e / C) <= min(M, E) + M / C, and C >= 1 */
+    WS_TAKE(rec, SlotRec, (E < M ? E : M) + M)
     WS_TAKE(sorted_tok, int32_t, M)
     WS_TAKE(pos_of, int32_t, M)
     WS_TAKE(h, float, M * inter)
@@ -310,8 +314,8 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
 }
 
 static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int max_slots, const ddt_qweight *gate,
-                const ddt_qweight *up, const ddt_qweight *down, MoeWs ws) {
+moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots,
+                const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
     __shared__ long long wsum[SORT_THREADS / 32], total;
     const int tid = threadIdx.x;
@@ -324,7 +328,8 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
     __syncthreads();
     const int per = (E + SORT_THREADS - 1) / SORT_THREADS, e0 = tid * per;
     long long c_sum = 0, t_sum = 0;
-    for (int e = e0; e < e0 + per && e < E; e++) c_sum += cnt[e], t_sum += cnt[e] > 0;
+    /* an expert with c entries takes ceil(c / C) work items (slots) */
+    for (int e = e0; e < e0 + per && e < E; e++) c_sum += cnt[e], t_sum += (cnt[e] + C - 1) / C;
     const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &total);
     int off = (int)(ex >> 32), slot = (int)(ex & 0xFFFFFFFFll);
     for (int e = e0; e < e0 + per && e < E; e++) {
@@ -335,10 +340,12 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
             r.d[0] = (const uint8_t *)gate[e].data, r.s[0] = wscale(gate[e]);
             r.d[1] = (const uint8_t *)up[e].data, r.s[1] = wscale(up[e]);
             r.d[2] = (const uint8_t *)down[e].data, r.s[2] = wscale(down[e]);
-            r.off = off;
-            r.cnt = c;
-            ws.rec[slot] = r;
-            slot++;
+            for (int j = 0; j < c; j += C) {
+                r.off = off + j;
+                r.cnt = c - j < C ? c - j : C;
+                ws.rec[slot] = r;
+                slot++;
+            }
         }
         off += c;
     }
@@ -469,29 +476,69 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
 /* ------------------------------------------------------------------ experts */
 
 /*
- * TB tokens per pass, U chunks of loads in flight, R down rows per warp.  Decode
- * (about one token per expert) wants many loads in flight and no idle token
- * slots; big batches want several tokens per weight load.
+ * FP32 path: TB tokens per pass (work items hold C >= TB entries; C = TB unless
+ * the grid would overflow), U chunks of loads in flight, R down rows per warp.
+ * Decode (about one token per expert) wants many loads in flight and no idle
+ * token slots; big batches want several tokens per weight load.
  */
 template <int F, int TB, int U, int RD, int UD>
-static void experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                           const MoeWs &ws, cudaStream_t s) {
+static ddt_status experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                                 const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     const int H = m->hidden, I = m->inter;
     const bool hvec = I % 4 == 0;
     const QView Wgu = qview_make<F>(m->host_copy[0]), Wd = qview_make<F>(m->host_copy[2 * m->n_experts]);
     dim3 g1((unsigned)((I + 2 * EX_WARPS - 1) / (2 * EX_WARPS)), (unsigned)slots);
     moe_gateup_kernel<F, TB, U><<<g1, EX_WARPS * 32, 0, s>>>(Wgu, ws, x, ldx, xvec, I);
+    DDT_CUDA_LAUNCHED("moe_gateup", s, err);
     dim3 g2((unsigned)((H + RD * EX_WARPS - 1) / (RD * EX_WARPS)), (unsigned)slots);
     moe_down_kernel<F, RD, TB, UD><<<g2, EX_WARPS * 32, 0, s>>>(Wd, ws, hvec, H, I);
+    DDT_CUDA_LAUNCHED("moe_down", s, err);
+    return DDT_OK;
 }
 
 template <int F>
-static void experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                              int64_t M, const MoeWs &ws, cudaStream_t s) {
-    const int64_t E = m->n_experts;
-    if (M * 2 <= E) experts_launch<F, 1, 4, 8, 2>(m, x, ldx, xvec, slots, ws, s);
-    else if (M <= 2 * E) experts_launch<F, 2, 2, 8, 1>(m, x, ldx, xvec, slots, ws, s);
-    else experts_launch<F, 4, 1, 4, 1>(m, x, ldx, xvec, slots, ws, s);
+static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                                    int TB, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    if (TB == 1) return experts_launch<F, 1, 4, 8, 2>(m, x, ldx, xvec, slots, ws, s, err);
+    if (TB == 2) return experts_launch<F, 2, 2, 8, 1>(m, x, ldx, xvec, slots, ws, s, err);
+    return experts_launch<F, 4, 1, 4, 1>(m, x, ldx, xvec, slots, ws, s, err);
+}
+
+/*
+ * Tensor-core path (qmatmul_tc.cuh): work items of at most 8 entries (one n-tile),
+ * grid (item, row block) with the item fastest, so the items of one big expert run
+ * side by side and share its weights in L2.  SU: weight loads in flight per warp.
+ */
+#define TC_MOE_C 8
+
+template <int F>
+static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                                    const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    constexpr int SU = F == QF_INT4 ? 8 : 4;
+    const int H = m->hidden, I = m->inter;
+    TcArgs a;
+    memset(&a, 0, sizeof a);
+    a.W = qview_make<F>(m->host_copy[0]);
+    a.rows = I;
+    a.x = x;
+    a.ldx = ldx;
+    a.xvec = xvec;
+    a.items = ws.rec;
+    a.sorted_tok = ws.sorted_tok;
+    a.y = ws.h;
+    tc_kernel<F, TC_GATEUP, 1, SU, 1>
+        <<<dim3((unsigned)slots, (unsigned)((I + 15) / 16)), TC_KW * 32, tc_smem_bytes(1, SU, 1), s>>>(a);
+    DDT_CUDA_LAUNCHED("moe_gateup (tensor cores)", s, err);
+    TcArgs b = a;
+    b.W = qview_make<F>(m->host_copy[2 * m->n_experts]);
+    b.rows = H;
+    b.x = NULL;
+    b.h = ws.h;
+    b.y = ws.o;
+    tc_kernel<F, TC_DOWN, 1, SU, 1>
+        <<<dim3((unsigned)slots, (unsigned)((H + 31) / 32)), TC_KW * 32, tc_smem_bytes(1, SU, 1), s>>>(b);
+    DDT_CUDA_LAUNCHED("moe_down (tensor cores)", s, err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
@@ -517,20 +564,44 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "moe_experts: INT4 experts need group 32 and sizes multiple of 32");
     if (F == QF_FP8 && (ref->block < 16 || ref->block % 16 != 0))
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "moe_experts: FP8 block %d", ref->block);
+    if (m->mode != DDT_CUDA_MM_FP32 && m->mode != DDT_CUDA_MM_TENSOR)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: unknown mode %d", (int)m->mode);
     cudaStream_t s = (cudaStream_t)stream;
-    const int slots = (int)(M < m->n_experts ? M : m->n_experts);
+    /* the tensor path takes bf16, INT4 and FP8 with blocks of whole sub-chunks; the
+       choice depends on the layer only (never on n), as batch invariance needs */
+    const bool tc = m->mode == DDT_CUDA_MM_TENSOR &&
+                    (F == QF_BF16 || F == QF_INT4 || (F == QF_FP8 && ref->block % 32 == 0));
+    const int64_t E = m->n_experts, touched = M < E ? M : E;
+    int TB = 0, C;
+    if (tc) {
+        C = TC_MOE_C;
+    } else {
+        TB = M * 2 <= E ? 1 : M <= 2 * E ? 2 : 4;
+        C = TB;
+        while (touched + M / C > 65535) C *= 2; /* grid.y limit: longer items, looped TB at a time */
+    }
+    const int slots = (int)(touched + M / C);
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, slots, m->gate,
+    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, m->gate,
                                                m->up, m->down, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
-    switch (F) {
-    case QF_F32: experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, M, ws, s); break;
-    case QF_BF16: experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, M, ws, s); break;
-    case QF_F16: experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, M, ws, s); break;
-    case QF_FP8: experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, M, ws, s); break;
-    default: experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, M, ws, s); break;
+    ddt_status st;
+    if (tc) {
+        switch (F) {
+        case QF_BF16: st = tc_experts_launch<QF_BF16>(m, x, ldx, xvec, slots, ws, s, err); break;
+        case QF_FP8: st = tc_experts_launch<QF_FP8>(m, x, ldx, xvec, slots, ws, s, err); break;
+        default: st = tc_experts_launch<QF_INT4>(m, x, ldx, xvec, slots, ws, s, err); break;
+        }
+    } else {
+        switch (F) {
+        case QF_F32: st = experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        case QF_BF16: st = experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        case QF_F16: st = experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        case QF_FP8: st = experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        default: st = experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        }
     }
-    DDT_CUDA_LAUNCHED("moe_experts", s, err);
+    if (st != DDT_OK) return st;
     int bx = (m->hidden + COMBINE_THREADS - 1) / COMBINE_THREADS;
     if (bx > 8) bx = 8;
     moe_combine_kernel<<<dim3((unsigned)bx, (unsigned)n), COMBINE_THREADS, 0, s>>>(idx, w, top_k, m->total_experts, ws,

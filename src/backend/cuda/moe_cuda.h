@@ -53,6 +53,9 @@ typedef struct ddt_cuda_moe_layer {
      * (an index outside 0..total_experts-1 still gives NaN).  Upload / random
      * set 0 and n_experts (the whole layer); a sharded caller sets both after. */
     int32_t first_expert, total_experts;
+    /* How the expert products run (qmatmul_cuda.h): upload / random set
+     * DDT_CUDA_MM_FP32; a caller sets DDT_CUDA_MM_TENSOR for the tensor cores. */
+    ddt_cuda_mm_mode mode;
     ddt_qweight *gate, *up, *down; /* device arrays [n_experts] of device weights */
     ddt_qweight *host_copy;        /* host mirror [3][n_experts] (for freeing) */
 } ddt_cuda_moe_layer;

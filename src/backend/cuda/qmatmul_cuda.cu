@@ -1,12 +1,17 @@
 /*
  * qmatmul_cuda.cu — quantised matrix products on the GPU (see qmatmul_cuda.h).
  *
- * x W^T: one warp per R = 4 consecutive output rows of a group, looping over the
- * tokens TB at a time, with U chunks of loads in flight per row; the per-element
+ * x W^T: one warp per R = 4 consecutive output rows of a group and TB tokens (the
+ * token blocks are spread over warps, not looped), with U chunks of loads in
+ * flight per row; the per-element
  * order is fixed by qmatmul_dev.cuh, so the choice of TB and U (by n) changes
  * speed only.  Holding 4 rows per warp lets each x
  * value loaded from L1 feed 4 weight rows (the activations are read far more
  * often than the weights, and L1 bandwidth is the next wall after DRAM).
+ *
+ * x W^T on tensor cores (DDT_CUDA_MM_TENSOR): qmatmul_tc.cuh's kernel, one block
+ * per (group, 32*MW rows, up to 64 tokens); n picks the n-tile count NT, which
+ * changes the work split only.
  *
  * x W: one thread per output column (coalesced weight rows), 4 tokens per thread,
  * summing rows in increasing order from 0.0f with the CPU's dequantised values:
@@ -21,6 +26,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
+#include "backend/cuda/qmatmul_tc.cuh"
 
 #define MM_WARPS 4 /* warps per block of the x W^T kernel */
 #define MM_R 4     /* weight rows per warp */
@@ -179,13 +185,19 @@ struct MMArgs {
     bool xvec;
 };
 
+/* One warp per (R-row block, TB-token block); the token block is the fastest
+ * index, so the warps that read the same weight rows run side by side and share
+ * those lines in L2/L1 instead of re-reading them from DRAM. */
 template <int F, int TB, int U>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     const int lane = threadIdx.x & 31;
     const int64_t rblocks = (a.rows + MM_R - 1) / MM_R;
+    const int64_t tblocks = (a.n + TB - 1) / TB;
     const int64_t wid = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (wid >= rblocks * a.count) return; /* whole warp leaves together */
-    const int64_t g = wid / rblocks, o0 = (wid % rblocks) * MM_R;
+    if (wid >= rblocks * a.count * tblocks) return; /* whole warp leaves together */
+    const int64_t rb = wid / tblocks;
+    const int32_t t0 = (int32_t)(wid % tblocks) * TB;
+    const int64_t g = rb / rblocks, o0 = (rb % rblocks) * MM_R;
     int64_t row[MM_R];
     const uint8_t *wd[MM_R];
     const void *ws[MM_R];
@@ -196,30 +208,33 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
         const int64_t o = o0 + r < a.rows ? o0 + r : a.rows - 1; /* spare rows recompute the last one */
         row[r] = g * a.w_row_stride + a.w_row_offset + o;
     }
-    for (int32_t t0 = 0; t0 < a.n; t0 += TB) {
-        const int ntok = a.n - t0 < TB ? a.n - t0 : TB;
-        const float *xr[TB];
+    const int ntok = a.n - t0 < TB ? a.n - t0 : TB;
+    const float *xr[TB];
 #pragma unroll
-        for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
-        float out[MM_R][TB];
-        warp_dot<F, MM_R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
+    for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
+    float out[MM_R][TB];
+    warp_dot<F, MM_R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
 #pragma unroll
-        for (int r = 0; r < MM_R; r++)
+    for (int r = 0; r < MM_R; r++)
 #pragma unroll
-            for (int t = 0; t < TB; t++)
-                if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
-                    a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
-    }
+        for (int t = 0; t < TB; t++)
+            if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
+                a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+}
+
+template <int F, int TB, int U>
+static void mm_launch_tb(const MMArgs &a, cudaStream_t s) {
+    const int64_t warps = (a.rows + MM_R - 1) / MM_R * a.count * ((a.n + TB - 1) / TB);
+    const unsigned blocks = (unsigned)((warps + MM_WARPS - 1) / MM_WARPS);
+    mm_kernel<F, TB, U><<<blocks, MM_WARPS * 32, 0, s>>>(a);
 }
 
 template <int F>
 static void mm_launch(const MMArgs &a, cudaStream_t s) {
-    const int64_t warps = (a.rows + MM_R - 1) / MM_R * a.count;
-    const unsigned blocks = (unsigned)((warps + MM_WARPS - 1) / MM_WARPS);
-    /* fewer tokens per pass leave registers for more loads in flight */
-    if (a.n == 1) mm_kernel<F, 1, 4><<<blocks, MM_WARPS * 32, 0, s>>>(a);
-    else if (a.n == 2) mm_kernel<F, 2, 2><<<blocks, MM_WARPS * 32, 0, s>>>(a);
-    else mm_kernel<F, 4, 1><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    /* fewer tokens per warp leave registers for more loads in flight */
+    if (a.n == 1) mm_launch_tb<F, 1, 4>(a, s);
+    else if (a.n == 2) mm_launch_tb<F, 2, 2>(a, s);
+    else mm_launch_tb<F, 4, 1>(a, s);
 }
 
 static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, const char *what, ddt_error *err) {
@@ -232,14 +247,76 @@ static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, c
     return DDT_OK;
 }
 
+/* ------------------------------------------------------------------ tensor cores */
+
+/* Can the tensor-core path take this weight?  (Otherwise the FP32 path runs: the
+ * choice depends on the weight only, so it never breaks batch invariance.) */
+static bool tc_eligible(const ddt_qweight *w) {
+    const int F = qfmt_of(*w);
+    if (F == QF_BF16 || F == QF_INT4) return true;
+    return F == QF_FP8 && w->block % 32 == 0;
+}
+
+template <int F, int NT, int SU, int MW>
+static void tc_dense_launch(const TcArgs &a, cudaStream_t s) {
+    const int64_t nrb = (a.rows + 32 * MW - 1) / (32 * MW), ntb = (a.n + NT * 8 - 1) / (NT * 8);
+    tc_kernel<F, TC_DENSE, NT, SU, MW>
+        <<<(unsigned)(nrb * a.count * ntb), MW * TC_KW * 32, tc_smem_bytes(NT, SU, MW), s>>>(a);
+}
+
+/* NT n-tiles by n (padding at most 7 tokens per n-tile); SU units of weight loads in
+ * flight per warp: more for INT4 (4 bytes per row and sub-chunk) than for bf16 (16),
+ * fewer as NT's accumulators take registers.  None of it changes the arithmetic. */
+template <int F>
+static void tc_dense(const TcArgs &a, cudaStream_t s) {
+    constexpr int S1 = F == QF_INT4 ? 8 : 4, S2 = F == QF_INT4 ? 4 : 2, S4 = F == QF_INT4 ? 2 : 1;
+    if (a.n <= 8) tc_dense_launch<F, 1, S1, 1>(a, s);
+    else if (a.n <= 16) tc_dense_launch<F, 2, S2, 1>(a, s);
+    else if (a.n <= 32) tc_dense_launch<F, 4, S4, 2>(a, s);
+    else tc_dense_launch<F, 8, 1, 2>(a, s);
+}
+
+static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
+    TcArgs a;
+    memset(&a, 0, sizeof a);
+    a.rows = g->rows;
+    a.w_row_stride = g->w_row_stride;
+    a.w_row_offset = g->w_row_offset;
+    a.count = g->count;
+    a.x = x;
+    a.ldx = ldx;
+    a.x_stride = g->x_stride;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+    const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8);
+    if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
+    switch (qfmt_of(*w)) {
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); tc_dense<QF_BF16>(a, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); tc_dense<QF_FP8>(a, s); break;
+    default: a.W = qview_make<QF_INT4>(*w); tc_dense<QF_INT4>(a, s); break;
+    }
+    DDT_CUDA_LAUNCHED("matmul (tensor cores)", s, err);
+    return DDT_OK;
+}
+
 extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
                                               int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                               ddt_error *err) {
+    return ddt_cuda_matmul_grouped_mode(w, DDT_CUDA_MM_FP32, g, x, ldx, n, y, ldy, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode,
+                                                   const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+                                                   float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "matmul", err);
     if (st != DDT_OK) return st;
     if ((st = check_groups(w, g, "matmul", err)) != DDT_OK) return st;
     if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul: %d tokens", n);
-    if ((int64_t)g->count * ((g->rows + MM_R - 1) / MM_R) > (int64_t)MM_WARPS * 0x7FFFFFFF)
+    if ((int64_t)g->count * ((g->rows + MM_R - 1) / MM_R) * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
         return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
     MMArgs a;
     a.w_row_stride = g->w_row_stride;
@@ -255,30 +332,35 @@ extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cu
     a.y_stride = g->y_stride;
     a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
     cudaStream_t s = (cudaStream_t)stream;
+    if (mode != DDT_CUDA_MM_FP32 && mode != DDT_CUDA_MM_TENSOR)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul: unknown mode %d", (int)mode);
+    if (qfmt_of(*w) == QF_INT4 && (w->group != 32 || w->cols % 32 != 0 || !qview_make<QF_INT4>(*w).wvec))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
+                        "multiple of 32 and 16-byte aligned data",
+                        (long long)w->rows, (long long)w->cols, w->group);
+    if (mode == DDT_CUDA_MM_TENSOR && tc_eligible(w)) return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
     switch (qfmt_of(*w)) {
     case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, s); break;
     case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, s); break;
     case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16>(a, s); break;
     case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8>(a, s); break;
-    case QF_INT4:
-        a.W = qview_make<QF_INT4>(*w);
-        if (w->group != 32 || w->cols % 32 != 0 || !a.W.wvec)
-            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                            "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
-                            "multiple of 32 and 16-byte aligned data",
-                            (long long)w->rows, (long long)w->cols, w->group);
-        mm_launch<QF_INT4>(a, s);
-        break;
+    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4>(a, s); break;
     }
     DDT_CUDA_LAUNCHED("matmul", s, err);
     return DDT_OK;
 }
 
-extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
-                                      int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
+extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx,
+                                           int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul: no weight");
     ddt_cuda_groups g = {1, 0, 0, w->rows, 0, 0};
-    return ddt_cuda_matmul_grouped(w, &g, x, ldx, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_grouped_mode(w, mode, &g, x, ldx, n, y, ldy, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
+                                      int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
+    return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, stream, err);
 }
 
 /* ------------------------------------------------------------------ y = x W */

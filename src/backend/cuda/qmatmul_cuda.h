@@ -53,6 +53,17 @@ typedef struct ddt_cuda_groups {
     int64_t y_stride;
 } ddt_cuda_groups;
 
+/* How a product is computed (an explicit argument, never hidden state):
+ *   DDT_CUDA_MM_FP32    CUDA cores, fp32 fused multiply-adds on the dequantised
+ *                       weights (error about 1e-7 relative): the reference path.
+ *   DDT_CUDA_MM_TENSOR  tensor cores (mma.sync bf16 -> fp32) for bf16, FP8 block
+ *                       (block a multiple of 32) and INT4 group-32 weights: the
+ *                       weights exactly, the activations split in two bf16 halves
+ *                       (error about 1e-5 relative; see qmatmul_tc.cuh); F32 / F16
+ *                       weights and other FP8 blocks take the FP32 path.
+ * Both keep the determinism contract; they differ from each other in the last bits. */
+typedef enum ddt_cuda_mm_mode { DDT_CUDA_MM_FP32 = 0, DDT_CUDA_MM_TENSOR = 1 } ddt_cuda_mm_mode;
+
 /* y[t][o] = sum_j x[t][j] * w[o][j]: x [n][w->cols] (row stride ldx), y [n][w->rows]
  * (row stride ldy), device pointers; y must not alias x.  n >= 1. */
 ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
@@ -62,6 +73,13 @@ ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, in
 ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
                                    int64_t ldx, int32_t n, float *y, int64_t ldy,
                                    ddt_cuda_stream stream, ddt_error *err);
+
+/* The same with the computation chosen by mode (the two above are DDT_CUDA_MM_FP32). */
+ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx, int32_t n,
+                                float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
+ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_cuda_groups *g,
+                                        const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                        ddt_cuda_stream stream, ddt_error *err);
 
 /* The transposed product y = x W (MLA's q_lat = q_nope W_UK):
  * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j],
