@@ -23,6 +23,7 @@
 
 #define PREFILL_CHUNK 64
 #define N_EVENTS 6
+#define COST_POINTS 16 /* node-count points of the measured verify cost */
 
 struct ddt_engine_cuda {
     ddt_engine_options opts;
@@ -49,6 +50,15 @@ struct ddt_engine_cuda {
     int32_t *tok_h, *par_h;/* [max_nodes] (T > 0) */
     ddt_tree htree;
     ddt_sampler *sampler;
+    /* --budget auto: the host builder, its cost model, pinned staging of table and tree */
+    bool auto_budget;
+    ddt_builder *builder;
+    ddt_cost_model cost;
+    float cost_nodes[COST_POINTS], cost_verify[COST_POINTS];
+    float *logq_h;         /* [depth][kmax] */
+    int32_t *ttok_h;       /* [depth][kmax] */
+    int32_t *dep_h;        /* [max_nodes] */
+    uint64_t *vis_h;       /* [max_nodes][vis_words] */
     const float *capture[DDT_DRAFTER_MAX_TARGET_LAYERS];
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
@@ -80,11 +90,10 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
-    void *pinned[] = {e->emit_h, e->walk_h, e->logits_h};
+    void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
-    free(e->tok_h);
-    free(e->par_h);
+    ddt_builder_destroy(e->builder);
     ddt_tree_free(&e->htree);
     ddt_sampler_destroy(e->sampler);
     ddt_cuda_target_free(e->target);
@@ -103,6 +112,7 @@ const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
 void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e->opts.sampling = *s; }
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
+static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
 
 static ddt_status dmalloc(void **p, size_t n, size_t sz, ddt_error *err) {
     size_t bytes;
@@ -122,10 +132,6 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     *out = NULL;
     if (opts->draft_fn)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the CUDA backend drafts with a DFlash model only (no custom drafter)");
-    if (opts->budget_auto)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "--budget auto is not supported on the CUDA backend yet (the device tree builder takes a "
-                        "fixed budget); give a number");
     ddt_engine_cuda *e = calloc(1, sizeof *e);
     if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
     e->opts = *opts;
@@ -185,14 +191,29 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
             goto fail;
         }
     }
-    e->tok_h = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
-    e->par_h = ddt_malloc_array((size_t)e->max_nodes, sizeof(int32_t));
-    if (!e->tok_h || !e->par_h) {
-        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's host buffers");
-        goto fail;
-    }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
     if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
+    {
+        const size_t M = (size_t)e->max_nodes, cells = drows * (size_t)e->kmax;
+        cudaError_t ce = cudaMallocHost((void **)&e->tok_h, M * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->par_h, M * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->dep_h, M * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->vis_h, M * (size_t)e->htree.vis_words * sizeof(uint64_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->logq_h, cells * sizeof(float));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->ttok_h, cells * sizeof(int32_t));
+        if (ce != cudaSuccess) {
+            st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: engine host buffers: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
+    }
+    e->auto_budget = opts->mode == DDT_MODE_TREE && opts->budget_auto;
+    if (e->auto_budget) {
+        /* no graph: the node count changes every round */
+        if ((st = ddt_builder_create(e->max_nodes - 1, &e->builder, err))) goto fail;
+        if ((st = measure_cost(e, err))) goto fail;
+        *out = e;
+        return DDT_OK;
+    }
     /* capture the full-budget greedy round now, so that no generation pays for it */
     if ((st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
         goto fail;
@@ -293,6 +314,8 @@ static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error
                             hw->round, (uint32_t)node, token, err);
 }
 
+static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *err);
+
 /* A sampled round: draft, build and verify on the device, the walk on the host. */
 static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, uint64_t round, ddt_error *err) {
     DDT_CUDA_TRY(mark(e, 0), err);
@@ -310,6 +333,12 @@ static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, u
     DDT_CUDA_TRY(cudaMemcpy(e->tok_h, e->tree.token, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), err);
     DDT_CUDA_TRY(cudaMemcpy(e->par_h, e->tree.parent, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), err);
     TRY(ddt_tree_from_parents(e->tok_h, e->par_h, n, e->vocab, &e->htree, err));
+    return walk_on_host(e, round, err);
+}
+
+/* The walk of e->htree on the host over the verify logits in logits_h (the CPU
+ * sampler's draws), the path handed back to the device, then the commit. */
+static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *err) {
     host_walk hw = {e, round};
     ddt_walk_result w;
     TRY(ddt_tree_walk_fn(&e->htree, sample_node, &hw, e->vocab, &w, err));
@@ -327,6 +356,111 @@ static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, u
     DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.root_token, e->walk_h + DDT_MAX_PATH + 1, sizeof(int32_t),
                                  cudaMemcpyHostToDevice, e->s), err);
     return launch_commit(e, err);
+}
+
+/*
+ * A round with --budget auto: the drafter and top-K run on the device, the D x K
+ * table comes to the host, where the CPU builder grows the tree under the cost
+ * model (CaDDTree: it stops where another node no longer pays for its verify
+ * cost); the tree goes back to the device for verify.  Two synchronisations per
+ * round instead of one and no graph — the price of a data-dependent node count
+ * (a device-side cost-aware builder is the next step: NOTES.md).
+ */
+static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t bonus, int32_t len, uint64_t round,
+                             bool greedy, int32_t *n_out, ddt_error *err) {
+    const int32_t k = budget < e->kmax ? budget : e->kmax;
+    const size_t cells = (size_t)e->depth * (size_t)k;
+    DDT_CUDA_TRY(mark(e, 0), err);
+    TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
+    DDT_CUDA_TRY(mark(e, 1), err);
+    TRY(ddt_cuda_topk_logsoftmax(e->draft_logits, e->depth, e->vocab, k, e->logq, e->table_tok, e->topk_ws,
+                                 e->topk_ws_bytes, e->s, err));
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->logq_h, e->logq, sizeof(float) * cells, cudaMemcpyDeviceToHost, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->ttok_h, e->table_tok, sizeof(int32_t) * cells, cudaMemcpyDeviceToHost, e->s),
+                 err);
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    ddt_draft_table tb = {e->depth, k, e->logq_h, e->ttok_h};
+    e->cost.context_len = (float)len;
+    TRY(ddt_tree_build(e->builder, &tb, bonus, budget, &e->cost, e->vocab, &e->htree, err));
+    const int32_t n = e->htree.n_nodes;
+    if (e->htree.vis_words != e->tree.vis_words)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "auto budget: host tree rows of %d words, device %d",
+                        e->htree.vis_words, e->tree.vis_words);
+    /* pinned staging, so the copies stay asynchronous */
+    memcpy(e->tok_h, e->htree.token, sizeof(int32_t) * (size_t)n);
+    memcpy(e->par_h, e->htree.parent, sizeof(int32_t) * (size_t)n);
+    memcpy(e->dep_h, e->htree.depth, sizeof(int32_t) * (size_t)n);
+    memcpy(e->vis_h, e->htree.vis, sizeof(uint64_t) * (size_t)n * (size_t)e->htree.vis_words);
+    e->emit_h[0] = n;
+    e->emit_h[1] = DDT_CUDA_TREE_OK;
+    const enum cudaMemcpyKind h2d = cudaMemcpyHostToDevice;
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.token, e->tok_h, sizeof(int32_t) * (size_t)n, h2d, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.parent, e->par_h, sizeof(int32_t) * (size_t)n, h2d, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.depth, e->dep_h, sizeof(int32_t) * (size_t)n, h2d, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.vis, e->vis_h, sizeof(uint64_t) * (size_t)n * (size_t)e->tree.vis_words,
+                                 h2d, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.n_nodes, e->emit_h, sizeof(int32_t), h2d, e->s), err);
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.status, e->emit_h + 1, sizeof(int32_t), h2d, e->s), err);
+    DDT_CUDA_TRY(mark(e, 2), err);
+    TRY(launch_verify(e, n, err));
+    *n_out = n;
+    if (greedy) {
+        TRY(ddt_cuda_argmax_rows(e->logits, n, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
+        TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
+        DDT_CUDA_TRY(mark(e, 4), err);
+        return launch_commit(e, err);
+    }
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)n * e->vocab,
+                                 cudaMemcpyDeviceToHost, e->s), err);
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    return walk_on_host(e, round, err);
+}
+
+/* Measure C_verify(n) and the draft cost on this GPU for the auto budget: a
+ * forward of 1 + n tokens (what verifying n nodes costs), best of three after a
+ * warm-up, made non-decreasing so that noise cannot end a build early. */
+static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
+    int32_t pts = 0;
+    const int32_t budget = e->max_nodes - 1;
+    for (int32_t n = 0; n <= budget && pts < COST_POINTS; n = n ? 2 * n : 1) {
+        e->cost_nodes[pts++] = (float)n;
+        if (pts < COST_POINTS && 2 * n > budget && n != budget) {
+            e->cost_nodes[pts++] = (float)budget;
+            break;
+        }
+    }
+    DDT_CUDA_TRY(cudaMemsetAsync(e->ids, 0, sizeof(int32_t) * (size_t)e->max_nodes, e->s), err);
+    for (int32_t p = 0; p < pts; p++) {
+        const int32_t n = (int32_t)e->cost_nodes[p] + 1;
+        float best = 1e30f;
+        for (int rep = 0; rep < 4; rep++) {
+            TRY(ddt_cuda_target_reset(e->target, err));
+            DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+            TRY(ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err));
+            DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+            DDT_CUDA_TRY(cudaEventSynchronize(e->ev[1]), err);
+            float ms = 0.0f;
+            DDT_CUDA_TRY(cudaEventElapsedTime(&ms, e->ev[0], e->ev[1]), err);
+            if (rep > 0 && ms < best) best = ms; /* rep 0 warms up */
+        }
+        e->cost_verify[p] = best * 1e-3f > 1e-7f ? best * 1e-3f : 1e-7f;
+        if (p > 0 && e->cost_verify[p] < e->cost_verify[p - 1]) e->cost_verify[p] = e->cost_verify[p - 1];
+    }
+    float draft = 1e30f;
+    for (int rep = 0; rep < 4; rep++) {
+        DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+        TRY(ddt_cuda_drafter_draft(e->drafter, e->ids, e->draft_logits, e->s, err));
+        DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+        DDT_CUDA_TRY(cudaEventSynchronize(e->ev[1]), err);
+        float ms = 0.0f;
+        DDT_CUDA_TRY(cudaEventElapsedTime(&ms, e->ev[0], e->ev[1]), err);
+        if (rep > 0 && ms < draft) draft = ms;
+    }
+    TRY(ddt_cuda_target_reset(e->target, err));
+    TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    e->cost = (ddt_cost_model){draft * 1e-3f, pts, e->cost_nodes, 1, NULL, e->cost_verify, 0.0f};
+    return ddt_cost_check(&e->cost, err);
 }
 
 /* The first token (after the prompt) or an AR step's token from logits row 0. */
@@ -390,7 +524,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
         const int32_t room = e->max_ctx - len - 1;
         if (room < 0) break;
         double t0 = now_s();
-        int32_t n, m;
+        int32_t n = 0, m;
         if (e->opts.mode == DDT_MODE_AR && greedy) {
             DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
             DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
@@ -412,7 +546,9 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             int32_t k = e->opts.mode == DDT_MODE_TREE ? (budget < e->kmax ? budget : e->kmax) : 1;
             if (k < 1) k = 1;
             if (budget < 1) break; /* no node fits: the context is full */
-            if (greedy) {
+            if (e->auto_budget) {
+                TRY(auto_round(e, budget, bonus, len, round, greedy, &n, err));
+            } else if (greedy) {
                 if (budget == e->max_nodes - 1) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
@@ -428,7 +564,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (m < 1 || m > DDT_MAX_PATH || e->emit_h[1] != DDT_CUDA_TREE_OK)
                 return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",
                                 (unsigned long long)round, e->emit_h[1], m);
-            n = budget + 1;
+            if (!e->auto_budget) n = budget + 1;
             s.t_draft += elapsed(e->ev[0], e->ev[1]);
             s.t_build += elapsed(e->ev[1], e->ev[2]);
             s.t_verify += elapsed(e->ev[2], e->ev[3]);
