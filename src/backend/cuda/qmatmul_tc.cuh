@@ -242,25 +242,27 @@ static __device__ __forceinline__ uint32_t tc_pack(__nv_bfloat16 lo, __nv_bfloat
 }
 
 /*
- * Stage units [u0, u0 + SU) of the block's NT*8 tokens (row pointers xrows, NULL
- * for padding) as bf16 hi/lo in fragment order; zeros past cols.  Each item is one
- * token's 8 columns of one lane slot of one sub-chunk.
+ * Stage units [u0, u0 + SU) of the block's first ntok tokens (row pointers xrows)
+ * as bf16 hi/lo in fragment order; zeros past cols.  Each item is one token's 8
+ * columns of one lane slot of one sub-chunk.  The padding tokens' rows were zeroed
+ * once (tc_zero_padding) and are never written here: at decode, 7 of the 8 tokens
+ * of the n-tile are padding.
  */
 template <int F, int NT, int SU>
-static __device__ __forceinline__ void tc_stage(uint8_t *xs, const float *const *xrows, int64_t u0, int64_t cols,
-                                                bool xvec, int tstride) {
-    constexpr int ITEMS = NT * 8 * SU * TC_KW * 4;
-    for (int it = threadIdx.x; it < ITEMS; it += blockDim.x) {
+static __device__ __forceinline__ void tc_stage(uint8_t *xs, const float *const *xrows, int ntok, int64_t u0,
+                                                int64_t cols, bool xvec, int tstride) {
+    const int items = ntok * (SU * TC_KW * 4);
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
         const int t = it & 3, c = (it >> 2) % (SU * TC_KW), i = it / (4 * SU * TC_KW);
         const int64_t col0 = (u0 * TC_KW + c) * 32 + 8 * t;
         const float *xr = xrows[i];
         float f[8];
-        if (xr && xvec && col0 + 8 <= cols) {
+        if (xvec && col0 + 8 <= cols) {
             const float4 p = *(const float4 *)(xr + col0), q = *(const float4 *)(xr + col0 + 4);
             f[0] = p.x, f[1] = p.y, f[2] = p.z, f[3] = p.w, f[4] = q.x, f[5] = q.y, f[6] = q.z, f[7] = q.w;
         } else {
 #pragma unroll
-            for (int e = 0; e < 8; e++) f[e] = (xr && col0 + e < cols) ? xr[col0 + e] : 0.0f;
+            for (int e = 0; e < 8; e++) f[e] = col0 + e < cols ? xr[col0 + e] : 0.0f;
         }
         __nv_bfloat16 hi[8], lo[8];
 #pragma unroll
@@ -277,6 +279,14 @@ static __device__ __forceinline__ void tc_stage(uint8_t *xs, const float *const 
                                                   tc_pack(lo[k00], lo[k01]), tc_pack(lo[k10], lo[k11]));
         }
     }
+}
+
+/* Zero the staged rows of tokens ntok .. NT*8-1 (bf16 zero is all-zero bits). */
+template <int NT>
+static __device__ __forceinline__ void tc_zero_padding(uint8_t *xs, int ntok, int tstride) {
+    uint4 *p = (uint4 *)(xs + ntok * tstride);
+    const int count = (NT * 8 - ntok) * tstride / 16;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) p[i] = make_uint4(0u, 0u, 0u, 0u);
 }
 
 /* Bytes of dynamic shared memory: the x stage, reused for the k-slice reduction. */
@@ -363,6 +373,7 @@ static __global__ void __launch_bounds__(MW * TC_KW * 32) tc_kernel(const TcArgs
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[ti][nt][c] = 0.0f;
+    tc_zero_padding<NT>(tc_smem, ntok, TSTRIDE); /* ordered before any read by the loop's first barrier */
     TcRaw<F> ring[SU];
 #pragma unroll
     for (int j = 0; j < SU; j++) {
@@ -371,7 +382,7 @@ static __global__ void __launch_bounds__(MW * TC_KW * 32) tc_kernel(const TcArgs
     }
     for (int64_t st = 0; st < nst; st++) {
         __syncthreads(); /* the previous stage's reads are done (and xrows is set) */
-        tc_stage<F, NT, SU>(tc_smem, xrows, st * SU, cols, xvec, TSTRIDE);
+        tc_stage<F, NT, SU>(tc_smem, xrows, ntok, st * SU, cols, xvec, TSTRIDE);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < SU; j++) {
