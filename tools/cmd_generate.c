@@ -39,6 +39,8 @@ static const char k_usage[] =
     "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
     "  --fast-attention     cuda: bf16 latent cache + tensor-core MLA attention (kv_lora_rank 512 and\n"
     "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
+    "  --tensor-cores       cuda: matmuls, experts and LM head on the tensor cores (bf16 mma with\n"
+    "                       split-bf16 activations); greedy tree == ar still holds\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
     "                       heads and routed experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
@@ -80,6 +82,7 @@ typedef struct gen_args {
     bool json;
     bool stop_eos;
     bool fast_attention;
+    bool tensor_cores;
     long long gpus;
 } gen_args;
 
@@ -159,6 +162,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         if (!strcmp(f, "--fast-attention")) {
             a->fast_attention = true;
+            continue;
+        }
+        if (!strcmp(f, "--tensor-cores")) {
+            a->tensor_cores = true;
             continue;
         }
         static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
@@ -395,6 +402,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_mode_parse(a.mode, &eo.mode);
     ddt_backend_parse(a.backend, &eo.backend);
     eo.fast_attention = a.fast_attention;
+    eo.tensor_cores = a.tensor_cores;
     eo.gpus = (int32_t)a.gpus;
     eo.draft_dir = a.draft;
     eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);

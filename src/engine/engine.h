@@ -66,6 +66,9 @@ typedef struct ddt_engine_options {
     bool fast_attention;       /* cuda: bf16 latent cache + tensor-core attention (MLA 512/64 models,
                                   <= 64 tokens per forward); off = the exact fp32 path, under which
                                   greedy tree output is bitwise ar output */
+    bool tensor_cores;         /* cuda: projections, routed experts and LM head on the tensor cores
+                                  (bf16 mma, split-bf16 activations, qmatmul_cuda.h); batch invariant,
+                                  so greedy tree == ar still holds, but not bitwise the fp32 path */
     int32_t gpus;              /* cuda: GPUs of this host the target is split over, 0 or 1 = one GPU,
                                   up to DDT_ENGINE_MAX_GPUS (engine_multi_cuda.h: NCCL) */
     bool nccl_always;          /* cuda: run the multi-GPU (NCCL) code even for one GPU (tests: it must

@@ -150,6 +150,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
                                     .capture_layers = dflash ? dcfg.target_layer_ids : NULL,
                                     .n_capture = dflash ? dcfg.n_target_layers : 0,
                                     .fast_attention = opts->fast_attention,
+                                    .tensor_cores = opts->tensor_cores,
                                     .shard_rank = rank,
                                     .shard_world = world,
                                     .allreduce = allreduce,

@@ -267,6 +267,8 @@ typedef struct run_out {
     ddt_gen_stats st;
 } run_out;
 
+static bool g_tensor_cores; /* run_engine's engines use --tensor-cores */
+
 /* budget < 0: --budget auto capped at -budget */
 static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
                        const int32_t *prompt, int np, int max_new, run_out *r) {
@@ -276,6 +278,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.draft_dir = draft;
     o.budget = budget < 0 ? -budget : budget;
     o.budget_auto = budget < 0;
+    o.tensor_cores = g_tensor_cores;
     o.sampling = (ddt_sampling){temp, 0, 1.0f, 7};
     o.n_threads = 2;
     o.max_ctx = 0; /* the model's default */
@@ -323,6 +326,19 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     /* the cost model is measured (timing), so the trees, and with them the samples,
      * may differ between runs: only the shape of the output is checked here */
     printf("  tree T=1 budget auto (max 32): tau %.2f\n", a1.st.mean_acceptance);
+    /* --tensor-cores: not bitwise the fp32 path, but batch invariant, so tree == ar */
+    run_out tca, tct;
+    g_tensor_cores = true;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &tca);
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tct);
+    g_tensor_cores = false;
+    CHECK(tct.n == tca.n && !memcmp(tct.ids, tca.ids, sizeof(int32_t) * (size_t)tca.n),
+          "%s: tensor cores: GPU tree budget 16 != GPU ar", model);
+    int same = 0;
+    while (same < tca.n && same < ar.n && tca.ids[same] == ar.ids[same]) same++;
+    printf("  tensor cores: tree 16 == ar: %s (tau %.2f, %.1f tok/s; ar %.1f tok/s); agrees with the fp32 path for "
+           "%d of %d tokens\n", tct.n == tca.n && !memcmp(tct.ids, tca.ids, sizeof(int32_t) * (size_t)tca.n) ? "yes" : "NO",
+           tct.st.mean_acceptance, tct.st.tokens_per_s, tca.st.tokens_per_s, same, ar.n);
     /* T = 1: the same seed gives the same tokens; tree and ar are both target samples */
     run_out t1, t2;
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t1);

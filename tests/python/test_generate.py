@@ -119,6 +119,8 @@ def test_cli_backend_flag():
     assert auto["ids"] == cpu["ids"] and auto["stats"]["backend"] in ("cpu", "cuda")
     fast = run(*base, "--fast-attention")
     assert fast.returncode == 2 and "--backend cuda" in fast.stderr
+    tc = run(*base, "--tensor-cores")
+    assert tc.returncode == 2 and "--tensor-cores" in tc.stderr and "--backend cuda" in tc.stderr
     bad = run(*base, "--backend", "tpu")
     assert bad.returncode == 2 and "--backend 'tpu'" in bad.stderr
     for mode in (["--mode", "ar"], ["--mode", "tree", "--draft", DRAFT, "--budget", "8"]):
