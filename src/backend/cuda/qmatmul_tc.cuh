@@ -251,48 +251,32 @@ static __device__ __forceinline__ uint32_t tc_pack(__nv_bfloat16 lo, __nv_bfloat
 template <int F, int NT, int SU>
 static __device__ __forceinline__ void tc_stage(uint8_t *xs, const float *const *xrows, int ntok, int64_t u0,
                                                 int64_t cols, bool xvec, int tstride) {
-    /* Each thread loads the x of BATCH items before converting any of them, so
-       their L2 round trips overlap instead of running one after another (a plain
-       loop cannot hoist a global load above the previous item's shared store). */
-    constexpr int BATCH = 2;
     const int items = ntok * (SU * TC_KW * 4);
-    for (int base = threadIdx.x; base < items; base += BATCH * blockDim.x) {
-        float f[BATCH][8];
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+        const int t = it & 3, c = (it >> 2) % (SU * TC_KW), i = it / (4 * SU * TC_KW);
+        const int64_t col0 = (u0 * TC_KW + c) * 32 + 8 * t;
+        const float *xr = xrows[i];
+        float f[8];
+        if (xvec && col0 + 8 <= cols) {
+            const float4 p = *(const float4 *)(xr + col0), q = *(const float4 *)(xr + col0 + 4);
+            f[0] = p.x, f[1] = p.y, f[2] = p.z, f[3] = p.w, f[4] = q.x, f[5] = q.y, f[6] = q.z, f[7] = q.w;
+        } else {
 #pragma unroll
-        for (int bi = 0; bi < BATCH; bi++) {
-            const int it = base + bi * blockDim.x;
-            if (it >= items) continue;
-            const int t = it & 3, c = (it >> 2) % (SU * TC_KW), i = it / (4 * SU * TC_KW);
-            const int64_t col0 = (u0 * TC_KW + c) * 32 + 8 * t;
-            const float *xr = xrows[i];
-            if (xvec && col0 + 8 <= cols) {
-                const float4 p = __ldg((const float4 *)(xr + col0)), q = __ldg((const float4 *)(xr + col0 + 4));
-                f[bi][0] = p.x, f[bi][1] = p.y, f[bi][2] = p.z, f[bi][3] = p.w;
-                f[bi][4] = q.x, f[bi][5] = q.y, f[bi][6] = q.z, f[bi][7] = q.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++) f[bi][e] = col0 + e < cols ? __ldg(xr + col0 + e) : 0.0f;
-            }
+            for (int e = 0; e < 8; e++) f[e] = col0 + e < cols ? xr[col0 + e] : 0.0f;
         }
+        __nv_bfloat16 hi[8], lo[8];
 #pragma unroll
-        for (int bi = 0; bi < BATCH; bi++) {
-            const int it = base + bi * blockDim.x;
-            if (it >= items) continue;
-            const int t = it & 3, c = (it >> 2) % (SU * TC_KW), i = it / (4 * SU * TC_KW);
-            __nv_bfloat16 hi[8], lo[8];
+        for (int e = 0; e < 8; e++) {
+            hi[e] = __float2bfloat16_rn(f[e]);
+            lo[e] = __float2bfloat16_rn(f[e] - __bfloat162float(hi[e])); /* the difference is exact */
+        }
+        uint8_t *dst = xs + i * tstride + c * TC_SUBB + t * 16;
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                hi[e] = __float2bfloat16_rn(f[bi][e]);
-                lo[e] = __float2bfloat16_rn(f[bi][e] - __bfloat162float(hi[e])); /* the difference is exact */
-            }
-            uint8_t *dst = xs + i * tstride + c * TC_SUBB + t * 16;
-#pragma unroll
-            for (int s = 0; s < 2; s++) {
-                const int k00 = tc_col<F>(s, 0, 0), k01 = tc_col<F>(s, 0, 1);
-                const int k10 = tc_col<F>(s, 1, 0), k11 = tc_col<F>(s, 1, 1);
-                *(uint4 *)(dst + 64 * s) = make_uint4(tc_pack(hi[k00], hi[k01]), tc_pack(hi[k10], hi[k11]),
-                                                      tc_pack(lo[k00], lo[k01]), tc_pack(lo[k10], lo[k11]));
-            }
+        for (int s = 0; s < 2; s++) {
+            const int k00 = tc_col<F>(s, 0, 0), k01 = tc_col<F>(s, 0, 1);
+            const int k10 = tc_col<F>(s, 1, 0), k11 = tc_col<F>(s, 1, 1);
+            *(uint4 *)(dst + 64 * s) = make_uint4(tc_pack(hi[k00], hi[k01]), tc_pack(hi[k10], hi[k11]),
+                                                  tc_pack(lo[k00], lo[k01]), tc_pack(lo[k10], lo[k11]));
         }
     }
 }
@@ -320,7 +304,7 @@ static __host__ __device__ constexpr int tc_smem_bytes(int NT, int SU, int MW) {
  *   TC_DOWN   grid (item, row block of MW x 32 hidden rows); o[entry][o]
  */
 template <int F, int KIND, int NT, int SU, int MW>
-static __global__ void __launch_bounds__(MW * TC_KW * 32, 4 / MW) tc_kernel(const TcArgs a) {
+static __global__ void __launch_bounds__(MW * TC_KW * 32) tc_kernel(const TcArgs a) {
     extern __shared__ __align__(16) uint8_t tc_smem[];
     __shared__ const float *xrows[NT * 8];
     constexpr int NTOK = NT * 8, TSTRIDE = tc_tstride(SU);
