@@ -24,4 +24,10 @@ typedef struct ddt_emitter {
 /* Emit ids in order until max_new or a stop id (emitted, then done). */
 void ddt_emitter_push(ddt_emitter *em, const int32_t *ids, int32_t n);
 
+/* The totals of a finished generation (times in seconds since any common origin):
+ * tokens, total time, mean acceptance and decode tokens/s, which leaves out the
+ * first token (it comes from the prompt pass, timed as prefill). */
+void ddt_emitter_finish_stats(const ddt_emitter *em, double t_start, double t_decode, double t_end,
+                              ddt_gen_stats *s);
+
 #endif

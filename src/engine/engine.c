@@ -536,10 +536,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
         s.t_commit += t5 - t4;
     }
     double t_end = now_s();
-    s.tokens = em.n;
-    s.t_total = t_end - t_start;
-    s.mean_acceptance = s.rounds ? (double)s.accepted / (double)s.rounds : 0.0;
-    s.tokens_per_s = t_end > t_decode ? (double)(em.n > 1 ? em.n - 1 : 0) / (t_end - t_decode) : 0.0;
+    ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;

@@ -582,10 +582,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     TRY(check_kv(e, err));
     (void)bonus;
     double t_end = now_s();
-    s.tokens = em.n;
-    s.t_total = t_end - t_start;
-    s.mean_acceptance = s.rounds ? (double)s.accepted / (double)s.rounds : 0.0;
-    s.tokens_per_s = t_end > t_decode ? (double)(em.n > 1 ? em.n - 1 : 0) / (t_end - t_decode) : 0.0;
+    ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;
