@@ -26,74 +26,7 @@
 #include "io/config.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "model/target_cuda.h"
-
-static uint64_t g_rng = 0x5DEECE66Dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-
-static ddt_model_config k26(int layers, int dense_first) {
-    ddt_model_config c;
-    memset(&c, 0, sizeof c);
-    strcpy(c.architecture, "DeepseekV3ForCausalLM");
-    c.hidden_size = 7168;
-    c.num_hidden_layers = layers;
-    c.num_attention_heads = 64;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.vocab_size = 163840;
-    c.intermediate_size = 18432;
-    c.moe_intermediate_size = 2048;
-    c.n_routed_experts = 384;
-    c.num_experts_per_tok = 8;
-    c.n_shared_experts = 1;
-    c.first_k_dense_replace = dense_first;
-    c.moe_layer_freq = 1;
-    c.n_group = 1;
-    c.topk_group = 1;
-    c.norm_topk_prob = true;
-    c.routed_scaling_factor = 2.827f;
-    strcpy(c.scoring_func, "sigmoid");
-    strcpy(c.topk_method, "noaux_tc");
-    c.rms_norm_eps = 1e-5f;
-    c.rope_theta = 50000.0f;
-    c.max_position_embeddings = 262144;
-    c.rope_interleave = true;
-    c.has_yarn = true;
-    c.yarn_factor = 64.0f;
-    c.yarn_original_max_position = 4096.0f;
-    c.yarn_beta_fast = 1.0f;
-    c.yarn_beta_slow = 1.0f;
-    c.yarn_mscale = 1.0f;
-    c.yarn_mscale_all_dim = 1.0f;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
-}
-
-/* a random tree of n nodes, depth <= 15 (what a 16-block drafter builds) */
-static void random_tree(int n, int32_t *tok, int32_t *depth, uint64_t *vis) {
-    int32_t par[64];
-    for (int i = 0; i < n; i++) {
-        tok[i] = (int32_t)(rnd() % 163840u);
-        vis[i] = 0;
-        if (i == 0) {
-            par[0] = -1;
-            depth[0] = 0;
-        } else {
-            int p;
-            do p = (int)(rnd() % (uint32_t)i); while (depth[p] >= 15);
-            par[i] = p;
-            depth[i] = depth[p] + 1;
-        }
-        for (int j = i; j >= 0; j = par[j]) vis[i] |= 1ull << j;
-    }
-}
+#include "cuda_bench_k26.h"
 
 static double copy_bw(void) {
     const size_t bytes = (size_t)2 << 30;
@@ -114,11 +47,6 @@ static double copy_bw(void) {
     return 5.0 * 2.0 * (double)bytes / (ms * 1e-3); /* read + write */
 }
 
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* median ms of reps verify forwards of the tree already on the device */
 static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t *ddep, const uint64_t *dvis, int n,
                          int reps) {
@@ -135,7 +63,7 @@ static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t 
         if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
-    qsort(v, (size_t)reps, sizeof v[0], cmp_f);
+    qsort(v, (size_t)reps, sizeof v[0], bench_cmp_float);
     return v[reps / 2];
 }
 
@@ -149,7 +77,7 @@ static void run_all(bool quick, bool tc, double bw) {
            tc ? "mma.sync bf16 -> fp32" : "fp32 CUDA cores");
 
     /* MoE layers */
-    ddt_model_config c = k26(MOE_LAYERS, 0);
+    ddt_model_config c = bench_k26_config(MOE_LAYERS, 0);
     ddt_cuda_target_options o = {.max_ctx = 65536 + 128, .max_tokens = 64, .fast_attention = true,
                                  .tensor_cores = tc};
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
@@ -176,7 +104,7 @@ static void run_all(bool quick, bool tc, double bw) {
     for (int j = 0; j < n_N; j++) {
         OK(ddt_cuda_target_fake_context(t, Ns[j], 7 + (uint64_t)j, &err_));
         for (int i = 0; i < n_n; i++) {
-            random_tree(ns[i], tok, depth, vis);
+            bench_random_tree(ns[i], tok, depth, vis);
             CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
             CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
             CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
@@ -214,7 +142,7 @@ static void run_all(bool quick, bool tc, double bw) {
                 CU(cudaEventSynchronize(e1));
                 if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
             }
-            qsort(v, (size_t)reps, sizeof v[0], cmp_f);
+            qsort(v, (size_t)reps, sizeof v[0], bench_cmp_float);
             lm[i] = v[reps / 2];
             printf("| %d | %.3f |\n", ns[i], lm[i]);
         }
@@ -223,14 +151,14 @@ static void run_all(bool quick, bool tc, double bw) {
     ddt_cuda_target_free(t);
 
     /* the dense first layer (MLP 18432) */
-    c = k26(1, 1);
+    c = bench_k26_config(1, 1);
     so.seed = 2;
     OK(ddt_cuda_target_synthetic(&c, &o, &so, &t, &err_));
     OK(ddt_cuda_target_fake_context(t, 4096, 3, &err_));
     float dense[8];
     printf("\n## Dense layer 0 at N=4096 by n\n\n| n | ms |\n|---:|---:|\n");
     for (int i = 0; i < n_n; i++) {
-        random_tree(ns[i], tok, depth, vis);
+        bench_random_tree(ns[i], tok, depth, vis);
         CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));

@@ -28,52 +28,10 @@
 #include "../tests/cuda/cuda_test.h"
 #include "io/config.h"
 #include "model/target_cuda.h"
+#include "cuda_bench_k26.h"
 
 #define LAYERS 2
 #define CTX 4096
-
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-
-/* Kimi K2.6's decoder shapes, every layer MoE. */
-static ddt_model_config k26_moe(void) {
-    ddt_model_config c;
-    memset(&c, 0, sizeof c);
-    strcpy(c.architecture, "DeepseekV3ForCausalLM");
-    c.hidden_size = 7168;
-    c.num_hidden_layers = LAYERS;
-    c.num_attention_heads = 64;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.vocab_size = 163840;
-    c.intermediate_size = 18432;
-    c.moe_intermediate_size = 2048;
-    c.n_routed_experts = 384;
-    c.num_experts_per_tok = 8;
-    c.n_shared_experts = 1;
-    c.first_k_dense_replace = 0;
-    c.moe_layer_freq = 1;
-    c.n_group = 1;
-    c.topk_group = 1;
-    c.norm_topk_prob = true;
-    c.routed_scaling_factor = 2.827f;
-    strcpy(c.scoring_func, "sigmoid");
-    strcpy(c.topk_method, "noaux_tc");
-    c.rms_norm_eps = 1e-5f;
-    c.rope_theta = 50000.0f;
-    c.max_position_embeddings = 262144;
-    c.rope_interleave = true;
-    c.bos_token_id = c.eos_token_id = -1;
-    return c;
-}
 
 static ddt_status nccl_reduce(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err) {
     ncclResult_t r = ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, *(ncclComm_t *)ctx,
@@ -89,34 +47,11 @@ static ddt_status no_reduce(void *ctx, float *buf, int64_t count, void *stream, 
     return DDT_OK;
 }
 
-/* a random tree of n <= 64 nodes, depth <= 15 */
-static void random_tree(int n, int32_t *tok, int32_t *depth, uint64_t *vis) {
-    int32_t par[64];
-    for (int i = 0; i < n; i++) {
-        tok[i] = (int32_t)(rnd() % 163840u);
-        vis[i] = 0;
-        par[i] = -1;
-        depth[i] = 0;
-        if (i > 0) {
-            int p;
-            do p = (int)(rnd() % (uint32_t)i); while (depth[p] >= 15);
-            par[i] = p;
-            depth[i] = depth[p] + 1;
-        }
-        for (int j = i; j >= 0; j = par[j]) vis[i] |= 1ull << j;
-    }
-}
-
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* median ms per layer of reps verify forwards of n nodes */
 static float time_layer(ddt_cuda_target *t, int n, int reps) {
     int32_t tok[64], depth[64], *dtok, *ddep;
     uint64_t vis[64], *dvis;
-    random_tree(n, tok, depth, vis);
+    bench_random_tree(n, tok, depth, vis);
     CU(cudaMalloc((void **)&dtok, sizeof tok));
     CU(cudaMalloc((void **)&ddep, sizeof depth));
     CU(cudaMalloc((void **)&dvis, sizeof vis));
@@ -137,7 +72,7 @@ static float time_layer(ddt_cuda_target *t, int n, int reps) {
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
-    qsort(v, (size_t)reps, sizeof v[0], cmp_f);
+    qsort(v, (size_t)reps, sizeof v[0], bench_cmp_float);
     return v[reps / 2] / LAYERS;
 }
 
@@ -155,7 +90,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ncclCommInitAll over 1 GPU failed\n");
         return 1;
     }
-    ddt_model_config c = k26_moe();
+    ddt_model_config c = bench_k26_config(LAYERS, 0);
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
                                  .seed = 1};
     for (int v = 0; v < N_VARIANTS; v++) {
