@@ -276,10 +276,9 @@ static void tc_dense(const TcArgs &a, cudaStream_t s) {
     else tc_dense_launch<F, 8, 1, 2>(a, s);
 }
 
-static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
-                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
-    TcArgs a;
-    memset(&a, 0, sizeof a);
+/* The launch arguments both paths take from a grouped product (MMArgs, TcArgs). */
+template <class A>
+static void set_product(A &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
@@ -292,6 +291,13 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, cons
     a.ldy = ldy;
     a.y_stride = g->y_stride;
     a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+}
+
+static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
+    TcArgs a;
+    memset(&a, 0, sizeof a);
+    set_product(a, g, x, ldx, n, y, ldy);
     const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8);
     if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
     switch (qfmt_of(*w)) {
@@ -319,18 +325,7 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cud
     if ((int64_t)g->count * ((g->rows + MM_R - 1) / MM_R) * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
         return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
     MMArgs a;
-    a.w_row_stride = g->w_row_stride;
-    a.w_row_offset = g->w_row_offset;
-    a.rows = g->rows;
-    a.count = g->count;
-    a.x = x;
-    a.ldx = ldx;
-    a.x_stride = g->x_stride;
-    a.n = n;
-    a.y = y;
-    a.ldy = ldy;
-    a.y_stride = g->y_stride;
-    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+    set_product(a, g, x, ldx, n, y, ldy);
     cudaStream_t s = (cudaStream_t)stream;
     if (mode != DDT_CUDA_MM_FP32 && mode != DDT_CUDA_MM_TENSOR)
         return ddt_fail(err, DDT_ERR_INVALID, "matmul: unknown mode %d", (int)mode);
