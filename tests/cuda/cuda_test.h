@@ -7,10 +7,12 @@
 #define DDT_TESTS_CUDA_TEST_H
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "ddtree.h"
+#include "text/tokenizer.h"
 
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                                  \
@@ -39,5 +41,24 @@ static int g_failures = 0;
             exit(1);                                                                      \
         }                                                                                 \
     } while (0)
+
+/* The shipped pair's held-out prompt (examples/heldout_prompt.py) as token ids, at
+ * most cap of them; false (with a message) when the file is not there. */
+static inline bool cuda_test_heldout_ids(int32_t *ids, size_t cap, size_t *n_ids) {
+    ddt_tokenizer *tok;
+    OK(ddt_tokenizer_load("models/pystdlib-target", &tok, &err_));
+    FILE *f = fopen("examples/heldout_prompt.py", "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open examples/heldout_prompt.py (run from the repository root)\n");
+        ddt_tokenizer_free(tok);
+        return false;
+    }
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    OK(ddt_tokenizer_encode(tok, text, len, 0, ids, cap, n_ids, &err_));
+    ddt_tokenizer_free(tok);
+    return true;
+}
 
 #endif

@@ -30,7 +30,6 @@
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "model/target_cuda.h"
-#include "text/tokenizer.h"
 #include "cuda_test.h"
 
 #define CHUNK 64
@@ -323,20 +322,9 @@ int main(int argc, char **argv) {
         test_nccl_world1(fx, fprompt, 40, 32, 300);
         test_engine(fx, "tests/fixtures/drafter/fp32", fprompt, 40, 64);
         printf("shipped pair on a held-out prompt:\n");
-        ddt_tokenizer *tok;
-        OK(ddt_tokenizer_load("models/pystdlib-target", &tok, &err_));
-        FILE *f = fopen("examples/heldout_prompt.py", "rb");
-        if (!f) {
-            fprintf(stderr, "cannot open examples/heldout_prompt.py (run from the repository root)\n");
-            return 1;
-        }
-        static char text[1 << 16];
-        size_t len = fread(text, 1, sizeof text - 1, f);
-        fclose(f);
         static int32_t ids[8192];
         size_t n_ids;
-        OK(ddt_tokenizer_encode(tok, text, len, 0, ids, 8192, &n_ids, &err_));
-        ddt_tokenizer_free(tok);
+        if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
         const char *sm = "models/pystdlib-target";
         const int V = 4352;
         test_nccl_world1(sm, ids, (int)n_ids, 64, V);

@@ -22,7 +22,6 @@
 #include "engine/engine.h"
 #include "model/target.h"
 #include "model/target_cuda.h"
-#include "text/tokenizer.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
@@ -362,20 +361,9 @@ int main(int argc, char **argv) {
     test_engine("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, quick);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
-        ddt_tokenizer *tok;
-        OK(ddt_tokenizer_load("models/pystdlib-target", &tok, &err_));
-        FILE *f = fopen("examples/heldout_prompt.py", "rb");
-        if (!f) {
-            fprintf(stderr, "cannot open examples/heldout_prompt.py (run from the repository root)\n");
-            return 1;
-        }
-        static char text[1 << 16];
-        size_t len = fread(text, 1, sizeof text - 1, f);
-        fclose(f);
         static int32_t ids[8192];
         size_t n_ids;
-        OK(ddt_tokenizer_encode(tok, text, len, 0, ids, 8192, &n_ids, &err_));
-        ddt_tokenizer_free(tok);
+        if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
         test_engine("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, false);
     }
     if (g_failures) printf("test_cuda_target: %d FAILURES\n", g_failures);
