@@ -198,17 +198,22 @@ static void make_star(ddt_tree *t, int32_t n, int32_t vocab) {
     }
 }
 
-/* Measure C_verify(n) on this machine: verify of 1 + n nodes after one committed
- * token, best of three; made non-decreasing so noise cannot end a build early. */
-static ddt_status measure_cost(ddt_engine *e, ddt_error *err) {
+int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points) {
     int32_t pts = 0;
-    for (int32_t n = 0; n <= e->opts.budget && pts < COST_POINTS; n = n ? 2 * n : 1) {
-        e->cost_nodes[pts++] = (float)n;
-        if (pts < COST_POINTS && 2 * n > e->opts.budget && n != e->opts.budget) {
-            e->cost_nodes[pts++] = (float)e->opts.budget;
+    for (int32_t n = 0; n <= budget && pts < max_points; n = n ? 2 * n : 1) {
+        nodes[pts++] = (float)n;
+        if (pts < max_points && 2 * n > budget && n != budget) {
+            nodes[pts++] = (float)budget;
             break;
         }
     }
+    return pts;
+}
+
+/* Measure C_verify(n) on this machine: verify of 1 + n nodes after one committed
+ * token, best of three; made non-decreasing so noise cannot end a build early. */
+static ddt_status measure_cost(ddt_engine *e, ddt_error *err) {
+    const int32_t pts = ddt_engine_cost_points(e->opts.budget, e->cost_nodes, COST_POINTS);
     int32_t zero = 0;
     ddt_status st = ddt_target_prefill(e->target, &zero, 1, NULL, false, err);
     if (st) return st;

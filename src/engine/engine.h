@@ -114,6 +114,9 @@ int32_t ddt_engine_max_ctx(const ddt_engine *e);
 const ddt_model_config *ddt_engine_model_config(const ddt_engine *e);
 /* Change the sampling settings (temperature, top-k, top-p, seed) for later generations. */
 ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err);
+/* The node counts (0, 1, 2, 4, ... and budget itself, at most max_points) at which
+ * the CPU and CUDA engines measure C_verify for the auto budget; returns how many. */
+int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points);
 /* The cost model in use for the auto budget (measured or given), NULL otherwise. */
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
 

@@ -421,15 +421,7 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t bonus, 
  * forward of 1 + n tokens (what verifying n nodes costs), best of three after a
  * warm-up, made non-decreasing so that noise cannot end a build early. */
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
-    int32_t pts = 0;
-    const int32_t budget = e->max_nodes - 1;
-    for (int32_t n = 0; n <= budget && pts < COST_POINTS; n = n ? 2 * n : 1) {
-        e->cost_nodes[pts++] = (float)n;
-        if (pts < COST_POINTS && 2 * n > budget && n != budget) {
-            e->cost_nodes[pts++] = (float)budget;
-            break;
-        }
-    }
+    const int32_t pts = ddt_engine_cost_points(e->max_nodes - 1, e->cost_nodes, COST_POINTS);
     DDT_CUDA_TRY(cudaMemsetAsync(e->ids, 0, sizeof(int32_t) * (size_t)e->max_nodes, e->s), err);
     for (int32_t p = 0; p < pts; p++) {
         const int32_t n = (int32_t)e->cost_nodes[p] + 1;
