@@ -1,7 +1,12 @@
 /*
  * cuda_bench_moe.c — speed of the routed experts of one Kimi K2.6 MoE layer on the
  * GPU (hidden 7168, moe_intermediate 2048, 384 INT4 group-32 experts, top-8), and of
- * a dense bf16 projection (q_b_proj 24576 x 1536) through ddt_cuda_matmul.
+ * the dense projections (q_a, q_b, kv_a, o_proj, the LM head; bf16, plus q_b in FP8
+ * and an INT4 shape) through ddt_cuda_matmul_mode, each against its floor (bytes
+ * over the copy bandwidth measured here) and against cuBLAS bf16 (cublasGemmEx,
+ * bf16 weights and activations, fp32 accumulation) at the same shapes in the same
+ * run: for the experts, one gate/up and one down GEMM per touched expert with its
+ * token count, the way a plain implementation runs them.
  *
  * Both are memory-bound at decode sizes, so the roofline is the device's copy
  * bandwidth, measured in the same run (cudaMemcpy device to device of 2 GiB,
@@ -14,6 +19,7 @@
  * markdown tables.
  *   cuda_bench_moe [iterations]
  */
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +33,25 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+#define CB(call)                                                                          \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "%s:%d: cuBLAS status %d: %s\n", __FILE__, __LINE__, (int)s_, #call); \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+/* C[m][n] (column-major, ldc = m) = A^T B with A [k][m] (the weight's rows of k
+ * bf16) and B [k][n] (n activation rows of k bf16), fp32 out and accumulation. */
+static cublasStatus_t gemm_bf16(cublasHandle_t h, int m, int n, int k, const void *A, const void *B, float *C,
+                                cudaStream_t s) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasSetStream(h, s);
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
+                        CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 static float median(float *v, int n) {
     qsort(v, (size_t)n, sizeof(float), cmp_float);
     return v[n / 2];
@@ -35,19 +60,20 @@ static float median(float *v, int n) {
 /* Median of iters single calls between two events (ms), then the mean of iters
  * calls queued back to back (ms): the first includes any launch gap the host
  * leaves, the second is what a CUDA graph or a busy stream sees. */
-#define TIME_CALLS(call, med_ms, queued_ms)                                   \
+#define TIME_CALLS(call, med_ms, queued_ms) TIME_WITH(OK(call), med_ms, queued_ms)
+#define TIME_WITH(stmt, med_ms, queued_ms)                                    \
     do {                                                                      \
-        for (int w_ = 0; w_ < 3; w_++) OK(call);                              \
+        for (int w_ = 0; w_ < 3; w_++) stmt;                                  \
         for (int i_ = 0; i_ < iters; i_++) {                                  \
             CU(cudaEventRecord(ev0, 0));                                      \
-            OK(call);                                                         \
+            stmt;                                                             \
             CU(cudaEventRecord(ev1, 0));                                      \
             CU(cudaEventSynchronize(ev1));                                    \
             CU(cudaEventElapsedTime(&times[i_], ev0, ev1));                   \
         }                                                                     \
         med_ms = median(times, iters);                                        \
         CU(cudaEventRecord(ev0, 0));                                          \
-        for (int i_ = 0; i_ < iters; i_++) OK(call);                          \
+        for (int i_ = 0; i_ < iters; i_++) stmt;                              \
         CU(cudaEventRecord(ev1, 0));                                          \
         CU(cudaEventSynchronize(ev1));                                        \
         float tot_;                                                           \
@@ -109,29 +135,75 @@ int main(int argc, char **argv) {
     printf("device copy bandwidth (d2d, read+write): %.0f GB/s\n\n", copy_gbs);
     printf("experts: %d x INT4 [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, I, H, H, I, K,
            expert_bytes / 1e6);
-    for (int mi = 0; mi < 2; mi++) {
-        layer.mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
-        printf("\n## experts on %s\n\n", mi ? "tensor cores (DDT_CUDA_MM_TENSOR)" : "CUDA cores (DDT_CUDA_MM_FP32)");
-        printf("| tokens | touched experts | MB read | route us | experts us (median) | GB/s | of copy bw | experts us "
-               "(queued) | of copy bw (queued) |\n");
-        printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        static const int ns[] = {1, 4, 16, 32, 64, 128};
+    /* cuBLAS bf16 baseline: bf16 copies of as many experts as the largest batch touches */
+    cublasHandle_t cub;
+    CB(cublasCreate(&cub));
+    const int NB = 112; /* distinct bf16 experts held (touched experts cycle over them) */
+    ddt_qweight *bgu = malloc(sizeof(ddt_qweight) * NB), *bdn = malloc(sizeof(ddt_qweight) * NB);
+    for (int e = 0; e < NB; e++) {
+        OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, 2 * I, H, 0.01f, 777 + e, &bgu[e], &err_));
+        OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, H, I, 0.01f, 999 + e, &bdn[e], &err_));
+    }
+    ddt_qweight xb, hb;
+    OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, MAXN, H, 1.0f, 55, &xb, &err_));
+    OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, MAXN, 2 * I, 1.0f, 56, &hb, &err_));
+    float *gu32;
+    CU(cudaMalloc((void **)&gu32, sizeof(float) * (size_t)MAXN * 2 * I));
+    static const int ns[] = {1, 4, 16, 32, 64, 128};
+    double ex_us[2][6];
+    for (int mi = 0; mi < 3; mi++) {
+        if (mi == 1) OK(ddt_cuda_moe_layer_pack(&layer, &err_)); /* the tensor cores stream the packed copy */
+        layer.mode = mi == 1 ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+        if (mi == 2) {
+            printf("\n## cuBLAS bf16 (cublasGemmEx per touched expert: gate/up [%d, %d] and down [%d, %d], bf16 "
+                   "weights = 4x the INT4 bytes)\n\n", 2 * I, H, H, I);
+            printf("| tokens | touched experts | bf16 MB read | us (median) | of copy bw | ours (tensor) us | ours / cuBLAS |\n");
+            printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+        } else {
+            printf("\n## experts on %s\n\n", mi ? "tensor cores (DDT_CUDA_MM_TENSOR, packed)" : "CUDA cores (DDT_CUDA_MM_FP32)");
+            printf("| tokens | touched experts | MB read | floor us | route us | experts us (median) | GB/s | of copy bw | "
+                   "experts us (queued) | of copy bw (queued) | vs n=1 |\n");
+            printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        }
         for (int ni = 0; ni < 6; ni++) {
             const int n = ns[ni];
             float route_ms, route_q, ms, q;
             TIME_CALLS(ddt_cuda_moe_route(logits, E, n, &rp, idx, w, NULL, &err_), route_ms, route_q);
             CU(cudaMemcpy(hidx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyDeviceToHost));
-            char seen[384] = {0};
+            int cnt[384] = {0};
             int touched = 0;
             for (int i = 0; i < n * K; i++)
-                if (!seen[hidx[i]]) seen[hidx[i]] = 1, touched++;
+                if (cnt[hidx[i]]++ == 0) touched++;
+            if (mi == 2) {
+                TIME_WITH(
+                    {
+                        int j = 0;
+                        for (int e = 0; e < E; e++) {
+                            if (!cnt[e]) continue;
+                            CB(gemm_bf16(cub, 2 * I, cnt[e], H, bgu[j % NB].data, xb.data, gu32, 0));
+                            CB(gemm_bf16(cub, H, cnt[e], I, bdn[j % NB].data, hb.data, out, 0));
+                            j++;
+                        }
+                    },
+                    ms, q);
+                const double bytes = touched * (3.0 * H * I * 2.0), gbs = bytes / (ms * 1e-3) / 1e9;
+                printf("| %d | %d | %.0f | %.1f | %.0f%% | %.1f | %.2fx |\n", n, touched, bytes / 1e6, ms * 1e3,
+                       100.0 * gbs / copy_gbs, ex_us[1][ni], ex_us[1][ni] / (ms * 1e3));
+                continue;
+            }
             TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
+            ex_us[mi][ni] = ms * 1e3;
             const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
-            printf("| %d | %d | %.0f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n", n, touched, bytes / 1e6,
-                   route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3, 100.0 * gq / copy_gbs);
+            printf("| %d | %d | %.0f | %.1f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.2fx |\n", n, touched,
+                   bytes / 1e6, bytes / copy_gbs / 1e3, route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3,
+                   100.0 * gq / copy_gbs, ex_us[mi][ni] / ex_us[mi][0]);
             (void)route_q;
         }
     }
+    for (int e = 0; e < NB; e++) ddt_cuda_qweight_free(&bgu[e]), ddt_cuda_qweight_free(&bdn[e]);
+    free(bgu);
+    free(bdn);
+    CU(cudaFree(gu32));
     ddt_cuda_moe_layer_free(&layer);
 
     /* dense projections: q_b_proj (bf16), the same shape in FP8 blocks and INT4,
@@ -141,36 +213,54 @@ int main(int argc, char **argv) {
         ddt_qformat f;
         ddt_dtype dt;
         int R, C;
-    } dense[] = {{"bf16 q_b_proj", DDT_Q_DENSE, DDT_DTYPE_BF16, 24576, 1536},
+    } dense[] = {{"bf16 q_a_proj", DDT_Q_DENSE, DDT_DTYPE_BF16, 1536, 7168},
+                 {"bf16 q_b_proj", DDT_Q_DENSE, DDT_DTYPE_BF16, 24576, 1536},
+                 {"bf16 kv_a_proj_with_mqa", DDT_Q_DENSE, DDT_DTYPE_BF16, 576, 7168},
+                 {"bf16 o_proj", DDT_Q_DENSE, DDT_DTYPE_BF16, 7168, 8192},
                  {"FP8 q_b_proj", DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, 24576, 1536},
                  {"INT4 shared-expert-like", DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 4096, 7168},
                  {"bf16 LM head", DDT_Q_DENSE, DDT_DTYPE_BF16, 163840, 7168}};
     float *y;
     CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * 163840));
-    for (int di = 0; di < 4; di++) {
+    ddt_qweight xd;
+    OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, 64, 8192, 1.0f, 57, &xd, &err_));
+    for (int di = 0; di < 7; di++) {
         const int R = dense[di].R, C = dense[di].C;
-        ddt_qweight qb;
+        ddt_qweight qb, wb;
         OK(ddt_cuda_qweight_random(dense[di].f, dense[di].dt, R, C, 0.05f, 7, &qb, &err_));
-        const double wbytes = (double)ddt_cuda_qweight_bytes(&qb);
-        printf("\n# dense %s [%d, %d] (%.1f MB) through ddt_cuda_matmul_mode\n\n", dense[di].name, R, C,
-               wbytes / 1e6);
-        printf("| mode | tokens | us (median) | weight GB/s | of copy bw | GFLOP/s | us (queued) | of copy bw (queued) "
-               "|\n");
-        printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-        static const int dn[] = {1, 8, 16, 32, 64};
-        for (int mi = 0; mi < 2; mi++)
-            for (int ni = 0; ni < 5; ni++) {
+        OK(ddt_cuda_qweight_pack(&qb, &err_));
+        OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, R, C, 0.05f, 8, &wb, &err_));
+        const double wbytes = (double)ddt_cuda_qweight_bytes(&qb), bbytes = 2.0 * R * C;
+        printf("\n# dense %s [%d, %d] (%.1f MB; floor %.1f us) through ddt_cuda_matmul_mode, and cuBLAS bf16 "
+               "(%.1f MB)\n\n", dense[di].name, R, C, wbytes / 1e6, wbytes / copy_gbs / 1e3, bbytes / 1e6);
+        printf("| mode | tokens | us (median) | weight GB/s | of copy bw | vs floor | vs n=1 | GFLOP/s | us (queued) | "
+               "of copy bw (queued) | cuBLAS bf16 us | ours / cuBLAS |\n");
+        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        static const int dn[] = {1, 4, 8, 16, 32, 64};
+        for (int mi = 0; mi < 2; mi++) {
+            double t1 = 0;
+            for (int ni = 0; ni < 6; ni++) {
                 const int n = dn[ni];
                 const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
-                float ms, q;
+                float ms, q, cms, cq;
                 TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, NULL, &err_), ms, q);
+                TIME_WITH(CB(gemm_bf16(cub, R, n, C, wb.data, xd.data, y, 0)), cms, cq);
+                if (ni == 0) t1 = ms;
                 const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
-                printf("| %s | %d | %.1f | %.0f | %.0f%% | %.0f | %.1f | %.0f%% |\n", mi ? "tensor" : "fp32", n,
-                       ms * 1e3, gbs, 100.0 * gbs / copy_gbs, 2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3,
-                       100.0 * gq / copy_gbs);
+                printf("| %s | %d | %.1f | %.0f | %.0f%% | %.2fx | %.2fx | %.0f | %.1f | %.0f%% | %.1f | %.2fx |\n",
+                       mi ? "tensor" : "fp32", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+                       ms * 1e-3 / (wbytes / (copy_gbs * 1e9)), ms / t1, 2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3,
+                       100.0 * gq / copy_gbs, cms * 1e3, ms / cms);
+                (void)cq;
             }
+        }
         ddt_cuda_qweight_free(&qb);
+        ddt_cuda_qweight_free(&wb);
     }
+    ddt_cuda_qweight_free(&xd);
+    ddt_cuda_qweight_free(&xb);
+    ddt_cuda_qweight_free(&hb);
+    CB(cublasDestroy(cub));
     CU(cudaFree(y));
     CU(cudaFree(ws));
     CU(cudaFree(x));

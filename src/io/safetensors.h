@@ -98,6 +98,11 @@ typedef struct ddt_qweight {
     const uint16_t *scale;    /* INT4: bf16 [rows][cols/group] */
     int32_t block;            /* FP8 block edge (128) */
     int32_t group;            /* INT4 group size (32) */
+    /* The CUDA tensor-core layout (backend/cuda/wstream.cuh), device memory made
+     * by ddt_cuda_qweight_pack beside the row-major data; NULL everywhere else.
+     * mma_scale: INT4's scales in the same tile order. */
+    const void *mma;
+    const void *mma_scale;
 } ddt_qweight;
 
 /*

@@ -76,10 +76,22 @@ struct ddt_cuda_target {
 
 /* ------------------------------------------------------------------ load */
 
-static ddt_status up_w(ddt_cuda_target *t, const ddt_qweight *h, ddt_qweight *d, ddt_error *err) {
+/* With the tensor cores, a weight the projections read gets its packed copy at
+ * load (qmatmul_cuda.h); the embedding and the router never take that path. */
+static ddt_status pack_w(ddt_cuda_target *t, ddt_qweight *d, ddt_error *err) {
+    if (t->mm != DDT_CUDA_MM_TENSOR) return DDT_OK;
+    return ddt_cuda_qweight_pack(d, err); /* weight_bytes counts one copy: the one a step reads */
+}
+
+static ddt_status up_plain(ddt_cuda_target *t, const ddt_qweight *h, ddt_qweight *d, ddt_error *err) {
     ddt_status st = ddt_cuda_qweight_upload(h, d, err);
     if (st == DDT_OK) t->weight_bytes += ddt_cuda_qweight_bytes(d);
     return st;
+}
+
+static ddt_status up_w(ddt_cuda_target *t, const ddt_qweight *h, ddt_qweight *d, ddt_error *err) {
+    ddt_status st = up_plain(t, h, d, err);
+    return st != DDT_OK ? st : pack_w(t, d, err);
 }
 
 static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_error *err) {
@@ -142,7 +154,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
         return st;
     d->moe = h->moe;
     if (!h->moe) return owns_dense(t) ? up_mlp(t, &h->mlp, &d->mlp, err) : DDT_OK;
-    if ((st = up_w(t, &h->router, &d->router, err)) != DDT_OK) return st;
+    if ((st = up_plain(t, &h->router, &d->router, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->router_bias, &d->router_bias, err)) != DDT_OK) return st;
     /* the rank's routed experts (all of them when unsharded) */
     const int32_t e0 = t->sharded ? t->shard.expert0 : 0, ne = t->sharded ? t->shard.n_experts : t->n_experts;
@@ -159,7 +171,9 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     if (st != DDT_OK) return st;
     d->experts.first_expert = e0;
     d->experts.total_experts = t->n_experts;
-    d->experts.mode = t->mm;
+    if (t->mm == DDT_CUDA_MM_TENSOR) {
+        if ((st = ddt_cuda_moe_layer_pack(&d->experts, err)) != DDT_OK) return st;
+    }
     for (int32_t e = e0; e < e0 + ne; e++)
         t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
@@ -354,7 +368,8 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         goto fail;
     }
     t->tied = t->cfg->tie_word_embeddings;
-    if ((st = up_w(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
+    if ((st = up_plain(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
+    if (t->tied && (st = pack_w(t, &t->embed, err)) != DDT_OK) goto fail; /* it is the LM head too */
     if (t->tied) t->lm_head = t->embed;
     else if ((st = up_w(t, ddt_target_lm_head(t->host), &t->lm_head, err)) != DDT_OK) goto fail;
     if ((st = up_v(t, ddt_target_final_norm(t->host), &t->final_norm, err)) != DDT_OK) goto fail;
@@ -385,7 +400,7 @@ static ddt_status rand_w(ddt_cuda_target *t, ddt_qformat f, int64_t rows, int64_
     if (f == DDT_Q_INT4_GROUP) amp /= 8.0f;  /* nibbles reach +-8 */
     ddt_status st = ddt_cuda_qweight_random(f, dt, rows, cols, amp, (*seed)++, w, err);
     if (st == DDT_OK) t->weight_bytes += ddt_cuda_qweight_bytes(w);
-    return st;
+    return st != DDT_OK ? st : pack_w(t, w, err);
 }
 
 static ddt_status ones(ddt_cuda_target *t, int64_t n, float **p, ddt_error *err) {
@@ -438,7 +453,9 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         return st;
     d->experts.first_expert = t->sharded ? t->shard.expert0 : 0;
     d->experts.total_experts = t->n_experts;
-    d->experts.mode = t->mm;
+    if (t->mm == DDT_CUDA_MM_TENSOR) {
+        if ((st = ddt_cuda_moe_layer_pack(&d->experts, err)) != DDT_OK) return st;
+    }
     for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
     d->has_shared = c->n_shared_experts > 0 && owns_dense(t);

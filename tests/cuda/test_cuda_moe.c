@@ -9,7 +9,7 @@
  *     error < 5e-5 (the bound of test_cuda_qmatmul.c: exact weights, x as two
  *     bf16 halves, about 4e-6 per product; the down projection adds the error of
  *     h, so the bound is shared, not tightened);
- *   - each token's output bit-identical alone and inside batches of 1, 5, 33
+ *   - each token's output bit-identical alone and inside batches of 1, 5, 12, 33
  *     (experts with more tokens than a work item holds are split: checked too);
  *   - output padding (NaN poison) untouched; workspace poisoned before use.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
@@ -183,7 +183,15 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
     ddt_cuda_moe_layer layer;
     OK(ddt_cuda_moe_layer_upload(gw, gw + E, gw + 2 * E, E, &layer, &err_));
     CHECK(layer.mode == DDT_CUDA_MM_FP32, "upload: mode %d, not FP32", (int)layer.mode);
-    layer.mode = mode;
+    if (mode == DDT_CUDA_MM_TENSOR) {
+        /* unpacked, the tensor mode is refused; packed, it runs */
+        layer.mode = DDT_CUDA_MM_TENSOR;
+        ddt_error e2;
+        ddt_status st = ddt_cuda_moe_experts(&layer, NULL, H, 1, NULL, NULL, K, NULL, H, NULL, 0, NULL, &e2);
+        CHECK(st == DDT_ERR_INVALID, "experts %s: tensor mode call with missing arguments: status %d", fname(f), (int)st);
+        OK(ddt_cuda_moe_layer_pack(&layer, &err_));
+        CHECK(layer.mode == DDT_CUDA_MM_TENSOR, "pack: mode %d", (int)layer.mode);
+    }
     const int maxn = 33;
     size_t wsb = ddt_cuda_moe_workspace_bytes(&layer, maxn, K);
     void *dws;
@@ -201,8 +209,8 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
     CU(cudaMalloc((void **)&dout1, sizeof(float) * (size_t)ldo));
     CU(cudaMalloc((void **)&dw, sizeof(float) * (size_t)maxn * K));
     CU(cudaMalloc((void **)&didx, sizeof(int32_t) * (size_t)maxn * K));
-    static const int ns[] = {1, 5, 33};
-    for (int ni = 0; ni < 3; ni++) {
+    static const int ns[] = {1, 5, 12, 33}; /* every n-tile count of the tensor path (items of 8, 16, 32) */
+    for (int ni = 0; ni < 4; ni++) {
         const int n = ns[ni];
         for (int i = 0; i < n * H; i++) x[i] = frand();
         /* distinct experts per token, in a random order, with random weights;

@@ -6,14 +6,16 @@
  *   - the tensor-core path (DDT_CUDA_MM_TENSOR) of x W^T and grouped x W^T for
  *     BF16, FP8 and INT4 on the same odd shapes (rows not a multiple of 16,
  *     columns not a multiple of 32 where the format allows) and n = 1, 3, 9, 17,
- *     64, 70 (every n-tile count and two token blocks): normalised error < 5e-5.
+ *     64, 70 (every n-tile count and two token blocks), weights packed by
+ *     ddt_cuda_qweight_pack, groups on 16-row tiles: normalised error < 5e-5.
  *     Why 5e-5: the weights are exact and the products are accumulated in fp32;
  *     the only approximation is x = bf16 hi + bf16 lo, whose error is at most
  *     2^-9 of the residual, i.e. about 2^-18 = 3.8e-6 of |x| per term, so the
  *     error relative to the sum is about that (measured: printed); 5e-5 leaves
  *     room for the accumulation order and still catches any real mistake (a
  *     wrong column or scale gives errors of order 1, plain bf16 x about 2e-3).
- *     F32 and F16 weights in tensor mode take the FP32 path: bit-identical;
+ *     F32 and F16 weights, and groups off the 16-row tiles, in tensor mode take
+ *     the FP32 path: bit-identical; an unpacked weight in tensor mode is refused;
  *   - the determinism contract: every token of a batch is bit-identical to the same
  *     token computed alone (from a separate, differently aligned buffer);
  *   - output padding (poisoned with NaN) is never written;
@@ -142,29 +144,35 @@ static void free_weight(hw *h) {
 
 static ddt_cpu_pool *g_pool;
 
-/* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W (FP32 only).
- * mode: DDT_CUDA_MM_FP32 or DDT_CUDA_MM_TENSOR for kinds 0 and 1. */
+/* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W (FP32 only); 3: grouped
+ * x W^T whose groups do not start on 16-row tiles (tensor mode: the FP32 path).
+ * mode: DDT_CUDA_MM_FP32 or DDT_CUDA_MM_TENSOR for kinds 0, 1 and 3. */
 static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, const ddt_cuda_groups *g, const float *x,
                     int64_t ldx, int n, float *y, int64_t ldy) {
     if (kind == 0) OK(ddt_cuda_matmul_mode(dw, mode, x, ldx, n, y, ldy, NULL, &err_));
-    else if (kind == 1) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, NULL, &err_));
+    else if (kind == 1 || kind == 3) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, NULL, &err_));
     else OK(ddt_cuda_matmul_t_grouped(dw, g, x, ldx, n, y, ldy, NULL, &err_));
 }
 
 static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, int xpad, ddt_cuda_mm_mode mode) {
-    const int tc = mode == DDT_CUDA_MM_TENSOR && (f == 1 || f == 3 || f == 4);
+    const int tc = mode == DDT_CUDA_MM_TENSOR && (f == 1 || f == 3 || f == 4) && kind != 3;
     const double tol = tc ? 5e-5 : 1e-5;
     ddt_cuda_groups g = {1, 0, 0, rows, 0, 0};
     int64_t wrows = rows, xw, yw;
-    if (kind == 1) { /* 3 groups of `rows` rows at offset 5 inside blocks of rows+7 */
+    if (kind == 3 || (kind == 1 && mode == DDT_CUDA_MM_FP32)) {
+        /* 3 groups of `rows` rows at offset 5 inside blocks of rows+7 */
         g = (ddt_cuda_groups){3, rows + 7, 5, rows, cols + 1, rows + 2};
         wrows = 3 * (rows + 7);
+    } else if (kind == 1) { /* tensor mode: groups on 16-row tiles (at row 16 of blocks of >= rows+23) */
+        const int64_t st = (rows + 23 + 15) / 16 * 16;
+        g = (ddt_cuda_groups){3, st, 16, rows, cols + 1, rows + 2};
+        wrows = 3 * st;
     } else if (kind == 2) { /* x W over 3 groups of `rows` rows: output width cols */
         g = (ddt_cuda_groups){3, rows + 4, 3, rows, rows + 1, cols};
         wrows = 3 * (rows + 4);
     }
     if (kind == 0) xw = cols, yw = rows;
-    else if (kind == 1) xw = 2 * g.x_stride + cols, yw = 2 * g.y_stride + rows;
+    else if (kind == 1 || kind == 3) xw = 2 * g.x_stride + cols, yw = 2 * g.y_stride + rows;
     else xw = 2 * g.x_stride + rows, yw = 2 * g.y_stride + cols;
     const int64_t ldx = xw + xpad, ldy = yw + 3;
     hw h = make_weight(f, wrows, cols);
@@ -175,11 +183,16 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     poison(yref, (size_t)(n * ldy));
     ddt_cpu_groups cg = {g.count, g.w_row_stride, g.w_row_offset, g.rows, g.x_stride, g.y_stride};
     if (kind == 0) ddt_cpu_matmul(g_pool, &h.w, x, ldx, n, yref, ldy);
-    else if (kind == 1) ddt_cpu_matmul_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
+    else if (kind == 1 || kind == 3) ddt_cpu_matmul_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
     else ddt_cpu_matmul_t_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
 
     ddt_qweight dw;
     OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    if (mode == DDT_CUDA_MM_TENSOR) {
+        OK(ddt_cuda_qweight_pack(&dw, &err_));
+        CHECK((dw.mma != NULL) == (f == 1 || f == 3 || f == 4), "%s: packed copy %s", fmt_name(f),
+              dw.mma ? "made for a format the tensor cores do not take" : "missing");
+    }
     float *dx, *dy, *dx1, *dy1;
     CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(n * ldx)));
     CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)(n * ldy)));
@@ -247,7 +260,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
         CHECK(fallback_diff == 0, "%s kind %d: tensor mode fallback differs from the FP32 path", fmt_name(f), kind);
     }
     printf("%-4s %s%s [%4lld x %4lld] n=%2d ldx+%d: err %.2e, exact %lld/%lld, alone==batch %s\n", fmt_name(f),
-           kind == 0 ? "xW^T " : kind == 1 ? "grpWT" : "grpXW", tc ? " TC" : "", (long long)rows, (long long)cols, n,
+           kind == 0 ? "xW^T " : kind == 1 ? "grpWT" : kind == 3 ? "grpUA" : "grpXW", tc ? " TC" : "", (long long)rows, (long long)cols, n,
            xpad, e, (long long)exact, (long long)total, mism == 0 ? "yes" : "NO");
     ddt_cuda_qweight_free(&dw);
     CU(cudaFree(dx));
@@ -341,6 +354,8 @@ int main(int argc, char **argv) {
                     run_case_mode(f, 0, sh[s][0], sh[s][1], tns[i], (s + i) % 2 ? 3 : 0, DDT_CUDA_MM_TENSOR);
                     if (s < 3 && i < 5)
                         run_case_mode(f, 1, sh[s][0] / 3 + 1, sh[s][1], tns[i], i % 2, DDT_CUDA_MM_TENSOR);
+                    if (s == 0 && (i == 0 || i == 4))
+                        run_case_mode(f, 3, sh[s][0] / 3 + 1, sh[s][1], tns[i], i % 2, DDT_CUDA_MM_TENSOR);
                 }
         }
     }
@@ -356,6 +371,14 @@ int main(int argc, char **argv) {
         ddt_status st = ddt_cuda_matmul(&dw, dx, 40, 1, dy, 8, NULL, &e2);
         CHECK(st == DDT_ERR_UNSUPPORTED, "INT4 with 40 columns: status %d", (int)st);
         ddt_cuda_qweight_free(&dw);
+        /* tensor mode on an eligible weight that was never packed: an error, not a silent slow path */
+        hw hb = make_weight(1, 16, 64);
+        OK(ddt_cuda_qweight_upload(&hb.w, &dw, &err_));
+        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, NULL, &e2);
+        CHECK(st == DDT_ERR_INVALID && strstr(e2.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)",
+              (int)st, e2.msg);
+        ddt_cuda_qweight_free(&dw);
+        free_weight(&hb);
         CU(cudaFree(dx));
         CU(cudaFree(dy));
         free_weight(&h);

@@ -19,8 +19,9 @@
  *   3. down: the same shape over hidden rows, into one output row per entry.
  *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
  *      acc = acc + w * out, in that order (the CPU's order).
- * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are qmatmul_tc.cuh's
- * tensor-core kernels over items of at most 8 entries (one n-tile).
+ * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are wstream.cuh's
+ * weight-streaming kernels over the packed experts (ddt_cuda_moe_layer_pack),
+ * items of at most 8, 16 or 32 entries by n.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -30,7 +31,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/moe_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
-#include "backend/cuda/qmatmul_tc.cuh"
+#include "backend/cuda/wstream.cuh"
 
 #define MOE_MAX_EXPERTS 4096
 #define MOE_MAX_TOPK 16
@@ -244,9 +245,9 @@ extern "C" void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m) {
 /* ------------------------------------------------------------------ workspace */
 
 /* What an expert kernel's block needs, in one 64-byte load: the expert's weights
- * (gate, up, down data and scales) and its range of at most C entry slots; cnt 0 =
- * no work (qmatmul_tc.cuh's MoeItem, which the tensor-core kernels read too). */
-typedef MoeItem SlotRec;
+ * (gate, up, down data and scales; the packed copies on the tensor-core path) and
+ * its range of at most C entry slots; cnt 0 = no work (wstream.cuh's WsItem). */
+typedef WsItem SlotRec;
 
 struct MoeWs {
     SlotRec *rec;                                           /* [min(M, E) + M] work items */
@@ -315,7 +316,7 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
 
 static __global__ void __launch_bounds__(SORT_THREADS)
 moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots,
-                const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, MoeWs ws) {
+                const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed, MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
     __shared__ long long wsum[SORT_THREADS / 32], total;
     const int tid = threadIdx.x;
@@ -337,9 +338,12 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
         cur[e] = off;
         if (c > 0) {
             SlotRec r;
-            r.d[0] = (const uint8_t *)gate[e].data, r.s[0] = wscale(gate[e]);
-            r.d[1] = (const uint8_t *)up[e].data, r.s[1] = wscale(up[e]);
-            r.d[2] = (const uint8_t *)down[e].data, r.s[2] = wscale(down[e]);
+            const ddt_qweight *ws3[3] = {&gate[e], &up[e], &down[e]};
+            for (int k = 0; k < 3; k++) {
+                const ddt_qweight &q = *ws3[k];
+                r.d[k] = (const uint8_t *)(packed ? q.mma : q.data);
+                r.s[k] = packed && q.format == DDT_Q_INT4_GROUP ? q.mma_scale : wscale(q);
+            }
             for (int j = 0; j < c; j += C) {
                 r.off = off + j;
                 r.cnt = c - j < C ? c - j : C;
@@ -505,39 +509,98 @@ static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x,
 }
 
 /*
- * Tensor-core path (qmatmul_tc.cuh): work items of at most 8 entries (one n-tile),
- * grid (item, row block) with the item fastest, so the items of one big expert run
- * side by side and share its weights in L2.  SU: weight loads in flight per warp.
+ * Tensor-core path (wstream.cuh): work items of at most C = 8*NT entries, grid
+ * (item, row block) with the item fastest, so the items of one big expert run
+ * side by side and share its weights in L2.
  */
-#define TC_MOE_C 8
+template <int NT> static int tc_moe_c() { return 8 * NT; }
 
-template <int F>
+template <int F, int NT>
 static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
                                     const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    constexpr int SU = F == QF_INT4 ? 8 : 4;
+    constexpr int MT = ws_mt(NT);
     const int H = m->hidden, I = m->inter;
-    TcArgs a;
+    const ddt_qweight *gw = &m->host_copy[0], *dw = &m->host_copy[2 * m->n_experts];
+    WsArgs a;
     memset(&a, 0, sizeof a);
-    a.W = qview_make<F>(m->host_copy[0]);
     a.rows = I;
+    a.cols = H;
+    a.nu = (H + 31) / 32;
+    a.mtiles = (I + 15) / 16;
+    a.fp8_block = gw->block;
+    a.fp8_scols = gw->block > 0 ? (int32_t)((H + gw->block - 1) / gw->block) : 0;
+    a.ks = 1;
+    a.units_per_split = a.nu;
     a.x = x;
     a.ldx = ldx;
-    a.xvec = xvec;
+    a.xvec = xvec && H % 4 == 0;
     a.items = ws.rec;
     a.sorted_tok = ws.sorted_tok;
     a.y = ws.h;
-    tc_kernel<F, TC_GATEUP, 1, SU, 1>
-        <<<dim3((unsigned)slots, (unsigned)((I + 15) / 16)), TC_KW * 32, tc_smem_bytes(1, SU, 1), s>>>(a);
+    ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), WS_THREADS,
+                                  ws_smem_bytes<F>(NT), s>>>(a);
     DDT_CUDA_LAUNCHED("moe_gateup (tensor cores)", s, err);
-    TcArgs b = a;
-    b.W = qview_make<F>(m->host_copy[2 * m->n_experts]);
+    WsArgs b = a;
     b.rows = H;
+    b.cols = I;
+    b.nu = (I + 31) / 32;
+    b.mtiles = (H + 15) / 16;
+    b.fp8_block = dw->block;
+    b.fp8_scols = dw->block > 0 ? (int32_t)((I + dw->block - 1) / dw->block) : 0;
+    b.units_per_split = b.nu;
     b.x = NULL;
     b.h = ws.h;
     b.y = ws.o;
-    tc_kernel<F, TC_DOWN, 1, SU, 1>
-        <<<dim3((unsigned)slots, (unsigned)((H + 31) / 32)), TC_KW * 32, tc_smem_bytes(1, SU, 1), s>>>(b);
+    ws_kernel<F, WS_DOWN, NT><<<dim3((unsigned)slots, (unsigned)((H + 16 * MT - 1) / (16 * MT))), WS_THREADS,
+                                ws_smem_bytes<F>(NT), s>>>(b);
     DDT_CUDA_LAUNCHED("moe_down (tensor cores)", s, err);
+    return DDT_OK;
+}
+
+template <int F>
+static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots, int nt,
+                             const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    if (nt == 1) return tc_experts_launch<F, 1>(m, x, ldx, xvec, slots, ws, s, err);
+    if (nt == 2) return tc_experts_launch<F, 2>(m, x, ldx, xvec, slots, ws, s, err);
+    return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, ws, s, err);
+}
+
+template <int F, int KIND, int NT> static cudaError_t moe_ws_attr() {
+    return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                ws_smem_bytes<F>(NT));
+}
+template <int F> static cudaError_t moe_ws_attr_fmt() {
+    const cudaError_t r[] = {moe_ws_attr<F, WS_GATEUP, 1>(), moe_ws_attr<F, WS_GATEUP, 2>(),
+                             moe_ws_attr<F, WS_GATEUP, 4>(), moe_ws_attr<F, WS_DOWN, 1>(),
+                             moe_ws_attr<F, WS_DOWN, 2>(),   moe_ws_attr<F, WS_DOWN, 4>()};
+    for (cudaError_t x : r)
+        if (x != cudaSuccess) return x;
+    return cudaSuccess;
+}
+
+extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *err) {
+    if (!m || !m->host_copy || !m->gate) return ddt_fail(err, DDT_ERR_INVALID, "moe_layer_pack: no layer");
+    const ddt_qweight *ref = &m->host_copy[0];
+    const int F = qfmt_of(*ref);
+    const bool ok = F == QF_BF16 || (F == QF_INT4 && ref->group == 32 && m->hidden % 32 == 0 && m->inter % 32 == 0) ||
+                    (F == QF_FP8 && ref->block % 32 == 0);
+    if (ok) {
+        cudaError_t e = moe_ws_attr_fmt<QF_BF16>();
+        if (e == cudaSuccess) e = moe_ws_attr_fmt<QF_FP8>();
+        if (e == cudaSuccess) e = moe_ws_attr_fmt<QF_INT4>();
+        if (e != cudaSuccess)
+            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: expert kernels' shared memory attribute: %s",
+                            cudaGetErrorString(e));
+        for (int32_t i = 0; i < 3 * m->n_experts; i++) {
+            ddt_status st = ddt_cuda_qweight_pack(&m->host_copy[i], err);
+            if (st != DDT_OK) return st;
+        }
+        /* the device table of weight structs now carries the packed pointers */
+        DDT_CUDA_TRY(cudaMemcpy(m->gate, m->host_copy, sizeof(ddt_qweight) * 3 * (size_t)m->n_experts,
+                                cudaMemcpyHostToDevice),
+                     err);
+    }
+    m->mode = DDT_CUDA_MM_TENSOR;
     return DDT_OK;
 }
 
@@ -572,9 +635,15 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     const bool tc = m->mode == DDT_CUDA_MM_TENSOR &&
                     (F == QF_BF16 || F == QF_INT4 || (F == QF_FP8 && ref->block % 32 == 0));
     const int64_t E = m->n_experts, touched = M < E ? M : E;
-    int TB = 0, C;
+    int TB = 0, C, nt = 1;
     if (tc) {
-        C = TC_MOE_C;
+        if (!ref->mma)
+            return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: tensor-core mode on a layer that was not packed "
+                                                  "(ddt_cuda_moe_layer_pack)");
+        nt = n <= 8 ? 1 : n <= 16 ? 2 : 4; /* at most n tokens reach one expert */
+        C = 8 * nt;
+        while (touched + M / C > 65535) C *= 2; /* cannot happen for n <= 65535 with C >= 8; kept as a guard */
+        if (C != 8 * nt) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {
         TB = M * 2 <= E ? 1 : M <= 2 * E ? 2 : 4;
         C = TB;
@@ -583,14 +652,14 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     const int slots = (int)(touched + M / C);
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
     moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, m->gate,
-                                               m->up, m->down, ws);
+                                               m->up, m->down, tc, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
     ddt_status st;
     if (tc) {
         switch (F) {
-        case QF_BF16: st = tc_experts_launch<QF_BF16>(m, x, ldx, xvec, slots, ws, s, err); break;
-        case QF_FP8: st = tc_experts_launch<QF_FP8>(m, x, ldx, xvec, slots, ws, s, err); break;
-        default: st = tc_experts_launch<QF_INT4>(m, x, ldx, xvec, slots, ws, s, err); break;
+        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
+        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
+        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
         }
     } else {
         switch (F) {

@@ -54,7 +54,7 @@ typedef struct ddt_cuda_moe_layer {
      * set 0 and n_experts (the whole layer); a sharded caller sets both after. */
     int32_t first_expert, total_experts;
     /* How the expert products run (qmatmul_cuda.h): upload / random set
-     * DDT_CUDA_MM_FP32; a caller sets DDT_CUDA_MM_TENSOR for the tensor cores. */
+     * DDT_CUDA_MM_FP32; ddt_cuda_moe_layer_pack sets DDT_CUDA_MM_TENSOR. */
     ddt_cuda_mm_mode mode;
     ddt_qweight *gate, *up, *down; /* device arrays [n_experts] of device weights */
     ddt_qweight *host_copy;        /* host mirror [3][n_experts] (for freeing) */
@@ -71,6 +71,12 @@ void ddt_cuda_moe_layer_free(ddt_cuda_moe_layer *m);
 ddt_status ddt_cuda_moe_layer_random(int32_t n_experts, int32_t hidden, int32_t inter, ddt_qformat format,
                                      ddt_dtype dtype, float amp, uint64_t seed, ddt_cuda_moe_layer *out,
                                      ddt_error *err);
+
+/* Pack every expert for the tensor cores (ddt_cuda_qweight_pack; the row-major
+ * copies stay) and set the layer's mode to DDT_CUDA_MM_TENSOR.  At load: it
+ * allocates and synchronises.  A layer the tensor cores do not take (F32 / F16,
+ * other FP8 blocks) keeps the FP32 path in that mode. */
+ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *err);
 
 /* Workspace bytes for up to max_tokens tokens with top_k experts each. */
 size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k);

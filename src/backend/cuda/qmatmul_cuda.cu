@@ -9,9 +9,10 @@
  * value loaded from L1 feed 4 weight rows (the activations are read far more
  * often than the weights, and L1 bandwidth is the next wall after DRAM).
  *
- * x W^T on tensor cores (DDT_CUDA_MM_TENSOR): qmatmul_tc.cuh's kernel, one block
- * per (group, 32*MW rows, up to 64 tokens); n picks the n-tile count NT, which
- * changes the work split only.
+ * x W^T on tensor cores (DDT_CUDA_MM_TENSOR): wstream.cuh's weight-streaming
+ * kernel over the packed copy ddt_cuda_qweight_pack makes at load, one block per
+ * (token block of up to 64, k-split, 16*MT rows, group); n picks the n-tile count
+ * NT, which changes the work split only.
  *
  * x W: one thread per output column (coalesced weight rows), 4 tokens per thread,
  * summing rows in increasing order from 0.0f with the CPU's dequantised values:
@@ -26,7 +27,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
-#include "backend/cuda/qmatmul_tc.cuh"
+#include "backend/cuda/wstream.cuh"
 
 #define MM_WARPS 4 /* warps per block of the x W^T kernel */
 #define MM_R 4     /* weight rows per warp */
@@ -84,6 +85,8 @@ extern "C" ddt_status ddt_cuda_qweight_upload(const ddt_qweight *host, ddt_qweig
     ddt_status st = check_weight(host, "qweight_upload", err);
     if (st != DDT_OK) return st;
     ddt_qweight d = *host;
+    d.mma = NULL; /* packing is a separate step (ddt_cuda_qweight_pack) */
+    d.mma_scale = NULL;
     void *data = NULL, *scale = NULL;
     const uint64_t db = data_bytes(host), sb = scale_bytes(host);
     DDT_CUDA_TRY(cudaMalloc(&data, db), err);
@@ -113,6 +116,10 @@ extern "C" void ddt_cuda_qweight_free(ddt_qweight *dev) {
     if (dev->data) cudaFree((void *)dev->data);
     if (dev->scale_inv) cudaFree((void *)dev->scale_inv);
     if (dev->scale) cudaFree((void *)dev->scale);
+    if (dev->mma) cudaFree((void *)dev->mma);
+    if (dev->mma_scale) cudaFree((void *)dev->mma_scale);
+    dev->mma = NULL;
+    dev->mma_scale = NULL;
     dev->data = NULL;
     dev->scale_inv = NULL;
     dev->scale = NULL;
@@ -253,32 +260,242 @@ static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, c
  * choice depends on the weight only, so it never breaks batch invariance.) */
 static bool tc_eligible(const ddt_qweight *w) {
     const int F = qfmt_of(*w);
-    if (F == QF_BF16 || F == QF_INT4) return true;
+    if (F == QF_BF16) return true;
+    if (F == QF_INT4) return w->group == 32 && w->cols % 32 == 0;
     return F == QF_FP8 && w->block % 32 == 0;
 }
 
-template <int F, int NT, int SU, int MW>
-static void tc_dense_launch(const TcArgs &a, cudaStream_t s) {
-    const int64_t nrb = (a.rows + 32 * MW - 1) / (32 * MW), ntb = (a.n + NT * 8 - 1) / (NT * 8);
-    tc_kernel<F, TC_DENSE, NT, SU, MW>
-        <<<(unsigned)(nrb * a.count * ntb), MW * TC_KW * 32, tc_smem_bytes(NT, SU, MW), s>>>(a);
+static int ws_unit_bytes(int F) { return F == QF_BF16 ? 1024 : F == QF_FP8 ? 512 : 256; }
+
+/* Packed bytes of a weight (data, INT4 scales). */
+static void ws_packed_bytes(const ddt_qweight *w, uint64_t *db, uint64_t *sb) {
+    const uint64_t mtl = (uint64_t)(w->rows + 15) / 16, nu = (uint64_t)(w->cols + 31) / 32;
+    const int F = qfmt_of(*w);
+    *db = mtl * nu * (uint64_t)ws_unit_bytes(F);
+    *sb = F == QF_INT4 ? mtl * nu * 32u : 0u;
 }
 
-/* NT n-tiles by n (padding at most 7 tokens per n-tile); SU units of weight loads in
- * flight per warp: more for INT4 (4 bytes per row and sub-chunk) than for bf16 (16),
- * fewer as NT's accumulators take registers.  None of it changes the arithmetic. */
+/*
+ * One thread per (m-tile, unit, lane): the lane's bytes of the unit in the order
+ * wstream.cuh's header gives, from the row-major device weight.  A lane's 4
+ * A-registers hold (row, first column) = (g, 4t), (g+8, 4t), (g, 4t+2), (g+8, 4t+2)
+ * of each 16-column k-step, two consecutive columns each.
+ */
+static __global__ void ws_pack_kernel(const ddt_qweight w, int F, int64_t mtl, int64_t nu, uint8_t *out,
+                                      uint8_t *sout) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= mtl * nu * 32) return;
+    const int lane = (int)(id & 31);
+    const int64_t unit = id >> 5, mt = unit / nu, u = unit % nu;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t rr[4] = {mt * 16 + g, mt * 16 + g + 8, mt * 16 + g, mt * 16 + g + 8};
+    const int cc[4] = {4 * t, 4 * t, 4 * t + 2, 4 * t + 2};
+    auto bf16_of = [&](int64_t row, int64_t col) -> uint32_t { /* raw bf16 bits, 0 outside */
+        if (row >= w.rows || col >= w.cols) return 0u;
+        return (uint32_t)((const uint16_t *)w.data)[row * w.cols + col];
+    };
+    auto fp8_of = [&](int64_t row, int64_t col) -> uint32_t {
+        if (row >= w.rows || col >= w.cols) return 0u; /* E4M3 0x00 = 0.0 */
+        return (uint32_t)((const uint8_t *)w.data)[row * w.cols + col];
+    };
+    auto nib_of = [&](int64_t row, int64_t col) -> uint32_t { /* stored nibble (q + 8); 8 = value 0 outside */
+        if (row >= w.rows || col >= w.cols) return 8u;
+        const int64_t words = (w.cols + 7) / 8;
+        return (((const uint32_t *)w.data)[row * words + (col >> 3)] >> (4 * (col & 7))) & 0xFu;
+    };
+    const int64_t c0 = u * 32;
+    if (F == QF_BF16) {
+        uint8_t *dst = out + unit * 1024;
+        for (int j = 0; j < 2; j++) {
+            uint32_t v[4];
+            for (int r = 0; r < 4; r++) {
+                const int64_t col = c0 + 16 * j + cc[r];
+                v[r] = bf16_of(rr[r], col) | (bf16_of(rr[r], col + 1) << 16);
+            }
+            *(uint4 *)(dst + j * 512 + lane * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+    } else if (F == QF_FP8) {
+        uint32_t v[4];
+        for (int j = 0; j < 2; j++)
+            for (int r = 0; r < 4; r++) {
+                const int64_t col = c0 + 16 * j + cc[r];
+                const uint32_t pair = fp8_of(rr[r], col) | (fp8_of(rr[r], col + 1) << 8);
+                const int byte = j * 8 + 2 * r; /* word byte/4, half (byte/2)&1 */
+                if ((byte & 3) == 0) v[byte >> 2] = pair;
+                else v[byte >> 2] |= pair << 16;
+            }
+        *(uint4 *)(out + unit * 512 + lane * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+        uint32_t v[2];
+        for (int j = 0; j < 2; j++) {
+            uint32_t word = 0;
+            for (int i = 0; i < 4; i++) {
+                const int64_t col = c0 + 16 * j + cc[i];
+                word |= nib_of(rr[i], col) << (4 * i);
+                word |= nib_of(rr[i], col + 1) << (4 * (i + 4));
+            }
+            v[j] = word;
+        }
+        *(uint2 *)(out + unit * 256 + lane * 8) = make_uint2(v[0], v[1]);
+        if (t == 0) {
+            const int64_t groups = (w.cols + w.group - 1) / w.group;
+            const uint32_t s0 = rr[0] < w.rows ? w.scale[rr[0] * groups + u] : 0u;
+            const uint32_t s1 = rr[1] < w.rows ? w.scale[rr[1] * groups + u] : 0u;
+            *(uint32_t *)(sout + unit * 32 + g * 4) = s0 | (s1 << 16);
+        }
+    }
+}
+
+/* The dynamic shared memory every instantiation needs (over 48 KB for most). */
+template <int F, int KIND, int NT> static cudaError_t ws_attr() {
+    return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                ws_smem_bytes<F>(NT));
+}
+template <int F> static cudaError_t ws_attr_fmt() {
+    cudaError_t e = cudaSuccess;
+    /* (the expert instantiations live in moe_cuda.cu, which sets its own) */
+    const cudaError_t r[] = {ws_attr<F, WS_DENSE, 1>(), ws_attr<F, WS_DENSE, 2>(), ws_attr<F, WS_DENSE, 4>(),
+                             ws_attr<F, WS_DENSE, 8>()};
+    for (cudaError_t x : r)
+        if (x != cudaSuccess) e = x;
+    return e;
+}
+
+/* Set on the current device before any launch (packing runs at load, before a
+ * round is captured).  Instantiations are per file (static kernels). */
+extern "C" ddt_status ddt_cuda_ws_prepare(ddt_error *err) {
+    cudaError_t e = ws_attr_fmt<QF_BF16>();
+    if (e == cudaSuccess) e = ws_attr_fmt<QF_FP8>();
+    if (e == cudaSuccess) e = ws_attr_fmt<QF_INT4>();
+    if (e != cudaSuccess)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: tensor-core matmul shared memory attribute: %s",
+                        cudaGetErrorString(e));
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
+    ddt_status st = check_weight(w, "qweight_pack", err);
+    if (st != DDT_OK) return st;
+    if (w->mma) return DDT_OK; /* packed already */
+    if (!tc_eligible(w)) return DDT_OK; /* this weight takes the FP32 path in every mode */
+    if ((st = ddt_cuda_ws_prepare(err)) != DDT_OK) return st;
+    uint64_t db, sb;
+    ws_packed_bytes(w, &db, &sb);
+    void *d = NULL, *s = NULL;
+    DDT_CUDA_TRY(cudaMalloc(&d, db), err);
+    if (sb > 0) {
+        cudaError_t e = cudaMalloc(&s, sb);
+        if (e != cudaSuccess) {
+            cudaFree(d);
+            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_pack scales (%llu bytes): %s",
+                            (unsigned long long)sb, cudaGetErrorString(e));
+        }
+    }
+    const int64_t mtl = (w->rows + 15) / 16, nu = (w->cols + 31) / 32, threads = mtl * nu * 32;
+    ws_pack_kernel<<<(unsigned)((threads + 255) / 256), 256>>>(*w, qfmt_of(*w), mtl, nu, (uint8_t *)d, (uint8_t *)s);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        if (s) cudaFree(s);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_pack [%lld, %lld]: %s", (long long)w->rows,
+                        (long long)w->cols, cudaGetErrorString(e));
+    }
+    w->mma = d;
+    w->mma_scale = s;
+    return DDT_OK;
+}
+
+extern "C" uint64_t ddt_cuda_qweight_packed_bytes(const ddt_qweight *w) {
+    if (!w || !w->mma) return 0;
+    uint64_t db, sb;
+    ws_packed_bytes(w, &db, &sb);
+    return db + sb;
+}
+
+/* k-splits of a dense product, from its shape alone: enough blocks of 64 rows to
+ * cover the H200's 132 multiprocessors, each split at least 8 units long. */
+static int32_t ws_ksplit(int64_t rows, int32_t count, int64_t nu) {
+    const int64_t blocks = (rows + 63) / 64 * count;
+    int32_t ks = 1;
+    while (ks < 8 && blocks * ks < 132 && nu >= (int64_t)16 * ks) ks *= 2;
+    return ks;
+}
+
+template <int F, int NT>
+static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
+    constexpr int MT = ws_mt(NT);
+    const int64_t nrb = (a.rows + 16 * MT - 1) / (16 * MT), ntb = (a.n + NT * 8 - 1) / (NT * 8);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(ntb * a.count * nrb * a.ks));
+    cfg.blockDim = dim3(WS_THREADS);
+    cfg.dynamicSmemBytes = ws_smem_bytes<F>(NT);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    if (a.ks > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)a.ks;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, ws_kernel<F, WS_DENSE, NT>, a);
+}
+
+/* NT n-tiles by n (a block carries up to 64 tokens; more tokens take more token
+ * blocks): the work split only, never the arithmetic. */
 template <int F>
-static void tc_dense(const TcArgs &a, cudaStream_t s) {
-    constexpr int S1 = F == QF_INT4 ? 8 : 4, S2 = F == QF_INT4 ? 4 : 2, S4 = F == QF_INT4 ? 2 : 1;
-    if (a.n <= 8) tc_dense_launch<F, 1, S1, 1>(a, s);
-    else if (a.n <= 16) tc_dense_launch<F, 2, S2, 1>(a, s);
-    else if (a.n <= 32) tc_dense_launch<F, 4, S4, 2>(a, s);
-    else tc_dense_launch<F, 8, 1, 2>(a, s);
+static cudaError_t ws_dense(const WsArgs &a, cudaStream_t s) {
+    if (a.n <= 8) return ws_dense_launch<F, 1>(a, s);
+    if (a.n <= 16) return ws_dense_launch<F, 2>(a, s);
+    if (a.n <= 32) return ws_dense_launch<F, 4>(a, s);
+    return ws_dense_launch<F, 8>(a, s);
 }
 
-/* The launch arguments both paths take from a grouped product (MMArgs, TcArgs). */
-template <class A>
-static void set_product(A &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
+static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
+    WsArgs a;
+    memset(&a, 0, sizeof a);
+    const int F = qfmt_of(*w);
+    a.rows = g->rows;
+    a.cols = w->cols;
+    a.nu = (w->cols + 31) / 32;
+    a.mtiles = (w->rows + 15) / 16;
+    a.fp8_block = w->block;
+    a.fp8_scols = (int32_t)((w->cols + w->block - 1) / (w->block > 0 ? w->block : 1));
+    a.ks = ws_ksplit(g->rows, g->count, a.nu);
+    a.units_per_split = ((a.nu + a.ks - 1) / a.ks + 3) / 4 * 4;
+    a.wd = (const uint8_t *)w->mma;
+    a.wsc = F == QF_INT4 ? w->mma_scale : F == QF_FP8 ? (const void *)w->scale_inv : NULL;
+    a.mt_stride = g->w_row_stride / 16;
+    a.mt_offset = g->w_row_offset / 16;
+    a.count = g->count;
+    a.x = x;
+    a.ldx = ldx;
+    a.x_stride = g->x_stride;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0 && w->cols % 4 == 0;
+    const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8) * a.ks;
+    if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
+    cudaError_t e;
+    switch (F) {
+    case QF_BF16: e = ws_dense<QF_BF16>(a, s); break;
+    case QF_FP8: e = ws_dense<QF_FP8>(a, s); break;
+    default: e = ws_dense<QF_INT4>(a, s); break;
+    }
+    if (e != cudaSuccess)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: matmul (tensor cores) launch: %s", cudaGetErrorString(e));
+    DDT_CUDA_LAUNCHED("matmul (tensor cores)", s, err);
+    return DDT_OK;
+}
+
+/* The launch arguments of the FP32 path from a grouped product. */
+static void set_product(MMArgs &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y,
+                        int64_t ldy) {
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
@@ -291,22 +508,6 @@ static void set_product(A &a, const ddt_cuda_groups *g, const float *x, int64_t 
     a.ldy = ldy;
     a.y_stride = g->y_stride;
     a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
-}
-
-static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
-                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
-    TcArgs a;
-    memset(&a, 0, sizeof a);
-    set_product(a, g, x, ldx, n, y, ldy);
-    const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8);
-    if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
-    switch (qfmt_of(*w)) {
-    case QF_BF16: a.W = qview_make<QF_BF16>(*w); tc_dense<QF_BF16>(a, s); break;
-    case QF_FP8: a.W = qview_make<QF_FP8>(*w); tc_dense<QF_FP8>(a, s); break;
-    default: a.W = qview_make<QF_INT4>(*w); tc_dense<QF_INT4>(a, s); break;
-    }
-    DDT_CUDA_LAUNCHED("matmul (tensor cores)", s, err);
-    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
@@ -334,7 +535,16 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cud
                         "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
                         "multiple of 32 and 16-byte aligned data",
                         (long long)w->rows, (long long)w->cols, w->group);
-    if (mode == DDT_CUDA_MM_TENSOR && tc_eligible(w)) return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
+    /* groups must start on m-tiles of the packed layout; otherwise (a shape
+       property, never n) the FP32 path runs */
+    if (mode == DDT_CUDA_MM_TENSOR && tc_eligible(w) && g->w_row_stride % 16 == 0 && g->w_row_offset % 16 == 0) {
+        if (!w->mma)
+            return ddt_fail(err, DDT_ERR_INVALID,
+                            "matmul: tensor-core mode on a weight [%lld, %lld] that was not packed "
+                            "(ddt_cuda_qweight_pack)",
+                            (long long)w->rows, (long long)w->cols);
+        return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
+    }
     switch (qfmt_of(*w)) {
     case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, s); break;
     case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, s); break;

@@ -53,14 +53,31 @@ typedef struct ddt_cuda_groups {
     int64_t y_stride;
 } ddt_cuda_groups;
 
+/* The tensor-core layout: add to a device weight (made by upload or random) the
+ * packed copy the tensor-core path streams (wstream.cuh: 16-row x 32-column
+ * tiles in mma fragment order, INT4 scales beside them), from its row-major
+ * data, which stays (the FP32 path, x W and the embedding read it).  A no-op for
+ * a weight the tensor-core path does not take (F32 / F16, other FP8 blocks) and
+ * for one packed already.  Run at load: it allocates and synchronises.  Freed by
+ * ddt_cuda_qweight_free. */
+ddt_status ddt_cuda_qweight_pack(ddt_qweight *dev, ddt_error *err);
+/* Bytes of the packed copy (0 when none). */
+uint64_t ddt_cuda_qweight_packed_bytes(const ddt_qweight *dev);
+/* Set the dense tensor-core kernels' shared-memory limits on the current device
+ * (ddt_cuda_qweight_pack calls it; idempotent). */
+ddt_status ddt_cuda_ws_prepare(ddt_error *err);
+
 /* How a product is computed (an explicit argument, never hidden state):
  *   DDT_CUDA_MM_FP32    CUDA cores, fp32 fused multiply-adds on the dequantised
  *                       weights (error about 1e-7 relative): the reference path.
  *   DDT_CUDA_MM_TENSOR  tensor cores (mma.sync bf16 -> fp32) for bf16, FP8 block
- *                       (block a multiple of 32) and INT4 group-32 weights: the
- *                       weights exactly, the activations split in two bf16 halves
- *                       (error about 1e-5 relative; see qmatmul_tc.cuh); F32 / F16
- *                       weights and other FP8 blocks take the FP32 path.
+ *                       (block a multiple of 32) and INT4 group-32 weights, which
+ *                       must be packed (ddt_cuda_qweight_pack; an unpacked one is
+ *                       an error): the weights exactly, the activations split in
+ *                       two bf16 halves (error about 1e-5 relative; wstream.cuh);
+ *                       each weight byte is read once for up to 64 tokens.  F32 /
+ *                       F16 weights, other FP8 blocks and groups that do not start
+ *                       on a multiple of 16 rows take the FP32 path.
  * Both keep the determinism contract; they differ from each other in the last bits. */
 typedef enum ddt_cuda_mm_mode { DDT_CUDA_MM_FP32 = 0, DDT_CUDA_MM_TENSOR = 1 } ddt_cuda_mm_mode;
 

@@ -1,0 +1,457 @@
+/*
+ * wstream.cuh — the weight-streaming tensor-core matmul (DDT_CUDA_MM_TENSOR),
+ * device code shared by qmatmul_cuda.cu (dense x W^T, grouped) and moe_cuda.cu
+ * (routed experts: gate/up fused with SiLU-mul, down).  One kernel serves every
+ * token count: n picks how many 8-token n-tiles a block carries (NT), never the
+ * arithmetic a (row, token) pair goes through.
+ *
+ * Why this shape.  Verifying a tree of n <= 64 tokens must cost about what one
+ * decode step costs: a step is bound by reading the weights, so every weight
+ * byte is read from DRAM once for all n tokens, at the copy bandwidth.  The
+ * weights are the mma's M side (16-row m-tiles) and the tokens its N side (8 per
+ * n-tile), so n = 1 pads to 8 columns, not to a 64-row tile ("swap AB").
+ *
+ * Packed layout (made once at load by ddt_cuda_qweight_pack, qmatmul_cuda.cu).
+ * A weight [rows, cols] is cut into m-tiles of 16 rows and units of 32 columns
+ * (zero past the edges); unit (mt, u) is UB contiguous bytes at
+ * packed + (mt * NU + u) * UB, NU = ceil(cols / 32), m-tiles in order, so a block
+ * streaming MT m-tiles over K copies MT long contiguous runs.  Inside a unit the
+ * bytes are in the order lane l of a warp wants its A fragments of
+ * mma.m16n8k16 (g = l / 4, t = l % 4; rows r0 = g, r1 = g + 8):
+ *   k-step j (columns 16j .. 16j+15 of the unit) feeds the mma's k-slots in the
+ *   permuted order slot 2t, 2t+1, 2t+8, 2t+9 <- columns 4t, 4t+1, 4t+2, 4t+3,
+ *   so a lane's B fragment is the 4 consecutive activations x[4t .. 4t+3] (one
+ *   16-byte shared load) and its A fragment is
+ *     a0 = W[r0][4t, 4t+1], a1 = W[r1][4t, 4t+1], a2 = W[r0][4t+2, 4t+3], a3 = W[r1][4t+2, 4t+3].
+ *   BF16 (UB 1024): bytes j*512 + l*16: the four bf16 pairs a0..a3 of step j.
+ *   FP8  (UB 512):  bytes l*16 + j*8 + 2r: the two E4M3 bytes of a_r, step j.
+ *   INT4 (UB 256):  bytes l*8 + 4j: one word per step; nibble i (i < 4) is the
+ *                   lower column of a_i, nibble i + 4 its upper column (raw
+ *                   stored nibbles, value = nibble - 8), so (w >> 4i) & 0x000F000F
+ *                   is a_i's bf16 pair after an or and a subtract (exact).
+ *                   Scales: 32 bytes per unit at scales + (mt * NU + u) * 32,
+ *                   g * 4: bf16 scale of row r0, then of row r1 (group u).
+ *   FP8 scales stay in the checkpoint's [ceil(rows/B)][ceil(cols/B)] table: a
+ *   unit and an m-tile lie inside one block when B % 32 == 0.
+ *
+ * Arithmetic order (the determinism contract).  A block's 4 warps are k-slices:
+ * warp w takes units w, w+4, w+8, ... of its k-range in increasing order.
+ * BF16 accumulates the whole slice in one fp32 accumulator; FP8 and INT4 start
+ * a fresh partial p per unit (one INT4 group, a quarter of an FP8 block) and add
+ * acc = fma(scale, p, acc).  Activations enter as x_hi = bf16(x), x_lo =
+ * bf16(x - x_hi) (16 mantissa bits of x in two mmas; weights exact).  The k-range
+ * is split over KS blocks of a thread-block cluster, KS fixed by the weight's
+ * shape (ws_ksplit), and the 4 x KS partials are summed in one fixed order
+ * (split-major, slice-minor) through distributed shared memory.  None of this
+ * depends on n, NT, MT, the stage count or which tokens share a launch, so a
+ * token's result has the same bits alone or in any batch (tested bitwise).
+ *
+ * Pipeline.  S stages of (MT m-tiles x 4 units of weights, NT*8 tokens x 128
+ * columns of fp32 activations) in shared memory, filled by cp.async (16-byte
+ * chunks, L1 bypassed, zero-filled past the row) S-1 stages ahead; one barrier
+ * per stage.  The activations are split to bf16 in registers by the warp that
+ * uses them.
+ */
+#ifndef DDT_CUDA_WSTREAM_CUH
+#define DDT_CUDA_WSTREAM_CUH
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "backend/cuda/qmatmul_dev.cuh"
+
+namespace ws_cg = cooperative_groups;
+
+#define WS_THREADS 128 /* 4 warps = 4 k-slices */
+#define WS_KW 4
+#define WS_UNIT 32     /* columns per unit */
+#define WS_XROW 576    /* shared bytes per token row of a stage: 128 fp32 + 64 pad (bank spread) */
+
+enum { WS_DENSE = 0, WS_GATEUP, WS_DOWN };
+
+template <int F> struct WsFmt;
+template <> struct WsFmt<QF_BF16> { static constexpr int UB = 1024, SB = 0; };
+template <> struct WsFmt<QF_FP8> { static constexpr int UB = 512, SB = 0; };
+template <> struct WsFmt<QF_INT4> { static constexpr int UB = 256, SB = 32; };
+
+/* m-tiles per block and pipeline stages by n-tile count: accumulators MT*NT*4
+ * registers (<= 64); stages sized so NT <= 2 leaves room for two blocks per SM. */
+static __host__ __device__ constexpr int ws_mt(int NT) { return NT >= 8 ? 2 : 4; }
+template <int F> static __host__ __device__ constexpr int ws_stages(int NT) {
+    return F == QF_INT4 ? (NT == 1 ? 10 : NT <= 4 ? 7 : 4)
+         : F == QF_FP8  ? (NT == 1 ? 8 : NT <= 4 ? 6 : 4)
+                        : (NT == 1 ? 5 : NT == 2 ? 4 : NT == 4 ? 5 : 4);
+}
+template <int F> static __host__ __device__ constexpr int ws_wbytes(int NT) {
+    return ws_mt(NT) * WS_KW * (WsFmt<F>::UB + WsFmt<F>::SB);
+}
+template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT) {
+    return ws_wbytes<F>(NT) + NT * 8 * WS_XROW;
+}
+template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT) {
+    /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32] */
+    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT) > WS_KW * ws_mt(NT) * NT * 4 * 32 * 4
+               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT)
+               : WS_KW * ws_mt(NT) * NT * 4 * 32 * 4;
+}
+
+/* A routed-expert work item (moe_cuda.cu's sort writes them): one expert's
+ * packed gate, up, down (data, INT4 scales / FP8 scale_inv) and at most C of its
+ * entry slots. */
+struct WsItem {
+    const uint8_t *d[3];
+    const void *s[3];
+    int32_t off, cnt; /* cnt 0: no work */
+};
+
+struct WsArgs {
+    int64_t rows;        /* output rows (dense: per group; gate/up: inter; down: hidden) */
+    int64_t cols;        /* reduction length */
+    int64_t nu;          /* units per row: ceil(cols / 32) */
+    int64_t mtiles;      /* m-tiles of the whole packed weight */
+    int32_t fp8_block, fp8_scols;
+    int32_t ks;          /* k-splits = cluster size (dense only; 1 for experts) */
+    int64_t units_per_split; /* a multiple of 4 */
+    /* dense */
+    const uint8_t *wd;   /* packed data */
+    const void *wsc;     /* INT4 packed scales / FP8 scale_inv */
+    int64_t mt_stride, mt_offset; /* group g's rows start at m-tile g*mt_stride + mt_offset */
+    int32_t count;
+    const float *x;
+    int64_t ldx, x_stride;
+    int32_t n;
+    float *y;
+    int64_t ldy, y_stride;
+    bool xvec;           /* every activation row 16-byte aligned with cols % 4 == 0 */
+    /* experts */
+    const WsItem *items;
+    const int32_t *sorted_tok;
+    const float *h;      /* down input [entries][cols] */
+};
+
+static __device__ __forceinline__ uint32_t ws_smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, bytes past `valid` zero-filled (valid 0..16). */
+static __device__ __forceinline__ void ws_cp16(void *dst, const void *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ws_smem_addr(dst)), "l"(src), "r"(valid)
+                 : "memory");
+}
+static __device__ __forceinline__ void ws_cp4(void *dst, const void *src, int valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ws_smem_addr(dst)), "l"(src), "r"(valid)
+                 : "memory");
+}
+static __device__ __forceinline__ void ws_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void ws_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void ws_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t ws_bits(__nv_bfloat162 b) { return *reinterpret_cast<uint32_t *>(&b); }
+
+/* nibbles i and i+4 of w as a bf16 pair (q - 8), exactly: 0x4300 | q is 128 + q */
+static __device__ __forceinline__ uint32_t ws_int4_pair(uint32_t w, int i) {
+    uint32_t v = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    const uint32_t k136 = 0x43084308u;
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&v),
+                               *reinterpret_cast<const __nv_bfloat162 *>(&k136));
+    return ws_bits(r);
+}
+
+/* two E4M3 bytes (low byte = lower column) as a bf16 pair, exactly */
+static __device__ __forceinline__ uint32_t ws_fp8_pair(uint32_t w16) {
+    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w16 & 0xFFFFu), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+    return ws_bits(__floats2bfloat162_rn(f.x, f.y));
+}
+
+/* x[4t .. 4t+3] -> B fragments (hi b0, hi b1, lo b0, lo b1) */
+static __device__ __forceinline__ void ws_split(const float4 v, uint32_t (&b)[4]) {
+    const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
+    const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+    b[0] = ws_bits(h01);
+    b[1] = ws_bits(h23);
+    b[2] = ws_bits(__floats2bfloat162_rn(v.x - f01.x, v.y - f01.y)); /* the differences are exact */
+    b[3] = ws_bits(__floats2bfloat162_rn(v.z - f23.x, v.w - f23.y));
+}
+
+/*
+ * The kernel.  grid.x: DENSE (k-split, token block, row block, group), the
+ * k-split fastest (a cluster = the KS splits of one tile), then the token blocks
+ * (more than 64 tokens re-read a tile from L2, not DRAM); GATEUP / DOWN (item,
+ * row block), item fastest.  A DENSE block covers MT*16 rows, GATEUP MT/2*16 intermediate rows
+ * (tiles 0..MT/2-1 gate, the rest up), DOWN MT*16 hidden rows.
+ */
+template <int F, int KIND, int NT>
+static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
+    constexpr int MT = ws_mt(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
+    constexpr int WB = ws_wbytes<F>(NT), STB = ws_stage_bytes<F>(NT), NTOK = NT * 8;
+    constexpr int E = MT * NT * 4; /* accumulators per lane */
+    extern __shared__ __align__(16) uint8_t ws_smem[];
+    __shared__ const float *xrows[NTOK];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+    /* ---- what this block computes */
+    int64_t grp = 0, rb, u_begin = 0, u_end = a.nu;
+    int32_t t0 = 0, ntok, split = 0;
+    WsItem item = {};
+    int64_t mt_first; /* the block's first m-tile (gate/up: of gate and of up) */
+    if constexpr (KIND == WS_DENSE) {
+        const int64_t nrb = (a.rows + 16 * MT - 1) / (16 * MT), ntb = (a.n + NTOK - 1) / NTOK;
+        int64_t bid = blockIdx.x;
+        split = (int32_t)(bid % a.ks);
+        bid /= a.ks;
+        t0 = (int32_t)(bid % ntb) * NTOK;
+        bid /= ntb;
+        rb = bid % nrb;
+        grp = bid / nrb;
+        ntok = a.n - t0 < NTOK ? a.n - t0 : NTOK;
+        u_begin = (int64_t)split * a.units_per_split;
+        u_end = u_begin + a.units_per_split < a.nu ? u_begin + a.units_per_split : a.nu;
+        if (threadIdx.x < NTOK)
+            xrows[threadIdx.x] = (int)threadIdx.x < ntok
+                                     ? a.x + (int64_t)(t0 + threadIdx.x) * a.ldx + grp * a.x_stride
+                                     : nullptr;
+        mt_first = grp * a.mt_stride + a.mt_offset + rb * MT;
+    } else {
+        item = a.items[blockIdx.x];
+        if (item.cnt == 0) return; /* the whole block, before any barrier */
+        ntok = item.cnt;
+        rb = blockIdx.y;
+        if (threadIdx.x < NTOK) {
+            const float *r = nullptr;
+            if ((int)threadIdx.x < ntok) {
+                const int e = item.off + threadIdx.x;
+                r = KIND == WS_GATEUP ? a.x + (int64_t)a.sorted_tok[e] * a.ldx : a.h + (int64_t)e * a.cols;
+            }
+            xrows[threadIdx.x] = r;
+        }
+        mt_first = KIND == WS_GATEUP ? rb * (MT / 2) : rb * MT;
+    }
+    /* tile i's m-tile (spare tiles past the end re-read the last one; never stored),
+       packed data and scales */
+    auto tile_mt = [&](int i) -> int64_t {
+        const int64_t mt = mt_first + (KIND == WS_GATEUP && i >= MT / 2 ? i - MT / 2 : i);
+        return mt < a.mtiles ? mt : a.mtiles - 1;
+    };
+    auto tile_w = [&](int i) -> const uint8_t * {
+        if constexpr (KIND == WS_DENSE) return a.wd;
+        else if constexpr (KIND == WS_GATEUP) return i < MT / 2 ? item.d[0] : item.d[1];
+        else return item.d[2];
+    };
+    auto tile_s = [&](int i) -> const void * {
+        if constexpr (KIND == WS_DENSE) return a.wsc;
+        else if constexpr (KIND == WS_GATEUP) return i < MT / 2 ? item.s[0] : item.s[1];
+        else return item.s[2];
+    };
+    const int nta = (ntok + 7) >> 3; /* active n-tiles */
+    const bool xvec = KIND == WS_DOWN ? a.cols % 4 == 0 : a.xvec;
+    const int64_t nst = u_end > u_begin ? (u_end - u_begin + WS_KW - 1) / WS_KW : 0; /* a last split may be empty */
+    __syncthreads(); /* xrows */
+
+    /* ---- stage loader: units [u0, u0 + 4) of the MT tiles, columns [32 u0, 32 u0 + 128) of the tokens */
+    auto load_stage = [&](int64_t st) {
+        if (st >= nst) return;
+        uint8_t *sm = ws_smem + (st % S) * STB;
+        const int64_t u0 = u_begin + st * WS_KW;
+        const int nun = (int)(u_end - u0 < WS_KW ? u_end - u0 : WS_KW);
+        /* weights: MT runs of nun * UB bytes (+ INT4 scales) */
+        constexpr int WCH = UB / 16; /* 16-byte chunks per unit */
+        for (int c = threadIdx.x; c < MT * WS_KW * WCH; c += WS_THREADS) {
+            const int i = c / (WS_KW * WCH), r = c % (WS_KW * WCH);
+            if (r / WCH >= nun) continue;
+            const uint8_t *src = tile_w(i) + (tile_mt(i) * a.nu + u0) * UB + r * 16;
+            ws_cp16(sm + i * WS_KW * UB + r * 16, src, 16);
+        }
+        if constexpr (SB > 0) {
+            for (int c = threadIdx.x; c < MT * WS_KW * (SB / 16); c += WS_THREADS) {
+                const int i = c / (WS_KW * (SB / 16)), r = c % (WS_KW * (SB / 16));
+                if (r / (SB / 16) >= nun) continue;
+                const uint8_t *src = (const uint8_t *)tile_s(i) + (tile_mt(i) * a.nu + u0) * SB + r * 16;
+                ws_cp16(sm + MT * WS_KW * UB + i * WS_KW * SB + r * 16, src, 16);
+            }
+        }
+        /* activations: ntok rows of 128 columns, zero past cols */
+        uint8_t *xs = sm + WB;
+        const int64_t c0 = u0 * WS_UNIT;
+        if (xvec) {
+            for (int c = threadIdx.x; c < ntok * 32; c += WS_THREADS) {
+                const int tok = c >> 5, q = c & 31;
+                const int64_t col = c0 + 4 * q;
+                int64_t left = (a.cols - col) * 4;
+                const int valid = left >= 16 ? 16 : left > 0 ? (int)left : 0;
+                const float *src = xrows[tok] + (valid > 0 ? col : 0);
+                ws_cp16(xs + tok * WS_XROW + q * 16, src, valid);
+            }
+        } else {
+            for (int c = threadIdx.x; c < ntok * 128; c += WS_THREADS) {
+                const int tok = c >> 7, q = c & 127;
+                const int64_t col = c0 + q;
+                const bool in = col < a.cols;
+                ws_cp4(xs + tok * WS_XROW + q * 4, xrows[tok] + (in ? col : 0), in ? 4 : 0);
+            }
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][nt][c] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        load_stage(s);
+        ws_commit();
+    }
+    for (int64_t st = 0; st < nst; st++) {
+        ws_wait<S - 2>();
+        __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
+        load_stage(st + S - 1);
+        ws_commit();
+        const int64_t u = u_begin + st * WS_KW + warp;
+        if (u >= u_end) continue;
+        const uint8_t *sm = ws_smem + (st % S) * STB;
+        const uint8_t *xs = sm + WB + warp * 128; /* this warp's 32 columns */
+        /* A fragments of the MT tiles, both k-steps */
+        uint32_t A[MT][2][4];
+        float sc[MT][2];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const uint8_t *wu = sm + (i * WS_KW + warp) * UB;
+            if constexpr (F == QF_BF16) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint4 v = *(const uint4 *)(wu + j * 512 + lane * 16);
+                    A[i][j][0] = v.x, A[i][j][1] = v.y, A[i][j][2] = v.z, A[i][j][3] = v.w;
+                }
+                sc[i][0] = sc[i][1] = 1.0f;
+            } else if constexpr (F == QF_FP8) {
+                const uint4 v = *(const uint4 *)(wu + lane * 16);
+                const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const uint32_t word = wv[2 * j + (r >> 1)];
+                        A[i][j][r] = ws_fp8_pair((r & 1) ? word >> 16 : word);
+                    }
+                const int64_t row0 = tile_mt(i) * 16; /* the tile's first weight row (groups start on m-tiles) */
+                const float s =
+                    __ldg((const float *)tile_s(i) + (row0 / a.fp8_block) * a.fp8_scols + (u * WS_UNIT) / a.fp8_block);
+                sc[i][0] = sc[i][1] = s;
+            } else {
+                const uint2 v = *(const uint2 *)(wu + lane * 8);
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    A[i][0][r] = ws_int4_pair(v.x, r);
+                    A[i][1][r] = ws_int4_pair(v.y, r);
+                }
+                const uint32_t s2 = *(const uint32_t *)(sm + MT * WS_KW * UB + (i * WS_KW + warp) * SB + g * 4);
+                sc[i][0] = __uint_as_float(s2 << 16);
+                sc[i][1] = __uint_as_float(s2 & 0xFFFF0000u);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= nta) break;
+            const uint8_t *xr = xs + (nt * 8 + g) * WS_XROW + t * 16;
+            uint32_t B0[4], B1[4];
+            ws_split(*(const float4 *)xr, B0);         /* k-step 0: columns 4t .. 4t+3 */
+            ws_split(*(const float4 *)(xr + 64), B1);  /* k-step 1: columns 16 + 4t .. */
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if constexpr (F == QF_BF16) {
+                    ws_mma(acc[i][nt], A[i][0], B0[0], B0[1]);
+                    ws_mma(acc[i][nt], A[i][0], B0[2], B0[3]);
+                    ws_mma(acc[i][nt], A[i][1], B1[0], B1[1]);
+                    ws_mma(acc[i][nt], A[i][1], B1[2], B1[3]);
+                } else {
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    ws_mma(p, A[i][0], B0[0], B0[1]);
+                    ws_mma(p, A[i][0], B0[2], B0[3]);
+                    ws_mma(p, A[i][1], B1[0], B1[1]);
+                    ws_mma(p, A[i][1], B1[2], B1[3]);
+                    acc[i][nt][0] = __fmaf_rn(sc[i][0], p[0], acc[i][nt][0]);
+                    acc[i][nt][1] = __fmaf_rn(sc[i][0], p[1], acc[i][nt][1]);
+                    acc[i][nt][2] = __fmaf_rn(sc[i][1], p[2], acc[i][nt][2]);
+                    acc[i][nt][3] = __fmaf_rn(sc[i][1], p[3], acc[i][nt][3]);
+                }
+            }
+        }
+    }
+    ws_wait<0>();
+    __syncthreads(); /* every warp is done with the pipeline buffers */
+
+    /* ---- partials: red[w][e][lane], e = (i*NT + nt)*4 + c */
+    float *red = (float *)ws_smem;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[((warp * E) + (i * NT + nt) * 4 + c) * 32 + lane] = acc[i][nt][c];
+
+    if constexpr (KIND == WS_DENSE) {
+        /* the KS splits' partials: through distributed shared memory when split */
+        const int ks = a.ks;
+        if (ks > 1) ws_cg::this_cluster().sync(); /* every split's partials are in its shared memory */
+        else __syncthreads();
+        /* split r of the cluster finishes elements q = r*128 + tid, then every ks*128-th */
+        for (int q = split * WS_THREADS + threadIdx.x; q < E * 32; q += ks * WS_THREADS) {
+            const int e = q >> 5, l = q & 31;
+            const int c = e & 3, nt = (e >> 2) % NT, i = (e >> 2) / NT;
+            if (nt >= nta) continue;
+            const int tok = nt * 8 + 2 * (l & 3) + (c & 1);
+            const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
+            if (tok >= ntok || row >= a.rows) continue;
+            float v = 0.0f; /* split 0's slice 0, then the rest added in order */
+            for (int r = 0; r < ks; r++) {
+                const float *rr = ks > 1 ? ws_cg::this_cluster().map_shared_rank(red, r) : red;
+                for (int w = 0; w < WS_KW; w++) {
+                    const float p = rr[(w * E + e) * 32 + l];
+                    v = (r == 0 && w == 0) ? p : v + p;
+                }
+            }
+            a.y[(int64_t)(t0 + tok) * a.ldy + grp * a.y_stride + row] = v;
+        }
+        if (ks > 1) ws_cg::this_cluster().sync(); /* no block leaves while another reads its shared memory */
+    } else {
+        __syncthreads();
+        constexpr int EO = KIND == WS_GATEUP ? E / 2 : E; /* outputs per lane */
+        for (int q = threadIdx.x; q < EO * 32; q += WS_THREADS) {
+            const int e = q >> 5, l = q & 31;
+            const int c = e & 3, nt = (e >> 2) % NT, i = (e >> 2) / NT;
+            if (nt >= nta) continue;
+            const int tok = nt * 8 + 2 * (l & 3) + (c & 1);
+            if (tok >= ntok) continue;
+            float v = red[e * 32 + l];
+            for (int w = 1; w < WS_KW; w++) v = v + red[(w * E + e) * 32 + l];
+            if constexpr (KIND == WS_GATEUP) {
+                const int64_t row = (rb * (MT / 2) + i) * 16 + (l >> 2) + 8 * (c >> 1);
+                if (row >= a.rows) continue;
+                const int eu = e + (MT / 2) * NT * 4; /* the up tile of the same rows */
+                float u = red[eu * 32 + l];
+                for (int w = 1; w < WS_KW; w++) u = u + red[(w * E + eu) * 32 + l];
+                a.y[(int64_t)(item.off + tok) * a.rows + row] = v / (1.0f + expf(-v)) * u;
+            } else {
+                const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
+                if (row >= a.rows) continue;
+                a.y[(int64_t)(item.off + tok) * a.rows + row] = v;
+            }
+        }
+    }
+}
+
+#endif
