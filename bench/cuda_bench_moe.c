@@ -17,7 +17,9 @@
  * back to back.  Every table is printed for both computations of qmatmul_cuda.h:
  * FP32 (CUDA cores, the reference) and TENSOR (mma.sync bf16 -> fp32).  Prints
  * markdown tables.
- *   cuda_bench_moe [iterations]
+ *   cuda_bench_moe [iterations [dense-name-substring [tokens]]]
+ * (a name skips the experts and runs only the matching dense shapes, in tensor
+ * mode at the given token count: for profiling one kernel with ncu)
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -83,6 +85,8 @@ static float median(float *v, int n) {
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 25;
+    const char *only = argc > 2 ? argv[2] : NULL;
+    const int only_n = argc > 3 ? atoi(argv[3]) : 0;
     if (iters < 20) iters = 20;
     const int E = 384, H = 7168, I = 2048, K = 8, MAXN = 128;
     cudaEvent_t ev0, ev1;
@@ -151,7 +155,7 @@ int main(int argc, char **argv) {
     CU(cudaMalloc((void **)&gu32, sizeof(float) * (size_t)MAXN * 2 * I));
     static const int ns[] = {1, 4, 16, 32, 64, 128};
     double ex_us[2][6];
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < (only ? 0 : 3); mi++) {
         if (mi == 1) OK(ddt_cuda_moe_layer_pack(&layer, &err_)); /* the tensor cores stream the packed copy */
         layer.mode = mi == 1 ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
         if (mi == 2) {
@@ -226,6 +230,7 @@ int main(int argc, char **argv) {
     OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, 64, 8192, 1.0f, 57, &xd, &err_));
     for (int di = 0; di < 7; di++) {
         const int R = dense[di].R, C = dense[di].C;
+        if (only && !strstr(dense[di].name, only)) continue;
         ddt_qweight qb, wb;
         OK(ddt_cuda_qweight_random(dense[di].f, dense[di].dt, R, C, 0.05f, 7, &qb, &err_));
         OK(ddt_cuda_qweight_pack(&qb, &err_));
@@ -241,11 +246,12 @@ int main(int argc, char **argv) {
             double t1 = 0;
             for (int ni = 0; ni < 6; ni++) {
                 const int n = dn[ni];
+                if (only && (mi == 0 || (only_n && n != only_n))) continue;
                 const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
                 float ms, q, cms, cq;
                 TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, NULL, &err_), ms, q);
                 TIME_WITH(CB(gemm_bf16(cub, R, n, C, wb.data, xd.data, y, 0)), cms, cq);
-                if (ni == 0) t1 = ms;
+                if (t1 == 0) t1 = ms;
                 const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
                 printf("| %s | %d | %.1f | %.0f | %.0f%% | %.2fx | %.2fx | %.0f | %.1f | %.0f%% | %.1f | %.2fx |\n",
                        mi ? "tensor" : "fp32", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,

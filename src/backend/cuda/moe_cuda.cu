@@ -518,7 +518,7 @@ template <int NT> static int tc_moe_c() { return 8 * NT; }
 template <int F, int NT>
 static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
                                     const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    constexpr int MT = ws_mt(NT);
+    constexpr int MT = ws_mt<F>(NT);
     const int H = m->hidden, I = m->inter;
     const ddt_qweight *gw = &m->host_copy[0], *dw = &m->host_copy[2 * m->n_experts];
     WsArgs a;
@@ -537,7 +537,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     a.items = ws.rec;
     a.sorted_tok = ws.sorted_tok;
     a.y = ws.h;
-    ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), WS_THREADS,
+    ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), ws_threads<F>(NT),
                                   ws_smem_bytes<F>(NT), s>>>(a);
     DDT_CUDA_LAUNCHED("moe_gateup (tensor cores)", s, err);
     WsArgs b = a;
@@ -551,7 +551,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     b.x = NULL;
     b.h = ws.h;
     b.y = ws.o;
-    ws_kernel<F, WS_DOWN, NT><<<dim3((unsigned)slots, (unsigned)((H + 16 * MT - 1) / (16 * MT))), WS_THREADS,
+    ws_kernel<F, WS_DOWN, NT><<<dim3((unsigned)slots, (unsigned)((H + 16 * MT - 1) / (16 * MT))), ws_threads<F>(NT),
                                 ws_smem_bytes<F>(NT), s>>>(b);
     DDT_CUDA_LAUNCHED("moe_down (tensor cores)", s, err);
     return DDT_OK;

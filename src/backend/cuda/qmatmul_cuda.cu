@@ -424,11 +424,11 @@ static int32_t ws_ksplit(int64_t rows, int32_t count, int64_t nu) {
 
 template <int F, int NT>
 static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
-    constexpr int MT = ws_mt(NT);
+    constexpr int MT = ws_mt<F>(NT);
     const int64_t nrb = (a.rows + 16 * MT - 1) / (16 * MT), ntb = (a.n + NT * 8 - 1) / (NT * 8);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(ntb * a.count * nrb * a.ks));
-    cfg.blockDim = dim3(WS_THREADS);
+    cfg.blockDim = dim3(ws_threads<F>(NT));
     cfg.dynamicSmemBytes = ws_smem_bytes<F>(NT);
     cfg.stream = s;
     cudaLaunchAttribute attr[1];

@@ -64,7 +64,7 @@
 
 namespace ws_cg = cooperative_groups;
 
-#define WS_THREADS 128 /* 4 warps = 4 k-slices */
+#define WS_THREADS 128 /* 4 warps = 4 k-slices (of each token group) */
 #define WS_KW 4
 #define WS_UNIT 32     /* columns per unit */
 #define WS_XROW 576    /* shared bytes per token row of a stage: 128 fp32 + 64 pad (bank spread) */
@@ -76,26 +76,30 @@ template <> struct WsFmt<QF_BF16> { static constexpr int UB = 1024, SB = 0; };
 template <> struct WsFmt<QF_FP8> { static constexpr int UB = 512, SB = 0; };
 template <> struct WsFmt<QF_INT4> { static constexpr int UB = 256, SB = 32; };
 
-/* m-tiles per block and pipeline stages by n-tile count: accumulators MT*NT*4
- * registers (<= 64); stages sized so NT <= 2 leaves room for two blocks per SM. */
-static __host__ __device__ constexpr int ws_mt(int NT) { return NT >= 8 ? 2 : 4; }
+/* Per n-tile count NT: warps in WN token groups of NT/WN n-tiles each (so a big
+ * batch is not one warp per scheduler), m-tiles per block MT (more for the
+ * narrow formats, whose units are small: fewer fixed costs per byte), and
+ * pipeline stages sized so NT <= 4 leaves room for two blocks per SM. */
+static __host__ __device__ constexpr int ws_wn(int NT) { return NT >= 4 ? NT / 2 : 1; }
+template <int F> static __host__ __device__ constexpr int ws_mt(int NT) { return F != QF_BF16 && NT <= 2 ? 8 : 4; }
 template <int F> static __host__ __device__ constexpr int ws_stages(int NT) {
-    return F == QF_INT4 ? (NT == 1 ? 10 : NT <= 4 ? 7 : 4)
-         : F == QF_FP8  ? (NT == 1 ? 8 : NT <= 4 ? 6 : 4)
-                        : (NT == 1 ? 5 : NT == 2 ? 4 : NT == 4 ? 5 : 4);
+    return F == QF_INT4 ? (NT == 1 ? 7 : NT == 2 ? 5 : NT == 4 ? 4 : 3)
+         : F == QF_FP8  ? (NT == 1 ? 5 : NT <= 4 ? 4 : 3)
+                        : (NT == 1 ? 5 : NT == 2 ? 4 : 3);
 }
 template <int F> static __host__ __device__ constexpr int ws_wbytes(int NT) {
-    return ws_mt(NT) * WS_KW * (WsFmt<F>::UB + WsFmt<F>::SB);
+    return ws_mt<F>(NT) * WS_KW * (WsFmt<F>::UB + WsFmt<F>::SB);
 }
 template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT) {
     return ws_wbytes<F>(NT) + NT * 8 * WS_XROW;
 }
 template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT) {
     /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32] */
-    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT) > WS_KW * ws_mt(NT) * NT * 4 * 32 * 4
+    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT) > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
                ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT)
-               : WS_KW * ws_mt(NT) * NT * 4 * 32 * 4;
+               : WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4;
 }
+template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return WS_THREADS * ws_wn(NT); }
 
 /* A routed-expert work item (moe_cuda.cu's sort writes them): one expert's
  * packed gate, up, down (data, INT4 scales / FP8 scale_inv) and at most C of its
@@ -188,17 +192,24 @@ static __device__ __forceinline__ void ws_split(const float4 v, uint32_t (&b)[4]
  * The kernel.  grid.x: DENSE (k-split, token block, row block, group), the
  * k-split fastest (a cluster = the KS splits of one tile), then the token blocks
  * (more than 64 tokens re-read a tile from L2, not DRAM); GATEUP / DOWN (item,
- * row block), item fastest.  A DENSE block covers MT*16 rows, GATEUP MT/2*16 intermediate rows
- * (tiles 0..MT/2-1 gate, the rest up), DOWN MT*16 hidden rows.
+ * row block), item fastest.  A DENSE block covers MT*16 rows, GATEUP MT/2*16
+ * intermediate rows (tiles 0..MT/2-1 gate, the rest up), DOWN MT*16 hidden rows.
+ * Warp (kw, wn) = (warp % 4, warp / 4): k-slice kw, n-tiles [wn*NTW, wn*NTW+NTW).
  */
 template <int F, int KIND, int NT>
-static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
-    constexpr int MT = ws_mt(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
+static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const WsArgs a) {
+    constexpr int MT = ws_mt<F>(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
+    constexpr int WN = ws_wn(NT), NTW = NT / WN, NTH = WS_THREADS * WN;
     constexpr int WB = ws_wbytes<F>(NT), STB = ws_stage_bytes<F>(NT), NTOK = NT * 8;
-    constexpr int E = MT * NT * 4; /* accumulators per lane */
+    constexpr int EW = MT * NTW * 4;           /* accumulators per lane */
+    constexpr int WCH = UB / 16;               /* 16-byte chunks per unit */
+    constexpr int NWC = MT * WS_KW * WCH;      /* weight chunks per stage */
+    constexpr int NCH = (NWC + NTH - 1) / NTH; /* of them per thread */
+    constexpr int NSC = MT * WS_KW * (SB / 16);
     extern __shared__ __align__(16) uint8_t ws_smem[];
     __shared__ const float *xrows[NTOK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int kw = warp & (WS_KW - 1), wn = warp / WS_KW;
 
     /* ---- what this block computes */
     int64_t grp = 0, rb, u_begin = 0, u_end = a.nu;
@@ -256,6 +267,20 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
     const int nta = (ntok + 7) >> 3; /* active n-tiles */
     const bool xvec = KIND == WS_DOWN ? a.cols % 4 == 0 : a.xvec;
     const int64_t nst = u_end > u_begin ? (u_end - u_begin + WS_KW - 1) / WS_KW : 0; /* a last split may be empty */
+
+    /* this thread's weight chunks: chunk c = tid + k*NTH is byte 16c of a stage's
+       weights, [tile][4 units][UB], so only the source moves from stage to stage */
+    const uint8_t *wsrc[NCH];
+#pragma unroll
+    for (int k = 0; k < NCH; k++) {
+        const int c = threadIdx.x + k * NTH, i = c / (WS_KW * WCH), r = c % (WS_KW * WCH);
+        wsrc[k] = c < NWC ? tile_w(i) + tile_mt(i) * a.nu * UB + r * 16 : nullptr;
+    }
+    const uint8_t *ssrc = nullptr;
+    if constexpr (SB > 0) {
+        const int c = threadIdx.x, i = c / (WS_KW * (SB / 16)), r = c % (WS_KW * (SB / 16));
+        if (c < NSC) ssrc = (const uint8_t *)tile_s(i) + tile_mt(i) * a.nu * SB + r * 16;
+    }
     __syncthreads(); /* xrows */
 
     /* ---- stage loader: units [u0, u0 + 4) of the MT tiles, columns [32 u0, 32 u0 + 128) of the tokens */
@@ -264,36 +289,30 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
         uint8_t *sm = ws_smem + (st % S) * STB;
         const int64_t u0 = u_begin + st * WS_KW;
         const int nun = (int)(u_end - u0 < WS_KW ? u_end - u0 : WS_KW);
-        /* weights: MT runs of nun * UB bytes (+ INT4 scales) */
-        constexpr int WCH = UB / 16; /* 16-byte chunks per unit */
-        for (int c = threadIdx.x; c < MT * WS_KW * WCH; c += WS_THREADS) {
-            const int i = c / (WS_KW * WCH), r = c % (WS_KW * WCH);
-            if (r / WCH >= nun) continue;
-            const uint8_t *src = tile_w(i) + (tile_mt(i) * a.nu + u0) * UB + r * 16;
-            ws_cp16(sm + i * WS_KW * UB + r * 16, src, 16);
+#pragma unroll
+        for (int k = 0; k < NCH; k++) {
+            const int c = threadIdx.x + k * NTH;
+            if ((NWC % NTH == 0 || c < NWC) && (c % (WS_KW * WCH)) / WCH < nun)
+                ws_cp16(sm + c * 16, wsrc[k] + u0 * UB, 16);
         }
         if constexpr (SB > 0) {
-            for (int c = threadIdx.x; c < MT * WS_KW * (SB / 16); c += WS_THREADS) {
-                const int i = c / (WS_KW * (SB / 16)), r = c % (WS_KW * (SB / 16));
-                if (r / (SB / 16) >= nun) continue;
-                const uint8_t *src = (const uint8_t *)tile_s(i) + (tile_mt(i) * a.nu + u0) * SB + r * 16;
-                ws_cp16(sm + MT * WS_KW * UB + i * WS_KW * SB + r * 16, src, 16);
-            }
+            const int c = threadIdx.x;
+            if (c < NSC && (c % (WS_KW * (SB / 16))) / (SB / 16) < nun)
+                ws_cp16(sm + MT * WS_KW * UB + c * 16, ssrc + u0 * SB, 16);
         }
         /* activations: ntok rows of 128 columns, zero past cols */
         uint8_t *xs = sm + WB;
         const int64_t c0 = u0 * WS_UNIT;
         if (xvec) {
-            for (int c = threadIdx.x; c < ntok * 32; c += WS_THREADS) {
+            for (int c = threadIdx.x; c < ntok * 32; c += NTH) {
                 const int tok = c >> 5, q = c & 31;
                 const int64_t col = c0 + 4 * q;
-                int64_t left = (a.cols - col) * 4;
+                const int64_t left = (a.cols - col) * 4;
                 const int valid = left >= 16 ? 16 : left > 0 ? (int)left : 0;
-                const float *src = xrows[tok] + (valid > 0 ? col : 0);
-                ws_cp16(xs + tok * WS_XROW + q * 16, src, valid);
+                ws_cp16(xs + tok * WS_XROW + q * 16, xrows[tok] + (valid > 0 ? col : 0), valid);
             }
         } else {
-            for (int c = threadIdx.x; c < ntok * 128; c += WS_THREADS) {
+            for (int c = threadIdx.x; c < ntok * 128; c += NTH) {
                 const int tok = c >> 7, q = c & 127;
                 const int64_t col = c0 + q;
                 const bool in = col < a.cols;
@@ -302,13 +321,13 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
         }
     };
 
-    float acc[MT][NT][4];
+    float acc[MT][NTW][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int n = 0; n < NTW; n++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][nt][c] = 0.0f;
+            for (int c = 0; c < 4; c++) acc[i][n][c] = 0.0f;
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -320,23 +339,30 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
         __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
         load_stage(st + S - 1);
         ws_commit();
-        const int64_t u = u_begin + st * WS_KW + warp;
-        if (u >= u_end) continue;
+        const int64_t u = u_begin + st * WS_KW + kw;
+        if (u >= u_end || wn * NTW >= nta) continue;
         const uint8_t *sm = ws_smem + (st % S) * STB;
-        const uint8_t *xs = sm + WB + warp * 128; /* this warp's 32 columns */
-        /* A fragments of the MT tiles, both k-steps */
-        uint32_t A[MT][2][4];
-        float sc[MT][2];
+        /* B fragments of this warp's n-tiles, both k-steps: columns 4t.. of the unit's halves */
+        uint32_t B[NTW][2][4];
+        const uint8_t *xs = sm + WB + kw * 128 + g * WS_XROW + t * 16;
+#pragma unroll
+        for (int n = 0; n < NTW; n++) {
+            if (wn * NTW + n >= nta) break;
+            const uint8_t *xr = xs + (wn * NTW + n) * 8 * WS_XROW;
+            ws_split(*(const float4 *)xr, B[n][0]);
+            ws_split(*(const float4 *)(xr + 64), B[n][1]);
+        }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            const uint8_t *wu = sm + (i * WS_KW + warp) * UB;
+            const uint8_t *wu = sm + (i * WS_KW + kw) * UB;
+            uint32_t A[2][4];
+            float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (F == QF_BF16) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const uint4 v = *(const uint4 *)(wu + j * 512 + lane * 16);
-                    A[i][j][0] = v.x, A[i][j][1] = v.y, A[i][j][2] = v.z, A[i][j][3] = v.w;
+                    A[j][0] = v.x, A[j][1] = v.y, A[j][2] = v.z, A[j][3] = v.w;
                 }
-                sc[i][0] = sc[i][1] = 1.0f;
             } else if constexpr (F == QF_FP8) {
                 const uint4 v = *(const uint4 *)(wu + lane * 16);
                 const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
@@ -345,48 +371,40 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const uint32_t word = wv[2 * j + (r >> 1)];
-                        A[i][j][r] = ws_fp8_pair((r & 1) ? word >> 16 : word);
+                        A[j][r] = ws_fp8_pair((r & 1) ? word >> 16 : word);
                     }
                 const int64_t row0 = tile_mt(i) * 16; /* the tile's first weight row (groups start on m-tiles) */
-                const float s =
+                sc0 = sc1 =
                     __ldg((const float *)tile_s(i) + (row0 / a.fp8_block) * a.fp8_scols + (u * WS_UNIT) / a.fp8_block);
-                sc[i][0] = sc[i][1] = s;
             } else {
                 const uint2 v = *(const uint2 *)(wu + lane * 8);
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
-                    A[i][0][r] = ws_int4_pair(v.x, r);
-                    A[i][1][r] = ws_int4_pair(v.y, r);
+                    A[0][r] = ws_int4_pair(v.x, r);
+                    A[1][r] = ws_int4_pair(v.y, r);
                 }
-                const uint32_t s2 = *(const uint32_t *)(sm + MT * WS_KW * UB + (i * WS_KW + warp) * SB + g * 4);
-                sc[i][0] = __uint_as_float(s2 << 16);
-                sc[i][1] = __uint_as_float(s2 & 0xFFFF0000u);
+                const uint32_t s2 = *(const uint32_t *)(sm + MT * WS_KW * UB + (i * WS_KW + kw) * SB + g * 4);
+                sc0 = __uint_as_float(s2 << 16);
+                sc1 = __uint_as_float(s2 & 0xFFFF0000u);
             }
-        }
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= nta) break;
-            const uint8_t *xr = xs + (nt * 8 + g) * WS_XROW + t * 16;
-            uint32_t B0[4], B1[4];
-            ws_split(*(const float4 *)xr, B0);         /* k-step 0: columns 4t .. 4t+3 */
-            ws_split(*(const float4 *)(xr + 64), B1);  /* k-step 1: columns 16 + 4t .. */
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
+            for (int n = 0; n < NTW; n++) {
+                if (wn * NTW + n >= nta) break;
                 if constexpr (F == QF_BF16) {
-                    ws_mma(acc[i][nt], A[i][0], B0[0], B0[1]);
-                    ws_mma(acc[i][nt], A[i][0], B0[2], B0[3]);
-                    ws_mma(acc[i][nt], A[i][1], B1[0], B1[1]);
-                    ws_mma(acc[i][nt], A[i][1], B1[2], B1[3]);
+                    ws_mma(acc[i][n], A[0], B[n][0][0], B[n][0][1]);
+                    ws_mma(acc[i][n], A[0], B[n][0][2], B[n][0][3]);
+                    ws_mma(acc[i][n], A[1], B[n][1][0], B[n][1][1]);
+                    ws_mma(acc[i][n], A[1], B[n][1][2], B[n][1][3]);
                 } else {
                     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    ws_mma(p, A[i][0], B0[0], B0[1]);
-                    ws_mma(p, A[i][0], B0[2], B0[3]);
-                    ws_mma(p, A[i][1], B1[0], B1[1]);
-                    ws_mma(p, A[i][1], B1[2], B1[3]);
-                    acc[i][nt][0] = __fmaf_rn(sc[i][0], p[0], acc[i][nt][0]);
-                    acc[i][nt][1] = __fmaf_rn(sc[i][0], p[1], acc[i][nt][1]);
-                    acc[i][nt][2] = __fmaf_rn(sc[i][1], p[2], acc[i][nt][2]);
-                    acc[i][nt][3] = __fmaf_rn(sc[i][1], p[3], acc[i][nt][3]);
+                    ws_mma(p, A[0], B[n][0][0], B[n][0][1]);
+                    ws_mma(p, A[0], B[n][0][2], B[n][0][3]);
+                    ws_mma(p, A[1], B[n][1][0], B[n][1][1]);
+                    ws_mma(p, A[1], B[n][1][2], B[n][1][3]);
+                    acc[i][n][0] = __fmaf_rn(sc0, p[0], acc[i][n][0]);
+                    acc[i][n][1] = __fmaf_rn(sc0, p[1], acc[i][n][1]);
+                    acc[i][n][2] = __fmaf_rn(sc1, p[2], acc[i][n][2]);
+                    acc[i][n][3] = __fmaf_rn(sc1, p[3], acc[i][n][3]);
                 }
             }
         }
@@ -394,24 +412,26 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
     ws_wait<0>();
     __syncthreads(); /* every warp is done with the pipeline buffers */
 
-    /* ---- partials: red[w][e][lane], e = (i*NT + nt)*4 + c */
+    /* ---- partials: red[wn][kw][e][lane], e = (i*NTW + n)*4 + c */
     float *red = (float *)ws_smem;
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int n = 0; n < NTW; n++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) red[((warp * E) + (i * NT + nt) * 4 + c) * 32 + lane] = acc[i][nt][c];
+            for (int c = 0; c < 4; c++)
+                red[(((wn * WS_KW + kw) * EW) + (i * NTW + n) * 4 + c) * 32 + lane] = acc[i][n][c];
 
+    /* element q -> (token group, accumulator, lane) -> (tile, token, row); the
+       k-slices (and splits) of one element are added in one fixed order */
     if constexpr (KIND == WS_DENSE) {
-        /* the KS splits' partials: through distributed shared memory when split */
         const int ks = a.ks;
         if (ks > 1) ws_cg::this_cluster().sync(); /* every split's partials are in its shared memory */
         else __syncthreads();
-        /* split r of the cluster finishes elements q = r*128 + tid, then every ks*128-th */
-        for (int q = split * WS_THREADS + threadIdx.x; q < E * 32; q += ks * WS_THREADS) {
-            const int e = q >> 5, l = q & 31;
-            const int c = e & 3, nt = (e >> 2) % NT, i = (e >> 2) / NT;
+        /* split r of the cluster finishes elements q = r*NTH + tid, then every ks*NTH-th */
+        for (int q = split * NTH + threadIdx.x; q < WN * EW * 32; q += ks * NTH) {
+            const int gw = q / (EW * 32), e = (q / 32) % EW, l = q & 31;
+            const int c = e & 3, n = (e >> 2) % NTW, i = (e >> 2) / NTW, nt = gw * NTW + n;
             if (nt >= nta) continue;
             const int tok = nt * 8 + 2 * (l & 3) + (c & 1);
             const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
@@ -420,7 +440,7 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
             for (int r = 0; r < ks; r++) {
                 const float *rr = ks > 1 ? ws_cg::this_cluster().map_shared_rank(red, r) : red;
                 for (int w = 0; w < WS_KW; w++) {
-                    const float p = rr[(w * E + e) * 32 + l];
+                    const float p = rr[((gw * WS_KW + w) * EW + e) * 32 + l];
                     v = (r == 0 && w == 0) ? p : v + p;
                 }
             }
@@ -429,21 +449,22 @@ static __global__ void __launch_bounds__(WS_THREADS) ws_kernel(const WsArgs a) {
         if (ks > 1) ws_cg::this_cluster().sync(); /* no block leaves while another reads its shared memory */
     } else {
         __syncthreads();
-        constexpr int EO = KIND == WS_GATEUP ? E / 2 : E; /* outputs per lane */
-        for (int q = threadIdx.x; q < EO * 32; q += WS_THREADS) {
-            const int e = q >> 5, l = q & 31;
-            const int c = e & 3, nt = (e >> 2) % NT, i = (e >> 2) / NT;
+        constexpr int EO = KIND == WS_GATEUP ? EW / 2 : EW; /* outputs per lane and token group */
+        for (int q = threadIdx.x; q < WN * EO * 32; q += NTH) {
+            const int gw = q / (EO * 32), e = (q / 32) % EO, l = q & 31;
+            const int c = e & 3, n = (e >> 2) % NTW, i = (e >> 2) / NTW, nt = gw * NTW + n;
             if (nt >= nta) continue;
             const int tok = nt * 8 + 2 * (l & 3) + (c & 1);
             if (tok >= ntok) continue;
-            float v = red[e * 32 + l];
-            for (int w = 1; w < WS_KW; w++) v = v + red[(w * E + e) * 32 + l];
+            const float *rg = red + (gw * WS_KW * EW) * 32;
+            float v = rg[e * 32 + l];
+            for (int w = 1; w < WS_KW; w++) v = v + rg[(w * EW + e) * 32 + l];
             if constexpr (KIND == WS_GATEUP) {
                 const int64_t row = (rb * (MT / 2) + i) * 16 + (l >> 2) + 8 * (c >> 1);
                 if (row >= a.rows) continue;
-                const int eu = e + (MT / 2) * NT * 4; /* the up tile of the same rows */
-                float u = red[eu * 32 + l];
-                for (int w = 1; w < WS_KW; w++) u = u + red[(w * E + eu) * 32 + l];
+                const int eu = e + (MT / 2) * NTW * 4; /* the up tile of the same rows */
+                float u = rg[eu * 32 + l];
+                for (int w = 1; w < WS_KW; w++) u = u + rg[(w * EW + eu) * 32 + l];
                 a.y[(int64_t)(item.off + tok) * a.rows + row] = v / (1.0f + expf(-v)) * u;
             } else {
                 const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
