@@ -335,6 +335,24 @@ const ddt_st_tensor *ddt_checkpoint_find(const ddt_checkpoint *ck, const char *n
     return find_in(ck->tensors, ck->n_tensors, name);
 }
 
+int32_t ddt_checkpoint_prefix_range(const ddt_checkpoint *ck, const char *prefix, int32_t *first) {
+    if (first) *first = 0;
+    if (!ck || !prefix || !first) return 0;
+    /* every name that starts with prefix sorts at or after it, and before any name
+     * that does not start with it but sorts after it: find the lower bound */
+    int32_t lo = 0, hi = ck->n_tensors;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ck->tensors[mid].name, prefix) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    size_t len = strlen(prefix);
+    int32_t n = 0;
+    while (lo + n < ck->n_tensors && strncmp(ck->tensors[lo + n].name, prefix, len) == 0) n++;
+    *first = lo;
+    return n;
+}
+
 const char *ddt_checkpoint_file_name(const ddt_checkpoint *ck, int32_t file_index) {
     if (!ck || file_index < 0 || file_index >= ck->n_files) return "?";
     return ck->files[file_index];
@@ -488,5 +506,92 @@ ddt_status ddt_checkpoint_weight(const ddt_checkpoint *ck, const char *base, int
     out->data = w->data;
     out->scale = s->data;
     out->group = DDT_INT4_GROUP;
+    return DDT_OK;
+}
+
+/* ---- stacked (3-D) weights ----------------------------------------------- */
+
+ddt_status ddt_checkpoint_weight_stack(const ddt_checkpoint *ck, const char *name, int64_t count, int64_t rows,
+                                       int64_t cols, ddt_qweight_stack *out, ddt_error *err) {
+    if (!ck || !name || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_checkpoint_weight_stack: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (count <= 0 || rows <= 0 || cols <= 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "tensor %s: asked for a stack of %lld x [%lld, %lld]", name,
+                        (long long)count, (long long)rows, (long long)cols);
+    const ddt_st_tensor *w = ddt_checkpoint_find(ck, name);
+    if (!w) return ddt_fail(err, DDT_ERR_FORMAT, "checkpoint %s: tensor %s is missing", ck->path, name);
+    const char *file = ddt_checkpoint_file_name(ck, w->file_index);
+    if (w->dtype == DDT_DTYPE_I32 || w->dtype == DDT_DTYPE_I64 || w->dtype == DDT_DTYPE_I16 ||
+        w->dtype == DDT_DTYPE_I8 || w->dtype == DDT_DTYPE_U8)
+        /* compressed-tensors quantises Linear modules one by one: an integer expert
+         * stack would need a packing and a scale layout no tool defines, so guessing
+         * one could silently decode garbage */
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "file %s: tensor %s: %s stacked expert weights (packed integer) are not supported; "
+                        "store such experts per expert (experts.{e}.*_proj.weight_packed)",
+                        file, name, ddt_dtype_name(w->dtype));
+    if (w->dtype != DDT_DTYPE_F32 && w->dtype != DDT_DTYPE_BF16 && w->dtype != DDT_DTYPE_F16 &&
+        w->dtype != DDT_DTYPE_F8_E4M3)
+        return ddt_fail(err, DDT_ERR_FORMAT, "file %s: tensor %s: expected F32, BF16, F16 or F8_E4M3, found %s", file,
+                        name, ddt_dtype_name(w->dtype));
+    const int64_t want[3] = {count, rows, cols};
+    ddt_status st = check_tensor(ck, w, w->dtype, 3, want, err);
+    if (st != DDT_OK) return st;
+    out->format = DDT_Q_DENSE;
+    out->dtype = w->dtype;
+    out->count = count;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = w->data;
+    out->name = w->name;
+    if (w->dtype != DDT_DTYPE_F8_E4M3) return DDT_OK;
+    char sname[512];
+    if ((st = name_with(name, "_scale_inv", sname, sizeof sname, err)) != DDT_OK) return st;
+    const ddt_st_tensor *s = ddt_checkpoint_find(ck, sname);
+    if (!s)
+        return ddt_fail(err, DDT_ERR_FORMAT, "checkpoint %s: tensor %s is F8_E4M3 but tensor %s is missing", ck->path,
+                        name, sname);
+    const int64_t sshape[3] = {count, ceil_div(rows, DDT_FP8_BLOCK), ceil_div(cols, DDT_FP8_BLOCK)};
+    if ((st = check_tensor(ck, s, DDT_DTYPE_F32, 3, sshape, err)) != DDT_OK) return st;
+    out->format = DDT_Q_FP8_BLOCK;
+    out->scale_inv = s->data;
+    out->block = DDT_FP8_BLOCK;
+    return DDT_OK;
+}
+
+ddt_status ddt_qweight_stack_view(const ddt_qweight_stack *s, int64_t i, int64_t row0, int64_t n_rows,
+                                  ddt_qweight *out, ddt_error *err) {
+    if (!s || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_qweight_stack_view: NULL argument");
+    memset(out, 0, sizeof *out);
+    const char *name = s->name ? s->name : "(stack)";
+    if (i < 0 || i >= s->count || row0 < 0 || n_rows <= 0 || row0 > s->rows - n_rows)
+        return ddt_fail(err, DDT_ERR_RANGE, "tensor %s: rows [%lld, %lld) of matrix %lld outside %lld x [%lld, %lld]",
+                        name, (long long)row0, (long long)row0 + n_rows, (long long)i, (long long)s->count,
+                        (long long)s->rows, (long long)s->cols);
+    /* the element offset is below count*rows*cols, which the reader bounded by the
+     * file size; checked anyway, since a stack may come from elsewhere */
+    size_t off, esz = ddt_dtype_size(s->dtype);
+    if (!ddt_mul_size((size_t)i, (size_t)s->rows, &off) || !ddt_add_size(off, (size_t)row0, &off) ||
+        !ddt_mul_size(off, (size_t)s->cols, &off) || !ddt_mul_size(off, esz, &off))
+        return ddt_fail(err, DDT_ERR_RANGE, "tensor %s: matrix %lld offset overflows", name, (long long)i);
+    if (s->format == DDT_Q_FP8_BLOCK) {
+        const int64_t blk = s->block;
+        if (blk <= 0 || !s->scale_inv)
+            return ddt_fail(err, DDT_ERR_INVALID, "tensor %s: FP8 stack without scales", name);
+        if (row0 % blk != 0 || (n_rows % blk != 0 && row0 + n_rows != s->rows))
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                            "tensor %s: rows [%lld, %lld) of each matrix do not start and end on %lld-row FP8 "
+                            "scale blocks, so they share scales with their neighbours and have no scale grid "
+                            "of their own",
+                            name, (long long)row0, (long long)row0 + n_rows, (long long)blk);
+        const int64_t srows = ceil_div(s->rows, blk), scols = ceil_div(s->cols, blk);
+        out->scale_inv = s->scale_inv + ((size_t)i * (size_t)srows + (size_t)(row0 / blk)) * (size_t)scols;
+        out->block = (int32_t)blk;
+    }
+    out->format = s->format;
+    out->dtype = s->dtype;
+    out->rows = n_rows;
+    out->cols = s->cols;
+    out->data = (const uint8_t *)s->data + off;
     return DDT_OK;
 }

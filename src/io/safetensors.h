@@ -115,6 +115,50 @@ typedef struct ddt_qweight {
 ddt_status ddt_checkpoint_weight(const ddt_checkpoint *ck, const char *base, int64_t rows,
                                  int64_t cols, ddt_qweight *out, ddt_error *err);
 
+/*
+ * A stack of `count` equal matrices in one 3-D tensor [count][rows][cols]: how
+ * transformers 5 stores a MoE layer's routed experts when it saves its own
+ * module layout (`mlp.experts.gate_up_proj` [E, 2I, H], gate rows first, and
+ * `mlp.experts.down_proj` [E, H, I]; no `.weight` suffix).  Dense (F32, BF16,
+ * F16) or FP8 block with `<name>_scale_inv` F32 [count][ceil(rows/128)][ceil(cols/128)]
+ * (transformers' FP8 experts: one scale grid per matrix).  Borrowed like ddt_qweight.
+ */
+typedef struct ddt_qweight_stack {
+    ddt_qformat format;       /* DDT_Q_DENSE or DDT_Q_FP8_BLOCK */
+    ddt_dtype dtype;
+    int64_t count, rows, cols;
+    const void *data;         /* [count][rows][cols] */
+    const float *scale_inv;   /* FP8: [count][ceil(rows/128)][ceil(cols/128)] */
+    int32_t block;            /* FP8 block edge (128) */
+    const char *name;         /* the tensor's name (owned by the checkpoint), for messages */
+} ddt_qweight_stack;
+
+/*
+ * Resolve the 3-D tensor `name` (exact name, no suffix added) as a stack of
+ * count x [rows][cols]; every dimension must be > 0 and equal the tensor's.
+ * An F8_E4M3 tensor needs `<name>_scale_inv`; an integer tensor (a packed INT4
+ * stack, for which no checkpoint layout is defined) is refused as unsupported.
+ * Errors name the tensor, the expected and the found shape and dtype.
+ */
+ddt_status ddt_checkpoint_weight_stack(const ddt_checkpoint *ck, const char *name, int64_t count, int64_t rows,
+                                       int64_t cols, ddt_qweight_stack *out, ddt_error *err);
+
+/*
+ * out = rows [row0, row0 + n_rows) of matrix i of the stack, as a weight view
+ * (no copy).  FP8 views need block-aligned row ranges (row0 a multiple of the
+ * block, and n_rows too unless the range ends the matrix), since a view's scale
+ * grid must start at a block row; otherwise DDT_ERR_UNSUPPORTED naming the tensor.
+ */
+ddt_status ddt_qweight_stack_view(const ddt_qweight_stack *s, int64_t i, int64_t row0, int64_t n_rows,
+                                  ddt_qweight *out, ddt_error *err);
+
+/*
+ * The tensors whose names start with `prefix` are contiguous in the sorted
+ * table: *first = the index (for ddt_checkpoint_at) of the first of them;
+ * returns how many there are (0: none, *first is then unspecified).
+ */
+int32_t ddt_checkpoint_prefix_range(const ddt_checkpoint *ck, const char *prefix, int32_t *first);
+
 /* Plain tensor lookup with a dtype and shape check (ndim entries of shape; -1 = any).
  * dtype DDT_DTYPE_COUNT accepts any dtype; ndim < 0 skips the shape check; shape
  * NULL with ndim >= 0 checks only the rank. */

@@ -57,6 +57,8 @@ struct ddt_target {
     uint64_t weight_bytes;   /* every weight the model reads */
     uint64_t routed_bytes;   /* of which routed experts */
     uint64_t embed_bytes;    /* of which the embedding table */
+    int32_t expert_layout;   /* expert_layout of the MoE layers loaded so far */
+    int32_t expert_layout_layer; /* the last of them, for messages */
     uint64_t state_bytes;    /* run state + latent cache */
     ddt_moe_route_params route;
 
@@ -111,13 +113,9 @@ static uint64_t qweight_bytes(const ddt_qweight *w) {
     return 0;
 }
 
-static ddt_status load_linear(ddt_target *t, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
-                              ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", t->cfg.tensor_prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_status st = ddt_checkpoint_weight(t->ck, name, rows, cols, w, err);
-    if (st != DDT_OK) return st;
+/* The checks every weight view passes whatever its source (a 2-D tensor or a
+ * slice of a fused expert stack), and its bytes. */
+static ddt_status account_linear(ddt_target *t, const char *name, const ddt_qweight *w, ddt_error *err) {
     if (w->format == DDT_Q_FP8_BLOCK && w->block <= 0)
         return ddt_fail(err, DDT_ERR_FORMAT, "tensor %s: FP8 block size %d", name, w->block);
     if (w->format == DDT_Q_INT4_GROUP && (w->group <= 0 || w->cols % 8 != 0 || w->cols % w->group != 0))
@@ -125,6 +123,16 @@ static ddt_status load_linear(ddt_target *t, const char *base, int64_t rows, int
                         (long long)w->cols);
     t->weight_bytes += qweight_bytes(w);
     return DDT_OK;
+}
+
+static ddt_status load_linear(ddt_target *t, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
+                              ddt_error *err) {
+    char name[NAME_MAX_LEN];
+    int k = snprintf(name, sizeof name, "%s%s", t->cfg.tensor_prefix, base);
+    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
+    ddt_status st = ddt_checkpoint_weight(t->ck, name, rows, cols, w, err);
+    if (st != DDT_OK) return st;
+    return account_linear(t, name, w, err);
 }
 
 /* A 1-D float vector of n values (norm weights, router bias). */
@@ -156,6 +164,134 @@ static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, ddt_ta
     if ((st = load_linear(t, b, inter, t->hidden, &m->up, err)) != DDT_OK) return st;
     snprintf(b, sizeof b, "%s.down_proj", pre);
     return load_linear(t, b, t->hidden, inter, &m->down, err);
+}
+
+/* How a MoE layer stores its routed experts. */
+typedef enum expert_layout {
+    EXPERTS_UNSEEN = 0,  /* no MoE layer loaded yet */
+    EXPERTS_PER_EXPERT,  /* DeepSeek's names: mlp.experts.{e}.{gate,up,down}_proj.* */
+    EXPERTS_FUSED        /* transformers 5's module layout: mlp.experts.gate_up_proj [E, 2I, H] + down_proj [E, H, I] */
+} expert_layout;
+
+static const char *layout_words(expert_layout k) {
+    return k == EXPERTS_FUSED ? "fused (mlp.experts.gate_up_proj / down_proj)" : "per expert (mlp.experts.{e}.*_proj)";
+}
+
+/* The tensor names of the fused layout, after "<layer>.mlp.experts.". */
+static bool is_fused_name(const char *rest) {
+    return !strcmp(rest, "gate_up_proj") || !strcmp(rest, "down_proj") || !strcmp(rest, "gate_up_proj_scale_inv") ||
+           !strcmp(rest, "down_proj_scale_inv");
+}
+
+/*
+ * Classify layer l's routed-expert tensors (every name under
+ * "<prefix>model.layers.<l>.mlp.experts.") and refuse what cannot be loaded
+ * faithfully: both layouts in one layer, a fused pair with one half missing, or
+ * a tensor beside the fused pair that the engine would not read (a bias, a packed
+ * INT4 stack, a `.weight`-suffixed variant): ignoring it would change the model.
+ */
+static ddt_status classify_experts(ddt_target *t, int32_t l, expert_layout *kind, ddt_error *err) {
+    char pre[NAME_MAX_LEN];
+    int k = snprintf(pre, sizeof pre, "%smodel.layers.%d.mlp.experts.", t->cfg.tensor_prefix, l);
+    if (k < 0 || (size_t)k >= sizeof pre) return ddt_fail(err, DDT_ERR_RANGE, "layer %d: tensor prefix too long", l);
+    const size_t plen = (size_t)k;
+    int32_t first = 0, n = ddt_checkpoint_prefix_range(t->ck, pre, &first);
+    const char *per_expert = NULL, *gate_up = NULL, *down = NULL, *odd = NULL;
+    for (int32_t i = 0; i < n; i++) {
+        const char *name = ddt_checkpoint_at(t->ck, first + i)->name, *rest = name + plen;
+        if (rest[0] >= '0' && rest[0] <= '9') {
+            if (!per_expert) per_expert = name;
+        } else if (!strcmp(rest, "gate_up_proj")) {
+            gate_up = name;
+        } else if (!strcmp(rest, "down_proj")) {
+            down = name;
+        } else if (!is_fused_name(rest) && !odd) {
+            odd = name;
+        }
+    }
+    if (!gate_up && !down) {
+        /* A per-expert layer has only ever been read by expert number; a name under
+         * experts. that starts like a fused tensor is a fused variant this engine
+         * does not know, and would otherwise end as "experts.0.gate_proj is missing". */
+        if (odd && (!strncmp(odd + plen, "gate_up_proj", 12) || !strncmp(odd + plen, "down_proj", 9)))
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                            "layer %d: tensor %s is not a supported routed-expert layout (fused experts are "
+                            "%sgate_up_proj [E, 2I, H] and %sdown_proj [E, H, I], no suffix, plus _scale_inv for FP8)",
+                            l, odd, pre, pre);
+        *kind = EXPERTS_PER_EXPERT;
+        return DDT_OK;
+    }
+    if (per_expert)
+        return ddt_fail(err, DDT_ERR_FORMAT,
+                        "layer %d: routed experts stored in both layouts: fused tensor %s and per-expert tensor %s; "
+                        "a layer must use one",
+                        l, gate_up ? gate_up : down, per_expert);
+    if (!gate_up || !down)
+        return ddt_fail(err, DDT_ERR_FORMAT,
+                        "layer %d: half-fused routed experts: tensor %s is present but tensor %s%s is missing "
+                        "(the fused layout needs both gate_up_proj and down_proj)",
+                        l, gate_up ? gate_up : down, pre, gate_up ? "down_proj" : "gate_up_proj");
+    if (odd)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "layer %d: tensor %s beside the fused experts is not supported (only gate_up_proj, "
+                        "down_proj and their _scale_inv are read)",
+                        l, odd);
+    *kind = EXPERTS_FUSED;
+    return DDT_OK;
+}
+
+/* Views of every expert's gate/up/down into the fused pair: expert e's gate is
+ * rows [0, I) of gate_up_proj[e], its up rows [I, 2I) (transformers concatenates
+ * gate then up, as its MoE forward chunks them), its down is down_proj[e]. */
+static ddt_status load_fused_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
+    const int64_t E = t->n_experts, I = t->cfg.moe_intermediate_size, H = t->hidden;
+    char gname[NAME_MAX_LEN], dname[NAME_MAX_LEN];
+    int a = snprintf(gname, sizeof gname, "%smodel.layers.%d.mlp.experts.gate_up_proj", t->cfg.tensor_prefix, l);
+    int b = snprintf(dname, sizeof dname, "%smodel.layers.%d.mlp.experts.down_proj", t->cfg.tensor_prefix, l);
+    if (a < 0 || (size_t)a >= sizeof gname || b < 0 || (size_t)b >= sizeof dname)
+        return ddt_fail(err, DDT_ERR_RANGE, "layer %d: tensor name too long", l);
+    ddt_qweight_stack gu, dn;
+    ddt_status st = ddt_checkpoint_weight_stack(t->ck, gname, E, 2 * I, H, &gu, err);
+    if (st != DDT_OK) return st;
+    if ((st = ddt_checkpoint_weight_stack(t->ck, dname, E, H, I, &dn, err)) != DDT_OK) return st;
+    if (gu.format == DDT_Q_FP8_BLOCK && I % gu.block != 0)
+        /* the up half would begin inside a scale block shared with the gate half:
+         * a per-expert view cannot say that, and the forward runs gate and up apart */
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "tensor %s: FP8 fused gate_up_proj needs moe_intermediate_size (%lld) to be a multiple of "
+                        "the %d-row scale block; store these experts per expert instead",
+                        gname, (long long)I, gu.block);
+    for (int64_t e = 0; e < E; e++) {
+        ddt_target_mlp *m = &experts[e];
+        if ((st = ddt_qweight_stack_view(&gu, e, 0, I, &m->gate, err)) != DDT_OK) return st;
+        if ((st = account_linear(t, gname, &m->gate, err)) != DDT_OK) return st;
+        if ((st = ddt_qweight_stack_view(&gu, e, I, I, &m->up, err)) != DDT_OK) return st;
+        if ((st = account_linear(t, gname, &m->up, err)) != DDT_OK) return st;
+        if ((st = ddt_qweight_stack_view(&dn, e, 0, H, &m->down, err)) != DDT_OK) return st;
+        if ((st = account_linear(t, dname, &m->down, err)) != DDT_OK) return st;
+    }
+    return DDT_OK;
+}
+
+static ddt_status load_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
+    expert_layout kind = EXPERTS_UNSEEN;
+    ddt_status st = classify_experts(t, l, &kind, err);
+    if (st != DDT_OK) return st;
+    /* transformers saves the whole model in one layout; layers in both mean the
+     * folder mixes the files of two saves, which need not be the same model */
+    if (t->expert_layout != EXPERTS_UNSEEN && t->expert_layout != (int32_t)kind)
+        return ddt_fail(err, DDT_ERR_FORMAT,
+                        "layer %d stores its routed experts %s but layer %d %s: a checkpoint must use one layout",
+                        l, layout_words(kind), t->expert_layout_layer, layout_words((expert_layout)t->expert_layout));
+    t->expert_layout = (int32_t)kind;
+    t->expert_layout_layer = l;
+    if (kind == EXPERTS_FUSED) return load_fused_experts(t, l, experts, err);
+    char b[NAME_MAX_LEN];
+    for (int32_t e = 0; e < t->n_experts; e++) {
+        snprintf(b, sizeof b, "model.layers.%d.mlp.experts.%d", l, e);
+        if ((st = load_mlp(t, b, t->cfg.moe_intermediate_size, &experts[e], err)) != DDT_OK) return st;
+    }
+    return DDT_OK;
 }
 
 static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
@@ -202,10 +338,7 @@ static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
     L->experts = ddt_calloc_array((size_t)t->n_experts, sizeof *L->experts);
     if (!L->experts) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
     uint64_t before = t->weight_bytes;
-    for (int32_t e = 0; e < t->n_experts; e++) {
-        snprintf(b, sizeof b, "model.layers.%d.mlp.experts.%d", l, e);
-        if ((st = load_mlp(t, b, c->moe_intermediate_size, &L->experts[e], err)) != DDT_OK) return st;
-    }
+    if ((st = load_experts(t, l, L->experts, err)) != DDT_OK) return st;
     t->routed_bytes += t->weight_bytes - before;
     L->has_shared = c->n_shared_experts > 0;
     if (L->has_shared) {

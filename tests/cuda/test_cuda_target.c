@@ -2,7 +2,8 @@
  * test_cuda_target.c — the CUDA target and the CUDA engine against the CPU
  * backend, on the HF fixtures and the shipped model pair:
  *  1. per fixture variant (fp32, bf16, FP8, INT4, n_group, q_lora null, YaRN,
- *     dense, sharded, Kimi layout): prefill and tree-verify logits vs the CPU
+ *     dense, sharded, Kimi layout, and fused/bf16, fused/fp8_fused: the experts in
+ *     transformers 5's fused layout): prefill and tree-verify logits vs the CPU
  *     target (normalised error, argmax), KV commit of a path then more prefill;
  *  2. the GPU path invariance the greedy invariant rests on: a tree node's
  *     verify logits are bitwise the logits of a prefill of its root-to-node path;
@@ -85,7 +86,8 @@ static void random_tree(int n, int vocab, int32_t *tok, int32_t *par, int32_t *d
 
 static void test_variant(const char *variant) {
     char dir[512];
-    snprintf(dir, sizeof dir, "tests/fixtures/target/%s", variant);
+    /* "fused/<v>": tests/fixtures/fused, the experts in transformers 5's fused layout */
+    snprintf(dir, sizeof dir, strchr(variant, '/') ? "tests/fixtures/%s" : "tests/fixtures/target/%s", variant);
     const int CTX = 48, TOK = 20, NP = 13, NT = 11;
     ddt_target *ct;
     ddt_cuda_target *gt;
@@ -349,8 +351,9 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
 
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    const char *variants[] = {"fp32", "bf16", "fp8", "int4", "ngroup", "qlora_null", "yarn", "dense3", "sharded", "kimi"};
-    int nv = quick ? 2 : 10;
+    const char *variants[] = {"fp32",  "bf16",    "fp8",    "int4",       "ngroup",         "qlora_null",
+                              "yarn",  "dense3",  "sharded", "kimi",      "fused/bf16",     "fused/fp8_fused"};
+    int nv = quick ? 2 : (int)(sizeof variants / sizeof variants[0]);
     printf("CUDA target vs CPU target (normalised logit error):\n");
     for (int i = 0; i < nv; i++) test_variant(variants[i]);
     test_tc_option(true, false);
