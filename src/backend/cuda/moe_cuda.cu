@@ -517,7 +517,7 @@ template <int NT> static int tc_moe_c() { return 8 * NT; }
 
 template <int F, int NT>
 static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                                    const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+                                    int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     constexpr int MT = ws_mt<F>(NT);
     const int H = m->hidden, I = m->inter;
     const ddt_qweight *gw = &m->host_copy[0], *dw = &m->host_copy[2 * m->n_experts];
@@ -530,6 +530,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     a.fp8_block = gw->block;
     a.fp8_scols = gw->block > 0 ? (int32_t)((H + gw->block - 1) / gw->block) : 0;
     a.ks = 1;
+    a.xcap = n < 8 * NT ? n : 8 * NT; /* a token reaches an expert at most once: an item has <= n entries */
     a.units_per_split = a.nu;
     a.x = x;
     a.ldx = ldx;
@@ -538,7 +539,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     a.sorted_tok = ws.sorted_tok;
     a.y = ws.h;
     ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), ws_threads<F>(NT),
-                                  ws_smem_bytes<F>(NT), s>>>(a);
+                                  ws_smem_bytes<F>(NT, a.xcap), s>>>(a);
     DDT_CUDA_LAUNCHED("moe_gateup (tensor cores)", s, err);
     WsArgs b = a;
     b.rows = H;
@@ -552,22 +553,22 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     b.h = ws.h;
     b.y = ws.o;
     ws_kernel<F, WS_DOWN, NT><<<dim3((unsigned)slots, (unsigned)((H + 16 * MT - 1) / (16 * MT))), ws_threads<F>(NT),
-                                ws_smem_bytes<F>(NT), s>>>(b);
+                                ws_smem_bytes<F>(NT, b.xcap), s>>>(b);
     DDT_CUDA_LAUNCHED("moe_down (tensor cores)", s, err);
     return DDT_OK;
 }
 
 template <int F>
 static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots, int nt,
-                             const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    if (nt == 1) return tc_experts_launch<F, 1>(m, x, ldx, xvec, slots, ws, s, err);
-    if (nt == 2) return tc_experts_launch<F, 2>(m, x, ldx, xvec, slots, ws, s, err);
-    return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, ws, s, err);
+                             int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    if (nt == 1) return tc_experts_launch<F, 1>(m, x, ldx, xvec, slots, n, ws, s, err);
+    if (nt == 2) return tc_experts_launch<F, 2>(m, x, ldx, xvec, slots, n, ws, s, err);
+    return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, n, ws, s, err);
 }
 
 template <int F, int KIND, int NT> static cudaError_t moe_ws_attr() {
     return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                ws_smem_bytes<F>(NT));
+                                ws_smem_bytes<F>(NT, NT * 8));
 }
 template <int F> static cudaError_t moe_ws_attr_fmt() {
     const cudaError_t r[] = {moe_ws_attr<F, WS_GATEUP, 1>(), moe_ws_attr<F, WS_GATEUP, 2>(),
@@ -657,9 +658,9 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     ddt_status st;
     if (tc) {
         switch (F) {
-        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
-        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
-        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, ws, s, err); break;
+        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
+        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
+        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
         }
     } else {
         switch (F) {

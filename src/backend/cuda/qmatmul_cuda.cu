@@ -349,7 +349,7 @@ static __global__ void ws_pack_kernel(const ddt_qweight w, int F, int64_t mtl, i
 /* The dynamic shared memory every instantiation needs (over 48 KB for most). */
 template <int F, int KIND, int NT> static cudaError_t ws_attr() {
     return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                ws_smem_bytes<F>(NT));
+                                ws_smem_bytes<F>(NT, NT * 8));
 }
 template <int F> static cudaError_t ws_attr_fmt() {
     cudaError_t e = cudaSuccess;
@@ -429,7 +429,9 @@ static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(ntb * a.count * nrb * a.ks));
     cfg.blockDim = dim3(ws_threads<F>(NT));
-    cfg.dynamicSmemBytes = ws_smem_bytes<F>(NT);
+    WsArgs b = a;
+    b.xcap = a.n < NT * 8 ? a.n : NT * 8;
+    cfg.dynamicSmemBytes = ws_smem_bytes<F>(NT, b.xcap);
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     if (a.ks > 1) {
@@ -440,7 +442,7 @@ static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
         cfg.attrs = attr;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, ws_kernel<F, WS_DENSE, NT>, a);
+    return cudaLaunchKernelEx(&cfg, ws_kernel<F, WS_DENSE, NT>, b);
 }
 
 /* NT n-tiles by n (a block carries up to 64 tokens; more tokens take more token

@@ -82,21 +82,20 @@ template <> struct WsFmt<QF_INT4> { static constexpr int UB = 256, SB = 32; };
  * pipeline stages sized so NT <= 4 leaves room for two blocks per SM. */
 static __host__ __device__ constexpr int ws_wn(int NT) { return NT >= 4 ? NT / 2 : 1; }
 template <int F> static __host__ __device__ constexpr int ws_mt(int NT) { return F != QF_BF16 && NT <= 2 ? 8 : 4; }
-template <int F> static __host__ __device__ constexpr int ws_stages(int NT) {
-    return F == QF_INT4 ? (NT == 1 ? 7 : NT == 2 ? 5 : NT == 4 ? 4 : 3)
-         : F == QF_FP8  ? (NT == 1 ? 5 : NT <= 4 ? 4 : 3)
-                        : (NT == 1 ? 5 : NT == 2 ? 4 : 3);
-}
+template <int F> static __host__ __device__ constexpr int ws_stages(int NT) { return NT <= 4 ? 4 : 3; }
 template <int F> static __host__ __device__ constexpr int ws_wbytes(int NT) {
     return ws_mt<F>(NT) * WS_KW * (WsFmt<F>::UB + WsFmt<F>::SB);
 }
-template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT) {
-    return ws_wbytes<F>(NT) + NT * 8 * WS_XROW;
+/* A stage holds xcap token rows (at most NT*8: the most tokens a block of the
+ * launch gets), so a decode step's stage is its weights and one row, and more
+ * blocks fit an SM (issue slots, not bytes in flight, are what n = 1 runs out of). */
+template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT, int xcap) {
+    return ws_wbytes<F>(NT) + xcap * WS_XROW;
 }
-template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT) {
+template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT, int xcap) {
     /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32] */
-    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT) > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
-               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT)
+    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
+               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap)
                : WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4;
 }
 template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return WS_THREADS * ws_wn(NT); }
@@ -117,6 +116,7 @@ struct WsArgs {
     int64_t mtiles;      /* m-tiles of the whole packed weight */
     int32_t fp8_block, fp8_scols;
     int32_t ks;          /* k-splits = cluster size (dense only; 1 for experts) */
+    int32_t xcap;        /* token rows per stage: >= any block's token count, <= NT*8 */
     int64_t units_per_split; /* a multiple of 4 */
     /* dense */
     const uint8_t *wd;   /* packed data */
@@ -200,7 +200,8 @@ template <int F, int KIND, int NT>
 static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const WsArgs a) {
     constexpr int MT = ws_mt<F>(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
     constexpr int WN = ws_wn(NT), NTW = NT / WN, NTH = WS_THREADS * WN;
-    constexpr int WB = ws_wbytes<F>(NT), STB = ws_stage_bytes<F>(NT), NTOK = NT * 8;
+    constexpr int WB = ws_wbytes<F>(NT), NTOK = NT * 8;
+    const int STB = ws_stage_bytes<F>(NT, a.xcap);
     constexpr int EW = MT * NTW * 4;           /* accumulators per lane */
     constexpr int WCH = UB / 16;               /* 16-byte chunks per unit */
     constexpr int NWC = MT * WS_KW * WCH;      /* weight chunks per stage */
