@@ -49,7 +49,7 @@ static char *stream(const char *const *pieces, size_t n, const char *stop, char 
 static void test_split_character_held_back(void **state) {
     (void)state;
     /* "é" = C3 A9 and "€" = E2 82 AC, each split over two tokens */
-    const char *pieces[] = {"a\xC3", "\xA9" "b\xE2\x82", "\xAC"};
+    const char *pieces[] = {"a\xC3", "\xA9\x62\xE2\x82", "\xAC"}; /* \x62 = 'b' */
     char d[4][64];
     size_t n;
     bool stopped;
