@@ -88,11 +88,9 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
                                          "--max-budget", "--temperature", "--top-k", "--top-p", "--seed",
                                          "--ctx", "--threads"};
-    bool known = false;
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
-    if (!known) return 0;
-    if (*i + 1 >= argc) return cli_usage_error(a->cmd, "option %s needs a value", f);
-    const char *v = argv[++*i];
+    const char *v = NULL;
+    int got = cli_flag_value(a->cmd, valued, sizeof valued / sizeof valued[0], argc, argv, i, &v);
+    if (got != 1) return got;
     const char *c = a->cmd;
     long long ll;
     if (!strcmp(f, "--model")) {
@@ -132,6 +130,27 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
             return cli_usage_error(c, "--threads '%s': expected an integer in 1..256", v);
     }
     return 1;
+}
+
+int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc, char **argv, int *i,
+                   const char **value) {
+    const char *f = argv[*i];
+    bool known = false;
+    for (size_t k = 0; k < n; k++) known |= !strcmp(f, names[k]);
+    if (!known) return 0;
+    if (*i + 1 >= argc) return cli_usage_error(cmd, "option %s needs a value", f);
+    *value = argv[++*i];
+    return 1;
+}
+
+int cli_engine_common_flag(cli_engine_args *a, const char *head, const char *tail, int argc, char **argv, int *i) {
+    const char *f = argv[*i];
+    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        printf("%s%s%s", head, cli_engine_usage, tail);
+        return 0;
+    }
+    int taken = cli_engine_parse_flag(a, argc, argv, i);
+    return taken ? taken : -1;
 }
 
 static bool is_dir(const char *p) {

@@ -36,6 +36,16 @@ void cli_engine_defaults(cli_engine_args *a, const char *cmd);
  * 1 when taken (*i moved past the value), 2 after printing a usage error. */
 int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i);
 
+/* The start of a command's option loop, shared: --help / -h prints head, the
+ * engine options and tail (returns 0); a shared option is taken (1); a usage
+ * error was printed (2); -1: argv[*i] is for the command itself. */
+int cli_engine_common_flag(cli_engine_args *a, const char *head, const char *tail, int argc, char **argv, int *i);
+
+/* When argv[*i] is one of names[0..n): its value in *value, *i moved past it,
+ * returns 1; 0 when it is none of them; 2 after a usage error (no value). */
+int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc, char **argv, int *i,
+                   const char **value);
+
 /* Checks across options (a model given, mode and backend known, a drafter for
  * chain / tree) and that the folders exist: -1 when fine, else 2 after a message. */
 int cli_engine_check(const cli_engine_args *a);

@@ -95,13 +95,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     cli_engine_defaults(&a->eng, "generate");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("%s%s%s", k_usage_head, cli_engine_usage, k_usage_tail);
-            return 0;
-        }
-        int taken = cli_engine_parse_flag(&a->eng, argc, argv, &i);
-        if (taken == 2) return 2;
-        if (taken) continue;
+        int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
+        if (common == 0 || common == 2) return common;
+        if (common == 1) continue;
         if (!strcmp(f, "--json")) {
             a->json = true;
             continue;
@@ -112,11 +108,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         static const char *const valued[] = {"--prompt-ids", "--max-tokens", "--prompt", "--chat", "--system",
                                              "--prompt-file"};
-        bool known = false;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
-        if (!known) return usage_error("unknown option '%s'", f);
-        if (i + 1 >= argc) return usage_error("option %s needs a value", f);
-        const char *v = argv[++i];
+        const char *v = NULL;
+        int has = cli_flag_value("generate", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
+        if (has == 2) return 2;
+        if (!has) return usage_error("unknown option '%s'", f);
         if (!strcmp(f, "--prompt")) {
             a->prompt_text = v;
             a->n_text++;

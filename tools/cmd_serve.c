@@ -52,20 +52,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->max_queue = DDT_SERVER_DEFAULT_QUEUE;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("%s%s%s", k_usage_head, cli_engine_usage, k_usage_tail);
-            return 0;
-        }
-        int taken = cli_engine_parse_flag(&a->eng, argc, argv, &i);
-        if (taken == 2) return 2;
-        if (taken) continue;
+        int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
+        if (common == 0 || common == 2) return common;
+        if (common == 1) continue;
         static const char *const valued[] = {"--host", "--port", "--api-key", "--served-model-name",
                                              "--max-body-bytes", "--max-queue"};
-        bool known = false;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
-        if (!known) return cli_usage_error("serve", "unknown option '%s'", f);
-        if (i + 1 >= argc) return cli_usage_error("serve", "option %s needs a value", f);
-        const char *v = argv[++i];
+        const char *v = NULL;
+        int got = cli_flag_value("serve", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
+        if (got == 2) return 2;
+        if (!got) return cli_usage_error("serve", "unknown option '%s'", f);
         if (!strcmp(f, "--host")) {
             a->host = v;
         } else if (!strcmp(f, "--api-key")) {

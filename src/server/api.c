@@ -7,16 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Serialise and free o; with sse, as one "data: ...\n\n" event. */
-static char *dump(json_t *o, bool sse, size_t *len) {
-    if (!o) return NULL;
-    char *s = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
+/* s (freed here) as one "data: ...\n\n" event. */
+static char *sse_event(char *s, size_t *len) {
     if (!s) return NULL;
-    if (!sse) {
-        if (len) *len = strlen(s);
-        return s;
-    }
     size_t n = strlen(s);
     char *e = malloc(n + 9);
     if (e) {
@@ -27,6 +20,17 @@ static char *dump(json_t *o, bool sse, size_t *len) {
     }
     free(s);
     return e;
+}
+
+/* Serialise and free o; with sse, as one event. */
+static char *dump(json_t *o, bool sse, size_t *len) {
+    if (!o) return NULL;
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return NULL;
+    if (sse) return sse_event(s, len);
+    if (len) *len = strlen(s);
+    return s;
 }
 
 static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
@@ -84,18 +88,7 @@ char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t c
 }
 
 char *ddt_api_error_event(const char *message, size_t *len) {
-    size_t n;
-    char *body = ddt_api_error_body(message, "internal_error", NULL, NULL, &n);
-    if (!body) return NULL;
-    char *e = malloc(n + 9);
-    if (e) {
-        memcpy(e, "data: ", 6);
-        memcpy(e + 6, body, n);
-        memcpy(e + 6 + n, "\n\n", 3);
-        if (len) *len = n + 8;
-    }
-    free(body);
-    return e;
+    return sse_event(ddt_api_error_body(message, "internal_error", NULL, NULL, NULL), len);
 }
 
 char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, size_t *len) {
