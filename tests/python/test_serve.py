@@ -358,10 +358,13 @@ def check_bad_requests(server):
 
 def test_bad_requests_get_status_codes(server):
     check_bad_requests(server)
-    # a body over the limit (1 MiB): 413, by its Content-Length, and by a chunked upload
+    # a body over the limit (1 MiB): 413, after reading it, by Content-Length and chunked
     big = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
     st, resp = server.request("POST", "/v1/completions", big)
     assert st == 413 and resp["error"]["code"] == "request_too_large"
+    # one announced far over the limit is refused before its body is sent
+    assert raw_request(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Length: 1000000000000\r\n\r\n") == 413
     chunked = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
                b"".join(b"%x\r\n%s\r\n" % (65536, b"a" * 65536) for _ in range(17)) + b"0\r\n\r\n")
     assert raw_request(server.port, chunked) == 413
@@ -369,8 +372,10 @@ def test_bad_requests_get_status_codes(server):
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"prompt\": ")
     s.close()
-    # a request line that is not HTTP
-    assert raw_request(server.port, b"\x00\x01\x02garbage\r\n\r\n") in (0, 400)
+    # request lines that are not HTTP/1.x (a binary one gets no answer: the server waits, then drops it)
+    assert raw_request(server.port, b"NOT HTTP AT ALL\r\n\r\n") == 400
+    assert raw_request(server.port, b"GET /health HTTP/9.9\r\n\r\n") == 505
+    assert raw_request(server.port, b"\x00\x01\x02garbage\r\n\r\n", timeout=1) in (0, 400)
     # still serving, with the same answers
     assert server.request("GET", "/health") == (200, {"status": "ok"})
     a = complete(server, PROMPTS[0], max_tokens=8)
