@@ -404,7 +404,8 @@ ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budg
     if (mode != DDT_MODE_AR && mode != DDT_MODE_CHAIN && mode != DDT_MODE_TREE)
         return ddt_fail(err, DDT_ERR_INVALID, "unknown decoding mode %d", (int)mode);
     if (mode != DDT_MODE_TREE) budget_auto = false;
-    if (mode == e->opts.mode && (mode != DDT_MODE_TREE || (budget == e->opts.budget && budget_auto == e->opts.budget_auto)))
+    if (mode == e->opts.mode &&
+        (mode != DDT_MODE_TREE || (budget == e->opts.budget && budget_auto == e->opts.budget_auto)))
         return DDT_OK;
 #ifdef DDT_HAVE_CUDA
     if (e->cuda || e->multi)

@@ -133,7 +133,8 @@ static bool wait_change(ddt_job *j, uint64_t *seen, int fd) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && client_gone(fd)) {
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (client_gone(fd)) { /* checked on every wake: a busy generation wakes us before any timeout */
             j->cancel = true;
             return false;
         }
