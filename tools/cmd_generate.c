@@ -16,107 +16,59 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli_engine.h"
 #include "commands.h"
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 
 #define MAX_NEW_TOKENS 1000000 /* sanity bound on --max-tokens */
 #define MAX_PROMPT_IDS (1 << 20)
 
-static const char k_usage[] =
+static const char k_usage_head[] =
     "usage: ddtree generate --model DIR (--prompt TEXT | --chat TEXT | --prompt-ids ID,...)\n"
     "                       --max-tokens N [options]\n"
     "\n"
     "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model]) on the CPU\n"
     "or, with --backend cuda, on the GPU.\n"
-    "Options:\n"
-    "  --model DIR          target model folder (required)\n"
-    "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
-    "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
-    "  --backend B          cpu (default), cuda (the whole round on the GPU; builds with nvcc only)\n"
-    "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
-    "  --fast-attention     cuda: bf16 latent cache + tensor-core MLA attention (kv_lora_rank 512 and\n"
-    "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
-    "  --tensor-cores       cuda: matmuls, experts and LM head on the tensor cores (bf16 mma with\n"
-    "                       split-bf16 activations); greedy tree == ar still holds\n"
-    "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
-    "                       heads and routed experts; default 1)\n"
-    "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
-    "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
-    "  --max-budget N       cap of the auto budget, 1..1024\n"
+    "Options:\n";
+static const char k_usage_tail[] =
     "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
     "  --prompt-file PATH   prompt text read from a file (at most 1 MiB)\n"
     "  --chat TEXT          a user message in the Kimi chat template (needs the tokenizer)\n"
     "  --system TEXT        system message for --chat (default: Kimi's)\n"
     "  --prompt-ids LIST    comma-separated prompt token ids\n"
     "  --max-tokens N       tokens to generate, 0..1000000 (required)\n"
-    "  --temperature T      0 = greedy (default); > 0 samples (sample-and-match: output is the target's)\n"
-    "  --top-k K            sampling: keep the K most likely tokens (0 = off, default)\n"
-    "  --top-p P            sampling: nucleus mass in (0, 1] (1 = off, default)\n"
-    "  --seed S             sampling seed (default 0)\n"
-    "  --ctx N              context length (default: the model's maximum, at most 8192)\n"
-    "  --threads N          CPU threads (default: every core)\n"
     "  --stop-at-eos        stop after the config's eos_token_id (and <|im_end|> with --chat)\n"
     "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
     "  --help               this text\n"
     "Exit status: 0 done, 2 bad arguments, model or prompt, 1 other failure.\n";
 
 typedef struct gen_args {
-    const char *model, *draft, *mode, *backend, *prompt_text, *chat, *system;
+    cli_engine_args eng;
+    const char *prompt_text, *chat, *system;
     char *file_text; /* owned: --prompt-file contents */
     int n_text;      /* --prompt and --prompt-file flags given */
     int32_t *prompt;
     int32_t n_prompt;
     long long max_new;
     bool have_max_new;
-    long long budget, max_budget;
-    bool budget_auto;
-    float temperature;
-    long long top_k;
-    float top_p;
-    unsigned long long seed;
-    long long ctx;
-    long long threads;
     bool json;
     bool stop_eos;
-    bool fast_attention;
-    bool tensor_cores;
-    long long gpus;
 } gen_args;
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif
 static int usage_error(const char *fmt, ...) {
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "ddtree generate: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'ddtree generate --help')\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return 2;
-}
-
-static bool parse_ll(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *s, float *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || *end || v != v) return false;
-    *out = v;
-    return true;
+    return cli_usage_error("generate", "%s", msg);
 }
 
 static bool parse_ids(const char *s, gen_args *a) {
@@ -140,18 +92,12 @@ static bool parse_ids(const char *s, gen_args *a) {
 
 /* Parse argv; returns -1 to continue, else an exit status. */
 static int parse_args(int argc, char **argv, gen_args *a) {
-    a->mode = "ar";
-    a->backend = "cpu";
-    a->gpus = 1;
-    a->top_p = 1.0f;
-    a->budget = 32;
-    a->max_budget = 64;
+    cli_engine_defaults(&a->eng, "generate");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            fputs(k_usage, stdout);
-            return 0;
-        }
+        int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
+        if (common == 0 || common == 2) return common;
+        if (common == 1) continue;
         if (!strcmp(f, "--json")) {
             a->json = true;
             continue;
@@ -160,33 +106,13 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->stop_eos = true;
             continue;
         }
-        if (!strcmp(f, "--fast-attention")) {
-            a->fast_attention = true;
-            continue;
-        }
-        if (!strcmp(f, "--tensor-cores")) {
-            a->tensor_cores = true;
-            continue;
-        }
-        static const char *const valued[] = {"--model", "--mode", "--prompt-ids", "--max-tokens", "--temperature",
-                                             "--top-k", "--top-p", "--seed", "--ctx", "--threads", "--draft",
-                                             "--budget", "--max-budget", "--prompt", "--chat", "--system",
-                                             "--prompt-file", "--backend", "--gpus"};
-        bool known = false;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(f, valued[k]);
-        if (!known) return usage_error("unknown option '%s'", f);
-        if (i + 1 >= argc) return usage_error("option %s needs a value", f);
-        const char *v = argv[++i];
-        long long ll;
-        if (!strcmp(f, "--model")) {
-            a->model = v;
-        } else if (!strcmp(f, "--draft")) {
-            a->draft = v;
-        } else if (!strcmp(f, "--mode")) {
-            a->mode = v;
-        } else if (!strcmp(f, "--backend")) {
-            a->backend = v;
-        } else if (!strcmp(f, "--prompt")) {
+        static const char *const valued[] = {"--prompt-ids", "--max-tokens", "--prompt", "--chat", "--system",
+                                             "--prompt-file"};
+        const char *v = NULL;
+        int has = cli_flag_value("generate", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
+        if (has == 2) return 2;
+        if (!has) return usage_error("unknown option '%s'", f);
+        if (!strcmp(f, "--prompt")) {
             a->prompt_text = v;
             a->n_text++;
         } else if (!strcmp(f, "--prompt-file")) {
@@ -212,61 +138,20 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             free(a->prompt);
             a->prompt = NULL;
             if (!parse_ids(v, a)) return usage_error("--prompt-ids '%s': expected comma-separated integers", v);
-        } else if (!strcmp(f, "--budget")) {
-            if (!strcmp(v, "auto")) a->budget_auto = true;
-            else if (!parse_ll(v, 1, DDT_MAX_BUDGET, &a->budget))
-                return usage_error("--budget '%s': expected 1..%d or auto", v, DDT_MAX_BUDGET);
-        } else if (!strcmp(f, "--max-budget")) {
-            if (!parse_ll(v, 1, DDT_MAX_BUDGET, &a->max_budget))
-                return usage_error("--max-budget '%s': expected 1..%d", v, DDT_MAX_BUDGET);
         } else if (!strcmp(f, "--max-tokens")) {
-            if (!parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
+            if (!cli_parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
                 return usage_error("--max-tokens '%s': expected an integer in 0..1000000", v);
             a->have_max_new = true;
-        } else if (!strcmp(f, "--temperature")) {
-            if (!parse_float(v, &a->temperature) || a->temperature < 0)
-                return usage_error("--temperature '%s': expected a number >= 0", v);
-        } else if (!strcmp(f, "--top-k")) {
-            if (!parse_ll(v, 0, INT32_MAX, &a->top_k)) return usage_error("--top-k '%s': expected an integer >= 0", v);
-        } else if (!strcmp(f, "--top-p")) {
-            if (!parse_float(v, &a->top_p) || !(a->top_p > 0 && a->top_p <= 1))
-                return usage_error("--top-p '%s': expected a number in (0, 1]", v);
-        } else if (!strcmp(f, "--seed")) {
-            if (!parse_ll(v, 0, INT64_MAX, &ll)) return usage_error("--seed '%s': expected an integer >= 0", v);
-            a->seed = (unsigned long long)ll;
-        } else if (!strcmp(f, "--ctx")) {
-            if (!parse_ll(v, 1, INT32_MAX, &a->ctx)) return usage_error("--ctx '%s': expected an integer >= 1", v);
-        } else if (!strcmp(f, "--gpus")) {
-            if (!parse_ll(v, 1, DDT_ENGINE_MAX_GPUS, &a->gpus))
-                return usage_error("--gpus '%s': expected an integer in 1..%d", v, DDT_ENGINE_MAX_GPUS);
-        } else if (!strcmp(f, "--threads")) {
-            if (!parse_ll(v, 1, 256, &a->threads)) return usage_error("--threads '%s': expected an integer in 1..256", v);
         }
     }
-    if (!a->model) return usage_error("--model is required");
+    if (!a->eng.model) return usage_error("--model is required");
     int sources = (a->prompt != NULL) + (a->prompt_text != NULL) + (a->chat != NULL);
     if (sources == 0)
         return usage_error("a prompt is required: --prompt TEXT, --prompt-file PATH, --chat TEXT or --prompt-ids");
     if (sources > 1 || a->n_text > 1)
         return usage_error("give one of --prompt, --prompt-file, --chat and --prompt-ids");
     if (!a->have_max_new) return usage_error("--max-tokens is required");
-    ddt_mode m;
-    if (!ddt_mode_parse(a->mode, &m)) return usage_error("--mode '%s': unknown (ar, chain, tree)", a->mode);
-    if (m != DDT_MODE_AR && !a->draft)
-        return usage_error("--mode %s needs a drafter: --draft DIR", a->mode);
-    ddt_backend b;
-    if (!ddt_backend_parse(a->backend, &b)) return usage_error("--backend '%s': unknown (cpu, cuda, auto)", a->backend);
-    return -1;
-}
-
-/* Exit status for a library failure: bad input 2, resources or bugs 1. */
-static int status_exit(ddt_status st) { return st == DDT_ERR_NOMEM || st == DDT_ERR_INTERNAL ? 1 : 2; }
-
-static bool has_file(const char *dir, const char *name) {
-    char p[4096];
-    struct stat sb;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    return cli_engine_check(&a->eng);
 }
 
 typedef struct stream_ctx {
@@ -276,9 +161,9 @@ typedef struct stream_ctx {
     int64_t printed;
 } stream_ctx;
 
-static void on_emit(void *ctx, const int32_t *ids, int32_t n) {
+static bool on_emit(void *ctx, const int32_t *ids, int32_t n) {
     stream_ctx *s = ctx;
-    if (s->quiet) return;
+    if (s->quiet) return true;
     for (int32_t i = 0; i < n; i++) {
         if (s->text) {
             const uint8_t *b;
@@ -292,40 +177,15 @@ static void on_emit(void *ctx, const int32_t *ids, int32_t n) {
         s->printed++;
     }
     fflush(stdout);
-}
-
-/* Length of the valid UTF-8 sequence at s (1..4), 0 when invalid. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    if (s[0] < 0x80) return 1;
-    size_t len = (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    uint32_t cp = s[0] & (0x7F >> len);
-    for (size_t i = 1; i < len; i++) cp = (cp << 6) | (s[i] & 0x3F);
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
+    return true;
 }
 
 /* JSON strings must be UTF-8: a model can emit bytes that are not, which become U+FFFD. */
 static json_t *utf8_json_string(const char *text, size_t n) {
-    char *buf = malloc(n * 3 + 1);
+    size_t len;
+    char *buf = ddt_utf8_sanitize(text, n, &len);
     if (!buf) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t l = utf8_seq((const unsigned char *)text + i, n - i);
-        if (l) {
-            memcpy(buf + o, text + i, l);
-            o += l;
-            i += l;
-        } else {
-            memcpy(buf + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
-    json_t *j = json_stringn(buf, o);
+    json_t *j = json_stringn(buf, len);
     free(buf);
     return j;
 }
@@ -353,26 +213,10 @@ int ddt_cmd_generate(int argc, char **argv) {
     int32_t *out = NULL;
     char *text = NULL;
     ddt_status st;
-    struct stat sb;
-    if (stat(a.model, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "ddtree generate: --model %s: not a model folder (%s)\n", a.model,
-                stat(a.model, &sb) != 0 ? strerror(errno) : "not a directory");
-        rc = 2;
-        goto done;
-    }
-    if (a.draft && (stat(a.draft, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
-        fprintf(stderr, "ddtree generate: --draft %s: not a drafter folder\n", a.draft);
-        rc = 2;
-        goto done;
-    }
-    if (has_file(a.model, "tiktoken.model")) {
-        if ((st = ddt_tokenizer_load(a.model, &tok, &err)) != DDT_OK) {
-            fprintf(stderr, "ddtree generate: tokenizer: %s\n", err.msg);
-            rc = status_exit(st);
-            goto done;
-        }
-    } else if (a.prompt_text || a.chat) {
-        fprintf(stderr, "ddtree generate: --prompt and --chat need a tokenizer: %s has no tiktoken.model\n", a.model);
+    if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
+    if (!tok && (a.prompt_text || a.chat)) {
+        fprintf(stderr, "ddtree generate: --prompt and --chat need a tokenizer: %s has no tiktoken.model\n",
+                a.eng.model);
         rc = 2;
         goto done;
     }
@@ -388,7 +232,7 @@ int ddt_cmd_generate(int argc, char **argv) {
                            : ddt_chat_encode_prompt(tok, a.system, a.chat, a.prompt, cap, &n, &err);
         if (st != DDT_OK) {
             fprintf(stderr, "ddtree generate: prompt: %s\n", err.msg);
-            rc = status_exit(st);
+            rc = cli_status_exit(st);
             goto done;
         }
         if (n == 0) {
@@ -398,21 +242,11 @@ int ddt_cmd_generate(int argc, char **argv) {
         }
         a.n_prompt = (int32_t)n;
     }
-    ddt_engine_options eo = {0};
-    ddt_mode_parse(a.mode, &eo.mode);
-    ddt_backend_parse(a.backend, &eo.backend);
-    eo.fast_attention = a.fast_attention;
-    eo.tensor_cores = a.tensor_cores;
-    eo.gpus = (int32_t)a.gpus;
-    eo.draft_dir = a.draft;
-    eo.budget = (int32_t)(a.budget_auto ? a.max_budget : a.budget);
-    eo.budget_auto = a.budget_auto;
-    eo.sampling = (ddt_sampling){a.temperature, (int32_t)a.top_k, a.top_p, a.seed};
-    eo.max_ctx = (int32_t)a.ctx; /* 0: the engine's default */
-    eo.n_threads = (int32_t)a.threads;
-    if ((st = ddt_engine_create(a.model, &eo, &eng, &err)) != DDT_OK) {
+    ddt_engine_options eo;
+    cli_engine_options(&a.eng, &eo);
+    if ((st = ddt_engine_create(a.eng.model, &eo, &eng, &err)) != DDT_OK) {
         fprintf(stderr, "ddtree generate: %s\n", err.msg);
-        rc = status_exit(st);
+        rc = cli_status_exit(st);
         goto done;
     }
     /* the engine checks the context against the model and the prompt against the context */
@@ -437,7 +271,7 @@ int ddt_cmd_generate(int argc, char **argv) {
                              &sc, &gs, &err);
     if (st != DDT_OK) {
         fprintf(stderr, "\nddtree generate: %s\n", err.msg);
-        rc = status_exit(st);
+        rc = cli_status_exit(st);
         goto done;
     }
     if (tok) {
@@ -458,7 +292,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         for (int32_t i = 0; i < n_out; i++) json_array_append_new(ids, json_integer(out[i]));
         json_object_set_new(o, "ids", ids);
         if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
-        json_t *sj = stats_json(&gs, a.mode, eo.budget, a.budget_auto);
+        json_t *sj = stats_json(&gs, a.eng.mode, eo.budget, a.eng.budget_auto);
         if (sj) json_object_set_new(sj, "backend", json_string(ddt_backend_name(ddt_engine_backend(&eo))));
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
@@ -481,7 +315,7 @@ int ddt_cmd_generate(int argc, char **argv) {
             "ddtree generate: mode %s%s on %s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
             "mean acceptance %.2f tokens/round, %lld nodes verified\n"
             "  time: prefill %.3f s, draft %.3f s, build %.3f s, verify %.3f s, walk %.3f s, commit %.3f s\n",
-            a.mode, a.budget_auto ? " (auto budget)" : "", ddt_backend_name(ddt_engine_backend(&eo)), gs.prompt_tokens, gs.tokens, why, gs.rounds,
+            a.eng.mode, a.eng.budget_auto ? " (auto budget)" : "", ddt_backend_name(ddt_engine_backend(&eo)), gs.prompt_tokens, gs.tokens, why, gs.rounds,
             gs.tokens_per_s, gs.mean_acceptance, (long long)gs.nodes_verified, gs.t_prefill, gs.t_draft,
             gs.t_build, gs.t_verify, gs.t_walk, gs.t_commit);
     rc = 0;

@@ -14,7 +14,8 @@ typedef struct subcommand {
 
 static const subcommand k_commands[] = {
     {"tree", ddt_cmd_tree, "build and walk a DDTree draft tree from a JSON problem on stdin"},
-    {"generate", ddt_cmd_generate, "decode with a target model from prompt token ids (CPU)"},
+    {"generate", ddt_cmd_generate, "decode with a target model from a prompt (CPU or GPU)"},
+    {"serve", ddt_cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
 };
 
 static void usage(FILE *f) {

@@ -15,7 +15,9 @@ void ddt_emitter_push(ddt_emitter *em, const int32_t *ids, int32_t n) {
             if (ids[i] == em->stop[s]) em->done = true;
     }
     if (em->n >= em->max) em->done = true;
-    if (em->fn && em->n > start) em->fn(em->ctx, em->out + start, em->n - start);
+    if (em->fn && em->n > start && !em->fn(em->ctx, em->out + start, em->n - start)) {
+        em->done = true; /* the caller asked to stop: it knows why */
+    }
 }
 
 void ddt_emitter_finish_stats(const ddt_emitter *em, double t_start, double t_decode, double t_end,

@@ -21,7 +21,7 @@ typedef struct ddt_emitter {
     void *ctx;
 } ddt_emitter;
 
-/* Emit ids in order until max_new or a stop id (emitted, then done). */
+/* Emit ids in order until max_new or a stop id (emitted, then done), or until the callback says stop. */
 void ddt_emitter_push(ddt_emitter *em, const int32_t *ids, int32_t n);
 
 /* The totals of a finished generation (times in seconds since any common origin):

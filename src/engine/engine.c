@@ -153,6 +153,8 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside 0..%d", o->budget, DDT_MAX_BUDGET);
     if (o->mode == DDT_MODE_TREE && o->budget < 1)
         return ddt_fail(err, DDT_ERR_RANGE, "tree mode needs a budget of at least 1 node");
+    if (o->reserve_budget < 0 || o->reserve_budget > DDT_MAX_BUDGET)
+        return ddt_fail(err, DDT_ERR_RANGE, "reserved budget %d outside 0..%d", o->reserve_budget, DDT_MAX_BUDGET);
     if (o->cost) {
         ddt_status st = ddt_cost_check(o->cost, err);
         if (st) return st;
@@ -261,14 +263,16 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
 
     /* the drafter's config names the target layers whose features it needs */
     ddt_drafter_config dcfg;
-    bool dflash = opts->mode != DDT_MODE_AR && !opts->draft_fn;
+    /* a reserve keeps the drafter loaded in ar mode so later generations can switch */
+    const bool spec = opts->mode != DDT_MODE_AR || (opts->reserve_budget > 0 && (opts->draft_dir || opts->draft_fn));
+    bool dflash = spec && !opts->draft_fn;
     if (dflash) {
         st = ddt_drafter_config_load(opts->draft_dir, &dcfg, err);
         if (st) goto fail;
         e->depth = dcfg.block_size - 1;
         e->n_capture = dcfg.n_target_layers;
     } else {
-        e->depth = opts->mode == DDT_MODE_AR ? 0 : opts->draft_depth;
+        e->depth = spec ? opts->draft_depth : 0;
     }
     ddt_model_config mcfg;
     st = ddt_config_load(model_dir, &mcfg, err);
@@ -300,6 +304,10 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
 #endif
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1
                  : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
+    if (spec && opts->reserve_budget > 0) {
+        if (e->max_nodes < opts->reserve_budget + 1) e->max_nodes = opts->reserve_budget + 1;
+        if (e->max_nodes < e->depth + 1) e->max_nodes = e->depth + 1;
+    }
     ddt_target_options topt = {e->max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
                                opts->n_threads, dflash ? dcfg.target_layer_ids : NULL,
                                dflash ? dcfg.n_target_layers : 0};
@@ -316,7 +324,10 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
         st = ddt_drafter_load(opts->draft_dir, &dt, &dopt, &e->drafter, err);
         if (st) goto fail;
     }
-    e->kmax = opts->mode == DDT_MODE_TREE ? (opts->budget < e->vocab ? opts->budget : e->vocab) : 1;
+    /* k = min(budget, vocab) whatever the reserve, so a switched engine builds the trees a fresh one would */
+    int32_t kcap = opts->mode == DDT_MODE_TREE ? opts->budget : 1;
+    if (spec && opts->reserve_budget > kcap) kcap = opts->reserve_budget;
+    e->kmax = kcap < e->vocab ? kcap : e->vocab;
     size_t depth_rows = e->depth > 0 ? (size_t)e->depth : 1;
     e->logits = ddt_malloc_array((size_t)e->max_nodes * (size_t)e->vocab, sizeof(float));
     e->draft_logits = ddt_malloc_array(depth_rows * (size_t)e->vocab, sizeof(float));
@@ -377,7 +388,57 @@ const ddt_model_config *ddt_engine_model_config(const ddt_engine *e) {
 #endif
     return ddt_target_config(e->target);
 }
-const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->have_cost ? &e->cost : NULL; }
+const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) {
+    return e->have_cost && e->opts.budget_auto ? &e->cost : NULL;
+}
+
+void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto) {
+    if (mode) *mode = e->opts.mode;
+    if (budget) *budget = e->opts.budget;
+    if (budget_auto) *budget_auto = e->opts.budget_auto;
+}
+
+ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budget, bool budget_auto,
+                                      ddt_error *err) {
+    if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_speculation: engine is NULL");
+    if (mode != DDT_MODE_AR && mode != DDT_MODE_CHAIN && mode != DDT_MODE_TREE)
+        return ddt_fail(err, DDT_ERR_INVALID, "unknown decoding mode %d", (int)mode);
+    if (mode != DDT_MODE_TREE) budget_auto = false;
+    if (mode == e->opts.mode &&
+        (mode != DDT_MODE_TREE || (budget == e->opts.budget && budget_auto == e->opts.budget_auto)))
+        return DDT_OK;
+#ifdef DDT_HAVE_CUDA
+    if (e->cuda || e->multi)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "switching the mode or budget needs the CPU backend; the CUDA "
+                        "engine runs the %s mode it was started with", ddt_mode_name(e->opts.mode));
+#endif
+    if (mode != DDT_MODE_AR && !e->drafter && !e->opts.draft_fn)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode %s needs a drafter, and this engine was started without one",
+                        ddt_mode_name(mode));
+    if (mode != DDT_MODE_AR && e->depth < 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode %s: the engine was created for ar only (no reserved budget)",
+                        ddt_mode_name(mode));
+    if (mode == DDT_MODE_CHAIN && e->depth + 1 > e->max_nodes)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode chain verifies %d nodes, the engine holds %d", e->depth + 1,
+                        e->max_nodes);
+    if (mode == DDT_MODE_TREE && (budget < 1 || budget > e->max_nodes - 1))
+        return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside the 1..%d nodes this engine allocated", budget,
+                        e->max_nodes - 1);
+    ddt_engine_options prev = e->opts;
+    e->opts.mode = mode;
+    if (mode == DDT_MODE_TREE) e->opts.budget = budget;
+    e->opts.budget_auto = budget_auto;
+    /* the cost table's points run up to the budget it was measured for */
+    bool fits = e->have_cost && e->cost.n_nodes > 0 && e->cost.nodes[e->cost.n_nodes - 1] >= (float)budget;
+    if (budget_auto && !fits) {
+        ddt_status st = measure_cost(e, err);
+        if (st) {
+            e->opts = prev;
+            return st;
+        }
+    }
+    return DDT_OK;
+}
 
 /* ------------------------------------------------------------------ generate */
 
@@ -501,8 +562,9 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
             t1 = now_s();
             ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
             if (e->opts.mode == DDT_MODE_TREE) {
-                if (e->have_cost) e->cost.context_len = (float)len;
-                st = ddt_tree_build(e->builder, &tb, bonus, budget, e->have_cost ? &e->cost : NULL,
+                const bool use_cost = e->have_cost && e->opts.budget_auto;
+                if (use_cost) e->cost.context_len = (float)len;
+                st = ddt_tree_build(e->builder, &tb, bonus, budget, use_cost ? &e->cost : NULL,
                                     e->vocab, &e->tree, err);
             } else {
                 st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);

@@ -83,6 +83,9 @@ typedef struct ddt_engine_options {
     ddt_sampling sampling;     /* temperature 0 = greedy */
     int32_t max_ctx;           /* context tokens (prompt + generated); <= 0 = the model's maximum */
     int32_t n_threads;         /* CPU threads; <= 0 = every core */
+    int32_t reserve_budget;    /* cpu: also allocate for ddt_engine_set_speculation to switch later
+                                  generations to any mode up to a tree of this budget (loads the
+                                  drafter even in ar mode); 0 = only the mode and budget above */
 } ddt_engine_options;
 
 /* The backend an engine created with these options runs on (auto resolved). */
@@ -99,8 +102,10 @@ typedef struct ddt_gen_stats {
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
 } ddt_gen_stats;
 
-/* Called with each round's emitted tokens, in order, as soon as they are known. */
-typedef void (*ddt_emit_fn)(void *ctx, const int32_t *ids, int32_t n);
+/* Called with each round's emitted tokens, in order, as soon as they are known.
+ * Returns true to go on; false stops the generation after this round (a server's
+ * client went away): generate then returns DDT_OK with the tokens so far. */
+typedef bool (*ddt_emit_fn)(void *ctx, const int32_t *ids, int32_t n);
 
 typedef struct ddt_engine ddt_engine;
 
@@ -114,6 +119,17 @@ int32_t ddt_engine_max_ctx(const ddt_engine *e);
 const ddt_model_config *ddt_engine_model_config(const ddt_engine *e);
 /* Change the sampling settings (temperature, top-k, top-p, seed) for later generations. */
 ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err);
+/*
+ * Switch later generations to another mode / budget (budget_auto: cost-aware,
+ * capped by budget) without reloading the model.  CPU engines only, and only
+ * within what create allocated (opts.reserve_budget, or the mode it was made
+ * for); a value outside gives DDT_ERR_RANGE or DDT_ERR_UNSUPPORTED with a message.
+ * The first auto budget on an engine not created with one measures its cost table.
+ */
+ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budget, bool budget_auto,
+                                      ddt_error *err);
+/* The mode, budget and auto flag later generations run with. */
+void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto);
 /* The node counts (0, 1, 2, 4, ... and budget itself, at most max_points) at which
  * the CPU and CUDA engines measure C_verify for the auto budget; returns how many. */
 int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points);

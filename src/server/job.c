@@ -1,0 +1,242 @@
+/*
+ * job.c — see job.h.
+ */
+#include "server/job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+
+double ddt_job_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop) {
+    ddt_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    ddt_error err;
+    if (ddt_textstream_init(&j->text, stop, stop_len, n_stop, &err) != DDT_OK) {
+        free(j);
+        return NULL;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->t_first = -1.0;
+    return j;
+}
+
+void ddt_job_retain(ddt_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ddt_job_release(ddt_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    ddt_textstream_free(&j->text);
+    free(j->prompt);
+    free(j->out);
+    free(j);
+}
+
+const char *ddt_job_finish_reason(const ddt_job *j) { return j->stop_hit ? "stop" : "length"; }
+
+/* The engine's per-round callback: text for the client, and whether to go on. */
+static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {
+    ddt_job *j = ctx;
+    const ddt_tokenizer *tok = j->tok;
+    pthread_mutex_lock(&j->mu);
+    if (j->t_first < 0) j->t_first = ddt_job_now() - j->t_arrival;
+    for (int32_t i = 0; i < n && !j->stop_hit; i++) {
+        j->n_counted++;
+        bool stop_id = false;
+        for (int32_t s = 0; s < j->n_stop_ids; s++) stop_id |= ids[i] == j->stop_ids[s];
+        if (stop_id) {
+            j->stop_hit = true; /* the stop token itself is not text */
+            break;
+        }
+        const uint8_t *b;
+        size_t len;
+        if (tok && !ddt_tokenizer_is_special(tok, ids[i]) &&
+            ddt_tokenizer_token_bytes(tok, ids[i], &b, &len, NULL) == DDT_OK) {
+            ddt_error err;
+            if (ddt_textstream_push(&j->text, b, len, &err) != DDT_OK) {
+                j->cancel = true; /* out of memory: end the request rather than lose text silently */
+                snprintf(j->error, sizeof j->error, "%s", err.msg);
+                j->status = DDT_ERR_NOMEM;
+            }
+            if (j->text.stopped) j->stop_hit = true;
+        }
+    }
+    j->n_out += n;
+    j->version++;
+    bool go_on = !j->cancel && !j->stop_hit;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return go_on;
+}
+
+static void finish_job(ddt_job *j, ddt_status st, const char *msg) {
+    pthread_mutex_lock(&j->mu);
+    if (st != DDT_OK && j->status == DDT_OK) {
+        j->status = st;
+        snprintf(j->error, sizeof j->error, "%s", msg ? msg : "");
+    }
+    j->done = true;
+    j->version++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void run_job(ddt_job_queue *q, ddt_job *j) {
+    ddt_error err = {0};
+    pthread_mutex_lock(&j->mu);
+    bool skip = j->cancel;
+    j->started = true;
+    pthread_mutex_unlock(&j->mu);
+    if (skip) {
+        finish_job(j, DDT_OK, NULL);
+        ddt_metrics_add_outcome(q->metrics, true, false);
+        return;
+    }
+    ddt_status st = ddt_engine_set_sampling(q->eng, &j->sampling, &err);
+    if (st == DDT_OK && q->can_switch) st = ddt_engine_set_speculation(q->eng, j->mode, j->budget, j->budget_auto, &err);
+    ddt_engine_speculation(q->eng, &j->ran_mode, NULL, NULL);
+    if (st == DDT_OK) {
+        j->out = malloc((size_t)(j->max_new > 0 ? j->max_new : 1) * sizeof(int32_t));
+        if (!j->out) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d output tokens", j->max_new);
+    }
+    ddt_gen_stats stats;
+    memset(&stats, 0, sizeof stats);
+    int32_t n_out = 0;
+    if (st == DDT_OK) {
+        j->tok = q->tok;
+        st = ddt_engine_generate(q->eng, j->prompt, j->n_prompt, j->max_new, j->stop_ids, j->n_stop_ids, j->out,
+                                 &n_out, on_tokens, j, &stats, &err);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->stats = stats;
+    bool cancelled = j->cancel && j->status == DDT_OK;
+    pthread_mutex_unlock(&j->mu);
+    finish_job(j, st, err.msg);
+    if (st == DDT_OK && !cancelled) {
+        pthread_mutex_lock(&j->mu);
+        double total = ddt_job_now() - j->t_arrival, ttft = j->t_first;
+        ddt_mode m = j->ran_mode;
+        pthread_mutex_unlock(&j->mu);
+        ddt_metrics_add_generation(q->metrics, m, &stats, ttft, total);
+    }
+    ddt_metrics_add_outcome(q->metrics, cancelled, st != DDT_OK);
+}
+
+static void *worker_main(void *arg) {
+    ddt_job_queue *q = arg;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        while (!q->head && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+        ddt_job *j = q->head;
+        if (!j) {
+            pthread_mutex_unlock(&q->mu);
+            break;
+        }
+        q->head = j->next;
+        if (!q->head) q->tail = NULL;
+        j->next = NULL;
+        q->len--;
+        q->running = j;
+        if (q->stopping) {
+            pthread_mutex_lock(&j->mu);
+            j->cancel = true;
+            pthread_mutex_unlock(&j->mu);
+        }
+        pthread_mutex_unlock(&q->mu);
+        ddt_metrics_queue(q->metrics, -1, 1);
+        run_job(q, j);
+        ddt_metrics_queue(q->metrics, 0, -1);
+        pthread_mutex_lock(&q->mu);
+        q->running = NULL;
+        pthread_mutex_unlock(&q->mu);
+        ddt_job_release(j);
+    }
+    return NULL;
+}
+
+ddt_status ddt_job_queue_start(ddt_job_queue *q, ddt_engine *eng, const ddt_tokenizer *tok, bool can_switch,
+                               int max, ddt_metrics *m, ddt_error *err) {
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->eng = eng;
+    q->tok = tok;
+    q->can_switch = can_switch;
+    q->max = max;
+    q->metrics = m;
+    q->initialised = true;
+    if (pthread_create(&q->thread, NULL, worker_main, q) != 0)
+        return ddt_fail(err, DDT_ERR_NOMEM, "cannot start the engine's worker thread");
+    q->thread_started = true;
+    return DDT_OK;
+}
+
+ddt_status ddt_job_queue_push(ddt_job_queue *q, ddt_job *j, ddt_error *err) {
+    pthread_mutex_lock(&q->mu);
+    if (q->stopping) {
+        pthread_mutex_unlock(&q->mu);
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the server is shutting down");
+    }
+    if (q->len >= q->max) {
+        int n = q->len;
+        pthread_mutex_unlock(&q->mu);
+        return ddt_fail(err, DDT_ERR_RANGE, "the server is busy: %d requests are waiting; try again later", n);
+    }
+    ddt_job_retain(j);
+    j->next = NULL;
+    if (q->tail) q->tail->next = j;
+    else q->head = j;
+    q->tail = j;
+    q->len++;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    ddt_metrics_queue(q->metrics, 1, 0);
+    return DDT_OK;
+}
+
+void ddt_job_queue_stop(ddt_job_queue *q) {
+    if (!q->thread_started) return;
+    pthread_mutex_lock(&q->mu);
+    q->stopping = true;
+    for (ddt_job *j = q->head; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        j->cancel = true;
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (q->running) {
+        pthread_mutex_lock(&q->running->mu);
+        q->running->cancel = true;
+        pthread_mutex_unlock(&q->running->mu);
+    }
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->thread, NULL);
+    q->thread_started = false;
+}
+
+void ddt_job_queue_destroy(ddt_job_queue *q) {
+    if (!q->initialised) return;
+    ddt_job_queue_stop(q);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    q->initialised = false;
+}

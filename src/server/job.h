@@ -1,0 +1,93 @@
+/*
+ * job.h — one generation request on its way through the server, and the FIFO
+ * queue + worker thread that feed jobs to the single engine in arrival order.
+ *
+ * A job is shared by the HTTP thread that made it and the worker: its inputs
+ * are fixed before it is queued; its outputs (text, counts, status) change
+ * under its mutex, and every change is broadcast on its condition variable.
+ * The HTTP side sets `cancel` when its client leaves; the worker's per-round
+ * callback sees it and stops the engine.  Reference counted: each side drops
+ * its reference with ddt_job_release.
+ */
+#ifndef DDT_SERVER_JOB_H
+#define DDT_SERVER_JOB_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddtree.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+#include "server/textstream.h"
+#include "text/tokenizer.h"
+
+typedef struct ddt_job {
+    struct ddt_job *next;
+    /* inputs, fixed once queued */
+    int32_t *prompt;         /* owned */
+    int32_t n_prompt, max_new;
+    int32_t stop_ids[2];
+    int32_t n_stop_ids;
+    ddt_sampling sampling;
+    ddt_mode mode;
+    int32_t budget;
+    bool budget_auto;
+    double t_arrival;        /* monotonic seconds */
+    const ddt_tokenizer *tok;/* the worker's, for the text (NULL: ids only) */
+    /* shared state, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    bool cancel;             /* the client went away (or the server stops) */
+    bool started, done;
+    uint64_t version;        /* bumped on every change the waiters may care about */
+    ddt_textstream text;
+    int32_t *out;            /* [max_new] the engine's output */
+    int32_t n_out;           /* tokens emitted (the engine's count once done) */
+    int32_t n_counted;       /* completion tokens up to and with the one that ended the text */
+    bool stop_hit;           /* a stop token or stop string ended the text */
+    double t_first;          /* arrival to first token, < 0 until then */
+    ddt_status status;
+    char error[DDT_ERROR_MSG_MAX];
+    ddt_gen_stats stats;
+    ddt_mode ran_mode;       /* the mode it was decoded in */
+} ddt_job;
+
+/* A job with one reference and the given stop strings; NULL when out of memory. */
+ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop);
+void ddt_job_retain(ddt_job *j);
+void ddt_job_release(ddt_job *j);
+/* "stop" or "length" for a finished job (call under its mutex). */
+const char *ddt_job_finish_reason(const ddt_job *j);
+
+typedef struct ddt_job_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ddt_job *head, *tail;
+    int len, max;
+    bool stopping;
+    ddt_job *running;
+    ddt_engine *eng;
+    const ddt_tokenizer *tok; /* token bytes for the text (read only: safe beside encoding) */
+    bool can_switch;
+    ddt_metrics *metrics;
+    pthread_t thread;
+    bool thread_started, initialised;
+} ddt_job_queue;
+
+/* Start the worker thread that owns eng. */
+ddt_status ddt_job_queue_start(ddt_job_queue *q, ddt_engine *eng, const ddt_tokenizer *tok, bool can_switch,
+                               int max, ddt_metrics *m, ddt_error *err);
+/* Queue a job (the queue takes its own reference): DDT_ERR_RANGE when full,
+ * DDT_ERR_UNSUPPORTED when the server is stopping. */
+ddt_status ddt_job_queue_push(ddt_job_queue *q, ddt_job *j, ddt_error *err);
+/* Cancel every job and wait for the worker to finish; later pushes fail. */
+void ddt_job_queue_stop(ddt_job_queue *q);
+/* Stop (if not yet) and free the queue's locks; nothing may use it after. */
+void ddt_job_queue_destroy(ddt_job_queue *q);
+
+/* Seconds on the monotonic clock. */
+double ddt_job_now(void);
+
+#endif

@@ -1,0 +1,324 @@
+/*
+ * request.c — see request.h.  The JSON is parsed by Jansson (which rejects
+ * invalid UTF-8, NUL escapes, duplicate keys and nesting deeper than its bound),
+ * then every field the server uses is checked for type and range here.
+ */
+#include "server/request.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define FAIL(req, st, name, ...) (snprintf((req)->param, sizeof (req)->param, "%s", (name)), \
+                                  ddt_fail(err, (st), __VA_ARGS__))
+
+/* An optional number field in [lo, hi]; *have false when absent or null. */
+static ddt_status get_number(ddt_api_request *r, json_t *root, const char *name, double lo, double hi,
+                             bool *have, double *out, ddt_error *err) {
+    json_t *v = json_object_get(root, name);
+    *have = false;
+    if (!v || json_is_null(v)) return DDT_OK;
+    if (!json_is_number(v)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a number", name);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return FAIL(r, DDT_ERR_RANGE, name, "'%s' is %g, outside [%g, %g]", name, x, lo, hi);
+    *have = true;
+    *out = x;
+    return DDT_OK;
+}
+
+/* An optional integer field in [lo, hi]. */
+static ddt_status get_int(ddt_api_request *r, json_t *root, const char *name, long long lo, long long hi,
+                          bool *have, long long *out, ddt_error *err) {
+    json_t *v = json_object_get(root, name);
+    *have = false;
+    if (!v || json_is_null(v)) return DDT_OK;
+    if (!json_is_integer(v)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be an integer", name);
+    long long x = (long long)json_integer_value(v);
+    if (x < lo || x > hi) return FAIL(r, DDT_ERR_RANGE, name, "'%s' is %lld, outside [%lld, %lld]", name, x, lo, hi);
+    *have = true;
+    *out = x;
+    return DDT_OK;
+}
+
+static ddt_status get_bool(ddt_api_request *r, json_t *obj, const char *name, bool *out, ddt_error *err) {
+    json_t *v = json_object_get(obj, name);
+    if (!v || json_is_null(v)) return DDT_OK;
+    if (!json_is_boolean(v)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be true or false", name);
+    *out = json_is_true(v);
+    return DDT_OK;
+}
+
+/* Keep a malloc'd string alive as long as the request. */
+static ddt_status own_part(ddt_api_request *r, char *s, ddt_error *err) {
+    char **p = realloc(r->parts_, (r->n_parts_ + 1) * sizeof *p);
+    if (!p) {
+        free(s);
+        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    }
+    r->parts_ = p;
+    r->parts_[r->n_parts_++] = s;
+    return DDT_OK;
+}
+
+/* A message's content: a string, null (an empty assistant turn), or an array
+ * of {"type": "text", "text": ...} parts, joined. */
+static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, const char **out, size_t *len,
+                                  ddt_error *err) {
+    char name[48];
+    snprintf(name, sizeof name, "messages[%zu].content", i);
+    if (!c || json_is_null(c)) {
+        *out = "";
+        *len = 0;
+        return DDT_OK;
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        *len = json_string_length(c);
+        return DDT_OK;
+    }
+    if (!json_is_array(c))
+        return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string or an array of text parts", name);
+    size_t total = 0;
+    for (size_t k = 0; k < json_array_size(c); k++) {
+        json_t *part = json_array_get(c, k);
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(text))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, name,
+                        "'%s' part %zu: only {\"type\": \"text\", \"text\": \"...\"} parts are supported", name, k);
+        total += json_string_length(text);
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    size_t o = 0;
+    for (size_t k = 0; k < json_array_size(c); k++) {
+        json_t *text = json_object_get(json_array_get(c, k), "text");
+        memcpy(buf + o, json_string_value(text), json_string_length(text));
+        o += json_string_length(text);
+    }
+    buf[o] = '\0';
+    ddt_status st = own_part(r, buf, err);
+    if (st) return st;
+    *out = buf;
+    *len = o;
+    return DDT_OK;
+}
+
+static ddt_status parse_messages(ddt_api_request *r, json_t *root, ddt_error *err) {
+    json_t *m = json_object_get(root, "messages");
+    if (!m) return FAIL(r, DDT_ERR_INVALID, "messages", "'messages' is required");
+    if (!json_is_array(m)) return FAIL(r, DDT_ERR_INVALID, "messages", "'messages' must be an array");
+    size_t n = json_array_size(m);
+    if (n == 0) return FAIL(r, DDT_ERR_INVALID, "messages", "'messages' is empty");
+    if (n > DDT_API_MAX_MESSAGES)
+        return FAIL(r, DDT_ERR_RANGE, "messages", "'messages' has %zu entries, more than %d", n, DDT_API_MAX_MESSAGES);
+    r->msgs = calloc(n, sizeof *r->msgs);
+    if (!r->msgs) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        char name[48];
+        snprintf(name, sizeof name, "messages[%zu]", i);
+        if (!json_is_object(msg)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be an object", name);
+        json_t *role = json_object_get(msg, "role");
+        snprintf(name, sizeof name, "messages[%zu].role", i);
+        if (!json_is_string(role)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string", name);
+        const char *rs = json_string_value(role);
+        /* "developer" is OpenAI's newer name for the system role */
+        if (!strcmp(rs, "system") || !strcmp(rs, "developer")) r->msgs[i].role = DDT_CHAT_SYSTEM;
+        else if (!strcmp(rs, "user")) r->msgs[i].role = DDT_CHAT_USER;
+        else if (!strcmp(rs, "assistant")) r->msgs[i].role = DDT_CHAT_ASSISTANT;
+        else
+            return FAIL(r, DDT_ERR_UNSUPPORTED, name, "'%s': role '%.32s' is not supported (system, user, assistant)",
+                        name, rs);
+        ddt_status st = message_content(r, json_object_get(msg, "content"), i, &r->msgs[i].content, &r->msgs[i].len,
+                                        err);
+        if (st) return st;
+    }
+    r->n_msgs = n;
+    return DDT_OK;
+}
+
+/* "prompt": a string, an array of one string, or an array of token ids. */
+static ddt_status parse_prompt(ddt_api_request *r, json_t *root, ddt_error *err) {
+    json_t *p = json_object_get(root, "prompt");
+    if (!p) return FAIL(r, DDT_ERR_INVALID, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        r->prompt = json_string_value(p);
+        r->prompt_len = json_string_length(p);
+        if (r->prompt_len == 0) return FAIL(r, DDT_ERR_INVALID, "prompt", "'prompt' is empty");
+        return DDT_OK;
+    }
+    if (!json_is_array(p))
+        return FAIL(r, DDT_ERR_INVALID, "prompt", "'prompt' must be a string or an array of token ids");
+    size_t n = json_array_size(p);
+    if (n == 0) return FAIL(r, DDT_ERR_INVALID, "prompt", "'prompt' is empty");
+    if (n > DDT_API_MAX_PROMPT_IDS)
+        return FAIL(r, DDT_ERR_RANGE, "prompt", "'prompt' has %zu token ids, more than %d", n, DDT_API_MAX_PROMPT_IDS);
+    r->prompt_ids = malloc(n * sizeof(int32_t));
+    if (!r->prompt_ids) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(p, i);
+        if (json_is_string(v))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "prompt", "'prompt': only one prompt per request is supported");
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return FAIL(r, DDT_ERR_INVALID, "prompt", "'prompt'[%zu] must be a token id (an integer >= 0)", i);
+        r->prompt_ids[i] = (int32_t)json_integer_value(v);
+    }
+    r->n_prompt_ids = n;
+    return DDT_OK;
+}
+
+static ddt_status parse_stop(ddt_api_request *r, json_t *root, ddt_error *err) {
+    json_t *s = json_object_get(root, "stop");
+    if (!s || json_is_null(s)) return DDT_OK;
+    json_t *one[1] = {s};
+    size_t n = json_is_array(s) ? json_array_size(s) : 1;
+    if (!json_is_array(s) && !json_is_string(s))
+        return FAIL(r, DDT_ERR_INVALID, "stop", "'stop' must be a string or an array of strings");
+    if (n > DDT_API_MAX_STOP)
+        return FAIL(r, DDT_ERR_RANGE, "stop", "'stop' has %zu strings, at most %d are allowed", n, DDT_API_MAX_STOP);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_is_array(s) ? json_array_get(s, i) : one[0];
+        if (!json_is_string(v)) return FAIL(r, DDT_ERR_INVALID, "stop", "'stop'[%zu] must be a string", i);
+        size_t len = json_string_length(v);
+        if (len == 0) return FAIL(r, DDT_ERR_INVALID, "stop", "'stop'[%zu] is empty", i);
+        if (len > DDT_API_MAX_STOP_LEN)
+            return FAIL(r, DDT_ERR_RANGE, "stop", "'stop'[%zu] is %zu bytes, longer than %d", i, len,
+                        DDT_API_MAX_STOP_LEN);
+        r->stop[r->n_stop] = json_string_value(v);
+        r->stop_len[r->n_stop++] = len;
+    }
+    return DDT_OK;
+}
+
+static ddt_status parse_speculative(ddt_api_request *r, json_t *root, ddt_error *err) {
+    json_t *sp = json_object_get(root, "speculative");
+    if (!sp || json_is_null(sp)) return DDT_OK;
+    if (!json_is_object(sp))
+        return FAIL(r, DDT_ERR_INVALID, "speculative", "'speculative' must be an object {\"mode\", \"budget\"}");
+    json_t *m = json_object_get(sp, "mode"), *b = json_object_get(sp, "budget");
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m) || !ddt_mode_parse(json_string_value(m), &r->mode))
+            return FAIL(r, DDT_ERR_INVALID, "speculative.mode", "'speculative.mode' must be \"ar\", \"chain\" or \"tree\"");
+        r->have_mode = true;
+    }
+    if (b && !json_is_null(b)) {
+        if (json_is_string(b) && !strcmp(json_string_value(b), "auto")) {
+            r->budget_auto = true;
+        } else if (json_is_integer(b) && json_integer_value(b) >= 1 && json_integer_value(b) <= DDT_MAX_BUDGET) {
+            r->budget = (int32_t)json_integer_value(b);
+        } else {
+            return FAIL(r, DDT_ERR_INVALID, "speculative.budget",
+                        "'speculative.budget' must be an integer in 1..%d or \"auto\"", DDT_MAX_BUDGET);
+        }
+        r->have_budget = true;
+    }
+    return DDT_OK;
+}
+
+static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err) {
+    ddt_status st = r->kind == DDT_API_CHAT ? parse_messages(r, root, err) : parse_prompt(r, root, err);
+    if (st) return st;
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return FAIL(r, DDT_ERR_INVALID, "model", "'model' must be a string");
+        r->model = json_string_value(model);
+    }
+    bool have;
+    long long ll;
+    double x;
+    /* max_completion_tokens is the newer chat name; it wins when both are given */
+    const char *names[2] = {"max_tokens", "max_completion_tokens"};
+    for (int k = 0; k < 2; k++) {
+        if ((st = get_int(r, root, names[k], 1, DDT_API_MAX_TOKENS, &have, &ll, err))) return st;
+        if (have) {
+            r->have_max_tokens = true;
+            r->max_tokens = ll;
+        }
+    }
+    if ((st = get_number(r, root, "temperature", 0.0, 2.0, &r->have_temperature, &x, err))) return st;
+    if (r->have_temperature) r->temperature = (float)x;
+    if ((st = get_number(r, root, "top_p", 0.0, 1.0, &r->have_top_p, &x, err))) return st;
+    if (r->have_top_p) {
+        if (x <= 0.0) return FAIL(r, DDT_ERR_RANGE, "top_p", "'top_p' must be greater than 0");
+        r->top_p = (float)x;
+    }
+    /* top_k: vLLM's extension; -1 and 0 both mean off */
+    if ((st = get_int(r, root, "top_k", -1, INT32_MAX, &r->have_top_k, &ll, err))) return st;
+    if (r->have_top_k) r->top_k = ll < 0 ? 0 : (int32_t)ll;
+    if ((st = get_int(r, root, "seed", INT64_MIN, INT64_MAX, &r->have_seed, &ll, err))) return st;
+    if (r->have_seed) r->seed = (uint64_t)ll;
+    if ((st = get_int(r, root, "n", 1, 1000000, &have, &ll, err))) {
+        if (st != DDT_ERR_RANGE) return st;
+        ll = 0;
+        have = true;
+    }
+    if (have && ll != 1)
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "n", "'n': only n = 1 is supported (one choice per request)");
+    bool flag = false;
+    if ((st = get_bool(r, root, "logprobs", &flag, err))) return st;
+    if (flag) return FAIL(r, DDT_ERR_UNSUPPORTED, "logprobs", "'logprobs' is not supported");
+    json_t *lp = json_object_get(root, "logprobs");
+    if (r->kind == DDT_API_COMPLETION && lp && json_is_integer(lp)) /* completions' logprobs is a count */
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "logprobs", "'logprobs' is not supported");
+    if ((st = get_bool(r, root, "echo", &flag, err))) return st;
+    if (flag) return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' is not supported");
+    json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' (function calling) is not supported");
+    if ((st = parse_stop(r, root, err))) return st;
+    if ((st = get_bool(r, root, "stream", &r->stream, err))) return st;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return FAIL(r, DDT_ERR_INVALID, "stream_options", "'stream_options' must be an object");
+        if ((st = get_bool(r, so, "include_usage", &r->include_usage, err))) {
+            snprintf(r->param, sizeof r->param, "stream_options.include_usage");
+            return st;
+        }
+    }
+    if ((st = get_bool(r, root, "return_token_ids", &r->return_token_ids, err))) return st;
+    return parse_speculative(r, root, err);
+}
+
+ddt_status ddt_api_request_parse(ddt_api_kind kind, const char *body, size_t len, ddt_api_request *req,
+                                 ddt_error *err) {
+    if (!req) return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: NULL request");
+    memset(req, 0, sizeof *req);
+    req->kind = kind;
+    if (!body && len) return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: NULL body");
+    if (kind != DDT_API_CHAT && kind != DDT_API_COMPLETION)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: unknown kind %d", (int)kind);
+    json_error_t je;
+    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return ddt_fail(err, DDT_ERR_INVALID, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ddt_fail(err, DDT_ERR_INVALID, "the body must be a JSON object");
+    }
+    req->owned_ = root;
+    ddt_status st = parse_fields(req, root, err);
+    if (st) {
+        char param[sizeof req->param];
+        memcpy(param, req->param, sizeof param);
+        ddt_api_request_free(req);
+        memcpy(req->param, param, sizeof param);
+        return st;
+    }
+    ddt_error_clear(err);
+    return DDT_OK;
+}
+
+void ddt_api_request_free(ddt_api_request *req) {
+    if (!req) return;
+    free(req->msgs);
+    free(req->prompt_ids);
+    for (size_t i = 0; i < req->n_parts_; i++) free(req->parts_[i]);
+    free(req->parts_);
+    if (req->owned_) json_decref((json_t *)req->owned_);
+    memset(req, 0, sizeof *req);
+}

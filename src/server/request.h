@@ -1,0 +1,69 @@
+/*
+ * request.h — the body of an OpenAI-style POST /v1/chat/completions or
+ * /v1/completions, parsed and checked into a plain struct before anything
+ * reaches the engine.  Every way a body can be wrong (not JSON, not UTF-8,
+ * a field of the wrong type or out of range, a feature this server lacks such
+ * as n > 1) gives DDT_ERR_INVALID / DDT_ERR_RANGE / DDT_ERR_UNSUPPORTED with a
+ * message naming the field, and `param` set to it, for an HTTP 400 body.
+ * Fields this server does not use (user, frequency_penalty, ...) are ignored,
+ * as OpenAI-compatible servers do.  This is the server's fuzzed parser.
+ */
+#ifndef DDT_SERVER_REQUEST_H
+#define DDT_SERVER_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddtree.h"
+#include "engine/engine.h"
+#include "text/chat.h"
+
+#define DDT_API_MAX_MESSAGES 1024
+#define DDT_API_MAX_STOP 4          /* as OpenAI */
+#define DDT_API_MAX_STOP_LEN 512    /* bytes per stop string */
+#define DDT_API_MAX_TOKENS 1000000  /* max_tokens sanity bound; the context bounds it further */
+#define DDT_API_MAX_PROMPT_IDS (1 << 20)
+
+typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
+
+typedef struct ddt_api_request {
+    ddt_api_kind kind;
+    /* chat: the conversation (contents point into the request's own storage) */
+    ddt_chat_message *msgs;
+    size_t n_msgs;
+    /* completion: a text prompt, or token ids */
+    const char *prompt;
+    size_t prompt_len;
+    int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    /* limits and sampling: have_* says the request set it (else the server's default) */
+    bool have_max_tokens;
+    int64_t max_tokens;
+    bool have_temperature, have_top_p, have_top_k, have_seed;
+    float temperature, top_p;
+    int32_t top_k;
+    uint64_t seed;
+    const char *stop[DDT_API_MAX_STOP];
+    size_t stop_len[DDT_API_MAX_STOP];
+    int n_stop;
+    bool stream, include_usage;
+    bool return_token_ids; /* extension: the choice carries the generated token ids */
+    /* extension "speculative": {"mode": "ar"|"chain"|"tree", "budget": N|"auto"} */
+    bool have_mode, have_budget, budget_auto;
+    ddt_mode mode;
+    int32_t budget;
+    const char *model; /* as sent, NULL when absent */
+    char param[64];    /* on failure: the offending field ("" for the body as a whole) */
+    void *owned_;      /* the parsed JSON, which owns the strings */
+    char **parts_;     /* joined content-part texts */
+    size_t n_parts_;
+} ddt_api_request;
+
+/* Parse body[0..len) as a request of this kind.  On failure the request holds
+ * nothing to free but param is set; on success free it with ddt_api_request_free. */
+ddt_status ddt_api_request_parse(ddt_api_kind kind, const char *body, size_t len, ddt_api_request *req,
+                                 ddt_error *err);
+void ddt_api_request_free(ddt_api_request *req);
+
+#endif

@@ -1,0 +1,679 @@
+/*
+ * server.c — see server.h.  libmicrohttpd runs a thread per connection, so a
+ * handler may block while its job waits in the queue or decodes; while it
+ * waits it looks at its socket every WAIT_SLICE_MS, and a peer that has closed
+ * it cancels the job.  A streamed response is a callback response whose reader
+ * blocks for the next delta and returns it as SSE events; its state has its own
+ * lifetime, freed by libmicrohttpd when the response is done with.
+ */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include "server/server.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "server/api.h"
+#include "server/job.h"
+#include "server/metrics.h"
+#include "server/request.h"
+#include "text/chat.h"
+
+#define WAIT_SLICE_MS 50
+#define CONNECTION_TIMEOUT_S 120 /* idle or stalled connections (a body that never ends) */
+#define DRAIN_FACTOR 16          /* bodies up to this many times the limit are read, then refused */
+
+struct ddt_server {
+    ddt_engine *eng;
+    ddt_tokenizer *tok;
+    pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
+    ddt_server_options o;
+    char *host, *api_key, *model_name;
+    struct MHD_Daemon *d;
+    int port;
+    ddt_job_queue q;
+    ddt_metrics metrics;
+    int32_t vocab, max_ctx, eos, im_end;
+    ddt_mode mode;
+    int32_t budget;
+    bool budget_auto;
+    pthread_mutex_t id_mu;
+    unsigned long long next_id;
+};
+
+/* Per-request state of a connection (libmicrohttpd's con_cls). */
+typedef struct conn {
+    int route;
+    char *body;
+    size_t len, cap;
+    bool too_big;
+} conn;
+
+enum { ROUTE_CHAT = 1, ROUTE_COMPLETION = 2 };
+
+/* ------------------------------------------------------------------ responses */
+
+static enum MHD_Result send_body(ddt_server *s, struct MHD_Connection *c, unsigned code, char *body, size_t len,
+                                 const char *type) {
+    if (!body) {
+        static const char oom[] = "{\"error\": {\"message\": \"out of memory\", \"type\": \"internal_error\"}}";
+        struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        enum MHD_Result res = MHD_queue_response(c, MHD_HTTP_INTERNAL_SERVER_ERROR, r);
+        MHD_destroy_response(r);
+        ddt_metrics_add_status(&s->metrics, 500);
+        return res;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (code == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result res = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    ddt_metrics_add_status(&s->metrics, (int)code);
+    return res;
+}
+
+static enum MHD_Result send_error(ddt_server *s, struct MHD_Connection *c, unsigned code, const char *msg,
+                                  const char *param) {
+    const char *type = code == 401 ? "authentication_error" : code == 404 ? "not_found_error"
+                     : code == 503 ? "server_busy" : code >= 500 ? "internal_error" : "invalid_request_error";
+    const char *ecode = code == 401 ? "invalid_api_key" : code == 413 ? "request_too_large"
+                      : code == 405 ? "method_not_allowed" : NULL;
+    size_t len = 0;
+    char *body = ddt_api_error_body(msg, type, param && *param ? param : NULL, ecode, &len);
+    return send_body(s, c, code, body, len, "application/json");
+}
+
+/* ------------------------------------------------------------------ waiting */
+
+/* Whether the peer closed its socket (the request body has been read, so
+ * readable-with-no-bytes means end of stream). */
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) return true;
+    if (p.revents & POLLIN) {
+        char ch;
+        ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return false;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* With j->mu held: wait until the job changed past *seen or finished; false
+ * (and the job cancelled) when the client left meanwhile. */
+static bool wait_change(ddt_job *j, uint64_t *seen, int fd) {
+    while (!j->done && j->version == *seen) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (client_gone(fd)) { /* checked on every wake: a busy generation wakes us before any timeout */
+            j->cancel = true;
+            return false;
+        }
+    }
+    *seen = j->version;
+    return true;
+}
+
+/* ------------------------------------------------------------------ building a job */
+
+typedef struct prepared {
+    ddt_job *job;
+    unsigned code;   /* 0 when fine, else the HTTP status of the failure */
+    char msg[DDT_ERROR_MSG_MAX];
+    char param[64];
+} prepared;
+
+static void prep_fail(prepared *p, unsigned code, const char *param, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static void prep_fail(prepared *p, unsigned code, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof p->msg, fmt, ap);
+    va_end(ap);
+    p->code = code;
+    snprintf(p->param, sizeof p->param, "%s", param ? param : "");
+}
+
+/* The prompt's token ids (owned by the job). */
+static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
+    if (rq->prompt_ids) {
+        for (size_t i = 0; i < rq->n_prompt_ids; i++)
+            if (rq->prompt_ids[i] >= s->vocab) {
+                prep_fail(p, 400, "prompt", "'prompt'[%zu]: token id %d is outside the vocabulary [0, %d)", i,
+                          rq->prompt_ids[i], s->vocab);
+                return false;
+            }
+        j->prompt = malloc(rq->n_prompt_ids * sizeof(int32_t));
+        if (!j->prompt) return prep_fail(p, 500, NULL, "out of memory"), false;
+        memcpy(j->prompt, rq->prompt_ids, rq->n_prompt_ids * sizeof(int32_t));
+        j->n_prompt = (int32_t)rq->n_prompt_ids;
+        return true;
+    }
+    if (!s->tok) {
+        prep_fail(p, 400, rq->kind == DDT_API_CHAT ? "messages" : "prompt",
+                  "this model folder has no tokenizer (tiktoken.model): send 'prompt' as token ids");
+        return false;
+    }
+    size_t bytes = 0;
+    if (rq->kind == DDT_API_CHAT)
+        for (size_t i = 0; i < rq->n_msgs; i++) bytes += rq->msgs[i].len;
+    else
+        bytes = rq->prompt_len;
+    /* BPE gives at most one token per byte; the template adds a few per message */
+    size_t cap = bytes + 16 * (rq->n_msgs + 2) + 128;
+    j->prompt = malloc(cap * sizeof(int32_t));
+    if (!j->prompt) return prep_fail(p, 500, NULL, "out of memory"), false;
+    size_t n = 0;
+    ddt_error err = {0};
+    pthread_mutex_lock(&s->tok_mu);
+    ddt_status st = rq->kind == DDT_API_CHAT
+                        ? ddt_chat_encode(s->tok, rq->msgs, rq->n_msgs, true, j->prompt, cap, &n, &err)
+                        : ddt_tokenizer_encode(s->tok, rq->prompt, rq->prompt_len, 0, j->prompt, cap, &n, &err);
+    pthread_mutex_unlock(&s->tok_mu);
+    if (st != DDT_OK) {
+        prep_fail(p, st == DDT_ERR_NOMEM ? 500 : 400, rq->kind == DDT_API_CHAT ? "messages" : "prompt", "%s", err.msg);
+        return false;
+    }
+    if (n == 0) return prep_fail(p, 400, "prompt", "the prompt is empty"), false;
+    j->n_prompt = (int32_t)n;
+    return true;
+}
+
+/* Check a parsed request against this server and make its job. */
+static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
+    memset(p, 0, sizeof *p);
+    ddt_job *j = ddt_job_new(rq->stop, rq->stop_len, rq->n_stop);
+    if (!j) {
+        prep_fail(p, 500, NULL, "out of memory");
+        return;
+    }
+    j->t_arrival = ddt_job_now();
+    if (!encode_prompt(s, rq, j, p)) {
+        ddt_job_release(j);
+        return;
+    }
+    if (j->n_prompt >= s->max_ctx) {
+        prep_fail(p, 400, rq->kind == DDT_API_CHAT ? "messages" : "prompt",
+                  "this model's maximum context length is %d tokens, and the prompt has %d (at least one "
+                  "must be left for the completion)", s->max_ctx, j->n_prompt);
+        ddt_job_release(j);
+        return;
+    }
+    int64_t room = s->max_ctx - j->n_prompt;
+    if (rq->have_max_tokens && rq->max_tokens > room) {
+        prep_fail(p, 400, "max_tokens",
+                  "this model's maximum context length is %d tokens, but %lld were requested (%d in the prompt, "
+                  "%lld for the completion)", s->max_ctx, (long long)(j->n_prompt + rq->max_tokens), j->n_prompt,
+                  (long long)rq->max_tokens);
+        ddt_job_release(j);
+        return;
+    }
+    j->max_new = (int32_t)(rq->have_max_tokens ? rq->max_tokens : room);
+    /* stop tokens: end of sequence, and the end of the assistant's turn in chat */
+    if (s->eos >= 0) j->stop_ids[j->n_stop_ids++] = s->eos;
+    if (rq->kind == DDT_API_CHAT && s->im_end >= 0 && s->im_end != s->eos) j->stop_ids[j->n_stop_ids++] = s->im_end;
+    j->sampling = s->o.sampling;
+    if (rq->have_temperature) j->sampling.temperature = rq->temperature;
+    if (rq->have_top_p) j->sampling.top_p = rq->top_p;
+    if (rq->have_top_k) j->sampling.top_k = rq->top_k;
+    if (rq->have_seed) j->sampling.seed = rq->seed;
+    ddt_error err = {0};
+    if (ddt_sampling_check(&j->sampling, &err) != DDT_OK) {
+        prep_fail(p, 400, "temperature", "%s", err.msg);
+        ddt_job_release(j);
+        return;
+    }
+    j->mode = rq->have_mode ? rq->mode : s->mode;
+    j->budget_auto = rq->have_budget ? rq->budget_auto : (j->mode == s->mode ? s->budget_auto : false);
+    j->budget = rq->have_budget && !rq->budget_auto ? rq->budget
+              : s->mode == DDT_MODE_TREE ? s->budget : s->o.default_budget;
+    if (j->budget_auto) j->budget = s->o.max_budget;
+    if (j->mode != DDT_MODE_TREE) {
+        j->budget = s->budget;
+        j->budget_auto = false;
+    }
+    bool same = j->mode == s->mode && (j->mode != DDT_MODE_TREE || (j->budget == s->budget &&
+                                                                     j->budget_auto == s->budget_auto));
+    const char *why = NULL;
+    if (j->mode != DDT_MODE_AR && !s->o.has_draft) why = "the server was started without a drafter (--draft)";
+    else if (!same && !s->o.can_switch) why = "this server's engine runs one mode and budget (the CUDA backend)";
+    else if (j->mode == DDT_MODE_TREE && j->budget > s->o.max_budget) why = "the budget is over the server's --max-budget";
+    if (why) {
+        char b[32] = "";
+        if (j->mode == DDT_MODE_TREE && j->budget_auto) snprintf(b, sizeof b, " (budget auto)");
+        else if (j->mode == DDT_MODE_TREE) snprintf(b, sizeof b, " (budget %d)", j->budget);
+        prep_fail(p, 400, "speculative", "'speculative': mode %s%s cannot be served: %s", ddt_mode_name(j->mode), b,
+                  why);
+        ddt_job_release(j);
+        return;
+    }
+    p->job = j;
+}
+
+/* ------------------------------------------------------------------ streaming */
+
+typedef struct sse {
+    ddt_server *srv;
+    ddt_job *job;
+    ddt_api_ids ids;
+    char id[64];
+    bool include_usage;
+    int fd;
+    uint64_t seen;
+    bool role_sent, ended;
+    char *pending;       /* prepared event bytes not yet given to libmicrohttpd */
+    size_t plen, poff;
+} sse;
+
+/* Append an event and free it; *len is read here, after the event was made
+ * (argument evaluation order is unspecified, so it cannot be passed by value). */
+static bool sse_append(sse *x, char *ev, const size_t *len) {
+    if (!ev) return false;
+    size_t n = *len;
+    char *p = realloc(x->pending, x->plen + n);
+    if (!p) {
+        free(ev);
+        return false;
+    }
+    memcpy(p + x->plen, ev, n);
+    x->pending = p;
+    x->plen += n;
+    free(ev);
+    return true;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    sse *x = cls;
+    for (;;) {
+        if (x->poff < x->plen) {
+            size_t n = x->plen - x->poff < max ? x->plen - x->poff : max;
+            memcpy(buf, x->pending + x->poff, n);
+            x->poff += n;
+            return (ssize_t)n;
+        }
+        x->plen = x->poff = 0;
+        if (x->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        size_t n = 0;
+        if (!x->role_sent && x->ids.kind == DDT_API_CHAT) {
+            /* OpenAI's first chat chunk carries the role and no text */
+            x->role_sent = true;
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, true, "", 0, NULL, &n), &n))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            continue;
+        }
+        ddt_job *j = x->job;
+        pthread_mutex_lock(&j->mu);
+        if (!wait_change(j, &x->seen, x->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        char *delta = NULL;
+        size_t dlen = 0;
+        ddt_error err;
+        bool done = j->done, ok = ddt_textstream_take(&j->text, done, &delta, &dlen, &err) == DDT_OK;
+        ddt_status st = j->status;
+        char msg[DDT_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", j->error);
+        const char *finish = ddt_job_finish_reason(j);
+        bool cancelled = j->cancel;
+        int64_t prompt = j->n_prompt, completion = j->n_counted;
+        pthread_mutex_unlock(&j->mu);
+        if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (delta && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, NULL, &n), &n)) {
+            free(delta);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        free(delta);
+        if (!done) continue;
+        if (st != DDT_OK || cancelled) {
+            /* the server stops, or the engine failed: say so, then end the stream */
+            if (!sse_append(x, ddt_api_error_event(st != DDT_OK ? msg : "the server is shutting down", &n), &n))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+        } else {
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, finish, &n), &n))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, &n), &n))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        static const char done_ev[] = "data: [DONE]\n\n";
+        char *d = malloc(sizeof done_ev);
+        if (!d) return MHD_CONTENT_READER_END_WITH_ERROR;
+        memcpy(d, done_ev, sizeof done_ev);
+        n = sizeof done_ev - 1;
+        if (!sse_append(x, d, &n)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        x->ended = true;
+    }
+}
+
+static void sse_free(void *cls) {
+    sse *x = cls;
+    pthread_mutex_lock(&x->job->mu);
+    if (!x->job->done) x->job->cancel = true; /* the connection ended before the generation */
+    pthread_mutex_unlock(&x->job->mu);
+    ddt_job_release(x->job);
+    free(x->pending);
+    free(x);
+}
+
+/* ------------------------------------------------------------------ generation endpoints */
+
+static void make_id(ddt_server *s, ddt_api_kind kind, char *buf, size_t n) {
+    pthread_mutex_lock(&s->id_mu);
+    unsigned long long k = ++s->next_id;
+    pthread_mutex_unlock(&s->id_mu);
+    snprintf(buf, n, "%s-%llx%06llx", kind == DDT_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL), k);
+}
+
+static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c, conn *cn) {
+    ddt_api_kind kind = cn->route == ROUTE_CHAT ? DDT_API_CHAT : DDT_API_COMPLETION;
+    ddt_api_request rq;
+    ddt_error err = {0};
+    ddt_status st = ddt_api_request_parse(kind, cn->body, cn->len, &rq, &err);
+    if (st != DDT_OK) return send_error(s, c, st == DDT_ERR_NOMEM ? 500 : 400, err.msg, rq.param);
+    prepared p;
+    prepare(s, &rq, &p);
+    bool stream = rq.stream, include_usage = rq.include_usage, want_ids = rq.return_token_ids;
+    ddt_api_request_free(&rq);
+    if (p.code) return send_error(s, c, p.code, p.msg, p.param);
+    ddt_job *j = p.job;
+    st = ddt_job_queue_push(&s->q, j, &err);
+    if (st != DDT_OK) {
+        ddt_job_release(j);
+        return send_error(s, c, 503, err.msg, NULL);
+    }
+    ddt_api_ids ids = {kind, NULL, (long long)time(NULL), s->model_name};
+    int fd = conn_fd(c);
+    if (stream) {
+        sse *x = calloc(1, sizeof *x);
+        if (!x) {
+            pthread_mutex_lock(&j->mu);
+            j->cancel = true;
+            pthread_mutex_unlock(&j->mu);
+            ddt_job_release(j);
+            return send_error(s, c, 500, "out of memory", NULL);
+        }
+        x->srv = s;
+        x->job = j; /* the HTTP side's reference moves to the stream */
+        make_id(s, kind, x->id, sizeof x->id);
+        x->ids = ids;
+        x->ids.id = x->id;
+        x->include_usage = include_usage;
+        x->fd = fd;
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, x, sse_free);
+        if (!r) {
+            sse_free(x);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result res = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        ddt_metrics_add_status(&s->metrics, 200);
+        return res;
+    }
+    char id[64];
+    make_id(s, kind, id, sizeof id);
+    ids.id = id;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&j->mu);
+    bool present = true;
+    while (!j->done && (present = wait_change(j, &seen, fd))) {
+    }
+    if (!present) {
+        pthread_mutex_unlock(&j->mu);
+        ddt_job_release(j);
+        return MHD_NO; /* the client left: close the connection */
+    }
+    enum MHD_Result res;
+    if (j->status != DDT_OK || j->cancel) {
+        char msg[DDT_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", j->status != DDT_OK ? j->error : "the server is shutting down");
+        unsigned code = j->status != DDT_OK ? 500 : 503;
+        pthread_mutex_unlock(&j->mu);
+        res = send_error(s, c, code, msg, NULL);
+    } else {
+        char *text = NULL;
+        size_t tlen = 0;
+        bool ok = ddt_textstream_take(&j->text, true, &text, &tlen, &err) == DDT_OK;
+        ddt_api_result out = {text ? text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
+                              want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode};
+        size_t len = 0;
+        char *body = ok ? ddt_api_response_body(&ids, &out, &len) : NULL;
+        pthread_mutex_unlock(&j->mu);
+        free(text);
+        res = send_body(s, c, 200, body, len, "application/json");
+    }
+    ddt_job_release(j);
+    return res;
+}
+
+/* ------------------------------------------------------------------ routing */
+
+static bool authorized(ddt_server *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    size_t a = strlen(h), b = strlen(s->api_key);
+    /* compare in time independent of where they differ */
+    unsigned char diff = (unsigned char)(a != b);
+    for (size_t i = 0; i < b; i++) diff |= (unsigned char)(s->api_key[i] ^ (i < a ? h[i] : 0));
+    return diff == 0;
+}
+
+static enum MHD_Result serve_get(ddt_server *s, struct MHD_Connection *c, const char *url) {
+    if (!strcmp(url, "/health")) {
+        char *b = strdup("{\"status\":\"ok\"}");
+        return send_body(s, c, 200, b, b ? strlen(b) : 0, "application/json");
+    }
+    if (!strcmp(url, "/metrics")) {
+        size_t len = 0;
+        char *b = ddt_metrics_render(&s->metrics, &len);
+        return send_body(s, c, 200, b, len, "text/plain; version=0.0.4");
+    }
+    if (!authorized(s, c)) return send_error(s, c, 401, "a valid API key is needed: Authorization: Bearer KEY", NULL);
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id", s->model_name,
+                          "object", "model", "created", (json_int_t)time(NULL), "owned_by", "ddtree",
+                          "max_model_len", s->max_ctx);
+    char *b = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_body(s, c, 200, b, b ? strlen(b) : 0, "application/json");
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    ddt_server *s = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        bool get = !strcmp(method, MHD_HTTP_METHOD_GET), post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        int route = !strcmp(url, "/v1/chat/completions") ? ROUTE_CHAT : !strcmp(url, "/v1/completions") ? ROUTE_COMPLETION : 0;
+        bool get_route = !strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/models");
+        if (get_route && get) return serve_get(s, c, url);
+        if ((get_route && !get) || (route && !post)) return send_error(s, c, 405, "method not allowed here", NULL);
+        if (!route) return send_error(s, c, 404, "no such endpoint", NULL);
+        if (!authorized(s, c))
+            return send_error(s, c, 401, "a valid API key is needed: Authorization: Bearer KEY", NULL);
+        /* A body somewhat over the limit is read and dropped before the 413, so a client still
+         * sending it gets the answer instead of a reset; one far over it is refused at once. */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || *end || n > (unsigned long long)s->o.max_body * DRAIN_FACTOR) {
+                char msg[128];
+                snprintf(msg, sizeof msg, "the request body is over the limit of %zu bytes", s->o.max_body);
+                return send_error(s, c, 413, msg, NULL);
+            }
+        }
+        cn = calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        cn->route = route;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cn->too_big || cn->len + n > s->o.max_body) {
+            cn->too_big = true; /* read and drop the rest, then answer 413 */
+            return MHD_YES;
+        }
+        if (cn->len + n + 1 > cn->cap) {
+            size_t cap = cn->cap ? cn->cap : 4096;
+            while (cap < cn->len + n + 1) cap *= 2;
+            char *b = realloc(cn->body, cap);
+            if (!b) return MHD_NO;
+            cn->body = b;
+            cn->cap = cap;
+        }
+        memcpy(cn->body + cn->len, upload_data, n);
+        cn->len += n;
+        return MHD_YES;
+    }
+    if (cn->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is over the limit of %zu bytes", s->o.max_body);
+        return send_error(s, c, 413, msg, NULL);
+    }
+    return serve_generation(s, c, cn);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    (void)cls;
+    (void)c;
+    (void)why;
+    conn *cn = *con_cls;
+    if (!cn) return;
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+/* ------------------------------------------------------------------ start / stop */
+
+int ddt_server_port(const ddt_server *s) { return s->port; }
+
+static void server_free(ddt_server *s) {
+    ddt_job_queue_destroy(&s->q);
+    free(s->host);
+    free(s->api_key);
+    free(s->model_name);
+    ddt_metrics_destroy(&s->metrics);
+    pthread_mutex_destroy(&s->tok_mu);
+    pthread_mutex_destroy(&s->id_mu);
+    free(s);
+}
+
+ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_server_options *o, ddt_server **out,
+                            ddt_error *err) {
+    if (!eng || !o || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_server_start: NULL argument");
+    *out = NULL;
+    if (o->port < 0 || o->port > 65535) return ddt_fail(err, DDT_ERR_RANGE, "port %d outside 0..65535", o->port);
+    ddt_server *s = calloc(1, sizeof *s);
+    if (!s) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->tok_mu, NULL);
+    pthread_mutex_init(&s->id_mu, NULL);
+    ddt_metrics_init(&s->metrics);
+    s->eng = eng;
+    s->tok = tok;
+    s->o = *o;
+    if (!s->o.max_body) s->o.max_body = DDT_SERVER_DEFAULT_MAX_BODY;
+    if (s->o.max_queue <= 0) s->o.max_queue = DDT_SERVER_DEFAULT_QUEUE;
+    if (s->o.max_connections <= 0) s->o.max_connections = DDT_SERVER_DEFAULT_CONNECTIONS;
+    s->host = strdup(o->host ? o->host : "127.0.0.1");
+    s->api_key = o->api_key && *o->api_key ? strdup(o->api_key) : NULL;
+    s->model_name = strdup(o->model_name ? o->model_name : "ddtree");
+    if (!s->host || (o->api_key && *o->api_key && !s->api_key) || !s->model_name) {
+        server_free(s);
+        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    }
+    s->vocab = ddt_engine_vocab(eng);
+    s->max_ctx = ddt_engine_max_ctx(eng);
+    s->eos = ddt_engine_model_config(eng)->eos_token_id;
+    s->im_end = tok ? ddt_tokenizer_token_id(tok, "<|im_end|>") : -1;
+    ddt_engine_speculation(eng, &s->mode, &s->budget, &s->budget_auto);
+
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    memset(&a4, 0, sizeof a4);
+    memset(&a6, 0, sizeof a6);
+    const struct sockaddr *addr;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    if (inet_pton(AF_INET, s->host, &a4.sin_addr) == 1) {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)o->port);
+        addr = (const struct sockaddr *)&a4;
+    } else if (inet_pton(AF_INET6, s->host, &a6.sin6_addr) == 1) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)o->port);
+        addr = (const struct sockaddr *)&a6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        ddt_status st = ddt_fail(err, DDT_ERR_INVALID, "--host %s: expected a numeric IPv4 or IPv6 address", s->host);
+        server_free(s);
+        return st;
+    }
+    ddt_status st = ddt_job_queue_start(&s->q, eng, tok, o->can_switch, s->o.max_queue, &s->metrics, err);
+    if (st) {
+        server_free(s);
+        return st;
+    }
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR, addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)s->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+    if (!s->d) {
+        ddt_job_queue_stop(&s->q);
+        st = ddt_fail(err, DDT_ERR_IO, "cannot listen on %s port %d (in use, or not an address of this machine?)",
+                      s->host, o->port);
+        server_free(s);
+        return st;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? (int)di->port : o->port;
+    *out = s;
+    return DDT_OK;
+}
+
+void ddt_server_stop(ddt_server *s) {
+    if (!s) return;
+    /* jobs first: handlers blocked on them then answer, so the daemon's threads can end */
+    ddt_job_queue_stop(&s->q);
+    MHD_stop_daemon(s->d);
+    server_free(s);
+}

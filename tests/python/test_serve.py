@@ -1,0 +1,493 @@
+"""`ddtree serve` with the shipped pair on the CPU, on 127.0.0.1 (a free port the server picks and
+prints): the official `openai` client for chat, completion, streaming and usage; greedy output over
+HTTP == `ddtree generate --json`; per-request speculative settings; concurrent clients all getting
+the answers they get alone; bad requests (malformed, truncated, wrong types, huge numbers, invalid
+UTF-8, over the context, over the body limit, n > 1, missing or wrong API key) getting their status
+codes while the server keeps serving; a disconnecting client cancelling its request; /metrics;
+a clean exit on SIGTERM.  Needs DDT_BUILD_DIR.  test_cli_serve_smoke also runs in the sanitizer
+pass (its name has "cli")."""
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+from openai import OpenAI
+
+from conftest import quick
+from ddt_paths import ddtree_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGET = os.path.join(ROOT, "models", "pystdlib-target")
+DRAFT = os.path.join(ROOT, "models", "pystdlib-dflash")
+ENGINE = ["--model", TARGET, "--draft", DRAFT, "--mode", "tree", "--budget", "16", "--threads", "2"]
+PROMPTS = ["import os\ndef ", "class Queue:\n    def __init__(self", "def parse(text):\n    \"\"\"",
+           "    for key, value in "]
+
+
+class Server:
+    """A `ddtree serve` subprocess; its stderr goes to a file, from which the port is read."""
+
+    def __init__(self, *extra, timeout=120):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="ddtree-serve-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([ddtree_path(), "serve", *ENGINE, "--port", "0", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.time() + timeout
+        self.port = None
+        while time.time() < deadline:
+            m = re.search(r"listening on http://[0-9.]+:(\d+)", self.stderr())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if self.port is None:
+            self.kill()
+            pytest.fail(f"ddtree serve did not start:\n{self.stderr()}", pytrace=False)
+
+    def stderr(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self, key="none"):
+        return OpenAI(base_url=self.url(), api_key=key, max_retries=0, timeout=120)
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        """(status, parsed JSON or text) of one request on a fresh connection."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        c.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        c.close()
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, raw.decode("utf-8", "replace")
+
+    def stop(self, sig=signal.SIGTERM):
+        """Signal the server and return its exit status (killed and failed after 30 s)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"ddtree serve did not exit on {sig!r}:\n{self.stderr()}", pytrace=False)
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    rc = s.stop()
+    log = s.stderr()
+    s.kill()
+    assert rc == 0, log
+    assert "SIGTERM: stopping" in log
+
+
+def generate_json(*args):
+    r = subprocess.run([ddtree_path(), "generate", *ENGINE, "--json", *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def complete(server, prompt, **kw):
+    st, body = server.request("POST", "/v1/completions", {"prompt": prompt, **kw})
+    assert st == 200, body
+    return body
+
+
+def metric(text, name, mode=None):
+    label = f'{{mode="{mode}"}}' if mode else ""
+    m = re.search(rf"^{re.escape(name + label)} (\S+)$", text, re.M)
+    assert m, f"{name}{label} missing from /metrics"
+    return float(m.group(1))
+
+
+# ---------------------------------------------------------------------------- the openai client
+
+
+def test_openai_chat_completion_and_usage(server):
+    c = server.client()
+    r = c.chat.completions.create(model="pystdlib-target", max_tokens=24,
+                                  messages=[{"role": "system", "content": "You write Python."},
+                                            {"role": "user", "content": "def add(a, b):"},
+                                            {"role": "assistant", "content": "    return a + b"},
+                                            {"role": "user", "content": "def sub(a, b):"}])
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str)
+    assert "<|im_" not in r.choices[0].message.content  # special tokens stay out of the text
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 20  # three turns plus the template's markers
+    assert 1 <= r.usage.completion_tokens <= 24
+    if r.choices[0].finish_reason == "length":
+        assert r.usage.completion_tokens == 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    models = c.models.list()
+    assert [m.id for m in models.data] == ["pystdlib-target"]
+
+
+def test_openai_completion_and_stop_string(server):
+    c = server.client()
+    r = c.completions.create(model="m", prompt=PROMPTS[0], max_tokens=40, temperature=0)
+    text = r.choices[0].text
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 40
+    # a stop string cuts the text before it and finishes with "stop"
+    cut = text[3:9]
+    assert cut and cut in text
+    s = c.completions.create(model="m", prompt=PROMPTS[0], max_tokens=40, temperature=0, stop=[cut])
+    assert s.choices[0].finish_reason == "stop"
+    assert s.choices[0].text == text[:text.index(cut)]
+    assert s.usage.completion_tokens < 40
+
+
+def test_openai_streaming_equals_whole(server):
+    c = server.client()
+    for kind in ("chat", "completion"):
+        if kind == "chat":
+            kw = dict(model="m", messages=[{"role": "user", "content": "import sys"}], max_tokens=30)
+            whole = c.chat.completions.create(**kw)
+            chunks = list(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+            deltas = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+            want = whole.choices[0].message.content
+            assert chunks[0].choices[0].delta.role == "assistant"
+        else:
+            kw = dict(model="m", prompt=PROMPTS[1], max_tokens=30)
+            whole = c.completions.create(**kw)
+            chunks = list(c.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+            deltas = [ch.choices[0].text for ch in chunks if ch.choices]
+            want = whole.choices[0].text
+        assert "".join(deltas) == want  # no token of a multi-token round dropped
+        assert sum(1 for d in deltas if d) >= 3  # streamed in pieces, not one blob
+        finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        assert finals == [whole.choices[0].finish_reason]
+        last = chunks[-1]  # the usage chunk: no choices
+        assert last.choices == [] and last.usage is not None
+        assert last.usage.completion_tokens == whole.usage.completion_tokens
+        assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+        # without include_usage no usage chunk comes
+        plain = list(c.completions.create(model="m", prompt=PROMPTS[1], max_tokens=5, stream=True))
+        assert all(ch.choices for ch in plain)
+
+
+def test_sse_wire_format(server):
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": PROMPTS[2], "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}))
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/event-stream")
+    raw = r.read().decode()
+    c.close()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    usage = json.loads(events[-2][6:])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+
+
+# ---------------------------------------------------------------------------- same output as generate
+
+
+def test_greedy_http_equals_generate(server):
+    for prompt in PROMPTS[:2]:
+        ref = generate_json("--prompt", prompt, "--max-tokens", "48", "--stop-at-eos")
+        got = complete(server, prompt, max_tokens=48, return_token_ids=True)
+        assert got["choices"][0]["token_ids"] == ref["ids"]
+        assert got["choices"][0]["text"] == ref["text"]
+        # every per-request mode gives the same greedy ids
+        for spec in ({"mode": "ar"}, {"mode": "chain"}, {"mode": "tree", "budget": 4}, {"budget": "auto"}):
+            other = complete(server, prompt, max_tokens=48, return_token_ids=True, speculative=spec)
+            assert other["choices"][0]["token_ids"] == ref["ids"], spec
+            assert other["ddtree"]["mode"] == spec.get("mode", "tree")
+    chat = "def greet(name):"
+    ref = generate_json("--chat", chat, "--max-tokens", "32", "--stop-at-eos")
+    st, got = server.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": chat}],
+                                                               "max_tokens": 32, "return_token_ids": True})
+    assert st == 200, got
+    assert got["choices"][0]["token_ids"] == ref["ids"]
+    assert got["usage"]["prompt_tokens"] == ref["stats"]["prompt_tokens"]
+
+
+def test_sampling_seeded_and_prompt_ids(server):
+    a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
+    b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
+    c = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=6)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["choices"][0]["text"] != c["choices"][0]["text"]
+    ref = generate_json("--prompt-ids", "5,6,7", "--max-tokens", "10", "--temperature", "1", "--seed", "9",
+                        "--stop-at-eos")
+    got = complete(server, [5, 6, 7], max_tokens=10, temperature=1.0, seed=9, return_token_ids=True)
+    assert got["choices"][0]["token_ids"] == ref["ids"]
+
+
+# ---------------------------------------------------------------------------- concurrency
+
+
+def test_concurrent_requests_get_their_own_answers(server):
+    """8 threads x 5 requests, mixing modes, streaming and seeded sampling: each answer equals the
+    one the same request got alone, so queued requests do not disturb each other."""
+    reqs = []
+    for i in range(8):
+        p = PROMPTS[i % len(PROMPTS)]
+        if i % 4 == 1:
+            reqs.append(dict(prompt=p, max_tokens=16, temperature=0.8, seed=100 + i))
+        elif i % 4 == 2:
+            reqs.append(dict(prompt=p, max_tokens=16, speculative={"mode": "chain"}))
+        else:
+            reqs.append(dict(prompt=p, max_tokens=16))
+    alone = [complete(server, **r)["choices"][0]["text"] for r in reqs]
+    errors, got = [], {}
+    client = server.client()
+
+    def worker(i):
+        try:
+            for k in range(5):
+                r = reqs[(i + k) % len(reqs)]
+                if k % 2:
+                    chunks = client.completions.create(model="m", stream=True, extra_body={
+                        kk: v for kk, v in r.items() if kk == "speculative"},
+                        **{kk: v for kk, v in r.items() if kk != "speculative"})
+                    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+                else:
+                    text = complete(server, **r)["choices"][0]["text"]
+                got[(i, k)] = (text, alone[(i + k) % len(reqs)])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert len(got) == 40
+    for key, (text, want) in got.items():
+        assert text == want, key
+
+
+# ---------------------------------------------------------------------------- bad requests
+
+
+def raw_request(port, data, timeout=30):
+    """Send raw bytes, return the status line's code (0 when the server closed without one)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        resp = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            resp += chunk
+            if b"\r\n\r\n" in resp:
+                head, _, rest = resp.partition(b"\r\n\r\n")
+                m = re.search(rb"Content-Length: (\d+)", head, re.I)
+                if m and len(rest) >= int(m.group(1)):
+                    break
+    finally:
+        s.close()
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", resp)
+    return int(m.group(1)) if m else 0
+
+
+BAD = [
+    ("/v1/completions", b'{"prompt": "import os"', 400, None),  # truncated JSON
+    ("/v1/completions", b"not json at all", 400, None),
+    ("/v1/completions", b"[1, 2, 3]", 400, None),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": "5"}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "temperature": "hot"}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": 12}', 400, "prompt"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1e999}', 400, None),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 123456789012345678901234567890}', 400, None),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 9223372036854775807}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "seed": 1e308}', 400, "seed"),
+    ("/v1/completions", b'{"prompt": "\xff\xfe\xfd"}', 400, None),  # invalid UTF-8
+    ("/v1/completions", b'{"prompt": "a", "n": 2}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 5000}', 400, "max_tokens"),  # over the context
+    ("/v1/completions", json.dumps({"prompt": [7] * 1100}).encode(), 400, "prompt"),  # prompt over the context
+    ("/v1/completions", b'{"prompt": [999999]}', 400, "prompt"),  # outside the vocabulary
+    ("/v1/completions", b'{"prompt": "a", "speculative": {"mode": "beam"}}', 400, "speculative.mode"),
+    ("/v1/completions", b'{"prompt": "a", "speculative": {"budget": 500}}', 400, "speculative"),
+    ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "tool", "content": "x"}]}', 400, "messages[0].role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": {"a": 1}}]}', 400,
+     "messages[0].content"),
+    ("/v1/chat/completions", b'{"messages": "hello"}', 400, "messages"),
+]
+
+
+def check_bad_requests(server):
+    for path, body, code, param in BAD:
+        st, resp = server.request("POST", path, body)
+        assert st == code, (body[:80], st, resp)
+        assert isinstance(resp, dict) and resp["error"]["message"], resp
+        assert resp["error"]["type"] == "invalid_request_error"
+        if param:
+            assert resp["error"]["param"] == param, (body[:80], resp)
+    assert server.request("GET", "/v1/nothing")[0] == 404
+    assert server.request("GET", "/v1/completions")[0] == 405
+    assert server.request("POST", "/health", b"{}")[0] == 405
+
+
+def test_bad_requests_get_status_codes(server):
+    check_bad_requests(server)
+    # a body over the limit (1 MiB): 413, after reading it, by Content-Length and chunked
+    big = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
+    st, resp = server.request("POST", "/v1/completions", big)
+    assert st == 413 and resp["error"]["code"] == "request_too_large"
+    # one announced far over the limit is refused before its body is sent
+    assert raw_request(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Length: 1000000000000\r\n\r\n") == 413
+    chunked = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+               b"".join(b"%x\r\n%s\r\n" % (65536, b"a" * 65536) for _ in range(17)) + b"0\r\n\r\n")
+    assert raw_request(server.port, chunked) == 413
+    # a body shorter than its Content-Length, then the client gives up
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"prompt\": ")
+    s.close()
+    # request lines that are not HTTP/1.x (a binary one gets no answer: the server waits, then drops it)
+    assert raw_request(server.port, b"NOT HTTP AT ALL\r\n\r\n") == 400
+    assert raw_request(server.port, b"GET /health HTTP/9.9\r\n\r\n") == 505
+    assert raw_request(server.port, b"\x00\x01\x02garbage\r\n\r\n", timeout=1) in (0, 400)
+    # still serving, with the same answers
+    assert server.request("GET", "/health") == (200, {"status": "ok"})
+    a = complete(server, PROMPTS[0], max_tokens=8)
+    b = complete(server, PROMPTS[0], max_tokens=8)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+def test_disconnect_cancels_request(server):
+    before = server.request("GET", "/metrics")[1]
+    cancelled0 = metric(before, "ddtree_requests_cancelled_total")
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": PROMPTS[0], "max_tokens": 1000,
+                                                          "stream": True, "speculative": {"mode": "ar"}}))
+    r = c.getresponse()
+    assert r.status == 200
+    r.fp.readline()  # the first event has come: the request is running
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    t0 = time.time()
+    # the next request is served long before 1000 ar tokens would have been decoded
+    complete(server, PROMPTS[1], max_tokens=4)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        now = metric(server.request("GET", "/metrics")[1], "ddtree_requests_cancelled_total")
+        if now > cancelled0:
+            break
+        time.sleep(0.1)
+    assert now == cancelled0 + 1
+    assert time.time() - t0 < 20
+
+
+def test_metrics(server):
+    complete(server, PROMPTS[0], max_tokens=16)
+    st, text = server.request("GET", "/metrics")
+    assert st == 200 and isinstance(text, str)
+    assert metric(text, "ddtree_requests_total", "tree") >= 1
+    assert metric(text, "ddtree_generation_tokens_total", "tree") >= 16
+    assert metric(text, "ddtree_generation_tokens_per_second", "tree") > 0
+    assert metric(text, "ddtree_time_to_first_token_seconds_count", "tree") >= 1
+    drafts = metric(text, "ddtree_spec_decode_num_drafts_total", "tree")
+    accepted = metric(text, "ddtree_spec_decode_num_accepted_tokens_total", "tree")
+    proposed = metric(text, "ddtree_spec_decode_num_draft_tokens_total", "tree")
+    assert drafts >= 1 and proposed >= accepted >= 0
+    assert metric(text, "ddtree_spec_decode_mean_acceptance_length", "tree") == pytest.approx(
+        1 + accepted / drafts, rel=1e-6)
+    assert "# TYPE ddtree_requests_total counter" in text
+
+
+# ---------------------------------------------------------------------------- api key, signals, sanitizers
+
+
+def test_api_key():
+    s = Server("--api-key", "sekrit", "--served-model-name", "kimi-mini")
+    try:
+        body = {"prompt": "x", "max_tokens": 2}
+        assert s.request("POST", "/v1/completions", body)[0] == 401
+        st, resp = s.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong"})
+        assert st == 401 and resp["error"]["type"] == "authentication_error"
+        assert s.request("POST", "/v1/completions", body, {"Authorization": "sekrit"})[0] == 401
+        assert s.request("GET", "/v1/models")[0] == 401
+        assert s.request("GET", "/health")[0] == 200  # health and metrics stay open
+        r = s.client("sekrit").completions.create(model="kimi-mini", prompt="x", max_tokens=2)
+        assert r.model == "kimi-mini" and r.usage.completion_tokens == 2
+        assert s.client("sekrit").models.list().data[0].id == "kimi-mini"
+    finally:
+        rc = s.stop(signal.SIGINT)
+        log = s.stderr()
+        s.kill()
+    assert rc == 0 and "SIGINT: stopping" in log, log
+
+
+def test_serve_bad_flags():
+    r = subprocess.run([ddtree_path(), "serve", "--model", TARGET, "--port", "70000"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--port" in r.stderr
+    r = subprocess.run([ddtree_path(), "serve", "--model", TARGET, "--mode", "tree"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--draft" in r.stderr
+    r = subprocess.run([ddtree_path(), "serve", "--model", TARGET, "--host", "example.com", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--host" in r.stderr
+    r = subprocess.run([ddtree_path(), "serve", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--api-key" in r.stdout and "--budget" in r.stdout
+
+
+def test_cli_serve_smoke():
+    """A short run that the sanitizer pass repeats: bad bodies, a completion, a stream, a stream
+    abandoned mid-way, and SIGTERM while a request is queued — then a clean exit."""
+    s = Server(timeout=600)
+    try:
+        check_bad_requests(s)
+        n = 3 if quick() else 12
+        r = complete(s, PROMPTS[0], max_tokens=n)
+        assert r["usage"]["completion_tokens"] == n
+        chunks = list(s.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                         max_tokens=n, stream=True))
+        assert chunks and chunks[0].choices[0].delta.role == "assistant"
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "x", "max_tokens": 200, "stream": True}))
+        c.getresponse().fp.readline()
+        c.close()
+        # a request still in flight when the signal comes must not keep the server from exiting
+        def late():
+            try:
+                s.request("POST", "/v1/completions", {"prompt": "y", "max_tokens": 500}, timeout=60)
+            except (OSError, http.client.HTTPException):
+                pass  # the server may close it while stopping
+
+        pending = threading.Thread(target=late, daemon=True)
+        pending.start()
+        time.sleep(0.2)
+    finally:
+        rc = s.stop()
+        log = s.stderr()
+        s.kill()
+    assert rc == 0, log
+    assert "ERROR: AddressSanitizer" not in log and "runtime error" not in log, log

@@ -1,0 +1,166 @@
+/*
+ * test_request.c — the server's request parser: well-formed chat and
+ * completion bodies give the fields as sent; every malformed body (not JSON,
+ * truncated, invalid UTF-8, wrong types, out-of-range or huge numbers, n > 1,
+ * too many stop strings, unknown roles) is refused with the field named.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "server/request.h"
+
+static ddt_status parse(ddt_api_kind kind, const char *body, ddt_api_request *r, ddt_error *err) {
+    return ddt_api_request_parse(kind, body, strlen(body), r, err);
+}
+
+static void test_chat_fields(void **state) {
+    (void)state;
+    const char *body =
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"system\", \"content\": \"S\"},"
+        "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]},"
+        "{\"role\": \"assistant\", \"content\": null}, {\"role\": \"developer\", \"content\": \"D\"}],"
+        "\"max_completion_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9, \"seed\": -3, \"stop\": [\"x\", \"yz\"],"
+        "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"n\": 1, \"user\": \"ignored\","
+        "\"speculative\": {\"mode\": \"tree\", \"budget\": 12}}";
+    ddt_api_request r;
+    ddt_error err = {0};
+    assert_int_equal(parse(DDT_API_CHAT, body, &r, &err), DDT_OK);
+    assert_int_equal(r.n_msgs, 4);
+    assert_int_equal(r.msgs[0].role, DDT_CHAT_SYSTEM);
+    assert_int_equal(r.msgs[1].role, DDT_CHAT_USER);
+    assert_int_equal(r.msgs[1].len, 2);
+    assert_memory_equal(r.msgs[1].content, "ab", 2);
+    assert_int_equal(r.msgs[2].role, DDT_CHAT_ASSISTANT);
+    assert_int_equal(r.msgs[2].len, 0);
+    assert_int_equal(r.msgs[3].role, DDT_CHAT_SYSTEM);
+    assert_true(r.have_max_tokens);
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.have_temperature && r.temperature == 0.5f);
+    assert_true(r.have_top_p && r.top_p == 0.9f);
+    assert_true(r.have_seed && r.seed == (uint64_t)-3);
+    assert_int_equal(r.n_stop, 2);
+    assert_int_equal(r.stop_len[1], 2);
+    assert_true(r.stream && r.include_usage);
+    assert_true(r.have_mode && r.mode == DDT_MODE_TREE && r.have_budget && r.budget == 12 && !r.budget_auto);
+    assert_string_equal(r.model, "m");
+    ddt_api_request_free(&r);
+}
+
+static void test_completion_prompts(void **state) {
+    (void)state;
+    ddt_api_request r;
+    ddt_error err = {0};
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"hello\", \"max_tokens\": 3, \"stop\": \"\\n\"}", &r,
+                           &err), DDT_OK);
+    assert_int_equal(r.prompt_len, 5);
+    assert_int_equal(r.n_stop, 1);
+    assert_false(r.stream);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": [\"one\"]}", &r, &err), DDT_OK);
+    assert_int_equal(r.prompt_len, 3);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": [5, 6, 7], \"speculative\": {\"budget\": \"auto\"}}", &r,
+                           &err), DDT_OK);
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[2], 7);
+    assert_true(r.have_budget && r.budget_auto && !r.have_mode);
+    ddt_api_request_free(&r);
+}
+
+/* Each body is refused; param names the field ("" = the body itself). */
+static void test_bad_bodies(void **state) {
+    (void)state;
+    static const struct {
+        ddt_api_kind kind;
+        const char *body;
+        const char *param;
+    } cases[] = {
+        {DDT_API_CHAT, "", ""},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}", ""}, /* truncated */
+        {DDT_API_CHAT, "[1, 2]", ""},
+        {DDT_API_CHAT, "{\"messages\": [], \"messages\": []}", ""}, /* duplicate key */
+        {DDT_API_CHAT, "{}", "messages"},
+        {DDT_API_CHAT, "{\"messages\": {}}", "messages"},
+        {DDT_API_CHAT, "{\"messages\": []}", "messages"},
+        {DDT_API_CHAT, "{\"messages\": [3]}", "messages[0]"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": 1}]}", "messages[0].role"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages[0].role"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+         "messages[0].content"},
+        {DDT_API_COMPLETION, "{}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"\"}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": 5}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": [1, -2]}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": [1, 99999999999]}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "prompt"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": \"5\"}", "max_tokens"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 2.5}", "max_tokens"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 9223372036854775807}", "max_tokens"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 99999999999999999999999}", ""}, /* too big for JSON ints */
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"temperature\": 1e999}", ""},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"temperature\": 3}", "temperature"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", "temperature"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"top_p\": 0}", "top_p"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"seed\": 1.5}", "seed"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 100000000}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}", "stream"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": 1}", "stream_options"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": 1}}",
+         "stream_options.include_usage"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": 5}", "stop"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", "stop"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true}", "echo"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": 3}", "speculative"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"mode\": \"beam\"}}", "speculative.mode"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"budget\": 0}}", "speculative.budget"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"budget\": 5000}}", "speculative.budget"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"\\u0000\"}", ""}, /* NUL escapes are refused */
+        {DDT_API_COMPLETION, "{\"prompt\": \"\xff\xfe\"}", ""},   /* invalid UTF-8 */
+        {DDT_API_COMPLETION, "{\"prompt\": \"\xed\xa0\x80\"}", ""}, /* a UTF-8-encoded surrogate */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ddt_api_request r;
+        ddt_error err = {0};
+        ddt_status st = parse(cases[i].kind, cases[i].body, &r, &err);
+        if (st == DDT_OK) fail_msg("case %zu (%s) was accepted", i, cases[i].body);
+        if (strcmp(r.param, cases[i].param)) fail_msg("case %zu: param '%s', expected '%s'", i, r.param, cases[i].param);
+        assert_true(strlen(err.msg) > 0);
+    }
+}
+
+static void test_nesting_and_nul(void **state) {
+    (void)state;
+    /* deep nesting is refused by the parser's depth bound, not a stack overflow */
+    static char deep[200100];
+    size_t n = 0;
+    n += (size_t)snprintf(deep, sizeof deep, "{\"prompt\": \"a\", \"x\": ");
+    for (int i = 0; i < 100000; i++) deep[n++] = '[';
+    for (int i = 0; i < 100000; i++) deep[n++] = ']';
+    deep[n++] = '}';
+    ddt_api_request r;
+    ddt_error err = {0};
+    assert_int_not_equal(ddt_api_request_parse(DDT_API_COMPLETION, deep, n, &r, &err), DDT_OK);
+    /* a raw NUL byte inside the body */
+    const char body[] = "{\"prompt\": \"a\0b\"}";
+    assert_int_not_equal(ddt_api_request_parse(DDT_API_COMPLETION, body, sizeof body - 1, &r, &err), DDT_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_completion_prompts),
+        cmocka_unit_test(test_bad_bodies),
+        cmocka_unit_test(test_nesting_and_nul),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

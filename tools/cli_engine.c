@@ -1,0 +1,211 @@
+/*
+ * cli_engine.c — see cli_engine.h.
+ */
+#include "cli_engine.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+const char cli_engine_usage[] =
+    "  --model DIR          target model folder (required)\n"
+    "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
+    "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
+    "  --backend B          cpu (default), cuda (the whole round on the GPU; builds with nvcc only)\n"
+    "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
+    "  --fast-attention     cuda: bf16 latent cache + tensor-core MLA attention (kv_lora_rank 512 and\n"
+    "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
+    "  --tensor-cores       cuda: matmuls, experts and LM head on the tensor cores (bf16 mma with\n"
+    "                       split-bf16 activations); greedy tree == ar still holds\n"
+    "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
+    "                       heads and routed experts; default 1)\n"
+    "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
+    "                       capped at --max-budget (default 64), with a verify-cost table measured at start\n"
+    "  --max-budget N       cap of the auto budget, 1..1024\n"
+    "  --temperature T      0 = greedy (default); > 0 samples (sample-and-match: output is the target's)\n"
+    "  --top-k K            sampling: keep the K most likely tokens (0 = off, default)\n"
+    "  --top-p P            sampling: nucleus mass in (0, 1] (1 = off, default)\n"
+    "  --seed S             sampling seed (default 0)\n"
+    "  --ctx N              context length (default: the model's maximum, at most 8192)\n"
+    "  --threads N          CPU threads (default: every core)\n";
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ddtree %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'ddtree %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+bool cli_parse_ll(const char *s, long long lo, long long hi, long long *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *s, float *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || v != v) return false;
+    *out = v;
+    return true;
+}
+
+int cli_status_exit(ddt_status st) { return st == DDT_ERR_NOMEM || st == DDT_ERR_INTERNAL ? 1 : 2; }
+
+void cli_engine_defaults(cli_engine_args *a, const char *cmd) {
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->mode = "ar";
+    a->backend = "cpu";
+    a->gpus = 1;
+    a->top_p = 1.0f;
+    a->budget = 32;
+    a->max_budget = 64;
+}
+
+int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
+    const char *f = argv[*i];
+    if (!strcmp(f, "--fast-attention")) {
+        a->fast_attention = true;
+        return 1;
+    }
+    if (!strcmp(f, "--tensor-cores")) {
+        a->tensor_cores = true;
+        return 1;
+    }
+    static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
+                                         "--max-budget", "--temperature", "--top-k", "--top-p", "--seed",
+                                         "--ctx", "--threads"};
+    const char *v = NULL;
+    int got = cli_flag_value(a->cmd, valued, sizeof valued / sizeof valued[0], argc, argv, i, &v);
+    if (got != 1) return got;
+    const char *c = a->cmd;
+    long long ll;
+    if (!strcmp(f, "--model")) {
+        a->model = v;
+    } else if (!strcmp(f, "--draft")) {
+        a->draft = v;
+    } else if (!strcmp(f, "--mode")) {
+        a->mode = v;
+    } else if (!strcmp(f, "--backend")) {
+        a->backend = v;
+    } else if (!strcmp(f, "--budget")) {
+        if (!strcmp(v, "auto")) a->budget_auto = true;
+        else if (!cli_parse_ll(v, 1, DDT_MAX_BUDGET, &a->budget))
+            return cli_usage_error(c, "--budget '%s': expected 1..%d or auto", v, DDT_MAX_BUDGET);
+    } else if (!strcmp(f, "--max-budget")) {
+        if (!cli_parse_ll(v, 1, DDT_MAX_BUDGET, &a->max_budget))
+            return cli_usage_error(c, "--max-budget '%s': expected 1..%d", v, DDT_MAX_BUDGET);
+    } else if (!strcmp(f, "--temperature")) {
+        if (!cli_parse_float(v, &a->temperature) || a->temperature < 0)
+            return cli_usage_error(c, "--temperature '%s': expected a number >= 0", v);
+    } else if (!strcmp(f, "--top-k")) {
+        if (!cli_parse_ll(v, 0, INT32_MAX, &a->top_k))
+            return cli_usage_error(c, "--top-k '%s': expected an integer >= 0", v);
+    } else if (!strcmp(f, "--top-p")) {
+        if (!cli_parse_float(v, &a->top_p) || !(a->top_p > 0 && a->top_p <= 1))
+            return cli_usage_error(c, "--top-p '%s': expected a number in (0, 1]", v);
+    } else if (!strcmp(f, "--seed")) {
+        if (!cli_parse_ll(v, 0, INT64_MAX, &ll)) return cli_usage_error(c, "--seed '%s': expected an integer >= 0", v);
+        a->seed = (unsigned long long)ll;
+    } else if (!strcmp(f, "--ctx")) {
+        if (!cli_parse_ll(v, 1, INT32_MAX, &a->ctx)) return cli_usage_error(c, "--ctx '%s': expected an integer >= 1", v);
+    } else if (!strcmp(f, "--gpus")) {
+        if (!cli_parse_ll(v, 1, DDT_ENGINE_MAX_GPUS, &a->gpus))
+            return cli_usage_error(c, "--gpus '%s': expected an integer in 1..%d", v, DDT_ENGINE_MAX_GPUS);
+    } else if (!strcmp(f, "--threads")) {
+        if (!cli_parse_ll(v, 1, 256, &a->threads))
+            return cli_usage_error(c, "--threads '%s': expected an integer in 1..256", v);
+    }
+    return 1;
+}
+
+int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc, char **argv, int *i,
+                   const char **value) {
+    const char *f = argv[*i];
+    bool known = false;
+    for (size_t k = 0; k < n; k++) known |= !strcmp(f, names[k]);
+    if (!known) return 0;
+    if (*i + 1 >= argc) return cli_usage_error(cmd, "option %s needs a value", f);
+    *value = argv[++*i];
+    return 1;
+}
+
+int cli_engine_common_flag(cli_engine_args *a, const char *head, const char *tail, int argc, char **argv, int *i) {
+    const char *f = argv[*i];
+    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        printf("%s%s%s", head, cli_engine_usage, tail);
+        return 0;
+    }
+    int taken = cli_engine_parse_flag(a, argc, argv, i);
+    return taken ? taken : -1;
+}
+
+static bool is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int cli_engine_check(const cli_engine_args *a) {
+    const char *c = a->cmd;
+    if (!a->model) return cli_usage_error(c, "--model is required");
+    ddt_mode m;
+    if (!ddt_mode_parse(a->mode, &m)) return cli_usage_error(c, "--mode '%s': unknown (ar, chain, tree)", a->mode);
+    if (m != DDT_MODE_AR && !a->draft) return cli_usage_error(c, "--mode %s needs a drafter: --draft DIR", a->mode);
+    ddt_backend b;
+    if (!ddt_backend_parse(a->backend, &b))
+        return cli_usage_error(c, "--backend '%s': unknown (cpu, cuda, auto)", a->backend);
+    if (!is_dir(a->model)) {
+        struct stat sb;
+        fprintf(stderr, "ddtree %s: --model %s: not a model folder (%s)\n", c, a->model,
+                stat(a->model, &sb) != 0 ? strerror(errno) : "not a directory");
+        return 2;
+    }
+    if (a->draft && !is_dir(a->draft)) {
+        fprintf(stderr, "ddtree %s: --draft %s: not a drafter folder\n", c, a->draft);
+        return 2;
+    }
+    return -1;
+}
+
+void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
+    memset(o, 0, sizeof *o);
+    ddt_mode_parse(a->mode, &o->mode);
+    ddt_backend_parse(a->backend, &o->backend);
+    o->fast_attention = a->fast_attention;
+    o->tensor_cores = a->tensor_cores;
+    o->gpus = (int32_t)a->gpus;
+    o->draft_dir = a->draft;
+    o->budget = (int32_t)(a->budget_auto ? a->max_budget : a->budget);
+    o->budget_auto = a->budget_auto;
+    o->sampling = (ddt_sampling){a->temperature, (int32_t)a->top_k, a->top_p, a->seed};
+    o->max_ctx = (int32_t)a->ctx; /* 0: the engine's default */
+    o->n_threads = (int32_t)a->threads;
+}
+
+int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {
+    *tok = NULL;
+    char p[4096];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", a->model, "tiktoken.model");
+    if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) return -1;
+    ddt_error err = {0};
+    ddt_status st = ddt_tokenizer_load(a->model, tok, &err);
+    if (st != DDT_OK) {
+        fprintf(stderr, "ddtree %s: tokenizer: %s\n", a->cmd, err.msg);
+        return cli_status_exit(st);
+    }
+    return -1;
+}

@@ -1,0 +1,73 @@
+/*
+ * cli_engine.h — the engine options that `ddtree generate` and `ddtree serve`
+ * share (model, drafter, mode, budget, backend, sampling, context, threads):
+ * one parser, one usage text and one translation to ddt_engine_options, so the
+ * two commands accept the same flags with the same checks and messages.
+ */
+#ifndef DDT_TOOLS_CLI_ENGINE_H
+#define DDT_TOOLS_CLI_ENGINE_H
+
+#include <stdbool.h>
+
+#include "ddtree.h"
+#include "engine/engine.h"
+#include "text/tokenizer.h"
+
+/* The usage lines of the shared options, for a command's --help. */
+extern const char cli_engine_usage[];
+
+typedef struct cli_engine_args {
+    const char *cmd; /* "generate", "serve": named in messages */
+    const char *model, *draft, *mode, *backend;
+    long long budget, max_budget;
+    bool budget_auto;
+    float temperature;
+    long long top_k;
+    float top_p;
+    unsigned long long seed;
+    long long ctx, threads, gpus;
+    bool fast_attention, tensor_cores;
+} cli_engine_args;
+
+/* The defaults (mode ar, backend cpu, budget 32, auto cap 64, greedy). */
+void cli_engine_defaults(cli_engine_args *a, const char *cmd);
+
+/* argv[*i] (with its value argv[*i + 1]): 0 when it is not a shared option,
+ * 1 when taken (*i moved past the value), 2 after printing a usage error. */
+int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i);
+
+/* The start of a command's option loop, shared: --help / -h prints head, the
+ * engine options and tail (returns 0); a shared option is taken (1); a usage
+ * error was printed (2); -1: argv[*i] is for the command itself. */
+int cli_engine_common_flag(cli_engine_args *a, const char *head, const char *tail, int argc, char **argv, int *i);
+
+/* When argv[*i] is one of names[0..n): its value in *value, *i moved past it,
+ * returns 1; 0 when it is none of them; 2 after a usage error (no value). */
+int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc, char **argv, int *i,
+                   const char **value);
+
+/* Checks across options (a model given, mode and backend known, a drafter for
+ * chain / tree) and that the folders exist: -1 when fine, else 2 after a message. */
+int cli_engine_check(const cli_engine_args *a);
+
+/* The engine options these arguments ask for. */
+void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o);
+
+/* The model folder's tokenizer when it has tiktoken.model (*tok NULL when it
+ * has none): -1 when fine, else an exit status after a message. */
+int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok);
+
+/* Print "ddtree CMD: <message>" and the --help hint to stderr; returns 2. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+int cli_usage_error(const char *cmd, const char *fmt, ...);
+
+/* Strict number parsing: the whole string, within [lo, hi]. */
+bool cli_parse_ll(const char *s, long long lo, long long hi, long long *out);
+bool cli_parse_float(const char *s, float *out);
+
+/* Exit status for a library failure: bad input 2, resources or bugs 1. */
+int cli_status_exit(ddt_status st);
+
+#endif
