@@ -315,6 +315,7 @@ int main(int argc, char **argv) {
         experts_case(0, 12, 200, 75, 4, mode);  /* bf16, odd inter: unaligned rows */
         experts_case(1, 10, 300, 130, 3, mode); /* FP8 partial 128-blocks */
         experts_case(2, 12, 160, 96, 4, mode);  /* INT4 group 32 */
+        experts_case(2, 9, 1024, 64, 3, mode);  /* long rows: every pipeline buffer reused */
         if (!quick) experts_case(2, 40, 256, 224, 8, mode);
     }
     ddt_cpu_pool_destroy(g_pool);

@@ -359,6 +359,13 @@ int main(int argc, char **argv) {
                 }
         }
     }
+    /* long rows at few tokens: every pipeline buffer is reused many times, and the
+       last one's n-tile reads past the launch's token rows (run under the sanitizer) */
+    {
+        static const int lf[] = {1, 3, 4};
+        for (int fi = 0; fi < 3; fi++)
+            for (int n = 1; n <= 3; n += 2) run_case_mode(lf[fi], 0, 40, 2080, n, 0, DDT_CUDA_MM_TENSOR);
+    }
     /* a format the GPU kernels cannot take is refused with a message, not run */
     {
         hw h = make_weight(4, 8, 40); /* INT4 with 40 columns: not a multiple of 32 */

@@ -93,9 +93,11 @@ template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT,
     return ws_wbytes<F>(NT) + xcap * WS_XROW;
 }
 template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT, int xcap) {
-    /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32] */
-    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
-               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap)
+    /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32];
+       an n-tile reads all 8 of its rows, so 7 rows of slack follow the last stage
+       (rows past xcap hold garbage, feed only unstored output columns) */
+    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * WS_XROW > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
+               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * WS_XROW
                : WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4;
 }
 template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return WS_THREADS * ws_wn(NT); }
