@@ -467,7 +467,8 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, cons
     a.fp8_block = w->block;
     a.fp8_scols = (int32_t)((w->cols + w->block - 1) / (w->block > 0 ? w->block : 1));
     a.ks = ws_ksplit(g->rows, g->count, a.nu);
-    a.units_per_split = ((a.nu + a.ks - 1) / a.ks + 3) / 4 * 4;
+    const int64_t kw = F == QF_INT4 ? ws_kw<QF_INT4>() : ws_kw<QF_BF16>(); /* k-slices: splits hold whole stages */
+    a.units_per_split = ((a.nu + a.ks - 1) / a.ks + kw - 1) / kw * kw;
     a.wd = (const uint8_t *)w->mma;
     a.wsc = F == QF_INT4 ? w->mma_scale : F == QF_FP8 ? (const void *)w->scale_inv : NULL;
     a.mt_stride = g->w_row_stride / 16;

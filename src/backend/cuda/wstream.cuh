@@ -34,20 +34,21 @@
  *   FP8 scales stay in the checkpoint's [ceil(rows/B)][ceil(cols/B)] table: a
  *   unit and an m-tile lie inside one block when B % 32 == 0.
  *
- * Arithmetic order (the determinism contract).  A block's 4 warps are k-slices:
- * warp w takes units w, w+4, w+8, ... of its k-range in increasing order.
+ * Arithmetic order (the determinism contract).  A block's warps are KW k-slices
+ * (4, INT4 8: fixed per format) of each token group: slice w takes units w,
+ * w+KW, w+2KW, ... of its k-range in increasing order.
  * BF16 accumulates the whole slice in one fp32 accumulator; FP8 and INT4 start
  * a fresh partial p per unit (one INT4 group, a quarter of an FP8 block) and add
  * acc = fma(scale, p, acc).  Activations enter as x_hi = bf16(x), x_lo =
  * bf16(x - x_hi) (16 mantissa bits of x in two mmas; weights exact).  The k-range
  * is split over KS blocks of a thread-block cluster, KS fixed by the weight's
- * shape (ws_ksplit), and the 4 x KS partials are summed in one fixed order
+ * shape (ws_ksplit), and the KW x KS partials are summed in one fixed order
  * (split-major, slice-minor) through distributed shared memory.  None of this
  * depends on n, NT, MT, the stage count or which tokens share a launch, so a
  * token's result has the same bits alone or in any batch (tested bitwise).
  *
- * Pipeline.  S stages of (MT m-tiles x 4 units of weights, NT*8 tokens x 128
- * columns of fp32 activations) in shared memory, filled by cp.async (16-byte
+ * Pipeline.  S stages of (MT m-tiles x KW units of weights, up to NT*8 tokens x
+ * KW*32 columns of fp32 activations) in shared memory, filled by cp.async (16-byte
  * chunks, L1 bypassed, zero-filled past the row) S-1 stages ahead; one barrier
  * per stage.  The activations are split to bf16 in registers by the warp that
  * uses them.
@@ -64,10 +65,7 @@
 
 namespace ws_cg = cooperative_groups;
 
-#define WS_THREADS 128 /* 4 warps = 4 k-slices (of each token group) */
-#define WS_KW 4
 #define WS_UNIT 32     /* columns per unit */
-#define WS_XROW 576    /* shared bytes per token row of a stage: 128 fp32 + 64 pad (bank spread) */
 
 enum { WS_DENSE = 0, WS_GATEUP, WS_DOWN };
 
@@ -76,31 +74,39 @@ template <> struct WsFmt<QF_BF16> { static constexpr int UB = 1024, SB = 0; };
 template <> struct WsFmt<QF_FP8> { static constexpr int UB = 512, SB = 0; };
 template <> struct WsFmt<QF_INT4> { static constexpr int UB = 256, SB = 32; };
 
+/* k-slices KW (warps per token group, units per stage): fixed per format, never
+ * by n.  INT4 units are 256 bytes, so INT4 takes 8 slices: twice the warps and
+ * bytes per stage for the same instruction overheads. */
+template <int F> static __host__ __device__ constexpr int ws_kw() { return F == QF_INT4 ? 8 : 4; }
+/* shared bytes per token row of a stage: KW*32 fp32 + 64 pad (rows alternate bank halves) */
+template <int F> static __host__ __device__ constexpr int ws_xrow() { return ws_kw<F>() * 128 + 64; }
 /* Per n-tile count NT: warps in WN token groups of NT/WN n-tiles each (so a big
  * batch is not one warp per scheduler), m-tiles per block MT (more for the
  * narrow formats, whose units are small: fewer fixed costs per byte), and
  * pipeline stages sized so NT <= 4 leaves room for two blocks per SM. */
-static __host__ __device__ constexpr int ws_wn(int NT) { return NT >= 4 ? NT / 2 : 1; }
+template <int F> static __host__ __device__ constexpr int ws_wn(int NT) {
+    return F == QF_INT4 ? (NT >= 8 ? 2 : 1) : (NT >= 4 ? NT / 2 : 1);
+}
 template <int F> static __host__ __device__ constexpr int ws_mt(int NT) { return F != QF_BF16 && NT <= 2 ? 8 : 4; }
-template <int F> static __host__ __device__ constexpr int ws_stages(int NT) { return NT <= 4 ? 4 : 3; }
+template <int F> static __host__ __device__ constexpr int ws_stages(int NT) { return NT <= 2 ? 4 : 3; }
 template <int F> static __host__ __device__ constexpr int ws_wbytes(int NT) {
-    return ws_mt<F>(NT) * WS_KW * (WsFmt<F>::UB + WsFmt<F>::SB);
+    return ws_mt<F>(NT) * ws_kw<F>() * (WsFmt<F>::UB + WsFmt<F>::SB);
 }
 /* A stage holds xcap token rows (at most NT*8: the most tokens a block of the
  * launch gets), so a decode step's stage is its weights and one row, and more
  * blocks fit an SM (issue slots, not bytes in flight, are what n = 1 runs out of). */
 template <int F> static __host__ __device__ constexpr int ws_stage_bytes(int NT, int xcap) {
-    return ws_wbytes<F>(NT) + xcap * WS_XROW;
+    return ws_wbytes<F>(NT) + xcap * ws_xrow<F>();
 }
 template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT, int xcap) {
-    /* the pipeline, reused at the end for the k-slice partials [4][MT*NT*4][32];
+    /* the pipeline, reused at the end for the k-slice partials [KW][MT*NT*4][32];
        an n-tile reads all 8 of its rows, so 7 rows of slack follow the last stage
        (rows past xcap hold garbage, feed only unstored output columns) */
-    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * WS_XROW > WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4
-               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * WS_XROW
-               : WS_KW * ws_mt<F>(NT) * NT * 4 * 32 * 4;
+    return ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * ws_xrow<F>() > ws_kw<F>() * ws_mt<F>(NT) * NT * 512
+               ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * ws_xrow<F>()
+               : ws_kw<F>() * ws_mt<F>(NT) * NT * 512;
 }
-template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return WS_THREADS * ws_wn(NT); }
+template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return 32 * ws_kw<F>() * ws_wn<F>(NT); }
 
 /* A routed-expert work item (moe_cuda.cu's sort writes them): one expert's
  * packed gate, up, down (data, INT4 scales / FP8 scale_inv) and at most C of its
@@ -119,7 +125,7 @@ struct WsArgs {
     int32_t fp8_block, fp8_scols;
     int32_t ks;          /* k-splits = cluster size (dense only; 1 for experts) */
     int32_t xcap;        /* token rows per stage: >= any block's token count, <= NT*8 */
-    int64_t units_per_split; /* a multiple of 4 */
+    int64_t units_per_split; /* a multiple of KW */
     /* dense */
     const uint8_t *wd;   /* packed data */
     const void *wsc;     /* INT4 packed scales / FP8 scale_inv */
@@ -199,20 +205,21 @@ static __device__ __forceinline__ void ws_split(const float4 v, uint32_t (&b)[4]
  * Warp (kw, wn) = (warp % 4, warp / 4): k-slice kw, n-tiles [wn*NTW, wn*NTW+NTW).
  */
 template <int F, int KIND, int NT>
-static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const WsArgs a) {
+static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsArgs a) {
     constexpr int MT = ws_mt<F>(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
-    constexpr int WN = ws_wn(NT), NTW = NT / WN, NTH = WS_THREADS * WN;
+    constexpr int KW = ws_kw<F>(), XROW = ws_xrow<F>();
+    constexpr int WN = ws_wn<F>(NT), NTW = NT / WN, NTH = ws_threads<F>(NT);
     constexpr int WB = ws_wbytes<F>(NT), NTOK = NT * 8;
     const int STB = ws_stage_bytes<F>(NT, a.xcap);
     constexpr int EW = MT * NTW * 4;           /* accumulators per lane */
     constexpr int WCH = UB / 16;               /* 16-byte chunks per unit */
-    constexpr int NWC = MT * WS_KW * WCH;      /* weight chunks per stage */
+    constexpr int NWC = MT * KW * WCH;      /* weight chunks per stage */
     constexpr int NCH = (NWC + NTH - 1) / NTH; /* of them per thread */
-    constexpr int NSC = MT * WS_KW * (SB / 16);
+    constexpr int NSC = MT * KW * (SB / 16);
     extern __shared__ __align__(16) uint8_t ws_smem[];
     __shared__ const float *xrows[NTOK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int kw = warp & (WS_KW - 1), wn = warp / WS_KW;
+    const int kw = warp % KW, wn = warp / KW;
 
     /* ---- what this block computes */
     int64_t grp = 0, rb, u_begin = 0, u_end = a.nu;
@@ -269,57 +276,57 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
     };
     const int nta = (ntok + 7) >> 3; /* active n-tiles */
     const bool xvec = KIND == WS_DOWN ? a.cols % 4 == 0 : a.xvec;
-    const int64_t nst = u_end > u_begin ? (u_end - u_begin + WS_KW - 1) / WS_KW : 0; /* a last split may be empty */
+    const int64_t nst = u_end > u_begin ? (u_end - u_begin + KW - 1) / KW : 0; /* a last split may be empty */
 
     /* this thread's weight chunks: chunk c = tid + k*NTH is byte 16c of a stage's
        weights, [tile][4 units][UB], so only the source moves from stage to stage */
     const uint8_t *wsrc[NCH];
 #pragma unroll
     for (int k = 0; k < NCH; k++) {
-        const int c = threadIdx.x + k * NTH, i = c / (WS_KW * WCH), r = c % (WS_KW * WCH);
+        const int c = threadIdx.x + k * NTH, i = c / (KW * WCH), r = c % (KW * WCH);
         wsrc[k] = c < NWC ? tile_w(i) + tile_mt(i) * a.nu * UB + r * 16 : nullptr;
     }
     const uint8_t *ssrc = nullptr;
     if constexpr (SB > 0) {
-        const int c = threadIdx.x, i = c / (WS_KW * (SB / 16)), r = c % (WS_KW * (SB / 16));
+        const int c = threadIdx.x, i = c / (KW * (SB / 16)), r = c % (KW * (SB / 16));
         if (c < NSC) ssrc = (const uint8_t *)tile_s(i) + tile_mt(i) * a.nu * SB + r * 16;
     }
     __syncthreads(); /* xrows */
 
-    /* ---- stage loader: units [u0, u0 + 4) of the MT tiles, columns [32 u0, 32 u0 + 128) of the tokens */
+    /* ---- stage loader: units [u0, u0 + KW) of the MT tiles, columns [32 u0, 32 (u0 + KW)) of the tokens */
     auto load_stage = [&](int64_t st) {
         if (st >= nst) return;
         uint8_t *sm = ws_smem + (st % S) * STB;
-        const int64_t u0 = u_begin + st * WS_KW;
-        const int nun = (int)(u_end - u0 < WS_KW ? u_end - u0 : WS_KW);
+        const int64_t u0 = u_begin + st * KW;
+        const int nun = (int)(u_end - u0 < KW ? u_end - u0 : KW);
 #pragma unroll
         for (int k = 0; k < NCH; k++) {
             const int c = threadIdx.x + k * NTH;
-            if ((NWC % NTH == 0 || c < NWC) && (c % (WS_KW * WCH)) / WCH < nun)
+            if ((NWC % NTH == 0 || c < NWC) && (c % (KW * WCH)) / WCH < nun)
                 ws_cp16(sm + c * 16, wsrc[k] + u0 * UB, 16);
         }
         if constexpr (SB > 0) {
             const int c = threadIdx.x;
-            if (c < NSC && (c % (WS_KW * (SB / 16))) / (SB / 16) < nun)
-                ws_cp16(sm + MT * WS_KW * UB + c * 16, ssrc + u0 * SB, 16);
+            if (c < NSC && (c % (KW * (SB / 16))) / (SB / 16) < nun)
+                ws_cp16(sm + MT * KW * UB + c * 16, ssrc + u0 * SB, 16);
         }
-        /* activations: ntok rows of 128 columns, zero past cols */
+        /* activations: ntok rows of KW*32 columns, zero past cols */
         uint8_t *xs = sm + WB;
         const int64_t c0 = u0 * WS_UNIT;
         if (xvec) {
-            for (int c = threadIdx.x; c < ntok * 32; c += NTH) {
-                const int tok = c >> 5, q = c & 31;
+            for (int c = threadIdx.x; c < ntok * (KW * 8); c += NTH) {
+                const int tok = c / (KW * 8), q = c % (KW * 8);
                 const int64_t col = c0 + 4 * q;
                 const int64_t left = (a.cols - col) * 4;
                 const int valid = left >= 16 ? 16 : left > 0 ? (int)left : 0;
-                ws_cp16(xs + tok * WS_XROW + q * 16, xrows[tok] + (valid > 0 ? col : 0), valid);
+                ws_cp16(xs + tok * XROW + q * 16, xrows[tok] + (valid > 0 ? col : 0), valid);
             }
         } else {
-            for (int c = threadIdx.x; c < ntok * 128; c += NTH) {
-                const int tok = c >> 7, q = c & 127;
+            for (int c = threadIdx.x; c < ntok * (KW * 32); c += NTH) {
+                const int tok = c / (KW * 32), q = c % (KW * 32);
                 const int64_t col = c0 + q;
                 const bool in = col < a.cols;
-                ws_cp4(xs + tok * WS_XROW + q * 4, xrows[tok] + (in ? col : 0), in ? 4 : 0);
+                ws_cp4(xs + tok * XROW + q * 4, xrows[tok] + (in ? col : 0), in ? 4 : 0);
             }
         }
     };
@@ -342,22 +349,22 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
         __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
         load_stage(st + S - 1);
         ws_commit();
-        const int64_t u = u_begin + st * WS_KW + kw;
+        const int64_t u = u_begin + st * KW + kw;
         if (u >= u_end || wn * NTW >= nta) continue;
         const uint8_t *sm = ws_smem + (st % S) * STB;
         /* B fragments of this warp's n-tiles, both k-steps: columns 4t.. of the unit's halves */
         uint32_t B[NTW][2][4];
-        const uint8_t *xs = sm + WB + kw * 128 + g * WS_XROW + t * 16;
+        const uint8_t *xs = sm + WB + kw * 128 + g * XROW + t * 16; /* this slice's 32 columns */
 #pragma unroll
         for (int n = 0; n < NTW; n++) {
             if (wn * NTW + n >= nta) break;
-            const uint8_t *xr = xs + (wn * NTW + n) * 8 * WS_XROW;
+            const uint8_t *xr = xs + (wn * NTW + n) * 8 * XROW;
             ws_split(*(const float4 *)xr, B[n][0]);
             ws_split(*(const float4 *)(xr + 64), B[n][1]);
         }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            const uint8_t *wu = sm + (i * WS_KW + kw) * UB;
+            const uint8_t *wu = sm + (i * KW + kw) * UB;
             uint32_t A[2][4];
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (F == QF_BF16) {
@@ -386,7 +393,7 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
                     A[0][r] = ws_int4_pair(v.x, r);
                     A[1][r] = ws_int4_pair(v.y, r);
                 }
-                const uint32_t s2 = *(const uint32_t *)(sm + MT * WS_KW * UB + (i * WS_KW + kw) * SB + g * 4);
+                const uint32_t s2 = *(const uint32_t *)(sm + MT * KW * UB + (i * KW + kw) * SB + g * 4);
                 sc0 = __uint_as_float(s2 << 16);
                 sc1 = __uint_as_float(s2 & 0xFFFF0000u);
             }
@@ -423,7 +430,7 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
         for (int n = 0; n < NTW; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++)
-                red[(((wn * WS_KW + kw) * EW) + (i * NTW + n) * 4 + c) * 32 + lane] = acc[i][n][c];
+                red[(((wn * KW + kw) * EW) + (i * NTW + n) * 4 + c) * 32 + lane] = acc[i][n][c];
 
     /* element q -> (token group, accumulator, lane) -> (tile, token, row); the
        k-slices (and splits) of one element are added in one fixed order */
@@ -442,8 +449,8 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
             float v = 0.0f; /* split 0's slice 0, then the rest added in order */
             for (int r = 0; r < ks; r++) {
                 const float *rr = ks > 1 ? ws_cg::this_cluster().map_shared_rank(red, r) : red;
-                for (int w = 0; w < WS_KW; w++) {
-                    const float p = rr[((gw * WS_KW + w) * EW + e) * 32 + l];
+                for (int w = 0; w < KW; w++) {
+                    const float p = rr[((gw * KW + w) * EW + e) * 32 + l];
                     v = (r == 0 && w == 0) ? p : v + p;
                 }
             }
@@ -459,15 +466,15 @@ static __global__ void __launch_bounds__(WS_THREADS * ws_wn(NT)) ws_kernel(const
             if (nt >= nta) continue;
             const int tok = nt * 8 + 2 * (l & 3) + (c & 1);
             if (tok >= ntok) continue;
-            const float *rg = red + (gw * WS_KW * EW) * 32;
+            const float *rg = red + (gw * KW * EW) * 32;
             float v = rg[e * 32 + l];
-            for (int w = 1; w < WS_KW; w++) v = v + rg[(w * EW + e) * 32 + l];
+            for (int w = 1; w < KW; w++) v = v + rg[(w * EW + e) * 32 + l];
             if constexpr (KIND == WS_GATEUP) {
                 const int64_t row = (rb * (MT / 2) + i) * 16 + (l >> 2) + 8 * (c >> 1);
                 if (row >= a.rows) continue;
                 const int eu = e + (MT / 2) * NTW * 4; /* the up tile of the same rows */
                 float u = rg[eu * 32 + l];
-                for (int w = 1; w < WS_KW; w++) u = u + rg[(w * EW + eu) * 32 + l];
+                for (int w = 1; w < KW; w++) u = u + rg[(w * EW + eu) * 32 + l];
                 a.y[(int64_t)(item.off + tok) * a.rows + row] = v / (1.0f + expf(-v)) * u;
             } else {
                 const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
