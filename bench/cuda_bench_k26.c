@@ -12,7 +12,7 @@
  * device copy bandwidth measured in the same run.  The routed experts touched
  * are counted from the router's actual choices (host readback after the timing).
  * Everything is measured twice: with the target's tensor_cores option off (fp32
- * CUDA-core matmuls) and on (mma.sync, qmatmul_tc.cuh).
+ * CUDA-core matmuls) and on (the weight-streaming mma.sync kernels, wstream.cuh).
  *
  *   cuda_bench_k26 [--quick]        (markdown on stdout)
  */

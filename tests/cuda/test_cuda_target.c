@@ -180,7 +180,7 @@ static void test_variant(const char *variant) {
  * random weights: prefill and tree verify logits.
  *   fast_attn: the bf16-cache attention (mla_verify_cuda.h), ~3 significant digits per
  *         score, so a 2e-2 bound;
- *   tc:   tensor_cores (qmatmul_tc.cuh) with INT4 routed experts and bf16 dense
+ *   tc:   tensor_cores (wstream.cuh) with INT4 routed experts and bf16 dense
  *         weights: ~1e-5 per product, compounded over 2 layers and the LM head,
  *         so a 1e-3 bound (measured: printed). */
 static void test_tc_option(bool fast_attn, bool tc) {

@@ -88,7 +88,9 @@ template <int F> static __host__ __device__ constexpr int ws_wn(int NT) {
     return F == QF_INT4 ? (NT >= 8 ? 2 : 1) : (NT >= 4 ? NT / 2 : 1);
 }
 template <int F> static __host__ __device__ constexpr int ws_mt(int NT) { return F != QF_BF16 && NT <= 2 ? 8 : 4; }
-template <int F> static __host__ __device__ constexpr int ws_stages(int NT) { return NT <= 2 ? 4 : 3; }
+template <int F> static __host__ __device__ constexpr int ws_stages(int NT) {
+    return NT <= 2 ? 4 : F == QF_INT4 && NT == 8 ? 2 : 3; /* INT4's 64 rows of 256 columns: 2 stages fit */
+}
 template <int F> static __host__ __device__ constexpr int ws_wbytes(int NT) {
     return ws_mt<F>(NT) * ws_kw<F>() * (WsFmt<F>::UB + WsFmt<F>::SB);
 }
@@ -106,6 +108,10 @@ template <int F> static __host__ __device__ constexpr int ws_smem_bytes(int NT, 
                ? ws_stages<F>(NT) * ws_stage_bytes<F>(NT, xcap) + 7 * ws_xrow<F>()
                : ws_kw<F>() * ws_mt<F>(NT) * NT * 512;
 }
+/* every instantiation fits the 227 KB an SM gives one block */
+static_assert(ws_smem_bytes<QF_INT4>(8, 64) <= 227 * 1024 && ws_smem_bytes<QF_INT4>(4, 32) <= 227 * 1024 &&
+                  ws_smem_bytes<QF_BF16>(8, 64) <= 227 * 1024 && ws_smem_bytes<QF_FP8>(8, 64) <= 227 * 1024,
+              "wstream stages exceed shared memory");
 template <int F> static __host__ __device__ constexpr int ws_threads(int NT) { return 32 * ws_kw<F>() * ws_wn<F>(NT); }
 
 /* A routed-expert work item (moe_cuda.cu's sort writes them): one expert's
