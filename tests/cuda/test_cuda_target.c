@@ -183,7 +183,8 @@ static void test_variant(const char *variant) {
  *   tc:   tensor_cores (wstream.cuh) with INT4 routed experts and bf16 dense
  *         weights: ~1e-5 per product, compounded over 2 layers and the LM head,
  *         so a 1e-3 bound (measured: printed). */
-static void test_tc_option(bool fast_attn, bool tc) {
+static void test_tc_option(bool fast_attn, bool tc, uint64_t seed) {
+    g_rng = seed; /* inputs of their own: the case does not move when other cases are added */
     ddt_model_config c;
     memset(&c, 0, sizeof c);
     c.hidden_size = 256;
@@ -253,9 +254,11 @@ static void test_tc_option(bool fast_attn, bool tc) {
         CHECK(finite && e[pass] < tol, "%s %s: error %.3g vs the exact path%s", what, pass ? "verify" : "prefill",
               e[pass], finite ? "" : " (non-finite values)");
     }
-    printf("  %s vs exact: prefill %.2e, verify %.2e\n", tc ? "tensor-core matmuls (INT4 experts)"
-                                                            : "fast (bf16, tensor-core) attention",
-           e[0], e[1]);
+    int maxd = 0;
+    for (int i = 0; i < NT; i++) maxd = depth[i] > maxd ? depth[i] : maxd;
+    printf("  %s vs exact (seed %016llx, tree depth %d): prefill %.2e, verify %.2e\n",
+           tc ? "tensor-core matmuls (INT4 experts)" : "fast (bf16, tensor-core) attention", (unsigned long long)seed,
+           maxd, e[0], e[1]);
     cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
     free(a), free(b);
     ddt_cuda_target_free(exact);
@@ -356,8 +359,11 @@ int main(int argc, char **argv) {
     int nv = quick ? 2 : (int)(sizeof variants / sizeof variants[0]);
     printf("CUDA target vs CPU target (normalised logit error):\n");
     for (int i = 0; i < nv; i++) test_variant(variants[i]);
-    test_tc_option(true, false);
-    test_tc_option(false, true);
+    /* several seeds: the fast attention's error depends on the tree (a tree that
+       fails is printed with its seed) */
+    static const uint64_t seeds[] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull};
+    for (int i = 0; i < 3; i++) test_tc_option(true, false, seeds[i]);
+    test_tc_option(false, true, seeds[0]);
     printf("engine, fixture pair (fp32 target + fp32 drafter):\n");
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);
