@@ -86,6 +86,8 @@ typedef struct ddt_engine_options {
     int32_t reserve_budget;    /* cpu: also allocate for ddt_engine_set_speculation to switch later
                                   generations to any mode up to a tree of this budget (loads the
                                   drafter even in ar mode); 0 = only the mode and budget above */
+    bool cuda_host_sampler;    /* cuda, tests: sample at T > 0 on the host over copied logits even
+                                  where the device sampler (sample_cuda.h) takes the settings */
 } ddt_engine_options;
 
 /* The backend an engine created with these options runs on (auto resolved). */

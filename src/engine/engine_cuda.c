@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_cuda.h"
+#include "backend/cuda/sample_cuda.h"
 #include "backend/cuda/tree_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -40,6 +41,7 @@ struct ddt_engine_cuda {
     void *topk_ws;
     size_t topk_ws_bytes;
     int32_t *target_next;  /* [max_nodes] */
+    ddt_cuda_sample_params *sp_d; /* the settings and round the sampled graph reads */
     int32_t *emit_d;       /* [DDT_CUDA_EMIT_WORDS] */
     int32_t *one;          /* [1] = 1 */
     ddt_cuda_tree tree;
@@ -50,6 +52,7 @@ struct ddt_engine_cuda {
     int32_t *tok_h, *par_h;/* [max_nodes] (T > 0) */
     ddt_tree htree;
     ddt_sampler *sampler;
+    ddt_cuda_sample_params *sp_h; /* pinned staging of sp_d, rewritten before each sampled round */
     /* --budget auto: the host builder, its cost model, pinned staging of table and tree */
     bool auto_budget;
     ddt_builder *builder;
@@ -63,8 +66,20 @@ struct ddt_engine_cuda {
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
     int32_t graph_budget;
+    int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
     cudaEvent_t ev[N_EVENTS];
 };
+
+/* How a round picks the target's token at each node: argmax (T = 0), the device
+ * sampler (sample_cuda.h: the CPU's draws, inside the graph), or the host sampler
+ * over copied logits (settings the device sampler does not take). */
+enum { NEXT_ARGMAX = 0, NEXT_SAMPLE = 1, NEXT_HOST = 2 };
+
+static int next_mode(const ddt_engine_cuda *e) {
+    if (e->opts.sampling.temperature <= 0.0f) return NEXT_ARGMAX;
+    if (e->opts.cuda_host_sampler) return NEXT_HOST;
+    return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -86,11 +101,12 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
         if (e->ev[i]) cudaEventDestroy(e->ev[i]);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
-                   e->emit_d, e->one};
+                   e->emit_d, e->one, e->sp_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
-    void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h};
+    void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h,
+                      e->sp_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     ddt_builder_destroy(e->builder);
@@ -185,6 +201,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         cudaError_t ce = cudaMemcpy(e->one, &one, sizeof one, cudaMemcpyHostToDevice);
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->emit_h, DDT_CUDA_EMIT_WORDS * sizeof(int32_t));
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->walk_h, (DDT_MAX_PATH + 2) * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->sp_h, sizeof(ddt_cuda_sample_params));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->sp_d, sizeof(ddt_cuda_sample_params));
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->logits_h, (size_t)e->max_nodes * V * sizeof(float));
         for (int i = 0; i < N_EVENTS && ce == cudaSuccess; i++) ce = cudaEventCreate(&e->ev[i]);
         if (ce != cudaSuccess) {
@@ -266,24 +284,49 @@ static ddt_status launch_commit(ddt_engine_cuda *e, ddt_error *err) {
     return DDT_OK;
 }
 
-/* The whole greedy round (the graph's body); AR (budget 0): one target step. */
+/* The target's token at each of the n rows of logits (n_dev: the same count on
+ * the device, as the argmax kernel reads it): argmax, or the device sampler with
+ * the settings and round in sp_d. */
+static ddt_status launch_next(ddt_engine_cuda *e, int mode, int32_t n, const int32_t *n_dev, int32_t *out,
+                              ddt_error *err) {
+    if (mode == NEXT_SAMPLE) return ddt_cuda_sample_nodes_dev(e->logits, e->vocab, n, e->vocab, e->sp_d, 0, out, e->s, err);
+    return ddt_cuda_argmax_rows(e->logits, n, n_dev, e->vocab, out, e->s, err);
+}
+
+/* Stage the settings and this round's counter for the device sampler (the
+ * previous round was synchronised, so the pinned buffer is free). */
+static ddt_status stage_sampling(ddt_engine_cuda *e, uint64_t round, ddt_error *err) {
+    const ddt_sampling *sm = &e->opts.sampling;
+    *e->sp_h = (ddt_cuda_sample_params){sm->temperature, sm->top_k, sm->top_p, 0u, sm->seed, round};
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->sp_d, e->sp_h, sizeof *e->sp_h, cudaMemcpyHostToDevice, e->s), err);
+    return DDT_OK;
+}
+
+/* The whole device round (the graph's body), greedy or with the device sampler
+ * (mode); AR (budget 0): one target step. */
 static ddt_status launch_greedy_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    const int mode = e->graph_next;
     DDT_CUDA_TRY(mark(e, 0), err);
     if (e->opts.mode == DDT_MODE_AR) {
         TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
-        TRY(ddt_cuda_argmax_rows(e->logits, 1, e->one, e->vocab, e->tree.root_token, e->s, err));
+        TRY(launch_next(e, mode, 1, e->one, e->tree.root_token, err));
         DDT_CUDA_TRY(mark(e, 3), err);
         return DDT_OK;
     }
     TRY(launch_draft_build(e, budget, k, err));
     TRY(launch_verify(e, budget + 1, err));
-    TRY(ddt_cuda_argmax_rows(e->logits, budget + 1, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
+    TRY(launch_next(e, mode, budget + 1, e->tree.n_nodes, e->target_next, err));
     TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
     DDT_CUDA_TRY(mark(e, 4), err);
     return launch_commit(e, err);
 }
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    if (e->graph) {
+        DDT_CUDA_TRY(cudaGraphExecDestroy(e->graph), err);
+        e->graph = NULL;
+    }
+    e->graph_next = next_mode(e) == NEXT_SAMPLE ? NEXT_SAMPLE : NEXT_ARGMAX;
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
     ddt_status st = launch_greedy_round(e, budget, k, err);
     cudaGraph_t g = NULL;
@@ -458,12 +501,15 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
 
 /* The first token (after the prompt) or an AR step's token from logits row 0. */
 static ddt_status next_token(ddt_engine_cuda *e, uint64_t round, int32_t *tok, ddt_error *err) {
-    if (e->opts.sampling.temperature <= 0.0f) {
-        TRY(ddt_cuda_argmax_rows(e->logits, 1, e->one, e->vocab, e->tree.root_token, e->s, err));
+    const int mode = next_mode(e);
+    if (mode != NEXT_HOST) {
+        if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
+        TRY(launch_next(e, mode, 1, e->one, e->tree.root_token, err));
         DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
                      err);
         DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
         *tok = e->emit_h[0];
+        if (*tok < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
         return DDT_OK;
     }
     DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)e->vocab, cudaMemcpyDeviceToHost,
@@ -494,6 +540,13 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
     const bool greedy = e->opts.sampling.temperature <= 0.0f;
+    const int mode = next_mode(e);
+    const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
+    /* settings changed since the graph was captured (set_sampling): capture it again
+       for the full budget, before the first round */
+    if (!e->auto_budget && on_device && e->graph_next != mode)
+        TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
+                          e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
     TRY(ddt_cuda_target_reset(e->target, err));
     if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
     ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
@@ -518,12 +571,14 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
         if (room < 0) break;
         double t0 = now_s();
         int32_t n = 0, m;
-        if (e->opts.mode == DDT_MODE_AR && greedy) {
+        if (e->opts.mode == DDT_MODE_AR && on_device) {
+            if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
             DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
             DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
                          err);
             DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
             bonus = e->emit_h[0];
+            if (bonus < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
             n = m = 1;
             s.t_verify += elapsed(e->ev[0], e->ev[3]);
             ddt_emitter_push(&em, &bonus, 1);
@@ -541,7 +596,8 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (budget < 1) break; /* no node fits: the context is full */
             if (e->auto_budget) {
                 TRY(auto_round(e, budget, bonus, len, round, greedy, &n, err));
-            } else if (greedy) {
+            } else if (on_device) {
+                if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
@@ -564,6 +620,10 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             s.t_walk += elapsed(e->ev[3], e->ev[4]);
             s.t_commit += elapsed(e->ev[4], e->ev[5]);
             bonus = e->emit_h[1 + m];
+            for (int32_t i = 0; i < m; i++) /* the device sampler's mark of a NaN / infinite logits row */
+                if (e->emit_h[2 + i] < 0)
+                    return ddt_fail(err, DDT_ERR_INVALID, "round %llu: the target's logits hold a NaN or an infinity",
+                                    (unsigned long long)round);
             ddt_emitter_push(&em, e->emit_h + 2, m);
         }
         len += m;

@@ -272,6 +272,10 @@ typedef struct run_out {
 } run_out;
 
 static bool g_tensor_cores; /* run_engine's engines use --tensor-cores */
+/* T > 0 settings and the host-sampler switch of run_engine (the device sampler's checks) */
+static int32_t g_top_k = 0;
+static float g_top_p = 1.0f;
+static bool g_host_sampler = false;
 
 /* budget < 0: --budget auto capped at -budget */
 static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
@@ -283,7 +287,8 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.budget = budget < 0 ? -budget : budget;
     o.budget_auto = budget < 0;
     o.tensor_cores = g_tensor_cores;
-    o.sampling = (ddt_sampling){temp, 0, 1.0f, 7};
+    o.sampling = (ddt_sampling){temp, g_top_k, g_top_p, 7};
+    o.cuda_host_sampler = g_host_sampler;
     o.n_threads = 2;
     o.max_ctx = 0; /* the model's default */
     ddt_engine *e;
@@ -350,6 +355,28 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     CHECK(t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n), "%s: T=1 not reproducible", model);
     printf("  tree T=1 budget 16: tau %.2f (reproducible: %s)\n", t1.st.mean_acceptance,
            t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n) ? "yes" : "NO");
+    /* the device sampler (inside the round's graph) draws what the host sampler draws
+       from the same GPU logits: token for token, plain T and top-k + top-p, ar and tree */
+    static const struct {
+        int mode, budget, k;
+        float p;
+    } sc[] = {{DDT_MODE_AR, 0, 0, 1.0f}, {DDT_MODE_TREE, 16, 0, 1.0f}, {DDT_MODE_TREE, 16, 40, 0.9f},
+              {DDT_MODE_CHAIN, 0, 5, 0.8f}};
+    for (int c = 0; c < 4; c++) {
+        run_out dv, hs;
+        g_top_k = sc[c].k, g_top_p = sc[c].p;
+        run_engine(model, draft, DDT_BACKEND_CUDA, sc[c].mode, sc[c].budget, 1.0f, prompt, np, max_new, &dv);
+        g_host_sampler = true;
+        run_engine(model, draft, DDT_BACKEND_CUDA, sc[c].mode, sc[c].budget, 1.0f, prompt, np, max_new, &hs);
+        g_host_sampler = false;
+        const bool eq = dv.n == hs.n && !memcmp(dv.ids, hs.ids, sizeof(int32_t) * (size_t)dv.n);
+        CHECK(eq, "%s: T=1 %s top-k %d top-p %g: device sampler != host sampler", model, ddt_mode_name(sc[c].mode),
+              sc[c].k, (double)sc[c].p);
+        printf("  T=1 %s%s top-k %d top-p %g: device sampler == host sampler: %s (%.1f vs %.1f tok/s, tau %.2f)\n",
+               ddt_mode_name(sc[c].mode), sc[c].mode == DDT_MODE_TREE ? " 16" : "", sc[c].k, (double)sc[c].p,
+               eq ? "yes" : "NO", dv.st.tokens_per_s, hs.st.tokens_per_s, dv.st.mean_acceptance);
+    }
+    g_top_k = 0, g_top_p = 1.0f;
 }
 
 int main(int argc, char **argv) {
