@@ -28,6 +28,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "io/config.h"
+#include "model/drafter_desc.h"
 
 #define NAME_MAX_LEN 512
 /* Tokens per append chunk: bounds the append scratch whatever m the caller passes. */
@@ -472,8 +473,9 @@ struct ddt_drafter {
     ddt_cpu_pool *pool;
     bool own_pool;
 
-    int32_t H, heads, kv_heads, hd, qd, kvd, inter, L, F, V, n_layers, max_ctx;
-    float eps, scale, rope_attn;
+    ddt_drafter_dims dims;       /* drafter_desc.h */
+    int32_t V, max_ctx;
+    float rope_attn;
 
     ddt_qweight fc;              /* [H][F] */
     ddt_cpu_vec hidden_norm;     /* [H] */
@@ -500,10 +502,10 @@ struct ddt_drafter {
 };
 
 static float *kv_k(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->kvd;
+    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->dims.kvd;
 }
 static float *kv_v(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->kvd;
+    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->dims.kvd;
 }
 
 static ddt_status load_linear(ddt_drafter *d, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
@@ -540,27 +542,27 @@ static ddt_status load_layer(ddt_drafter *d, int32_t l, ddt_error *err) {
     ddt_status st;
 #define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
     LN("input_layernorm.weight");
-    if ((st = load_vec(d, b, d->H, &Y->attn_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(d, b, d->dims.H, &Y->attn_norm, err)) != DDT_OK) return st;
     LN("post_attention_layernorm.weight");
-    if ((st = load_vec(d, b, d->H, &Y->mlp_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(d, b, d->dims.H, &Y->mlp_norm, err)) != DDT_OK) return st;
     LN("self_attn.q_proj");
-    if ((st = load_linear(d, b, d->qd, d->H, &Y->q_proj, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.qd, d->dims.H, &Y->q_proj, err)) != DDT_OK) return st;
     LN("self_attn.k_proj");
-    if ((st = load_linear(d, b, d->kvd, d->H, &Y->k_proj, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.kvd, d->dims.H, &Y->k_proj, err)) != DDT_OK) return st;
     LN("self_attn.v_proj");
-    if ((st = load_linear(d, b, d->kvd, d->H, &Y->v_proj, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.kvd, d->dims.H, &Y->v_proj, err)) != DDT_OK) return st;
     LN("self_attn.o_proj");
-    if ((st = load_linear(d, b, d->H, d->qd, &Y->o_proj, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.H, d->dims.qd, &Y->o_proj, err)) != DDT_OK) return st;
     LN("self_attn.q_norm.weight");
-    if ((st = load_vec(d, b, d->hd, &Y->q_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(d, b, d->dims.hd, &Y->q_norm, err)) != DDT_OK) return st;
     LN("self_attn.k_norm.weight");
-    if ((st = load_vec(d, b, d->hd, &Y->k_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(d, b, d->dims.hd, &Y->k_norm, err)) != DDT_OK) return st;
     LN("mlp.gate_proj");
-    if ((st = load_linear(d, b, d->inter, d->H, &Y->gate, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.inter, d->dims.H, &Y->gate, err)) != DDT_OK) return st;
     LN("mlp.up_proj");
-    if ((st = load_linear(d, b, d->inter, d->H, &Y->up, err)) != DDT_OK) return st;
+    if ((st = load_linear(d, b, d->dims.inter, d->dims.H, &Y->up, err)) != DDT_OK) return st;
     LN("mlp.down_proj");
-    return load_linear(d, b, d->H, d->inter, &Y->down, err);
+    return load_linear(d, b, d->dims.H, d->dims.inter, &Y->down, err);
 #undef LN
 }
 
@@ -580,10 +582,10 @@ static ddt_status scan_tensors(const ddt_drafter *d, ddt_error *err) {
         if (strncmp(n, "layers.", 7) == 0) {
             char *end;
             long idx = strtol(n + 7, &end, 10);
-            if (end != n + 7 && *end == '.' && (idx < 0 || idx >= d->n_layers))
+            if (end != n + 7 && *end == '.' && (idx < 0 || idx >= d->dims.n_layers))
                 return ddt_fail(err, DDT_ERR_FORMAT,
                                 "file %s: tensor %s: layer %ld but config num_hidden_layers is %d",
-                                ddt_checkpoint_file_name(d->ck, t->file_index), t->name, idx, d->n_layers);
+                                ddt_checkpoint_file_name(d->ck, t->file_index), t->name, idx, d->dims.n_layers);
         }
     }
     return DDT_OK;
@@ -631,25 +633,25 @@ static void *state_alloc(ddt_drafter *d, size_t n, size_t sz, bool *ok) {
 }
 
 static ddt_status alloc_state(ddt_drafter *d, ddt_error *err) {
-    size_t L = (size_t)d->L, C = APPEND_CHUNK, half = (size_t)d->hd / 2;
+    size_t L = (size_t)d->dims.L, C = APPEND_CHUNK, half = (size_t)d->dims.hd / 2;
     size_t kv_n, feat_n;
-    if (!ddt_mul_size((size_t)d->n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->kvd, &kv_n) ||
-        !ddt_mul_size(C, (size_t)d->F, &feat_n))
+    if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n) ||
+        !ddt_mul_size(C, (size_t)d->dims.F, &feat_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     bool ok = true;
     d->kv = state_alloc(d, kv_n, sizeof(float), &ok);
     d->positions = state_alloc(d, (size_t)d->max_ctx, sizeof(int32_t), &ok);
     d->inv_freq = state_alloc(d, half, sizeof(float), &ok);
-    d->x = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->xn = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->tmp = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->q = state_alloc(d, L * (size_t)d->qd, sizeof(float), &ok);
-    d->o = state_alloc(d, L * (size_t)d->qd, sizeof(float), &ok);
-    d->g = state_alloc(d, L * (size_t)d->inter, sizeof(float), &ok);
-    d->u = state_alloc(d, L * (size_t)d->inter, sizeof(float), &ok);
+    d->x = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
+    d->xn = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
+    d->tmp = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
+    d->q = state_alloc(d, L * (size_t)d->dims.qd, sizeof(float), &ok);
+    d->o = state_alloc(d, L * (size_t)d->dims.qd, sizeof(float), &ok);
+    d->g = state_alloc(d, L * (size_t)d->dims.inter, sizeof(float), &ok);
+    d->u = state_alloc(d, L * (size_t)d->dims.inter, sizeof(float), &ok);
     d->cos_b = state_alloc(d, L * half, sizeof(float), &ok);
     d->sin_b = state_alloc(d, L * half, sizeof(float), &ok);
-    d->ctx = state_alloc(d, C * (size_t)d->H, sizeof(float), &ok);
+    d->ctx = state_alloc(d, C * (size_t)d->dims.H, sizeof(float), &ok);
     d->feat = state_alloc(d, feat_n, sizeof(float), &ok);
     d->cos_c = state_alloc(d, C * half, sizeof(float), &ok);
     d->sin_c = state_alloc(d, C * half, sizeof(float), &ok);
@@ -673,22 +675,11 @@ ddt_status ddt_drafter_load(const char *dir, const ddt_drafter_target *target, c
     const ddt_drafter_config *c = &d->cfg;
     if ((st = check_target(c, target, where, err)) != DDT_OK) goto fail;
     d->target = *target;
-    d->H = c->hidden_size;
-    d->heads = c->num_attention_heads;
-    d->kv_heads = c->num_key_value_heads;
-    d->hd = c->head_dim;
-    d->qd = d->heads * d->hd;
-    d->kvd = d->kv_heads * d->hd;
-    d->inter = c->intermediate_size;
-    d->L = c->block_size;
-    d->F = c->n_target_layers * d->H;
+    ddt_drafter_dims_fill(c, &d->dims);
     d->V = target->vocab_size;
-    d->n_layers = c->num_hidden_layers;
     d->max_ctx = opts->max_ctx;
-    d->cap = opts->max_ctx + d->L;
-    d->eps = c->rms_norm_eps;
-    d->scale = 1.0f / sqrtf((float)d->hd);
-    if ((int64_t)d->heads * d->hd > INT32_MAX / 2 || (int64_t)c->n_target_layers * d->H > INT32_MAX / 2) {
+    d->cap = opts->max_ctx + d->dims.L;
+    if ((int64_t)d->dims.heads * d->dims.hd > INT32_MAX / 2 || (int64_t)c->n_target_layers * d->dims.H > INT32_MAX / 2) {
         st = ddt_fail(err, DDT_ERR_RANGE, "%s: attention or feature width overflows", where);
         goto fail;
     }
@@ -704,15 +695,15 @@ ddt_status ddt_drafter_load(const char *dir, const ddt_drafter_target *target, c
         goto fail;
     }
     if ((st = scan_tensors(d, err)) != DDT_OK) goto fail;
-    if ((st = load_linear(d, "fc", d->H, d->F, &d->fc, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "hidden_norm.weight", d->H, &d->hidden_norm, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "norm.weight", d->H, &d->final_norm, err)) != DDT_OK) goto fail;
-    d->layers = ddt_calloc_array((size_t)d->n_layers, sizeof *d->layers);
+    if ((st = load_linear(d, "fc", d->dims.H, d->dims.F, &d->fc, err)) != DDT_OK) goto fail;
+    if ((st = load_vec(d, "hidden_norm.weight", d->dims.H, &d->hidden_norm, err)) != DDT_OK) goto fail;
+    if ((st = load_vec(d, "norm.weight", d->dims.H, &d->final_norm, err)) != DDT_OK) goto fail;
+    d->layers = ddt_calloc_array((size_t)d->dims.n_layers, sizeof *d->layers);
     if (!d->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int32_t l = 0; l < d->n_layers; l++)
+    for (int32_t l = 0; l < d->dims.n_layers; l++)
         if ((st = load_layer(d, l, err)) != DDT_OK) goto fail;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     d->rope_attn = ddt_drafter_config_rope(c, d->inv_freq);
@@ -742,8 +733,8 @@ void ddt_drafter_free(ddt_drafter *d) {
 }
 
 const ddt_drafter_config *ddt_drafter_get_config(const ddt_drafter *d) { return &d->cfg; }
-int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->L; }
-int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->F; }
+int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->dims.L; }
+int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->dims.F; }
 int32_t ddt_drafter_vocab(const ddt_drafter *d) { return d->V; }
 int32_t ddt_drafter_len(const ddt_drafter *d) { return d->len; }
 int32_t ddt_drafter_max_ctx(const ddt_drafter *d) { return d->max_ctx; }
@@ -759,8 +750,8 @@ uint64_t ddt_drafter_state_bytes(const ddt_drafter *d) { return d->state_bytes; 
  */
 static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, const ddt_cpu_vec *w,
                             const float *cs, const float *sn) {
-    const int32_t hd = d->hd, half = hd / 2;
-    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->eps, rows, hd);
+    const int32_t hd = d->dims.hd, half = hd / 2;
+    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->dims.eps, rows, hd);
     for (int32_t i = 0; i < n; i++)
         for (int32_t h = 0; h < nh; h++)
             ddt_cpu_rope_rotate(rows + ((size_t)i * nh + h) * hd, hd, false, cs + (size_t)i * half,
@@ -769,23 +760,23 @@ static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, 
 
 /* K/V of n context tokens (ctx [n][H], normed) into cache rows len..len+n-1 of every layer. */
 static void context_kv(ddt_drafter *d, const float *ctx, int32_t n, const int32_t *pos) {
-    const int32_t half = d->hd / 2;
+    const int32_t half = d->dims.hd / 2;
     for (int32_t i = 0; i < n; i++)
         ddt_cpu_rope_cos_sin(d->inv_freq, half, pos[i], d->rope_attn, d->cos_c + (size_t)i * half,
                              d->sin_c + (size_t)i * half);
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const drafter_layer *Y = &d->layers[l];
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->H, n, k, d->kvd);
-        norm_rope_heads(d, k, n, d->kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->H, n, v, d->kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->dims.H, n, k, d->dims.kvd);
+        norm_rope_heads(d, k, n, d->dims.kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->dims.H, n, v, d->dims.kvd);
     }
 }
 
 /* One chunk (n <= APPEND_CHUNK) of features [n][F] (row stride ldf) at positions pos. */
 static void append_chunk(ddt_drafter *d, const float *features, int64_t ldf, int32_t n, const int32_t *pos) {
-    ddt_cpu_matmul(d->pool, &d->fc, features, ldf, n, d->ctx, d->H);
-    ddt_cpu_rmsnorm(d->pool, d->ctx, d->H, n, d->H, &d->hidden_norm, d->eps, d->ctx, d->H);
+    ddt_cpu_matmul(d->pool, &d->fc, features, ldf, n, d->ctx, d->dims.H);
+    ddt_cpu_rmsnorm(d->pool, d->ctx, d->dims.H, n, d->dims.H, &d->hidden_norm, d->dims.eps, d->ctx, d->dims.H);
     context_kv(d, d->ctx, n, pos);
     memcpy(d->positions + d->len, pos, sizeof(int32_t) * (size_t)n);
     d->len += n;
@@ -814,7 +805,7 @@ ddt_status ddt_drafter_append_context(ddt_drafter *d, const float *features, con
     }
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
-        append_chunk(d, features + (size_t)i * d->F, d->F, n, positions + i);
+        append_chunk(d, features + (size_t)i * d->dims.F, d->dims.F, n, positions + i);
     }
     return DDT_OK;
 }
@@ -836,11 +827,11 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
         for (int32_t k = 0; k < n; k++) {
             for (int32_t s = 0; s < d->cfg.n_target_layers; s++)
-                memcpy(d->feat + (size_t)k * d->F + (size_t)s * d->H, layers[s] + (size_t)rows[i + k] * d->H,
-                       sizeof(float) * (size_t)d->H);
+                memcpy(d->feat + (size_t)k * d->dims.F + (size_t)s * d->dims.H, layers[s] + (size_t)rows[i + k] * d->dims.H,
+                       sizeof(float) * (size_t)d->dims.H);
             d->pos_c[k] = next + i + k;
         }
-        append_chunk(d, d->feat, d->F, n, d->pos_c);
+        append_chunk(d, d->feat, d->dims.F, n, d->pos_c);
     }
     return DDT_OK;
 }
@@ -863,11 +854,11 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     (void)thread;
     const attn_job *J = ctx;
     const ddt_drafter *d = J->d;
-    const int32_t hd = d->hd, group = d->heads / d->kv_heads, kvd = d->kvd;
+    const int32_t hd = d->dims.hd, group = d->dims.heads / d->dims.kv_heads, kvd = d->dims.kvd;
     float acc[DDT_DRAFTER_MAX_HEAD_DIM];
     for (int64_t it = begin; it < end; it++) {
-        const int64_t t = it / d->heads, h = it % d->heads, g = h / group;
-        const float *q = d->q + t * d->qd + h * hd;
+        const int64_t t = it / d->dims.heads, h = it % d->dims.heads, g = h / group;
+        const float *q = d->q + t * d->dims.qd + h * hd;
         /* online softmax in fp32, rows in increasing order */
         float m = -INFINITY, sum = 0.0f;
         for (int32_t j = 0; j < hd; j++) acc[j] = 0.0f;
@@ -875,7 +866,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             const float *kr = J->k + r * kvd + g * hd, *vr = J->v + r * kvd + g * hd;
             float s = 0.0f;
             for (int32_t j = 0; j < hd; j++) s += q[j] * kr[j];
-            s *= d->scale;
+            s *= d->dims.scale;
             if (s > m) {
                 float c = expf(m - s); /* 0 on the first row (m = -inf) */
                 sum *= c;
@@ -886,7 +877,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             sum += p;
             for (int32_t j = 0; j < hd; j++) acc[j] += p * vr[j];
         }
-        float *o = d->o + t * d->qd + h * hd;
+        float *o = d->o + t * d->dims.qd + h * hd;
         float inv = 1.0f / sum;
         for (int32_t j = 0; j < hd; j++) o[j] = acc[j] * inv;
     }
@@ -897,36 +888,36 @@ ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_e
     if (bonus < 0 || bonus >= d->V)
         return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: bonus token %d outside the vocabulary 0..%d", bonus,
                         d->V - 1);
-    const int32_t H = d->H, L = d->L, half = d->hd / 2, p0 = ddt_drafter_next_position(d);
+    const int32_t H = d->dims.H, L = d->dims.L, half = d->dims.hd / 2, p0 = ddt_drafter_next_position(d);
     for (int32_t i = 0; i < L; i++) {
         int32_t id = i == 0 ? bonus : d->cfg.mask_token_id;
         ddt_cpu_dequant(d->target.embed, id, 0, H, d->x + (size_t)i * H);
         ddt_cpu_rope_cos_sin(d->inv_freq, half, (int64_t)p0 + i, d->rope_attn, d->cos_b + (size_t)i * half,
                              d->sin_b + (size_t)i * half);
     }
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const drafter_layer *Y = &d->layers[l];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->qd);
-        norm_rope_heads(d, d->q, L, d->heads, &Y->q_norm, d->cos_b, d->sin_b);
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->dims.qd);
+        norm_rope_heads(d, d->q, L, d->dims.heads, &Y->q_norm, d->cos_b, d->sin_b);
         /* block K/V in the scratch rows after the context */
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->kvd);
-        norm_rope_heads(d, k, L, d->kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->dims.kvd);
+        norm_rope_heads(d, k, L, d->dims.kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->dims.kvd);
         attn_job job = {.d = d, .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L};
-        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->heads);
-        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->qd, L, d->tmp, H);
+        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->dims.heads);
+        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->dims.qd, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->inter);
-        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->inter);
-        ddt_cpu_silu_mul(d->pool, d->g, d->inter, d->u, d->inter, L, d->inter);
-        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->inter, L, d->tmp, H);
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->dims.inter);
+        ddt_cpu_silu_mul(d->pool, d->g, d->dims.inter, d->u, d->dims.inter, L, d->dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->dims.inter, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
     }
     /* only positions 1..L-1 are drafts */
-    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->final_norm, d->eps, d->xn, H);
+    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->final_norm, d->dims.eps, d->xn, H);
     ddt_cpu_matmul(d->pool, d->target.lm_head, d->xn, H, L - 1, logits, d->V);
     return DDT_OK;
 }

@@ -31,6 +31,7 @@
 #include "backend/cuda/nn_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "model/drafter_desc.h"
 
 #define NAME_MAX_LEN 512
 /* Rows per attention split while the context is short; long contexts get longer
@@ -53,8 +54,8 @@ typedef struct cuda_layer {
 struct ddt_cuda_drafter {
     ddt_drafter_config cfg;
     ddt_cuda_drafter_target target; /* borrowed device weights */
-    int32_t H, heads, kv_heads, hd, qd, kvd, inter, L, F, V, n_layers, max_ctx, cap, n_tl;
-    float eps;
+    ddt_drafter_dims dims;          /* drafter_desc.h */
+    int32_t V, max_ctx, cap;
     ddt_dflash_attn attn;
 
     ddt_qweight fc;            /* [H][F] */
@@ -80,10 +81,10 @@ struct ddt_cuda_drafter {
 };
 
 static float *kv_k(const ddt_cuda_drafter *d, int32_t l) {
-    return d->kv + ((size_t)l * 2 + 0) * (size_t)d->cap * (size_t)d->kvd;
+    return d->kv + ((size_t)l * 2 + 0) * (size_t)d->cap * (size_t)d->dims.kvd;
 }
 static float *kv_v(const ddt_cuda_drafter *d, int32_t l) {
-    return d->kv + ((size_t)l * 2 + 1) * (size_t)d->cap * (size_t)d->kvd;
+    return d->kv + ((size_t)l * 2 + 1) * (size_t)d->cap * (size_t)d->dims.kvd;
 }
 
 /* ------------------------------------------------------------------ load */
@@ -137,27 +138,27 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_checkpoint *ck, co
     char b[NAME_MAX_LEN];
 #define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
     LN("input_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->H, &Y->attn_norm, err));
+    TRY(upload_vec(d, ck, px, b, d->dims.H, &Y->attn_norm, err));
     LN("post_attention_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->H, &Y->mlp_norm, err));
+    TRY(upload_vec(d, ck, px, b, d->dims.H, &Y->mlp_norm, err));
     LN("self_attn.q_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->hd, &Y->q_norm, err));
+    TRY(upload_vec(d, ck, px, b, d->dims.hd, &Y->q_norm, err));
     LN("self_attn.k_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->hd, &Y->k_norm, err));
+    TRY(upload_vec(d, ck, px, b, d->dims.hd, &Y->k_norm, err));
     LN("self_attn.q_proj");
-    TRY(upload_linear(d, ck, px, b, d->qd, d->H, &Y->q_proj, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.qd, d->dims.H, &Y->q_proj, err));
     LN("self_attn.k_proj");
-    TRY(upload_linear(d, ck, px, b, d->kvd, d->H, &Y->k_proj, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.kvd, d->dims.H, &Y->k_proj, err));
     LN("self_attn.v_proj");
-    TRY(upload_linear(d, ck, px, b, d->kvd, d->H, &Y->v_proj, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.kvd, d->dims.H, &Y->v_proj, err));
     LN("self_attn.o_proj");
-    TRY(upload_linear(d, ck, px, b, d->H, d->qd, &Y->o_proj, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.H, d->dims.qd, &Y->o_proj, err));
     LN("mlp.gate_proj");
-    TRY(upload_linear(d, ck, px, b, d->inter, d->H, &Y->gate, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.inter, d->dims.H, &Y->gate, err));
     LN("mlp.up_proj");
-    TRY(upload_linear(d, ck, px, b, d->inter, d->H, &Y->up, err));
+    TRY(upload_linear(d, ck, px, b, d->dims.inter, d->dims.H, &Y->up, err));
     LN("mlp.down_proj");
-    return upload_linear(d, ck, px, b, d->H, d->inter, &Y->down, err);
+    return upload_linear(d, ck, px, b, d->dims.H, d->dims.inter, &Y->down, err);
 #undef LN
 }
 
@@ -167,10 +168,10 @@ static ddt_status upload_weights(ddt_cuda_drafter *d, const char *dir, ddt_error
     /* The CPU load already required fc.weight with or without "model."; pick the same. */
     const char *px = (ddt_checkpoint_find(ck, "fc.weight") || ddt_checkpoint_find(ck, "fc.weight_packed")) ? ""
                                                                                                           : "model.";
-    ddt_status st = upload_linear(d, ck, px, "fc", d->H, d->F, &d->fc, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "hidden_norm.weight", d->H, &d->hidden_norm, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "norm.weight", d->H, &d->final_norm, err);
-    for (int32_t l = 0; st == DDT_OK && l < d->n_layers; l++) st = upload_layer(d, ck, px, l, err);
+    ddt_status st = upload_linear(d, ck, px, "fc", d->dims.H, d->dims.F, &d->fc, err);
+    if (st == DDT_OK) st = upload_vec(d, ck, px, "hidden_norm.weight", d->dims.H, &d->hidden_norm, err);
+    if (st == DDT_OK) st = upload_vec(d, ck, px, "norm.weight", d->dims.H, &d->final_norm, err);
+    for (int32_t l = 0; st == DDT_OK && l < d->dims.n_layers; l++) st = upload_layer(d, ck, px, l, err);
     ddt_checkpoint_close(ck);
     return st;
 }
@@ -179,7 +180,7 @@ static ddt_status upload_weights(ddt_cuda_drafter *d, const char *dir, ddt_error
  * (ddt_drafter_config_rope), uploaded once. */
 static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
     const ddt_drafter_config *c = &d->cfg;
-    const int32_t half = d->hd / 2;
+    const int32_t half = d->dims.hd / 2;
     float inv_freq[DDT_ROPE_MAX_DIM / 2];
     const float attn = ddt_drafter_config_rope(c, inv_freq);
     size_t n = (size_t)d->cap * (size_t)half;
@@ -201,10 +202,10 @@ static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
 }
 
 static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
-    const size_t L = (size_t)d->L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->hd / 2;
+    const size_t L = (size_t)d->dims.L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->dims.hd / 2;
     const size_t scr = C > L ? C : L;
     size_t kv_n;
-    if (!ddt_mul_size((size_t)d->n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->kvd, &kv_n))
+    if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     uint64_t attn_n = ddt_dflash_attn_scratch_floats(&d->attn);
     TRY(dev_alloc(d, (void **)&d->kv, kv_n, sizeof(float), err));
@@ -215,26 +216,26 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     TRY(dev_alloc(d, (void **)&d->ids, L, sizeof(int32_t), err));
     TRY(dev_alloc(d, (void **)&d->iota, C, sizeof(int32_t), err));
     TRY(dev_alloc(d, (void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->feat, C * (size_t)d->F, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->ctx, C * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->kscr, scr * (size_t)d->kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->vscr, scr * (size_t)d->kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->x, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->xn, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->tmp, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->q, L * (size_t)d->qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->o, L * (size_t)d->qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->g, L * (size_t)d->inter, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->u, L * (size_t)d->inter, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->kscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->vscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->x, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->q, L * (size_t)d->dims.qd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->o, L * (size_t)d->dims.qd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->g, L * (size_t)d->dims.inter, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->u, L * (size_t)d->dims.inter, sizeof(float), err));
     TRY(dev_alloc(d, (void **)&d->attn_scratch, (size_t)attn_n, sizeof(float), err));
 
     /* NaN in every activation and cache row until written, so a read of a row
      * nothing wrote shows in the logits (the tests rely on it) */
     float *poison[] = {d->kv, d->feat, d->ctx, d->kscr, d->vscr, d->x, d->xn, d->tmp, d->q, d->o, d->g, d->u,
                        d->attn_scratch};
-    const size_t poison_n[] = {kv_n, C * (size_t)d->F, C * (size_t)d->H, scr * (size_t)d->kvd, scr * (size_t)d->kvd,
-                               L * (size_t)d->H, L * (size_t)d->H, L * (size_t)d->H, L * (size_t)d->qd,
-                               L * (size_t)d->qd, L * (size_t)d->inter, L * (size_t)d->inter, (size_t)attn_n};
+    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, scr * (size_t)d->dims.kvd, scr * (size_t)d->dims.kvd,
+                               L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.qd,
+                               L * (size_t)d->dims.qd, L * (size_t)d->dims.inter, L * (size_t)d->dims.inter, (size_t)attn_n};
     for (size_t i = 0; i < sizeof poison / sizeof poison[0]; i++)
         DDT_CUDA_TRY(cudaMemset(poison[i], 0xFF, poison_n[i] * sizeof(float)), err);
 
@@ -276,34 +277,23 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
 
     const ddt_drafter_config *c = &d->cfg;
     d->target = *t;
-    d->H = c->hidden_size;
-    d->heads = c->num_attention_heads;
-    d->kv_heads = c->num_key_value_heads;
-    d->hd = c->head_dim;
-    d->qd = d->heads * d->hd;
-    d->kvd = d->kv_heads * d->hd;
-    d->inter = c->intermediate_size;
-    d->L = c->block_size;
-    d->n_tl = c->n_target_layers;
-    d->F = d->n_tl * d->H;
+    ddt_drafter_dims_fill(c, &d->dims);
     d->V = t->vocab_size;
-    d->n_layers = c->num_hidden_layers;
     d->max_ctx = max_ctx;
-    d->cap = max_ctx + d->L;
-    d->eps = c->rms_norm_eps;
+    d->cap = max_ctx + d->dims.L;
     int32_t split = ATTN_SPLIT_MIN;
     if ((d->cap + split - 1) / split > ATTN_MAX_SPLITS)
         split = ((d->cap + ATTN_MAX_SPLITS - 1) / ATTN_MAX_SPLITS + 31) / 32 * 32;
-    d->attn = (ddt_dflash_attn){.n_block = d->L, .heads = d->heads, .kv_heads = d->kv_heads, .hd = d->hd,
-                                .max_rows = d->cap, .split = split, .scale = 1.0f / sqrtf((float)d->hd)};
+    d->attn = (ddt_dflash_attn){.n_block = d->dims.L, .heads = d->dims.heads, .kv_heads = d->dims.kv_heads, .hd = d->dims.hd,
+                                .max_rows = d->cap, .split = split, .scale = d->dims.scale};
 
     ddt_status st;
-    if (d->hd > DDT_DFLASH_MAX_HEAD_DIM) {
+    if (d->dims.hd > DDT_DFLASH_MAX_HEAD_DIM) {
         st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s/config.json: head_dim %d (the GPU drafter handles up to %d)", dir,
-                      d->hd, DDT_DFLASH_MAX_HEAD_DIM);
+                      d->dims.hd, DDT_DFLASH_MAX_HEAD_DIM);
         goto fail;
     }
-    d->layers = ddt_calloc_array((size_t)d->n_layers, sizeof *d->layers);
+    d->layers = ddt_calloc_array((size_t)d->dims.n_layers, sizeof *d->layers);
     if (!d->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
@@ -328,7 +318,7 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
     free_weight(&d->fc);
     ddt_cuda_free(d->hidden_norm);
     ddt_cuda_free(d->final_norm);
-    for (int32_t l = 0; d->layers && l < d->n_layers; l++) {
+    for (int32_t l = 0; d->layers && l < d->dims.n_layers; l++) {
         cuda_layer *Y = &d->layers[l];
         ddt_cuda_free(Y->attn_norm);
         ddt_cuda_free(Y->mlp_norm);
@@ -346,7 +336,7 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
 }
 
 const ddt_drafter_config *ddt_cuda_drafter_config(const ddt_cuda_drafter *d) { return &d->cfg; }
-int32_t ddt_cuda_drafter_block_size(const ddt_cuda_drafter *d) { return d->L; }
+int32_t ddt_cuda_drafter_block_size(const ddt_cuda_drafter *d) { return d->dims.L; }
 int32_t ddt_cuda_drafter_max_ctx(const ddt_cuda_drafter *d) { return d->max_ctx; }
 const int32_t *ddt_cuda_drafter_len_device(const ddt_cuda_drafter *d) { return d->len; }
 const int32_t *ddt_cuda_drafter_status_device(const ddt_cuda_drafter *d) { return d->status; }
@@ -369,23 +359,23 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
  */
 static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *count_dev, int32_t count_host,
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
-    const int32_t H = d->H;
-    TRY(ddt_cuda_matmul(&d->fc, d->feat, d->F, n, d->ctx, H, s, err));
-    TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->eps, d->ctx, H, s, err));
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    const int32_t H = d->dims.H;
+    TRY(ddt_cuda_matmul(&d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
+    TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->dims.eps, d->ctx, H, s, err));
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->ctx, H, n, d->kscr, d->kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, d->hd, n * d->kv_heads, d->hd, Y->k_norm, d->eps, d->kscr, d->hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->ctx, H, n, d->vscr, d->kvd, s, err));
+        TRY(ddt_cuda_matmul(&Y->k_proj, d->ctx, H, n, d->kscr, d->dims.kvd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->kscr, d->dims.hd, n * d->dims.kv_heads, d->dims.hd, Y->k_norm, d->dims.eps, d->kscr, d->dims.hd, s, err));
+        TRY(ddt_cuda_matmul(&Y->v_proj, d->ctx, H, n, d->vscr, d->dims.kvd, s, err));
         TRY(ddt_dflash_kv_store(d->kscr, d->vscr, n, count_dev, count_host, max_count, d->len, d->max_ctx, d->cos_t,
-                                d->sin_t, d->kv_heads, d->hd, kv_k(d, l), kv_v(d, l), s, err));
+                                d->sin_t, d->dims.kv_heads, d->dims.hd, kv_k(d, l), kv_v(d, l), s, err));
     }
     return ddt_dflash_advance(d->len, d->status, count_dev, count_host, max_count, d->max_ctx, s, err);
 }
 
 static ddt_status check_layers(const ddt_cuda_drafter *d, const float *const *layers, ddt_error *err) {
     if (!layers) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: NULL layers");
-    for (int32_t i = 0; i < d->n_tl; i++)
+    for (int32_t i = 0; i < d->dims.n_tl; i++)
         if (!layers[i]) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: feature layer %d is NULL", i);
     return DDT_OK;
 }
@@ -398,8 +388,8 @@ ddt_status ddt_cuda_drafter_append_rows(ddt_cuda_drafter *d, const float *const 
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: max_m %d outside 1..%d", max_m, DDT_MAX_PATH);
     /* rows past m may hold anything: gather max_m rows that exist, store only m */
     TRY(ddt_dflash_clamp_rows(rows, m, max_m, d->rows, s, err));
-    for (int32_t i = 0; i < d->n_tl; i++)
-        TRY(ddt_cuda_gather_rows(d->feat + (size_t)i * d->H, d->F, layers[i], d->H, d->rows, max_m, d->H, s, err));
+    for (int32_t i = 0; i < d->dims.n_tl; i++)
+        TRY(ddt_cuda_gather_rows(d->feat + (size_t)i * d->dims.H, d->dims.F, layers[i], d->dims.H, d->rows, max_m, d->dims.H, s, err));
     return append_feat(d, max_m, m, 0, max_m, s, err);
 }
 
@@ -411,9 +401,9 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: %d tokens (context of %d)", m, d->max_ctx);
     for (int32_t i = 0; i < m; i += DDT_CUDA_DRAFTER_PREFIX_CHUNK) {
         const int32_t n = m - i < DDT_CUDA_DRAFTER_PREFIX_CHUNK ? m - i : DDT_CUDA_DRAFTER_PREFIX_CHUNK;
-        for (int32_t k = 0; k < d->n_tl; k++)
-            TRY(ddt_cuda_gather_rows(d->feat + (size_t)k * d->H, d->F, layers[k] + (size_t)i * d->H, d->H, d->iota,
-                                     n, d->H, s, err));
+        for (int32_t k = 0; k < d->dims.n_tl; k++)
+            TRY(ddt_cuda_gather_rows(d->feat + (size_t)k * d->dims.H, d->dims.F, layers[k] + (size_t)i * d->dims.H, d->dims.H, d->iota,
+                                     n, d->dims.H, s, err));
         TRY(append_feat(d, n, NULL, n, n, s, err));
     }
     return DDT_OK;
@@ -424,32 +414,32 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
 ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, float *logits, ddt_cuda_stream s,
                                   ddt_error *err) {
     if (!d || !bonus || !logits) return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: NULL argument");
-    const int32_t H = d->H, L = d->L, hd = d->hd;
+    const int32_t H = d->dims.H, L = d->dims.L, hd = d->dims.hd;
     DDT_CUDA_TRY(cudaMemcpyAsync(d->ids, bonus, sizeof(int32_t), cudaMemcpyDeviceToDevice, (cudaStream_t)s), err);
     TRY(ddt_cuda_embed(d->target.embed, d->ids, L, d->x, H, s, err));
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->attn_norm, d->eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->q_proj, d->xn, H, L, d->q, d->qd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->q, hd, L * d->heads, hd, Y->q_norm, d->eps, d->q, hd, s, err));
-        TRY(ddt_dflash_rope(d->q, L, d->heads, hd, d->len, d->cos_t, d->sin_t, d->cap, s, err));
+        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->attn_norm, d->dims.eps, d->xn, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->q_proj, d->xn, H, L, d->q, d->dims.qd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->q, hd, L * d->dims.heads, hd, Y->q_norm, d->dims.eps, d->q, hd, s, err));
+        TRY(ddt_dflash_rope(d->q, L, d->dims.heads, hd, d->len, d->cos_t, d->sin_t, d->cap, s, err));
         /* block K/V in the cache rows just after the context (scratch, never committed) */
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->xn, H, L, d->kscr, d->kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, hd, L * d->kv_heads, hd, Y->k_norm, d->eps, d->kscr, hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->xn, H, L, d->vscr, d->kvd, s, err));
-        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, L, NULL, L, L, d->len, d->cap, d->cos_t, d->sin_t, d->kv_heads, hd,
+        TRY(ddt_cuda_matmul(&Y->k_proj, d->xn, H, L, d->kscr, d->dims.kvd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->kscr, hd, L * d->dims.kv_heads, hd, Y->k_norm, d->dims.eps, d->kscr, hd, s, err));
+        TRY(ddt_cuda_matmul(&Y->v_proj, d->xn, H, L, d->vscr, d->dims.kvd, s, err));
+        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, L, NULL, L, L, d->len, d->cap, d->cos_t, d->sin_t, d->dims.kv_heads, hd,
                                 kv_k(d, l), kv_v(d, l), s, err));
         TRY(ddt_dflash_attention(&d->attn, d->q, kv_k(d, l), kv_v(d, l), d->len, d->attn_scratch, d->o, s, err));
-        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, d->qd, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, d->dims.qd, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->mlp_norm, d->eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->gate, d->xn, H, L, d->g, d->inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->up, d->xn, H, L, d->u, d->inter, s, err));
-        TRY(ddt_cuda_silu_mul(d->g, d->inter, d->u, d->inter, L, d->inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->down, d->g, d->inter, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->mlp_norm, d->dims.eps, d->xn, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->gate, d->xn, H, L, d->g, d->dims.inter, s, err));
+        TRY(ddt_cuda_matmul(&Y->up, d->xn, H, L, d->u, d->dims.inter, s, err));
+        TRY(ddt_cuda_silu_mul(d->g, d->dims.inter, d->u, d->dims.inter, L, d->dims.inter, s, err));
+        TRY(ddt_cuda_matmul(&Y->down, d->g, d->dims.inter, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
     }
     /* only positions 1..L-1 are drafts */
-    TRY(ddt_cuda_rmsnorm(d->x + H, H, L - 1, H, d->final_norm, d->eps, d->xn, H, s, err));
+    TRY(ddt_cuda_rmsnorm(d->x + H, H, L - 1, H, d->final_norm, d->dims.eps, d->xn, H, s, err));
     return ddt_cuda_matmul(d->target.lm_head, d->xn, H, L - 1, logits, d->V, s, err);
 }

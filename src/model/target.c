@@ -30,6 +30,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/target_desc.h"
 
 #define LATENT_NORM_EPS 1e-6f
 #define NAME_MAX_LEN 512
@@ -44,10 +45,8 @@ struct ddt_target {
     ddt_cpu_pool *pool;
     int32_t max_ctx, max_tokens;
 
-    /* dimensions */
-    int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers;
-    int32_t n_experts, top_k, inter_max;
-    float eps, softmax_scale, rope_attn;
+    ddt_target_dims dims;    /* target_desc.h */
+    float rope_attn;
 
     ddt_qweight embed;       /* [vocab][hidden] */
     ddt_cpu_vec final_norm;  /* [hidden] */
@@ -159,11 +158,11 @@ static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, ddt_ta
     char b[NAME_MAX_LEN];
     ddt_status st;
     snprintf(b, sizeof b, "%s.gate_proj", pre);
-    if ((st = load_linear(t, b, inter, t->hidden, &m->gate, err)) != DDT_OK) return st;
+    if ((st = load_linear(t, b, inter, t->dims.hidden, &m->gate, err)) != DDT_OK) return st;
     snprintf(b, sizeof b, "%s.up_proj", pre);
-    if ((st = load_linear(t, b, inter, t->hidden, &m->up, err)) != DDT_OK) return st;
+    if ((st = load_linear(t, b, inter, t->dims.hidden, &m->up, err)) != DDT_OK) return st;
     snprintf(b, sizeof b, "%s.down_proj", pre);
-    return load_linear(t, b, t->hidden, inter, &m->down, err);
+    return load_linear(t, b, t->dims.hidden, inter, &m->down, err);
 }
 
 /* How a MoE layer stores its routed experts. */
@@ -244,7 +243,7 @@ static ddt_status classify_experts(ddt_target *t, int32_t l, expert_layout *kind
  * rows [0, I) of gate_up_proj[e], its up rows [I, 2I) (transformers concatenates
  * gate then up, as its MoE forward chunks them), its down is down_proj[e]. */
 static ddt_status load_fused_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
-    const int64_t E = t->n_experts, I = t->cfg.moe_intermediate_size, H = t->hidden;
+    const int64_t E = t->dims.n_experts, I = t->cfg.moe_intermediate_size, H = t->dims.hidden;
     char gname[NAME_MAX_LEN], dname[NAME_MAX_LEN];
     int a = snprintf(gname, sizeof gname, "%smodel.layers.%d.mlp.experts.gate_up_proj", t->cfg.tensor_prefix, l);
     int b = snprintf(dname, sizeof dname, "%smodel.layers.%d.mlp.experts.down_proj", t->cfg.tensor_prefix, l);
@@ -287,7 +286,7 @@ static ddt_status load_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts
     t->expert_layout_layer = l;
     if (kind == EXPERTS_FUSED) return load_fused_experts(t, l, experts, err);
     char b[NAME_MAX_LEN];
-    for (int32_t e = 0; e < t->n_experts; e++) {
+    for (int32_t e = 0; e < t->dims.n_experts; e++) {
         snprintf(b, sizeof b, "model.layers.%d.mlp.experts.%d", l, e);
         if ((st = load_mlp(t, b, t->cfg.moe_intermediate_size, &experts[e], err)) != DDT_OK) return st;
     }
@@ -301,29 +300,29 @@ static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
     ddt_status st;
 #define LNAME(fmt) snprintf(b, sizeof b, "model.layers.%d." fmt, l)
     LNAME("input_layernorm.weight");
-    if ((st = load_vec(t, b, t->hidden, &L->attn_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(t, b, t->dims.hidden, &L->attn_norm, err)) != DDT_OK) return st;
     LNAME("post_attention_layernorm.weight");
-    if ((st = load_vec(t, b, t->hidden, &L->mlp_norm, err)) != DDT_OK) return st;
-    if (t->q_lora > 0) {
+    if ((st = load_vec(t, b, t->dims.hidden, &L->mlp_norm, err)) != DDT_OK) return st;
+    if (t->dims.q_lora > 0) {
         LNAME("self_attn.q_a_proj");
-        if ((st = load_linear(t, b, t->q_lora, t->hidden, &L->q_a, err)) != DDT_OK) return st;
+        if ((st = load_linear(t, b, t->dims.q_lora, t->dims.hidden, &L->q_a, err)) != DDT_OK) return st;
         LNAME("self_attn.q_a_layernorm.weight");
-        if ((st = load_vec(t, b, t->q_lora, &L->q_a_norm, err)) != DDT_OK) return st;
+        if ((st = load_vec(t, b, t->dims.q_lora, &L->q_a_norm, err)) != DDT_OK) return st;
         LNAME("self_attn.q_b_proj");
-        if ((st = load_linear(t, b, (int64_t)t->heads * t->qdim, t->q_lora, &L->q_b, err)) != DDT_OK) return st;
+        if ((st = load_linear(t, b, (int64_t)t->dims.heads * t->dims.qdim, t->dims.q_lora, &L->q_b, err)) != DDT_OK) return st;
     } else {
         LNAME("self_attn.q_proj");
-        if ((st = load_linear(t, b, (int64_t)t->heads * t->qdim, t->hidden, &L->q_proj, err)) != DDT_OK) return st;
+        if ((st = load_linear(t, b, (int64_t)t->dims.heads * t->dims.qdim, t->dims.hidden, &L->q_proj, err)) != DDT_OK) return st;
     }
     LNAME("self_attn.kv_a_proj_with_mqa");
-    if ((st = load_linear(t, b, t->rank + t->rope, t->hidden, &L->kv_a, err)) != DDT_OK) return st;
+    if ((st = load_linear(t, b, t->dims.rank + t->dims.rope, t->dims.hidden, &L->kv_a, err)) != DDT_OK) return st;
     LNAME("self_attn.kv_a_layernorm.weight");
-    if ((st = load_vec(t, b, t->rank, &L->kv_a_norm, err)) != DDT_OK) return st;
+    if ((st = load_vec(t, b, t->dims.rank, &L->kv_a_norm, err)) != DDT_OK) return st;
     LNAME("self_attn.kv_b_proj");
-    if ((st = load_linear(t, b, (int64_t)t->heads * (t->nope + t->vdim), t->rank, &L->kv_b, err)) != DDT_OK)
+    if ((st = load_linear(t, b, (int64_t)t->dims.heads * (t->dims.nope + t->dims.vdim), t->dims.rank, &L->kv_b, err)) != DDT_OK)
         return st;
     LNAME("self_attn.o_proj");
-    if ((st = load_linear(t, b, t->hidden, (int64_t)t->heads * t->vdim, &L->o_proj, err)) != DDT_OK) return st;
+    if ((st = load_linear(t, b, t->dims.hidden, (int64_t)t->dims.heads * t->dims.vdim, &L->o_proj, err)) != DDT_OK) return st;
 
     L->moe = ddt_config_layer_is_moe(c, l);
     if (!L->moe) {
@@ -331,11 +330,11 @@ static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
         return load_mlp(t, b, c->intermediate_size, &L->mlp, err);
     }
     LNAME("mlp.gate");
-    if ((st = load_linear(t, b, t->n_experts, t->hidden, &L->router, err)) != DDT_OK) return st;
+    if ((st = load_linear(t, b, t->dims.n_experts, t->dims.hidden, &L->router, err)) != DDT_OK) return st;
     /* noaux_tc (the only method accepted) chooses with the correction bias */
     LNAME("mlp.gate.e_score_correction_bias");
-    if ((st = load_vec(t, b, t->n_experts, &L->router_bias, err)) != DDT_OK) return st;
-    L->experts = ddt_calloc_array((size_t)t->n_experts, sizeof *L->experts);
+    if ((st = load_vec(t, b, t->dims.n_experts, &L->router_bias, err)) != DDT_OK) return st;
+    L->experts = ddt_calloc_array((size_t)t->dims.n_experts, sizeof *L->experts);
     if (!L->experts) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
     uint64_t before = t->weight_bytes;
     if ((st = load_experts(t, l, L->experts, err)) != DDT_OK) return st;
@@ -411,10 +410,10 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     ddt_status st;
     size_t T = (size_t)t->max_tokens;
     size_t th, tq, tl, ti;
-    if (!ddt_mul_size(T, (size_t)t->hidden, &th) ||
-        !ddt_mul_size(T, (size_t)t->heads * (size_t)t->qdim, &tq) ||
-        !ddt_mul_size(T, (size_t)t->heads * (size_t)t->rank, &tl) ||
-        !ddt_mul_size(T, (size_t)t->inter_max, &ti))
+    if (!ddt_mul_size(T, (size_t)t->dims.hidden, &th) ||
+        !ddt_mul_size(T, (size_t)t->dims.heads * (size_t)t->dims.qdim, &tq) ||
+        !ddt_mul_size(T, (size_t)t->dims.heads * (size_t)t->dims.rank, &tl) ||
+        !ddt_mul_size(T, (size_t)t->dims.inter_max, &ti))
         return ddt_fail(err, DDT_ERR_RANGE, "run state for %d tokens per forward overflows", t->max_tokens);
     bool ok = true;
     t->x = state_alloc(t, th, sizeof(float), &ok);
@@ -422,25 +421,25 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->tmp = state_alloc(t, th, sizeof(float), &ok);
     t->acc = state_alloc(t, th, sizeof(float), &ok);
     t->gx = state_alloc(t, th, sizeof(float), &ok);
-    t->qa = state_alloc(t, T * (size_t)(t->q_lora > 0 ? t->q_lora : 1), sizeof(float), &ok);
+    t->qa = state_alloc(t, T * (size_t)(t->dims.q_lora > 0 ? t->dims.q_lora : 1), sizeof(float), &ok);
     t->q = state_alloc(t, tq, sizeof(float), &ok);
-    t->kva = state_alloc(t, T * (size_t)(t->rank + t->rope), sizeof(float), &ok);
+    t->kva = state_alloc(t, T * (size_t)(t->dims.rank + t->dims.rope), sizeof(float), &ok);
     t->q_lat = state_alloc(t, tl, sizeof(float), &ok);
     t->o_lat = state_alloc(t, tl, sizeof(float), &ok);
-    t->o_v = state_alloc(t, T * (size_t)t->heads * (size_t)t->vdim, sizeof(float), &ok);
+    t->o_v = state_alloc(t, T * (size_t)t->dims.heads * (size_t)t->dims.vdim, sizeof(float), &ok);
     t->g = state_alloc(t, ti, sizeof(float), &ok);
     t->u = state_alloc(t, ti, sizeof(float), &ok);
-    t->cosv = state_alloc(t, T * (size_t)(t->rope / 2), sizeof(float), &ok);
-    t->sinv = state_alloc(t, T * (size_t)(t->rope / 2), sizeof(float), &ok);
+    t->cosv = state_alloc(t, T * (size_t)(t->dims.rope / 2), sizeof(float), &ok);
+    t->sinv = state_alloc(t, T * (size_t)(t->dims.rope / 2), sizeof(float), &ok);
     t->pos = state_alloc(t, T, sizeof(int32_t), &ok);
-    t->inv_freq = state_alloc(t, (size_t)(t->rope / 2), sizeof(float), &ok);
-    if (t->n_experts > 0) {
-        t->rlogits = state_alloc(t, T * (size_t)t->n_experts, sizeof(float), &ok);
-        t->ridx = state_alloc(t, T * (size_t)t->top_k, sizeof(int32_t), &ok);
-        t->rw = state_alloc(t, T * (size_t)t->top_k, sizeof(float), &ok);
-        t->ecount = state_alloc(t, (size_t)t->n_experts + 1, sizeof(int32_t), &ok);
-        t->etok = state_alloc(t, T * (size_t)t->top_k, sizeof(int32_t), &ok);
-        t->ewt = state_alloc(t, T * (size_t)t->top_k, sizeof(float), &ok);
+    t->inv_freq = state_alloc(t, (size_t)(t->dims.rope / 2), sizeof(float), &ok);
+    if (t->dims.n_experts > 0) {
+        t->rlogits = state_alloc(t, T * (size_t)t->dims.n_experts, sizeof(float), &ok);
+        t->ridx = state_alloc(t, T * (size_t)t->dims.top_k, sizeof(int32_t), &ok);
+        t->rw = state_alloc(t, T * (size_t)t->dims.top_k, sizeof(float), &ok);
+        t->ecount = state_alloc(t, (size_t)t->dims.n_experts + 1, sizeof(int32_t), &ok);
+        t->etok = state_alloc(t, T * (size_t)t->dims.top_k, sizeof(int32_t), &ok);
+        t->ewt = state_alloc(t, T * (size_t)t->dims.top_k, sizeof(float), &ok);
     }
     if (t->n_capture > 0) {
         size_t cap;
@@ -452,7 +451,7 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->last_depth = state_alloc(t, T, sizeof(int32_t), &ok);
     t->last_vis = state_alloc(t, T * (size_t)t->vis_words_max, sizeof(uint64_t), &ok);
     if (!ok) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the run state (%d tokens)", t->max_tokens);
-    st = ddt_kv_cache_alloc(t->n_layers, t->rank + t->rope, t->max_ctx, &t->kv, err);
+    st = ddt_kv_cache_alloc(t->dims.n_layers, t->dims.rank + t->dims.rope, t->max_ctx, &t->kv, err);
     if (st == DDT_OK)
         t->state_bytes += (uint64_t)t->kv.n_layers * (uint64_t)t->kv.capacity * (uint64_t)t->kv.width * sizeof(float);
     return st;
@@ -484,48 +483,26 @@ ddt_status ddt_target_load(const char *dir, const ddt_target_options *opts, ddt_
     t->n_capture = opts->n_capture;
     t->max_ctx = opts->max_ctx;
     t->max_tokens = opts->max_tokens;
-    t->hidden = c->hidden_size;
-    t->heads = c->num_attention_heads;
-    t->nope = c->qk_nope_head_dim;
-    t->rope = c->qk_rope_head_dim;
-    t->vdim = c->v_head_dim;
-    t->rank = c->kv_lora_rank;
-    t->qdim = t->nope + t->rope;
-    t->q_lora = c->q_lora_rank;
-    t->vocab = c->vocab_size;
-    t->n_layers = c->num_hidden_layers;
-    t->eps = c->rms_norm_eps;
-    t->softmax_scale = ddt_config_softmax_scale(c);
-    t->inter_max = 1;
-    for (int32_t l = 0; l < t->n_layers; l++) {
-        int32_t need = ddt_config_layer_is_moe(c, l)
-                           ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
-                           : c->intermediate_size;
-        if (ddt_config_layer_is_moe(c, l)) {
-            t->n_experts = c->n_routed_experts;
-            t->top_k = c->num_experts_per_tok;
-        }
-        if (need > t->inter_max) t->inter_max = need;
-    }
+    ddt_target_dims_fill(c, &t->dims);
 
     if ((st = ddt_checkpoint_open(dir, &t->ck, err)) != DDT_OK) goto fail;
-    if ((st = load_linear(t, "model.embed_tokens", t->vocab, t->hidden, &t->embed, err)) != DDT_OK) goto fail;
+    if ((st = load_linear(t, "model.embed_tokens", t->dims.vocab, t->dims.hidden, &t->embed, err)) != DDT_OK) goto fail;
     t->embed_bytes = t->weight_bytes;
-    if ((st = load_vec(t, "model.norm.weight", t->hidden, &t->final_norm, err)) != DDT_OK) goto fail;
+    if ((st = load_vec(t, "model.norm.weight", t->dims.hidden, &t->final_norm, err)) != DDT_OK) goto fail;
     if (c->tie_word_embeddings) {
         t->lm_head = t->embed;
-    } else if ((st = load_linear(t, "lm_head", t->vocab, t->hidden, &t->lm_head, err)) != DDT_OK) {
+    } else if ((st = load_linear(t, "lm_head", t->dims.vocab, t->dims.hidden, &t->lm_head, err)) != DDT_OK) {
         goto fail;
     }
-    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
+    t->layers = ddt_calloc_array((size_t)t->dims.n_layers, sizeof *t->layers);
     if (!t->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int32_t l = 0; l < t->n_layers; l++)
+    for (int32_t l = 0; l < t->dims.n_layers; l++)
         if ((st = load_layer(t, l, err)) != DDT_OK) goto fail;
 
-    t->route = (ddt_moe_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
+    t->route = (ddt_moe_route_params){.n_experts = t->dims.n_experts, .top_k = t->dims.top_k,
                                       .n_group = c->n_group > 0 ? c->n_group : 1,
                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
                                       .norm_topk_prob = c->norm_topk_prob,
@@ -546,7 +523,7 @@ void ddt_target_free(ddt_target *t) {
     if (!t) return;
     ddt_cpu_pool_destroy(t->pool);
     if (t->layers)
-        for (int32_t l = 0; l < t->n_layers; l++) free(t->layers[l].experts);
+        for (int32_t l = 0; l < t->dims.n_layers; l++) free(t->layers[l].experts);
     free(t->layers);
     ddt_kv_cache_free(&t->kv);
     void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->gx,
@@ -559,14 +536,14 @@ void ddt_target_free(ddt_target *t) {
 }
 
 const ddt_model_config *ddt_target_config(const ddt_target *t) { return &t->cfg; }
-int32_t ddt_target_vocab(const ddt_target *t) { return t->vocab; }
+int32_t ddt_target_vocab(const ddt_target *t) { return t->dims.vocab; }
 int32_t ddt_target_len(const ddt_target *t) { return t->kv.len; }
 int32_t ddt_target_max_ctx(const ddt_target *t) { return t->max_ctx; }
 int32_t ddt_target_max_tokens(const ddt_target *t) { return t->max_tokens; }
 int32_t ddt_target_threads(const ddt_target *t) { return ddt_cpu_pool_threads(t->pool); }
 const ddt_qweight *ddt_target_embed(const ddt_target *t) { return &t->embed; }
 const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l) {
-    return l >= 0 && l < t->n_layers ? &t->layers[l] : NULL;
+    return l >= 0 && l < t->dims.n_layers ? &t->layers[l] : NULL;
 }
 const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->final_norm; }
 ddt_status ddt_target_rope_table(const ddt_model_config *c, int32_t pos0, int32_t n, float *cos_out,
@@ -591,10 +568,10 @@ uint64_t ddt_target_weight_bytes(const ddt_target *t) { return t->weight_bytes; 
 uint64_t ddt_target_decode_bytes(const ddt_target *t) {
     uint64_t b = t->weight_bytes;
     /* an untied embedding table is read one row per token */
-    if (!t->cfg.tie_word_embeddings) b = b - t->embed_bytes + t->embed_bytes / (uint64_t)t->vocab;
+    if (!t->cfg.tie_word_embeddings) b = b - t->embed_bytes + t->embed_bytes / (uint64_t)t->dims.vocab;
     /* routed experts are equal in size: a token reads top_k of n_experts per layer */
-    if (t->n_experts > 0)
-        b = b - t->routed_bytes + t->routed_bytes / (uint64_t)t->n_experts * (uint64_t)t->top_k;
+    if (t->dims.n_experts > 0)
+        b = b - t->routed_bytes + t->routed_bytes / (uint64_t)t->dims.n_experts * (uint64_t)t->dims.top_k;
     return b;
 }
 uint64_t ddt_target_state_bytes(const ddt_target *t) { return t->state_bytes; }
@@ -602,7 +579,7 @@ uint64_t ddt_target_state_bytes(const ddt_target *t) { return t->state_bytes; }
 const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tokens) {
     if (n_tokens) *n_tokens = t->n_last;
     if (slot < 0 || slot >= t->n_capture || t->n_last == 0) return NULL;
-    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->hidden;
+    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->dims.hidden;
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -610,15 +587,15 @@ const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tok
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) for n rows of in [n][hidden]. */
 static void mlp_forward(ddt_target *t, const ddt_target_mlp *m, const float *in, int64_t n, float *out) {
     int64_t inter = m->gate.rows;
-    ddt_cpu_matmul(t->pool, &m->gate, in, t->hidden, n, t->g, inter);
-    ddt_cpu_matmul(t->pool, &m->up, in, t->hidden, n, t->u, inter);
+    ddt_cpu_matmul(t->pool, &m->gate, in, t->dims.hidden, n, t->g, inter);
+    ddt_cpu_matmul(t->pool, &m->up, in, t->dims.hidden, n, t->u, inter);
     ddt_cpu_silu_mul(t->pool, t->g, inter, t->u, inter, n, inter);
-    ddt_cpu_matmul(t->pool, &m->down, t->g, inter, n, out, t->hidden);
+    ddt_cpu_matmul(t->pool, &m->down, t->g, inter, n, out, t->dims.hidden);
 }
 
 /* MoE block on t->xn [n][hidden] -> t->tmp [n][hidden]. */
 static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
-    const int32_t H = t->hidden, E = t->n_experts, K = t->top_k;
+    const int32_t H = t->dims.hidden, E = t->dims.n_experts, K = t->dims.top_k;
     ddt_cpu_matmul(t->pool, &L->router, t->xn, H, n, t->rlogits, E);
     ddt_moe_route_params rp = t->route;
     rp.bias = &L->router_bias;
@@ -661,7 +638,7 @@ static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
 static void capture_store(ddt_target *t, int32_t layer, const float *src, int32_t n) {
     for (int32_t s = 0; s < t->n_capture; s++)
         if (t->capture_layer[s] == layer)
-            memcpy(t->capture + (size_t)s * t->max_tokens * t->hidden, src, sizeof(float) * (size_t)n * t->hidden);
+            memcpy(t->capture + (size_t)s * t->max_tokens * t->dims.hidden, src, sizeof(float) * (size_t)n * t->dims.hidden);
 }
 
 /*
@@ -671,21 +648,21 @@ static void capture_store(ddt_target *t, int32_t layer, const float *src, int32_
  */
 static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t *vis, int32_t vis_words,
                     float *logits, int32_t logit_row0) {
-    const int32_t H = t->hidden, heads = t->heads, nope = t->nope, rope = t->rope, rank = t->rank;
-    const int32_t half = rope / 2, qd = t->qdim, len = t->kv.len;
+    const int32_t H = t->dims.hidden, heads = t->dims.heads, nope = t->dims.nope, rope = t->dims.rope, rank = t->dims.rank;
+    const int32_t half = rope / 2, qd = t->dims.qdim, len = t->kv.len;
     for (int32_t i = 0; i < n; i++) {
         ddt_cpu_dequant(&t->embed, ids[i], 0, H, t->x + (size_t)i * H);
         ddt_cpu_rope_cos_sin(t->inv_freq, half, t->pos[i], t->rope_attn, t->cosv + (size_t)i * half,
                              t->sinv + (size_t)i * half);
     }
-    for (int32_t l = 0; l < t->n_layers; l++) {
+    for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const ddt_target_layer *L = &t->layers[l];
-        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->attn_norm, t->eps, t->xn, H);
+        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->attn_norm, t->dims.eps, t->xn, H);
         /* queries [n][heads][nope | rope] */
-        if (t->q_lora > 0) {
-            ddt_cpu_matmul(t->pool, &L->q_a, t->xn, H, n, t->qa, t->q_lora);
-            ddt_cpu_rmsnorm(t->pool, t->qa, t->q_lora, n, t->q_lora, &L->q_a_norm, LATENT_NORM_EPS, t->qa, t->q_lora);
-            ddt_cpu_matmul(t->pool, &L->q_b, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd);
+        if (t->dims.q_lora > 0) {
+            ddt_cpu_matmul(t->pool, &L->q_a, t->xn, H, n, t->qa, t->dims.q_lora);
+            ddt_cpu_rmsnorm(t->pool, t->qa, t->dims.q_lora, n, t->dims.q_lora, &L->q_a_norm, LATENT_NORM_EPS, t->qa, t->dims.q_lora);
+            ddt_cpu_matmul(t->pool, &L->q_b, t->qa, t->dims.q_lora, n, t->q, (int64_t)heads * qd);
         } else {
             ddt_cpu_matmul(t->pool, &L->q_proj, t->xn, H, n, t->q, (int64_t)heads * qd);
         }
@@ -703,7 +680,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                 ddt_cpu_rope_rotate(t->q + ((size_t)i * heads + h) * qd + nope, rope, t->cfg.rope_interleave, cs, sn);
         }
         /* absorbed attention */
-        ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->vdim, .w_row_offset = 0, .rows = nope,
+        ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->dims.vdim, .w_row_offset = 0, .rows = nope,
                              .x_stride = qd, .y_stride = rank};
         ddt_cpu_matmul_t_grouped(t->pool, &L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat,
                                  (int64_t)heads * rank);
@@ -711,27 +688,27 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                           .q_lat_ld_t = (int64_t)heads * rank, .q_lat_ld_h = rank, .q_rope = t->q + nope,
                           .q_rope_ld_t = (int64_t)heads * qd, .q_rope_ld_h = qd,
                           .kv = ddt_kv_cache_row(&t->kv, l, 0), .kv_ld = kw, .n_prefix = len, .vis = vis,
-                          .vis_words = vis_words, .scale = t->softmax_scale, .out = t->o_lat,
+                          .vis_words = vis_words, .scale = t->dims.softmax_scale, .out = t->o_lat,
                           .out_ld_t = (int64_t)heads * rank, .out_ld_h = rank};
         ddt_cpu_mla_attention(t->pool, &a);
-        ddt_cpu_groups uv = {.count = heads, .w_row_stride = nope + t->vdim, .w_row_offset = nope, .rows = t->vdim,
-                             .x_stride = rank, .y_stride = t->vdim};
+        ddt_cpu_groups uv = {.count = heads, .w_row_stride = nope + t->dims.vdim, .w_row_offset = nope, .rows = t->dims.vdim,
+                             .x_stride = rank, .y_stride = t->dims.vdim};
         ddt_cpu_matmul_grouped(t->pool, &L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                               (int64_t)heads * t->vdim);
-        ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H);
+                               (int64_t)heads * t->dims.vdim);
+        ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H);
         for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
         /* MLP */
-        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->eps, t->xn, H);
+        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->dims.eps, t->xn, H);
         if (L->moe) moe_forward(t, L, n);
         else mlp_forward(t, &L->mlp, t->xn, n, t->tmp);
         for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
-        if (l < t->n_layers - 1) capture_store(t, l, t->x, n);
+        if (l < t->dims.n_layers - 1) capture_store(t, l, t->x, n);
     }
-    ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->final_norm, t->eps, t->xn, H);
-    capture_store(t, t->n_layers - 1, t->xn, n); /* HF hidden_states[L] is the normed state */
+    ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->final_norm, t->dims.eps, t->xn, H);
+    capture_store(t, t->dims.n_layers - 1, t->xn, n); /* HF hidden_states[L] is the normed state */
     t->n_last = n;
     if (logits)
-        ddt_cpu_matmul(t->pool, &t->lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->vocab);
+        ddt_cpu_matmul(t->pool, &t->lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->dims.vocab);
 }
 
 static ddt_status check_tokens(const ddt_target *t, const int32_t *ids, int32_t n, const char *what,
@@ -743,9 +720,9 @@ static ddt_status check_tokens(const ddt_target *t, const int32_t *ids, int32_t 
         return ddt_fail(err, DDT_ERR_RANGE, "%s: %d committed + %d new tokens exceed the context of %d", what,
                         t->kv.len, n, t->max_ctx);
     for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= t->vocab)
+        if (ids[i] < 0 || ids[i] >= t->dims.vocab)
             return ddt_fail(err, DDT_ERR_INVALID, "%s: token %d (index %d) outside the vocabulary 0..%d", what, ids[i],
-                            i, t->vocab - 1);
+                            i, t->dims.vocab - 1);
     return DDT_OK;
 }
 
