@@ -7,6 +7,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/rope.h"
+
+_Static_assert(DDT_DRAFTER_MAX_HEAD_DIM <= DDT_ROPE_MAX_DIM,
+               "io/drafter_config.c bounds head_dim by DDT_DRAFTER_MAX_HEAD_DIM only: RoPE must cover it");
+
 void ddt_drafter_dims_fill(const ddt_drafter_config *c, ddt_drafter_dims *d) {
     memset(d, 0, sizeof *d);
     d->H = c->hidden_size;
