@@ -1,6 +1,7 @@
 /*
  * target_cuda.c — the target model on the CUDA backend (see target_cuda.h):
- * CPU-side load and checks, upload of the weight views, then forwards that are
+ * the target description (target_desc.h: config, checks, weight views), upload
+ * of its views, then forwards that are
  * sequences of launches on one stream (no host synchronisation anywhere).
  */
 #include "model/target_cuda.h"
@@ -18,7 +19,6 @@
 #include "backend/cuda/qmatmul_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "model/target.h"
 #include "model/target_desc.h"
 
 #define LATENT_NORM_EPS 1e-6f /* as the CPU target: HF builds the latent norms with the default eps */
@@ -36,7 +36,7 @@ typedef struct dev_layer {
 } dev_layer;
 
 struct ddt_cuda_target {
-    ddt_target *host; /* config, checks and the checkpoint views (NULL for a synthetic target) */
+    ddt_target_desc *desc; /* config, checks and the checkpoint views (target_desc.h; NULL for a synthetic target) */
     const ddt_model_config *cfg;
     ddt_model_config synth_cfg; /* a synthetic target's config (shallow copy: no ignore list) */
     cudaStream_t stream;
@@ -131,7 +131,7 @@ static ddt_status up_cols(ddt_cuda_target *t, const ddt_qweight *h, int64_t c0, 
 }
 
 static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
-    const ddt_target_layer *h = ddt_target_layer_at(t->host, l);
+    const ddt_target_layer *h = &t->desc->layers[l];
     dev_layer *d = &t->layers[l];
     ddt_status st;
     if ((st = up_v(t, &h->attn_norm, &d->attn_norm, err)) != DDT_OK) return st;
@@ -329,16 +329,26 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "--backend cuda: no CUDA device is available");
     ddt_cuda_target *t = calloc(1, sizeof *t);
     if (!t) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    /* the CPU target checks the config, the capture list and every tensor; its own
-       run state is sized for one token since it never runs */
-    ddt_target_options ho = {.max_ctx = 1, .max_tokens = 1, .n_threads = 1, .capture_layers = opts->capture_layers,
-                             .n_capture = opts->n_capture};
-    ddt_status st = ddt_target_load(dir, &ho, &t->host, err);
+    /* the description checks the config, the capture list and every tensor, as
+       the CPU target's load does and with its messages */
+    ddt_status st = ddt_target_capture_check(opts->capture_layers, opts->n_capture, err);
     if (st != DDT_OK) {
         free(t);
         return st;
     }
-    init_dims(t, ddt_target_config(t->host), opts);
+    t->desc = calloc(1, sizeof *t->desc);
+    if (!t->desc) {
+        free(t);
+        return ddt_fail(err, DDT_ERR_NOMEM, "model %s: out of memory", dir);
+    }
+    if ((st = ddt_target_desc_load(dir, opts->capture_layers, opts->n_capture, t->desc, err)) != DDT_OK) {
+        ddt_error_prefix(err, "model %s: ", dir);
+        ddt_target_desc_free(t->desc);
+        free(t->desc);
+        free(t);
+        return st;
+    }
+    init_dims(t, &t->desc->cfg, opts);
     if ((st = setup_shard(t, opts, err)) != DDT_OK) goto fail;
     if ((st = check_fast(t, err)) != DDT_OK) goto fail;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -346,11 +356,11 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         goto fail;
     }
     t->tied = t->cfg->tie_word_embeddings;
-    if ((st = up_plain(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
+    if ((st = up_plain(t, &t->desc->embed, &t->embed, err)) != DDT_OK) goto fail;
     if (t->tied && (st = pack_w(t, &t->embed, err)) != DDT_OK) goto fail; /* it is the LM head too */
     if (t->tied) t->lm_head = t->embed;
-    else if ((st = up_w(t, ddt_target_lm_head(t->host), &t->lm_head, err)) != DDT_OK) goto fail;
-    if ((st = up_v(t, ddt_target_final_norm(t->host), &t->final_norm, err)) != DDT_OK) goto fail;
+    else if ((st = up_w(t, &t->desc->lm_head, &t->lm_head, err)) != DDT_OK) goto fail;
+    if ((st = up_v(t, &t->desc->final_norm, &t->final_norm, err)) != DDT_OK) goto fail;
     t->layers = ddt_calloc_array((size_t)t->dims.n_layers, sizeof *t->layers);
     if (!t->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
@@ -519,7 +529,10 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
                     t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
-    ddt_target_free(t->host);
+    if (t->desc) {
+        ddt_target_desc_free(t->desc);
+        free(t->desc);
+    }
     free(t);
 }
 
