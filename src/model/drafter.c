@@ -120,36 +120,14 @@ const ddt_drafter_target *ddt_drafter_head_target(const ddt_drafter_head *h) { r
 
 /* ------------------------------------------------------------------ model */
 
-typedef struct drafter_layer {
-    ddt_cpu_vec attn_norm;  /* [H] input_layernorm */
-    ddt_cpu_vec mlp_norm;   /* [H] post_attention_layernorm */
-    ddt_qweight q_proj;     /* [heads*hd][H] */
-    ddt_qweight k_proj;     /* [kv_heads*hd][H] */
-    ddt_qweight v_proj;     /* [kv_heads*hd][H] */
-    ddt_qweight o_proj;     /* [H][heads*hd] */
-    ddt_cpu_vec q_norm;     /* [hd] */
-    ddt_cpu_vec k_norm;     /* [hd] */
-    ddt_qweight gate;       /* [inter][H] */
-    ddt_qweight up;         /* [inter][H] */
-    ddt_qweight down;       /* [H][inter] */
-} drafter_layer;
-
 struct ddt_drafter {
-    ddt_drafter_config cfg;
+    ddt_drafter_desc desc;       /* config, dims and the weight views (drafter_desc.h) */
     ddt_drafter_target target;   /* borrowed views */
-    ddt_checkpoint *ck;
-    char prefix[8];              /* "" or "model." */
     ddt_cpu_pool *pool;
     bool own_pool;
 
-    ddt_drafter_dims dims;       /* drafter_desc.h */
     int32_t V, max_ctx;
     float rope_attn;
-
-    ddt_qweight fc;              /* [H][F] */
-    ddt_cpu_vec hidden_norm;     /* [H] */
-    ddt_cpu_vec final_norm;      /* [H] */
-    drafter_layer *layers;       /* [n_layers] */
 
     /* context: rows [0, len) committed; rows [len, len + L) hold the block during a draft */
     int32_t len;
@@ -171,126 +149,10 @@ struct ddt_drafter {
 };
 
 static float *kv_k(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->dims.kvd;
+    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->desc.dims.kvd;
 }
 static float *kv_v(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->dims.kvd;
-}
-
-static ddt_status load_linear(ddt_drafter *d, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
-                              ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", d->prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_status st = ddt_checkpoint_weight(d->ck, name, rows, cols, w, err);
-    if (st != DDT_OK) return st;
-    if (w->format == DDT_Q_INT4_GROUP && (w->group <= 0 || w->cols % 8 != 0 || w->cols % w->group != 0))
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "tensor %s: INT4 group %d with %lld columns", name, w->group,
-                        (long long)w->cols);
-    return DDT_OK;
-}
-
-static ddt_status load_vec(ddt_drafter *d, const char *base, int64_t n, ddt_cpu_vec *v, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", d->prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    const ddt_st_tensor *ts;
-    int64_t shape[1] = {n};
-    ddt_status st = ddt_checkpoint_tensor(d->ck, name, DDT_DTYPE_COUNT, 1, shape, &ts, err);
-    if (st != DDT_OK) return st;
-    if (ts->dtype != DDT_DTYPE_F32 && ts->dtype != DDT_DTYPE_BF16 && ts->dtype != DDT_DTYPE_F16)
-        return ddt_fail(err, DDT_ERR_FORMAT, "file %s: tensor %s: expected F32, BF16 or F16, found %s",
-                        ddt_checkpoint_file_name(d->ck, ts->file_index), name, ddt_dtype_name(ts->dtype));
-    *v = (ddt_cpu_vec){.data = ts->data, .dtype = ts->dtype, .n = n};
-    return DDT_OK;
-}
-
-static ddt_status load_layer(ddt_drafter *d, int32_t l, ddt_error *err) {
-    drafter_layer *Y = &d->layers[l];
-    char b[NAME_MAX_LEN];
-    ddt_status st;
-#define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
-    LN("input_layernorm.weight");
-    if ((st = load_vec(d, b, d->dims.H, &Y->attn_norm, err)) != DDT_OK) return st;
-    LN("post_attention_layernorm.weight");
-    if ((st = load_vec(d, b, d->dims.H, &Y->mlp_norm, err)) != DDT_OK) return st;
-    LN("self_attn.q_proj");
-    if ((st = load_linear(d, b, d->dims.qd, d->dims.H, &Y->q_proj, err)) != DDT_OK) return st;
-    LN("self_attn.k_proj");
-    if ((st = load_linear(d, b, d->dims.kvd, d->dims.H, &Y->k_proj, err)) != DDT_OK) return st;
-    LN("self_attn.v_proj");
-    if ((st = load_linear(d, b, d->dims.kvd, d->dims.H, &Y->v_proj, err)) != DDT_OK) return st;
-    LN("self_attn.o_proj");
-    if ((st = load_linear(d, b, d->dims.H, d->dims.qd, &Y->o_proj, err)) != DDT_OK) return st;
-    LN("self_attn.q_norm.weight");
-    if ((st = load_vec(d, b, d->dims.hd, &Y->q_norm, err)) != DDT_OK) return st;
-    LN("self_attn.k_norm.weight");
-    if ((st = load_vec(d, b, d->dims.hd, &Y->k_norm, err)) != DDT_OK) return st;
-    LN("mlp.gate_proj");
-    if ((st = load_linear(d, b, d->dims.inter, d->dims.H, &Y->gate, err)) != DDT_OK) return st;
-    LN("mlp.up_proj");
-    if ((st = load_linear(d, b, d->dims.inter, d->dims.H, &Y->up, err)) != DDT_OK) return st;
-    LN("mlp.down_proj");
-    return load_linear(d, b, d->dims.H, d->dims.inter, &Y->down, err);
-#undef LN
-}
-
-/* Tensors that say the checkpoint is not what the config describes: a layer
- * beyond num_hidden_layers (a config/checkpoint mismatch) or a bias (unsupported). */
-static ddt_status scan_tensors(const ddt_drafter *d, ddt_error *err) {
-    size_t pl = strlen(d->prefix);
-    for (int32_t i = 0; i < ddt_checkpoint_count(d->ck); i++) {
-        const ddt_st_tensor *t = ddt_checkpoint_at(d->ck, i);
-        const char *n = t->name;
-        if (strncmp(n, d->prefix, pl) != 0) continue;
-        n += pl;
-        size_t nl = strlen(n);
-        if (nl > 5 && strcmp(n + nl - 5, ".bias") == 0)
-            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "file %s: tensor %s: biases are not supported",
-                            ddt_checkpoint_file_name(d->ck, t->file_index), t->name);
-        if (strncmp(n, "layers.", 7) == 0) {
-            char *end;
-            long idx = strtol(n + 7, &end, 10);
-            if (end != n + 7 && *end == '.' && (idx < 0 || idx >= d->dims.n_layers))
-                return ddt_fail(err, DDT_ERR_FORMAT,
-                                "file %s: tensor %s: layer %ld but config num_hidden_layers is %d",
-                                ddt_checkpoint_file_name(d->ck, t->file_index), t->name, idx, d->dims.n_layers);
-        }
-    }
-    return DDT_OK;
-}
-
-/* The config against the target it will serve. */
-static ddt_status check_target(const ddt_drafter_config *c, const ddt_drafter_target *t, const char *where,
-                               ddt_error *err) {
-    if (!t->embed || !t->lm_head) return ddt_fail(err, DDT_ERR_INVALID, "drafter target: NULL embed or lm_head");
-    if (t->hidden_size <= 0 || t->num_layers <= 0 || t->vocab_size <= 0)
-        return ddt_fail(err, DDT_ERR_INVALID, "drafter target: hidden %d, layers %d, vocab %d must be positive",
-                        t->hidden_size, t->num_layers, t->vocab_size);
-    if (c->hidden_size != t->hidden_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field hidden_size %d differs from the target's hidden size %d", where,
-                        c->hidden_size, t->hidden_size);
-    if (c->num_target_layers >= 0 && c->num_target_layers != t->num_layers)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field num_target_layers %d but the target has %d layers", where,
-                        c->num_target_layers, t->num_layers);
-    for (int32_t i = 0; i < c->n_target_layers; i++)
-        if (c->target_layer_ids[i] >= t->num_layers)
-            return ddt_fail(err, DDT_ERR_FORMAT,
-                            "%s: field dflash_config.target_layer_ids[%d] = %d outside the target's layers 0..%d",
-                            where, i, c->target_layer_ids[i], t->num_layers - 1);
-    if (c->vocab_size >= 0 && c->vocab_size != t->vocab_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field vocab_size %d differs from the target's vocab %d", where,
-                        c->vocab_size, t->vocab_size);
-    if (c->mask_token_id >= t->vocab_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field dflash_config.mask_token_id %d outside the target's vocab 0..%d",
-                        where, c->mask_token_id, t->vocab_size - 1);
-    const ddt_qweight *w[2] = {t->embed, t->lm_head};
-    const char *wn[2] = {"embed_tokens", "lm_head"};
-    for (int i = 0; i < 2; i++)
-        if (w[i]->rows != t->vocab_size || w[i]->cols != t->hidden_size || !w[i]->data)
-            return ddt_fail(err, DDT_ERR_INVALID, "drafter target: %s is [%lld, %lld], expected [%d, %d]", wn[i],
-                            (long long)w[i]->rows, (long long)w[i]->cols, t->vocab_size, t->hidden_size);
-    return DDT_OK;
+    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->desc.dims.kvd;
 }
 
 static void *state_alloc(ddt_drafter *d, size_t n, size_t sz, bool *ok) {
@@ -302,25 +164,25 @@ static void *state_alloc(ddt_drafter *d, size_t n, size_t sz, bool *ok) {
 }
 
 static ddt_status alloc_state(ddt_drafter *d, ddt_error *err) {
-    size_t L = (size_t)d->dims.L, C = APPEND_CHUNK, half = (size_t)d->dims.hd / 2;
+    size_t L = (size_t)d->desc.dims.L, C = APPEND_CHUNK, half = (size_t)d->desc.dims.hd / 2;
     size_t kv_n, feat_n;
-    if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n) ||
-        !ddt_mul_size(C, (size_t)d->dims.F, &feat_n))
+    if (!ddt_mul_size((size_t)d->desc.dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->desc.dims.kvd, &kv_n) ||
+        !ddt_mul_size(C, (size_t)d->desc.dims.F, &feat_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     bool ok = true;
     d->kv = state_alloc(d, kv_n, sizeof(float), &ok);
     d->positions = state_alloc(d, (size_t)d->max_ctx, sizeof(int32_t), &ok);
     d->inv_freq = state_alloc(d, half, sizeof(float), &ok);
-    d->x = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
-    d->xn = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
-    d->tmp = state_alloc(d, L * (size_t)d->dims.H, sizeof(float), &ok);
-    d->q = state_alloc(d, L * (size_t)d->dims.qd, sizeof(float), &ok);
-    d->o = state_alloc(d, L * (size_t)d->dims.qd, sizeof(float), &ok);
-    d->g = state_alloc(d, L * (size_t)d->dims.inter, sizeof(float), &ok);
-    d->u = state_alloc(d, L * (size_t)d->dims.inter, sizeof(float), &ok);
+    d->x = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->xn = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->tmp = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->q = state_alloc(d, L * (size_t)d->desc.dims.qd, sizeof(float), &ok);
+    d->o = state_alloc(d, L * (size_t)d->desc.dims.qd, sizeof(float), &ok);
+    d->g = state_alloc(d, L * (size_t)d->desc.dims.inter, sizeof(float), &ok);
+    d->u = state_alloc(d, L * (size_t)d->desc.dims.inter, sizeof(float), &ok);
     d->cos_b = state_alloc(d, L * half, sizeof(float), &ok);
     d->sin_b = state_alloc(d, L * half, sizeof(float), &ok);
-    d->ctx = state_alloc(d, C * (size_t)d->dims.H, sizeof(float), &ok);
+    d->ctx = state_alloc(d, C * (size_t)d->desc.dims.H, sizeof(float), &ok);
     d->feat = state_alloc(d, feat_n, sizeof(float), &ok);
     d->cos_c = state_alloc(d, C * half, sizeof(float), &ok);
     d->sin_c = state_alloc(d, C * half, sizeof(float), &ok);
@@ -337,43 +199,13 @@ ddt_status ddt_drafter_load(const char *dir, const ddt_drafter_target *target, c
         return ddt_fail(err, DDT_ERR_INVALID, "drafter options: max_ctx %d must be >= 1", opts->max_ctx);
     ddt_drafter *d = calloc(1, sizeof *d);
     if (!d) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    char where[1100];
-    snprintf(where, sizeof where, "%s/config.json", dir);
-    ddt_status st = ddt_drafter_config_load(dir, &d->cfg, err);
+    ddt_status st = ddt_drafter_desc_load(dir, target, &d->desc, err);
     if (st != DDT_OK) goto fail;
-    const ddt_drafter_config *c = &d->cfg;
-    if ((st = check_target(c, target, where, err)) != DDT_OK) goto fail;
+    const ddt_drafter_config *c = &d->desc.cfg;
     d->target = *target;
-    ddt_drafter_dims_fill(c, &d->dims);
     d->V = target->vocab_size;
     d->max_ctx = opts->max_ctx;
-    d->cap = opts->max_ctx + d->dims.L;
-    if ((int64_t)d->dims.heads * d->dims.hd > INT32_MAX / 2 || (int64_t)c->n_target_layers * d->dims.H > INT32_MAX / 2) {
-        st = ddt_fail(err, DDT_ERR_RANGE, "%s: attention or feature width overflows", where);
-        goto fail;
-    }
-
-    if ((st = ddt_checkpoint_open(dir, &d->ck, err)) != DDT_OK) goto fail;
-    /* Released checkpoints name tensors "fc.weight"...; some exports add "model.". */
-    if (ddt_checkpoint_find(d->ck, "fc.weight") || ddt_checkpoint_find(d->ck, "fc.weight_packed")) {
-        d->prefix[0] = '\0';
-    } else if (ddt_checkpoint_find(d->ck, "model.fc.weight") || ddt_checkpoint_find(d->ck, "model.fc.weight_packed")) {
-        strcpy(d->prefix, "model.");
-    } else {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "checkpoint %s: tensor fc.weight (or model.fc.weight) is missing", dir);
-        goto fail;
-    }
-    if ((st = scan_tensors(d, err)) != DDT_OK) goto fail;
-    if ((st = load_linear(d, "fc", d->dims.H, d->dims.F, &d->fc, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "hidden_norm.weight", d->dims.H, &d->hidden_norm, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "norm.weight", d->dims.H, &d->final_norm, err)) != DDT_OK) goto fail;
-    d->layers = ddt_calloc_array((size_t)d->dims.n_layers, sizeof *d->layers);
-    if (!d->layers) {
-        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (int32_t l = 0; l < d->dims.n_layers; l++)
-        if ((st = load_layer(d, l, err)) != DDT_OK) goto fail;
+    d->cap = opts->max_ctx + d->desc.dims.L;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     d->rope_attn = ddt_drafter_config_rope(c, d->inv_freq);
     if (opts->pool) {
@@ -393,17 +225,17 @@ fail:
 void ddt_drafter_free(ddt_drafter *d) {
     if (!d) return;
     if (d->own_pool) ddt_cpu_pool_destroy(d->pool);
-    void *bufs[] = {d->layers, d->kv,  d->positions, d->inv_freq, d->x,     d->xn,    d->tmp,   d->q,
-                    d->o,      d->g,   d->u,         d->cos_b,    d->sin_b, d->ctx,   d->feat,  d->cos_c,
-                    d->sin_c,  d->pos_c};
+    void *bufs[] = {d->kv,  d->positions, d->inv_freq, d->x,     d->xn,    d->tmp,   d->q,   d->o,
+                    d->g,   d->u,         d->cos_b,    d->sin_b, d->ctx,   d->feat,  d->cos_c,
+                    d->sin_c, d->pos_c};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    ddt_checkpoint_close(d->ck);
+    ddt_drafter_desc_free(&d->desc);
     free(d);
 }
 
-const ddt_drafter_config *ddt_drafter_get_config(const ddt_drafter *d) { return &d->cfg; }
-int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->dims.L; }
-int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->dims.F; }
+const ddt_drafter_config *ddt_drafter_get_config(const ddt_drafter *d) { return &d->desc.cfg; }
+int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->desc.dims.L; }
+int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->desc.dims.F; }
 int32_t ddt_drafter_vocab(const ddt_drafter *d) { return d->V; }
 int32_t ddt_drafter_len(const ddt_drafter *d) { return d->len; }
 int32_t ddt_drafter_max_ctx(const ddt_drafter *d) { return d->max_ctx; }
@@ -419,8 +251,8 @@ uint64_t ddt_drafter_state_bytes(const ddt_drafter *d) { return d->state_bytes; 
  */
 static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, const ddt_cpu_vec *w,
                             const float *cs, const float *sn) {
-    const int32_t hd = d->dims.hd, half = hd / 2;
-    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->dims.eps, rows, hd);
+    const int32_t hd = d->desc.dims.hd, half = hd / 2;
+    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->desc.dims.eps, rows, hd);
     for (int32_t i = 0; i < n; i++)
         for (int32_t h = 0; h < nh; h++)
             ddt_cpu_rope_rotate(rows + ((size_t)i * nh + h) * hd, hd, false, cs + (size_t)i * half,
@@ -429,23 +261,23 @@ static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, 
 
 /* K/V of n context tokens (ctx [n][H], normed) into cache rows len..len+n-1 of every layer. */
 static void context_kv(ddt_drafter *d, const float *ctx, int32_t n, const int32_t *pos) {
-    const int32_t half = d->dims.hd / 2;
+    const int32_t half = d->desc.dims.hd / 2;
     for (int32_t i = 0; i < n; i++)
         ddt_cpu_rope_cos_sin(d->inv_freq, half, pos[i], d->rope_attn, d->cos_c + (size_t)i * half,
                              d->sin_c + (size_t)i * half);
-    for (int32_t l = 0; l < d->dims.n_layers; l++) {
-        const drafter_layer *Y = &d->layers[l];
+    for (int32_t l = 0; l < d->desc.dims.n_layers; l++) {
+        const ddt_drafter_layer *Y = &d->desc.layers[l];
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->dims.H, n, k, d->dims.kvd);
-        norm_rope_heads(d, k, n, d->dims.kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->dims.H, n, v, d->dims.kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->desc.dims.H, n, k, d->desc.dims.kvd);
+        norm_rope_heads(d, k, n, d->desc.dims.kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->desc.dims.H, n, v, d->desc.dims.kvd);
     }
 }
 
 /* One chunk (n <= APPEND_CHUNK) of features [n][F] (row stride ldf) at positions pos. */
 static void append_chunk(ddt_drafter *d, const float *features, int64_t ldf, int32_t n, const int32_t *pos) {
-    ddt_cpu_matmul(d->pool, &d->fc, features, ldf, n, d->ctx, d->dims.H);
-    ddt_cpu_rmsnorm(d->pool, d->ctx, d->dims.H, n, d->dims.H, &d->hidden_norm, d->dims.eps, d->ctx, d->dims.H);
+    ddt_cpu_matmul(d->pool, &d->desc.fc, features, ldf, n, d->ctx, d->desc.dims.H);
+    ddt_cpu_rmsnorm(d->pool, d->ctx, d->desc.dims.H, n, d->desc.dims.H, &d->desc.hidden_norm, d->desc.dims.eps, d->ctx, d->desc.dims.H);
     context_kv(d, d->ctx, n, pos);
     memcpy(d->positions + d->len, pos, sizeof(int32_t) * (size_t)n);
     d->len += n;
@@ -474,7 +306,7 @@ ddt_status ddt_drafter_append_context(ddt_drafter *d, const float *features, con
     }
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
-        append_chunk(d, features + (size_t)i * d->dims.F, d->dims.F, n, positions + i);
+        append_chunk(d, features + (size_t)i * d->desc.dims.F, d->desc.dims.F, n, positions + i);
     }
     return DDT_OK;
 }
@@ -484,7 +316,7 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
     ddt_status st = check_append(d, m, err);
     if (st != DDT_OK || m == 0) return st;
     if (!layers || !rows) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: NULL layers or rows");
-    for (int32_t i = 0; i < d->cfg.n_target_layers; i++)
+    for (int32_t i = 0; i < d->desc.cfg.n_target_layers; i++)
         if (!layers[i]) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: feature layer %d is NULL", i);
     for (int32_t k = 0; k < m; k++)
         if (rows[k] < 0 || rows[k] >= n_rows)
@@ -495,12 +327,12 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
         for (int32_t k = 0; k < n; k++) {
-            for (int32_t s = 0; s < d->cfg.n_target_layers; s++)
-                memcpy(d->feat + (size_t)k * d->dims.F + (size_t)s * d->dims.H, layers[s] + (size_t)rows[i + k] * d->dims.H,
-                       sizeof(float) * (size_t)d->dims.H);
+            for (int32_t s = 0; s < d->desc.cfg.n_target_layers; s++)
+                memcpy(d->feat + (size_t)k * d->desc.dims.F + (size_t)s * d->desc.dims.H, layers[s] + (size_t)rows[i + k] * d->desc.dims.H,
+                       sizeof(float) * (size_t)d->desc.dims.H);
             d->pos_c[k] = next + i + k;
         }
-        append_chunk(d, d->feat, d->dims.F, n, d->pos_c);
+        append_chunk(d, d->feat, d->desc.dims.F, n, d->pos_c);
     }
     return DDT_OK;
 }
@@ -523,11 +355,11 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     (void)thread;
     const attn_job *J = ctx;
     const ddt_drafter *d = J->d;
-    const int32_t hd = d->dims.hd, group = d->dims.heads / d->dims.kv_heads, kvd = d->dims.kvd;
+    const int32_t hd = d->desc.dims.hd, group = d->desc.dims.heads / d->desc.dims.kv_heads, kvd = d->desc.dims.kvd;
     float acc[DDT_DRAFTER_MAX_HEAD_DIM];
     for (int64_t it = begin; it < end; it++) {
-        const int64_t t = it / d->dims.heads, h = it % d->dims.heads, g = h / group;
-        const float *q = d->q + t * d->dims.qd + h * hd;
+        const int64_t t = it / d->desc.dims.heads, h = it % d->desc.dims.heads, g = h / group;
+        const float *q = d->q + t * d->desc.dims.qd + h * hd;
         /* online softmax in fp32, rows in increasing order */
         float m = -INFINITY, sum = 0.0f;
         for (int32_t j = 0; j < hd; j++) acc[j] = 0.0f;
@@ -535,7 +367,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             const float *kr = J->k + r * kvd + g * hd, *vr = J->v + r * kvd + g * hd;
             float s = 0.0f;
             for (int32_t j = 0; j < hd; j++) s += q[j] * kr[j];
-            s *= d->dims.scale;
+            s *= d->desc.dims.scale;
             if (s > m) {
                 float c = expf(m - s); /* 0 on the first row (m = -inf) */
                 sum *= c;
@@ -546,7 +378,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             sum += p;
             for (int32_t j = 0; j < hd; j++) acc[j] += p * vr[j];
         }
-        float *o = d->o + t * d->dims.qd + h * hd;
+        float *o = d->o + t * d->desc.dims.qd + h * hd;
         float inv = 1.0f / sum;
         for (int32_t j = 0; j < hd; j++) o[j] = acc[j] * inv;
     }
@@ -557,36 +389,36 @@ ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_e
     if (bonus < 0 || bonus >= d->V)
         return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: bonus token %d outside the vocabulary 0..%d", bonus,
                         d->V - 1);
-    const int32_t H = d->dims.H, L = d->dims.L, half = d->dims.hd / 2, p0 = ddt_drafter_next_position(d);
+    const int32_t H = d->desc.dims.H, L = d->desc.dims.L, half = d->desc.dims.hd / 2, p0 = ddt_drafter_next_position(d);
     for (int32_t i = 0; i < L; i++) {
-        int32_t id = i == 0 ? bonus : d->cfg.mask_token_id;
+        int32_t id = i == 0 ? bonus : d->desc.cfg.mask_token_id;
         ddt_cpu_dequant(d->target.embed, id, 0, H, d->x + (size_t)i * H);
         ddt_cpu_rope_cos_sin(d->inv_freq, half, (int64_t)p0 + i, d->rope_attn, d->cos_b + (size_t)i * half,
                              d->sin_b + (size_t)i * half);
     }
-    for (int32_t l = 0; l < d->dims.n_layers; l++) {
-        const drafter_layer *Y = &d->layers[l];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->dims.eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->dims.qd);
-        norm_rope_heads(d, d->q, L, d->dims.heads, &Y->q_norm, d->cos_b, d->sin_b);
+    for (int32_t l = 0; l < d->desc.dims.n_layers; l++) {
+        const ddt_drafter_layer *Y = &d->desc.layers[l];
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->desc.dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->desc.dims.qd);
+        norm_rope_heads(d, d->q, L, d->desc.dims.heads, &Y->q_norm, d->cos_b, d->sin_b);
         /* block K/V in the scratch rows after the context */
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->dims.kvd);
-        norm_rope_heads(d, k, L, d->dims.kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->dims.kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->desc.dims.kvd);
+        norm_rope_heads(d, k, L, d->desc.dims.kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->desc.dims.kvd);
         attn_job job = {.d = d, .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L};
-        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->dims.heads);
-        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->dims.qd, L, d->tmp, H);
+        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->desc.dims.heads);
+        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->desc.dims.qd, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->dims.eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->dims.inter);
-        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->dims.inter);
-        ddt_cpu_silu_mul(d->pool, d->g, d->dims.inter, d->u, d->dims.inter, L, d->dims.inter);
-        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->dims.inter, L, d->tmp, H);
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->desc.dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->desc.dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->desc.dims.inter);
+        ddt_cpu_silu_mul(d->pool, d->g, d->desc.dims.inter, d->u, d->desc.dims.inter, L, d->desc.dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->desc.dims.inter, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
     }
     /* only positions 1..L-1 are drafts */
-    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->final_norm, d->dims.eps, d->xn, H);
+    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->desc.final_norm, d->desc.dims.eps, d->xn, H);
     ddt_cpu_matmul(d->pool, d->target.lm_head, d->xn, H, L - 1, logits, d->V);
     return DDT_OK;
 }

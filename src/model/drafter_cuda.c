@@ -33,7 +33,6 @@
 #include "core/error.h"
 #include "model/drafter_desc.h"
 
-#define NAME_MAX_LEN 512
 /* Rows per attention split while the context is short; long contexts get longer
  * splits so the partial-result scratch stays within ATTN_MAX_SPLITS splits. */
 #define ATTN_SPLIT_MIN 64
@@ -97,83 +96,56 @@ static ddt_status dev_alloc(ddt_cuda_drafter *d, void **p, size_t n, size_t sz, 
     return DDT_OK;
 }
 
-static ddt_status upload_linear(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *prefix, const char *base,
-                                int64_t rows, int64_t cols, ddt_qweight *w, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_qweight host;
-    TRY(ddt_checkpoint_weight(ck, name, rows, cols, &host, err));
-    ddt_status st = ddt_cuda_qweight_upload(&host, w, err);
+/* Upload one weight view of the description; `what` (and layer l >= 0) names it
+ * in a failure. */
+static ddt_status upload_linear(ddt_cuda_drafter *d, const ddt_qweight *host, const char *what, int32_t l,
+                                ddt_qweight *w, ddt_error *err) {
+    ddt_status st = ddt_cuda_qweight_upload(host, w, err);
     if (st != DDT_OK) {
         memset(w, 0, sizeof *w);
-        ddt_error_prefix(err, "tensor %s: ", name);
+        if (l >= 0) ddt_error_prefix(err, "layer %d %s: ", l, what);
+        else ddt_error_prefix(err, "%s: ", what);
         return st;
     }
     d->weight_bytes += ddt_cuda_qweight_bytes(w);
     return DDT_OK;
 }
 
-static ddt_status upload_vec(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *prefix, const char *base,
-                             int64_t n, float **out, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    const ddt_st_tensor *ts;
-    int64_t shape[1] = {n};
-    TRY(ddt_checkpoint_tensor(ck, name, DDT_DTYPE_COUNT, 1, shape, &ts, err));
-    ddt_status st = ddt_cuda_vec_upload(ts->data, ts->dtype, n, out, err);
+static ddt_status upload_vec(ddt_cuda_drafter *d, const ddt_cpu_vec *v, const char *what, int32_t l, float **out,
+                             ddt_error *err) {
+    ddt_status st = ddt_cuda_vec_upload(v->data, v->dtype, v->n, out, err);
     if (st != DDT_OK) {
         *out = NULL;
-        ddt_error_prefix(err, "tensor %s: ", name);
+        if (l >= 0) ddt_error_prefix(err, "layer %d %s: ", l, what);
+        else ddt_error_prefix(err, "%s: ", what);
         return st;
     }
-    d->weight_bytes += (uint64_t)n * sizeof(float);
+    d->weight_bytes += (uint64_t)v->n * sizeof(float);
     return DDT_OK;
 }
 
-static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *px, int32_t l,
-                               ddt_error *err) {
+static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, int32_t l, ddt_error *err) {
     cuda_layer *Y = &d->layers[l];
-    char b[NAME_MAX_LEN];
-#define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
-    LN("input_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->dims.H, &Y->attn_norm, err));
-    LN("post_attention_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->dims.H, &Y->mlp_norm, err));
-    LN("self_attn.q_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->dims.hd, &Y->q_norm, err));
-    LN("self_attn.k_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->dims.hd, &Y->k_norm, err));
-    LN("self_attn.q_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.qd, d->dims.H, &Y->q_proj, err));
-    LN("self_attn.k_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.kvd, d->dims.H, &Y->k_proj, err));
-    LN("self_attn.v_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.kvd, d->dims.H, &Y->v_proj, err));
-    LN("self_attn.o_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.H, d->dims.qd, &Y->o_proj, err));
-    LN("mlp.gate_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.inter, d->dims.H, &Y->gate, err));
-    LN("mlp.up_proj");
-    TRY(upload_linear(d, ck, px, b, d->dims.inter, d->dims.H, &Y->up, err));
-    LN("mlp.down_proj");
-    return upload_linear(d, ck, px, b, d->dims.H, d->dims.inter, &Y->down, err);
-#undef LN
+    TRY(upload_vec(d, &h->attn_norm, "input_layernorm", l, &Y->attn_norm, err));
+    TRY(upload_vec(d, &h->mlp_norm, "post_attention_layernorm", l, &Y->mlp_norm, err));
+    TRY(upload_vec(d, &h->q_norm, "q_norm", l, &Y->q_norm, err));
+    TRY(upload_vec(d, &h->k_norm, "k_norm", l, &Y->k_norm, err));
+    TRY(upload_linear(d, &h->q_proj, "q_proj", l, &Y->q_proj, err));
+    TRY(upload_linear(d, &h->k_proj, "k_proj", l, &Y->k_proj, err));
+    TRY(upload_linear(d, &h->v_proj, "v_proj", l, &Y->v_proj, err));
+    TRY(upload_linear(d, &h->o_proj, "o_proj", l, &Y->o_proj, err));
+    TRY(upload_linear(d, &h->gate, "gate_proj", l, &Y->gate, err));
+    TRY(upload_linear(d, &h->up, "up_proj", l, &Y->up, err));
+    return upload_linear(d, &h->down, "down_proj", l, &Y->down, err);
 }
 
-static ddt_status upload_weights(ddt_cuda_drafter *d, const char *dir, ddt_error *err) {
-    ddt_checkpoint *ck = NULL;
-    TRY(ddt_checkpoint_open(dir, &ck, err));
-    /* The CPU load already required fc.weight with or without "model."; pick the same. */
-    const char *px = (ddt_checkpoint_find(ck, "fc.weight") || ddt_checkpoint_find(ck, "fc.weight_packed")) ? ""
-                                                                                                          : "model.";
-    ddt_status st = upload_linear(d, ck, px, "fc", d->dims.H, d->dims.F, &d->fc, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "hidden_norm.weight", d->dims.H, &d->hidden_norm, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "norm.weight", d->dims.H, &d->final_norm, err);
-    for (int32_t l = 0; st == DDT_OK && l < d->dims.n_layers; l++) st = upload_layer(d, ck, px, l, err);
-    ddt_checkpoint_close(ck);
-    return st;
+/* Every view of the description, uploaded as stored (bf16 / FP8 / INT4 stay quantised). */
+static ddt_status upload_weights(ddt_cuda_drafter *d, const ddt_drafter_desc *desc, ddt_error *err) {
+    TRY(upload_linear(d, &desc->fc, "fc", -1, &d->fc, err));
+    TRY(upload_vec(d, &desc->hidden_norm, "hidden_norm", -1, &d->hidden_norm, err));
+    TRY(upload_vec(d, &desc->final_norm, "norm", -1, &d->final_norm, err));
+    for (int32_t l = 0; l < d->dims.n_layers; l++) TRY(upload_layer(d, &desc->layers[l], l, err));
+    return DDT_OK;
 }
 
 /* cos/sin of every position 0..cap-1 with the CPU drafter's frequencies and factor
@@ -261,19 +233,25 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
         return ddt_fail(err, DDT_ERR_INVALID, "drafter options: max_ctx %d must be >= 1", max_ctx);
 
     /* Every check the CPU drafter makes (config, tensors, target), with its messages:
-     * load it for a one-token context on one thread, keep its config, drop it. */
+     * the same description (drafter_desc.h), kept until the weights are uploaded. */
     ddt_drafter_target ht = {.hidden_size = t->hidden_size, .num_layers = t->num_layers,
                              .vocab_size = t->vocab_size, .embed = t->embed, .lm_head = t->lm_head};
-    ddt_drafter_options ho = {.max_ctx = 1, .n_threads = 1, .pool = NULL};
-    ddt_drafter *check = NULL;
-    TRY(ddt_drafter_load(dir, &ht, &ho, &check, err));
+    ddt_drafter_desc *desc = calloc(1, sizeof *desc);
+    if (!desc) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    ddt_status st = ddt_drafter_desc_load(dir, &ht, desc, err);
+    if (st != DDT_OK) {
+        ddt_error_prefix(err, "drafter %s: ", dir);
+        ddt_drafter_desc_free(desc);
+        free(desc);
+        return st;
+    }
     ddt_cuda_drafter *d = calloc(1, sizeof *d);
     if (!d) {
-        ddt_drafter_free(check);
+        ddt_drafter_desc_free(desc);
+        free(desc);
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
     }
-    d->cfg = *ddt_drafter_get_config(check);
-    ddt_drafter_free(check);
+    d->cfg = desc->cfg;
 
     const ddt_drafter_config *c = &d->cfg;
     d->target = *t;
@@ -287,7 +265,6 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
     d->attn = (ddt_dflash_attn){.n_block = d->dims.L, .heads = d->dims.heads, .kv_heads = d->dims.kv_heads, .hd = d->dims.hd,
                                 .max_rows = d->cap, .split = split, .scale = d->dims.scale};
 
-    ddt_status st;
     if (d->dims.hd > DDT_DFLASH_MAX_HEAD_DIM) {
         st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s/config.json: head_dim %d (the GPU drafter handles up to %d)", dir,
                       d->dims.hd, DDT_DFLASH_MAX_HEAD_DIM);
@@ -298,13 +275,21 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = upload_weights(d, dir, err)) != DDT_OK) goto fail;
+    st = upload_weights(d, desc, err);
+    ddt_drafter_desc_free(desc); /* the device holds its own copy of every weight now */
+    free(desc);
+    desc = NULL;
+    if (st != DDT_OK) goto fail;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     if ((st = upload_rope_table(d, err)) != DDT_OK) goto fail;
     *out = d;
     return DDT_OK;
 fail:
     ddt_error_prefix(err, "drafter %s: ", dir);
+    if (desc) {
+        ddt_drafter_desc_free(desc);
+        free(desc);
+    }
     ddt_cuda_drafter_free(d);
     return st;
 }
