@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/drafter.h"
+#include "io/drafter_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ddt_drafter_config cfg;

@@ -1,6 +1,6 @@
 /*
- * drafter.c — the DFlash drafter on the CPU backend (see drafter.h): config.json
- * reader, borrowed weight views, a context K/V cache that grows as tokens are
+ * drafter.c — the DFlash drafter on the CPU backend (see drafter.h): the
+ * config's RoPE (the reader is io/drafter_config.c), borrowed weight views, a context K/V cache that grows as tokens are
  * committed, and the non-causal block forward.
  *
  * Per drafter layer l and block token t (Qwen3 decoder layer, HF names):
@@ -16,7 +16,6 @@
  */
 #include "model/drafter.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +27,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "io/config.h"
+#include "model/drafter_desc.h"
 
 #define NAME_MAX_LEN 512
 /* Tokens per append chunk: bounds the append scratch whatever m the caller passes. */
@@ -35,337 +35,7 @@
 /* A block position must fit in int32 after adding L - 1. */
 #define MAX_POSITION (INT32_MAX - DDT_DRAFTER_MAX_BLOCK)
 
-/* ------------------------------------------------------------------ config */
-
-/* Integer field `key` of obj into *out (must be in [lo, hi]); absent: *found false. */
-static ddt_status json_int_field(const json_t *obj, const char *key, const char *where, const char *label,
-                                 int64_t lo, int64_t hi, int32_t *out, bool *found, ddt_error *err) {
-    json_t *v = json_object_get(obj, key);
-    if (found) *found = v != NULL && !json_is_null(v);
-    if (!v || json_is_null(v)) {
-        if (found) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is missing", where, label);
-    }
-    if (!json_is_integer(v))
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is not an integer", where, label);
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s = %lld outside %lld..%lld", where, label, (long long)x,
-                        (long long)lo, (long long)hi);
-    *out = (int32_t)x;
-    return DDT_OK;
-}
-
-/* Number field (integer or real); absent: *found false (or an error when found == NULL). */
-static ddt_status json_num_field(const json_t *obj, const char *key, const char *where, const char *label,
-                                 double *out, bool *found, ddt_error *err) {
-    json_t *v = json_object_get(obj, key);
-    if (found) *found = v != NULL && !json_is_null(v);
-    if (!v || json_is_null(v)) {
-        if (found) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is missing", where, label);
-    }
-    if (!json_is_number(v)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is not a number", where, label);
-    double x = json_number_value(v);
-    if (!isfinite(x)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is not finite", where, label);
-    *out = x;
-    return DDT_OK;
-}
-
-/* The DFlash reference reads some keys from dflash_config first, then the top level. */
-static const json_t *pick(const json_t *dfc, const json_t *root, const char *key, const char **label,
-                          char *buf, size_t bufsz) {
-    if (dfc && json_object_get(dfc, key)) {
-        snprintf(buf, bufsz, "dflash_config.%s", key);
-        *label = buf;
-        return dfc;
-    }
-    *label = key;
-    return root;
-}
-
-/* A field that must be absent or equal the plain behaviour this engine implements. */
-static ddt_status check_default_num(const json_t *obj, const char *key, const char *where, const char *label,
-                                    double want, bool zero_ok, ddt_error *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return DDT_OK;
-    if (!json_is_number(v)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is not a number", where, label);
-    double x = json_number_value(v);
-    if (x == want || (zero_ok && x == 0)) return DDT_OK;
-    return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field %s = %g is not supported (only %g)", where, label, x, want);
-}
-
-static ddt_status check_false(const json_t *obj, const char *key, const char *where, const char *label,
-                              ddt_error *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v) || json_is_false(v)) return DDT_OK;
-    if (!json_is_boolean(v)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s is not a boolean", where, label);
-    return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field %s = true is not supported", where, label);
-}
-
-static ddt_status parse_rope(const json_t *root, const json_t *dfc, const char *where, ddt_drafter_config *c,
-                             ddt_error *err) {
-    ddt_status st;
-    double x;
-    bool found;
-    /* transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; older files
-     * write rope_theta + rope_scaling. */
-    const json_t *rp = json_object_get(root, "rope_parameters");
-    const char *sec = "rope_parameters";
-    if (rp && !json_is_null(rp)) {
-        if (!json_is_object(rp)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field rope_parameters is not an object", where);
-        if ((st = json_num_field(rp, "rope_theta", where, "rope_parameters.rope_theta", &x, &found, err)) != DDT_OK)
-            return st;
-        if (!found && (st = json_num_field(root, "rope_theta", where, "rope_theta", &x, NULL, err)) != DDT_OK) return st;
-    } else {
-        if ((st = json_num_field(root, "rope_theta", where, "rope_theta", &x, NULL, err)) != DDT_OK) return st;
-        rp = json_object_get(root, "rope_scaling");
-        sec = "rope_scaling";
-        if (rp && !json_is_null(rp) && !json_is_object(rp))
-            return ddt_fail(err, DDT_ERR_FORMAT, "%s: field rope_scaling is not an object", where);
-        if (rp && json_is_null(rp)) rp = NULL;
-    }
-    if (!(x > 1.0) || x > 1e30) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field rope_theta = %g must be > 1", where, x);
-    c->rope_theta = (float)x;
-
-    json_t *lg = dfc ? json_object_get(dfc, "legacy_yarn_attention_factor") : NULL;
-    if (lg && !json_is_null(lg)) {
-        if (!json_is_boolean(lg))
-            return ddt_fail(err, DDT_ERR_FORMAT, "%s: field dflash_config.legacy_yarn_attention_factor is not a boolean",
-                            where);
-        c->legacy_yarn_attention_factor = json_is_true(lg);
-    }
-    const char *type = "default";
-    if (rp) {
-        json_t *t = json_object_get(rp, "rope_type");
-        if (!t) t = json_object_get(rp, "type");
-        if (t && !json_is_string(t)) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s.rope_type is not a string", where, sec);
-        if (t) type = json_string_value(t);
-    }
-    if (strcmp(type, "default") == 0) {
-        if (c->legacy_yarn_attention_factor)
-            return ddt_fail(err, DDT_ERR_FORMAT,
-                            "%s: dflash_config.legacy_yarn_attention_factor is set but %s is not yarn", where, sec);
-        return DDT_OK;
-    }
-    if (strcmp(type, "yarn") != 0)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field %s.rope_type \"%.32s\" is not supported (default or yarn)",
-                        where, sec, type);
-    char lab[64];
-    c->has_yarn = true;
-    snprintf(lab, sizeof lab, "%s.factor", sec);
-    if ((st = json_num_field(rp, "factor", where, lab, &x, NULL, err)) != DDT_OK) return st;
-    if (!(x >= 1.0) || x > 1e6) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s = %g must be in 1..1e6", where, lab, x);
-    c->yarn_factor = (float)x;
-    snprintf(lab, sizeof lab, "%s.original_max_position_embeddings", sec);
-    if ((st = json_num_field(rp, "original_max_position_embeddings", where, lab, &x, NULL, err)) != DDT_OK) return st;
-    if (!(x >= 1.0) || x > 1e12) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s = %g must be >= 1", where, lab, x);
-    c->yarn_original_max_position = (float)x;
-    static const char *const opt[] = {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"};
-    float *dst[] = {&c->yarn_beta_fast, &c->yarn_beta_slow, &c->yarn_mscale, &c->yarn_mscale_all_dim,
-                    &c->yarn_attention_factor};
-    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) {
-        snprintf(lab, sizeof lab, "%s.%s", sec, opt[i]);
-        if ((st = json_num_field(rp, opt[i], where, lab, &x, &found, err)) != DDT_OK) return st;
-        if (!found) continue;
-        if (x < 0 || x > 1e6) return ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s = %g out of range", where, lab, x);
-        *dst[i] = (float)x;
-    }
-    json_t *tr = json_object_get(rp, "truncate");
-    if (tr && !json_is_null(tr) && !json_is_true(tr))
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field %s.truncate must be true (the only supported YaRN ramp)",
-                        where, sec);
-    if (c->legacy_yarn_attention_factor && c->yarn_attention_factor > 0)
-        return ddt_fail(err, DDT_ERR_FORMAT,
-                        "%s: dflash_config.legacy_yarn_attention_factor conflicts with %s.attention_factor", where, sec);
-    return DDT_OK;
-}
-
-ddt_status ddt_drafter_config_parse(const char *text, size_t len, const char *where, ddt_drafter_config *c,
-                                    ddt_error *err) {
-    if (!text || !c) return ddt_fail(err, DDT_ERR_INVALID, "ddt_drafter_config_parse: NULL argument");
-    if (!where) where = "config.json";
-    memset(c, 0, sizeof *c);
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return ddt_fail(err, DDT_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", where, jerr.text, jerr.line);
-    ddt_status st = DDT_OK;
-    char lb[96];
-    const char *label;
-    const json_t *src;
-    bool found;
-    if (!json_is_object(root)) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: not a JSON object", where);
-        goto out;
-    }
-    json_t *arch = json_object_get(root, "architectures");
-    bool is_dflash = false;
-    if (json_is_array(arch))
-        for (size_t i = 0; i < json_array_size(arch); i++) {
-            const char *a = json_string_value(json_array_get(arch, i));
-            if (a && strcmp(a, "DFlashDraftModel") == 0) is_dflash = true;
-        }
-    if (!is_dflash) {
-        st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field architectures does not list \"DFlashDraftModel\"", where);
-        goto out;
-    }
-    json_t *dfc = json_object_get(root, "dflash_config");
-    if (dfc && json_is_null(dfc)) dfc = NULL;
-    if (dfc && !json_is_object(dfc)) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field dflash_config is not an object", where);
-        goto out;
-    }
-#define INT_REQ(key, lo, hi, dst)                                                                  \
-    if ((st = json_int_field(root, key, where, key, lo, hi, dst, NULL, err)) != DDT_OK) goto out
-    INT_REQ("hidden_size", 1, 1 << 20, &c->hidden_size);
-    INT_REQ("num_hidden_layers", 1, 1024, &c->num_hidden_layers);
-    INT_REQ("num_attention_heads", 1, 4096, &c->num_attention_heads);
-    INT_REQ("num_key_value_heads", 1, 4096, &c->num_key_value_heads);
-    INT_REQ("head_dim", 2, DDT_DRAFTER_MAX_HEAD_DIM, &c->head_dim);
-    INT_REQ("intermediate_size", 1, 1 << 22, &c->intermediate_size);
-#undef INT_REQ
-    if (c->num_attention_heads % c->num_key_value_heads != 0) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field num_key_value_heads %d does not divide num_attention_heads %d",
-                      where, c->num_key_value_heads, c->num_attention_heads);
-        goto out;
-    }
-    if (c->head_dim % 2 != 0 || c->head_dim > DDT_ROPE_MAX_DIM) {
-        st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field head_dim %d must be even (RoPE over the whole head)", where,
-                      c->head_dim);
-        goto out;
-    }
-    double x;
-    if ((st = json_num_field(root, "rms_norm_eps", where, "rms_norm_eps", &x, NULL, err)) != DDT_OK) goto out;
-    if (!(x > 0) || x > 1) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field rms_norm_eps = %g must be in (0, 1]", where, x);
-        goto out;
-    }
-    c->rms_norm_eps = (float)x;
-
-    src = pick(dfc, root, "block_size", &label, lb, sizeof lb);
-    if ((st = json_int_field(src, "block_size", where, label, 2, DDT_DRAFTER_MAX_BLOCK, &c->block_size, NULL, err)) !=
-        DDT_OK)
-        goto out;
-    src = pick(dfc, root, "mask_token_id", &label, lb, sizeof lb);
-    if ((st = json_int_field(src, "mask_token_id", where, label, 0, INT32_MAX, &c->mask_token_id, NULL, err)) != DDT_OK)
-        goto out;
-    c->num_target_layers = -1;
-    if ((st = json_int_field(root, "num_target_layers", where, "num_target_layers", 1, 1 << 20, &c->num_target_layers,
-                             &found, err)) != DDT_OK)
-        goto out;
-    if (!found) c->num_target_layers = -1;
-    c->vocab_size = -1;
-    if ((st = json_int_field(root, "vocab_size", where, "vocab_size", 1, INT32_MAX, &c->vocab_size, &found, err)) !=
-        DDT_OK)
-        goto out;
-    if (!found) c->vocab_size = -1;
-
-    src = pick(dfc, root, "target_layer_ids", &label, lb, sizeof lb);
-    json_t *ids = json_object_get(src, "target_layer_ids");
-    if (!ids || json_is_null(ids)) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field dflash_config.target_layer_ids is missing", where);
-        goto out;
-    }
-    if (!json_is_array(ids) || json_array_size(ids) == 0 || json_array_size(ids) > DDT_DRAFTER_MAX_TARGET_LAYERS) {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s must be an array of 1..%d layer ids", where, label,
-                      DDT_DRAFTER_MAX_TARGET_LAYERS);
-        goto out;
-    }
-    c->n_target_layers = (int32_t)json_array_size(ids);
-    for (int32_t i = 0; i < c->n_target_layers; i++) {
-        json_t *v = json_array_get(ids, (size_t)i);
-        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        int64_t hi = c->num_target_layers > 0 ? c->num_target_layers - 1 : (1 << 20);
-        if (id < 0 || id > hi) {
-            st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field %s[%d] is not a layer id in 0..%lld", where, label, i,
-                          (long long)hi);
-            goto out;
-        }
-        c->target_layer_ids[i] = (int32_t)id;
-    }
-
-    /* Variants of the architecture this engine does not implement: refuse them by name. */
-    json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field hidden_act must be \"silu\"", where);
-        goto out;
-    }
-    if ((st = check_false(root, "attention_bias", where, "attention_bias", err)) != DDT_OK) goto out;
-    if ((st = check_false(root, "use_sliding_window", where, "use_sliding_window", err)) != DDT_OK) goto out;
-    src = pick(dfc, root, "is_causal", &label, lb, sizeof lb);
-    if ((st = check_false(src, "is_causal", where, label, err)) != DDT_OK) goto out;
-    if ((st = check_default_num(root, "partial_rotary_factor", where, "partial_rotary_factor", 1.0, false, err)) !=
-        DDT_OK)
-        goto out;
-    static const char *const unit_keys[] = {"input_embedding_scale", "output_multiplier"};
-    for (size_t i = 0; i < 2; i++) {
-        src = pick(dfc, root, unit_keys[i], &label, lb, sizeof lb);
-        if ((st = check_default_num(src, unit_keys[i], where, label, 1.0, false, err)) != DDT_OK) goto out;
-    }
-    src = pick(dfc, root, "final_logit_softcapping", &label, lb, sizeof lb);
-    if ((st = check_default_num(src, "final_logit_softcapping", where, label, 0.0, true, err)) != DDT_OK) goto out;
-    json_t *lt = json_object_get(root, "layer_types");
-    if (lt && !json_is_null(lt)) {
-        bool ok = json_is_array(lt);
-        for (size_t i = 0; ok && i < json_array_size(lt); i++) {
-            const char *s = json_string_value(json_array_get(lt, i));
-            ok = s && strcmp(s, "full_attention") == 0;
-        }
-        if (!ok) {
-            st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: field layer_types: only \"full_attention\" layers are supported",
-                          where);
-            goto out;
-        }
-    }
-    st = parse_rope(root, dfc, where, c, err);
-out:
-    json_decref(root);
-    return st;
-}
-
-ddt_status ddt_drafter_config_load(const char *path, ddt_drafter_config *cfg, ddt_error *err) {
-    if (!path || !cfg) return ddt_fail(err, DDT_ERR_INVALID, "ddt_drafter_config_load: NULL argument");
-    size_t pl = strlen(path);
-    char file[4096];
-    const char *tail = "config.json";
-    bool is_file = pl >= strlen(tail) && strcmp(path + pl - strlen(tail), tail) == 0;
-    int k = is_file ? snprintf(file, sizeof file, "%s", path) : snprintf(file, sizeof file, "%s/config.json", path);
-    if (k < 0 || (size_t)k >= sizeof file) return ddt_fail(err, DDT_ERR_RANGE, "path too long: %s", path);
-    FILE *f = fopen(file, "rb");
-    if (!f) return ddt_fail(err, DDT_ERR_IO, "%s: cannot open", file);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap >= (size_t)16 << 20) {
-                fclose(f);
-                free(buf);
-                return ddt_fail(err, DDT_ERR_RANGE, "%s: larger than 16 MiB", file);
-            }
-            size_t nc = cap ? cap * 2 : 4096;
-            char *nb = realloc(buf, nc);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return ddt_fail(err, DDT_ERR_NOMEM, "%s: out of memory", file);
-            }
-            buf = nb;
-            cap = nc;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return ddt_fail(err, DDT_ERR_IO, "%s: read error", file);
-    }
-    ddt_status st = ddt_drafter_config_parse(buf, n, file, cfg, err);
-    free(buf);
-    return st;
-}
+/* ------------------------------------------------------------------ config RoPE */
 
 static void rope_params_of(const ddt_drafter_config *c, ddt_rope_params *rp) {
     memset(rp, 0, sizeof *rp);
@@ -450,35 +120,14 @@ const ddt_drafter_target *ddt_drafter_head_target(const ddt_drafter_head *h) { r
 
 /* ------------------------------------------------------------------ model */
 
-typedef struct drafter_layer {
-    ddt_cpu_vec attn_norm;  /* [H] input_layernorm */
-    ddt_cpu_vec mlp_norm;   /* [H] post_attention_layernorm */
-    ddt_qweight q_proj;     /* [heads*hd][H] */
-    ddt_qweight k_proj;     /* [kv_heads*hd][H] */
-    ddt_qweight v_proj;     /* [kv_heads*hd][H] */
-    ddt_qweight o_proj;     /* [H][heads*hd] */
-    ddt_cpu_vec q_norm;     /* [hd] */
-    ddt_cpu_vec k_norm;     /* [hd] */
-    ddt_qweight gate;       /* [inter][H] */
-    ddt_qweight up;         /* [inter][H] */
-    ddt_qweight down;       /* [H][inter] */
-} drafter_layer;
-
 struct ddt_drafter {
-    ddt_drafter_config cfg;
+    ddt_drafter_desc desc;       /* config, dims and the weight views (drafter_desc.h) */
     ddt_drafter_target target;   /* borrowed views */
-    ddt_checkpoint *ck;
-    char prefix[8];              /* "" or "model." */
     ddt_cpu_pool *pool;
     bool own_pool;
 
-    int32_t H, heads, kv_heads, hd, qd, kvd, inter, L, F, V, n_layers, max_ctx;
-    float eps, scale, rope_attn;
-
-    ddt_qweight fc;              /* [H][F] */
-    ddt_cpu_vec hidden_norm;     /* [H] */
-    ddt_cpu_vec final_norm;      /* [H] */
-    drafter_layer *layers;       /* [n_layers] */
+    int32_t V, max_ctx;
+    float rope_attn;
 
     /* context: rows [0, len) committed; rows [len, len + L) hold the block during a draft */
     int32_t len;
@@ -500,126 +149,10 @@ struct ddt_drafter {
 };
 
 static float *kv_k(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->kvd;
+    return d->kv + (((size_t)l * 2 + 0) * (size_t)d->cap + (size_t)row) * (size_t)d->desc.dims.kvd;
 }
 static float *kv_v(const ddt_drafter *d, int32_t l, int32_t row) {
-    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->kvd;
-}
-
-static ddt_status load_linear(ddt_drafter *d, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
-                              ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", d->prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_status st = ddt_checkpoint_weight(d->ck, name, rows, cols, w, err);
-    if (st != DDT_OK) return st;
-    if (w->format == DDT_Q_INT4_GROUP && (w->group <= 0 || w->cols % 8 != 0 || w->cols % w->group != 0))
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "tensor %s: INT4 group %d with %lld columns", name, w->group,
-                        (long long)w->cols);
-    return DDT_OK;
-}
-
-static ddt_status load_vec(ddt_drafter *d, const char *base, int64_t n, ddt_cpu_vec *v, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", d->prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    const ddt_st_tensor *ts;
-    int64_t shape[1] = {n};
-    ddt_status st = ddt_checkpoint_tensor(d->ck, name, DDT_DTYPE_COUNT, 1, shape, &ts, err);
-    if (st != DDT_OK) return st;
-    if (ts->dtype != DDT_DTYPE_F32 && ts->dtype != DDT_DTYPE_BF16 && ts->dtype != DDT_DTYPE_F16)
-        return ddt_fail(err, DDT_ERR_FORMAT, "file %s: tensor %s: expected F32, BF16 or F16, found %s",
-                        ddt_checkpoint_file_name(d->ck, ts->file_index), name, ddt_dtype_name(ts->dtype));
-    *v = (ddt_cpu_vec){.data = ts->data, .dtype = ts->dtype, .n = n};
-    return DDT_OK;
-}
-
-static ddt_status load_layer(ddt_drafter *d, int32_t l, ddt_error *err) {
-    drafter_layer *Y = &d->layers[l];
-    char b[NAME_MAX_LEN];
-    ddt_status st;
-#define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
-    LN("input_layernorm.weight");
-    if ((st = load_vec(d, b, d->H, &Y->attn_norm, err)) != DDT_OK) return st;
-    LN("post_attention_layernorm.weight");
-    if ((st = load_vec(d, b, d->H, &Y->mlp_norm, err)) != DDT_OK) return st;
-    LN("self_attn.q_proj");
-    if ((st = load_linear(d, b, d->qd, d->H, &Y->q_proj, err)) != DDT_OK) return st;
-    LN("self_attn.k_proj");
-    if ((st = load_linear(d, b, d->kvd, d->H, &Y->k_proj, err)) != DDT_OK) return st;
-    LN("self_attn.v_proj");
-    if ((st = load_linear(d, b, d->kvd, d->H, &Y->v_proj, err)) != DDT_OK) return st;
-    LN("self_attn.o_proj");
-    if ((st = load_linear(d, b, d->H, d->qd, &Y->o_proj, err)) != DDT_OK) return st;
-    LN("self_attn.q_norm.weight");
-    if ((st = load_vec(d, b, d->hd, &Y->q_norm, err)) != DDT_OK) return st;
-    LN("self_attn.k_norm.weight");
-    if ((st = load_vec(d, b, d->hd, &Y->k_norm, err)) != DDT_OK) return st;
-    LN("mlp.gate_proj");
-    if ((st = load_linear(d, b, d->inter, d->H, &Y->gate, err)) != DDT_OK) return st;
-    LN("mlp.up_proj");
-    if ((st = load_linear(d, b, d->inter, d->H, &Y->up, err)) != DDT_OK) return st;
-    LN("mlp.down_proj");
-    return load_linear(d, b, d->H, d->inter, &Y->down, err);
-#undef LN
-}
-
-/* Tensors that say the checkpoint is not what the config describes: a layer
- * beyond num_hidden_layers (a config/checkpoint mismatch) or a bias (unsupported). */
-static ddt_status scan_tensors(const ddt_drafter *d, ddt_error *err) {
-    size_t pl = strlen(d->prefix);
-    for (int32_t i = 0; i < ddt_checkpoint_count(d->ck); i++) {
-        const ddt_st_tensor *t = ddt_checkpoint_at(d->ck, i);
-        const char *n = t->name;
-        if (strncmp(n, d->prefix, pl) != 0) continue;
-        n += pl;
-        size_t nl = strlen(n);
-        if (nl > 5 && strcmp(n + nl - 5, ".bias") == 0)
-            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "file %s: tensor %s: biases are not supported",
-                            ddt_checkpoint_file_name(d->ck, t->file_index), t->name);
-        if (strncmp(n, "layers.", 7) == 0) {
-            char *end;
-            long idx = strtol(n + 7, &end, 10);
-            if (end != n + 7 && *end == '.' && (idx < 0 || idx >= d->n_layers))
-                return ddt_fail(err, DDT_ERR_FORMAT,
-                                "file %s: tensor %s: layer %ld but config num_hidden_layers is %d",
-                                ddt_checkpoint_file_name(d->ck, t->file_index), t->name, idx, d->n_layers);
-        }
-    }
-    return DDT_OK;
-}
-
-/* The config against the target it will serve. */
-static ddt_status check_target(const ddt_drafter_config *c, const ddt_drafter_target *t, const char *where,
-                               ddt_error *err) {
-    if (!t->embed || !t->lm_head) return ddt_fail(err, DDT_ERR_INVALID, "drafter target: NULL embed or lm_head");
-    if (t->hidden_size <= 0 || t->num_layers <= 0 || t->vocab_size <= 0)
-        return ddt_fail(err, DDT_ERR_INVALID, "drafter target: hidden %d, layers %d, vocab %d must be positive",
-                        t->hidden_size, t->num_layers, t->vocab_size);
-    if (c->hidden_size != t->hidden_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field hidden_size %d differs from the target's hidden size %d", where,
-                        c->hidden_size, t->hidden_size);
-    if (c->num_target_layers >= 0 && c->num_target_layers != t->num_layers)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field num_target_layers %d but the target has %d layers", where,
-                        c->num_target_layers, t->num_layers);
-    for (int32_t i = 0; i < c->n_target_layers; i++)
-        if (c->target_layer_ids[i] >= t->num_layers)
-            return ddt_fail(err, DDT_ERR_FORMAT,
-                            "%s: field dflash_config.target_layer_ids[%d] = %d outside the target's layers 0..%d",
-                            where, i, c->target_layer_ids[i], t->num_layers - 1);
-    if (c->vocab_size >= 0 && c->vocab_size != t->vocab_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field vocab_size %d differs from the target's vocab %d", where,
-                        c->vocab_size, t->vocab_size);
-    if (c->mask_token_id >= t->vocab_size)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s: field dflash_config.mask_token_id %d outside the target's vocab 0..%d",
-                        where, c->mask_token_id, t->vocab_size - 1);
-    const ddt_qweight *w[2] = {t->embed, t->lm_head};
-    const char *wn[2] = {"embed_tokens", "lm_head"};
-    for (int i = 0; i < 2; i++)
-        if (w[i]->rows != t->vocab_size || w[i]->cols != t->hidden_size || !w[i]->data)
-            return ddt_fail(err, DDT_ERR_INVALID, "drafter target: %s is [%lld, %lld], expected [%d, %d]", wn[i],
-                            (long long)w[i]->rows, (long long)w[i]->cols, t->vocab_size, t->hidden_size);
-    return DDT_OK;
+    return d->kv + (((size_t)l * 2 + 1) * (size_t)d->cap + (size_t)row) * (size_t)d->desc.dims.kvd;
 }
 
 static void *state_alloc(ddt_drafter *d, size_t n, size_t sz, bool *ok) {
@@ -631,25 +164,25 @@ static void *state_alloc(ddt_drafter *d, size_t n, size_t sz, bool *ok) {
 }
 
 static ddt_status alloc_state(ddt_drafter *d, ddt_error *err) {
-    size_t L = (size_t)d->L, C = APPEND_CHUNK, half = (size_t)d->hd / 2;
+    size_t L = (size_t)d->desc.dims.L, C = APPEND_CHUNK, half = (size_t)d->desc.dims.hd / 2;
     size_t kv_n, feat_n;
-    if (!ddt_mul_size((size_t)d->n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->kvd, &kv_n) ||
-        !ddt_mul_size(C, (size_t)d->F, &feat_n))
+    if (!ddt_mul_size((size_t)d->desc.dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->desc.dims.kvd, &kv_n) ||
+        !ddt_mul_size(C, (size_t)d->desc.dims.F, &feat_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     bool ok = true;
     d->kv = state_alloc(d, kv_n, sizeof(float), &ok);
     d->positions = state_alloc(d, (size_t)d->max_ctx, sizeof(int32_t), &ok);
     d->inv_freq = state_alloc(d, half, sizeof(float), &ok);
-    d->x = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->xn = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->tmp = state_alloc(d, L * (size_t)d->H, sizeof(float), &ok);
-    d->q = state_alloc(d, L * (size_t)d->qd, sizeof(float), &ok);
-    d->o = state_alloc(d, L * (size_t)d->qd, sizeof(float), &ok);
-    d->g = state_alloc(d, L * (size_t)d->inter, sizeof(float), &ok);
-    d->u = state_alloc(d, L * (size_t)d->inter, sizeof(float), &ok);
+    d->x = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->xn = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->tmp = state_alloc(d, L * (size_t)d->desc.dims.H, sizeof(float), &ok);
+    d->q = state_alloc(d, L * (size_t)d->desc.dims.qd, sizeof(float), &ok);
+    d->o = state_alloc(d, L * (size_t)d->desc.dims.qd, sizeof(float), &ok);
+    d->g = state_alloc(d, L * (size_t)d->desc.dims.inter, sizeof(float), &ok);
+    d->u = state_alloc(d, L * (size_t)d->desc.dims.inter, sizeof(float), &ok);
     d->cos_b = state_alloc(d, L * half, sizeof(float), &ok);
     d->sin_b = state_alloc(d, L * half, sizeof(float), &ok);
-    d->ctx = state_alloc(d, C * (size_t)d->H, sizeof(float), &ok);
+    d->ctx = state_alloc(d, C * (size_t)d->desc.dims.H, sizeof(float), &ok);
     d->feat = state_alloc(d, feat_n, sizeof(float), &ok);
     d->cos_c = state_alloc(d, C * half, sizeof(float), &ok);
     d->sin_c = state_alloc(d, C * half, sizeof(float), &ok);
@@ -666,54 +199,13 @@ ddt_status ddt_drafter_load(const char *dir, const ddt_drafter_target *target, c
         return ddt_fail(err, DDT_ERR_INVALID, "drafter options: max_ctx %d must be >= 1", opts->max_ctx);
     ddt_drafter *d = calloc(1, sizeof *d);
     if (!d) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    char where[1100];
-    snprintf(where, sizeof where, "%s/config.json", dir);
-    ddt_status st = ddt_drafter_config_load(dir, &d->cfg, err);
+    ddt_status st = ddt_drafter_desc_load(dir, target, &d->desc, err);
     if (st != DDT_OK) goto fail;
-    const ddt_drafter_config *c = &d->cfg;
-    if ((st = check_target(c, target, where, err)) != DDT_OK) goto fail;
+    const ddt_drafter_config *c = &d->desc.cfg;
     d->target = *target;
-    d->H = c->hidden_size;
-    d->heads = c->num_attention_heads;
-    d->kv_heads = c->num_key_value_heads;
-    d->hd = c->head_dim;
-    d->qd = d->heads * d->hd;
-    d->kvd = d->kv_heads * d->hd;
-    d->inter = c->intermediate_size;
-    d->L = c->block_size;
-    d->F = c->n_target_layers * d->H;
     d->V = target->vocab_size;
-    d->n_layers = c->num_hidden_layers;
     d->max_ctx = opts->max_ctx;
-    d->cap = opts->max_ctx + d->L;
-    d->eps = c->rms_norm_eps;
-    d->scale = 1.0f / sqrtf((float)d->hd);
-    if ((int64_t)d->heads * d->hd > INT32_MAX / 2 || (int64_t)c->n_target_layers * d->H > INT32_MAX / 2) {
-        st = ddt_fail(err, DDT_ERR_RANGE, "%s: attention or feature width overflows", where);
-        goto fail;
-    }
-
-    if ((st = ddt_checkpoint_open(dir, &d->ck, err)) != DDT_OK) goto fail;
-    /* Released checkpoints name tensors "fc.weight"...; some exports add "model.". */
-    if (ddt_checkpoint_find(d->ck, "fc.weight") || ddt_checkpoint_find(d->ck, "fc.weight_packed")) {
-        d->prefix[0] = '\0';
-    } else if (ddt_checkpoint_find(d->ck, "model.fc.weight") || ddt_checkpoint_find(d->ck, "model.fc.weight_packed")) {
-        strcpy(d->prefix, "model.");
-    } else {
-        st = ddt_fail(err, DDT_ERR_FORMAT, "checkpoint %s: tensor fc.weight (or model.fc.weight) is missing", dir);
-        goto fail;
-    }
-    if ((st = scan_tensors(d, err)) != DDT_OK) goto fail;
-    if ((st = load_linear(d, "fc", d->H, d->F, &d->fc, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "hidden_norm.weight", d->H, &d->hidden_norm, err)) != DDT_OK) goto fail;
-    if ((st = load_vec(d, "norm.weight", d->H, &d->final_norm, err)) != DDT_OK) goto fail;
-    d->layers = ddt_calloc_array((size_t)d->n_layers, sizeof *d->layers);
-    if (!d->layers) {
-        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (int32_t l = 0; l < d->n_layers; l++)
-        if ((st = load_layer(d, l, err)) != DDT_OK) goto fail;
+    d->cap = opts->max_ctx + d->desc.dims.L;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     d->rope_attn = ddt_drafter_config_rope(c, d->inv_freq);
     if (opts->pool) {
@@ -733,17 +225,17 @@ fail:
 void ddt_drafter_free(ddt_drafter *d) {
     if (!d) return;
     if (d->own_pool) ddt_cpu_pool_destroy(d->pool);
-    void *bufs[] = {d->layers, d->kv,  d->positions, d->inv_freq, d->x,     d->xn,    d->tmp,   d->q,
-                    d->o,      d->g,   d->u,         d->cos_b,    d->sin_b, d->ctx,   d->feat,  d->cos_c,
-                    d->sin_c,  d->pos_c};
+    void *bufs[] = {d->kv,  d->positions, d->inv_freq, d->x,     d->xn,    d->tmp,   d->q,   d->o,
+                    d->g,   d->u,         d->cos_b,    d->sin_b, d->ctx,   d->feat,  d->cos_c,
+                    d->sin_c, d->pos_c};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    ddt_checkpoint_close(d->ck);
+    ddt_drafter_desc_free(&d->desc);
     free(d);
 }
 
-const ddt_drafter_config *ddt_drafter_get_config(const ddt_drafter *d) { return &d->cfg; }
-int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->L; }
-int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->F; }
+const ddt_drafter_config *ddt_drafter_get_config(const ddt_drafter *d) { return &d->desc.cfg; }
+int32_t ddt_drafter_block_size(const ddt_drafter *d) { return d->desc.dims.L; }
+int32_t ddt_drafter_feature_dim(const ddt_drafter *d) { return d->desc.dims.F; }
 int32_t ddt_drafter_vocab(const ddt_drafter *d) { return d->V; }
 int32_t ddt_drafter_len(const ddt_drafter *d) { return d->len; }
 int32_t ddt_drafter_max_ctx(const ddt_drafter *d) { return d->max_ctx; }
@@ -759,8 +251,8 @@ uint64_t ddt_drafter_state_bytes(const ddt_drafter *d) { return d->state_bytes; 
  */
 static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, const ddt_cpu_vec *w,
                             const float *cs, const float *sn) {
-    const int32_t hd = d->hd, half = hd / 2;
-    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->eps, rows, hd);
+    const int32_t hd = d->desc.dims.hd, half = hd / 2;
+    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->desc.dims.eps, rows, hd);
     for (int32_t i = 0; i < n; i++)
         for (int32_t h = 0; h < nh; h++)
             ddt_cpu_rope_rotate(rows + ((size_t)i * nh + h) * hd, hd, false, cs + (size_t)i * half,
@@ -769,23 +261,23 @@ static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, 
 
 /* K/V of n context tokens (ctx [n][H], normed) into cache rows len..len+n-1 of every layer. */
 static void context_kv(ddt_drafter *d, const float *ctx, int32_t n, const int32_t *pos) {
-    const int32_t half = d->hd / 2;
+    const int32_t half = d->desc.dims.hd / 2;
     for (int32_t i = 0; i < n; i++)
         ddt_cpu_rope_cos_sin(d->inv_freq, half, pos[i], d->rope_attn, d->cos_c + (size_t)i * half,
                              d->sin_c + (size_t)i * half);
-    for (int32_t l = 0; l < d->n_layers; l++) {
-        const drafter_layer *Y = &d->layers[l];
+    for (int32_t l = 0; l < d->desc.dims.n_layers; l++) {
+        const ddt_drafter_layer *Y = &d->desc.layers[l];
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->H, n, k, d->kvd);
-        norm_rope_heads(d, k, n, d->kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->H, n, v, d->kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, ctx, d->desc.dims.H, n, k, d->desc.dims.kvd);
+        norm_rope_heads(d, k, n, d->desc.dims.kv_heads, &Y->k_norm, d->cos_c, d->sin_c);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, ctx, d->desc.dims.H, n, v, d->desc.dims.kvd);
     }
 }
 
 /* One chunk (n <= APPEND_CHUNK) of features [n][F] (row stride ldf) at positions pos. */
 static void append_chunk(ddt_drafter *d, const float *features, int64_t ldf, int32_t n, const int32_t *pos) {
-    ddt_cpu_matmul(d->pool, &d->fc, features, ldf, n, d->ctx, d->H);
-    ddt_cpu_rmsnorm(d->pool, d->ctx, d->H, n, d->H, &d->hidden_norm, d->eps, d->ctx, d->H);
+    ddt_cpu_matmul(d->pool, &d->desc.fc, features, ldf, n, d->ctx, d->desc.dims.H);
+    ddt_cpu_rmsnorm(d->pool, d->ctx, d->desc.dims.H, n, d->desc.dims.H, &d->desc.hidden_norm, d->desc.dims.eps, d->ctx, d->desc.dims.H);
     context_kv(d, d->ctx, n, pos);
     memcpy(d->positions + d->len, pos, sizeof(int32_t) * (size_t)n);
     d->len += n;
@@ -814,7 +306,7 @@ ddt_status ddt_drafter_append_context(ddt_drafter *d, const float *features, con
     }
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
-        append_chunk(d, features + (size_t)i * d->F, d->F, n, positions + i);
+        append_chunk(d, features + (size_t)i * d->desc.dims.F, d->desc.dims.F, n, positions + i);
     }
     return DDT_OK;
 }
@@ -824,7 +316,7 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
     ddt_status st = check_append(d, m, err);
     if (st != DDT_OK || m == 0) return st;
     if (!layers || !rows) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: NULL layers or rows");
-    for (int32_t i = 0; i < d->cfg.n_target_layers; i++)
+    for (int32_t i = 0; i < d->desc.cfg.n_target_layers; i++)
         if (!layers[i]) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: feature layer %d is NULL", i);
     for (int32_t k = 0; k < m; k++)
         if (rows[k] < 0 || rows[k] >= n_rows)
@@ -835,12 +327,12 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
         for (int32_t k = 0; k < n; k++) {
-            for (int32_t s = 0; s < d->cfg.n_target_layers; s++)
-                memcpy(d->feat + (size_t)k * d->F + (size_t)s * d->H, layers[s] + (size_t)rows[i + k] * d->H,
-                       sizeof(float) * (size_t)d->H);
+            for (int32_t s = 0; s < d->desc.cfg.n_target_layers; s++)
+                memcpy(d->feat + (size_t)k * d->desc.dims.F + (size_t)s * d->desc.dims.H, layers[s] + (size_t)rows[i + k] * d->desc.dims.H,
+                       sizeof(float) * (size_t)d->desc.dims.H);
             d->pos_c[k] = next + i + k;
         }
-        append_chunk(d, d->feat, d->F, n, d->pos_c);
+        append_chunk(d, d->feat, d->desc.dims.F, n, d->pos_c);
     }
     return DDT_OK;
 }
@@ -863,11 +355,11 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     (void)thread;
     const attn_job *J = ctx;
     const ddt_drafter *d = J->d;
-    const int32_t hd = d->hd, group = d->heads / d->kv_heads, kvd = d->kvd;
+    const int32_t hd = d->desc.dims.hd, group = d->desc.dims.heads / d->desc.dims.kv_heads, kvd = d->desc.dims.kvd;
     float acc[DDT_DRAFTER_MAX_HEAD_DIM];
     for (int64_t it = begin; it < end; it++) {
-        const int64_t t = it / d->heads, h = it % d->heads, g = h / group;
-        const float *q = d->q + t * d->qd + h * hd;
+        const int64_t t = it / d->desc.dims.heads, h = it % d->desc.dims.heads, g = h / group;
+        const float *q = d->q + t * d->desc.dims.qd + h * hd;
         /* online softmax in fp32, rows in increasing order */
         float m = -INFINITY, sum = 0.0f;
         for (int32_t j = 0; j < hd; j++) acc[j] = 0.0f;
@@ -875,7 +367,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             const float *kr = J->k + r * kvd + g * hd, *vr = J->v + r * kvd + g * hd;
             float s = 0.0f;
             for (int32_t j = 0; j < hd; j++) s += q[j] * kr[j];
-            s *= d->scale;
+            s *= d->desc.dims.scale;
             if (s > m) {
                 float c = expf(m - s); /* 0 on the first row (m = -inf) */
                 sum *= c;
@@ -886,7 +378,7 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
             sum += p;
             for (int32_t j = 0; j < hd; j++) acc[j] += p * vr[j];
         }
-        float *o = d->o + t * d->qd + h * hd;
+        float *o = d->o + t * d->desc.dims.qd + h * hd;
         float inv = 1.0f / sum;
         for (int32_t j = 0; j < hd; j++) o[j] = acc[j] * inv;
     }
@@ -897,36 +389,36 @@ ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_e
     if (bonus < 0 || bonus >= d->V)
         return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: bonus token %d outside the vocabulary 0..%d", bonus,
                         d->V - 1);
-    const int32_t H = d->H, L = d->L, half = d->hd / 2, p0 = ddt_drafter_next_position(d);
+    const int32_t H = d->desc.dims.H, L = d->desc.dims.L, half = d->desc.dims.hd / 2, p0 = ddt_drafter_next_position(d);
     for (int32_t i = 0; i < L; i++) {
-        int32_t id = i == 0 ? bonus : d->cfg.mask_token_id;
+        int32_t id = i == 0 ? bonus : d->desc.cfg.mask_token_id;
         ddt_cpu_dequant(d->target.embed, id, 0, H, d->x + (size_t)i * H);
         ddt_cpu_rope_cos_sin(d->inv_freq, half, (int64_t)p0 + i, d->rope_attn, d->cos_b + (size_t)i * half,
                              d->sin_b + (size_t)i * half);
     }
-    for (int32_t l = 0; l < d->n_layers; l++) {
-        const drafter_layer *Y = &d->layers[l];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->qd);
-        norm_rope_heads(d, d->q, L, d->heads, &Y->q_norm, d->cos_b, d->sin_b);
+    for (int32_t l = 0; l < d->desc.dims.n_layers; l++) {
+        const ddt_drafter_layer *Y = &d->desc.layers[l];
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->attn_norm, d->desc.dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->q_proj, d->xn, H, L, d->q, d->desc.dims.qd);
+        norm_rope_heads(d, d->q, L, d->desc.dims.heads, &Y->q_norm, d->cos_b, d->sin_b);
         /* block K/V in the scratch rows after the context */
         float *k = kv_k(d, l, d->len), *v = kv_v(d, l, d->len);
-        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->kvd);
-        norm_rope_heads(d, k, L, d->kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
-        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->kvd);
+        ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->desc.dims.kvd);
+        norm_rope_heads(d, k, L, d->desc.dims.kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
+        ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->desc.dims.kvd);
         attn_job job = {.d = d, .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L};
-        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->heads);
-        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->qd, L, d->tmp, H);
+        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->desc.dims.heads);
+        ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->desc.dims.qd, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
-        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->eps, d->xn, H);
-        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->inter);
-        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->inter);
-        ddt_cpu_silu_mul(d->pool, d->g, d->inter, d->u, d->inter, L, d->inter);
-        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->inter, L, d->tmp, H);
+        ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->desc.dims.eps, d->xn, H);
+        ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->desc.dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->desc.dims.inter);
+        ddt_cpu_silu_mul(d->pool, d->g, d->desc.dims.inter, d->u, d->desc.dims.inter, L, d->desc.dims.inter);
+        ddt_cpu_matmul(d->pool, &Y->down, d->g, d->desc.dims.inter, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
     }
     /* only positions 1..L-1 are drafts */
-    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->final_norm, d->eps, d->xn, H);
+    ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->desc.final_norm, d->desc.dims.eps, d->xn, H);
     ddt_cpu_matmul(d->pool, d->target.lm_head, d->xn, H, L - 1, logits, d->V);
     return DDT_OK;
 }

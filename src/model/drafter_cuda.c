@@ -31,8 +31,8 @@
 #include "backend/cuda/nn_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "model/drafter_desc.h"
 
-#define NAME_MAX_LEN 512
 /* Rows per attention split while the context is short; long contexts get longer
  * splits so the partial-result scratch stays within ATTN_MAX_SPLITS splits. */
 #define ATTN_SPLIT_MIN 64
@@ -53,8 +53,8 @@ typedef struct cuda_layer {
 struct ddt_cuda_drafter {
     ddt_drafter_config cfg;
     ddt_cuda_drafter_target target; /* borrowed device weights */
-    int32_t H, heads, kv_heads, hd, qd, kvd, inter, L, F, V, n_layers, max_ctx, cap, n_tl;
-    float eps;
+    ddt_drafter_dims dims;          /* drafter_desc.h */
+    int32_t V, max_ctx, cap;
     ddt_dflash_attn attn;
 
     ddt_qweight fc;            /* [H][F] */
@@ -80,10 +80,10 @@ struct ddt_cuda_drafter {
 };
 
 static float *kv_k(const ddt_cuda_drafter *d, int32_t l) {
-    return d->kv + ((size_t)l * 2 + 0) * (size_t)d->cap * (size_t)d->kvd;
+    return d->kv + ((size_t)l * 2 + 0) * (size_t)d->cap * (size_t)d->dims.kvd;
 }
 static float *kv_v(const ddt_cuda_drafter *d, int32_t l) {
-    return d->kv + ((size_t)l * 2 + 1) * (size_t)d->cap * (size_t)d->kvd;
+    return d->kv + ((size_t)l * 2 + 1) * (size_t)d->cap * (size_t)d->dims.kvd;
 }
 
 /* ------------------------------------------------------------------ load */
@@ -96,90 +96,63 @@ static ddt_status dev_alloc(ddt_cuda_drafter *d, void **p, size_t n, size_t sz, 
     return DDT_OK;
 }
 
-static ddt_status upload_linear(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *prefix, const char *base,
-                                int64_t rows, int64_t cols, ddt_qweight *w, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_qweight host;
-    TRY(ddt_checkpoint_weight(ck, name, rows, cols, &host, err));
-    ddt_status st = ddt_cuda_qweight_upload(&host, w, err);
+/* Upload one weight view of the description; `what` (and layer l >= 0) names it
+ * in a failure. */
+static ddt_status upload_linear(ddt_cuda_drafter *d, const ddt_qweight *host, const char *what, int32_t l,
+                                ddt_qweight *w, ddt_error *err) {
+    ddt_status st = ddt_cuda_qweight_upload(host, w, err);
     if (st != DDT_OK) {
         memset(w, 0, sizeof *w);
-        ddt_error_prefix(err, "tensor %s: ", name);
+        if (l >= 0) ddt_error_prefix(err, "layer %d %s: ", l, what);
+        else ddt_error_prefix(err, "%s: ", what);
         return st;
     }
     d->weight_bytes += ddt_cuda_qweight_bytes(w);
     return DDT_OK;
 }
 
-static ddt_status upload_vec(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *prefix, const char *base,
-                             int64_t n, float **out, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    const ddt_st_tensor *ts;
-    int64_t shape[1] = {n};
-    TRY(ddt_checkpoint_tensor(ck, name, DDT_DTYPE_COUNT, 1, shape, &ts, err));
-    ddt_status st = ddt_cuda_vec_upload(ts->data, ts->dtype, n, out, err);
+static ddt_status upload_vec(ddt_cuda_drafter *d, const ddt_cpu_vec *v, const char *what, int32_t l, float **out,
+                             ddt_error *err) {
+    ddt_status st = ddt_cuda_vec_upload(v->data, v->dtype, v->n, out, err);
     if (st != DDT_OK) {
         *out = NULL;
-        ddt_error_prefix(err, "tensor %s: ", name);
+        if (l >= 0) ddt_error_prefix(err, "layer %d %s: ", l, what);
+        else ddt_error_prefix(err, "%s: ", what);
         return st;
     }
-    d->weight_bytes += (uint64_t)n * sizeof(float);
+    d->weight_bytes += (uint64_t)v->n * sizeof(float);
     return DDT_OK;
 }
 
-static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_checkpoint *ck, const char *px, int32_t l,
-                               ddt_error *err) {
+static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, int32_t l, ddt_error *err) {
     cuda_layer *Y = &d->layers[l];
-    char b[NAME_MAX_LEN];
-#define LN(s) snprintf(b, sizeof b, "layers.%d." s, l)
-    LN("input_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->H, &Y->attn_norm, err));
-    LN("post_attention_layernorm.weight");
-    TRY(upload_vec(d, ck, px, b, d->H, &Y->mlp_norm, err));
-    LN("self_attn.q_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->hd, &Y->q_norm, err));
-    LN("self_attn.k_norm.weight");
-    TRY(upload_vec(d, ck, px, b, d->hd, &Y->k_norm, err));
-    LN("self_attn.q_proj");
-    TRY(upload_linear(d, ck, px, b, d->qd, d->H, &Y->q_proj, err));
-    LN("self_attn.k_proj");
-    TRY(upload_linear(d, ck, px, b, d->kvd, d->H, &Y->k_proj, err));
-    LN("self_attn.v_proj");
-    TRY(upload_linear(d, ck, px, b, d->kvd, d->H, &Y->v_proj, err));
-    LN("self_attn.o_proj");
-    TRY(upload_linear(d, ck, px, b, d->H, d->qd, &Y->o_proj, err));
-    LN("mlp.gate_proj");
-    TRY(upload_linear(d, ck, px, b, d->inter, d->H, &Y->gate, err));
-    LN("mlp.up_proj");
-    TRY(upload_linear(d, ck, px, b, d->inter, d->H, &Y->up, err));
-    LN("mlp.down_proj");
-    return upload_linear(d, ck, px, b, d->H, d->inter, &Y->down, err);
-#undef LN
+    TRY(upload_vec(d, &h->attn_norm, "input_layernorm", l, &Y->attn_norm, err));
+    TRY(upload_vec(d, &h->mlp_norm, "post_attention_layernorm", l, &Y->mlp_norm, err));
+    TRY(upload_vec(d, &h->q_norm, "q_norm", l, &Y->q_norm, err));
+    TRY(upload_vec(d, &h->k_norm, "k_norm", l, &Y->k_norm, err));
+    TRY(upload_linear(d, &h->q_proj, "q_proj", l, &Y->q_proj, err));
+    TRY(upload_linear(d, &h->k_proj, "k_proj", l, &Y->k_proj, err));
+    TRY(upload_linear(d, &h->v_proj, "v_proj", l, &Y->v_proj, err));
+    TRY(upload_linear(d, &h->o_proj, "o_proj", l, &Y->o_proj, err));
+    TRY(upload_linear(d, &h->gate, "gate_proj", l, &Y->gate, err));
+    TRY(upload_linear(d, &h->up, "up_proj", l, &Y->up, err));
+    return upload_linear(d, &h->down, "down_proj", l, &Y->down, err);
 }
 
-static ddt_status upload_weights(ddt_cuda_drafter *d, const char *dir, ddt_error *err) {
-    ddt_checkpoint *ck = NULL;
-    TRY(ddt_checkpoint_open(dir, &ck, err));
-    /* The CPU load already required fc.weight with or without "model."; pick the same. */
-    const char *px = (ddt_checkpoint_find(ck, "fc.weight") || ddt_checkpoint_find(ck, "fc.weight_packed")) ? ""
-                                                                                                          : "model.";
-    ddt_status st = upload_linear(d, ck, px, "fc", d->H, d->F, &d->fc, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "hidden_norm.weight", d->H, &d->hidden_norm, err);
-    if (st == DDT_OK) st = upload_vec(d, ck, px, "norm.weight", d->H, &d->final_norm, err);
-    for (int32_t l = 0; st == DDT_OK && l < d->n_layers; l++) st = upload_layer(d, ck, px, l, err);
-    ddt_checkpoint_close(ck);
-    return st;
+/* Every view of the description, uploaded as stored (bf16 / FP8 / INT4 stay quantised). */
+static ddt_status upload_weights(ddt_cuda_drafter *d, const ddt_drafter_desc *desc, ddt_error *err) {
+    TRY(upload_linear(d, &desc->fc, "fc", -1, &d->fc, err));
+    TRY(upload_vec(d, &desc->hidden_norm, "hidden_norm", -1, &d->hidden_norm, err));
+    TRY(upload_vec(d, &desc->final_norm, "norm", -1, &d->final_norm, err));
+    for (int32_t l = 0; l < d->dims.n_layers; l++) TRY(upload_layer(d, &desc->layers[l], l, err));
+    return DDT_OK;
 }
 
 /* cos/sin of every position 0..cap-1 with the CPU drafter's frequencies and factor
  * (ddt_drafter_config_rope), uploaded once. */
 static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
     const ddt_drafter_config *c = &d->cfg;
-    const int32_t half = d->hd / 2;
+    const int32_t half = d->dims.hd / 2;
     float inv_freq[DDT_ROPE_MAX_DIM / 2];
     const float attn = ddt_drafter_config_rope(c, inv_freq);
     size_t n = (size_t)d->cap * (size_t)half;
@@ -201,10 +174,10 @@ static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
 }
 
 static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
-    const size_t L = (size_t)d->L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->hd / 2;
+    const size_t L = (size_t)d->dims.L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->dims.hd / 2;
     const size_t scr = C > L ? C : L;
     size_t kv_n;
-    if (!ddt_mul_size((size_t)d->n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->kvd, &kv_n))
+    if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     uint64_t attn_n = ddt_dflash_attn_scratch_floats(&d->attn);
     TRY(dev_alloc(d, (void **)&d->kv, kv_n, sizeof(float), err));
@@ -215,26 +188,26 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     TRY(dev_alloc(d, (void **)&d->ids, L, sizeof(int32_t), err));
     TRY(dev_alloc(d, (void **)&d->iota, C, sizeof(int32_t), err));
     TRY(dev_alloc(d, (void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->feat, C * (size_t)d->F, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->ctx, C * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->kscr, scr * (size_t)d->kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->vscr, scr * (size_t)d->kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->x, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->xn, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->tmp, L * (size_t)d->H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->q, L * (size_t)d->qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->o, L * (size_t)d->qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->g, L * (size_t)d->inter, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->u, L * (size_t)d->inter, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->kscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->vscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->x, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->q, L * (size_t)d->dims.qd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->o, L * (size_t)d->dims.qd, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->g, L * (size_t)d->dims.inter, sizeof(float), err));
+    TRY(dev_alloc(d, (void **)&d->u, L * (size_t)d->dims.inter, sizeof(float), err));
     TRY(dev_alloc(d, (void **)&d->attn_scratch, (size_t)attn_n, sizeof(float), err));
 
     /* NaN in every activation and cache row until written, so a read of a row
      * nothing wrote shows in the logits (the tests rely on it) */
     float *poison[] = {d->kv, d->feat, d->ctx, d->kscr, d->vscr, d->x, d->xn, d->tmp, d->q, d->o, d->g, d->u,
                        d->attn_scratch};
-    const size_t poison_n[] = {kv_n, C * (size_t)d->F, C * (size_t)d->H, scr * (size_t)d->kvd, scr * (size_t)d->kvd,
-                               L * (size_t)d->H, L * (size_t)d->H, L * (size_t)d->H, L * (size_t)d->qd,
-                               L * (size_t)d->qd, L * (size_t)d->inter, L * (size_t)d->inter, (size_t)attn_n};
+    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, scr * (size_t)d->dims.kvd, scr * (size_t)d->dims.kvd,
+                               L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.qd,
+                               L * (size_t)d->dims.qd, L * (size_t)d->dims.inter, L * (size_t)d->dims.inter, (size_t)attn_n};
     for (size_t i = 0; i < sizeof poison / sizeof poison[0]; i++)
         DDT_CUDA_TRY(cudaMemset(poison[i], 0xFF, poison_n[i] * sizeof(float)), err);
 
@@ -260,61 +233,63 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
         return ddt_fail(err, DDT_ERR_INVALID, "drafter options: max_ctx %d must be >= 1", max_ctx);
 
     /* Every check the CPU drafter makes (config, tensors, target), with its messages:
-     * load it for a one-token context on one thread, keep its config, drop it. */
+     * the same description (drafter_desc.h), kept until the weights are uploaded. */
     ddt_drafter_target ht = {.hidden_size = t->hidden_size, .num_layers = t->num_layers,
                              .vocab_size = t->vocab_size, .embed = t->embed, .lm_head = t->lm_head};
-    ddt_drafter_options ho = {.max_ctx = 1, .n_threads = 1, .pool = NULL};
-    ddt_drafter *check = NULL;
-    TRY(ddt_drafter_load(dir, &ht, &ho, &check, err));
+    ddt_drafter_desc *desc = calloc(1, sizeof *desc);
+    if (!desc) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    ddt_status st = ddt_drafter_desc_load(dir, &ht, desc, err);
+    if (st != DDT_OK) {
+        ddt_error_prefix(err, "drafter %s: ", dir);
+        ddt_drafter_desc_free(desc);
+        free(desc);
+        return st;
+    }
     ddt_cuda_drafter *d = calloc(1, sizeof *d);
     if (!d) {
-        ddt_drafter_free(check);
+        ddt_drafter_desc_free(desc);
+        free(desc);
         return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
     }
-    d->cfg = *ddt_drafter_get_config(check);
-    ddt_drafter_free(check);
+    d->cfg = desc->cfg;
 
     const ddt_drafter_config *c = &d->cfg;
     d->target = *t;
-    d->H = c->hidden_size;
-    d->heads = c->num_attention_heads;
-    d->kv_heads = c->num_key_value_heads;
-    d->hd = c->head_dim;
-    d->qd = d->heads * d->hd;
-    d->kvd = d->kv_heads * d->hd;
-    d->inter = c->intermediate_size;
-    d->L = c->block_size;
-    d->n_tl = c->n_target_layers;
-    d->F = d->n_tl * d->H;
+    ddt_drafter_dims_fill(c, &d->dims);
     d->V = t->vocab_size;
-    d->n_layers = c->num_hidden_layers;
     d->max_ctx = max_ctx;
-    d->cap = max_ctx + d->L;
-    d->eps = c->rms_norm_eps;
+    d->cap = max_ctx + d->dims.L;
     int32_t split = ATTN_SPLIT_MIN;
     if ((d->cap + split - 1) / split > ATTN_MAX_SPLITS)
         split = ((d->cap + ATTN_MAX_SPLITS - 1) / ATTN_MAX_SPLITS + 31) / 32 * 32;
-    d->attn = (ddt_dflash_attn){.n_block = d->L, .heads = d->heads, .kv_heads = d->kv_heads, .hd = d->hd,
-                                .max_rows = d->cap, .split = split, .scale = 1.0f / sqrtf((float)d->hd)};
+    d->attn = (ddt_dflash_attn){.n_block = d->dims.L, .heads = d->dims.heads, .kv_heads = d->dims.kv_heads, .hd = d->dims.hd,
+                                .max_rows = d->cap, .split = split, .scale = d->dims.scale};
 
-    ddt_status st;
-    if (d->hd > DDT_DFLASH_MAX_HEAD_DIM) {
+    if (d->dims.hd > DDT_DFLASH_MAX_HEAD_DIM) {
         st = ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s/config.json: head_dim %d (the GPU drafter handles up to %d)", dir,
-                      d->hd, DDT_DFLASH_MAX_HEAD_DIM);
+                      d->dims.hd, DDT_DFLASH_MAX_HEAD_DIM);
         goto fail;
     }
-    d->layers = ddt_calloc_array((size_t)d->n_layers, sizeof *d->layers);
+    d->layers = ddt_calloc_array((size_t)d->dims.n_layers, sizeof *d->layers);
     if (!d->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = upload_weights(d, dir, err)) != DDT_OK) goto fail;
+    st = upload_weights(d, desc, err);
+    ddt_drafter_desc_free(desc); /* the device holds its own copy of every weight now */
+    free(desc);
+    desc = NULL;
+    if (st != DDT_OK) goto fail;
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     if ((st = upload_rope_table(d, err)) != DDT_OK) goto fail;
     *out = d;
     return DDT_OK;
 fail:
     ddt_error_prefix(err, "drafter %s: ", dir);
+    if (desc) {
+        ddt_drafter_desc_free(desc);
+        free(desc);
+    }
     ddt_cuda_drafter_free(d);
     return st;
 }
@@ -328,7 +303,7 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
     free_weight(&d->fc);
     ddt_cuda_free(d->hidden_norm);
     ddt_cuda_free(d->final_norm);
-    for (int32_t l = 0; d->layers && l < d->n_layers; l++) {
+    for (int32_t l = 0; d->layers && l < d->dims.n_layers; l++) {
         cuda_layer *Y = &d->layers[l];
         ddt_cuda_free(Y->attn_norm);
         ddt_cuda_free(Y->mlp_norm);
@@ -346,7 +321,7 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
 }
 
 const ddt_drafter_config *ddt_cuda_drafter_config(const ddt_cuda_drafter *d) { return &d->cfg; }
-int32_t ddt_cuda_drafter_block_size(const ddt_cuda_drafter *d) { return d->L; }
+int32_t ddt_cuda_drafter_block_size(const ddt_cuda_drafter *d) { return d->dims.L; }
 int32_t ddt_cuda_drafter_max_ctx(const ddt_cuda_drafter *d) { return d->max_ctx; }
 const int32_t *ddt_cuda_drafter_len_device(const ddt_cuda_drafter *d) { return d->len; }
 const int32_t *ddt_cuda_drafter_status_device(const ddt_cuda_drafter *d) { return d->status; }
@@ -369,23 +344,23 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
  */
 static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *count_dev, int32_t count_host,
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
-    const int32_t H = d->H;
-    TRY(ddt_cuda_matmul(&d->fc, d->feat, d->F, n, d->ctx, H, s, err));
-    TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->eps, d->ctx, H, s, err));
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    const int32_t H = d->dims.H;
+    TRY(ddt_cuda_matmul(&d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
+    TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->dims.eps, d->ctx, H, s, err));
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->ctx, H, n, d->kscr, d->kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, d->hd, n * d->kv_heads, d->hd, Y->k_norm, d->eps, d->kscr, d->hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->ctx, H, n, d->vscr, d->kvd, s, err));
+        TRY(ddt_cuda_matmul(&Y->k_proj, d->ctx, H, n, d->kscr, d->dims.kvd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->kscr, d->dims.hd, n * d->dims.kv_heads, d->dims.hd, Y->k_norm, d->dims.eps, d->kscr, d->dims.hd, s, err));
+        TRY(ddt_cuda_matmul(&Y->v_proj, d->ctx, H, n, d->vscr, d->dims.kvd, s, err));
         TRY(ddt_dflash_kv_store(d->kscr, d->vscr, n, count_dev, count_host, max_count, d->len, d->max_ctx, d->cos_t,
-                                d->sin_t, d->kv_heads, d->hd, kv_k(d, l), kv_v(d, l), s, err));
+                                d->sin_t, d->dims.kv_heads, d->dims.hd, kv_k(d, l), kv_v(d, l), s, err));
     }
     return ddt_dflash_advance(d->len, d->status, count_dev, count_host, max_count, d->max_ctx, s, err);
 }
 
 static ddt_status check_layers(const ddt_cuda_drafter *d, const float *const *layers, ddt_error *err) {
     if (!layers) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: NULL layers");
-    for (int32_t i = 0; i < d->n_tl; i++)
+    for (int32_t i = 0; i < d->dims.n_tl; i++)
         if (!layers[i]) return ddt_fail(err, DDT_ERR_INVALID, "drafter append: feature layer %d is NULL", i);
     return DDT_OK;
 }
@@ -398,8 +373,8 @@ ddt_status ddt_cuda_drafter_append_rows(ddt_cuda_drafter *d, const float *const 
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: max_m %d outside 1..%d", max_m, DDT_MAX_PATH);
     /* rows past m may hold anything: gather max_m rows that exist, store only m */
     TRY(ddt_dflash_clamp_rows(rows, m, max_m, d->rows, s, err));
-    for (int32_t i = 0; i < d->n_tl; i++)
-        TRY(ddt_cuda_gather_rows(d->feat + (size_t)i * d->H, d->F, layers[i], d->H, d->rows, max_m, d->H, s, err));
+    for (int32_t i = 0; i < d->dims.n_tl; i++)
+        TRY(ddt_cuda_gather_rows(d->feat + (size_t)i * d->dims.H, d->dims.F, layers[i], d->dims.H, d->rows, max_m, d->dims.H, s, err));
     return append_feat(d, max_m, m, 0, max_m, s, err);
 }
 
@@ -411,9 +386,9 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: %d tokens (context of %d)", m, d->max_ctx);
     for (int32_t i = 0; i < m; i += DDT_CUDA_DRAFTER_PREFIX_CHUNK) {
         const int32_t n = m - i < DDT_CUDA_DRAFTER_PREFIX_CHUNK ? m - i : DDT_CUDA_DRAFTER_PREFIX_CHUNK;
-        for (int32_t k = 0; k < d->n_tl; k++)
-            TRY(ddt_cuda_gather_rows(d->feat + (size_t)k * d->H, d->F, layers[k] + (size_t)i * d->H, d->H, d->iota,
-                                     n, d->H, s, err));
+        for (int32_t k = 0; k < d->dims.n_tl; k++)
+            TRY(ddt_cuda_gather_rows(d->feat + (size_t)k * d->dims.H, d->dims.F, layers[k] + (size_t)i * d->dims.H, d->dims.H, d->iota,
+                                     n, d->dims.H, s, err));
         TRY(append_feat(d, n, NULL, n, n, s, err));
     }
     return DDT_OK;
@@ -424,32 +399,32 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
 ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, float *logits, ddt_cuda_stream s,
                                   ddt_error *err) {
     if (!d || !bonus || !logits) return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: NULL argument");
-    const int32_t H = d->H, L = d->L, hd = d->hd;
+    const int32_t H = d->dims.H, L = d->dims.L, hd = d->dims.hd;
     DDT_CUDA_TRY(cudaMemcpyAsync(d->ids, bonus, sizeof(int32_t), cudaMemcpyDeviceToDevice, (cudaStream_t)s), err);
     TRY(ddt_cuda_embed(d->target.embed, d->ids, L, d->x, H, s, err));
-    for (int32_t l = 0; l < d->n_layers; l++) {
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->attn_norm, d->eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->q_proj, d->xn, H, L, d->q, d->qd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->q, hd, L * d->heads, hd, Y->q_norm, d->eps, d->q, hd, s, err));
-        TRY(ddt_dflash_rope(d->q, L, d->heads, hd, d->len, d->cos_t, d->sin_t, d->cap, s, err));
+        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->attn_norm, d->dims.eps, d->xn, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->q_proj, d->xn, H, L, d->q, d->dims.qd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->q, hd, L * d->dims.heads, hd, Y->q_norm, d->dims.eps, d->q, hd, s, err));
+        TRY(ddt_dflash_rope(d->q, L, d->dims.heads, hd, d->len, d->cos_t, d->sin_t, d->cap, s, err));
         /* block K/V in the cache rows just after the context (scratch, never committed) */
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->xn, H, L, d->kscr, d->kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, hd, L * d->kv_heads, hd, Y->k_norm, d->eps, d->kscr, hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->xn, H, L, d->vscr, d->kvd, s, err));
-        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, L, NULL, L, L, d->len, d->cap, d->cos_t, d->sin_t, d->kv_heads, hd,
+        TRY(ddt_cuda_matmul(&Y->k_proj, d->xn, H, L, d->kscr, d->dims.kvd, s, err));
+        TRY(ddt_cuda_rmsnorm(d->kscr, hd, L * d->dims.kv_heads, hd, Y->k_norm, d->dims.eps, d->kscr, hd, s, err));
+        TRY(ddt_cuda_matmul(&Y->v_proj, d->xn, H, L, d->vscr, d->dims.kvd, s, err));
+        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, L, NULL, L, L, d->len, d->cap, d->cos_t, d->sin_t, d->dims.kv_heads, hd,
                                 kv_k(d, l), kv_v(d, l), s, err));
         TRY(ddt_dflash_attention(&d->attn, d->q, kv_k(d, l), kv_v(d, l), d->len, d->attn_scratch, d->o, s, err));
-        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, d->qd, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, d->dims.qd, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->mlp_norm, d->eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->gate, d->xn, H, L, d->g, d->inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->up, d->xn, H, L, d->u, d->inter, s, err));
-        TRY(ddt_cuda_silu_mul(d->g, d->inter, d->u, d->inter, L, d->inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->down, d->g, d->inter, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->mlp_norm, d->dims.eps, d->xn, H, s, err));
+        TRY(ddt_cuda_matmul(&Y->gate, d->xn, H, L, d->g, d->dims.inter, s, err));
+        TRY(ddt_cuda_matmul(&Y->up, d->xn, H, L, d->u, d->dims.inter, s, err));
+        TRY(ddt_cuda_silu_mul(d->g, d->dims.inter, d->u, d->dims.inter, L, d->dims.inter, s, err));
+        TRY(ddt_cuda_matmul(&Y->down, d->g, d->dims.inter, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
     }
     /* only positions 1..L-1 are drafts */
-    TRY(ddt_cuda_rmsnorm(d->x + H, H, L - 1, H, d->final_norm, d->eps, d->xn, H, s, err));
+    TRY(ddt_cuda_rmsnorm(d->x + H, H, L - 1, H, d->final_norm, d->dims.eps, d->xn, H, s, err));
     return ddt_cuda_matmul(d->target.lm_head, d->xn, H, L - 1, logits, d->V, s, err);
 }

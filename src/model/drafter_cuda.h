@@ -4,11 +4,11 @@
  * features -> fc -> hidden_norm -> per-layer cached K/V; the block
  * [bonus, MASK...] attends, without a mask, to the context and itself).
  *
- * Loading runs the CPU drafter's load on the folder first (config, every
- * tensor's presence / dtype / shape, the target checks), so both accept and
- * refuse the same folders with the same messages, then uploads the weights as
- * stored (bf16 / FP8 / INT4 stay quantised; qmatmul_cuda.h) and allocates all
- * run state: the context K/V cache for max_ctx tokens plus one block, a RoPE
+ * Loading reads the drafter description first (model/drafter_desc.h: config,
+ * every tensor's presence / dtype / shape, the target checks), the one the CPU
+ * drafter runs on, so both accept and refuse the same folders with the same
+ * messages, then uploads its weight views as stored (bf16 / FP8 / INT4 stay
+ * quantised; qmatmul_cuda.h) and allocates all run state: the context K/V cache for max_ctx tokens plus one block, a RoPE
  * cos/sin table for every position it can reach (computed on the host by the
  * CPU's rope code, so the angles are bitwise the CPU's), and the activations of
  * one block and one append chunk.  Nothing allocates after load.

@@ -1,6 +1,6 @@
 /*
  * target.c — DeepSeek-V3 / Kimi K2.x target on the CPU backend (see target.h):
- * config -> borrowed weight views -> run state -> forward (prefill, tree
+ * description (config, dims, borrowed weight views: target_desc.c) -> run state -> forward (prefill, tree
  * verify), commit and rollback of the latent cache.
  *
  * Per layer and token (HF DeepseekV3DecoderLayer):
@@ -29,36 +29,18 @@
 #include "backend/cpu/rope.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "io/safetensors.h"
+#include "model/target_desc.h"
 
 #define LATENT_NORM_EPS 1e-6f
-#define NAME_MAX_LEN 512
-
-/* ------------------------------------------------------------------ weights */
 
 /* ------------------------------------------------------------------ model */
 
 struct ddt_target {
-    ddt_model_config cfg;
-    ddt_checkpoint *ck;
+    ddt_target_desc desc;    /* config, dims and the weight views (target_desc.h) */
     ddt_cpu_pool *pool;
     int32_t max_ctx, max_tokens;
-
-    /* dimensions */
-    int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers;
-    int32_t n_experts, top_k, inter_max;
-    float eps, softmax_scale, rope_attn;
-
-    ddt_qweight embed;       /* [vocab][hidden] */
-    ddt_cpu_vec final_norm;  /* [hidden] */
-    ddt_qweight lm_head;     /* [vocab][hidden] (the embedding when tied) */
-    ddt_target_layer *layers;         /* [n_layers] */
+    float rope_attn;
     float *inv_freq;         /* [rope/2] */
-    uint64_t weight_bytes;   /* every weight the model reads */
-    uint64_t routed_bytes;   /* of which routed experts */
-    uint64_t embed_bytes;    /* of which the embedding table */
-    int32_t expert_layout;   /* expert_layout of the MoE layers loaded so far */
-    int32_t expert_layout_layer; /* the last of them, for messages */
     uint64_t state_bytes;    /* run state + latent cache */
     ddt_moe_route_params route;
 
@@ -102,303 +84,6 @@ struct ddt_target {
 
 /* ------------------------------------------------------------------ loading */
 
-static uint64_t qweight_bytes(const ddt_qweight *w) {
-    uint64_t n = (uint64_t)w->rows * (uint64_t)w->cols;
-    switch (w->format) {
-    case DDT_Q_DENSE: return n * ddt_dtype_size(w->dtype);
-    case DDT_Q_FP8_BLOCK:
-        return n + 4u * (uint64_t)((w->rows + w->block - 1) / w->block) * (uint64_t)((w->cols + w->block - 1) / w->block);
-    case DDT_Q_INT4_GROUP: return n / 2 + 2u * (uint64_t)w->rows * (uint64_t)(w->cols / w->group) + 16u;
-    }
-    return 0;
-}
-
-/* The checks every weight view passes whatever its source (a 2-D tensor or a
- * slice of a fused expert stack), and its bytes. */
-static ddt_status account_linear(ddt_target *t, const char *name, const ddt_qweight *w, ddt_error *err) {
-    if (w->format == DDT_Q_FP8_BLOCK && w->block <= 0)
-        return ddt_fail(err, DDT_ERR_FORMAT, "tensor %s: FP8 block size %d", name, w->block);
-    if (w->format == DDT_Q_INT4_GROUP && (w->group <= 0 || w->cols % 8 != 0 || w->cols % w->group != 0))
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "tensor %s: INT4 group %d with %lld columns", name, w->group,
-                        (long long)w->cols);
-    t->weight_bytes += qweight_bytes(w);
-    return DDT_OK;
-}
-
-static ddt_status load_linear(ddt_target *t, const char *base, int64_t rows, int64_t cols, ddt_qweight *w,
-                              ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", t->cfg.tensor_prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    ddt_status st = ddt_checkpoint_weight(t->ck, name, rows, cols, w, err);
-    if (st != DDT_OK) return st;
-    return account_linear(t, name, w, err);
-}
-
-/* A 1-D float vector of n values (norm weights, router bias). */
-static ddt_status load_vec(ddt_target *t, const char *base, int64_t n, ddt_cpu_vec *v, ddt_error *err) {
-    char name[NAME_MAX_LEN];
-    int k = snprintf(name, sizeof name, "%s%s", t->cfg.tensor_prefix, base);
-    if (k < 0 || (size_t)k >= sizeof name) return ddt_fail(err, DDT_ERR_RANGE, "tensor name too long: %s", base);
-    memset(v, 0, sizeof *v);
-    const ddt_st_tensor *ts;
-    int64_t shape[1] = {n};
-    ddt_status st = ddt_checkpoint_tensor(t->ck, name, DDT_DTYPE_COUNT, 1, shape, &ts, err);
-    if (st != DDT_OK) return st;
-    if (ts->dtype != DDT_DTYPE_F32 && ts->dtype != DDT_DTYPE_BF16 && ts->dtype != DDT_DTYPE_F16)
-        return ddt_fail(err, DDT_ERR_FORMAT, "file %s: tensor %s: expected F32, BF16 or F16, found %s",
-                        ddt_checkpoint_file_name(t->ck, ts->file_index), name, ddt_dtype_name(ts->dtype));
-    v->data = ts->data;
-    v->dtype = ts->dtype;
-    v->n = n;
-    t->weight_bytes += (uint64_t)n * ddt_dtype_size(ts->dtype);
-    return DDT_OK;
-}
-
-static ddt_status load_mlp(ddt_target *t, const char *pre, int64_t inter, ddt_target_mlp *m, ddt_error *err) {
-    char b[NAME_MAX_LEN];
-    ddt_status st;
-    snprintf(b, sizeof b, "%s.gate_proj", pre);
-    if ((st = load_linear(t, b, inter, t->hidden, &m->gate, err)) != DDT_OK) return st;
-    snprintf(b, sizeof b, "%s.up_proj", pre);
-    if ((st = load_linear(t, b, inter, t->hidden, &m->up, err)) != DDT_OK) return st;
-    snprintf(b, sizeof b, "%s.down_proj", pre);
-    return load_linear(t, b, t->hidden, inter, &m->down, err);
-}
-
-/* How a MoE layer stores its routed experts. */
-typedef enum expert_layout {
-    EXPERTS_UNSEEN = 0,  /* no MoE layer loaded yet */
-    EXPERTS_PER_EXPERT,  /* DeepSeek's names: mlp.experts.{e}.{gate,up,down}_proj.* */
-    EXPERTS_FUSED        /* transformers 5's module layout: mlp.experts.gate_up_proj [E, 2I, H] + down_proj [E, H, I] */
-} expert_layout;
-
-static const char *layout_words(expert_layout k) {
-    return k == EXPERTS_FUSED ? "fused (mlp.experts.gate_up_proj / down_proj)" : "per expert (mlp.experts.{e}.*_proj)";
-}
-
-/* The tensor names of the fused layout, after "<layer>.mlp.experts.". */
-static bool is_fused_name(const char *rest) {
-    return !strcmp(rest, "gate_up_proj") || !strcmp(rest, "down_proj") || !strcmp(rest, "gate_up_proj_scale_inv") ||
-           !strcmp(rest, "down_proj_scale_inv");
-}
-
-/*
- * Classify layer l's routed-expert tensors (every name under
- * "<prefix>model.layers.<l>.mlp.experts.") and refuse what cannot be loaded
- * faithfully: both layouts in one layer, a fused pair with one half missing, or
- * a tensor beside the fused pair that the engine would not read (a bias, a packed
- * INT4 stack, a `.weight`-suffixed variant): ignoring it would change the model.
- */
-static ddt_status classify_experts(ddt_target *t, int32_t l, expert_layout *kind, ddt_error *err) {
-    char pre[NAME_MAX_LEN];
-    int k = snprintf(pre, sizeof pre, "%smodel.layers.%d.mlp.experts.", t->cfg.tensor_prefix, l);
-    if (k < 0 || (size_t)k >= sizeof pre) return ddt_fail(err, DDT_ERR_RANGE, "layer %d: tensor prefix too long", l);
-    const size_t plen = (size_t)k;
-    int32_t first = 0, n = ddt_checkpoint_prefix_range(t->ck, pre, &first);
-    const char *per_expert = NULL, *gate_up = NULL, *down = NULL, *odd = NULL;
-    for (int32_t i = 0; i < n; i++) {
-        const char *name = ddt_checkpoint_at(t->ck, first + i)->name, *rest = name + plen;
-        if (rest[0] >= '0' && rest[0] <= '9') {
-            if (!per_expert) per_expert = name;
-        } else if (!strcmp(rest, "gate_up_proj")) {
-            gate_up = name;
-        } else if (!strcmp(rest, "down_proj")) {
-            down = name;
-        } else if (!is_fused_name(rest) && !odd) {
-            odd = name;
-        }
-    }
-    if (!gate_up && !down) {
-        /* A per-expert layer has only ever been read by expert number; a name under
-         * experts. that starts like a fused tensor is a fused variant this engine
-         * does not know, and would otherwise end as "experts.0.gate_proj is missing". */
-        if (odd && (!strncmp(odd + plen, "gate_up_proj", 12) || !strncmp(odd + plen, "down_proj", 9)))
-            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                            "layer %d: tensor %s is not a supported routed-expert layout (fused experts are "
-                            "%sgate_up_proj [E, 2I, H] and %sdown_proj [E, H, I], no suffix, plus _scale_inv for FP8)",
-                            l, odd, pre, pre);
-        *kind = EXPERTS_PER_EXPERT;
-        return DDT_OK;
-    }
-    if (per_expert)
-        return ddt_fail(err, DDT_ERR_FORMAT,
-                        "layer %d: routed experts stored in both layouts: fused tensor %s and per-expert tensor %s; "
-                        "a layer must use one",
-                        l, gate_up ? gate_up : down, per_expert);
-    if (!gate_up || !down)
-        return ddt_fail(err, DDT_ERR_FORMAT,
-                        "layer %d: half-fused routed experts: tensor %s is present but tensor %s%s is missing "
-                        "(the fused layout needs both gate_up_proj and down_proj)",
-                        l, gate_up ? gate_up : down, pre, gate_up ? "down_proj" : "gate_up_proj");
-    if (odd)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "layer %d: tensor %s beside the fused experts is not supported (only gate_up_proj, "
-                        "down_proj and their _scale_inv are read)",
-                        l, odd);
-    *kind = EXPERTS_FUSED;
-    return DDT_OK;
-}
-
-/* Views of every expert's gate/up/down into the fused pair: expert e's gate is
- * rows [0, I) of gate_up_proj[e], its up rows [I, 2I) (transformers concatenates
- * gate then up, as its MoE forward chunks them), its down is down_proj[e]. */
-static ddt_status load_fused_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
-    const int64_t E = t->n_experts, I = t->cfg.moe_intermediate_size, H = t->hidden;
-    char gname[NAME_MAX_LEN], dname[NAME_MAX_LEN];
-    int a = snprintf(gname, sizeof gname, "%smodel.layers.%d.mlp.experts.gate_up_proj", t->cfg.tensor_prefix, l);
-    int b = snprintf(dname, sizeof dname, "%smodel.layers.%d.mlp.experts.down_proj", t->cfg.tensor_prefix, l);
-    if (a < 0 || (size_t)a >= sizeof gname || b < 0 || (size_t)b >= sizeof dname)
-        return ddt_fail(err, DDT_ERR_RANGE, "layer %d: tensor name too long", l);
-    ddt_qweight_stack gu, dn;
-    ddt_status st = ddt_checkpoint_weight_stack(t->ck, gname, E, 2 * I, H, &gu, err);
-    if (st != DDT_OK) return st;
-    if ((st = ddt_checkpoint_weight_stack(t->ck, dname, E, H, I, &dn, err)) != DDT_OK) return st;
-    if (gu.format == DDT_Q_FP8_BLOCK && I % gu.block != 0)
-        /* the up half would begin inside a scale block shared with the gate half:
-         * a per-expert view cannot say that, and the forward runs gate and up apart */
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "tensor %s: FP8 fused gate_up_proj needs moe_intermediate_size (%lld) to be a multiple of "
-                        "the %d-row scale block; store these experts per expert instead",
-                        gname, (long long)I, gu.block);
-    for (int64_t e = 0; e < E; e++) {
-        ddt_target_mlp *m = &experts[e];
-        if ((st = ddt_qweight_stack_view(&gu, e, 0, I, &m->gate, err)) != DDT_OK) return st;
-        if ((st = account_linear(t, gname, &m->gate, err)) != DDT_OK) return st;
-        if ((st = ddt_qweight_stack_view(&gu, e, I, I, &m->up, err)) != DDT_OK) return st;
-        if ((st = account_linear(t, gname, &m->up, err)) != DDT_OK) return st;
-        if ((st = ddt_qweight_stack_view(&dn, e, 0, H, &m->down, err)) != DDT_OK) return st;
-        if ((st = account_linear(t, dname, &m->down, err)) != DDT_OK) return st;
-    }
-    return DDT_OK;
-}
-
-static ddt_status load_experts(ddt_target *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
-    expert_layout kind = EXPERTS_UNSEEN;
-    ddt_status st = classify_experts(t, l, &kind, err);
-    if (st != DDT_OK) return st;
-    /* transformers saves the whole model in one layout; layers in both mean the
-     * folder mixes the files of two saves, which need not be the same model */
-    if (t->expert_layout != EXPERTS_UNSEEN && t->expert_layout != (int32_t)kind)
-        return ddt_fail(err, DDT_ERR_FORMAT,
-                        "layer %d stores its routed experts %s but layer %d %s: a checkpoint must use one layout",
-                        l, layout_words(kind), t->expert_layout_layer, layout_words((expert_layout)t->expert_layout));
-    t->expert_layout = (int32_t)kind;
-    t->expert_layout_layer = l;
-    if (kind == EXPERTS_FUSED) return load_fused_experts(t, l, experts, err);
-    char b[NAME_MAX_LEN];
-    for (int32_t e = 0; e < t->n_experts; e++) {
-        snprintf(b, sizeof b, "model.layers.%d.mlp.experts.%d", l, e);
-        if ((st = load_mlp(t, b, t->cfg.moe_intermediate_size, &experts[e], err)) != DDT_OK) return st;
-    }
-    return DDT_OK;
-}
-
-static ddt_status load_layer(ddt_target *t, int32_t l, ddt_error *err) {
-    const ddt_model_config *c = &t->cfg;
-    ddt_target_layer *L = &t->layers[l];
-    char b[NAME_MAX_LEN];
-    ddt_status st;
-#define LNAME(fmt) snprintf(b, sizeof b, "model.layers.%d." fmt, l)
-    LNAME("input_layernorm.weight");
-    if ((st = load_vec(t, b, t->hidden, &L->attn_norm, err)) != DDT_OK) return st;
-    LNAME("post_attention_layernorm.weight");
-    if ((st = load_vec(t, b, t->hidden, &L->mlp_norm, err)) != DDT_OK) return st;
-    if (t->q_lora > 0) {
-        LNAME("self_attn.q_a_proj");
-        if ((st = load_linear(t, b, t->q_lora, t->hidden, &L->q_a, err)) != DDT_OK) return st;
-        LNAME("self_attn.q_a_layernorm.weight");
-        if ((st = load_vec(t, b, t->q_lora, &L->q_a_norm, err)) != DDT_OK) return st;
-        LNAME("self_attn.q_b_proj");
-        if ((st = load_linear(t, b, (int64_t)t->heads * t->qdim, t->q_lora, &L->q_b, err)) != DDT_OK) return st;
-    } else {
-        LNAME("self_attn.q_proj");
-        if ((st = load_linear(t, b, (int64_t)t->heads * t->qdim, t->hidden, &L->q_proj, err)) != DDT_OK) return st;
-    }
-    LNAME("self_attn.kv_a_proj_with_mqa");
-    if ((st = load_linear(t, b, t->rank + t->rope, t->hidden, &L->kv_a, err)) != DDT_OK) return st;
-    LNAME("self_attn.kv_a_layernorm.weight");
-    if ((st = load_vec(t, b, t->rank, &L->kv_a_norm, err)) != DDT_OK) return st;
-    LNAME("self_attn.kv_b_proj");
-    if ((st = load_linear(t, b, (int64_t)t->heads * (t->nope + t->vdim), t->rank, &L->kv_b, err)) != DDT_OK)
-        return st;
-    LNAME("self_attn.o_proj");
-    if ((st = load_linear(t, b, t->hidden, (int64_t)t->heads * t->vdim, &L->o_proj, err)) != DDT_OK) return st;
-
-    L->moe = ddt_config_layer_is_moe(c, l);
-    if (!L->moe) {
-        LNAME("mlp");
-        return load_mlp(t, b, c->intermediate_size, &L->mlp, err);
-    }
-    LNAME("mlp.gate");
-    if ((st = load_linear(t, b, t->n_experts, t->hidden, &L->router, err)) != DDT_OK) return st;
-    /* noaux_tc (the only method accepted) chooses with the correction bias */
-    LNAME("mlp.gate.e_score_correction_bias");
-    if ((st = load_vec(t, b, t->n_experts, &L->router_bias, err)) != DDT_OK) return st;
-    L->experts = ddt_calloc_array((size_t)t->n_experts, sizeof *L->experts);
-    if (!L->experts) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
-    uint64_t before = t->weight_bytes;
-    if ((st = load_experts(t, l, L->experts, err)) != DDT_OK) return st;
-    t->routed_bytes += t->weight_bytes - before;
-    L->has_shared = c->n_shared_experts > 0;
-    if (L->has_shared) {
-        LNAME("mlp.shared_experts");
-        if ((st = load_mlp(t, b, (int64_t)c->moe_intermediate_size * c->n_shared_experts, &L->shared, err)) != DDT_OK)
-            return st;
-    }
-#undef LNAME
-    return DDT_OK;
-}
-
-/* Dimensions and limits the forward relies on; the config reader checked the rest. */
-static ddt_status check_config(const ddt_model_config *c, const char *dir, ddt_error *err) {
-    if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->kv_lora_rank <= 0 ||
-        c->qk_nope_head_dim <= 0 || c->qk_rope_head_dim <= 0 || c->v_head_dim <= 0 || c->vocab_size <= 0 ||
-        c->q_lora_rank < 0)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s/config.json: a model dimension is not positive", dir);
-    if (c->qk_rope_head_dim % 2 != 0 || c->qk_rope_head_dim > DDT_ROPE_MAX_DIM)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s/config.json: qk_rope_head_dim %d must be even and <= %d", dir,
-                        c->qk_rope_head_dim, DDT_ROPE_MAX_DIM);
-    bool any_moe = false, any_dense = false;
-    for (int32_t l = 0; l < c->num_hidden_layers; l++) {
-        bool moe = ddt_config_layer_is_moe(c, l);
-        any_moe |= moe;
-        any_dense |= !moe;
-    }
-    if (any_dense && c->intermediate_size <= 0)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s/config.json: intermediate_size %d", dir, c->intermediate_size);
-    if (!any_moe) return DDT_OK;
-    if (c->n_routed_experts <= 0 || c->n_routed_experts > DDT_MOE_MAX_EXPERTS)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s/config.json: n_routed_experts %d (1..%d supported)", dir,
-                        c->n_routed_experts, DDT_MOE_MAX_EXPERTS);
-    int32_t ng = c->n_group > 0 ? c->n_group : 1, kg = c->topk_group > 0 ? c->topk_group : 1;
-    if (c->n_routed_experts % ng != 0 || kg > ng)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s/config.json: n_group %d / topk_group %d do not fit %d experts", dir,
-                        c->n_group, c->topk_group, c->n_routed_experts);
-    if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > (c->n_routed_experts / ng) * kg)
-        return ddt_fail(err, DDT_ERR_FORMAT,
-                        "%s/config.json: num_experts_per_tok %d exceeds the experts of %d kept groups", dir,
-                        c->num_experts_per_tok, kg);
-    /* HF always routes with sigmoid + noaux_tc whatever the config says; reject a
-     * config that asks for something else rather than silently run noaux_tc. */
-    if (strcmp(c->topk_method, "noaux_tc") != 0 || strcmp(c->scoring_func, "sigmoid") != 0)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "%s/config.json: topk_method \"%s\" with scoring_func \"%s\": only noaux_tc with sigmoid is supported",
-                        dir, c->topk_method, c->scoring_func);
-    if (c->moe_intermediate_size <= 0 || c->n_shared_experts < 0 ||
-        (int64_t)c->moe_intermediate_size * c->n_shared_experts > INT32_MAX)
-        return ddt_fail(err, DDT_ERR_FORMAT, "%s/config.json: moe_intermediate_size %d, n_shared_experts %d", dir,
-                        c->moe_intermediate_size, c->n_shared_experts);
-    return DDT_OK;
-}
-
-static ddt_rope_params rope_params(const ddt_model_config *c) {
-    return (ddt_rope_params){.dim = c->qk_rope_head_dim, .theta = c->rope_theta, .yarn = c->has_yarn,
-                             .factor = c->yarn_factor, .original_max_position = c->yarn_original_max_position,
-                             .beta_fast = c->yarn_beta_fast, .beta_slow = c->yarn_beta_slow,
-                             .mscale = c->yarn_mscale, .mscale_all_dim = c->yarn_mscale_all_dim};
-}
-
 /* Allocate one run-state array of n x sz; records NOMEM via *ok. */
 static void *state_alloc(ddt_target *t, size_t n, size_t sz, bool *ok) {
     void *p = ddt_calloc_array(n ? n : 1, sz);
@@ -411,10 +96,10 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     ddt_status st;
     size_t T = (size_t)t->max_tokens;
     size_t th, tq, tl, ti;
-    if (!ddt_mul_size(T, (size_t)t->hidden, &th) ||
-        !ddt_mul_size(T, (size_t)t->heads * (size_t)t->qdim, &tq) ||
-        !ddt_mul_size(T, (size_t)t->heads * (size_t)t->rank, &tl) ||
-        !ddt_mul_size(T, (size_t)t->inter_max, &ti))
+    if (!ddt_mul_size(T, (size_t)t->desc.dims.hidden, &th) ||
+        !ddt_mul_size(T, (size_t)t->desc.dims.heads * (size_t)t->desc.dims.qdim, &tq) ||
+        !ddt_mul_size(T, (size_t)t->desc.dims.heads * (size_t)t->desc.dims.rank, &tl) ||
+        !ddt_mul_size(T, (size_t)t->desc.dims.inter_max, &ti))
         return ddt_fail(err, DDT_ERR_RANGE, "run state for %d tokens per forward overflows", t->max_tokens);
     bool ok = true;
     t->x = state_alloc(t, th, sizeof(float), &ok);
@@ -422,25 +107,25 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->tmp = state_alloc(t, th, sizeof(float), &ok);
     t->acc = state_alloc(t, th, sizeof(float), &ok);
     t->gx = state_alloc(t, th, sizeof(float), &ok);
-    t->qa = state_alloc(t, T * (size_t)(t->q_lora > 0 ? t->q_lora : 1), sizeof(float), &ok);
+    t->qa = state_alloc(t, T * (size_t)(t->desc.dims.q_lora > 0 ? t->desc.dims.q_lora : 1), sizeof(float), &ok);
     t->q = state_alloc(t, tq, sizeof(float), &ok);
-    t->kva = state_alloc(t, T * (size_t)(t->rank + t->rope), sizeof(float), &ok);
+    t->kva = state_alloc(t, T * (size_t)(t->desc.dims.rank + t->desc.dims.rope), sizeof(float), &ok);
     t->q_lat = state_alloc(t, tl, sizeof(float), &ok);
     t->o_lat = state_alloc(t, tl, sizeof(float), &ok);
-    t->o_v = state_alloc(t, T * (size_t)t->heads * (size_t)t->vdim, sizeof(float), &ok);
+    t->o_v = state_alloc(t, T * (size_t)t->desc.dims.heads * (size_t)t->desc.dims.vdim, sizeof(float), &ok);
     t->g = state_alloc(t, ti, sizeof(float), &ok);
     t->u = state_alloc(t, ti, sizeof(float), &ok);
-    t->cosv = state_alloc(t, T * (size_t)(t->rope / 2), sizeof(float), &ok);
-    t->sinv = state_alloc(t, T * (size_t)(t->rope / 2), sizeof(float), &ok);
+    t->cosv = state_alloc(t, T * (size_t)(t->desc.dims.rope / 2), sizeof(float), &ok);
+    t->sinv = state_alloc(t, T * (size_t)(t->desc.dims.rope / 2), sizeof(float), &ok);
     t->pos = state_alloc(t, T, sizeof(int32_t), &ok);
-    t->inv_freq = state_alloc(t, (size_t)(t->rope / 2), sizeof(float), &ok);
-    if (t->n_experts > 0) {
-        t->rlogits = state_alloc(t, T * (size_t)t->n_experts, sizeof(float), &ok);
-        t->ridx = state_alloc(t, T * (size_t)t->top_k, sizeof(int32_t), &ok);
-        t->rw = state_alloc(t, T * (size_t)t->top_k, sizeof(float), &ok);
-        t->ecount = state_alloc(t, (size_t)t->n_experts + 1, sizeof(int32_t), &ok);
-        t->etok = state_alloc(t, T * (size_t)t->top_k, sizeof(int32_t), &ok);
-        t->ewt = state_alloc(t, T * (size_t)t->top_k, sizeof(float), &ok);
+    t->inv_freq = state_alloc(t, (size_t)(t->desc.dims.rope / 2), sizeof(float), &ok);
+    if (t->desc.dims.n_experts > 0) {
+        t->rlogits = state_alloc(t, T * (size_t)t->desc.dims.n_experts, sizeof(float), &ok);
+        t->ridx = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(int32_t), &ok);
+        t->rw = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(float), &ok);
+        t->ecount = state_alloc(t, (size_t)t->desc.dims.n_experts + 1, sizeof(int32_t), &ok);
+        t->etok = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(int32_t), &ok);
+        t->ewt = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(float), &ok);
     }
     if (t->n_capture > 0) {
         size_t cap;
@@ -452,7 +137,7 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->last_depth = state_alloc(t, T, sizeof(int32_t), &ok);
     t->last_vis = state_alloc(t, T * (size_t)t->vis_words_max, sizeof(uint64_t), &ok);
     if (!ok) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the run state (%d tokens)", t->max_tokens);
-    st = ddt_kv_cache_alloc(t->n_layers, t->rank + t->rope, t->max_ctx, &t->kv, err);
+    st = ddt_kv_cache_alloc(t->desc.dims.n_layers, t->desc.dims.rank + t->desc.dims.rope, t->max_ctx, &t->kv, err);
     if (st == DDT_OK)
         t->state_bytes += (uint64_t)t->kv.n_layers * (uint64_t)t->kv.capacity * (uint64_t)t->kv.width * sizeof(float);
     return st;
@@ -464,74 +149,25 @@ ddt_status ddt_target_load(const char *dir, const ddt_target_options *opts, ddt_
     if (opts->max_ctx < 1 || opts->max_tokens < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "target options: max_ctx %d and max_tokens %d must be >= 1",
                         opts->max_ctx, opts->max_tokens);
-    if (opts->n_capture < 0 || opts->n_capture > DDT_TARGET_MAX_CAPTURE || (opts->n_capture > 0 && !opts->capture_layers))
-        return ddt_fail(err, DDT_ERR_INVALID, "target options: %d capture layers (at most %d)", opts->n_capture,
-                        DDT_TARGET_MAX_CAPTURE);
+    ddt_status st = ddt_target_capture_check(opts->capture_layers, opts->n_capture, err);
+    if (st != DDT_OK) return st;
     ddt_target *t = calloc(1, sizeof *t);
     if (!t) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    ddt_status st = ddt_config_load(dir, &t->cfg, err);
+    st = ddt_target_desc_load(dir, opts->capture_layers, opts->n_capture, &t->desc, err);
     if (st != DDT_OK) goto fail;
-    const ddt_model_config *c = &t->cfg;
-    if ((st = check_config(c, dir, err)) != DDT_OK) goto fail;
-    for (int32_t i = 0; i < opts->n_capture; i++) {
-        if (opts->capture_layers[i] < 0 || opts->capture_layers[i] >= c->num_hidden_layers) {
-            st = ddt_fail(err, DDT_ERR_INVALID, "target options: capture layer %d outside 0..%d",
-                          opts->capture_layers[i], c->num_hidden_layers - 1);
-            goto fail;
-        }
-        t->capture_layer[i] = opts->capture_layers[i];
-    }
+    const ddt_model_config *c = &t->desc.cfg;
+    for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
     t->n_capture = opts->n_capture;
     t->max_ctx = opts->max_ctx;
     t->max_tokens = opts->max_tokens;
-    t->hidden = c->hidden_size;
-    t->heads = c->num_attention_heads;
-    t->nope = c->qk_nope_head_dim;
-    t->rope = c->qk_rope_head_dim;
-    t->vdim = c->v_head_dim;
-    t->rank = c->kv_lora_rank;
-    t->qdim = t->nope + t->rope;
-    t->q_lora = c->q_lora_rank;
-    t->vocab = c->vocab_size;
-    t->n_layers = c->num_hidden_layers;
-    t->eps = c->rms_norm_eps;
-    t->softmax_scale = ddt_config_softmax_scale(c);
-    t->inter_max = 1;
-    for (int32_t l = 0; l < t->n_layers; l++) {
-        int32_t need = ddt_config_layer_is_moe(c, l)
-                           ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
-                           : c->intermediate_size;
-        if (ddt_config_layer_is_moe(c, l)) {
-            t->n_experts = c->n_routed_experts;
-            t->top_k = c->num_experts_per_tok;
-        }
-        if (need > t->inter_max) t->inter_max = need;
-    }
 
-    if ((st = ddt_checkpoint_open(dir, &t->ck, err)) != DDT_OK) goto fail;
-    if ((st = load_linear(t, "model.embed_tokens", t->vocab, t->hidden, &t->embed, err)) != DDT_OK) goto fail;
-    t->embed_bytes = t->weight_bytes;
-    if ((st = load_vec(t, "model.norm.weight", t->hidden, &t->final_norm, err)) != DDT_OK) goto fail;
-    if (c->tie_word_embeddings) {
-        t->lm_head = t->embed;
-    } else if ((st = load_linear(t, "lm_head", t->vocab, t->hidden, &t->lm_head, err)) != DDT_OK) {
-        goto fail;
-    }
-    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
-    if (!t->layers) {
-        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (int32_t l = 0; l < t->n_layers; l++)
-        if ((st = load_layer(t, l, err)) != DDT_OK) goto fail;
-
-    t->route = (ddt_moe_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
+    t->route = (ddt_moe_route_params){.n_experts = t->desc.dims.n_experts, .top_k = t->desc.dims.top_k,
                                       .n_group = c->n_group > 0 ? c->n_group : 1,
                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
                                       .norm_topk_prob = c->norm_topk_prob,
                                       .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
-    ddt_rope_params rp = rope_params(c);
+    ddt_rope_params rp = ddt_target_rope_params(c);
     ddt_cpu_rope_freqs(&rp, t->inv_freq, &t->rope_attn);
     if ((st = ddt_cpu_pool_create(opts->n_threads, &t->pool, err)) != DDT_OK) goto fail;
     *out = t;
@@ -545,56 +181,37 @@ fail:
 void ddt_target_free(ddt_target *t) {
     if (!t) return;
     ddt_cpu_pool_destroy(t->pool);
-    if (t->layers)
-        for (int32_t l = 0; l < t->n_layers; l++) free(t->layers[l].experts);
-    free(t->layers);
     ddt_kv_cache_free(&t->kv);
     void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->gx,
                     t->g, t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->ecount, t->etok, t->ewt,
                     t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    ddt_checkpoint_close(t->ck);
-    ddt_config_free(&t->cfg);
+    ddt_target_desc_free(&t->desc);
     free(t);
 }
 
-const ddt_model_config *ddt_target_config(const ddt_target *t) { return &t->cfg; }
-int32_t ddt_target_vocab(const ddt_target *t) { return t->vocab; }
+const ddt_model_config *ddt_target_config(const ddt_target *t) { return &t->desc.cfg; }
+int32_t ddt_target_vocab(const ddt_target *t) { return t->desc.dims.vocab; }
 int32_t ddt_target_len(const ddt_target *t) { return t->kv.len; }
 int32_t ddt_target_max_ctx(const ddt_target *t) { return t->max_ctx; }
 int32_t ddt_target_max_tokens(const ddt_target *t) { return t->max_tokens; }
 int32_t ddt_target_threads(const ddt_target *t) { return ddt_cpu_pool_threads(t->pool); }
-const ddt_qweight *ddt_target_embed(const ddt_target *t) { return &t->embed; }
+const ddt_qweight *ddt_target_embed(const ddt_target *t) { return &t->desc.embed; }
 const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l) {
-    return l >= 0 && l < t->n_layers ? &t->layers[l] : NULL;
+    return l >= 0 && l < t->desc.dims.n_layers ? &t->desc.layers[l] : NULL;
 }
-const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->final_norm; }
-ddt_status ddt_target_rope_table(const ddt_model_config *c, int32_t pos0, int32_t n, float *cos_out,
-                                 float *sin_out, ddt_error *err) {
-    const int32_t half = c->qk_rope_head_dim / 2;
-    if (c->qk_rope_head_dim % 2 != 0 || c->qk_rope_head_dim > DDT_ROPE_MAX_DIM || half < 1)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "qk_rope_head_dim %d must be even, 2..%d", c->qk_rope_head_dim,
-                        DDT_ROPE_MAX_DIM);
-    float inv_freq[DDT_ROPE_MAX_DIM / 2], attn;
-    ddt_rope_params rp = rope_params(c);
-    ddt_cpu_rope_freqs(&rp, inv_freq, &attn);
-    for (int32_t i = 0; i < n; i++)
-        ddt_cpu_rope_cos_sin(inv_freq, half, (int64_t)pos0 + i, attn, cos_out + (size_t)i * half,
-                             sin_out + (size_t)i * half);
-    return DDT_OK;
-}
-
-const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->lm_head; }
+const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->desc.final_norm; }
+const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->desc.lm_head; }
 ddt_cpu_pool *ddt_target_pool(ddt_target *t) { return t->pool; }
 const ddt_kv_cache *ddt_target_cache(const ddt_target *t) { return &t->kv; }
-uint64_t ddt_target_weight_bytes(const ddt_target *t) { return t->weight_bytes; }
+uint64_t ddt_target_weight_bytes(const ddt_target *t) { return t->desc.weight_bytes; }
 uint64_t ddt_target_decode_bytes(const ddt_target *t) {
-    uint64_t b = t->weight_bytes;
+    uint64_t b = t->desc.weight_bytes;
     /* an untied embedding table is read one row per token */
-    if (!t->cfg.tie_word_embeddings) b = b - t->embed_bytes + t->embed_bytes / (uint64_t)t->vocab;
+    if (!t->desc.cfg.tie_word_embeddings) b = b - t->desc.embed_bytes + t->desc.embed_bytes / (uint64_t)t->desc.dims.vocab;
     /* routed experts are equal in size: a token reads top_k of n_experts per layer */
-    if (t->n_experts > 0)
-        b = b - t->routed_bytes + t->routed_bytes / (uint64_t)t->n_experts * (uint64_t)t->top_k;
+    if (t->desc.dims.n_experts > 0)
+        b = b - t->desc.routed_bytes + t->desc.routed_bytes / (uint64_t)t->desc.dims.n_experts * (uint64_t)t->desc.dims.top_k;
     return b;
 }
 uint64_t ddt_target_state_bytes(const ddt_target *t) { return t->state_bytes; }
@@ -602,7 +219,7 @@ uint64_t ddt_target_state_bytes(const ddt_target *t) { return t->state_bytes; }
 const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tokens) {
     if (n_tokens) *n_tokens = t->n_last;
     if (slot < 0 || slot >= t->n_capture || t->n_last == 0) return NULL;
-    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->hidden;
+    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->desc.dims.hidden;
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -610,15 +227,15 @@ const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tok
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) for n rows of in [n][hidden]. */
 static void mlp_forward(ddt_target *t, const ddt_target_mlp *m, const float *in, int64_t n, float *out) {
     int64_t inter = m->gate.rows;
-    ddt_cpu_matmul(t->pool, &m->gate, in, t->hidden, n, t->g, inter);
-    ddt_cpu_matmul(t->pool, &m->up, in, t->hidden, n, t->u, inter);
+    ddt_cpu_matmul(t->pool, &m->gate, in, t->desc.dims.hidden, n, t->g, inter);
+    ddt_cpu_matmul(t->pool, &m->up, in, t->desc.dims.hidden, n, t->u, inter);
     ddt_cpu_silu_mul(t->pool, t->g, inter, t->u, inter, n, inter);
-    ddt_cpu_matmul(t->pool, &m->down, t->g, inter, n, out, t->hidden);
+    ddt_cpu_matmul(t->pool, &m->down, t->g, inter, n, out, t->desc.dims.hidden);
 }
 
 /* MoE block on t->xn [n][hidden] -> t->tmp [n][hidden]. */
 static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
-    const int32_t H = t->hidden, E = t->n_experts, K = t->top_k;
+    const int32_t H = t->desc.dims.hidden, E = t->desc.dims.n_experts, K = t->desc.dims.top_k;
     ddt_cpu_matmul(t->pool, &L->router, t->xn, H, n, t->rlogits, E);
     ddt_moe_route_params rp = t->route;
     rp.bias = &L->router_bias;
@@ -661,7 +278,7 @@ static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
 static void capture_store(ddt_target *t, int32_t layer, const float *src, int32_t n) {
     for (int32_t s = 0; s < t->n_capture; s++)
         if (t->capture_layer[s] == layer)
-            memcpy(t->capture + (size_t)s * t->max_tokens * t->hidden, src, sizeof(float) * (size_t)n * t->hidden);
+            memcpy(t->capture + (size_t)s * t->max_tokens * t->desc.dims.hidden, src, sizeof(float) * (size_t)n * t->desc.dims.hidden);
 }
 
 /*
@@ -671,21 +288,21 @@ static void capture_store(ddt_target *t, int32_t layer, const float *src, int32_
  */
 static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t *vis, int32_t vis_words,
                     float *logits, int32_t logit_row0) {
-    const int32_t H = t->hidden, heads = t->heads, nope = t->nope, rope = t->rope, rank = t->rank;
-    const int32_t half = rope / 2, qd = t->qdim, len = t->kv.len;
+    const int32_t H = t->desc.dims.hidden, heads = t->desc.dims.heads, nope = t->desc.dims.nope, rope = t->desc.dims.rope, rank = t->desc.dims.rank;
+    const int32_t half = rope / 2, qd = t->desc.dims.qdim, len = t->kv.len;
     for (int32_t i = 0; i < n; i++) {
-        ddt_cpu_dequant(&t->embed, ids[i], 0, H, t->x + (size_t)i * H);
+        ddt_cpu_dequant(&t->desc.embed, ids[i], 0, H, t->x + (size_t)i * H);
         ddt_cpu_rope_cos_sin(t->inv_freq, half, t->pos[i], t->rope_attn, t->cosv + (size_t)i * half,
                              t->sinv + (size_t)i * half);
     }
-    for (int32_t l = 0; l < t->n_layers; l++) {
-        const ddt_target_layer *L = &t->layers[l];
-        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->attn_norm, t->eps, t->xn, H);
+    for (int32_t l = 0; l < t->desc.dims.n_layers; l++) {
+        const ddt_target_layer *L = &t->desc.layers[l];
+        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->attn_norm, t->desc.dims.eps, t->xn, H);
         /* queries [n][heads][nope | rope] */
-        if (t->q_lora > 0) {
-            ddt_cpu_matmul(t->pool, &L->q_a, t->xn, H, n, t->qa, t->q_lora);
-            ddt_cpu_rmsnorm(t->pool, t->qa, t->q_lora, n, t->q_lora, &L->q_a_norm, LATENT_NORM_EPS, t->qa, t->q_lora);
-            ddt_cpu_matmul(t->pool, &L->q_b, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd);
+        if (t->desc.dims.q_lora > 0) {
+            ddt_cpu_matmul(t->pool, &L->q_a, t->xn, H, n, t->qa, t->desc.dims.q_lora);
+            ddt_cpu_rmsnorm(t->pool, t->qa, t->desc.dims.q_lora, n, t->desc.dims.q_lora, &L->q_a_norm, LATENT_NORM_EPS, t->qa, t->desc.dims.q_lora);
+            ddt_cpu_matmul(t->pool, &L->q_b, t->qa, t->desc.dims.q_lora, n, t->q, (int64_t)heads * qd);
         } else {
             ddt_cpu_matmul(t->pool, &L->q_proj, t->xn, H, n, t->q, (int64_t)heads * qd);
         }
@@ -698,12 +315,12 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
             const float *cs = t->cosv + (size_t)i * half, *sn = t->sinv + (size_t)i * half;
             float *kr = rows + i * kw + rank;
             memcpy(kr, t->kva + (size_t)i * (rank + rope) + rank, sizeof(float) * rope);
-            ddt_cpu_rope_rotate(kr, rope, t->cfg.rope_interleave, cs, sn);
+            ddt_cpu_rope_rotate(kr, rope, t->desc.cfg.rope_interleave, cs, sn);
             for (int32_t h = 0; h < heads; h++)
-                ddt_cpu_rope_rotate(t->q + ((size_t)i * heads + h) * qd + nope, rope, t->cfg.rope_interleave, cs, sn);
+                ddt_cpu_rope_rotate(t->q + ((size_t)i * heads + h) * qd + nope, rope, t->desc.cfg.rope_interleave, cs, sn);
         }
         /* absorbed attention */
-        ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->vdim, .w_row_offset = 0, .rows = nope,
+        ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = 0, .rows = nope,
                              .x_stride = qd, .y_stride = rank};
         ddt_cpu_matmul_t_grouped(t->pool, &L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat,
                                  (int64_t)heads * rank);
@@ -711,27 +328,27 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                           .q_lat_ld_t = (int64_t)heads * rank, .q_lat_ld_h = rank, .q_rope = t->q + nope,
                           .q_rope_ld_t = (int64_t)heads * qd, .q_rope_ld_h = qd,
                           .kv = ddt_kv_cache_row(&t->kv, l, 0), .kv_ld = kw, .n_prefix = len, .vis = vis,
-                          .vis_words = vis_words, .scale = t->softmax_scale, .out = t->o_lat,
+                          .vis_words = vis_words, .scale = t->desc.dims.softmax_scale, .out = t->o_lat,
                           .out_ld_t = (int64_t)heads * rank, .out_ld_h = rank};
         ddt_cpu_mla_attention(t->pool, &a);
-        ddt_cpu_groups uv = {.count = heads, .w_row_stride = nope + t->vdim, .w_row_offset = nope, .rows = t->vdim,
-                             .x_stride = rank, .y_stride = t->vdim};
+        ddt_cpu_groups uv = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = nope, .rows = t->desc.dims.vdim,
+                             .x_stride = rank, .y_stride = t->desc.dims.vdim};
         ddt_cpu_matmul_grouped(t->pool, &L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                               (int64_t)heads * t->vdim);
-        ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H);
+                               (int64_t)heads * t->desc.dims.vdim);
+        ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->desc.dims.vdim, n, t->tmp, H);
         for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
         /* MLP */
-        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->eps, t->xn, H);
+        ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->desc.dims.eps, t->xn, H);
         if (L->moe) moe_forward(t, L, n);
         else mlp_forward(t, &L->mlp, t->xn, n, t->tmp);
         for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
-        if (l < t->n_layers - 1) capture_store(t, l, t->x, n);
+        if (l < t->desc.dims.n_layers - 1) capture_store(t, l, t->x, n);
     }
-    ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->final_norm, t->eps, t->xn, H);
-    capture_store(t, t->n_layers - 1, t->xn, n); /* HF hidden_states[L] is the normed state */
+    ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->desc.final_norm, t->desc.dims.eps, t->xn, H);
+    capture_store(t, t->desc.dims.n_layers - 1, t->xn, n); /* HF hidden_states[L] is the normed state */
     t->n_last = n;
     if (logits)
-        ddt_cpu_matmul(t->pool, &t->lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->vocab);
+        ddt_cpu_matmul(t->pool, &t->desc.lm_head, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits, t->desc.dims.vocab);
 }
 
 static ddt_status check_tokens(const ddt_target *t, const int32_t *ids, int32_t n, const char *what,
@@ -743,9 +360,9 @@ static ddt_status check_tokens(const ddt_target *t, const int32_t *ids, int32_t 
         return ddt_fail(err, DDT_ERR_RANGE, "%s: %d committed + %d new tokens exceed the context of %d", what,
                         t->kv.len, n, t->max_ctx);
     for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= t->vocab)
+        if (ids[i] < 0 || ids[i] >= t->desc.dims.vocab)
             return ddt_fail(err, DDT_ERR_INVALID, "%s: token %d (index %d) outside the vocabulary 0..%d", what, ids[i],
-                            i, t->vocab - 1);
+                            i, t->desc.dims.vocab - 1);
     return DDT_OK;
 }
 

@@ -39,36 +39,7 @@
 #include "backend/cpu/nn.h"
 #include "io/safetensors.h"
 #include "model/kv_cache.h"
-
-#define DDT_TARGET_MAX_CAPTURE 64
-
-/* The weight views of one decoder layer (borrowed from the checkpoint mapping),
- * for backends that copy them elsewhere (the CUDA target uploads them). */
-typedef struct ddt_target_mlp {
-    ddt_qweight gate; /* [inter][hidden] */
-    ddt_qweight up;   /* [inter][hidden] */
-    ddt_qweight down; /* [hidden][inter] */
-} ddt_target_mlp;
-
-typedef struct ddt_target_layer {
-    ddt_cpu_vec attn_norm;   /* [hidden] input_layernorm */
-    ddt_cpu_vec mlp_norm;    /* [hidden] post_attention_layernorm */
-    ddt_qweight q_proj;      /* [heads*(nope+rope)][hidden], when q_lora_rank == 0 */
-    ddt_qweight q_a;         /* [q_lora][hidden] */
-    ddt_cpu_vec q_a_norm;    /* [q_lora] */
-    ddt_qweight q_b;         /* [heads*(nope+rope)][q_lora] */
-    ddt_qweight kv_a;        /* [rank+rope][hidden] kv_a_proj_with_mqa */
-    ddt_cpu_vec kv_a_norm;   /* [rank] */
-    ddt_qweight kv_b;        /* [heads*(nope+v)][rank]: per head W_UK [nope][rank] then W_UV [v][rank] */
-    ddt_qweight o_proj;      /* [hidden][heads*v] */
-    bool moe;
-    ddt_target_mlp mlp;      /* dense MLP (inter = intermediate_size) */
-    ddt_qweight router;      /* [experts][hidden] mlp.gate */
-    ddt_cpu_vec router_bias; /* [experts] e_score_correction_bias */
-    ddt_target_mlp *experts; /* [experts] (inter = moe_intermediate_size) */
-    bool has_shared;
-    ddt_target_mlp shared;   /* inter = moe_intermediate_size * n_shared_experts */
-} ddt_target_layer;
+#include "model/target_desc.h"
 
 typedef struct ddt_target_options {
     int32_t max_ctx;               /* cache rows per layer (committed + one forward), >= 1 */
@@ -94,13 +65,11 @@ int32_t ddt_target_threads(const ddt_target *t);    /* CPU threads of its pool *
  * [vocab][hidden] (the embedding when tied); valid while the target lives. */
 const ddt_qweight *ddt_target_embed(const ddt_target *t);
 const ddt_qweight *ddt_target_lm_head(const ddt_target *t);
-/* Layer l's weight views (NULL when l is out of range) and the final norm. */
+/* Layer l's weight views (NULL when l is out of range) and the final norm: the
+ * description's (target_desc.h). */
 const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l);
 const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t);
-/* RoPE cos/sin (attention factor applied) of a config for positions
- * pos0..pos0+n-1: [n][qk_rope_head_dim / 2] each, the values the CPU forward uses. */
-ddt_status ddt_target_rope_table(const ddt_model_config *c, int32_t pos0, int32_t n, float *cos_out,
-                                 float *sin_out, ddt_error *err);
+/* ddt_target_rope_table (the RoPE cos/sin of a config): model/target_desc.h. */
 /* The target's thread pool, for a drafter that runs between target forwards. */
 struct ddt_cpu_pool *ddt_target_pool(ddt_target *t);
 /* The latent cache (read-only view, for tests and tools). */

@@ -1,6 +1,7 @@
 /*
  * target_cuda.c — the target model on the CUDA backend (see target_cuda.h):
- * CPU-side load and checks, upload of the weight views, then forwards that are
+ * the target description (target_desc.h: config, checks, weight views), upload
+ * of its views, then forwards that are
  * sequences of launches on one stream (no host synchronisation anywhere).
  */
 #include "model/target_cuda.h"
@@ -18,7 +19,7 @@
 #include "backend/cuda/qmatmul_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "model/target.h"
+#include "model/target_desc.h"
 
 #define LATENT_NORM_EPS 1e-6f /* as the CPU target: HF builds the latent norms with the default eps */
 
@@ -35,19 +36,18 @@ typedef struct dev_layer {
 } dev_layer;
 
 struct ddt_cuda_target {
-    ddt_target *host; /* config, checks and the checkpoint views (NULL for a synthetic target) */
+    ddt_target_desc *desc; /* config, checks and the checkpoint views (target_desc.h; NULL for a synthetic target) */
     const ddt_model_config *cfg;
     ddt_model_config synth_cfg; /* a synthetic target's config (shallow copy: no ignore list) */
     cudaStream_t stream;
     int32_t max_ctx, max_tokens;
-    int32_t hidden, heads, nope, rope, vdim, rank, qdim, q_lora, vocab, n_layers, n_experts, top_k, inter_max;
-    /* multi-GPU: heads is the rank's own count (shard.n_heads); n_experts stays the
-       router's global count */
+    /* target_desc.h; multi-GPU: dims.heads is the rank's own count (shard.n_heads),
+       dims.n_experts stays the router's global count */
+    ddt_target_dims dims;
     bool sharded;
     ddt_shard shard;
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
-    float eps, scale;
     ddt_cuda_route_params route;
 
     ddt_qweight embed, lm_head;
@@ -131,7 +131,7 @@ static ddt_status up_cols(ddt_cuda_target *t, const ddt_qweight *h, int64_t c0, 
 }
 
 static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
-    const ddt_target_layer *h = ddt_target_layer_at(t->host, l);
+    const ddt_target_layer *h = &t->desc->layers[l];
     dev_layer *d = &t->layers[l];
     ddt_status st;
     if ((st = up_v(t, &h->attn_norm, &d->attn_norm, err)) != DDT_OK) return st;
@@ -139,25 +139,25 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     /* the rank's heads: q rows and kv_b rows per head are contiguous, o_proj's
        columns per head too (all heads when unsharded or replicated) */
     const int64_t h0 = t->sharded ? t->shard.head0 : 0;
-    if (t->q_lora > 0) {
+    if (t->dims.q_lora > 0) {
         if ((st = up_w(t, &h->q_a, &d->q_a, err)) != DDT_OK) return st;
         if ((st = up_v(t, &h->q_a_norm, &d->q_a_norm, err)) != DDT_OK) return st;
-        if ((st = up_rows(t, &h->q_b, h0 * t->qdim, (int64_t)t->heads * t->qdim, &d->q_b, err)) != DDT_OK) return st;
-    } else if ((st = up_rows(t, &h->q_proj, h0 * t->qdim, (int64_t)t->heads * t->qdim, &d->q_proj, err)) != DDT_OK) {
+        if ((st = up_rows(t, &h->q_b, h0 * t->dims.qdim, (int64_t)t->dims.heads * t->dims.qdim, &d->q_b, err)) != DDT_OK) return st;
+    } else if ((st = up_rows(t, &h->q_proj, h0 * t->dims.qdim, (int64_t)t->dims.heads * t->dims.qdim, &d->q_proj, err)) != DDT_OK) {
         return st;
     }
     if ((st = up_w(t, &h->kv_a, &d->kv_a, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->kv_a_norm, &d->kv_a_norm, err)) != DDT_OK) return st;
-    const int64_t kvb = t->nope + t->vdim;
-    if ((st = up_rows(t, &h->kv_b, h0 * kvb, (int64_t)t->heads * kvb, &d->kv_b, err)) != DDT_OK) return st;
-    if ((st = up_cols(t, &h->o_proj, h0 * t->vdim, (int64_t)t->heads * t->vdim, &d->o_proj, err)) != DDT_OK)
+    const int64_t kvb = t->dims.nope + t->dims.vdim;
+    if ((st = up_rows(t, &h->kv_b, h0 * kvb, (int64_t)t->dims.heads * kvb, &d->kv_b, err)) != DDT_OK) return st;
+    if ((st = up_cols(t, &h->o_proj, h0 * t->dims.vdim, (int64_t)t->dims.heads * t->dims.vdim, &d->o_proj, err)) != DDT_OK)
         return st;
     d->moe = h->moe;
     if (!h->moe) return owns_dense(t) ? up_mlp(t, &h->mlp, &d->mlp, err) : DDT_OK;
     if ((st = up_plain(t, &h->router, &d->router, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->router_bias, &d->router_bias, err)) != DDT_OK) return st;
     /* the rank's routed experts (all of them when unsharded) */
-    const int32_t e0 = t->sharded ? t->shard.expert0 : 0, ne = t->sharded ? t->shard.n_experts : t->n_experts;
+    const int32_t e0 = t->sharded ? t->shard.expert0 : 0, ne = t->sharded ? t->shard.n_experts : t->dims.n_experts;
     ddt_qweight *g = ddt_calloc_array((size_t)ne * 3, sizeof *g);
     if (!g) return ddt_fail(err, DDT_ERR_NOMEM, "layer %d: out of memory for expert views", l);
     ddt_qweight *u = g + ne, *dn = u + ne;
@@ -170,7 +170,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     free(g);
     if (st != DDT_OK) return st;
     d->experts.first_expert = e0;
-    d->experts.total_experts = t->n_experts;
+    d->experts.total_experts = t->dims.n_experts;
     if (t->mm == DDT_CUDA_MM_TENSOR) {
         if ((st = ddt_cuda_moe_layer_pack(&d->experts, err)) != DDT_OK) return st;
     }
@@ -190,7 +190,7 @@ static ddt_status dalloc(ddt_cuda_target *t, void **p, size_t n, size_t sz, ddt_
 }
 
 static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
-    const size_t T = (size_t)t->max_tokens, H = (size_t)t->hidden;
+    const size_t T = (size_t)t->max_tokens, H = (size_t)t->dims.hidden;
     ddt_status st;
 #define A(ptr, count, type)                                                             \
     do {                                                                                \
@@ -200,45 +200,45 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     A(t->xn, T * H, float);
     A(t->tmp, T * H, float);
     A(t->acc, T * H, float);
-    A(t->qa, T * (size_t)(t->q_lora > 0 ? t->q_lora : 1), float);
-    A(t->q, T * (size_t)t->heads * (size_t)t->qdim, float);
-    A(t->kva, T * (size_t)(t->rank + t->rope), float);
-    A(t->kvn, T * (size_t)t->rank, float);
-    A(t->q_lat, T * (size_t)t->heads * (size_t)t->rank, float);
-    A(t->o_lat, T * (size_t)t->heads * (size_t)t->rank, float);
-    A(t->o_v, T * (size_t)t->heads * (size_t)t->vdim, float);
-    A(t->g, T * (size_t)t->inter_max, float);
-    A(t->u, T * (size_t)t->inter_max, float);
+    A(t->qa, T * (size_t)(t->dims.q_lora > 0 ? t->dims.q_lora : 1), float);
+    A(t->q, T * (size_t)t->dims.heads * (size_t)t->dims.qdim, float);
+    A(t->kva, T * (size_t)(t->dims.rank + t->dims.rope), float);
+    A(t->kvn, T * (size_t)t->dims.rank, float);
+    A(t->q_lat, T * (size_t)t->dims.heads * (size_t)t->dims.rank, float);
+    A(t->o_lat, T * (size_t)t->dims.heads * (size_t)t->dims.rank, float);
+    A(t->o_v, T * (size_t)t->dims.heads * (size_t)t->dims.vdim, float);
+    A(t->g, T * (size_t)t->dims.inter_max, float);
+    A(t->u, T * (size_t)t->dims.inter_max, float);
     if (t->fast) {
-        A(t->q16, T * (size_t)t->heads * (size_t)(t->rank + t->rope), uint16_t);
+        A(t->q16, T * (size_t)t->dims.heads * (size_t)(t->dims.rank + t->dims.rope), uint16_t);
         A(t->causal, T, uint64_t);
-        t->mla_ws_bytes = ddt_cuda_mla_verify_workspace(t->max_tokens, t->heads, t->max_ctx);
+        t->mla_ws_bytes = ddt_cuda_mla_verify_workspace(t->max_tokens, t->dims.heads, t->max_ctx);
         if ((st = dalloc(t, &t->mla_ws, t->mla_ws_bytes, 1, err)) != DDT_OK) return st;
     } else {
-        A(t->scores, T * (size_t)t->heads * (size_t)t->max_ctx, float);
+        A(t->scores, T * (size_t)t->dims.heads * (size_t)t->max_ctx, float);
     }
     A(t->iota, T, int32_t);
-    A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
-    A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->rope / 2), float);
-    if (t->n_experts > 0) {
-        A(t->rlogits, T * (size_t)t->n_experts, float);
-        A(t->ridx, T * (size_t)t->top_k, int32_t);
-        A(t->rw, T * (size_t)t->top_k, float);
+    A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
+    A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
+    if (t->dims.n_experts > 0) {
+        A(t->rlogits, T * (size_t)t->dims.n_experts, float);
+        A(t->ridx, T * (size_t)t->dims.top_k, int32_t);
+        A(t->rw, T * (size_t)t->dims.top_k, float);
     }
     if (t->n_capture > 0) A(t->capture, (size_t)t->n_capture * T * H, float);
-    const size_t width = (size_t)(t->rank + t->rope);
+    const size_t width = (size_t)(t->dims.rank + t->dims.rope);
     const size_t elem = t->fast ? 2 : sizeof(float);
-    if ((st = dalloc(t, &t->kv.data, (size_t)t->n_layers * (size_t)t->max_ctx * width, elem, err)) != DDT_OK) return st;
+    if ((st = dalloc(t, &t->kv.data, (size_t)t->dims.n_layers * (size_t)t->max_ctx * width, elem, err)) != DDT_OK) return st;
     A(t->kv.len, 1, int32_t);
     A(t->kv.status, 1, int32_t);
 #undef A
-    t->kv.n_layers = t->n_layers;
+    t->kv.n_layers = t->dims.n_layers;
     t->kv.capacity = t->max_ctx;
     t->kv.row_bytes = (int32_t)(width * elem);
     DDT_CUDA_TRY(cudaMemset(t->kv.len, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->kv.status, 0, sizeof(int32_t)), err);
     /* iota (prefill depths) and the RoPE tables, computed by the CPU code */
-    const size_t half = (size_t)(t->rope / 2);
+    const size_t half = (size_t)(t->dims.rope / 2);
     int32_t *io = malloc(T * sizeof *io);
     float *cs = malloc((size_t)t->max_ctx * half * sizeof *cs), *sn = malloc((size_t)t->max_ctx * half * sizeof *sn);
     if (!io || !cs || !sn) {
@@ -267,10 +267,10 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     DDT_CUDA_TRY(e1, err);
     DDT_CUDA_TRY(e2, err);
     DDT_CUDA_TRY(e3, err);
-    if (t->n_experts > 0) {
-        for (int32_t l = 0; l < t->n_layers; l++)
+    if (t->dims.n_experts > 0) {
+        for (int32_t l = 0; l < t->dims.n_layers; l++)
             if (t->layers[l].moe) {
-                t->moe_ws_bytes = ddt_cuda_moe_workspace_bytes(&t->layers[l].experts, t->max_tokens, t->top_k);
+                t->moe_ws_bytes = ddt_cuda_moe_workspace_bytes(&t->layers[l].experts, t->max_tokens, t->dims.top_k);
                 break;
             }
         if ((st = dalloc(t, &t->moe_ws, t->moe_ws_bytes, 1, err)) != DDT_OK) return st;
@@ -283,34 +283,12 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
     t->cfg = c;
     t->max_ctx = opts->max_ctx;
     t->max_tokens = opts->max_tokens;
-    t->hidden = c->hidden_size;
-    t->heads = c->num_attention_heads;
-    t->nope = c->qk_nope_head_dim;
-    t->rope = c->qk_rope_head_dim;
-    t->vdim = c->v_head_dim;
-    t->rank = c->kv_lora_rank;
-    t->qdim = t->nope + t->rope;
-    t->q_lora = c->q_lora_rank;
-    t->vocab = c->vocab_size;
-    t->n_layers = c->num_hidden_layers;
-    t->eps = c->rms_norm_eps;
-    t->scale = ddt_config_softmax_scale(c);
-    t->inter_max = 1;
-    for (int32_t l = 0; l < t->n_layers; l++) {
-        bool moe = ddt_config_layer_is_moe(c, l);
-        int32_t need = moe ? c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1)
-                           : c->intermediate_size;
-        if (moe) {
-            t->n_experts = c->n_routed_experts;
-            t->top_k = c->num_experts_per_tok;
-        }
-        if (need > t->inter_max) t->inter_max = need;
-    }
+    ddt_target_dims_fill(c, &t->dims);
     t->n_capture = opts->n_capture;
     for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
     t->fast = opts->fast_attention;
     t->mm = opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
-    t->route = (ddt_cuda_route_params){.n_experts = t->n_experts, .top_k = t->top_k,
+    t->route = (ddt_cuda_route_params){.n_experts = t->dims.n_experts, .top_k = t->dims.top_k,
                                        .n_group = c->n_group > 0 ? c->n_group : 1,
                                        .topk_group = c->topk_group > 0 ? c->topk_group : 1,
                                        .norm_topk_prob = c->norm_topk_prob,
@@ -324,18 +302,18 @@ static ddt_status setup_shard(ddt_cuda_target *t, const ddt_cuda_target_options 
     ddt_status st = ddt_shard_plan(t->cfg, opts->shard_rank, opts->shard_world, &t->shard, err);
     if (st != DDT_OK) return st;
     t->sharded = true;
-    t->heads = t->shard.n_heads;
+    t->dims.heads = t->shard.n_heads;
     t->allreduce = opts->allreduce;
     t->allreduce_ctx = opts->allreduce_ctx;
     return DDT_OK;
 }
 
 static ddt_status check_fast(const ddt_cuda_target *t, ddt_error *err) {
-    if (t->fast && (t->rank != DDT_MLA_DV || t->rank + t->rope != DDT_MLA_DK || t->max_tokens > DDT_MLA_MAX_TOKENS))
+    if (t->fast && (t->dims.rank != DDT_MLA_DV || t->dims.rank + t->dims.rope != DDT_MLA_DK || t->max_tokens > DDT_MLA_MAX_TOKENS))
         return ddt_fail(err, DDT_ERR_UNSUPPORTED,
                         "fast attention needs kv_lora_rank %d + qk_rope_head_dim %d and <= %d tokens per forward "
-                        "(have %d + %d, %d)", DDT_MLA_DV, DDT_MLA_DK - DDT_MLA_DV, DDT_MLA_MAX_TOKENS, t->rank,
-                        t->rope, t->max_tokens);
+                        "(have %d + %d, %d)", DDT_MLA_DV, DDT_MLA_DK - DDT_MLA_DV, DDT_MLA_MAX_TOKENS, t->dims.rank,
+                        t->dims.rope, t->max_tokens);
     return DDT_OK;
 }
 
@@ -351,16 +329,26 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "--backend cuda: no CUDA device is available");
     ddt_cuda_target *t = calloc(1, sizeof *t);
     if (!t) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    /* the CPU target checks the config, the capture list and every tensor; its own
-       run state is sized for one token since it never runs */
-    ddt_target_options ho = {.max_ctx = 1, .max_tokens = 1, .n_threads = 1, .capture_layers = opts->capture_layers,
-                             .n_capture = opts->n_capture};
-    ddt_status st = ddt_target_load(dir, &ho, &t->host, err);
+    /* the description checks the config, the capture list and every tensor, as
+       the CPU target's load does and with its messages */
+    ddt_status st = ddt_target_capture_check(opts->capture_layers, opts->n_capture, err);
     if (st != DDT_OK) {
         free(t);
         return st;
     }
-    init_dims(t, ddt_target_config(t->host), opts);
+    t->desc = calloc(1, sizeof *t->desc);
+    if (!t->desc) {
+        free(t);
+        return ddt_fail(err, DDT_ERR_NOMEM, "model %s: out of memory", dir);
+    }
+    if ((st = ddt_target_desc_load(dir, opts->capture_layers, opts->n_capture, t->desc, err)) != DDT_OK) {
+        ddt_error_prefix(err, "model %s: ", dir);
+        ddt_target_desc_free(t->desc);
+        free(t->desc);
+        free(t);
+        return st;
+    }
+    init_dims(t, &t->desc->cfg, opts);
     if ((st = setup_shard(t, opts, err)) != DDT_OK) goto fail;
     if ((st = check_fast(t, err)) != DDT_OK) goto fail;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -368,17 +356,17 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
         goto fail;
     }
     t->tied = t->cfg->tie_word_embeddings;
-    if ((st = up_plain(t, ddt_target_embed(t->host), &t->embed, err)) != DDT_OK) goto fail;
+    if ((st = up_plain(t, &t->desc->embed, &t->embed, err)) != DDT_OK) goto fail;
     if (t->tied && (st = pack_w(t, &t->embed, err)) != DDT_OK) goto fail; /* it is the LM head too */
     if (t->tied) t->lm_head = t->embed;
-    else if ((st = up_w(t, ddt_target_lm_head(t->host), &t->lm_head, err)) != DDT_OK) goto fail;
-    if ((st = up_v(t, ddt_target_final_norm(t->host), &t->final_norm, err)) != DDT_OK) goto fail;
-    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
+    else if ((st = up_w(t, &t->desc->lm_head, &t->lm_head, err)) != DDT_OK) goto fail;
+    if ((st = up_v(t, &t->desc->final_norm, &t->final_norm, err)) != DDT_OK) goto fail;
+    t->layers = ddt_calloc_array((size_t)t->dims.n_layers, sizeof *t->layers);
     if (!t->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int32_t l = 0; l < t->n_layers; l++)
+    for (int32_t l = 0; l < t->dims.n_layers; l++)
         if ((st = upload_layer(t, l, err)) != DDT_OK) goto fail;
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
     *out = t;
@@ -412,9 +400,9 @@ static ddt_status ones(ddt_cuda_target *t, int64_t n, float **p, ddt_error *err)
 static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uint64_t *seed, dev_mlp *m,
                            ddt_error *err) {
     ddt_status st;
-    if ((st = rand_w(t, f, inter, t->hidden, seed, &m->gate, err)) != DDT_OK) return st;
-    if ((st = rand_w(t, f, inter, t->hidden, seed, &m->up, err)) != DDT_OK) return st;
-    return rand_w(t, f, t->hidden, inter, seed, &m->down, err);
+    if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->gate, err)) != DDT_OK) return st;
+    if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->up, err)) != DDT_OK) return st;
+    return rand_w(t, f, t->dims.hidden, inter, seed, &m->down, err);
 }
 
 static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth_options *so, uint64_t *seed,
@@ -423,36 +411,36 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     dev_layer *d = &t->layers[l];
     const ddt_qformat f = so->dense_format;
     ddt_status st;
-    const int64_t qrows = (int64_t)t->heads * t->qdim;
-    if ((st = ones(t, t->hidden, &d->attn_norm, err)) || (st = ones(t, t->hidden, &d->mlp_norm, err)) ||
-        (st = ones(t, t->rank, &d->kv_a_norm, err)))
+    const int64_t qrows = (int64_t)t->dims.heads * t->dims.qdim;
+    if ((st = ones(t, t->dims.hidden, &d->attn_norm, err)) || (st = ones(t, t->dims.hidden, &d->mlp_norm, err)) ||
+        (st = ones(t, t->dims.rank, &d->kv_a_norm, err)))
         return st;
-    if (t->q_lora > 0) {
-        if ((st = rand_w(t, f, t->q_lora, t->hidden, seed, &d->q_a, err)) || (st = ones(t, t->q_lora, &d->q_a_norm, err)) ||
-            (st = rand_w(t, f, qrows, t->q_lora, seed, &d->q_b, err)))
+    if (t->dims.q_lora > 0) {
+        if ((st = rand_w(t, f, t->dims.q_lora, t->dims.hidden, seed, &d->q_a, err)) || (st = ones(t, t->dims.q_lora, &d->q_a_norm, err)) ||
+            (st = rand_w(t, f, qrows, t->dims.q_lora, seed, &d->q_b, err)))
             return st;
-    } else if ((st = rand_w(t, f, qrows, t->hidden, seed, &d->q_proj, err))) {
+    } else if ((st = rand_w(t, f, qrows, t->dims.hidden, seed, &d->q_proj, err))) {
         return st;
     }
-    if ((st = rand_w(t, f, t->rank + t->rope, t->hidden, seed, &d->kv_a, err)) ||
-        (st = rand_w(t, f, (int64_t)t->heads * (t->nope + t->vdim), t->rank, seed, &d->kv_b, err)) ||
-        (st = rand_w(t, f, t->hidden, (int64_t)t->heads * t->vdim, seed, &d->o_proj, err)))
+    if ((st = rand_w(t, f, t->dims.rank + t->dims.rope, t->dims.hidden, seed, &d->kv_a, err)) ||
+        (st = rand_w(t, f, (int64_t)t->dims.heads * (t->dims.nope + t->dims.vdim), t->dims.rank, seed, &d->kv_b, err)) ||
+        (st = rand_w(t, f, t->dims.hidden, (int64_t)t->dims.heads * t->dims.vdim, seed, &d->o_proj, err)))
         return st;
     d->moe = ddt_config_layer_is_moe(c, l);
     if (!d->moe) return owns_dense(t) ? rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err) : DDT_OK;
     /* router and its bias stay bf16 / fp32 in every checkpoint */
-    if ((st = rand_w(t, DDT_Q_DENSE, t->n_experts, t->hidden, seed, &d->router, err))) return st;
-    DDT_CUDA_TRY(cudaMalloc((void **)&d->router_bias, sizeof(float) * (size_t)t->n_experts), err);
-    if ((st = ddt_cuda_fill_uniform(d->router_bias, t->n_experts, -0.01f, 0.01f, (*seed)++, t->stream, err))) return st;
+    if ((st = rand_w(t, DDT_Q_DENSE, t->dims.n_experts, t->dims.hidden, seed, &d->router, err))) return st;
+    DDT_CUDA_TRY(cudaMalloc((void **)&d->router_bias, sizeof(float) * (size_t)t->dims.n_experts), err);
+    if ((st = ddt_cuda_fill_uniform(d->router_bias, t->dims.n_experts, -0.01f, 0.01f, (*seed)++, t->stream, err))) return st;
     const ddt_qformat ef = so->expert_format;
     ddt_dtype edt = ef == DDT_Q_DENSE ? DDT_DTYPE_BF16 : ef == DDT_Q_FP8_BLOCK ? DDT_DTYPE_F8_E4M3 : DDT_DTYPE_I32;
-    float amp = 1.0f / sqrtf((float)t->hidden) / (ef == DDT_Q_INT4_GROUP ? 8.0f : ef == DDT_Q_FP8_BLOCK ? 240.0f : 1.0f);
-    const int32_t ne = t->sharded ? t->shard.n_experts : t->n_experts;
-    if ((st = ddt_cuda_moe_layer_random(ne, t->hidden, c->moe_intermediate_size, ef, edt, amp, (*seed)++,
+    float amp = 1.0f / sqrtf((float)t->dims.hidden) / (ef == DDT_Q_INT4_GROUP ? 8.0f : ef == DDT_Q_FP8_BLOCK ? 240.0f : 1.0f);
+    const int32_t ne = t->sharded ? t->shard.n_experts : t->dims.n_experts;
+    if ((st = ddt_cuda_moe_layer_random(ne, t->dims.hidden, c->moe_intermediate_size, ef, edt, amp, (*seed)++,
                                         &d->experts, err)))
         return st;
     d->experts.first_expert = t->sharded ? t->shard.expert0 : 0;
-    d->experts.total_experts = t->n_experts;
+    d->experts.total_experts = t->dims.n_experts;
     if (t->mm == DDT_CUDA_MM_TENSOR) {
         if ((st = ddt_cuda_moe_layer_pack(&d->experts, err)) != DDT_OK) return st;
     }
@@ -490,17 +478,17 @@ ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
         goto fail;
     }
-    if ((st = rand_w(t, DDT_Q_DENSE, t->vocab, t->hidden, &seed, &t->embed, err))) goto fail;
+    if ((st = rand_w(t, DDT_Q_DENSE, t->dims.vocab, t->dims.hidden, &seed, &t->embed, err))) goto fail;
     t->tied = !so->lm_head; /* without its own head the logits come from the embedding (still [vocab][hidden]) */
     if (t->tied) t->lm_head = t->embed;
-    else if ((st = rand_w(t, DDT_Q_DENSE, t->vocab, t->hidden, &seed, &t->lm_head, err))) goto fail;
-    if ((st = ones(t, t->hidden, &t->final_norm, err))) goto fail;
-    t->layers = ddt_calloc_array((size_t)t->n_layers, sizeof *t->layers);
+    else if ((st = rand_w(t, DDT_Q_DENSE, t->dims.vocab, t->dims.hidden, &seed, &t->lm_head, err))) goto fail;
+    if ((st = ones(t, t->dims.hidden, &t->final_norm, err))) goto fail;
+    t->layers = ddt_calloc_array((size_t)t->dims.n_layers, sizeof *t->layers);
     if (!t->layers) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int32_t l = 0; l < t->n_layers; l++)
+    for (int32_t l = 0; l < t->dims.n_layers; l++)
         if ((st = rand_layer(t, l, so, &seed, err))) goto fail;
     if ((st = alloc_state(t, err))) goto fail;
     DDT_CUDA_TRY(cudaStreamSynchronize(t->stream), err);
@@ -522,7 +510,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t) return;
     if (t->stream) cudaStreamSynchronize(t->stream);
     if (t->layers) {
-        for (int32_t l = 0; l < t->n_layers; l++) {
+        for (int32_t l = 0; l < t->dims.n_layers; l++) {
             dev_layer *d = &t->layers[l];
             float *vecs[] = {d->attn_norm, d->mlp_norm, d->q_a_norm, d->kv_a_norm, d->router_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) ddt_cuda_free(vecs[i]);
@@ -541,12 +529,15 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
                     t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
-    ddt_target_free(t->host);
+    if (t->desc) {
+        ddt_target_desc_free(t->desc);
+        free(t->desc);
+    }
     free(t);
 }
 
 const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t) { return t->cfg; }
-int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->vocab; }
+int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->dims.vocab; }
 int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t) { return t->max_ctx; }
 int32_t ddt_cuda_target_max_tokens(const ddt_cuda_target *t) { return t->max_tokens; }
 void *ddt_cuda_target_stream(const ddt_cuda_target *t) { return t->stream; }
@@ -555,7 +546,7 @@ const ddt_qweight *ddt_cuda_target_embed(const ddt_cuda_target *t) { return &t->
 const ddt_qweight *ddt_cuda_target_lm_head(const ddt_cuda_target *t) { return &t->lm_head; }
 const float *ddt_cuda_target_hidden(const ddt_cuda_target *t, int32_t slot) {
     if (slot < 0 || slot >= t->n_capture) return NULL;
-    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->hidden;
+    return t->capture + (size_t)slot * (size_t)t->max_tokens * (size_t)t->dims.hidden;
 }
 uint64_t ddt_cuda_target_weight_bytes(const ddt_cuda_target *t) { return t->weight_bytes; }
 uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t) { return t->state_bytes; }
@@ -563,7 +554,7 @@ uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t) { return t->state
 ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_t seed, ddt_error *err) {
     if (len < 0 || len >= t->max_ctx)
         return ddt_fail(err, DDT_ERR_RANGE, "fake context of %d rows in a cache of %d", len, t->max_ctx);
-    ddt_status st = ddt_cuda_mla_cache_fill(t->kv.data, t->n_layers, t->max_ctx, t->rank + t->rope, len, t->fast,
+    ddt_status st = ddt_cuda_mla_cache_fill(t->kv.data, t->dims.n_layers, t->max_ctx, t->dims.rank + t->dims.rope, len, t->fast,
                                             seed, t->stream, err);
     if (st != DDT_OK) return st;
     return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
@@ -585,17 +576,17 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
 static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
                               ddt_error *err) {
     const int64_t inter = m->gate.rows;
-    TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->hidden, n, t->g, inter, t->stream, err));
-    TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->hidden, n, t->u, inter, t->stream, err));
+    TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter, t->stream, err));
+    TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter, t->stream, err));
     TRY(ddt_cuda_silu_mul(t->g, inter, t->u, inter, n, (int32_t)inter, t->stream, err));
-    return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, inter, n, out, t->hidden, t->stream, err);
+    return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, inter, n, out, t->dims.hidden, t->stream, err);
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
     for (int32_t s = 0; s < t->n_capture; s++)
         if (t->capture_layer[s] == layer)
-            DDT_CUDA_TRY(cudaMemcpyAsync(t->capture + (size_t)s * t->max_tokens * t->hidden, src,
-                                         sizeof(float) * (size_t)n * t->hidden, cudaMemcpyDeviceToDevice, t->stream),
+            DDT_CUDA_TRY(cudaMemcpyAsync(t->capture + (size_t)s * t->max_tokens * t->dims.hidden, src,
+                                         sizeof(float) * (size_t)n * t->dims.hidden, cudaMemcpyDeviceToDevice, t->stream),
                          err);
     return DDT_OK;
 }
@@ -603,66 +594,66 @@ static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *
 static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
                           const uint64_t *vis, int32_t vis_words, float *logits, int32_t logit_row0,
                           ddt_error *err) {
-    const int32_t H = t->hidden, heads = t->heads, qd = t->qdim, rank = t->rank, rope = t->rope;
+    const int32_t H = t->dims.hidden, heads = t->dims.heads, qd = t->dims.qdim, rank = t->dims.rank, rope = t->dims.rope;
     const int64_t width = rank + rope;
     cudaStream_t s = t->stream;
     TRY(ddt_cuda_embed(&t->embed, ids, n, t->x, H, s, err));
-    for (int32_t l = 0; l < t->n_layers; l++) {
+    for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
-        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->attn_norm, t->eps, t->xn, H, s, err));
-        if (t->q_lora > 0) {
-            TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, t->q_lora, s, err));
-            TRY(ddt_cuda_rmsnorm(t->qa, t->q_lora, n, t->q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->q_lora, s,
+        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->attn_norm, t->dims.eps, t->xn, H, s, err));
+        if (t->dims.q_lora > 0) {
+            TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, t->dims.q_lora, s, err));
+            TRY(ddt_cuda_rmsnorm(t->qa, t->dims.q_lora, n, t->dims.q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->dims.q_lora, s,
                                  err));
-            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, t->q_lora, n, t->q, (int64_t)heads * qd, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, t->dims.q_lora, n, t->q, (int64_t)heads * qd, s, err));
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
         }
         TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
         TRY(ddt_cuda_rmsnorm(t->kva, width, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
-        ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->nope, .rope = rope, .rank = rank,
+        ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->dims.nope, .rope = rope, .rank = rank,
                                      .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
                                      .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
                                      .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
                                      .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
         TRY(ddt_cuda_mla_rope_write(&ra, s, err));
-        ddt_cuda_groups uk = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = 0,
-                              .rows = t->nope, .x_stride = qd, .y_stride = rank};
+        ddt_cuda_groups uk = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = 0,
+                              .rows = t->dims.nope, .x_stride = qd, .y_stride = rank};
         TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
                                       s, err));
         if (t->fast) {
-            TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
+            TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
                                     s, err));
             ddt_cuda_mla_verify va = {.n_tokens = n, .n_heads = heads, .q = t->q16, .kv = (const uint16_t *)layer_cache,
                                       .kv_ld = width, .kv_rows = t->max_ctx, .n_prefix = t->kv.len,
-                                      .max_prefix = t->max_ctx - n, .vis = vis ? vis : t->causal, .scale = t->scale,
+                                      .max_prefix = t->max_ctx - n, .vis = vis ? vis : t->causal, .scale = t->dims.softmax_scale,
                                       .out = t->o_lat, .out_fp32 = 1, .out_ld = rank, .lse = NULL,
                                       .workspace = t->mla_ws, .path = DDT_MLA_PATH_AUTO};
             TRY(ddt_cuda_mla_verify_run(&va, s, err));
         } else {
             ddt_cuda_mla_attn_args aa = {.n = n, .heads = heads, .rank = rank, .rope = rope, .q_lat = t->q_lat,
-                                         .q_rope = t->q + t->nope, .q_rope_ld_t = (int64_t)heads * qd,
+                                         .q_rope = t->q + t->dims.nope, .q_rope_ld_t = (int64_t)heads * qd,
                                          .q_rope_ld_h = qd, .cache = (const float *)layer_cache,
                                          .capacity = t->max_ctx, .len = t->kv.len, .depth = depth, .vis = vis,
-                                         .vis_words = vis_words, .scale = t->scale, .scores = t->scores,
+                                         .vis_words = vis_words, .scale = t->dims.softmax_scale, .scores = t->scores,
                                          .out = t->o_lat};
             TRY(ddt_cuda_mla_attention(&aa, s, err));
         }
-        ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->nope + t->vdim, .w_row_offset = t->nope,
-                              .rows = t->vdim, .x_stride = rank, .y_stride = t->vdim};
+        ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
+                              .rows = t->dims.vdim, .x_stride = rank, .y_stride = t->dims.vdim};
         TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                                         (int64_t)heads * t->vdim, s, err));
-        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->vdim, n, t->tmp, H, s, err));
+                                         (int64_t)heads * t->dims.vdim, s, err));
+        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
-        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->eps, t->xn, H, s, err));
+        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         if (L->moe) {
-            TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->n_experts, s, err));
+            TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
             ddt_cuda_route_params rp = t->route;
             rp.bias = L->router_bias;
-            TRY(ddt_cuda_moe_route(t->rlogits, t->n_experts, n, &rp, t->ridx, t->rw, s, err));
-            TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->top_k, t->acc, H, t->moe_ws,
+            TRY(ddt_cuda_moe_route(t->rlogits, t->dims.n_experts, n, &rp, t->ridx, t->rw, s, err));
+            TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->dims.top_k, t->acc, H, t->moe_ws,
                                      t->moe_ws_bytes, s, err));
             if (L->has_shared) {
                 TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
@@ -681,13 +672,13 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
            so at one rank this is bitwise the unsharded forward */
         if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
-        if (l < t->n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
+        if (l < t->dims.n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
     }
-    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->eps, t->xn, H, s, err));
-    TRY(capture_store(t, t->n_layers - 1, t->xn, n, err));
+    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->dims.eps, t->xn, H, s, err));
+    TRY(capture_store(t, t->dims.n_layers - 1, t->xn, n, err));
     if (logits)
         TRY(ddt_cuda_matmul_mode(&t->lm_head, t->mm, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits,
-                                 t->vocab, s, err));
+                                 t->dims.vocab, s, err));
     return DDT_OK;
 }
 

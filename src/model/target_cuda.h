@@ -1,8 +1,9 @@
 /*
  * target_cuda.h — the DeepSeek-V3 / Kimi K2.x target on the CUDA backend.
  *
- * Loading goes through the CPU target (model/target.h: config, checks, weight
- * views), whose views are then uploaded as they are stored (bf16 / FP8-block /
+ * Loading reads the target description (model/target_desc.h: config, checks,
+ * weight views, the same as the CPU target's), whose views are then uploaded
+ * as they are stored (bf16 / FP8-block /
  * INT4 stay quantised on the device and are dequantised inside the kernels).
  * The maths is the CPU target's, in fp32 activations, with the same per-layer
  * steps; the latent cache is fp32 on the device.

@@ -647,22 +647,19 @@ static void test_copy_and_legacy_flag(void **state) {
     ddt_drafter_head_close(h);
 }
 
-static void test_config_parse(void **state) {
+/* The RoPE attention factor each config layout gives (the parse itself:
+ * tests/io/test_drafter_config.c). */
+static void test_config_rope(void **state) {
     (void)state;
     ddt_drafter_config c;
     ddt_error err = {0};
-    /* transformers 5 layout: rope_parameters, ids at the top level, explicit attention_factor */
+    /* transformers 5 layout: an explicit attention_factor wins */
     const char *v5 = "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":1,"
                      "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,\"intermediate_size\":16,"
                      "\"rms_norm_eps\":1e-5,\"block_size\":16,\"mask_token_id\":5,\"target_layer_ids\":[1,2,3],"
                      "\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":50000,\"factor\":64,"
                      "\"original_max_position_embeddings\":4096,\"attention_factor\":1.25}}";
     assert_int_equal(ddt_drafter_config_parse(v5, strlen(v5), "v5.json", &c, &err), DDT_OK);
-    assert_int_equal(c.block_size, 16);
-    assert_int_equal(c.n_target_layers, 3);
-    assert_int_equal(c.target_layer_ids[2], 3);
-    assert_int_equal(c.num_target_layers, -1);
-    assert_true(c.has_yarn && c.rope_theta == 50000.0f && c.yarn_factor == 64.0f);
     assert_true(fabsf(ddt_drafter_config_rope_attention_factor(&c) - 1.25f) < 1e-7f);
     /* Kimi-style: mscale == mscale_all_dim gives 1.0; the legacy flag gives 0.1 ln 64 + 1 */
     const char *kimi = "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":1,"
@@ -674,21 +671,10 @@ static void test_config_parse(void **state) {
     char buf[2048];
     snprintf(buf, sizeof buf, kimi, "");
     assert_int_equal(ddt_drafter_config_parse(buf, strlen(buf), "k.json", &c, &err), DDT_OK);
-    assert_int_equal(c.block_size, 16); /* dflash_config wins */
     assert_true(fabsf(ddt_drafter_config_rope_attention_factor(&c) - 1.0f) < 1e-7f);
     snprintf(buf, sizeof buf, kimi, ",\"legacy_yarn_attention_factor\":true");
     assert_int_equal(ddt_drafter_config_parse(buf, strlen(buf), "k.json", &c, &err), DDT_OK);
-    assert_true(c.legacy_yarn_attention_factor);
     assert_true(fabsf(ddt_drafter_config_rope_attention_factor(&c) - (1.0f + 0.1f * logf(64.0f))) < 1e-6f);
-    snprintf(buf, sizeof buf, kimi, ",\"legacy_yarn_attention_factor\":1");
-    assert_int_equal(ddt_drafter_config_parse(buf, strlen(buf), "k.json", &c, &err), DDT_ERR_FORMAT);
-    assert_non_null(strstr(err.msg, "legacy_yarn_attention_factor"));
-    snprintf(buf, sizeof buf, kimi, ",\"output_multiplier\":2");
-    assert_int_equal(ddt_drafter_config_parse(buf, strlen(buf), "k.json", &c, &err), DDT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "dflash_config.output_multiplier"));
-    assert_int_equal(ddt_drafter_config_parse("[1]", 3, "x.json", &c, &err), DDT_ERR_FORMAT);
-    assert_int_equal(ddt_drafter_config_parse("{", 1, "x.json", &c, &err), DDT_ERR_FORMAT);
-    assert_non_null(strstr(err.msg, "x.json"));
 }
 
 int main(void) {
@@ -701,7 +687,7 @@ int main(void) {
         cmocka_unit_test(test_call_errors),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_copy_and_legacy_flag),
-        cmocka_unit_test(test_config_parse),
+        cmocka_unit_test(test_config_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
