@@ -8,12 +8,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/zsort.h"
 #include "engine/emitter.h"
+#include "engine/round.h"
 #ifdef DDT_HAVE_CUDA
 #include "engine/engine_cuda.h"
 #include "engine/engine_multi_cuda.h"
@@ -21,9 +21,7 @@
 #include "model/drafter.h"
 #include "model/target.h"
 
-#define PREFILL_CHUNK 64       /* prompt tokens per forward */
 #define DEFAULT_MAX_CTX 8192   /* when neither the caller nor a small model bounds it */
-#define COST_POINTS 12
 
 struct ddt_engine {
     ddt_engine_options opts;
@@ -39,13 +37,13 @@ struct ddt_engine {
     float *logq;          /* [depth][kmax] */
     int32_t *table_tok;   /* [depth][kmax] */
     ddt_zid *pairs;       /* [vocab] top-K scratch */
-    int32_t *rows;        /* [PREFILL_CHUNK] 0..PREFILL_CHUNK-1 */
+    int32_t *rows;        /* [DDT_ENGINE_PREFILL_CHUNK] 0..DDT_ENGINE_PREFILL_CHUNK-1 */
     ddt_tree tree;
     ddt_builder *builder;
     ddt_sampler *sampler;
     bool have_cost;
     ddt_cost_model cost;
-    float cost_nodes[COST_POINTS], cost_verify[COST_POINTS];
+    float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
 };
 
 bool ddt_mode_parse(const char *s, ddt_mode *out) {
@@ -96,11 +94,6 @@ const char *ddt_mode_name(ddt_mode m) {
     return "?";
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------ top-K */
 
@@ -158,10 +151,10 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
     if (o->cost) {
         ddt_status st = ddt_cost_check(o->cost, err);
         if (st) return st;
-        if (o->cost->n_nodes > COST_POINTS || o->cost->n_contexts != 1)
+        if (o->cost->n_nodes > DDT_ENGINE_COST_POINTS || o->cost->n_contexts != 1)
             return ddt_fail(err, DDT_ERR_UNSUPPORTED,
                             "engine cost models hold one context row of at most %d points",
-                            COST_POINTS);
+                            DDT_ENGINE_COST_POINTS);
     }
     return ddt_sampling_check(&o->sampling, err);
 }
@@ -200,52 +193,39 @@ static void make_star(ddt_tree *t, int32_t n, int32_t vocab) {
     }
 }
 
-int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points) {
-    int32_t pts = 0;
-    for (int32_t n = 0; n <= budget && pts < max_points; n = n ? 2 * n : 1) {
-        nodes[pts++] = (float)n;
-        if (pts < max_points && 2 * n > budget && n != budget) {
-            nodes[pts++] = (float)budget;
-            break;
-        }
-    }
-    return pts;
+/* Time one verify of n nodes (a star tree) after the committed token. */
+static ddt_status time_verify(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    ddt_engine *e = ctx;
+    make_star(&e->tree, n, e->vocab);
+    double t0 = ddt_engine_now();
+    ddt_status st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, n,
+                                      NULL, err);
+    *seconds = ddt_engine_now() - t0;
+    return st;
 }
 
-/* Measure C_verify(n) on this machine: verify of 1 + n nodes after one committed
- * token, best of three; made non-decreasing so noise cannot end a build early. */
+static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    ddt_engine *e = ctx;
+    (void)n;
+    double t0 = ddt_engine_now();
+    ddt_status st = ddt_drafter_draft(e->drafter, 0, e->draft_logits, err);
+    *seconds = ddt_engine_now() - t0;
+    return st;
+}
+
+/* Measure C_verify(n) on this machine (round.h): verify of 1 + n nodes after one
+ * committed token, and the drafter's draft. */
 static ddt_status measure_cost(ddt_engine *e, ddt_error *err) {
-    const int32_t pts = ddt_engine_cost_points(e->opts.budget, e->cost_nodes, COST_POINTS);
     int32_t zero = 0;
     ddt_status st = ddt_target_prefill(e->target, &zero, 1, NULL, false, err);
     if (st) return st;
-    for (int32_t p = 0; p < pts; p++) {
-        int32_t n = (int32_t)e->cost_nodes[p] + 1;
-        make_star(&e->tree, n, e->vocab);
-        double best = 1e30;
-        for (int rep = 0; rep < 3; rep++) {
-            double t0 = now_s();
-            st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
-                                   e->tree.vis_words, n, NULL, err);
-            if (st) return st;
-            double dt = now_s() - t0;
-            if (dt < best) best = dt;
-        }
-        e->cost_verify[p] = (float)(best > 1e-7 ? best : 1e-7);
-        if (p > 0 && e->cost_verify[p] < e->cost_verify[p - 1]) e->cost_verify[p] = e->cost_verify[p - 1];
-    }
-    double draft = 0.0;
-    if (e->drafter) {
-        double t0 = now_s();
-        st = ddt_drafter_draft(e->drafter, 0, e->draft_logits, err);
-        if (st) return st;
-        draft = now_s() - t0;
-    }
+    st = ddt_engine_measure_cost(e->opts.budget, time_verify, e->drafter ? time_draft : NULL, e, e->cost_nodes,
+                                 e->cost_verify, &e->cost, err);
+    if (st) return st;
     st = ddt_target_rollback(e->target, 0, err);
     if (st) return st;
-    e->cost = (ddt_cost_model){(float)draft, pts, e->cost_nodes, 1, NULL, e->cost_verify, 0.0f};
     e->have_cost = true;
-    return ddt_cost_check(&e->cost, err);
+    return DDT_OK;
 }
 
 ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *opts,
@@ -308,7 +288,7 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
         if (e->max_nodes < opts->reserve_budget + 1) e->max_nodes = opts->reserve_budget + 1;
         if (e->max_nodes < e->depth + 1) e->max_nodes = e->depth + 1;
     }
-    ddt_target_options topt = {e->max_ctx, e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
+    ddt_target_options topt = {e->max_ctx, e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK,
                                opts->n_threads, dflash ? dcfg.target_layer_ids : NULL,
                                dflash ? dcfg.n_target_layers : 0};
     st = ddt_target_load(model_dir, &topt, &e->target, err);
@@ -324,24 +304,24 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
         st = ddt_drafter_load(opts->draft_dir, &dt, &dopt, &e->drafter, err);
         if (st) goto fail;
     }
-    /* k = min(budget, vocab) whatever the reserve, so a switched engine builds the trees a fresh one would */
+    /* the round's k = min(budget, kmax) whatever the reserve, so a switched engine builds the trees a fresh one would */
     int32_t kcap = opts->mode == DDT_MODE_TREE ? opts->budget : 1;
     if (spec && opts->reserve_budget > kcap) kcap = opts->reserve_budget;
-    e->kmax = kcap < e->vocab ? kcap : e->vocab;
+    e->kmax = ddt_engine_topk_cap(kcap, e->vocab);
     size_t depth_rows = e->depth > 0 ? (size_t)e->depth : 1;
     e->logits = ddt_malloc_array((size_t)e->max_nodes * (size_t)e->vocab, sizeof(float));
     e->draft_logits = ddt_malloc_array(depth_rows * (size_t)e->vocab, sizeof(float));
     e->logq = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(float));
     e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
     e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(ddt_zid));
-    e->rows = ddt_malloc_array(PREFILL_CHUNK, sizeof(int32_t));
+    e->rows = ddt_malloc_array(DDT_ENGINE_PREFILL_CHUNK, sizeof(int32_t));
     if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs || !e->rows) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's buffers (vocab %d, %d nodes)",
                       e->vocab, e->max_nodes);
         goto fail;
     }
-    for (int32_t i = 0; i < PREFILL_CHUNK; i++) e->rows[i] = i;
-    st = ddt_tree_alloc(e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK, &e->tree, err);
+    for (int32_t i = 0; i < DDT_ENGINE_PREFILL_CHUNK; i++) e->rows[i] = i;
+    st = ddt_tree_alloc(e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK, &e->tree, err);
     if (st) goto fail;
     st = ddt_builder_create(e->max_nodes - 1, &e->builder, err);
     if (st) goto fail;
@@ -518,11 +498,11 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
 
     ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
     const ddt_sampling *samp = &e->opts.sampling;
-    double t_start = now_s();
+    double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
     /* prompt, in chunks; the drafter gets every chunk's features */
-    for (int32_t i = 0; i < n_prompt; i += PREFILL_CHUNK) {
-        int32_t c = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
+    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
         st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
         if (st) return st;
         st = feed_drafter(e, e->rows, c, err);
@@ -531,7 +511,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
     int32_t bonus;
     st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, 0, 0, &bonus, err);
     if (st) return st;
-    double t_decode = now_s();
+    double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     ddt_emitter_push(&em, &bonus, 1);
 
@@ -539,27 +519,24 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
         int32_t len = ddt_target_len(e->target);
         int32_t room = e->max_ctx - len - 1; /* nodes beyond the root that still fit */
         if (room < 0) break;                 /* context full */
-        double t0 = now_s(), t1, t2, t3, t4;
+        double t0 = ddt_engine_now(), t1, t2, t3, t4;
         int32_t n;
         if (e->opts.mode == DDT_MODE_AR) {
-            t1 = t2 = now_s();
+            t1 = t2 = ddt_engine_now();
             st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err);
             if (st) return st;
-            t3 = now_s();
+            t3 = ddt_engine_now();
             st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, round, 0, &bonus, err);
             if (st) return st;
-            t4 = now_s();
+            t4 = ddt_engine_now();
             n = 1;
             s.accepted += 1;
             ddt_emitter_push(&em, &bonus, 1);
         } else {
-            int32_t budget = e->opts.mode == DDT_MODE_TREE ? e->opts.budget : e->depth;
-            if (budget > room) budget = room;
-            int32_t k = e->opts.mode == DDT_MODE_TREE ? (budget < e->kmax ? budget : e->kmax) : 1;
-            if (k < 1) k = 1;
+            int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
             st = draft_table(e, bonus, k, err);
             if (st) return st;
-            t1 = now_s();
+            t1 = ddt_engine_now();
             ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
             if (e->opts.mode == DDT_MODE_TREE) {
                 const bool use_cost = e->have_cost && e->opts.budget_auto;
@@ -570,18 +547,18 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
                 st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);
             }
             if (st) return st;
-            t2 = now_s();
+            t2 = ddt_engine_now();
             n = e->tree.n_nodes;
             st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
                                    e->tree.vis_words, n, e->logits, err);
             if (st) return st;
-            t3 = now_s();
+            t3 = ddt_engine_now();
             /* the target's token is drawn only at the nodes the walk visits */
             node_sampler ns = {e, samp, round};
             ddt_walk_result w;
             st = ddt_tree_walk_fn(&e->tree, sample_node, &ns, e->vocab, &w, err);
             if (st) return st;
-            t4 = now_s();
+            t4 = ddt_engine_now();
             st = ddt_target_commit(e->target, w.path, w.length, err);
             if (st) return st;
             st = feed_drafter(e, w.path, w.length, err);
@@ -593,7 +570,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
             s.accepted += w.length;
             ddt_emitter_push(&em, ids, w.length);
         }
-        double t5 = now_s();
+        double t5 = ddt_engine_now();
         s.rounds++;
         s.nodes_verified += n;
         s.t_draft += t1 - t0;
@@ -602,7 +579,7 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
         s.t_walk += t4 - t3;
         s.t_commit += t5 - t4;
     }
-    double t_end = now_s();
+    double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     *n_out = em.n;
     if (stats) *stats = s;
