@@ -44,7 +44,8 @@ typedef struct ddt_engine_backend_ops {
     /* the cost model of the auto budget in use; NULL (the entry or its result): none to report */
     const ddt_cost_model *(*cost)(const void *impl);
     /* arguments checked by engine.c (prompt ids in the vocabulary and shorter than
-     * the context, stop list, max_new >= 0); fills stats */
+     * the context, stop list, max_new >= 0); fills stats, stop_reason included
+     * (ddt_emitter_finish_stats) */
     ddt_status (*generate)(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new, const int32_t *stop,
                            int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn, void *emit_ctx,
                            ddt_gen_stats *stats, ddt_error *err);

@@ -66,6 +66,17 @@ ddt_backend ddt_engine_backend(const ddt_engine_options *o) {
 #endif
 }
 
+const char *ddt_stop_reason_name(ddt_stop_reason r) {
+    switch (r) {
+    case DDT_STOP_NONE: return "none";
+    case DDT_STOP_MAX_TOKENS: return "max tokens";
+    case DDT_STOP_TOKEN: return "stop token";
+    case DDT_STOP_CONTEXT: return "context full";
+    case DDT_STOP_CANCELLED: return "cancelled";
+    }
+    return "?";
+}
+
 const char *ddt_mode_name(ddt_mode m) {
     switch (m) {
     case DDT_MODE_AR: return "ar";

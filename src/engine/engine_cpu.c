@@ -307,7 +307,7 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
     if (st) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
 
-    ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
+    ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
     const ddt_sampling *samp = &e->opts.sampling;
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;

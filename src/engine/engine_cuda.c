@@ -491,7 +491,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     const bool greedy = e->opts.sampling.temperature <= 0.0f;
     TRY(ddt_cuda_target_reset(e->target, err));
     if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
-    ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
+    ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
     DDT_CUDA_TRY(cudaMemcpyAsync(e->ids, prompt, sizeof(int32_t) * (size_t)n_prompt, cudaMemcpyHostToDevice, e->s),
