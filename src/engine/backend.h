@@ -7,6 +7,8 @@
  *   ddt_engine_cpu_backend    engine_cpu.c         the CPU loop
  *   ddt_engine_cuda_backend   engine_cuda.c        the round as a CUDA graph on one GPU
  *   ddt_engine_multi_backend  engine_multi_cuda.c  that round on several GPUs over NCCL
+ * (the two CUDA tables are adapters in backend_cuda.c over engine_cuda.h and
+ * engine_multi_cuda.h, whose functions take their own engine types)
  *
  * What the loops share (clamps, cost points and measurement, the clock) is in
  * round.h, their output side (stop ids, max tokens, the stop reason) in emitter.h.

@@ -18,7 +18,6 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "engine/backend.h"
 #include "engine/engine_cuda.h"
 #include "model/shard.h"
 
@@ -245,33 +244,3 @@ ddt_status ddt_engine_multi_generate(ddt_engine_multi *m, const int32_t *prompt,
     *n_out = jobs[0].n_out;
     return st;
 }
-
-/* ------------------------------------------------------------------ backend table (backend.h) */
-
-static ddt_status be_create(const char *model_dir, const ddt_engine_options *opts, const ddt_engine_setup *setup,
-                            void **out, ddt_error *err) {
-    ddt_engine_multi *e = NULL;
-    ddt_status st = ddt_engine_multi_create(model_dir, opts, setup->max_ctx, &e, err);
-    *out = e;
-    return st;
-}
-static void be_free(void *e) { ddt_engine_multi_free(e); }
-static int32_t be_vocab(const void *e) { return ddt_engine_multi_vocab(e); }
-static const ddt_model_config *be_model_config(const void *e) { return ddt_engine_multi_model_config(e); }
-static void be_set_sampling(void *e, const ddt_sampling *s) { ddt_engine_multi_set_sampling(e, s); }
-static ddt_status be_generate(void *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new, const int32_t *stop,
-                              int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn, void *emit_ctx,
-                              ddt_gen_stats *stats, ddt_error *err) {
-    return ddt_engine_multi_generate(e, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn, emit_ctx, stats, err);
-}
-
-/* several GPUs: the mode it was created for only (no set_speculation), no cost model reported */
-const ddt_engine_backend_ops ddt_engine_multi_backend = {
-    .name = "multi",
-    .create = be_create,
-    .free = be_free,
-    .vocab = be_vocab,
-    .model_config = be_model_config,
-    .set_sampling = be_set_sampling,
-    .generate = be_generate,
-};
