@@ -151,7 +151,8 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
         if (e->max_nodes < opts->reserve_budget + 1) e->max_nodes = opts->reserve_budget + 1;
         if (e->max_nodes < e->depth + 1) e->max_nodes = e->depth + 1;
     }
-    ddt_target_options topt = {e->max_ctx, e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK,
+    const int32_t max_tokens = e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK;
+    ddt_target_options topt = {e->max_ctx, max_tokens,
                                opts->n_threads, dflash ? dcfg->target_layer_ids : NULL,
                                dflash ? dcfg->n_target_layers : 0};
     st = ddt_target_load(model_dir, &topt, &e->target, err);
@@ -167,7 +168,8 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
         st = ddt_drafter_load(opts->draft_dir, &dt, &dopt, &e->drafter, err);
         if (st) goto fail;
     }
-    /* the round's k = min(budget, kmax) whatever the reserve, so a switched engine builds the trees a fresh one would */
+    /* the round's k = min(budget, kmax) whatever the reserve, so a switched engine builds
+     * the trees a fresh one would */
     int32_t kcap = opts->mode == DDT_MODE_TREE ? opts->budget : 1;
     if (spec && opts->reserve_budget > kcap) kcap = opts->reserve_budget;
     e->kmax = ddt_engine_topk_cap(kcap, e->vocab);
@@ -184,7 +186,7 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
         goto fail;
     }
     for (int32_t i = 0; i < DDT_ENGINE_PREFILL_CHUNK; i++) e->rows[i] = i;
-    st = ddt_tree_alloc(e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK, &e->tree, err);
+    st = ddt_tree_alloc(max_tokens, &e->tree, err);
     if (st) goto fail;
     st = ddt_builder_create(e->max_nodes - 1, &e->builder, err);
     if (st) goto fail;

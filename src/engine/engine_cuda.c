@@ -138,7 +138,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     }
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
     ddt_cuda_target_options topt = {.max_ctx = max_ctx,
-                                    .max_tokens = e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK,
+                                    .max_tokens = e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes
+                                                                                          : DDT_ENGINE_PREFILL_CHUNK,
                                     .capture_layers = dflash ? dcfg.target_layer_ids : NULL,
                                     .n_capture = dflash ? dcfg.n_target_layers : 0,
                                     .fast_attention = opts->fast_attention,
