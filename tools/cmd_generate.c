@@ -284,8 +284,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         }
         text[len < cap ? len : cap - 1] = '\0';
     }
-    const char *why = n_out >= a.max_new ? "max tokens" : n_stop && n_out && (out[n_out - 1] == stop[0] ||
-                      (n_stop > 1 && out[n_out - 1] == stop[1])) ? "stop token" : "context full";
+    const char *why = ddt_stop_reason_name(gs.stop_reason);
     if (a.json) {
         json_t *o = json_object();
         json_t *ids = json_array();
@@ -309,7 +308,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         putchar('\n');
         fflush(stdout); /* before the summary on stderr */
     }
-    if (!strcmp(why, "context full"))
+    if (gs.stop_reason == DDT_STOP_CONTEXT)
         fprintf(stderr, "ddtree generate: stopped after %d tokens: the context of %lld tokens is full\n", n_out, ctx);
     fprintf(stderr,
             "ddtree generate: mode %s%s on %s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "

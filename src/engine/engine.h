@@ -93,6 +93,19 @@ typedef struct ddt_engine_options {
 /* The backend an engine created with these options runs on (auto resolved). */
 ddt_backend ddt_engine_backend(const ddt_engine_options *o);
 
+/* Why a generation ended (ddt_gen_stats.stop_reason).  When one round meets
+ * several, a stop id wins over max_new, and both over the callback. */
+typedef enum ddt_stop_reason {
+    DDT_STOP_NONE = 0,       /* not finished (stats of a failed call) */
+    DDT_STOP_MAX_TOKENS = 1, /* max_new tokens emitted (also max_new = 0) */
+    DDT_STOP_TOKEN = 2,      /* an id of the stop list was emitted (it is the last token) */
+    DDT_STOP_CONTEXT = 3,    /* the context is full */
+    DDT_STOP_CANCELLED = 4   /* the emit callback returned false */
+} ddt_stop_reason;
+
+/* "max tokens", "stop token", "context full", "cancelled" or "none". */
+const char *ddt_stop_reason_name(ddt_stop_reason r);
+
 typedef struct ddt_gen_stats {
     int32_t prompt_tokens;
     int32_t tokens;            /* emitted */
@@ -102,6 +115,7 @@ typedef struct ddt_gen_stats {
     double mean_acceptance;    /* accepted / rounds: tau */
     double t_prefill, t_draft, t_build, t_verify, t_walk, t_commit, t_total; /* seconds */
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
+    ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
 } ddt_gen_stats;
 
 /* Called with each round's emitted tokens, in order, as soon as they are known.
@@ -141,7 +155,8 @@ const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
 /*
  * Generate up to max_new tokens after prompt[0..n_prompt) (n_prompt >= 1) from a
  * fresh context; stops early after any id in stop[0..n_stop) (which is emitted)
- * or when the context is full.  out [max_new] receives the emitted ids.
+ * or when the context is full.  out [max_new] receives the emitted ids;
+ * stats->stop_reason says which of these ended it.
  */
 ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_prompt,
                                int32_t max_new, const int32_t *stop, int32_t n_stop,

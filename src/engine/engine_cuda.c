@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_cuda.h"
@@ -18,13 +17,12 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/emitter.h"
+#include "engine/round.h"
 #include "model/drafter.h"
 #include "model/drafter_cuda.h"
 #include "model/target_cuda.h"
 
-#define PREFILL_CHUNK 64
 #define N_EVENTS 6
-#define COST_POINTS 16 /* node-count points of the measured verify cost */
 
 struct ddt_engine_cuda {
     ddt_engine_options opts;
@@ -57,7 +55,7 @@ struct ddt_engine_cuda {
     bool auto_budget;
     ddt_builder *builder;
     ddt_cost_model cost;
-    float cost_nodes[COST_POINTS], cost_verify[COST_POINTS];
+    float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
     float *logq_h;         /* [depth][kmax] */
     int32_t *ttok_h;       /* [depth][kmax] */
     int32_t *dep_h;        /* [max_nodes] */
@@ -79,12 +77,6 @@ static int next_mode(const ddt_engine_cuda *e) {
     if (e->opts.sampling.temperature <= 0.0f) return NEXT_ARGMAX;
     if (e->opts.cuda_host_sampler) return NEXT_HOST;
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 #define TRY(call)                      \
@@ -162,7 +154,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     }
     e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
     ddt_cuda_target_options topt = {.max_ctx = max_ctx,
-                                    .max_tokens = e->max_nodes > PREFILL_CHUNK ? e->max_nodes : PREFILL_CHUNK,
+                                    .max_tokens = e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes
+                                                                                          : DDT_ENGINE_PREFILL_CHUNK,
                                     .capture_layers = dflash ? dcfg.target_layer_ids : NULL,
                                     .n_capture = dflash ? dcfg.n_target_layers : 0,
                                     .fast_attention = opts->fast_attention,
@@ -181,8 +174,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if ((st = ddt_cuda_drafter_load(opts->draft_dir, &dt, max_ctx, &e->drafter, err)) != DDT_OK) goto fail;
         for (int32_t i = 0; i < e->n_capture; i++) e->capture[i] = ddt_cuda_target_hidden(e->target, i);
     }
-    e->kmax = opts->mode == DDT_MODE_TREE ? (opts->budget < e->vocab ? opts->budget : e->vocab) : 1;
-    if (e->kmax > 1024) e->kmax = 1024;
+    e->kmax = ddt_engine_topk_cap(opts->mode == DDT_MODE_TREE ? opts->budget : 1, e->vocab);
     const size_t drows = e->depth > 0 ? (size_t)e->depth : 1, V = (size_t)e->vocab;
     if ((st = dmalloc((void **)&e->ids, (size_t)max_ctx, sizeof(int32_t), err)) ||
         (st = dmalloc((void **)&e->logits, (size_t)e->max_nodes * V, sizeof(float), err)) ||
@@ -410,9 +402,8 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
  * round instead of one and no graph — the price of a data-dependent node count
  * (a device-side cost-aware builder is the next step: NOTES.md).
  */
-static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t bonus, int32_t len, uint64_t round,
-                             bool greedy, int32_t *n_out, ddt_error *err) {
-    const int32_t k = budget < e->kmax ? budget : e->kmax;
+static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, int32_t len,
+                             uint64_t round, bool greedy, int32_t *n_out, ddt_error *err) {
     const size_t cells = (size_t)e->depth * (size_t)k;
     DDT_CUDA_TRY(mark(e, 0), err);
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
@@ -460,43 +451,47 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t bonus, 
     return walk_on_host(e, round, err);
 }
 
-/* Measure C_verify(n) and the draft cost on this GPU for the auto budget: a
- * forward of 1 + n tokens (what verifying n nodes costs), best of three after a
- * warm-up, made non-decreasing so that noise cannot end a build early. */
+/* The seconds between events 0 and 1 once 1 has happened, as the float
+ * ms * 1e-3f (the value this engine has always stored). */
+static ddt_status event_seconds(ddt_engine_cuda *e, double *seconds, ddt_error *err) {
+    DDT_CUDA_TRY(cudaEventSynchronize(e->ev[1]), err);
+    float ms = 0.0f;
+    DDT_CUDA_TRY(cudaEventElapsedTime(&ms, e->ev[0], e->ev[1]), err);
+    *seconds = (double)(ms * 1e-3f);
+    return DDT_OK;
+}
+
+/* A forward of n tokens from an empty cache: what verifying n - 1 nodes costs. */
+static ddt_status time_forward(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    ddt_engine_cuda *e = ctx;
+    TRY(ddt_cuda_target_reset(e->target, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    TRY(ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+    return event_seconds(e, seconds, err);
+}
+
+static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    ddt_engine_cuda *e = ctx;
+    (void)n;
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
+    TRY(ddt_cuda_drafter_draft(e->drafter, e->ids, e->draft_logits, e->s, err));
+    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
+    return event_seconds(e, seconds, err);
+}
+
+/* Measure C_verify(n) and the draft cost on this GPU for the auto budget
+ * (round.h: best of three after a warm-up, non-decreasing), timed with events. */
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
-    const int32_t pts = ddt_engine_cost_points(e->max_nodes - 1, e->cost_nodes, COST_POINTS);
     DDT_CUDA_TRY(cudaMemsetAsync(e->ids, 0, sizeof(int32_t) * (size_t)e->max_nodes, e->s), err);
-    for (int32_t p = 0; p < pts; p++) {
-        const int32_t n = (int32_t)e->cost_nodes[p] + 1;
-        float best = 1e30f;
-        for (int rep = 0; rep < 4; rep++) {
-            TRY(ddt_cuda_target_reset(e->target, err));
-            DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
-            TRY(ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err));
-            DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
-            DDT_CUDA_TRY(cudaEventSynchronize(e->ev[1]), err);
-            float ms = 0.0f;
-            DDT_CUDA_TRY(cudaEventElapsedTime(&ms, e->ev[0], e->ev[1]), err);
-            if (rep > 0 && ms < best) best = ms; /* rep 0 warms up */
-        }
-        e->cost_verify[p] = best * 1e-3f > 1e-7f ? best * 1e-3f : 1e-7f;
-        if (p > 0 && e->cost_verify[p] < e->cost_verify[p - 1]) e->cost_verify[p] = e->cost_verify[p - 1];
-    }
-    float draft = 1e30f;
-    for (int rep = 0; rep < 4; rep++) {
-        DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
-        TRY(ddt_cuda_drafter_draft(e->drafter, e->ids, e->draft_logits, e->s, err));
-        DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
-        DDT_CUDA_TRY(cudaEventSynchronize(e->ev[1]), err);
-        float ms = 0.0f;
-        DDT_CUDA_TRY(cudaEventElapsedTime(&ms, e->ev[0], e->ev[1]), err);
-        if (rep > 0 && ms < draft) draft = ms;
-    }
+    ddt_cost_model cost;
+    TRY(ddt_engine_measure_cost(e->max_nodes - 1, time_forward, time_draft, e, e->cost_nodes, e->cost_verify, &cost,
+                                err));
     TRY(ddt_cuda_target_reset(e->target, err));
     TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
-    e->cost = (ddt_cost_model){draft * 1e-3f, pts, e->cost_nodes, 1, NULL, e->cost_verify, 0.0f};
-    return ddt_cost_check(&e->cost, err);
+    e->cost = cost;
+    return DDT_OK;
 }
 
 /* The first token (after the prompt) or an AR step's token from logits row 0. */
@@ -549,27 +544,27 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                           e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
     TRY(ddt_cuda_target_reset(e->target, err));
     if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
-    ddt_emitter em = {out, 0, max_new, stop, n_stop, max_new == 0, emit_fn, emit_ctx};
-    double t_start = now_s();
+    ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
+    double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
     DDT_CUDA_TRY(cudaMemcpyAsync(e->ids, prompt, sizeof(int32_t) * (size_t)n_prompt, cudaMemcpyHostToDevice, e->s),
                  err);
-    for (int32_t i = 0; i < n_prompt; i += PREFILL_CHUNK) {
-        int32_t c = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
+    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
         TRY(ddt_cuda_target_prefill(e->target, e->ids + i, c, e->logits, false, err));
         if (e->drafter) TRY(ddt_cuda_drafter_append_prefix(e->drafter, e->capture, c, e->s, err));
     }
     int32_t bonus;
     TRY(next_token(e, 0, &bonus, err));
     TRY(check_kv(e, err));
-    double t_decode = now_s();
+    double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     ddt_emitter_push(&em, &bonus, 1);
     int32_t len = n_prompt;
     for (uint64_t round = 1; !em.done; round++) {
         const int32_t room = e->max_ctx - len - 1;
         if (room < 0) break;
-        double t0 = now_s();
+        double t0 = ddt_engine_now();
         int32_t n = 0, m;
         if (e->opts.mode == DDT_MODE_AR && on_device) {
             if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
@@ -586,16 +581,13 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
             TRY(next_token(e, round, &bonus, err));
             n = m = 1;
-            s.t_verify += now_s() - t0;
+            s.t_verify += ddt_engine_now() - t0;
             ddt_emitter_push(&em, &bonus, 1);
         } else {
-            int32_t budget = e->opts.mode == DDT_MODE_TREE ? e->opts.budget : e->depth;
-            if (budget > room) budget = room;
-            int32_t k = e->opts.mode == DDT_MODE_TREE ? (budget < e->kmax ? budget : e->kmax) : 1;
-            if (k < 1) k = 1;
+            int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
             if (budget < 1) break; /* no node fits: the context is full */
             if (e->auto_budget) {
-                TRY(auto_round(e, budget, bonus, len, round, greedy, &n, err));
+                TRY(auto_round(e, budget, k, bonus, len, round, greedy, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1) {
@@ -633,7 +625,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     }
     TRY(check_kv(e, err));
     (void)bonus;
-    double t_end = now_s();
+    double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     *n_out = em.n;
     if (stats) *stats = s;

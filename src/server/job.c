@@ -51,7 +51,11 @@ void ddt_job_release(ddt_job *j) {
     free(j);
 }
 
-const char *ddt_job_finish_reason(const ddt_job *j) { return j->stop_hit ? "stop" : "length"; }
+/* "stop" when a stop token ended the generation (the engine says so) or a stop
+ * string the text (only the server knows those: it cancelled the engine for it). */
+const char *ddt_job_finish_reason(const ddt_job *j) {
+    return j->stats.stop_reason == DDT_STOP_TOKEN || j->text.stopped ? "stop" : "length";
+}
 
 /* The engine's per-round callback: text for the client, and whether to go on. */
 static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {

@@ -58,7 +58,8 @@ typedef struct ddt_job {
 ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop);
 void ddt_job_retain(ddt_job *j);
 void ddt_job_release(ddt_job *j);
-/* "stop" or "length" for a finished job (call under its mutex). */
+/* "stop" or "length" for a finished job (call under its mutex): from the
+ * engine's stop reason, and the stop strings the text matched. */
 const char *ddt_job_finish_reason(const ddt_job *j);
 
 typedef struct ddt_job_queue {

@@ -49,6 +49,19 @@ def test_cli_tree_and_chain_equal_ar(prompt):
             assert st["seconds"][phase] >= 0.0
 
 
+def test_cli_stop_reason():
+    """--json's stop_reason is the engine's: max tokens, or a full context (also in tree mode)."""
+    base = ["--model", TARGET, "--prompt-ids", "100,3,250,17,42,9,1,77"]
+    for extra in ([], ["--draft", DRAFT, "--mode", "tree", "--budget", "8"]):
+        out = gen_json(*base, *extra, "--max-tokens", "5")
+        assert out["stop_reason"] == "max tokens" and len(out["ids"]) == 5
+        out = gen_json(*base, *extra, "--max-tokens", "30", "--ctx", "12")
+        assert out["stop_reason"] == "context full" and len(out["ids"]) == 12 - 8 + 1
+    r = run(*base, "--max-tokens", "30", "--ctx", "12", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert "the context of 12 tokens is full" in r.stderr and "(context full)" in r.stderr
+
+
 def test_cli_streams_ids_and_summary():
     r = run("--model", TARGET, "--draft", DRAFT, "--mode", "tree", "--budget", "8", "--prompt-ids", "5,6,7",
             "--max-tokens", "12", "--threads", "2")

@@ -1,0 +1,43 @@
+/*
+ * backend_cuda.c — the backend tables (backend.h) of the CUDA engines: one GPU
+ * (engine_cuda.h) and several over NCCL (engine_multi_cuda.h).  Both take the
+ * same calls on their own engine type (named as their functions' prefix); the
+ * adapters are written once, below.
+ * Neither switches mode or budget after create, and neither reports its
+ * measured cost model (ddt_engine_cost gives NULL, as it always has on CUDA).
+ */
+#include "engine/backend.h"
+#include "engine/engine_cuda.h"
+#include "engine/engine_multi_cuda.h"
+
+#define CUDA_BACKEND(NAME, P)                                                                                     \
+    static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
+                                    const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
+        P *e = NULL;                                                                                              \
+        ddt_status st = P##_create(model_dir, opts, setup->max_ctx, &e, err);                                     \
+        *out = e;                                                                                                 \
+        return st;                                                                                                \
+    }                                                                                                             \
+    static void NAME##_free(void *e) { P##_free(e); }                                                             \
+    static int32_t NAME##_vocab(const void *e) { return P##_vocab(e); }                                           \
+    static const ddt_model_config *NAME##_model_config(const void *e) { return P##_model_config(e); }             \
+    static void NAME##_set_sampling(void *e, const ddt_sampling *s) { P##_set_sampling(e, s); }                   \
+    static ddt_status NAME##_generate(void *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,          \
+                                      const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,          \
+                                      ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats,                  \
+                                      ddt_error *err) {                                                           \
+        return P##_generate(e, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn, emit_ctx, stats,     \
+                            err);                                                                                 \
+    }                                                                                                             \
+    const ddt_engine_backend_ops ddt_engine_##NAME##_backend = {                                                  \
+        .name = #NAME,                                                                                            \
+        .create = NAME##_create,                                                                                  \
+        .free = NAME##_free,                                                                                      \
+        .vocab = NAME##_vocab,                                                                                    \
+        .model_config = NAME##_model_config,                                                                      \
+        .set_sampling = NAME##_set_sampling,                                                                      \
+        .generate = NAME##_generate,                                                                              \
+    };
+
+CUDA_BACKEND(cuda, ddt_engine_cuda)
+CUDA_BACKEND(multi, ddt_engine_multi)

@@ -1,0 +1,412 @@
+/*
+ * engine_cpu.c — the ar / chain / tree decoding loops on the CPU backend (see
+ * engine.h for the round, backend.h for the interface engine.c calls).
+ * Everything a round touches is allocated in create; generate allocates nothing.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/zsort.h"
+#include "engine/backend.h"
+#include "engine/emitter.h"
+#include "engine/round.h"
+#include "model/drafter.h"
+#include "model/target.h"
+
+typedef struct cpu_engine {
+    ddt_engine_options opts;
+    ddt_target *target;
+    ddt_drafter *drafter;
+    int32_t vocab, max_ctx, depth, kmax, max_nodes, n_capture;
+    float *logits;        /* [max_nodes][vocab] verify logits (prefill: row 0) */
+    float *draft_logits;  /* [depth][vocab] */
+    float *logq;          /* [depth][kmax] */
+    int32_t *table_tok;   /* [depth][kmax] */
+    ddt_zid *pairs;       /* [vocab] top-K scratch */
+    int32_t *rows;        /* [DDT_ENGINE_PREFILL_CHUNK] 0..DDT_ENGINE_PREFILL_CHUNK-1 */
+    ddt_tree tree;
+    ddt_builder *builder;
+    ddt_sampler *sampler;
+    bool have_cost;
+    ddt_cost_model cost;
+    float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
+} cpu_engine;
+
+/* ------------------------------------------------------------------ top-K */
+
+/* The top k of z[0..v) by (z desc, id asc) as log-probabilities z - logsumexp(z). */
+static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid *scratch, float *logq,
+                                  int32_t *tok, int32_t row, ddt_error *err) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < v; i++) {
+        if (isnan(z[i])) return ddt_fail(err, DDT_ERR_INVALID, "drafter logit [%d][%d] is NaN", row, i);
+        if (z[i] > m) m = z[i];
+    }
+    double s = 0.0;
+    for (int32_t i = 0; i < v; i++) s += exp((double)z[i] - (double)m);
+    float lse = (float)((double)m + log(s));
+    ddt_zid_top_k(z, v, k, scratch);
+    for (int32_t i = 0; i < k; i++) {
+        logq[i] = scratch[i].z - lse;
+        tok[i] = scratch[i].id;
+    }
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ create */
+
+static void cpu_free(void *impl) {
+    cpu_engine *e = impl;
+    if (!e) return;
+    ddt_drafter_free(e->drafter);
+    ddt_target_free(e->target);
+    free(e->logits);
+    free(e->draft_logits);
+    free(e->logq);
+    free(e->table_tok);
+    free(e->pairs);
+    free(e->rows);
+    ddt_tree_free(&e->tree);
+    ddt_builder_destroy(e->builder);
+    ddt_sampler_destroy(e->sampler);
+    free(e);
+}
+
+/* A star tree of n nodes (root + n-1 children) for timing verify. */
+static void make_star(ddt_tree *t, int32_t n, int32_t vocab) {
+    t->n_nodes = n;
+    memset(t->vis, 0, (size_t)n * (size_t)t->vis_words * sizeof(uint64_t));
+    for (int32_t i = 0; i < n; i++) {
+        t->token[i] = i % vocab;
+        t->parent[i] = i ? 0 : -1;
+        t->depth[i] = i ? 1 : 0;
+        uint64_t *row = t->vis + (size_t)i * (size_t)t->vis_words;
+        row[0] |= 1u;
+        row[i >> 6] |= (uint64_t)1 << (i & 63);
+    }
+}
+
+/* Time one verify of n nodes (a star tree) after the committed token. */
+static ddt_status time_verify(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    cpu_engine *e = ctx;
+    make_star(&e->tree, n, e->vocab);
+    double t0 = ddt_engine_now();
+    ddt_status st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, n,
+                                      NULL, err);
+    *seconds = ddt_engine_now() - t0;
+    return st;
+}
+
+static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    cpu_engine *e = ctx;
+    (void)n;
+    double t0 = ddt_engine_now();
+    ddt_status st = ddt_drafter_draft(e->drafter, 0, e->draft_logits, err);
+    *seconds = ddt_engine_now() - t0;
+    return st;
+}
+
+/* Measure C_verify(n) on this machine (round.h): verify of 1 + n nodes after one
+ * committed token, and the drafter's draft. */
+static ddt_status measure_cost(cpu_engine *e, ddt_error *err) {
+    int32_t zero = 0;
+    ddt_status st = ddt_target_prefill(e->target, &zero, 1, NULL, false, err);
+    if (st) return st;
+    st = ddt_engine_measure_cost(e->opts.budget, time_verify, e->drafter ? time_draft : NULL, e, e->cost_nodes,
+                                 e->cost_verify, &e->cost, err);
+    if (st) return st;
+    st = ddt_target_rollback(e->target, 0, err);
+    if (st) return st;
+    e->have_cost = true;
+    return DDT_OK;
+}
+
+static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *opts, const ddt_engine_setup *setup,
+                             void **out, ddt_error *err) {
+    *out = NULL;
+    ddt_status st;
+    cpu_engine *e = calloc(1, sizeof *e);
+    if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
+    e->opts = *opts;
+    e->opts.cost = NULL;
+    e->opts.backend = DDT_BACKEND_CPU;
+    e->max_ctx = setup->max_ctx;
+    /* a reserve keeps the drafter loaded in ar mode so later generations can switch */
+    const bool spec = ddt_engine_drafts(opts);
+    /* the drafter's config names the target layers whose features it needs */
+    const ddt_drafter_config *dcfg = setup->draft;
+    const bool dflash = dcfg != NULL;
+    if (dflash) {
+        e->depth = dcfg->block_size - 1;
+        e->n_capture = dcfg->n_target_layers;
+    } else {
+        e->depth = spec ? opts->draft_depth : 0;
+    }
+    e->max_nodes = opts->mode == DDT_MODE_TREE ? opts->budget + 1
+                 : opts->mode == DDT_MODE_CHAIN ? e->depth + 1 : 1;
+    if (spec && opts->reserve_budget > 0) {
+        if (e->max_nodes < opts->reserve_budget + 1) e->max_nodes = opts->reserve_budget + 1;
+        if (e->max_nodes < e->depth + 1) e->max_nodes = e->depth + 1;
+    }
+    const int32_t max_tokens = e->max_nodes > DDT_ENGINE_PREFILL_CHUNK ? e->max_nodes : DDT_ENGINE_PREFILL_CHUNK;
+    ddt_target_options topt = {e->max_ctx, max_tokens,
+                               opts->n_threads, dflash ? dcfg->target_layer_ids : NULL,
+                               dflash ? dcfg->n_target_layers : 0};
+    st = ddt_target_load(model_dir, &topt, &e->target, err);
+    if (st) goto fail;
+    e->vocab = ddt_target_vocab(e->target);
+    if (dflash) {
+        /* the drafter borrows the target's embedding, LM head and threads: it runs
+         * between target forwards, never beside them */
+        const ddt_model_config *tc = ddt_target_config(e->target);
+        ddt_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, e->vocab,
+                                 ddt_target_embed(e->target), ddt_target_lm_head(e->target)};
+        ddt_drafter_options dopt = {e->max_ctx, opts->n_threads, ddt_target_pool(e->target)};
+        st = ddt_drafter_load(opts->draft_dir, &dt, &dopt, &e->drafter, err);
+        if (st) goto fail;
+    }
+    /* the round's k = min(budget, kmax) whatever the reserve, so a switched engine builds
+     * the trees a fresh one would */
+    int32_t kcap = opts->mode == DDT_MODE_TREE ? opts->budget : 1;
+    if (spec && opts->reserve_budget > kcap) kcap = opts->reserve_budget;
+    e->kmax = ddt_engine_topk_cap(kcap, e->vocab);
+    size_t depth_rows = e->depth > 0 ? (size_t)e->depth : 1;
+    e->logits = ddt_malloc_array((size_t)e->max_nodes * (size_t)e->vocab, sizeof(float));
+    e->draft_logits = ddt_malloc_array(depth_rows * (size_t)e->vocab, sizeof(float));
+    e->logq = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(float));
+    e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
+    e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(ddt_zid));
+    e->rows = ddt_malloc_array(DDT_ENGINE_PREFILL_CHUNK, sizeof(int32_t));
+    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs || !e->rows) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's buffers (vocab %d, %d nodes)",
+                      e->vocab, e->max_nodes);
+        goto fail;
+    }
+    for (int32_t i = 0; i < DDT_ENGINE_PREFILL_CHUNK; i++) e->rows[i] = i;
+    st = ddt_tree_alloc(max_tokens, &e->tree, err);
+    if (st) goto fail;
+    st = ddt_builder_create(e->max_nodes - 1, &e->builder, err);
+    if (st) goto fail;
+    st = ddt_sampler_create(e->vocab, &e->sampler, err);
+    if (st) goto fail;
+    if (opts->mode == DDT_MODE_TREE && opts->budget_auto) {
+        if (opts->cost) {
+            memcpy(e->cost_nodes, opts->cost->nodes, (size_t)opts->cost->n_nodes * sizeof(float));
+            memcpy(e->cost_verify, opts->cost->verify, (size_t)opts->cost->n_nodes * sizeof(float));
+            e->cost = *opts->cost;
+            e->cost.nodes = e->cost_nodes;
+            e->cost.verify = e->cost_verify;
+            e->have_cost = true;
+        } else {
+            st = measure_cost(e, err);
+            if (st) goto fail;
+        }
+    }
+    *out = e;
+    return DDT_OK;
+fail:
+    cpu_free(e);
+    return st;
+}
+
+static int32_t cpu_vocab(const void *impl) { return ((const cpu_engine *)impl)->vocab; }
+
+static const ddt_model_config *cpu_model_config(const void *impl) {
+    return ddt_target_config(((const cpu_engine *)impl)->target);
+}
+
+static void cpu_set_sampling(void *impl, const ddt_sampling *s) { ((cpu_engine *)impl)->opts.sampling = *s; }
+
+static const ddt_cost_model *cpu_cost(const void *impl) {
+    const cpu_engine *e = impl;
+    return e->have_cost && e->opts.budget_auto ? &e->cost : NULL;
+}
+
+static ddt_status cpu_set_speculation(void *impl, ddt_mode mode, int32_t budget, bool budget_auto, ddt_error *err) {
+    cpu_engine *e = impl;
+    if (mode != DDT_MODE_AR && !e->drafter && !e->opts.draft_fn)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode %s needs a drafter, and this engine was started without one",
+                        ddt_mode_name(mode));
+    if (mode != DDT_MODE_AR && e->depth < 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode %s: the engine was created for ar only (no reserved budget)",
+                        ddt_mode_name(mode));
+    if (mode == DDT_MODE_CHAIN && e->depth + 1 > e->max_nodes)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode chain verifies %d nodes, the engine holds %d", e->depth + 1,
+                        e->max_nodes);
+    if (mode == DDT_MODE_TREE && (budget < 1 || budget > e->max_nodes - 1))
+        return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside the 1..%d nodes this engine allocated", budget,
+                        e->max_nodes - 1);
+    ddt_engine_options prev = e->opts;
+    e->opts.mode = mode;
+    if (mode == DDT_MODE_TREE) e->opts.budget = budget;
+    e->opts.budget_auto = budget_auto;
+    /* the cost table's points run up to the budget it was measured for */
+    bool fits = e->have_cost && e->cost.n_nodes > 0 && e->cost.nodes[e->cost.n_nodes - 1] >= (float)budget;
+    if (budget_auto && !fits) {
+        ddt_status st = measure_cost(e, err);
+        if (st) {
+            e->opts = prev;
+            return st;
+        }
+    }
+    return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ generate */
+
+/* The walk's callback: the target's next token at one node of the last verify,
+ * keyed (seed, round, node) so any backend draws the same sample. */
+typedef struct node_sampler {
+    cpu_engine *e;
+    const ddt_sampling *samp;
+    uint64_t round;
+} node_sampler;
+
+static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
+    const node_sampler *ns = ctx;
+    cpu_engine *e = ns->e;
+    return ddt_sample_token(e->sampler, e->logits + (size_t)node * (size_t)e->vocab, e->vocab, ns->samp,
+                            ns->round, (uint32_t)node, token, err);
+}
+
+/* Append the drafter features of rows[0..m) of the last target forward. */
+static ddt_status feed_drafter(cpu_engine *e, const int32_t *rows, int32_t m, ddt_error *err) {
+    if (!e->drafter || m == 0) return DDT_OK;
+    const float *layers[DDT_TARGET_MAX_CAPTURE];
+    int32_t n_rows = 0;
+    for (int32_t s = 0; s < e->n_capture; s++) {
+        layers[s] = ddt_target_hidden(e->target, s, &n_rows);
+        if (!layers[s]) return ddt_fail(err, DDT_ERR_INTERNAL, "target hidden-state capture %d missing", s);
+    }
+    return ddt_drafter_append_rows(e->drafter, layers, n_rows, rows, m, err);
+}
+
+/* Fill the draft table [depth][k] for the block after the committed context. */
+static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
+    int32_t pos = ddt_target_len(e->target);
+    if (e->opts.draft_fn)
+        return e->opts.draft_fn(e->opts.draft_ctx, bonus, pos, e->depth, k, e->logq, e->table_tok, err);
+    ddt_status st = ddt_drafter_draft(e->drafter, bonus, e->draft_logits, err);
+    if (st) return st;
+    for (int32_t d = 0; d < e->depth; d++) {
+        st = topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
+                             e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
+        if (st) return st;
+    }
+    return DDT_OK;
+}
+
+static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                               const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
+                               void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
+    cpu_engine *e = impl;
+    ddt_gen_stats s;
+    memset(&s, 0, sizeof s);
+    ddt_status st = ddt_target_rollback(e->target, 0, err);
+    if (st) return st;
+    if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
+
+    ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
+    const ddt_sampling *samp = &e->opts.sampling;
+    double t_start = ddt_engine_now();
+    s.prompt_tokens = n_prompt;
+    /* prompt, in chunks; the drafter gets every chunk's features */
+    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
+        st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
+        if (st) return st;
+        st = feed_drafter(e, e->rows, c, err);
+        if (st) return st;
+    }
+    int32_t bonus;
+    st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, 0, 0, &bonus, err);
+    if (st) return st;
+    double t_decode = ddt_engine_now();
+    s.t_prefill = t_decode - t_start;
+    ddt_emitter_push(&em, &bonus, 1);
+
+    for (uint64_t round = 1; !em.done; round++) {
+        int32_t len = ddt_target_len(e->target);
+        int32_t room = e->max_ctx - len - 1; /* nodes beyond the root that still fit */
+        if (room < 0) break;                 /* context full */
+        double t0 = ddt_engine_now(), t1, t2, t3, t4;
+        int32_t n;
+        if (e->opts.mode == DDT_MODE_AR) {
+            t1 = t2 = ddt_engine_now();
+            st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err);
+            if (st) return st;
+            t3 = ddt_engine_now();
+            st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, round, 0, &bonus, err);
+            if (st) return st;
+            t4 = ddt_engine_now();
+            n = 1;
+            s.accepted += 1;
+            ddt_emitter_push(&em, &bonus, 1);
+        } else {
+            int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
+            st = draft_table(e, bonus, k, err);
+            if (st) return st;
+            t1 = ddt_engine_now();
+            ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
+            if (e->opts.mode == DDT_MODE_TREE) {
+                const bool use_cost = e->have_cost && e->opts.budget_auto;
+                if (use_cost) e->cost.context_len = (float)len;
+                st = ddt_tree_build(e->builder, &tb, bonus, budget, use_cost ? &e->cost : NULL,
+                                    e->vocab, &e->tree, err);
+            } else {
+                st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);
+            }
+            if (st) return st;
+            t2 = ddt_engine_now();
+            n = e->tree.n_nodes;
+            st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
+                                   e->tree.vis_words, n, e->logits, err);
+            if (st) return st;
+            t3 = ddt_engine_now();
+            /* the target's token is drawn only at the nodes the walk visits */
+            node_sampler ns = {e, samp, round};
+            ddt_walk_result w;
+            st = ddt_tree_walk_fn(&e->tree, sample_node, &ns, e->vocab, &w, err);
+            if (st) return st;
+            t4 = ddt_engine_now();
+            st = ddt_target_commit(e->target, w.path, w.length, err);
+            if (st) return st;
+            st = feed_drafter(e, w.path, w.length, err);
+            if (st) return st;
+            int32_t ids[DDT_MAX_PATH];
+            for (int32_t i = 1; i < w.length; i++) ids[i - 1] = e->tree.token[w.path[i]];
+            ids[w.length - 1] = w.bonus;
+            bonus = w.bonus;
+            s.accepted += w.length;
+            ddt_emitter_push(&em, ids, w.length);
+        }
+        double t5 = ddt_engine_now();
+        s.rounds++;
+        s.nodes_verified += n;
+        s.t_draft += t1 - t0;
+        s.t_build += t2 - t1;
+        s.t_verify += t3 - t2;
+        s.t_walk += t4 - t3;
+        s.t_commit += t5 - t4;
+    }
+    double t_end = ddt_engine_now();
+    ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
+    *n_out = em.n;
+    if (stats) *stats = s;
+    return DDT_OK;
+}
+
+const ddt_engine_backend_ops ddt_engine_cpu_backend = {
+    .name = "cpu",
+    .create = cpu_create,
+    .free = cpu_free,
+    .vocab = cpu_vocab,
+    .model_config = cpu_model_config,
+    .set_sampling = cpu_set_sampling,
+    .set_speculation = cpu_set_speculation,
+    .cost = cpu_cost,
+    .generate = cpu_generate,
+};

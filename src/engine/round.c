@@ -1,0 +1,72 @@
+/*
+ * round.c — see round.h.
+ */
+#include "engine/round.h"
+
+#include <time.h>
+
+_Static_assert(DDT_MAX_BUDGET <= 1024, "DDT_ENGINE_COST_POINTS = 12 holds the cost points of budgets up to 1024");
+
+double ddt_engine_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int32_t ddt_engine_topk_cap(int32_t budget, int32_t vocab) {
+    int32_t k = budget < vocab ? budget : vocab;
+    if (k > DDT_MAX_TOPK) k = DDT_MAX_TOPK;
+    return k < 1 ? 1 : k;
+}
+
+int32_t ddt_engine_round_nodes(ddt_mode mode, int32_t budget, int32_t depth, int32_t room, int32_t kmax,
+                               int32_t *k) {
+    int32_t nodes = mode == DDT_MODE_TREE ? budget : depth;
+    if (nodes > room) nodes = room;
+    int32_t kk = mode == DDT_MODE_TREE ? (nodes < kmax ? nodes : kmax) : 1;
+    *k = kk < 1 ? 1 : kk;
+    return nodes;
+}
+
+int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points) {
+    int32_t pts = 0;
+    for (int32_t n = 0; n <= budget && pts < max_points; n = n ? 2 * n : 1) {
+        nodes[pts++] = (float)n;
+        if (pts < max_points && 2 * n > budget && n != budget) {
+            nodes[pts++] = (float)budget;
+            break;
+        }
+    }
+    return pts;
+}
+
+/* The best of DDT_ENGINE_COST_REPS runs after a warm-up. */
+static ddt_status best_of(ddt_cost_timer_fn timer, void *ctx, int32_t n, double *best, ddt_error *err) {
+    *best = 1e30;
+    for (int rep = 0; rep <= DDT_ENGINE_COST_REPS; rep++) {
+        double dt;
+        ddt_status st = timer(ctx, n, &dt, err);
+        if (st) return st;
+        if (rep > 0 && dt < *best) *best = dt; /* rep 0 warms up */
+    }
+    return DDT_OK;
+}
+
+ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, ddt_cost_timer_fn draft,
+                                   void *ctx, float *nodes, float *verify, ddt_cost_model *out, ddt_error *err) {
+    const int32_t pts = ddt_engine_cost_points(budget, nodes, DDT_ENGINE_COST_POINTS);
+    for (int32_t p = 0; p < pts; p++) {
+        double best;
+        ddt_status st = best_of(forward, ctx, (int32_t)nodes[p] + 1, &best, err);
+        if (st) return st;
+        verify[p] = (float)(best > 1e-7 ? best : 1e-7);
+        if (p > 0 && verify[p] < verify[p - 1]) verify[p] = verify[p - 1];
+    }
+    double d = 0.0;
+    if (draft) {
+        ddt_status st = best_of(draft, ctx, 0, &d, err);
+        if (st) return st;
+    }
+    *out = (ddt_cost_model){(float)d, pts, nodes, 1, NULL, verify, 0.0f};
+    return ddt_cost_check(out, err);
+}

@@ -1,0 +1,53 @@
+/*
+ * round.h — what every backend's decoding loop shares (internal to the engine
+ * layer): the prefill chunk, the clock, the per-round budget and top-K clamps,
+ * and the verify-cost measurement of the auto budget.  The CPU loop
+ * (engine_cpu.c) and the CUDA loop (engine_cuda.c) call these; neither keeps a
+ * copy of its own.
+ */
+#ifndef DDT_ENGINE_ROUND_H
+#define DDT_ENGINE_ROUND_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+#define DDT_ENGINE_PREFILL_CHUNK 64 /* prompt tokens per forward */
+/* Node-count points of a measured verify cost: ddt_engine_cost_points gives at
+ * most 12 for any budget up to DDT_MAX_BUDGET = 1024 (0, 1, 2, 4, ..., 512 and
+ * the budget); tests/engine/test_engine_round.c checks every budget. */
+#define DDT_ENGINE_COST_POINTS 12
+#define DDT_ENGINE_COST_REPS 3 /* a measurement is the best of this many runs, after one warm-up run */
+
+/* Monotonic seconds (the phase timers of ddt_gen_stats). */
+double ddt_engine_now(void);
+
+/* K, the candidates per depth an engine allocates for: min(budget, vocab,
+ * DDT_MAX_TOPK), at least 1.  budget is the largest tree budget the engine
+ * runs (1 for ar and chain). */
+int32_t ddt_engine_topk_cap(int32_t budget, int32_t vocab);
+
+/*
+ * One round's size: the nodes beyond the root (tree: the budget, chain: the
+ * draft depth) cut to the room left in the context, returned; *k, the
+ * candidates per depth of the round's draft table: min(nodes, kmax) in tree
+ * mode, 1 in chain mode, at least 1.
+ */
+int32_t ddt_engine_round_nodes(ddt_mode mode, int32_t budget, int32_t depth, int32_t room, int32_t kmax,
+                               int32_t *k);
+
+/* A backend's timer, in seconds: of one target forward of n tokens (the root
+ * and n - 1 nodes) as the forward timer, of one draft as the draft timer (n = 0). */
+typedef ddt_status (*ddt_cost_timer_fn)(void *ctx, int32_t n, double *seconds, ddt_error *err);
+
+/*
+ * Measure the cost model of the auto budget: C_verify at the node counts of
+ * ddt_engine_cost_points(budget) and the draft cost (0 when draft is NULL),
+ * each the best of DDT_ENGINE_COST_REPS runs after a warm-up, at least 1e-7 s,
+ * verify made non-decreasing so that noise cannot end a build early.  nodes and
+ * verify [DDT_ENGINE_COST_POINTS] are the caller's and become out's tables.
+ */
+ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, ddt_cost_timer_fn draft,
+                                   void *ctx, float *nodes, float *verify, ddt_cost_model *out, ddt_error *err);
+
+#endif

@@ -1,0 +1,127 @@
+/*
+ * test_engine_round.c — the clamps and cost points every backend's loop shares
+ * (engine/round.h): K = min(budget, vocab, DDT_MAX_TOPK) and at least 1; a
+ * round's nodes cut to the context's room with k = min(nodes, K) in tree mode,
+ * 1 in chain mode; the cost points of every budget fit DDT_ENGINE_COST_POINTS;
+ * the measurement takes the best run after a warm-up and is non-decreasing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engine/round.h"
+
+static void test_topk_cap(void **state) {
+    (void)state;
+    assert_int_equal(ddt_engine_topk_cap(16, 50000), 16);
+    assert_int_equal(ddt_engine_topk_cap(100, 64), 64);      /* the vocabulary bounds K */
+    assert_int_equal(ddt_engine_topk_cap(1024, 163840), 1024);
+    assert_int_equal(ddt_engine_topk_cap(5000, 163840), DDT_MAX_TOPK);
+    assert_int_equal(ddt_engine_topk_cap(1, 2), 1);
+    assert_int_equal(ddt_engine_topk_cap(0, 100), 1);        /* ar / chain tables hold one column */
+    /* no budget an engine accepts is cut by DDT_MAX_TOPK: K is min(budget, vocab) as before */
+    for (int32_t b = 1; b <= DDT_MAX_BUDGET; b++) {
+        assert_int_equal(ddt_engine_topk_cap(b, 100000), b);
+        assert_int_equal(ddt_engine_topk_cap(b, 300), b < 300 ? b : 300);
+    }
+}
+
+static void test_round_nodes(void **state) {
+    (void)state;
+    int32_t k;
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_TREE, 32, 15, 1000, 32, &k), 32);
+    assert_int_equal(k, 32);
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_TREE, 32, 15, 1000, 20, &k), 32); /* K < budget (vocab) */
+    assert_int_equal(k, 20);
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_TREE, 32, 15, 5, 32, &k), 5); /* the context's last rounds */
+    assert_int_equal(k, 5);
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_TREE, 32, 15, 0, 32, &k), 0); /* root alone */
+    assert_int_equal(k, 1);
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_CHAIN, 32, 15, 1000, 32, &k), 15); /* chain: the depth */
+    assert_int_equal(k, 1);
+    assert_int_equal(ddt_engine_round_nodes(DDT_MODE_CHAIN, 0, 15, 7, 1, &k), 7);
+    assert_int_equal(k, 1);
+}
+
+static void test_cost_points(void **state) {
+    (void)state;
+    float nodes[64];
+    int32_t most = 0;
+    for (int32_t b = 0; b <= DDT_MAX_BUDGET; b++) {
+        int32_t n = ddt_engine_cost_points(b, nodes, 64);
+        assert_true(n <= DDT_ENGINE_COST_POINTS);
+        assert_true(n >= 1);
+        assert_true(nodes[0] == 0.0f);
+        assert_true(nodes[n - 1] == (float)b); /* the table reaches the budget */
+        for (int32_t i = 1; i < n; i++) assert_true(nodes[i] > nodes[i - 1]);
+        if (n > most) most = n;
+    }
+    assert_int_equal(most, DDT_ENGINE_COST_POINTS); /* and the constant is not larger than needed */
+    int32_t n = ddt_engine_cost_points(16, nodes, 64);
+    assert_int_equal(n, 6); /* 0 1 2 4 8 16 */
+    n = ddt_engine_cost_points(12, nodes, 64);
+    assert_int_equal(n, 6); /* 0 1 2 4 8 12 */
+    assert_true(nodes[5] == 12.0f);
+}
+
+/* A fake backend: forward times fall with each call (so the warm-up is the
+ * slowest), and one point is faster than the one before (monotone fix). */
+typedef struct fake {
+    int calls[2048];
+    int draft_calls;
+} fake;
+
+static ddt_status fake_forward(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    (void)err;
+    fake *f = ctx;
+    int c = f->calls[n]++;
+    double base = n == 5 ? 0.5e-3 : 1e-3 * n; /* 4 nodes (n = 5) cheaper than 2 (n = 3) */
+    *seconds = base * (c == 0 ? 10.0 : 1.0 + 0.1 * (3 - c));
+    return DDT_OK;
+}
+
+static ddt_status fake_draft(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    (void)err;
+    assert_int_equal(n, 0);
+    fake *f = ctx;
+    *seconds = f->draft_calls++ == 0 ? 1.0 : 2e-3;
+    return DDT_OK;
+}
+
+static void test_measure_cost(void **state) {
+    (void)state;
+    static fake f;
+    float nodes[DDT_ENGINE_COST_POINTS], verify[DDT_ENGINE_COST_POINTS];
+    ddt_cost_model c;
+    ddt_error err;
+    assert_int_equal(ddt_engine_measure_cost(8, fake_forward, fake_draft, &f, nodes, verify, &c, &err), DDT_OK);
+    assert_int_equal(c.n_nodes, 5); /* 0 1 2 4 8 */
+    assert_int_equal(c.n_contexts, 1);
+    assert_ptr_equal(c.nodes, nodes);
+    assert_ptr_equal(c.verify, verify);
+    for (int32_t p = 0; p < c.n_nodes; p++) assert_int_equal(f.calls[(int32_t)nodes[p] + 1], 1 + DDT_ENGINE_COST_REPS);
+    assert_int_equal(f.draft_calls, 1 + DDT_ENGINE_COST_REPS);
+    assert_float_equal(verify[0], 1e-3f, 1e-9f); /* best run, warm-up left out */
+    assert_float_equal(verify[1], 2e-3f, 1e-9f);
+    assert_float_equal(verify[2], 3e-3f, 1e-9f);
+    assert_float_equal(verify[3], 3e-3f, 1e-9f); /* made non-decreasing */
+    assert_float_equal(verify[4], 9e-3f, 1e-9f);
+    assert_float_equal(c.draft, 2e-3f, 1e-9f);
+    /* no drafter: no draft cost */
+    static fake g;
+    assert_int_equal(ddt_engine_measure_cost(1, fake_forward, NULL, &g, nodes, verify, &c, &err), DDT_OK);
+    assert_int_equal(c.n_nodes, 2);
+    assert_true(c.draft == 0.0f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_topk_cap),
+        cmocka_unit_test(test_round_nodes),
+        cmocka_unit_test(test_cost_points),
+        cmocka_unit_test(test_measure_cost),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
