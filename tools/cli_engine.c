@@ -20,6 +20,8 @@ const char cli_engine_usage[] =
     "                       rope 64 models, budget <= 63); faster at long contexts, not bitwise ar\n"
     "  --tensor-cores       cuda: matmuls, experts and LM head on the tensor cores (bf16 mma with\n"
     "                       split-bf16 activations); greedy tree == ar still holds\n"
+    "  --host-sampler       cuda: sample at T > 0 on the host (logits copied every round) instead of\n"
+    "                       on the device; the same tokens, for comparison\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
     "                       heads and routed experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
@@ -83,6 +85,10 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--tensor-cores")) {
         a->tensor_cores = true;
+        return 1;
+    }
+    if (!strcmp(f, "--host-sampler")) {
+        a->host_sampler = true;
         return 1;
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
@@ -186,6 +192,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     ddt_backend_parse(a->backend, &o->backend);
     o->fast_attention = a->fast_attention;
     o->tensor_cores = a->tensor_cores;
+    o->cuda_host_sampler = a->host_sampler;
     o->gpus = (int32_t)a->gpus;
     o->draft_dir = a->draft;
     o->budget = (int32_t)(a->budget_auto ? a->max_budget : a->budget);
