@@ -254,6 +254,21 @@ static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, c
     return DDT_OK;
 }
 
+/* The activation and output side of a grouped product, which both paths'
+ * launch arguments (MMArgs, WsArgs) carry under the same names. */
+template <class A>
+static void set_io(A &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
+    a.count = g->count;
+    a.x = x;
+    a.ldx = ldx;
+    a.x_stride = g->x_stride;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+}
+
 /* ------------------------------------------------------------------ tensor cores */
 
 /* Can the tensor-core path take this weight?  (Otherwise the FP32 path runs: the
@@ -473,15 +488,8 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, cons
     a.wsc = F == QF_INT4 ? w->mma_scale : F == QF_FP8 ? (const void *)w->scale_inv : NULL;
     a.mt_stride = g->w_row_stride / 16;
     a.mt_offset = g->w_row_offset / 16;
-    a.count = g->count;
-    a.x = x;
-    a.ldx = ldx;
-    a.x_stride = g->x_stride;
-    a.n = n;
-    a.y = y;
-    a.ldy = ldy;
-    a.y_stride = g->y_stride;
-    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0 && w->cols % 4 == 0;
+    set_io(a, g, x, ldx, n, y, ldy);
+    a.xvec = a.xvec && w->cols % 4 == 0;
     const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8) * a.ks;
     if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
     cudaError_t e;
@@ -502,15 +510,7 @@ static void set_product(MMArgs &a, const ddt_cuda_groups *g, const float *x, int
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
-    a.count = g->count;
-    a.x = x;
-    a.ldx = ldx;
-    a.x_stride = g->x_stride;
-    a.n = n;
-    a.y = y;
-    a.ldy = ldy;
-    a.y_stride = g->y_stride;
-    a.xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+    set_io(a, g, x, ldx, n, y, ldy);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
