@@ -311,14 +311,10 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         float *rows = ddt_cpu_kv_row(&t->kv, l, len);
         const int64_t kw = t->kv.width;
         ddt_cpu_rmsnorm(t->pool, t->kva, rank + rope, n, rank, &L->kv_a_norm, LATENT_NORM_EPS, rows, kw);
-        for (int32_t i = 0; i < n; i++) {
-            const float *cs = t->cosv + (size_t)i * half, *sn = t->sinv + (size_t)i * half;
-            float *kr = rows + i * kw + rank;
-            memcpy(kr, t->kva + (size_t)i * (rank + rope) + rank, sizeof(float) * rope);
-            ddt_cpu_rope_rotate(kr, rope, t->desc.cfg.rope_interleave, cs, sn);
-            for (int32_t h = 0; h < heads; h++)
-                ddt_cpu_rope_rotate(t->q + ((size_t)i * heads + h) * qd + nope, rope, t->desc.cfg.rope_interleave, cs, sn);
-        }
+        ddt_mla_rope rw = {.n = n, .n_heads = heads, .nope = nope, .rank = rank, .rope_dim = rope, .qdim = qd,
+                           .interleave = t->desc.cfg.rope_interleave, .cos_v = t->cosv, .sin_v = t->sinv, .q = t->q,
+                           .kva = t->kva, .rows = rows, .rows_ld = kw};
+        ddt_cpu_mla_rope_write(&rw);
         /* absorbed attention */
         ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = 0, .rows = nope,
                              .x_stride = qd, .y_stride = rank};
