@@ -3,12 +3,12 @@
  * engine.h for the round, backend.h for the interface engine.c calls).
  * Everything a round touches is allocated in create; generate allocates nothing.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/topk.h"
 #include "core/zsort.h"
 #include "engine/backend.h"
 #include "engine/emitter.h"
@@ -34,27 +34,6 @@ typedef struct cpu_engine {
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
 } cpu_engine;
-
-/* ------------------------------------------------------------------ top-K */
-
-/* The top k of z[0..v) by (z desc, id asc) as log-probabilities z - logsumexp(z). */
-static ddt_status topk_logsoftmax(const float *z, int32_t v, int32_t k, ddt_zid *scratch, float *logq,
-                                  int32_t *tok, int32_t row, ddt_error *err) {
-    float m = -INFINITY;
-    for (int32_t i = 0; i < v; i++) {
-        if (isnan(z[i])) return ddt_fail(err, DDT_ERR_INVALID, "drafter logit [%d][%d] is NaN", row, i);
-        if (z[i] > m) m = z[i];
-    }
-    double s = 0.0;
-    for (int32_t i = 0; i < v; i++) s += exp((double)z[i] - (double)m);
-    float lse = (float)((double)m + log(s));
-    ddt_zid_top_k(z, v, k, scratch);
-    for (int32_t i = 0; i < k; i++) {
-        logq[i] = scratch[i].z - lse;
-        tok[i] = scratch[i].id;
-    }
-    return DDT_OK;
-}
 
 /* ------------------------------------------------------------------ create */
 
@@ -292,8 +271,8 @@ static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error
     ddt_status st = ddt_drafter_draft(e->drafter, bonus, e->draft_logits, err);
     if (st) return st;
     for (int32_t d = 0; d < e->depth; d++) {
-        st = topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
-                             e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
+        st = ddt_topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
+                                 e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
         if (st) return st;
     }
     return DDT_OK;

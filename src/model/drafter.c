@@ -8,6 +8,7 @@
  *   q = rope(q_norm(q_proj(h)))           per head, at the token's position
  *   K = [context K_l ; rope(k_norm(k_proj(h)))]   V = [context V_l ; v_proj(h)]
  *   x += o_proj(attention(q, K, V))         no mask, softmax scale head_dim^-0.5
+ *                                           (backend/cpu/dflash.c, twin of dflash_cuda.cu)
  *   x += down(silu(gate(h2)) * up(h2)),     h2 = rmsnorm(x, post_attention_layernorm)
  * Context K_l/V_l rows are k_norm/RoPE'd k_proj(ctx) and v_proj(ctx) with
  * ctx = rmsnorm(fc(features), hidden_norm), computed once per committed token.
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/dflash.h"
 #include "backend/cpu/nn.h"
 #include "backend/cpu/qmatmul.h"
 #include "backend/cpu/rope.h"
@@ -28,6 +30,9 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "model/drafter_desc.h"
+
+_Static_assert(DDT_DRAFTER_MAX_HEAD_DIM <= DDT_CPU_DFLASH_MAX_HEAD_DIM,
+               "io/drafter_config.c bounds head_dim by DDT_DRAFTER_MAX_HEAD_DIM: the attention must take it");
 
 #define NAME_MAX_LEN 512
 /* Tokens per append chunk: bounds the append scratch whatever m the caller passes. */
@@ -344,46 +349,6 @@ ddt_status ddt_drafter_rollback(ddt_drafter *d, int32_t new_len, ddt_error *err)
     return DDT_OK;
 }
 
-/* Non-causal GQA attention of the block's queries over all rows [0, n_rows). */
-typedef struct attn_job {
-    const ddt_drafter *d;
-    const float *k, *v;   /* [n_rows][kvd] */
-    int64_t n_rows;
-} attn_job;
-
-static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    (void)thread;
-    const attn_job *J = ctx;
-    const ddt_drafter *d = J->d;
-    const int32_t hd = d->desc.dims.hd, group = d->desc.dims.heads / d->desc.dims.kv_heads, kvd = d->desc.dims.kvd;
-    float acc[DDT_DRAFTER_MAX_HEAD_DIM];
-    for (int64_t it = begin; it < end; it++) {
-        const int64_t t = it / d->desc.dims.heads, h = it % d->desc.dims.heads, g = h / group;
-        const float *q = d->q + t * d->desc.dims.qd + h * hd;
-        /* online softmax in fp32, rows in increasing order */
-        float m = -INFINITY, sum = 0.0f;
-        for (int32_t j = 0; j < hd; j++) acc[j] = 0.0f;
-        for (int64_t r = 0; r < J->n_rows; r++) {
-            const float *kr = J->k + r * kvd + g * hd, *vr = J->v + r * kvd + g * hd;
-            float s = 0.0f;
-            for (int32_t j = 0; j < hd; j++) s += q[j] * kr[j];
-            s *= d->desc.dims.scale;
-            if (s > m) {
-                float c = expf(m - s); /* 0 on the first row (m = -inf) */
-                sum *= c;
-                for (int32_t j = 0; j < hd; j++) acc[j] *= c;
-                m = s;
-            }
-            float p = expf(s - m);
-            sum += p;
-            for (int32_t j = 0; j < hd; j++) acc[j] += p * vr[j];
-        }
-        float *o = d->o + t * d->desc.dims.qd + h * hd;
-        float inv = 1.0f / sum;
-        for (int32_t j = 0; j < hd; j++) o[j] = acc[j] * inv;
-    }
-}
-
 ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_error *err) {
     if (!logits) return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: NULL logits");
     if (bonus < 0 || bonus >= d->V)
@@ -406,8 +371,11 @@ ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_e
         ddt_cpu_matmul(d->pool, &Y->k_proj, d->xn, H, L, k, d->desc.dims.kvd);
         norm_rope_heads(d, k, L, d->desc.dims.kv_heads, &Y->k_norm, d->cos_b, d->sin_b);
         ddt_cpu_matmul(d->pool, &Y->v_proj, d->xn, H, L, v, d->desc.dims.kvd);
-        attn_job job = {.d = d, .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L};
-        ddt_cpu_pool_run(d->pool, attn_task, &job, (int64_t)L * d->desc.dims.heads);
+        /* non-causal GQA attention of the block's queries over all rows [0, len + L) */
+        ddt_cpu_dflash_attn att = {.n_block = L, .heads = d->desc.dims.heads, .kv_heads = d->desc.dims.kv_heads,
+                                   .hd = d->desc.dims.hd, .scale = d->desc.dims.scale, .q = d->q,
+                                   .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L, .o = d->o};
+        ddt_cpu_dflash_attention(d->pool, &att);
         ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->desc.dims.qd, L, d->tmp, H);
         for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
         ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->desc.dims.eps, d->xn, H);

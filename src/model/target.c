@@ -44,7 +44,7 @@ struct ddt_target {
     uint64_t state_bytes;    /* run state + latent cache */
     ddt_moe_route_params route;
 
-    ddt_kv_cache kv;
+    ddt_cpu_kv kv;
 
     /* run state, T = max_tokens */
     float *x;        /* [T][hidden] residual stream */
@@ -137,7 +137,7 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->last_depth = state_alloc(t, T, sizeof(int32_t), &ok);
     t->last_vis = state_alloc(t, T * (size_t)t->vis_words_max, sizeof(uint64_t), &ok);
     if (!ok) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the run state (%d tokens)", t->max_tokens);
-    st = ddt_kv_cache_alloc(t->desc.dims.n_layers, t->desc.dims.rank + t->desc.dims.rope, t->max_ctx, &t->kv, err);
+    st = ddt_cpu_kv_alloc(t->desc.dims.n_layers, t->desc.dims.rank + t->desc.dims.rope, t->max_ctx, &t->kv, err);
     if (st == DDT_OK)
         t->state_bytes += (uint64_t)t->kv.n_layers * (uint64_t)t->kv.capacity * (uint64_t)t->kv.width * sizeof(float);
     return st;
@@ -181,7 +181,7 @@ fail:
 void ddt_target_free(ddt_target *t) {
     if (!t) return;
     ddt_cpu_pool_destroy(t->pool);
-    ddt_kv_cache_free(&t->kv);
+    ddt_cpu_kv_free(&t->kv);
     void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->gx,
                     t->g, t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->ecount, t->etok, t->ewt,
                     t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
@@ -203,7 +203,7 @@ const ddt_target_layer *ddt_target_layer_at(const ddt_target *t, int32_t l) {
 const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t) { return &t->desc.final_norm; }
 const ddt_qweight *ddt_target_lm_head(const ddt_target *t) { return &t->desc.lm_head; }
 ddt_cpu_pool *ddt_target_pool(ddt_target *t) { return t->pool; }
-const ddt_kv_cache *ddt_target_cache(const ddt_target *t) { return &t->kv; }
+const ddt_cpu_kv *ddt_target_cache(const ddt_target *t) { return &t->kv; }
 uint64_t ddt_target_weight_bytes(const ddt_target *t) { return t->desc.weight_bytes; }
 uint64_t ddt_target_decode_bytes(const ddt_target *t) {
     uint64_t b = t->desc.weight_bytes;
@@ -308,17 +308,13 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         }
         /* latent KV of the new tokens straight into their cache rows */
         ddt_cpu_matmul(t->pool, &L->kv_a, t->xn, H, n, t->kva, rank + rope);
-        float *rows = ddt_kv_cache_row(&t->kv, l, len);
+        float *rows = ddt_cpu_kv_row(&t->kv, l, len);
         const int64_t kw = t->kv.width;
         ddt_cpu_rmsnorm(t->pool, t->kva, rank + rope, n, rank, &L->kv_a_norm, LATENT_NORM_EPS, rows, kw);
-        for (int32_t i = 0; i < n; i++) {
-            const float *cs = t->cosv + (size_t)i * half, *sn = t->sinv + (size_t)i * half;
-            float *kr = rows + i * kw + rank;
-            memcpy(kr, t->kva + (size_t)i * (rank + rope) + rank, sizeof(float) * rope);
-            ddt_cpu_rope_rotate(kr, rope, t->desc.cfg.rope_interleave, cs, sn);
-            for (int32_t h = 0; h < heads; h++)
-                ddt_cpu_rope_rotate(t->q + ((size_t)i * heads + h) * qd + nope, rope, t->desc.cfg.rope_interleave, cs, sn);
-        }
+        ddt_mla_rope rw = {.n = n, .n_heads = heads, .nope = nope, .rank = rank, .rope_dim = rope, .qdim = qd,
+                           .interleave = t->desc.cfg.rope_interleave, .cos_v = t->cosv, .sin_v = t->sinv, .q = t->q,
+                           .kva = t->kva, .rows = rows, .rows_ld = kw};
+        ddt_cpu_mla_rope_write(&rw);
         /* absorbed attention */
         ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = 0, .rows = nope,
                              .x_stride = qd, .y_stride = rank};
@@ -327,7 +323,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         ddt_mla_attn a = {.n = n, .n_heads = heads, .rank = rank, .rope_dim = rope, .q_lat = t->q_lat,
                           .q_lat_ld_t = (int64_t)heads * rank, .q_lat_ld_h = rank, .q_rope = t->q + nope,
                           .q_rope_ld_t = (int64_t)heads * qd, .q_rope_ld_h = qd,
-                          .kv = ddt_kv_cache_row(&t->kv, l, 0), .kv_ld = kw, .n_prefix = len, .vis = vis,
+                          .kv = ddt_cpu_kv_row(&t->kv, l, 0), .kv_ld = kw, .n_prefix = len, .vis = vis,
                           .vis_words = vis_words, .scale = t->desc.dims.softmax_scale, .out = t->o_lat,
                           .out_ld_t = (int64_t)heads * rank, .out_ld_h = rank};
         ddt_cpu_mla_attention(t->pool, &a);
@@ -434,14 +430,14 @@ ddt_status ddt_target_commit(ddt_target *t, const int32_t *path, int32_t m, ddt_
                             "commit: path[%d] = node %d does not see exactly the path before it: not a root-to-node path",
                             k, v);
     }
-    ddt_status st = ddt_kv_cache_commit(&t->kv, path, m, err);
+    ddt_status st = ddt_cpu_kv_commit(&t->kv, path, m, err);
     if (st != DDT_OK) return st;
     t->verify_valid = false;
     return DDT_OK;
 }
 
 ddt_status ddt_target_rollback(ddt_target *t, int32_t new_len, ddt_error *err) {
-    ddt_status st = ddt_kv_cache_truncate(&t->kv, new_len, err);
+    ddt_status st = ddt_cpu_kv_truncate(&t->kv, new_len, err);
     if (st == DDT_OK) t->verify_valid = false;
     return st;
 }

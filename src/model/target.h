@@ -38,7 +38,7 @@
 #include "io/config.h"
 #include "backend/cpu/nn.h"
 #include "io/safetensors.h"
-#include "model/kv_cache.h"
+#include "backend/cpu/kv.h"
 #include "model/target_desc.h"
 
 typedef struct ddt_target_options {
@@ -73,7 +73,7 @@ const ddt_cpu_vec *ddt_target_final_norm(const ddt_target *t);
 /* The target's thread pool, for a drafter that runs between target forwards. */
 struct ddt_cpu_pool *ddt_target_pool(ddt_target *t);
 /* The latent cache (read-only view, for tests and tools). */
-const ddt_kv_cache *ddt_target_cache(const ddt_target *t);
+const ddt_cpu_kv *ddt_target_cache(const ddt_target *t);
 /* Bytes of every weight the model reads (as stored: quantised bytes + scales). */
 uint64_t ddt_target_weight_bytes(const ddt_target *t);
 /* Weight bytes one decode step (one token) reads: everything, except one row of

@@ -21,7 +21,7 @@ static uint32_t rnd(void) {
     return (uint32_t)(g_rng >> 16);
 }
 
-/* the CPU rule (src/model/kv_cache.c): in order, row len + path[k] -> len + k */
+/* the CPU rule (src/backend/cpu/kv.c: ddt_cpu_kv_commit): in order, row len + path[k] -> len + k */
 static void commit_ref(unsigned char *d, int layers, int cap, int rb, int len, const int32_t *path, int m) {
     for (int l = 0; l < layers; l++)
         for (int k = 0; k < m; k++)

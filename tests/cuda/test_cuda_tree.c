@@ -2,8 +2,9 @@
  * test_cuda_tree.c — GPU tests of the tree kernels against the CPU core, run on
  * the H200 by scripts/gpu-test.sh (CI compiles it but has no GPU to run it).
  *
- *  - top-K + log-softmax vs a double-precision CPU reference (ids exactly, ties
- *    to the lowest id; log-probabilities by normalised error);
+ *  - top-K + log-softmax vs its CPU twin ddt_topk_logsoftmax (core/topk.c) through
+ *    the backend-op harness (backend_ops.h): ids exactly (ties to the lowest id),
+ *    log-probabilities by normalised error, no NaN poison left (not yet run on a GPU);
  *  - best-first build vs ddt_tree_build on the same table: every node bitwise;
  *    visibility rows; a bad table gives the status code and a root-only tree;
  *  - argmax per row vs CPU (lowest id on ties);
@@ -18,7 +19,9 @@
 #include <string.h>
 
 #include "backend/cuda/tree_cuda.h"
+#include "core/topk.h"
 #include "ddtree.h"
+#include "backend_ops.h"
 #include "cuda_test.h"
 
 static uint64_t g_rng = 88172645463325252ull;
@@ -32,66 +35,53 @@ static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
 
 /* ------------------------------------------------------------------ top-K */
 
-static const float *g_z;
-static int cmp_ref(const void *a, const void *b) {
-    int i = *(const int *)a, j = *(const int *)b;
-    if (g_z[i] != g_z[j]) return g_z[i] > g_z[j] ? -1 : 1;
-    return (i > j) - (i < j);
-}
-
 static void test_topk(int rows, int vocab, int k, int ties) {
-    size_t n = (size_t)rows * (size_t)vocab;
+    size_t n = (size_t)rows * (size_t)vocab, nk = (size_t)rows * (size_t)k;
     float *z = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         z[i] = ties ? (float)((int)(rnd() % 33) - 16) * 0.25f : 8.0f * rndf() - 4.0f;
     float *dz, *dq;
     int32_t *dt;
     CU(cudaMalloc((void **)&dz, n * sizeof(float)));
-    CU(cudaMalloc((void **)&dq, (size_t)rows * (size_t)k * sizeof(float)));
-    CU(cudaMalloc((void **)&dt, (size_t)rows * (size_t)k * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dq, nk * sizeof(float)));
+    CU(cudaMalloc((void **)&dt, nk * sizeof(int32_t)));
     CU(cudaMemcpy(dz, z, n * sizeof(float), cudaMemcpyHostToDevice));
-    CU(cudaMemset(dq, 0xff, (size_t)rows * (size_t)k * sizeof(float)));
-    CU(cudaMemset(dt, 0xff, (size_t)rows * (size_t)k * sizeof(int32_t)));
+    bo_poison(dq, nk * sizeof(float));
+    bo_poison(dt, nk * sizeof(int32_t));
     size_t wsb = ddt_cuda_topk_workspace_bytes(rows, vocab, k);
     void *ws;
     CU(cudaMalloc(&ws, wsb));
-    CU(cudaMemset(ws, 0xff, wsb));
+    bo_poison(ws, wsb);
     OK(ddt_cuda_topk_logsoftmax(dz, rows, vocab, k, dq, dt, ws, wsb, NULL, &err_));
     CU(cudaDeviceSynchronize());
-    float *q = malloc((size_t)rows * (size_t)k * sizeof(float));
-    int32_t *t = malloc((size_t)rows * (size_t)k * sizeof(int32_t));
-    CU(cudaMemcpy(q, dq, (size_t)rows * (size_t)k * sizeof(float), cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(t, dt, (size_t)rows * (size_t)k * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    int *idx = malloc((size_t)vocab * sizeof(int));
-    double num = 0.0, den = 0.0;
+    float *q = malloc(nk * sizeof(float));
+    int32_t *t = malloc(nk * sizeof(int32_t));
+    CU(cudaMemcpy(q, dq, nk * sizeof(float), cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(t, dt, nk * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    /* the CPU twin, row by row (core/topk.c) */
+    float *ref_q = malloc(nk * sizeof(float));
+    int32_t *ref_t = malloc(nk * sizeof(int32_t));
+    ddt_zid *scratch = malloc((size_t)vocab * sizeof(ddt_zid));
+    for (int r = 0; r < rows; r++)
+        OK(ddt_topk_logsoftmax(z + (size_t)r * (size_t)vocab, vocab, k, scratch, ref_q + (size_t)r * k,
+                               ref_t + (size_t)r * k, r, &err_));
     int id_mismatch = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *zr = z + (size_t)r * (size_t)vocab;
-        double m = -INFINITY, s = 0.0;
-        for (int i = 0; i < vocab; i++) m = fmax(m, zr[i]);
-        for (int i = 0; i < vocab; i++) s += exp((double)zr[i] - m);
-        double lse = m + log(s);
-        for (int i = 0; i < vocab; i++) idx[i] = i;
-        g_z = zr;
-        qsort(idx, (size_t)vocab, sizeof(int), cmp_ref);
-        for (int j = 0; j < k; j++) {
-            id_mismatch += t[r * k + j] != idx[j];
-            double ref = (double)zr[idx[j]] - lse, got = q[r * k + j];
-            num += (got - ref) * (got - ref);
-            den += ref * ref + 1e-30;
-            if (j > 0) CHECK(q[r * k + j] <= q[r * k + j - 1], "top-K row %d not sorted at %d", r, j);
-        }
-    }
-    double nerr = sqrt(num / den);
+    for (size_t i = 0; i < nk; i++) id_mismatch += t[i] != ref_t[i];
+    for (int r = 0; r < rows; r++)
+        for (int j = 1; j < k; j++) CHECK(q[r * k + j] <= q[r * k + j - 1], "top-K row %d not sorted at %d", r, j);
     CHECK(id_mismatch == 0, "top-K rows %d vocab %d k %d ties %d: %d ids differ", rows, vocab, k,
           ties, id_mismatch);
-    CHECK(nerr < 1e-6, "top-K rows %d vocab %d k %d: normalised error %g", rows, vocab, k, nerr);
+    char what[96];
+    snprintf(what, sizeof what, "top-K rows %d vocab %d k %d ties %d", rows, vocab, k, ties);
+    double nerr = bo_compare(what, q, ref_q, nk, (bo_cmp){.bound = 1e-6});
     printf("topk rows %d vocab %d k %d ties %d: ids equal, normalised error %.2e\n", rows, vocab, k,
            ties, nerr);
     free(z);
     free(q);
     free(t);
-    free(idx);
+    free(ref_q);
+    free(ref_t);
+    free(scratch);
     CU(cudaFree(dz));
     CU(cudaFree(dq));
     CU(cudaFree(dt));

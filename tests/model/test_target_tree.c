@@ -88,10 +88,10 @@ static int32_t path_to(const tree *tr, int32_t v, int32_t *out) {
     return m;
 }
 
-static void compare_caches(const ddt_kv_cache *a, const ddt_kv_cache *b, int32_t rows) {
+static void compare_caches(const ddt_cpu_kv *a, const ddt_cpu_kv *b, int32_t rows) {
     assert_int_equal(a->len, b->len);
     for (int32_t l = 0; l < a->n_layers; l++) {
-        double e = norm_err(ddt_kv_cache_row(a, l, 0), ddt_kv_cache_row(b, l, 0), (size_t)rows * a->width);
+        double e = norm_err(ddt_cpu_kv_row(a, l, 0), ddt_cpu_kv_row(b, l, 0), (size_t)rows * a->width);
         if (e > TOL) fail_msg("layer %d: committed cache differs from the prefilled one: error %g", l, e);
     }
 }

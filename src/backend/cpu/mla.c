@@ -1,13 +1,17 @@
 /*
  * mla.c — absorbed MLA attention over the latent cache (see mla.h).  One work
  * item per (query token, head); every item reads the shared latent rows, which
- * stay in cache across the heads of a token.
+ * stay in cache across the heads of a token.  Also the rope half of a
+ * forward's cache-row write (moved from model/target.c).  The CPU twin of
+ * backend/cuda/mla_cuda.cu and mla_verify_cuda.cu.
  */
 #include "backend/cpu/mla.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
+
+#include "backend/cpu/rope.h"
 
 static float dot8(const float *a, const float *b, int64_t len) {
     float s[8] = {0};
@@ -69,4 +73,16 @@ static void attn_task(void *p, int64_t begin, int64_t end, int32_t thread) {
 
 void ddt_cpu_mla_attention(ddt_cpu_pool *pool, const ddt_mla_attn *a) {
     ddt_cpu_pool_run(pool, attn_task, (void *)a, (int64_t)a->n * a->n_heads);
+}
+
+void ddt_cpu_mla_rope_write(const ddt_mla_rope *a) {
+    const int32_t half = a->rope_dim / 2, rank = a->rank, rope = a->rope_dim, heads = a->n_heads, qd = a->qdim;
+    for (int32_t i = 0; i < a->n; i++) {
+        const float *cs = a->cos_v + (size_t)i * half, *sn = a->sin_v + (size_t)i * half;
+        float *kr = a->rows + i * a->rows_ld + rank;
+        memcpy(kr, a->kva + (size_t)i * (rank + rope) + rank, sizeof(float) * rope);
+        ddt_cpu_rope_rotate(kr, rope, a->interleave, cs, sn);
+        for (int32_t h = 0; h < heads; h++)
+            ddt_cpu_rope_rotate(a->q + ((size_t)i * heads + h) * qd + a->nope, rope, a->interleave, cs, sn);
+    }
 }

@@ -15,10 +15,14 @@
  * query; rows n_prefix + j (j < n, this forward's tokens, already written) are
  * visible to query t when j <= t (vis == NULL, causal prefill) or when bit j of
  * vis[t] is set (tree verify, vis [n][vis_words]).
+ *
+ * GPU twins: ddt_cuda_mla_attention (backend/cuda/mla_cuda.cu, exact fp32) and
+ * ddt_cuda_mla_verify_run (backend/cuda/mla_verify_cuda.cu, bf16 tensor cores).
  */
 #ifndef DDT_BACKEND_CPU_MLA_H
 #define DDT_BACKEND_CPU_MLA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/cpu/pool.h"
@@ -43,5 +47,25 @@ typedef struct ddt_mla_attn {
 } ddt_mla_attn;
 
 void ddt_cpu_mla_attention(ddt_cpu_pool *pool, const ddt_mla_attn *a);
+
+/* The rope half of writing a forward's cache rows, the CPU side of
+ * ddt_cuda_mla_rope_write (backend/cuda/mla_cuda.h).  For token i < n, with the
+ * angles cos_v / sin_v [n][rope_dim / 2]:
+ *   rows[i][rank .. rank + rope_dim) = rope(kva[i][rank .. rank + rope_dim))
+ *   q[i][h][nope .. nope + rope_dim) rotated in place, h < n_heads
+ * (ddt_cpu_rope_rotate, interleaved or rotate_half).  The latent half
+ * rows[i][0 .. rank) is the caller's: the target's kv_a_layernorm writes it there. */
+typedef struct ddt_mla_rope {
+    int32_t n, n_heads, nope, rank, rope_dim;
+    int32_t qdim;              /* nope + rope_dim: one head's query row */
+    bool interleave;           /* rope_interleave (DeepSeek layout) */
+    const float *cos_v, *sin_v;
+    float *q;                  /* [n][n_heads][qdim] */
+    const float *kva;          /* [n][rank + rope_dim]: k_rope (pre-rotation) at column rank */
+    float *rows;               /* [n] cache rows of row stride rows_ld */
+    int64_t rows_ld;
+} ddt_mla_rope;
+
+void ddt_cpu_mla_rope_write(const ddt_mla_rope *a);
 
 #endif

@@ -1,8 +1,8 @@
 /*
- * kv_cache.c — allocation, commit (compaction of accepted tree rows) and
- * truncation of the latent cache (see kv_cache.h).
+ * kv.c — allocation, commit (compaction of accepted tree rows) and
+ * truncation of the KV cache (see kv.h); the CPU twin of backend/cuda/kv_cuda.cu.
  */
-#include "model/kv_cache.h"
+#include "backend/cpu/kv.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
-ddt_status ddt_kv_cache_alloc(int32_t n_layers, int32_t width, int32_t capacity, ddt_kv_cache *kv,
-                              ddt_error *err) {
+ddt_status ddt_cpu_kv_alloc(int32_t n_layers, int32_t width, int32_t capacity, ddt_cpu_kv *kv, ddt_error *err) {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || width <= 0 || capacity <= 0)
         return ddt_fail(err, DDT_ERR_INVALID, "kv cache: layers %d, width %d, capacity %d must be positive",
@@ -30,13 +29,13 @@ ddt_status ddt_kv_cache_alloc(int32_t n_layers, int32_t width, int32_t capacity,
     return DDT_OK;
 }
 
-void ddt_kv_cache_free(ddt_kv_cache *kv) {
+void ddt_cpu_kv_free(ddt_cpu_kv *kv) {
     if (!kv) return;
     free(kv->data);
     memset(kv, 0, sizeof *kv);
 }
 
-ddt_status ddt_kv_cache_commit(ddt_kv_cache *kv, const int32_t *src, int32_t m, ddt_error *err) {
+ddt_status ddt_cpu_kv_commit(ddt_cpu_kv *kv, const int32_t *src, int32_t m, ddt_error *err) {
     if (m < 0 || (m > 0 && !src)) return ddt_fail(err, DDT_ERR_INVALID, "kv cache commit: bad path of %d rows", m);
     for (int32_t k = 0; k < m; k++) {
         if (src[k] < k || (k > 0 && src[k] <= src[k - 1]))
@@ -50,13 +49,13 @@ ddt_status ddt_kv_cache_commit(ddt_kv_cache *kv, const int32_t *src, int32_t m, 
     for (int32_t l = 0; l < kv->n_layers; l++)
         for (int32_t k = 0; k < m; k++)
             if (src[k] != k)
-                memcpy(ddt_kv_cache_row(kv, l, kv->len + k), ddt_kv_cache_row(kv, l, kv->len + src[k]),
+                memcpy(ddt_cpu_kv_row(kv, l, kv->len + k), ddt_cpu_kv_row(kv, l, kv->len + src[k]),
                        (size_t)kv->width * sizeof(float));
     kv->len += m;
     return DDT_OK;
 }
 
-ddt_status ddt_kv_cache_truncate(ddt_kv_cache *kv, int32_t new_len, ddt_error *err) {
+ddt_status ddt_cpu_kv_truncate(ddt_cpu_kv *kv, int32_t new_len, ddt_error *err) {
     if (new_len < 0 || new_len > kv->len)
         return ddt_fail(err, DDT_ERR_INVALID, "kv cache: cannot roll back to length %d (length is %d)", new_len,
                         kv->len);

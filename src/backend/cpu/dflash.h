@@ -1,0 +1,40 @@
+/*
+ * dflash.h — the DFlash drafter's block attention on the CPU: the CPU reference
+ * of ddt_dflash_attention in backend/cuda/dflash_cuda.cu (its GPU twin, which
+ * splits the rows and combines the splits in a fixed order, so the two agree to
+ * rounding, not bitwise).  The rest of dflash_cuda.h has its CPU side in
+ * backend/cpu/rope.h (rotate_half RoPE) and model/drafter.c (the K/V store and
+ * the append bookkeeping).
+ *
+ * Non-causal GQA: every query row of the block sees every cache row
+ * [0, n_rows) (the committed context, then the block's own rows):
+ *   o[t][h*hd + j] = sum_r softmax_r(scale * q[t][h] . k_r[g]) v_r[g][j],
+ *   g = h / (heads / kv_heads),
+ * an online softmax in fp32 over the rows in increasing order.
+ */
+#ifndef DDT_BACKEND_CPU_DFLASH_H
+#define DDT_BACKEND_CPU_DFLASH_H
+
+#include <stdint.h>
+
+#include "backend/cpu/pool.h"
+
+/* Largest head_dim the attention takes (its accumulator is on the stack). */
+#define DDT_CPU_DFLASH_MAX_HEAD_DIM 512
+
+typedef struct ddt_cpu_dflash_attn {
+    int32_t n_block;    /* query rows (the block, L) */
+    int32_t heads;      /* query heads */
+    int32_t kv_heads;   /* divides heads */
+    int32_t hd;         /* head_dim, 1..DDT_CPU_DFLASH_MAX_HEAD_DIM */
+    float scale;        /* softmax scale, head_dim^-0.5 */
+    const float *q;     /* [n_block][heads * hd] */
+    const float *k, *v; /* [n_rows][kv_heads * hd] */
+    int64_t n_rows;     /* >= 1 */
+    float *o;           /* [n_block][heads * hd] */
+} ddt_cpu_dflash_attn;
+
+/* One work item per (query row, head) on the pool. */
+void ddt_cpu_dflash_attention(ddt_cpu_pool *pool, const ddt_cpu_dflash_attn *a);
+
+#endif
