@@ -94,8 +94,8 @@ static int time_graph(bench_ctx *c, int D_, int K, int B, int with_accept, doubl
     cudaGraphExec_t ge;
     CU(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < 10; i++) {
-        OK(ddt_cuda_tree_build(&c->dt, c->dq, c->dtok, D_, K, B, 0, (ddt_stream)c->s, &err_));
-        if (with_accept) OK(ddt_cuda_tree_accept(&c->dt, c->dnext, 0, (ddt_stream)c->s, &err_));
+        OK(ddt_cuda_tree_build(&c->dt, c->dq, c->dtok, D_, K, B, 0, (ddt_cuda_stream)c->s, &err_));
+        if (with_accept) OK(ddt_cuda_tree_accept(&c->dt, c->dnext, 0, (ddt_cuda_stream)c->s, &err_));
     }
     CU(cudaStreamEndCapture(c->s, &g));
     CU(cudaGraphInstantiate(&ge, g, 0));
@@ -195,11 +195,11 @@ int main(int argc, char **argv) {
         int kk = B > DDT_MAX_TOPK ? DDT_MAX_TOPK : B;
         double t0 = now_us();
         while (now_us() - t0 < WARM_US) { /* warm up, as in time_graph */
-            OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, c.dq, c.dtok, ws, wsb, (ddt_stream)c.s, &err_));
+            OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, c.dq, c.dtok, ws, wsb, (ddt_cuda_stream)c.s, &err_));
             CU(cudaStreamSynchronize(c.s));
         }
         CU(cudaEventRecord(c.e0, c.s));
-        for (int i = 0; i < 50; i++) OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, c.dq, c.dtok, ws, wsb, (ddt_stream)c.s, &err_));
+        for (int i = 0; i < 50; i++) OK(ddt_cuda_topk_logsoftmax(dz, D, V, kk, c.dq, c.dtok, ws, wsb, (ddt_cuda_stream)c.s, &err_));
         CU(cudaEventRecord(c.e1, c.s));
         CU(cudaEventSynchronize(c.e1));
         float ms;

@@ -61,7 +61,7 @@ static __global__ void kv_advance_kernel(int32_t *len_p, int32_t *status, int ca
 }
 
 extern "C" ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path,
-                                         const int32_t *path_len, ddt_kv_stream stream,
+                                         const int32_t *path_len, ddt_cuda_stream stream,
                                          ddt_error *err) {
     if (!kv || !kv->data || !kv->len || !kv->status || !path || !path_len)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_commit: NULL argument");
@@ -87,7 +87,7 @@ static __global__ void kv_add_kernel(int32_t *len_p, int32_t *status, int capaci
     else *status = DDT_CUDA_KV_BAD_PATH;
 }
 
-extern "C" ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_kv_stream stream, ddt_error *err) {
+extern "C" ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_cuda_stream stream, ddt_error *err) {
     if (!kv || !kv->len || n < 0) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_advance: bad argument");
     kv_add_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(kv->len, kv->status, kv->capacity, n);
     DDT_CUDA_LAUNCHED("kv_advance", (cudaStream_t)stream, err);
@@ -99,7 +99,7 @@ static __global__ void kv_set_kernel(int32_t *len_p, int32_t *status, int new_le
     *status = DDT_CUDA_KV_OK;
 }
 
-extern "C" ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_kv_stream stream,
+extern "C" ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_cuda_stream stream,
                                          ddt_error *err) {
     if (!kv || !kv->len) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_kv_set_len: NULL cache");
     if (new_len < 0 || new_len > kv->capacity)

@@ -10,13 +10,12 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct CUstream_st *ddt_kv_stream; /* cudaStream_t without including CUDA */
 
 enum { DDT_CUDA_KV_OK = 0, DDT_CUDA_KV_BAD_PATH = 1 };
 
@@ -35,14 +34,14 @@ typedef struct ddt_cuda_kv {
  * moves and *status = DDT_CUDA_KV_BAD_PATH.  Two launches on `stream`.
  */
 ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path, const int32_t *path_len,
-                              ddt_kv_stream stream, ddt_error *err);
+                              ddt_cuda_stream stream, ddt_error *err);
 
 /* After a prefill of n rows at len..len+n-1: len += n (one-thread launch; a
  * length past capacity sets *status = DDT_CUDA_KV_BAD_PATH and leaves len). */
-ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_kv_stream stream, ddt_error *err);
+ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_cuda_stream stream, ddt_error *err);
 
 /* len = new_len from the host (0 <= new_len <= capacity): rollback or reset. */
-ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_kv_stream stream, ddt_error *err);
+ddt_status ddt_cuda_kv_set_len(const ddt_cuda_kv *kv, int32_t new_len, ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
 }

@@ -785,7 +785,7 @@ extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_hea
     return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
 }
 
-extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_mla_stream stream, ddt_error *err) {
+extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_cuda_stream stream, ddt_error *err) {
     if (!a || !a->q || !a->kv || !a->n_prefix || !a->vis || !a->out || !a->workspace)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_mla_verify_run: NULL argument");
     if (a->n_tokens < 1 || a->n_tokens > DDT_MLA_MAX_TOKENS || a->n_heads < 1 || a->n_heads > 4096)

@@ -30,13 +30,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct CUstream_st *ddt_mla_stream; /* cudaStream_t without including CUDA */
 
 enum {
     DDT_MLA_DK = 576,      /* key width: latent rank 512 + rope 64 */
@@ -86,7 +85,7 @@ void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int64_t n_prefi
 int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_heads, int64_t max_prefix);
 
 /* One or two launches on `stream`; allocates nothing. */
-ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_mla_stream stream, ddt_error *err);
+ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
 }

@@ -20,14 +20,13 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 #include "io/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct CUstream_st *ddt_cuda_stream; /* cudaStream_t without including CUDA */
 
 /* Copy a host weight view (data and scales) to new device memory; *dev gets the
  * same format / shape with device pointers.  Free with ddt_cuda_qweight_free. */

@@ -312,7 +312,7 @@ extern "C" bool ddt_cuda_sample_supported(const ddt_sampling *s, int32_t vocab) 
 
 extern "C" ddt_status ddt_cuda_sample_nodes(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
                                             const ddt_sampling *s, const uint64_t *round_dev, uint64_t round,
-                                            uint32_t node0, int32_t *tokens, ddt_cuda_sample_stream stream,
+                                            uint32_t node0, int32_t *tokens, ddt_cuda_stream stream,
                                             ddt_error *err) {
     if (!logits || !tokens || !s || n_nodes < 1 || n_nodes > 65535 || ld < vocab)
         return ddt_fail(err, DDT_ERR_INVALID, "sample_nodes: missing arguments, %d nodes or row stride %lld < %d",
@@ -344,7 +344,7 @@ extern "C" ddt_status ddt_cuda_sample_nodes(const float *logits, int64_t ld, int
 
 extern "C" ddt_status ddt_cuda_sample_nodes_dev(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
                                                 const ddt_cuda_sample_params *params_dev, uint32_t node0,
-                                                int32_t *tokens, ddt_cuda_sample_stream stream, ddt_error *err) {
+                                                int32_t *tokens, ddt_cuda_stream stream, ddt_error *err) {
     if (!logits || !tokens || !params_dev || n_nodes < 1 || n_nodes > 65535 || ld < vocab || vocab < 1 ||
         vocab > SMP_MAX_VOCAB)
         return ddt_fail(err, DDT_ERR_INVALID, "sample_nodes_dev: missing arguments, %d nodes, %d tokens", n_nodes,

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 
 #ifdef __cplusplus
@@ -24,8 +25,6 @@ extern "C" {
 #endif
 
 #define DDT_CUDA_SAMPLE_MAX_TOPK 1024
-
-typedef struct CUstream_st *ddt_cuda_sample_stream;
 
 /* The settings and round a captured graph reads from device memory each replay
  * (the host rewrites them between rounds). */
@@ -50,14 +49,14 @@ bool ddt_cuda_sample_supported(const ddt_sampling *s, int32_t vocab);
  */
 ddt_status ddt_cuda_sample_nodes(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
                                  const ddt_sampling *s, const uint64_t *round_dev, uint64_t round, uint32_t node0,
-                                 int32_t *tokens, ddt_cuda_sample_stream stream, ddt_error *err);
+                                 int32_t *tokens, ddt_cuda_stream stream, ddt_error *err);
 
 /* The same with settings and round read from device memory (params_dev, e.g.
  * inside a CUDA graph); the caller has checked them with ddt_cuda_sample_supported
  * (settings it does not take give every node -1). */
 ddt_status ddt_cuda_sample_nodes_dev(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
                                      const ddt_cuda_sample_params *params_dev, uint32_t node0, int32_t *tokens,
-                                     ddt_cuda_sample_stream stream, ddt_error *err);
+                                     ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
 }

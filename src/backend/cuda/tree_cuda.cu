@@ -735,7 +735,7 @@ extern "C" size_t ddt_cuda_topk_workspace_bytes(int32_t rows, int32_t vocab, int
 extern "C" ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab,
                                                int32_t k, float *logq, int32_t *token,
                                                void *workspace, size_t workspace_bytes,
-                                               ddt_stream stream, ddt_error *err) {
+                                               ddt_cuda_stream stream, ddt_error *err) {
     if (!logits || !logq || !token || !workspace)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_topk_logsoftmax: NULL buffer");
     if (rows < 1 || vocab < 1 || k < 1 || k > DDT_MAX_TOPK || k > vocab)
@@ -769,7 +769,7 @@ extern "C" ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows
 
 extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
                                           const int32_t *token, int32_t depth, int32_t k,
-                                          int32_t budget, int32_t vocab, ddt_stream stream,
+                                          int32_t budget, int32_t vocab, ddt_cuda_stream stream,
                                           ddt_error *err) {
     if (!t || !logq || !token) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_build: NULL argument");
     if (depth < 1 || depth > DDT_MAX_DEPTH || k < 1 || k > DDT_MAX_TOPK)
@@ -800,7 +800,7 @@ extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
 
 extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows,
                                            const int32_t *n_rows, int32_t vocab,
-                                           int32_t *target_next, ddt_stream stream,
+                                           int32_t *target_next, ddt_cuda_stream stream,
                                            ddt_error *err) {
     if (!logits || !n_rows || !target_next)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_argmax_rows: NULL argument");
@@ -813,7 +813,7 @@ extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows
 }
 
 extern "C" ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next,
-                                           int32_t vocab, ddt_stream stream, ddt_error *err) {
+                                           int32_t vocab, ddt_cuda_stream stream, ddt_error *err) {
     if (!t || !target_next) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_accept: NULL argument");
     tree_accept_kernel<<<1, ACCEPT_THREADS, 0, (cudaStream_t)stream>>>(*t, target_next, vocab);
     DDT_CUDA_LAUNCHED("tree_accept", (cudaStream_t)stream, err);
@@ -833,7 +833,7 @@ static __global__ void tree_emit_kernel(ddt_cuda_tree t, int32_t *out) {
     out[1 + len] = *t.bonus;
 }
 
-extern "C" ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_stream stream, ddt_error *err) {
+extern "C" ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_cuda_stream stream, ddt_error *err) {
     if (!t || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_emit: NULL argument");
     tree_emit_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(*t, out);
     DDT_CUDA_LAUNCHED("tree_emit", (cudaStream_t)stream, err);

@@ -17,13 +17,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct CUstream_st *ddt_stream; /* cudaStream_t without including CUDA */
 
 /* Status codes written by the kernels into ddt_cuda_tree.status. */
 enum {
@@ -61,7 +60,7 @@ void ddt_cuda_tree_free(ddt_cuda_tree *t);
 size_t ddt_cuda_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k);
 ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab, int32_t k,
                                     float *logq, int32_t *token, void *workspace,
-                                    size_t workspace_bytes, ddt_stream stream, ddt_error *err);
+                                    size_t workspace_bytes, ddt_cuda_stream stream, ddt_error *err);
 
 /* Best-first build from a device table [depth][k] with *t->root_token as root:
  * the tree ddt_tree_build gives for a fixed budget (no cost model), node for
@@ -69,16 +68,16 @@ ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t v
  * whose used ranks repeat a token. */
 ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_t *token,
                                int32_t depth, int32_t k, int32_t budget, int32_t vocab,
-                               ddt_stream stream, ddt_error *err);
+                               ddt_cuda_stream stream, ddt_error *err);
 
 /* target_next[i] = argmax over logits[i][:] (lowest id on ties) for i < *n_nodes. */
 ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int32_t *n_rows,
-                                int32_t vocab, int32_t *target_next, ddt_stream stream,
+                                int32_t vocab, int32_t *target_next, ddt_cuda_stream stream,
                                 ddt_error *err);
 
 /* Walk: path, path_len, bonus; and *root_token = bonus for the next round. */
 ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next, int32_t vocab,
-                                ddt_stream stream, ddt_error *err);
+                                ddt_cuda_stream stream, ddt_error *err);
 
 /* The round's result in one small block for one device-to-host copy:
  * out[0] = tokens emitted m (path_len: the accepted nodes after the root, then
@@ -86,7 +85,7 @@ ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next, in
  * out[2 .. 2+m) = token[path[1..path_len)] then the bonus.
  * out: device [DDT_CUDA_EMIT_WORDS]. */
 #define DDT_CUDA_EMIT_WORDS (DDT_MAX_PATH + 2)
-ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_stream stream, ddt_error *err);
+ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
 }
