@@ -316,7 +316,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                            .kva = t->kva, .rows = rows, .rows_ld = kw};
         ddt_cpu_mla_rope_write(&rw);
         /* absorbed attention */
-        ddt_cpu_groups uk = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = 0, .rows = nope,
+        ddt_row_groups uk = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = 0, .rows = nope,
                              .x_stride = qd, .y_stride = rank};
         ddt_cpu_matmul_t_grouped(t->pool, &L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat,
                                  (int64_t)heads * rank);
@@ -327,7 +327,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
                           .vis_words = vis_words, .scale = t->desc.dims.softmax_scale, .out = t->o_lat,
                           .out_ld_t = (int64_t)heads * rank, .out_ld_h = rank};
         ddt_cpu_mla_attention(t->pool, &a);
-        ddt_cpu_groups uv = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = nope, .rows = t->desc.dims.vdim,
+        ddt_row_groups uv = {.count = heads, .w_row_stride = nope + t->desc.dims.vdim, .w_row_offset = nope, .rows = t->desc.dims.vdim,
                              .x_stride = rank, .y_stride = t->desc.dims.vdim};
         ddt_cpu_matmul_grouped(t->pool, &L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
                                (int64_t)heads * t->desc.dims.vdim);

@@ -618,7 +618,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                      .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
                                      .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
         TRY(ddt_cuda_mla_rope_write(&ra, s, err));
-        ddt_cuda_groups uk = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = 0,
+        ddt_row_groups uk = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = 0,
                               .rows = t->dims.nope, .x_stride = qd, .y_stride = rank};
         TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
                                       s, err));
@@ -640,7 +640,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                          .out = t->o_lat};
             TRY(ddt_cuda_mla_attention(&aa, s, err));
         }
-        ddt_cuda_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
+        ddt_row_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
                               .rows = t->dims.vdim, .x_stride = rank, .y_stride = t->dims.vdim};
         TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
                                          (int64_t)heads * t->dims.vdim, s, err));

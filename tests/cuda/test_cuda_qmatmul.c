@@ -147,7 +147,7 @@ static ddt_cpu_pool *g_pool;
 /* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W (FP32 only); 3: grouped
  * x W^T whose groups do not start on 16-row tiles (tensor mode: the FP32 path).
  * mode: DDT_CUDA_MM_FP32 or DDT_CUDA_MM_TENSOR for kinds 0, 1 and 3. */
-static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, const ddt_cuda_groups *g, const float *x,
+static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, const ddt_row_groups *g, const float *x,
                     int64_t ldx, int n, float *y, int64_t ldy) {
     if (kind == 0) OK(ddt_cuda_matmul_mode(dw, mode, x, ldx, n, y, ldy, NULL, &err_));
     else if (kind == 1 || kind == 3) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, NULL, &err_));
@@ -157,18 +157,18 @@ static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, cons
 static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, int xpad, ddt_cuda_mm_mode mode) {
     const int tc = mode == DDT_CUDA_MM_TENSOR && (f == 1 || f == 3 || f == 4) && kind != 3;
     const double tol = tc ? 5e-5 : 1e-5;
-    ddt_cuda_groups g = {1, 0, 0, rows, 0, 0};
+    ddt_row_groups g = {1, 0, 0, rows, 0, 0};
     int64_t wrows = rows, xw, yw;
     if (kind == 3 || (kind == 1 && mode == DDT_CUDA_MM_FP32)) {
         /* 3 groups of `rows` rows at offset 5 inside blocks of rows+7 */
-        g = (ddt_cuda_groups){3, rows + 7, 5, rows, cols + 1, rows + 2};
+        g = (ddt_row_groups){3, rows + 7, 5, rows, cols + 1, rows + 2};
         wrows = 3 * (rows + 7);
     } else if (kind == 1) { /* tensor mode: groups on 16-row tiles (at row 16 of blocks of >= rows+23) */
         const int64_t st = (rows + 23 + 15) / 16 * 16;
-        g = (ddt_cuda_groups){3, st, 16, rows, cols + 1, rows + 2};
+        g = (ddt_row_groups){3, st, 16, rows, cols + 1, rows + 2};
         wrows = 3 * st;
     } else if (kind == 2) { /* x W over 3 groups of `rows` rows: output width cols */
-        g = (ddt_cuda_groups){3, rows + 4, 3, rows, rows + 1, cols};
+        g = (ddt_row_groups){3, rows + 4, 3, rows, rows + 1, cols};
         wrows = 3 * (rows + 4);
     }
     if (kind == 0) xw = cols, yw = rows;
@@ -181,7 +181,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     float *yone = malloc(sizeof(float) * (size_t)ldy);
     for (int64_t i = 0; i < n * ldx; i++) x[i] = frand();
     poison(yref, (size_t)(n * ldy));
-    ddt_cpu_groups cg = {g.count, g.w_row_stride, g.w_row_offset, g.rows, g.x_stride, g.y_stride};
+    ddt_row_groups cg = {g.count, g.w_row_stride, g.w_row_offset, g.rows, g.x_stride, g.y_stride};
     if (kind == 0) ddt_cpu_matmul(g_pool, &h.w, x, ldx, n, yref, ldy);
     else if (kind == 1 || kind == 3) ddt_cpu_matmul_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
     else ddt_cpu_matmul_t_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);

@@ -251,7 +251,7 @@ static void test_matmul_grouped_and_transposed(void **state) {
         float *x = malloc(sizeof(float) * n * H * rank), *y = malloc(sizeof(float) * n * H * vd);
         double *ref = malloc(sizeof(double) * n * H * rank);
         fill(x, n * H * rank);
-        ddt_cpu_groups g = {.count = H, .w_row_stride = nope + vd, .w_row_offset = nope, .rows = vd,
+        ddt_row_groups g = {.count = H, .w_row_stride = nope + vd, .w_row_offset = nope, .rows = vd,
                             .x_stride = rank, .y_stride = vd};
         ddt_cpu_matmul_grouped(pool, &tw.q, &g, x, H * rank, n, y, H * vd);
         for (int64_t t = 0; t < n; t++)
@@ -266,7 +266,7 @@ static void test_matmul_grouped_and_transposed(void **state) {
         /* W_UK absorbed: q_lat[t][h*rank + j] = sum_i q[t][h*nope + i] W[h*(nope+vd) + i][j] */
         float *q = malloc(sizeof(float) * n * H * nope), *ql = malloc(sizeof(float) * n * H * rank);
         fill(q, n * H * nope);
-        ddt_cpu_groups gk = {.count = H, .w_row_stride = nope + vd, .w_row_offset = 0, .rows = nope,
+        ddt_row_groups gk = {.count = H, .w_row_stride = nope + vd, .w_row_offset = 0, .rows = nope,
                              .x_stride = nope, .y_stride = rank};
         ddt_cpu_matmul_t_grouped(pool, &tw.q, &gk, q, H * nope, n, ql, H * rank);
         for (int64_t t = 0; t < n; t++)

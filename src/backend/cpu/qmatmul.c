@@ -98,7 +98,7 @@ void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len,
 
 typedef struct mm_job {
     const ddt_qweight *w;
-    ddt_cpu_groups g;
+    ddt_row_groups g;
     const float *x;
     int64_t ldx, n;
     float *y;
@@ -194,7 +194,7 @@ static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
     }
 }
 
-void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_cpu_groups *g,
+void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
                             const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || g->rows <= 0 || g->count <= 0) return;
     mm_job jb = {.w = w, .g = *g, .x = x, .ldx = ldx, .n = n, .y = y, .ldy = ldy};
@@ -204,7 +204,7 @@ void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_
 
 void ddt_cpu_matmul(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, int64_t ldx, int64_t n,
                     float *y, int64_t ldy) {
-    ddt_cpu_groups g = {.count = 1, .w_row_stride = 0, .w_row_offset = 0, .rows = w->rows,
+    ddt_row_groups g = {.count = 1, .w_row_stride = 0, .w_row_offset = 0, .rows = w->rows,
                         .x_stride = 0, .y_stride = 0};
     ddt_cpu_matmul_grouped(pool, w, &g, x, ldx, n, y, ldy);
 }
@@ -213,7 +213,7 @@ void ddt_cpu_matmul(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, in
 
 typedef struct mt_job {
     const ddt_qweight *w;
-    ddt_cpu_groups g;
+    ddt_row_groups g;
     const float *x;
     int64_t ldx, n;
     float *y;
@@ -244,7 +244,7 @@ static void mt_task(void *p, int64_t begin, int64_t end, int32_t thread) {
     }
 }
 
-void ddt_cpu_matmul_t_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_cpu_groups *g,
+void ddt_cpu_matmul_t_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
                               const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || w->cols <= 0 || g->count <= 0) return;
     mt_job jb = {.w = w, .g = *g, .x = x, .ldx = ldx, .n = n, .y = y, .ldy = ldy};

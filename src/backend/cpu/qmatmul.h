@@ -15,23 +15,10 @@
 
 #include <stdint.h>
 
+#include "backend/row_groups.h"
 #include "backend/cpu/pool.h"
 #include "io/safetensors.h"
 
-/*
- * Grouped row selection: group g uses weight rows
- * [g*w_row_stride + w_row_offset, ... + rows), reads x at column offset g*x_stride
- * of each x row and writes y at column offset g*y_stride.  MLA uses it to apply
- * kv_b_proj's per-head slices (W_UK, W_UV) without copying them.
- */
-typedef struct ddt_cpu_groups {
-    int32_t count;          /* number of groups, >= 1 */
-    int64_t w_row_stride;   /* weight rows between consecutive groups */
-    int64_t w_row_offset;   /* first weight row of group 0 */
-    int64_t rows;           /* weight rows per group */
-    int64_t x_stride;       /* x columns between groups */
-    int64_t y_stride;       /* y columns between groups */
-} ddt_cpu_groups;
 
 /* Dequantise w[row][c0 .. c0+len) to fp32 into out[len].  Bounds are the caller's. */
 void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len, float *out);
@@ -43,13 +30,13 @@ void ddt_cpu_matmul(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, in
 
 /* y[t][g*y_stride + o] = sum_{j < w->cols} x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j]
  * for o < rows. */
-void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_cpu_groups *g,
+void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
                             const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy);
 
 /* The transposed product, y = x W:
  * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j]
  * for j < w->cols.  MLA's absorbed query q_lat = q_nope W_UK uses it. */
-void ddt_cpu_matmul_t_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_cpu_groups *g,
+void ddt_cpu_matmul_t_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
                               const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy);
 
 /* Read element i of a small dense vector (norm weights, biases) of dtype F32/BF16/F16. */

@@ -244,7 +244,7 @@ static void mm_launch(const MMArgs &a, cudaStream_t s) {
     else mm_launch_tb<F, 4, 1>(a, s);
 }
 
-static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, const char *what, ddt_error *err) {
+static ddt_status check_groups(const ddt_qweight *w, const ddt_row_groups *g, const char *what, ddt_error *err) {
     if (!g || g->count < 1 || g->rows < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "%s: empty group description", what);
     const int64_t last = (int64_t)(g->count - 1) * g->w_row_stride + g->w_row_offset + g->rows - 1;
@@ -257,7 +257,7 @@ static ddt_status check_groups(const ddt_qweight *w, const ddt_cuda_groups *g, c
 /* The activation and output side of a grouped product, which both paths'
  * launch arguments (MMArgs, WsArgs) carry under the same names. */
 template <class A>
-static void set_io(A &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
+static void set_io(A &a, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
     a.count = g->count;
     a.x = x;
     a.ldx = ldx;
@@ -470,7 +470,7 @@ static cudaError_t ws_dense(const WsArgs &a, cudaStream_t s) {
     return ws_dense_launch<F, 8>(a, s);
 }
 
-static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+static ddt_status tc_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                             float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
     WsArgs a;
     memset(&a, 0, sizeof a);
@@ -505,7 +505,7 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_cuda_groups *g, cons
 }
 
 /* The launch arguments of the FP32 path from a grouped product. */
-static void set_product(MMArgs &a, const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n, float *y,
+static void set_product(MMArgs &a, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n, float *y,
                         int64_t ldy) {
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
@@ -513,14 +513,14 @@ static void set_product(MMArgs &a, const ddt_cuda_groups *g, const float *x, int
     set_io(a, g, x, ldx, n, y, ldy);
 }
 
-extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
                                               int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                               ddt_error *err) {
     return ddt_cuda_matmul_grouped_mode(w, DDT_CUDA_MM_FP32, g, x, ldx, n, y, ldy, stream, err);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode,
-                                                   const ddt_cuda_groups *g, const float *x, int64_t ldx, int32_t n,
+                                                   const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                                                    float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "matmul", err);
     if (st != DDT_OK) return st;
@@ -562,7 +562,7 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cud
 extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx,
                                            int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul: no weight");
-    ddt_cuda_groups g = {1, 0, 0, w->rows, 0, 0};
+    ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
     return ddt_cuda_matmul_grouped_mode(w, mode, &g, x, ldx, n, y, ldy, stream, err);
 }
 
@@ -577,7 +577,7 @@ extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int6
 #define MT_TB 4
 
 static __global__ void __launch_bounds__(MT_THREADS)
-mt_kernel(const ddt_qweight w, const ddt_cuda_groups g, const float *__restrict__ x, int64_t ldx, int32_t n,
+mt_kernel(const ddt_qweight w, const ddt_row_groups g, const float *__restrict__ x, int64_t ldx, int32_t n,
           float *__restrict__ y, int64_t ldy) {
     const int64_t j = (int64_t)blockIdx.x * MT_THREADS + threadIdx.x;
     const int64_t grp = blockIdx.y;
@@ -600,7 +600,7 @@ mt_kernel(const ddt_qweight w, const ddt_cuda_groups g, const float *__restrict_
         if (t < ntok) y[(int64_t)(t0 + t) * ldy + grp * g.y_stride + j] = acc[t];
 }
 
-extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
                                                 int64_t ldx, int32_t n, float *y, int64_t ldy,
                                                 ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "matmul_t", err);

@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "backend/row_groups.h"
 #include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 #include "io/safetensors.h"
@@ -40,17 +41,6 @@ uint64_t ddt_cuda_qweight_bytes(const ddt_qweight *w);
 ddt_status ddt_cuda_vec_upload(const void *data, ddt_dtype dtype, int64_t n, float **dev, ddt_error *err);
 void ddt_cuda_free(void *dev);
 
-/* Grouped row selection, as ddt_cpu_groups: group g uses weight rows
- * [g*w_row_stride + w_row_offset, ... + rows), reads x at column offset
- * g*x_stride of each x row and writes y at column offset g*y_stride. */
-typedef struct ddt_cuda_groups {
-    int32_t count;
-    int64_t w_row_stride;
-    int64_t w_row_offset;
-    int64_t rows;
-    int64_t x_stride;
-    int64_t y_stride;
-} ddt_cuda_groups;
 
 /* The tensor-core layout: add to a device weight (made by upload or random) the
  * packed copy the tensor-core path streams (wstream.cuh: 16-row x 32-column
@@ -86,21 +76,21 @@ ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, in
                            int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
 
 /* y[t][g*y_stride + o] = sum_{j < w->cols} x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j] */
-ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
                                    int64_t ldx, int32_t n, float *y, int64_t ldy,
                                    ddt_cuda_stream stream, ddt_error *err);
 
 /* The same with the computation chosen by mode (the two above are DDT_CUDA_MM_FP32). */
 ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx, int32_t n,
                                 float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
-ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_cuda_groups *g,
+ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
                                         const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
                                         ddt_cuda_stream stream, ddt_error *err);
 
 /* The transposed product y = x W (MLA's q_lat = q_nope W_UK):
  * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j],
  * j < w->cols, summed over i in increasing order. */
-ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_cuda_groups *g, const float *x,
+ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
                                      int64_t ldx, int32_t n, float *y, int64_t ldy,
                                      ddt_cuda_stream stream, ddt_error *err);
 
