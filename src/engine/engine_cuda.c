@@ -122,13 +122,6 @@ void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
 
-static ddt_status dmalloc(void **p, size_t n, size_t sz, ddt_error *err) {
-    size_t bytes;
-    if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "device buffer size overflows");
-    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
-    return DDT_OK;
-}
-
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err) {
     return ddt_engine_cuda_create_rank(model_dir, opts, max_ctx, 0, 0, NULL, NULL, out, err);
@@ -176,17 +169,17 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     }
     e->kmax = ddt_engine_topk_cap(opts->mode == DDT_MODE_TREE ? opts->budget : 1, e->vocab);
     const size_t drows = e->depth > 0 ? (size_t)e->depth : 1, V = (size_t)e->vocab;
-    if ((st = dmalloc((void **)&e->ids, (size_t)max_ctx, sizeof(int32_t), err)) ||
-        (st = dmalloc((void **)&e->logits, (size_t)e->max_nodes * V, sizeof(float), err)) ||
-        (st = dmalloc((void **)&e->draft_logits, drows * V, sizeof(float), err)) ||
-        (st = dmalloc((void **)&e->logq, drows * (size_t)e->kmax, sizeof(float), err)) ||
-        (st = dmalloc((void **)&e->table_tok, drows * (size_t)e->kmax, sizeof(int32_t), err)) ||
-        (st = dmalloc((void **)&e->target_next, (size_t)e->max_nodes, sizeof(int32_t), err)) ||
-        (st = dmalloc((void **)&e->emit_d, DDT_CUDA_EMIT_WORDS, sizeof(int32_t), err)) ||
-        (st = dmalloc((void **)&e->one, 1, sizeof(int32_t), err)))
+    if ((st = ddt_cuda_malloc_array((void **)&e->ids, (size_t)max_ctx, sizeof(int32_t), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->logits, (size_t)e->max_nodes * V, sizeof(float), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->draft_logits, drows * V, sizeof(float), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->logq, drows * (size_t)e->kmax, sizeof(float), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->table_tok, drows * (size_t)e->kmax, sizeof(int32_t), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->target_next, (size_t)e->max_nodes, sizeof(int32_t), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->emit_d, DDT_CUDA_EMIT_WORDS, sizeof(int32_t), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->one, 1, sizeof(int32_t), NULL, err)))
         goto fail;
     e->topk_ws_bytes = ddt_cuda_topk_workspace_bytes((int32_t)drows, e->vocab, e->kmax);
-    if ((st = dmalloc(&e->topk_ws, e->topk_ws_bytes, 1, err))) goto fail;
+    if ((st = ddt_cuda_malloc_array(&e->topk_ws, e->topk_ws_bytes, 1, NULL, err))) goto fail;
     if ((st = ddt_cuda_tree_alloc(e->max_nodes - 1, &e->tree, err))) goto fail;
     {
         int32_t one = 1;

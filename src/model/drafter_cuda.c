@@ -88,14 +88,6 @@ static float *kv_v(const ddt_cuda_drafter *d, int32_t l) {
 
 /* ------------------------------------------------------------------ load */
 
-static ddt_status dev_alloc(ddt_cuda_drafter *d, void **p, size_t n, size_t sz, ddt_error *err) {
-    size_t bytes;
-    if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "drafter state size overflows");
-    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
-    d->state_bytes += bytes;
-    return DDT_OK;
-}
-
 /* Upload one weight view of the description; `what` (and layer l >= 0) names it
  * in a failure. */
 static ddt_status upload_linear(ddt_cuda_drafter *d, const ddt_qweight *host, const char *what, int32_t l,
@@ -180,26 +172,26 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     uint64_t attn_n = ddt_dflash_attn_scratch_floats(&d->attn);
-    TRY(dev_alloc(d, (void **)&d->kv, kv_n, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->cos_t, (size_t)d->cap * half, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->sin_t, (size_t)d->cap * half, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->len, 1, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->status, 1, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->ids, L, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->iota, C, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), err));
-    TRY(dev_alloc(d, (void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->kscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->vscr, scr * (size_t)d->dims.kvd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->x, L * (size_t)d->dims.H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->q, L * (size_t)d->dims.qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->o, L * (size_t)d->dims.qd, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->g, L * (size_t)d->dims.inter, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->u, L * (size_t)d->dims.inter, sizeof(float), err));
-    TRY(dev_alloc(d, (void **)&d->attn_scratch, (size_t)attn_n, sizeof(float), err));
+    TRY(ddt_cuda_malloc_array((void **)&d->kv, kv_n, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->cos_t, (size_t)d->cap * half, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->sin_t, (size_t)d->cap * half, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->len, 1, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->status, 1, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->ids, L, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->iota, C, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->kscr, scr * (size_t)d->dims.kvd, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->vscr, scr * (size_t)d->dims.kvd, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->x, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->q, L * (size_t)d->dims.qd, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->o, L * (size_t)d->dims.qd, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->g, L * (size_t)d->dims.inter, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->u, L * (size_t)d->dims.inter, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->attn_scratch, (size_t)attn_n, sizeof(float), &d->state_bytes, err));
 
     /* NaN in every activation and cache row until written, so a read of a row
      * nothing wrote shows in the logits (the tests rely on it) */

@@ -181,20 +181,12 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     return d->has_shared ? up_mlp(t, &h->shared, &d->shared, err) : DDT_OK;
 }
 
-static ddt_status dalloc(ddt_cuda_target *t, void **p, size_t n, size_t sz, ddt_error *err) {
-    size_t bytes;
-    if (!ddt_mul_size(n ? n : 1, sz, &bytes)) return ddt_fail(err, DDT_ERR_RANGE, "device buffer size overflows");
-    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
-    t->state_bytes += bytes;
-    return DDT_OK;
-}
-
 static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     const size_t T = (size_t)t->max_tokens, H = (size_t)t->dims.hidden;
     ddt_status st;
 #define A(ptr, count, type)                                                             \
     do {                                                                                \
-        if ((st = dalloc(t, (void **)&(ptr), (count), sizeof(type), err)) != DDT_OK) return st; \
+        if ((st = ddt_cuda_malloc_array((void **)&(ptr), (count), sizeof(type), &t->state_bytes, err)) != DDT_OK) return st; \
     } while (0)
     A(t->x, T * H, float);
     A(t->xn, T * H, float);
@@ -213,7 +205,7 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
         A(t->q16, T * (size_t)t->dims.heads * (size_t)(t->dims.rank + t->dims.rope), uint16_t);
         A(t->causal, T, uint64_t);
         t->mla_ws_bytes = ddt_cuda_mla_verify_workspace(t->max_tokens, t->dims.heads, t->max_ctx);
-        if ((st = dalloc(t, &t->mla_ws, t->mla_ws_bytes, 1, err)) != DDT_OK) return st;
+        if ((st = ddt_cuda_malloc_array(&t->mla_ws, t->mla_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK) return st;
     } else {
         A(t->scores, T * (size_t)t->dims.heads * (size_t)t->max_ctx, float);
     }
@@ -228,7 +220,7 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     if (t->n_capture > 0) A(t->capture, (size_t)t->n_capture * T * H, float);
     const size_t width = (size_t)(t->dims.rank + t->dims.rope);
     const size_t elem = t->fast ? 2 : sizeof(float);
-    if ((st = dalloc(t, &t->kv.data, (size_t)t->dims.n_layers * (size_t)t->max_ctx * width, elem, err)) != DDT_OK) return st;
+    if ((st = ddt_cuda_malloc_array(&t->kv.data, (size_t)t->dims.n_layers * (size_t)t->max_ctx * width, elem, &t->state_bytes, err)) != DDT_OK) return st;
     A(t->kv.len, 1, int32_t);
     A(t->kv.status, 1, int32_t);
 #undef A
@@ -273,7 +265,7 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
                 t->moe_ws_bytes = ddt_cuda_moe_workspace_bytes(&t->layers[l].experts, t->max_tokens, t->dims.top_k);
                 break;
             }
-        if ((st = dalloc(t, &t->moe_ws, t->moe_ws_bytes, 1, err)) != DDT_OK) return st;
+        if ((st = ddt_cuda_malloc_array(&t->moe_ws, t->moe_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK) return st;
     }
     return DDT_OK;
 }

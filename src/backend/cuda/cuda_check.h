@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/alloc.h"
 #include "core/error.h"
 
 #define DDT_CUDA_TRY(call, err)                                                              \
@@ -29,5 +30,17 @@
 #else
 #define DDT_CUDA_LAUNCHED(name, stream, err) DDT_CUDA_TRY(cudaGetLastError(), err)
 #endif
+
+/* The backend's one checked device allocation: *p = n elements of sz bytes (at
+ * least one, so an empty buffer is still a valid pointer), the size product
+ * overflow-checked; *counter (when not NULL) grows by the bytes taken. */
+static inline ddt_status ddt_cuda_malloc_array(void **p, size_t n, size_t sz, uint64_t *counter, ddt_error *err) {
+    size_t bytes;
+    if (!ddt_mul_size(n ? n : 1, sz, &bytes))
+        return ddt_fail(err, DDT_ERR_RANGE, "device buffer of %zu x %zu bytes overflows", n, sz);
+    DDT_CUDA_TRY(cudaMalloc(p, bytes), err);
+    if (counter) *counter += bytes;
+    return DDT_OK;
+}
 
 #endif
