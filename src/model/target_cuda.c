@@ -57,9 +57,19 @@ struct ddt_cuda_target {
     float *cos_t, *sin_t; /* [max_ctx][rope/2] */
     ddt_cuda_kv kv;
 
-    /* run state [max_tokens][...] */
-    float *x, *xn, *qa, *q, *kva, *kvn, *q_lat, *o_lat, *o_v, *tmp, *acc, *g, *u, *rlogits, *rw, *scores;
-    int32_t *ridx, *iota;
+    /* run state, T = max_tokens rows (alloc_state sizes them) */
+    float *x, *xn, *tmp, *acc; /* [T][hidden] residual stream, its norm, a projection out, the routed sum */
+    float *qa;                 /* [T][q_lora] (q_lora_rank 0: unused) */
+    float *q;                  /* [T][heads][qdim] queries (nope | rope) */
+    float *kva;                /* [T][rank + rope] kv_a output: latent | k_rope */
+    float *kvn;                /* [T][rank] normed latent */
+    float *q_lat, *o_lat;      /* [T][heads][rank] absorbed queries, attention output in latent space */
+    float *o_v;                /* [T][heads][vdim] per-head values after W_UV */
+    float *g, *u;              /* [T][inter_max] gate / up (dense MLP, shared expert) */
+    float *rlogits, *rw;       /* [T][n_experts] router logits, [T][top_k] routing weights */
+    float *scores;             /* exact path: [T][heads][max_ctx] attention scores */
+    int32_t *ridx;             /* [T][top_k] routed expert ids */
+    int32_t *iota;             /* [T] 0, 1, 2, ...: a prefill's depths (a chain: row i at position len + i) */
     bool fast;           /* bf16 cache + mla_verify_cuda.h */
     ddt_cuda_mm_mode mm; /* opts->tensor_cores: how projections / experts / LM head run */
     uint16_t *q16;       /* fast: [max_tokens][heads][576] bf16 queries */
