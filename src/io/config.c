@@ -203,12 +203,68 @@ void ddt_config_free(ddt_model_config *cfg) {
     cfg->n_ignore = 0;
 }
 
+/* A pattern glibc's regcomp can compile in bounded memory: it copies the operand of
+ * every repetition ("a+" becomes "aa*", "a{n}" n copies), so stacked repetitions
+ * ("a*++++", "(a+)+" nested deeply) or big intervals blow up exponentially; a
+ * hostile config.json once took 2 GB this way (found by fuzz_config).  The
+ * modules_to_not_convert patterns of real checkpoints (".*lm_head", ".*mlp.gate$")
+ * need none of that.  NULL when acceptable, else why not. */
+#define DDT_RE_MAX_LEN 512
+#define DDT_RE_MAX_REPEATS 16
+#define DDT_RE_MAX_INTERVAL 64
+#define DDT_RE_MAX_EXPANSION 4096
+static const char *regex_too_complex(const char *p) {
+    size_t len = strlen(p);
+    if (len > DDT_RE_MAX_LEN) return "longer than 512 characters";
+    int repeats = 0;
+    long expansion = 1;
+    bool prev_repeat = false;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = p[i];
+        if (ch == '\\' && i + 1 < len) { /* an escaped character is a literal */
+            i++;
+            prev_repeat = false;
+            continue;
+        }
+        const bool repeat = ch == '*' || ch == '+' || ch == '?' || ch == '{';
+        if (repeat) {
+            if (prev_repeat) return "a repetition of a repetition";
+            if (++repeats > DDT_RE_MAX_REPEATS) return "more than 16 repetition operators";
+            long copies = ch == '+' ? 2 : 1; /* copies of the operand regcomp makes */
+            if (ch == '{') { /* {m}, {m,}, {m,n}: every bound small */
+                size_t j = i + 1;
+                long v = 0, top = 0;
+                for (; j < len && p[j] != '}'; j++) {
+                    if (p[j] >= '0' && p[j] <= '9') {
+                        v = v * 10 + (p[j] - '0');
+                        if (v > DDT_RE_MAX_INTERVAL) return "an interval bound over 64";
+                        if (v > top) top = v;
+                    } else {
+                        v = 0;
+                    }
+                }
+                copies = top + 1;
+                i = j; /* past the interval (regcomp reports a malformed one) */
+            }
+            /* as if every repetition were nested in the next: a bound whatever the groups */
+            expansion *= copies;
+            if (expansion > DDT_RE_MAX_EXPANSION) return "repetitions that expand it over 4096 times";
+        }
+        prev_repeat = repeat;
+    }
+    return NULL;
+}
+
 /* Compile "re:<pat>" as POSIX ERE anchored at the start ("^(pat)"), Python re.match
  * semantics; *is_re false for plain names. */
 static ddt_status compile_entry(cfg_ctx *c, const char *field, const char *s, regex_t *re,
                                 bool *is_re) {
     *is_re = false;
     if (strncmp(s, "re:", 3) != 0) return DDT_OK;
+    const char *why_not = regex_too_complex(s + 3);
+    if (why_not)
+        return ddt_fail(c->err, DDT_ERR_UNSUPPORTED, "file %s: field %s: pattern \"%.80s\" is too complex (%s)",
+                        c->where, field, s, why_not);
     size_t n = strlen(s + 3), cap;
     if (!ddt_add_size(n, 4, &cap)) return ddt_fail(c->err, DDT_ERR_NOMEM, "file %s: out of memory", c->where);
     char *pat = malloc(cap);

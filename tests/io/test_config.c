@@ -460,6 +460,39 @@ static void test_unsupported(void **state) {
                     "false", DDT_ERR_UNSUPPORTED, "asymmetric", NULL);
     expect_mutation("kimi_k2_6.json", "text_config.quantization_config.ignore", "[\"re:(unclosed\"]",
                     DDT_ERR_FORMAT, "re:(unclosed", NULL);
+    /* patterns glibc's regcomp would expand without bound (fuzz_config once spent 2 GB on
+       the first): refused before compiling, naming the pattern and why */
+    expect_mutation("kimi_k2_6.json", "text_config.quantization_config.ignore",
+                    "[\"re:.*++++++++++++++++++++++++++++++++gate$\"]", DDT_ERR_UNSUPPORTED,
+                    "repetition of a repetition", NULL);
+    expect_mutation("kimi_k2_6.json", "text_config.quantization_config.ignore",
+                    "[\"re:((((((((((((a+)+)+)+)+)+)+)+)+)+)+)+)+x\"]", DDT_ERR_UNSUPPORTED, "expand", NULL);
+    expect_mutation("kimi_k2_6.json", "text_config.quantization_config.ignore", "[\"re:((a{60}){60}){60}\"]",
+                    DDT_ERR_UNSUPPORTED, "expand", NULL);
+    expect_mutation("kimi_k2_6.json", "text_config.quantization_config.ignore", "[\"re:a{1000}\"]",
+                    DDT_ERR_UNSUPPORTED, "interval bound", NULL);
+}
+
+/* The patterns real checkpoints carry compile, escapes included (written JSON-escaped). */
+static void test_ignore_patterns_accepted(void **state) {
+    (void)state;
+    static const char *ok[] = {"re:.*lm_head", "re:.*mlp\\\\.gate$", "re:.*self_attn.*",
+                               "re:model\\\\.layers\\\\.[0-9]+\\\\.mlp\\\\..*", "re:.*\\\\+\\\\+\\\\+\\\\+.*"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\":\"deepseek_v3\",\"hidden_size\":8,\"num_hidden_layers\":1,"
+                 "\"num_attention_heads\":2,\"q_lora_rank\":null,\"kv_lora_rank\":4,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
+                 "\"v_head_dim\":4,\"vocab_size\":16,\"intermediate_size\":8,"
+                 "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128],"
+                 "\"modules_to_not_convert\":[\"%s\"]}}",
+                 ok[i]);
+        ddt_model_config c;
+        ddt_error err = {0};
+        ddt_status st = ddt_config_parse(json, strlen(json), "ok.json", &c, &err);
+        if (st != DDT_OK) fail_msg("pattern %s: %s", ok[i], err.msg);
+        ddt_config_free(&c);
+    }
 }
 
 static void test_not_json(void **state) {
@@ -482,6 +515,7 @@ int main(void) {
         cmocka_unit_test(test_kimi_quant_config_at_top_level),
         cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_fp8_modules_to_not_convert),
+        cmocka_unit_test(test_ignore_patterns_accepted),
         cmocka_unit_test(test_qlora_null_and_defaults),
         cmocka_unit_test(test_layer_is_moe_with_freq),
         cmocka_unit_test(test_rope_variants),
