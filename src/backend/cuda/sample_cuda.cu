@@ -59,6 +59,22 @@ static __device__ float smp_uniform(uint64_t seed, uint64_t round, uint32_t node
     return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
 
+/* top-k as the kernel takes it: 0 when off (k <= 0 or k >= vocab keeps every id) */
+static __host__ __device__ __forceinline__ int32_t smp_topk(int32_t top_k, int32_t vocab) {
+    return top_k > 0 && top_k < vocab ? top_k : 0;
+}
+
+/* The settings the device samples (one rule for the host's check and the kernel's):
+ * argmax always; else top-k up to 1024, and top-p only with top-k on (top-p alone
+ * needs a sort of the whole vocabulary, which the host does). */
+static __host__ __device__ __forceinline__ bool smp_takes(float temperature, int32_t top_k, float top_p,
+                                                          int32_t vocab) {
+    if (vocab < 1 || vocab > SMP_MAX_VOCAB || !(temperature >= 0.0f)) return false;
+    if (temperature == 0.0f) return true;
+    const int32_t k = smp_topk(top_k, vocab);
+    return k > 0 ? k <= DDT_CUDA_SAMPLE_MAX_TOPK : !(top_p < 1.0f);
+}
+
 /* larger key = larger logit; -0.0 and +0.0 share a key (they compare equal) */
 static __device__ __forceinline__ uint32_t smp_key(float z) {
     const uint32_t u = z == 0.0f ? 0u : __float_as_uint(z);
@@ -75,11 +91,11 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
         const ddt_cuda_sample_params p = *a.params_dev;
         a.temperature = p.temperature;
         a.top_p = p.top_p;
-        a.top_k = p.top_k > 0 && p.top_k < a.vocab ? p.top_k : 0;
+        a.top_k = smp_topk(p.top_k, a.vocab);
         a.seed = p.seed;
         a.round = p.round;
         a.round_dev = nullptr;
-        if (!(a.temperature >= 0.0f) || a.top_k > SMP_CHUNK || (a.top_k == 0 && a.top_p < 1.0f)) {
+        if (!smp_takes(p.temperature, p.top_k, p.top_p, a.vocab)) {
             if (threadIdx.x == 0) a.tokens[blockIdx.x] = -1; /* settings the device does not take */
             return;
         }
@@ -303,11 +319,14 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
 }
 
 extern "C" bool ddt_cuda_sample_supported(const ddt_sampling *s, int32_t vocab) {
-    if (!s || vocab < 1 || vocab > SMP_MAX_VOCAB) return false;
-    if (s->temperature == 0.0f) return true;
-    const bool topk = s->top_k > 0 && s->top_k < vocab;
-    if (topk) return s->top_k <= DDT_CUDA_SAMPLE_MAX_TOPK;
-    return !(s->top_p < 1.0f); /* top-p over the whole vocabulary: the host sorts it */
+    return s && smp_takes(s->temperature, s->top_k, s->top_p, vocab);
+}
+
+/* One block per node. */
+static ddt_status sample_launch(const SampleArgs &a, int32_t n_nodes, cudaStream_t stream, ddt_error *err) {
+    sample_kernel<<<(unsigned)n_nodes, SMP_THREADS, 0, stream>>>(a);
+    DDT_CUDA_LAUNCHED("sample_nodes", stream, err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_sample_nodes(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
@@ -325,21 +344,19 @@ extern "C" ddt_status ddt_cuda_sample_nodes(const float *logits, int64_t ld, int
                         "top-k <= %d, and top-p only with it)",
                         s->top_k, (double)s->top_p, vocab, DDT_CUDA_SAMPLE_MAX_TOPK);
     SampleArgs a;
+    memset(&a, 0, sizeof a);
     a.logits = logits;
     a.ld = ld;
     a.vocab = vocab;
     a.temperature = s->temperature;
     a.top_p = s->top_p;
-    a.top_k = s->top_k > 0 && s->top_k < vocab ? s->top_k : 0;
+    a.top_k = smp_topk(s->top_k, vocab);
     a.seed = s->seed;
     a.round_dev = round_dev;
     a.round = round;
-    a.params_dev = NULL;
     a.node0 = node0;
     a.tokens = tokens;
-    sample_kernel<<<(unsigned)n_nodes, SMP_THREADS, 0, (cudaStream_t)stream>>>(a);
-    DDT_CUDA_LAUNCHED("sample_nodes", (cudaStream_t)stream, err);
-    return DDT_OK;
+    return sample_launch(a, n_nodes, (cudaStream_t)stream, err);
 }
 
 extern "C" ddt_status ddt_cuda_sample_nodes_dev(const float *logits, int64_t ld, int32_t n_nodes, int32_t vocab,
@@ -357,7 +374,5 @@ extern "C" ddt_status ddt_cuda_sample_nodes_dev(const float *logits, int64_t ld,
     a.params_dev = params_dev;
     a.node0 = node0;
     a.tokens = tokens;
-    sample_kernel<<<(unsigned)n_nodes, SMP_THREADS, 0, (cudaStream_t)stream>>>(a);
-    DDT_CUDA_LAUNCHED("sample_nodes_dev", (cudaStream_t)stream, err);
-    return DDT_OK;
+    return sample_launch(a, n_nodes, (cudaStream_t)stream, err);
 }
