@@ -513,8 +513,6 @@ static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x,
  * (item, row block) with the item fastest, so the items of one big expert run
  * side by side and share its weights in L2.
  */
-template <int NT> static int tc_moe_c() { return 8 * NT; }
-
 template <int F, int NT>
 static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
                                     int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
@@ -566,29 +564,12 @@ static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_
     return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, n, ws, s, err);
 }
 
-template <int F, int KIND, int NT> static cudaError_t moe_ws_attr() {
-    return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                ws_smem_bytes<F>(NT, NT * 8));
-}
-template <int F> static cudaError_t moe_ws_attr_fmt() {
-    const cudaError_t r[] = {moe_ws_attr<F, WS_GATEUP, 1>(), moe_ws_attr<F, WS_GATEUP, 2>(),
-                             moe_ws_attr<F, WS_GATEUP, 4>(), moe_ws_attr<F, WS_DOWN, 1>(),
-                             moe_ws_attr<F, WS_DOWN, 2>(),   moe_ws_attr<F, WS_DOWN, 4>()};
-    for (cudaError_t x : r)
-        if (x != cudaSuccess) return x;
-    return cudaSuccess;
-}
-
 extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *err) {
     if (!m || !m->host_copy || !m->gate) return ddt_fail(err, DDT_ERR_INVALID, "moe_layer_pack: no layer");
-    const ddt_qweight *ref = &m->host_copy[0];
-    const int F = qfmt_of(*ref);
-    const bool ok = F == QF_BF16 || (F == QF_INT4 && ref->group == 32 && m->hidden % 32 == 0 && m->inter % 32 == 0) ||
-                    (F == QF_FP8 && ref->block % 32 == 0);
-    if (ok) {
-        cudaError_t e = moe_ws_attr_fmt<QF_BF16>();
-        if (e == cudaSuccess) e = moe_ws_attr_fmt<QF_FP8>();
-        if (e == cudaSuccess) e = moe_ws_attr_fmt<QF_INT4>();
+    /* gate / up ([inter, hidden]) and down ([hidden, inter]) share one format */
+    if (ddt_cuda_qweight_tc_eligible(&m->host_copy[0]) && ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts])) {
+        cudaError_t e = ws_set_smem<WS_GATEUP, 1, 2, 4>();
+        if (e == cudaSuccess) e = ws_set_smem<WS_DOWN, 1, 2, 4>();
         if (e != cudaSuccess)
             return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: expert kernels' shared memory attribute: %s",
                             cudaGetErrorString(e));
@@ -633,8 +614,8 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     cudaStream_t s = (cudaStream_t)stream;
     /* the tensor path takes bf16, INT4 and FP8 with blocks of whole sub-chunks; the
        choice depends on the layer only (never on n), as batch invariance needs */
-    const bool tc = m->mode == DDT_CUDA_MM_TENSOR &&
-                    (F == QF_BF16 || F == QF_INT4 || (F == QF_FP8 && ref->block % 32 == 0));
+    const bool tc = m->mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(ref) &&
+                    ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts]);
     const int64_t E = m->n_experts, touched = M < E ? M : E;
     int TB = 0, C, nt = 1;
     if (tc) {
@@ -643,8 +624,8 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
                                                   "(ddt_cuda_moe_layer_pack)");
         nt = n <= 8 ? 1 : n <= 16 ? 2 : 4; /* at most n tokens reach one expert */
         C = 8 * nt;
-        while (touched + M / C > 65535) C *= 2; /* cannot happen for n <= 65535 with C >= 8; kept as a guard */
-        if (C != 8 * nt) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
+        if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
+            return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {
         TB = M * 2 <= E ? 1 : M <= 2 * E ? 2 : 4;
         C = TB;

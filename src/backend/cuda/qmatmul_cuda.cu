@@ -273,7 +273,7 @@ static void set_io(A &a, const ddt_row_groups *g, const float *x, int64_t ldx, i
 
 /* Can the tensor-core path take this weight?  (Otherwise the FP32 path runs: the
  * choice depends on the weight only, so it never breaks batch invariance.) */
-static bool tc_eligible(const ddt_qweight *w) {
+extern "C" bool ddt_cuda_qweight_tc_eligible(const ddt_qweight *w) {
     const int F = qfmt_of(*w);
     if (F == QF_BF16) return true;
     if (F == QF_INT4) return w->group == 32 && w->cols % 32 == 0;
@@ -361,27 +361,10 @@ static __global__ void ws_pack_kernel(const ddt_qweight w, int F, int64_t mtl, i
     }
 }
 
-/* The dynamic shared memory every instantiation needs (over 48 KB for most). */
-template <int F, int KIND, int NT> static cudaError_t ws_attr() {
-    return cudaFuncSetAttribute(ws_kernel<F, KIND, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                ws_smem_bytes<F>(NT, NT * 8));
-}
-template <int F> static cudaError_t ws_attr_fmt() {
-    cudaError_t e = cudaSuccess;
-    /* (the expert instantiations live in moe_cuda.cu, which sets its own) */
-    const cudaError_t r[] = {ws_attr<F, WS_DENSE, 1>(), ws_attr<F, WS_DENSE, 2>(), ws_attr<F, WS_DENSE, 4>(),
-                             ws_attr<F, WS_DENSE, 8>()};
-    for (cudaError_t x : r)
-        if (x != cudaSuccess) e = x;
-    return e;
-}
-
 /* Set on the current device before any launch (packing runs at load, before a
  * round is captured).  Instantiations are per file (static kernels). */
 extern "C" ddt_status ddt_cuda_ws_prepare(ddt_error *err) {
-    cudaError_t e = ws_attr_fmt<QF_BF16>();
-    if (e == cudaSuccess) e = ws_attr_fmt<QF_FP8>();
-    if (e == cudaSuccess) e = ws_attr_fmt<QF_INT4>();
+    const cudaError_t e = ws_set_smem<WS_DENSE, 1, 2, 4, 8>(); /* the expert kinds: moe_cuda.cu */
     if (e != cudaSuccess)
         return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: tensor-core matmul shared memory attribute: %s",
                         cudaGetErrorString(e));
@@ -392,7 +375,7 @@ extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
     ddt_status st = check_weight(w, "qweight_pack", err);
     if (st != DDT_OK) return st;
     if (w->mma) return DDT_OK; /* packed already */
-    if (!tc_eligible(w)) return DDT_OK; /* this weight takes the FP32 path in every mode */
+    if (!ddt_cuda_qweight_tc_eligible(w)) return DDT_OK; /* this weight takes the FP32 path in every mode */
     if ((st = ddt_cuda_ws_prepare(err)) != DDT_OK) return st;
     uint64_t db, sb;
     ws_packed_bytes(w, &db, &sb);
@@ -540,7 +523,7 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cud
                         (long long)w->rows, (long long)w->cols, w->group);
     /* groups must start on m-tiles of the packed layout; otherwise (a shape
        property, never n) the FP32 path runs */
-    if (mode == DDT_CUDA_MM_TENSOR && tc_eligible(w) && g->w_row_stride % 16 == 0 && g->w_row_offset % 16 == 0) {
+    if (mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(w) && g->w_row_stride % 16 == 0 && g->w_row_offset % 16 == 0) {
         if (!w->mma)
             return ddt_fail(err, DDT_ERR_INVALID,
                             "matmul: tensor-core mode on a weight [%lld, %lld] that was not packed "

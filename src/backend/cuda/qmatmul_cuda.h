@@ -18,6 +18,7 @@
 #ifndef DDT_CUDA_QMATMUL_H
 #define DDT_CUDA_QMATMUL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/row_groups.h"
@@ -50,6 +51,10 @@ void ddt_cuda_free(void *dev);
  * for one packed already.  Run at load: it allocates and synchronises.  Freed by
  * ddt_cuda_qweight_free. */
 ddt_status ddt_cuda_qweight_pack(ddt_qweight *dev, ddt_error *err);
+/* Does the tensor-core path take this weight (bf16; FP8 blocks a multiple of 32;
+ * INT4 group 32 with columns a multiple of 32)?  Otherwise it runs the FP32 path in
+ * every mode: a property of the weight, never of n. */
+bool ddt_cuda_qweight_tc_eligible(const ddt_qweight *w);
 /* Bytes of the packed copy (0 when none). */
 uint64_t ddt_cuda_qweight_packed_bytes(const ddt_qweight *dev);
 /* Set the dense tensor-core kernels' shared-memory limits on the current device

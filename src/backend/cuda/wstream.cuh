@@ -491,4 +491,20 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
     }
 }
 
+/* Raise the dynamic shared-memory limit of the instantiations ws_kernel<F, KIND,
+ * NT...> for the three formats.  The kernels are static, so each file that
+ * launches some sets its own (before any launch: at pack time, ahead of capture). */
+template <int KIND, int... NTS> static cudaError_t ws_set_smem() {
+    const cudaError_t r[] = {
+        cudaFuncSetAttribute(ws_kernel<QF_BF16, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             ws_smem_bytes<QF_BF16>(NTS, NTS * 8))...,
+        cudaFuncSetAttribute(ws_kernel<QF_FP8, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             ws_smem_bytes<QF_FP8>(NTS, NTS * 8))...,
+        cudaFuncSetAttribute(ws_kernel<QF_INT4, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             ws_smem_bytes<QF_INT4>(NTS, NTS * 8))...};
+    for (cudaError_t e : r)
+        if (e != cudaSuccess) return e;
+    return cudaSuccess;
+}
+
 #endif
