@@ -289,7 +289,7 @@ static ddt_status stage_sampling(ddt_engine_cuda *e, uint64_t round, ddt_error *
 
 /* The whole device round (the graph's body), greedy or with the device sampler
  * (mode); AR (budget 0): one target step. */
-static ddt_status launch_greedy_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     const int mode = e->graph_next;
     DDT_CUDA_TRY(mark(e, 0), err);
     if (e->opts.mode == DDT_MODE_AR) {
@@ -313,7 +313,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     }
     e->graph_next = next_mode(e) == NEXT_SAMPLE ? NEXT_SAMPLE : NEXT_ARGMAX;
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
-    ddt_status st = launch_greedy_round(e, budget, k, err);
+    ddt_status st = launch_device_round(e, budget, k, err);
     cudaGraph_t g = NULL;
     cudaError_t ce = cudaStreamEndCapture(e->s, &g);
     if (st != DDT_OK) {
@@ -586,7 +586,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 if (budget == e->max_nodes - 1) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
-                    TRY(launch_greedy_round(e, budget, k, err)); /* the context's last rounds */
+                    TRY(launch_device_round(e, budget, k, err)); /* the context's last rounds */
                 }
             } else {
                 TRY(sampled_round(e, budget, k, round, err));
