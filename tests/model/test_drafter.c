@@ -25,6 +25,7 @@
 
 #include "model/drafter.h"
 #include "model/target.h"
+#include "test_files.h"
 
 #define TOL 1e-4
 
@@ -416,26 +417,6 @@ static void test_call_errors(void **state) {
 }
 
 /* ------------------------------------------------------------------ damaged folders */
-
-static uint8_t *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("cannot read %s", path);
-    fclose(f);
-    buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
-}
-
-static void write_all(const char *path, const void *buf, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(buf, 1, len, f) != len) fail_msg("cannot write %s", path);
-    fclose(f);
-}
 
 typedef void (*config_edit)(json_t *cfg);
 

@@ -20,27 +20,9 @@
 
 #include "io/safetensors.h"
 #include "model/target.h"
+#include "test_files.h"
 
 static char g_src[1024];
-
-static uint8_t *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)n);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("cannot read %s", path);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
-static void write_all(const char *path, const void *buf, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(buf, 1, len, f) != len) fail_msg("cannot write %s", path);
-    fclose(f);
-}
 
 typedef struct damage {
     const char *drop;        /* tensor to leave out, or NULL */
@@ -139,15 +121,6 @@ static void make_damaged(const char *dir, const damage *d) {
     free(src);
 }
 
-static void remove_dir(const char *dir) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
-}
-
 /* Load the damaged folder; expect failure with every string of `needles` in the message. */
 static void expect_failure(const damage *d, const char *needle1, const char *needle2) {
     char dir[] = "/tmp/ddt_target_err_XXXXXX";
@@ -157,7 +130,7 @@ static void expect_failure(const damage *d, const char *needle1, const char *nee
     ddt_target *t = NULL;
     ddt_error err = {0};
     ddt_status st = ddt_target_load(dir, &o, &t, &err);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
     if (st == DDT_OK) {
         ddt_target_free(t);
         fail_msg("damaged checkpoint loaded without error");
@@ -179,7 +152,7 @@ static void test_intact_copy_loads(void **state) {
     ddt_target *t = NULL;
     ddt_error err = {0};
     ddt_status st = ddt_target_load(dir, &o, &t, &err);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
     if (st != DDT_OK) fail_msg("intact copy failed to load: %s", err.msg);
     ddt_target_free(t);
 }
@@ -293,7 +266,7 @@ static void test_tied_embeddings(void **state) {
     ddt_checkpoint_close(ck);
     free(lg);
     ddt_target_free(t);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
 }
 
 int main(void) {

@@ -31,6 +31,7 @@
 
 #include "io/safetensors.h"
 #include "model/target.h"
+#include "test_files.h"
 
 #define REF_TOL 1e-4
 
@@ -116,19 +117,6 @@ static void b_free(builder *b) {
     b->n = 0;
 }
 
-static uint8_t *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("cannot read %s", path);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 /* Write the builder's tensors as dir/model.safetensors and copy cfg_dir/config.json. */
 static void b_write(const builder *b, const char *dir, const char *cfg_dir) {
     json_t *hdr = json_object();
@@ -171,15 +159,6 @@ static void b_write(const builder *b, const char *dir, const char *cfg_dir) {
     free(cfg);
 }
 
-static void remove_dir(const char *dir) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
-}
-
 static void fixture_dir(char *out, size_t cap, const char *kind, const char *variant) {
     snprintf(out, cap, "%s/tests/fixtures/%s/%s", g_root, kind, variant);
 }
@@ -201,7 +180,7 @@ static void expect_failure(const builder *b, const char *cfg_dir, ddt_status wan
     ddt_target *t = NULL;
     ddt_error err = {0};
     ddt_status st = ddt_target_load(dir, &o, &t, &err);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
     if (st == DDT_OK) {
         ddt_target_free(t);
         fail_msg("checkpoint loaded without error (expected one naming '%s')", needle1);
@@ -390,7 +369,7 @@ static void test_intact_rebuild_loads(void **state) {
     b_write(&b, dir, cfg);
     ddt_target *t = load_target(dir, 4);
     ddt_target_free(t);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
     ddt_checkpoint_close(ck);
     b_free(&b);
 }
