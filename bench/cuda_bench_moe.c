@@ -155,17 +155,25 @@ int main(int argc, char **argv) {
     CU(cudaMalloc((void **)&gu32, sizeof(float) * (size_t)MAXN * 2 * I));
     static const int ns[] = {1, 4, 16, 32, 64, 128};
     double ex_us[2][6];
-    for (int mi = 0; mi < (only ? 0 : 3); mi++) {
-        if (mi == 1) OK(ddt_cuda_moe_layer_pack(&layer, &err_)); /* the tensor cores stream the packed copy */
-        layer.mode = mi == 1 ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
-        if (mi == 2) {
+    /* "experts-nt": the tensor-core experts only, once per work-item cap (8*NT tokens) */
+    const bool nt_sweep = only && !strcmp(only, "experts-nt");
+    static const int nt_caps[] = {4, 2, 1};
+    if (nt_sweep) OK(ddt_cuda_moe_layer_pack(&layer, &err_));
+    for (int mi = nt_sweep ? 1 : 0; mi < (nt_sweep ? 4 : only ? 0 : 3); mi++) {
+        if (nt_sweep) {
+            ddt_cuda_moe_set_item_ntiles(nt_caps[mi - 1]);
+            printf("\n## work items of at most %d tokens\n", 8 * nt_caps[mi - 1]);
+        }
+        if (mi == 1 && !nt_sweep) OK(ddt_cuda_moe_layer_pack(&layer, &err_)); /* the tensor cores stream the packed copy */
+        layer.mode = mi == 1 || nt_sweep ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+        if (mi == 2 && !nt_sweep) {
             printf("\n## cuBLAS bf16 (cublasGemmEx per touched expert: gate/up [%d, %d] and down [%d, %d], bf16 "
                    "weights = 4x the INT4 bytes)\n\n", 2 * I, H, H, I);
             printf("| tokens | touched experts | bf16 MB read | us (median) | of copy bw | ours (tensor) us | ours / cuBLAS |\n");
             printf("|---:|---:|---:|---:|---:|---:|---:|\n");
         } else {
             printf("\n## experts on %s\n\n", mi ? "tensor cores (DDT_CUDA_MM_TENSOR, packed)" : "CUDA cores (DDT_CUDA_MM_FP32)");
-            printf("| tokens | touched experts | MB read | floor us | route us | experts us (median) | GB/s | of copy bw | "
+            printf("| tokens | touched experts | MB read | floor us | route us (median / queued) | experts us (median) | GB/s | of copy bw | "
                    "experts us (queued) | of copy bw (queued) | vs n=1 |\n");
             printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         }
@@ -178,7 +186,7 @@ int main(int argc, char **argv) {
             int touched = 0;
             for (int i = 0; i < n * K; i++)
                 if (cnt[hidx[i]]++ == 0) touched++;
-            if (mi == 2) {
+            if (mi == 2 && !nt_sweep) {
                 TIME_WITH(
                     {
                         int j = 0;
@@ -196,12 +204,12 @@ int main(int argc, char **argv) {
                 continue;
             }
             TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
-            ex_us[mi][ni] = ms * 1e3;
+            const int slot = mi > 1 ? 1 : mi;
+            ex_us[slot][ni] = ms * 1e3;
             const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
-            printf("| %d | %d | %.0f | %.1f | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.2fx |\n", n, touched,
-                   bytes / 1e6, bytes / copy_gbs / 1e3, route_ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3,
-                   100.0 * gq / copy_gbs, ex_us[mi][ni] / ex_us[mi][0]);
-            (void)route_q;
+            printf("| %d | %d | %.0f | %.1f | %.1f / %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.2fx |\n", n, touched,
+                   bytes / 1e6, bytes / copy_gbs / 1e3, route_ms * 1e3, route_q * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3,
+                   100.0 * gq / copy_gbs, ex_us[slot][ni] / ex_us[slot][0]);
         }
     }
     for (int e = 0; e < NB; e++) ddt_cuda_qweight_free(&bgu[e]), ddt_cuda_qweight_free(&bdn[e]);

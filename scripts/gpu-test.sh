@@ -4,7 +4,13 @@
 # with nvcc and gcc only (scripts/gpu-env.sh supplies jansson and PCRE2 from
 # .gpudeps/), so it needs no Debian -dev package there.  Everything is logged to
 # $OUT/gpu-test.log (tests) and $OUT/bench.md (benchmarks).
-#   scripts/gpu-test.sh [build|test|bench|all]...   (default: build test)
+#   scripts/gpu-test.sh [build|test|quicktest|sanitize|sweep|bench|bench-experts|ncu-dense]...
+#                                                   (default: build test)
+#   test = every GPU test, then compute-sanitizer memcheck on each one's --quick
+#   run; quicktest = the tests alone; sanitize = the sanitizer alone; sweep = the
+#   fast-attention check over 48 random trees; bench-experts = the expert kernels
+#   by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
+#   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt.
 # Exit status: non-zero when any test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,12 +49,17 @@ run_test() { # name [args]
   return $r
 }
 
-test_all() {
+tests_only() {
   local r=0 f n
   for f in tests/cuda/test_*.c; do
     n=$(basename "$f" .c)
     run_test "$n" || r=1
   done
+  return $r
+}
+
+sanitize_all() {
+  local r=0 f n
   if command -v compute-sanitizer >/dev/null; then
     for f in tests/cuda/test_*.c; do
       n=$(basename "$f" .c)
@@ -61,6 +72,24 @@ test_all() {
     echo "FAILED: compute-sanitizer not found"; r=1
   fi
   return $r
+}
+
+test_all() {
+  local r=0
+  tests_only || r=1
+  sanitize_all || r=1
+  return $r
+}
+
+ncu_dense() {
+  local what
+  for what in "LM head" "bf16 q_b_proj" "o_proj"; do
+    echo "== ncu: $what, 64 tokens"
+    ncu --clock-control none --kernel-name regex:ws_kernel --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --section ComputeWorkloadAnalysis \
+        $B/cuda_bench_moe 20 "$what" 64 2>&1 | grep -v "^==PROF==" | tail -120
+  done
 }
 
 bench_all() {
@@ -78,6 +107,11 @@ for s in "${steps[@]}"; do
   case $s in
     build) build > $B/build.log 2>&1 || { tail -50 $B/build.log; echo "gpu-test: build failed"; exit 1; } ;;
     test) test_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    quicktest) tests_only 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    sanitize) sanitize_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    sweep) run_test test_cuda_target --sweep-fast 48 2>&1 | tee -a "$OUT/sweep.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    bench-experts) $B/cuda_bench_moe 20 experts-nt 2>&1 | tee -a "$OUT/bench-experts.md" ;;
+    ncu-dense) ncu_dense > "$OUT/ncu-dense.txt" 2>&1; tail -5 "$OUT/ncu-dense.txt" ;;
     bench) bench_all 2>&1 | tee -a "$OUT/bench.md" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac

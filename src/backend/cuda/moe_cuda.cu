@@ -564,6 +564,9 @@ static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_
     return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, n, ws, s, err);
 }
 
+static int g_item_nt_cap = 0; /* ddt_cuda_moe_set_item_ntiles */
+extern "C" void ddt_cuda_moe_set_item_ntiles(int nt) { g_item_nt_cap = nt == 1 || nt == 2 || nt == 4 ? nt : 0; }
+
 extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *err) {
     if (!m || !m->host_copy || !m->gate) return ddt_fail(err, DDT_ERR_INVALID, "moe_layer_pack: no layer");
     /* gate / up ([inter, hidden]) and down ([hidden, inter]) share one format */
@@ -622,7 +625,16 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         if (!ref->mma)
             return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: tensor-core mode on a layer that was not packed "
                                                   "(ddt_cuda_moe_layer_pack)");
-        nt = n <= 8 ? 1 : n <= 16 ? 2 : 4; /* at most n tokens reach one expert */
+        /* items of at most 8 tokens up to n = 64: a verify spreads its n*top_k entries
+           over many experts (n = 64, top 8 of 384: ~94 touched, ~5 tokens each), so
+           bigger items would size every block's stages (and cap its occupancy) for
+           tokens few experts get; an expert with more entries takes several items,
+           which run side by side (item-fastest grid) and read its weights once from
+           HBM, the rest from L2.  H200, 384 x INT4 [2048, 7168], n = 16 / 32 / 64:
+           773 / 1127 / 1568 us with items of 8 against 1000 / 1859 / 2409 us with
+           items of 16 / 32 / 32 (BENCHMARKS.md); at n = 128 items of 16 win. */
+        nt = n <= 64 ? 1 : 2;
+        if (g_item_nt_cap > 0) nt = g_item_nt_cap; /* ddt_cuda_moe_set_item_ntiles (benchmarks) */
         C = 8 * nt;
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);

@@ -91,6 +91,10 @@ ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int
                                 void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
                                 ddt_error *err);
 
+/* For benchmarks: the tensor-core path's work items hold at most 8*nt tokens (nt 1, 2
+ * or 4; 0 = the default choice by n).  Process-wide; results do not change, only speed. */
+void ddt_cuda_moe_set_item_ntiles(int nt);
+
 #ifdef __cplusplus
 }
 #endif
