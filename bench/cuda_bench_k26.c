@@ -14,10 +14,13 @@
  * Everything is measured twice: with the target's tensor_cores option off (fp32
  * CUDA-core matmuls) and on (the weight-streaming mma.sync kernels, wstream.cuh).
  *
- *   cuda_bench_k26 [--quick | --tc]   (markdown on stdout)
+ *   cuda_bench_k26 [--quick | --tc | --profile n]   (markdown on stdout)
  * --quick: n <= 8, N <= 4096, both settings; --tc: tensor_cores on only, every n,
- * N <= 4096 (what one device call affords).
+ * N <= 4096 (what one device call affords); --profile n: one MoE layer's verify of
+ * n tokens at N = 4096 (tensor cores) between cudaProfilerStart and Stop, for
+ * `ncu --profile-from-start off` (the time of every kernel of a layer).
  */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -180,7 +183,39 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
 }
 
+static void profile_layer(int n) {
+    ddt_model_config c = bench_k26_config(1, 0);
+    ddt_cuda_target_options o = {.max_ctx = 4096 + 128, .max_tokens = 64, .fast_attention = true, .tensor_cores = true};
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
+                                 .seed = 1};
+    ddt_cuda_target *t;
+    OK(ddt_cuda_target_synthetic(&c, &o, &so, &t, &err_));
+    OK(ddt_cuda_target_fake_context(t, 4096, 7, &err_));
+    int32_t tok[64], depth[64], *dtok, *ddep;
+    uint64_t vis[64], *dvis;
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&ddep, sizeof depth));
+    CU(cudaMalloc((void **)&dvis, sizeof vis));
+    bench_random_tree(n, tok, depth, vis);
+    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    for (int r = 0; r < 3; r++) OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaProfilerStart());
+    OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaProfilerStop());
+    printf("profiled one MoE layer's verify of %d tokens at N = 4096\n", n);
+    cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
+    ddt_cuda_target_free(t);
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--profile")) {
+        profile_layer(atoi(argv[2]));
+        return g_failures ? 1 : 0;
+    }
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), tc_only = argc > 1 && !strcmp(argv[1], "--tc");
     const double bw = copy_bw();
     printf("# Kimi K2.6 slice on one GPU\n\ndevice copy bandwidth (d2d, read + write): %.0f GB/s\n", bw * 1e-9);

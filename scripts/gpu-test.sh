@@ -10,7 +10,9 @@
 #   run; quicktest = the tests alone; sanitize = the sanitizer alone; sweep = the
 #   fast-attention check over 48 random trees; bench-experts = the expert kernels
 #   by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
-#   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt.
+#   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
+#   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
+#   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv).
 # Exit status: non-zero when any test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -109,9 +111,14 @@ for s in "${steps[@]}"; do
     test) test_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
     quicktest) tests_only 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
     sanitize) sanitize_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
-    sweep) run_test test_cuda_target --sweep-fast 48 2>&1 | tee -a "$OUT/sweep.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    sweep) run_test test_cuda_target --sweep-fast ${SWEEP_N:-48} 2>&1 | tee -a "$OUT/sweep.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
     bench-experts) $B/cuda_bench_moe 20 experts-nt 2>&1 | tee -a "$OUT/bench-experts.md" ;;
     ncu-dense) ncu_dense > "$OUT/ncu-dense.txt" 2>&1; tail -5 "$OUT/ncu-dense.txt" ;;
+    k26) $B/cuda_bench_k26 --tc 2>&1 | tee -a "$OUT/k26.md" ;;
+    ncu-layer) for n in 1 32; do
+        ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+            $B/cuda_bench_k26 --profile $n > "$OUT/ncu-layer-$n.csv" 2>&1; tail -2 "$OUT/ncu-layer-$n.csv"
+      done ;;
     bench) bench_all 2>&1 | tee -a "$OUT/bench.md" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
