@@ -162,6 +162,27 @@ def load_tokens(name: str, data_dir: str = DATA_DIR) -> np.ndarray:
     return np.fromfile(os.path.join(data_dir, f"{name}.bin"), dtype=np.uint16)
 
 
+# ------------------------------------------------------------------------------------ acceptance
+
+def chain_walk(acc) -> tuple[int, int]:
+    """Greedy chain decoding's (tokens committed, rounds) over one continuation, given acc[j] = tokens
+    that one round anchored at generated token j commits (1 + leading drafts equal to the target's
+    tokens; the target's own next token included).  The engine's rounds do not start at every j: the
+    first is anchored at j = 0 (the prefill's token) and each next one where the previous one ended,
+    j += acc[j], while j < len(acc).  tokens / rounds is what `ddtree generate --mode chain` reports
+    as mean acceptance on that continuation when run for len(acc) + 1 tokens; it is not mean(acc),
+    which weights a run of easy positions by its length although one round crosses it."""
+    j = tokens = rounds = 0
+    while j < len(acc):
+        n = int(acc[j])
+        if n < 1:
+            raise ValueError(f"acceptance at {j} is {n}: a round commits at least the target's token")
+        tokens += n
+        rounds += 1
+        j += n
+    return tokens, rounds
+
+
 # ------------------------------------------------------------------------------------ misc
 
 def seed_everything(seed: int) -> None:
