@@ -9,8 +9,11 @@ in the HF DFlash layout the C engine loads.
    lengths cycling over 8/16/32/48 per generation batch; the target (loaded from --target, bf16 weights
    computed in fp32, as the engine computes) continues each greedily, with its KV cache, to --seq-len
    tokens in all.  One more full forward pass over each sequence gives the features: the hidden states
-   output by target layers target_layer_ids = [1, 3] (HF hidden_states[id + 1]), concatenated.  The same
-   is done for --heldout-prompts windows of the held-out split (evaluation only).
+   output by target layers target_layer_ids (default [1, 3]; HF hidden_states[id + 1], so never the last
+   layer, whose HF hidden state is after the final norm), concatenated.  The same is done for
+   --heldout-prompts windows of the held-out split (evaluation only).  --data-cache keeps the generated
+   sequences in a file, so several drafters (--layers, --intermediate, --target-layers) can be trained on
+   one generation, e.g. side by side after a --generate-only run.
 2. Training example.  For an anchor a (prompt length <= a <= seq_len - L): context = features of
    positions < a; block = [token a, MASK x 15] at positions a..a+15 (MASK = [UNK], id 4350, as Kimi's
    drafter uses [UNK]); labels = tokens a+1..a+15, i.e. the target's own greedy tokens.  --anchors
@@ -26,7 +29,9 @@ in the HF DFlash layout the C engine loads.
    ended).  The mean of acc over anchors (reported as anchor_mean) is not that: the shipped drafter has
    anchor mean 3.87 but chain acceptance 2.16 on the same continuations, because acc is bimodal (38 %
    of anchors 1, 8 % 16) and one round crosses a run of easy positions that the mean counts one by one.
-5. Export: config.json (ddt_common.drafter_config) + model.safetensors in bf16.
+5. Export: the evaluated weights with the best held-out chain acceptance (--select chain, the default)
+   or loss (--select loss; the shipped drafter was chosen so): config.json (ddt_common.drafter_config)
+   + model.safetensors in bf16.
 """
 
 import argparse
@@ -191,6 +196,21 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--decay-gamma", type=float, default=7.0, help="loss weight exp(-(i-1)/gamma)")
     ap.add_argument("--eval-seconds", type=float, default=30.0)
+    ap.add_argument("--layers", type=int, default=2, help="drafter layers")
+    ap.add_argument("--intermediate", type=int, default=0, help="drafter MLP width (0: 768, tiny 128)")
+    ap.add_argument("--target-layers", default="",
+                    help="comma-separated target layers whose outputs are the features (default: the rule "
+                         "round(1 + i*(T-4)/(N-1)) over the drafter's N layers); each < T - 1")
+    ap.add_argument("--select", choices=("chain", "loss"), default="chain",
+                    help="export the evaluated weights with the best held-out chain acceptance (tokens per "
+                         "round of greedy chain decoding, as the engine counts) or the best held-out loss")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="stop after writing --data-cache (then run drafters on it, e.g. side by side)")
+    ap.add_argument("--feature-batch", type=int, default=128, help="sequences per feature pass")
+    ap.add_argument("--data-cache", default=None,
+                    help="file of the generated token sequences: read when it exists and was made with the same "
+                         "target, seed, prompts and lengths, else written; lets several drafter runs share one "
+                         "generation")
     args = ap.parse_args()
 
     log = C.Log(args.log)
@@ -212,7 +232,12 @@ def main():
     tcfg = target.config.to_dict()
     tcfg_min = {"hidden_size": tcfg["hidden_size"], "num_hidden_layers": tcfg["num_hidden_layers"],
                 "vocab_size": tcfg["vocab_size"], "max_position_embeddings": tcfg["max_position_embeddings"]}
-    dcfg = C.drafter_config(tcfg_min, args.tiny)
+    ids_arg = [int(x) for x in args.target_layers.split(",")] if args.target_layers else None
+    dcfg = C.drafter_config(tcfg_min, args.tiny, args.layers, args.intermediate or None, ids_arg)
+    tl = dcfg["dflash_config"]["target_layer_ids"]
+    # HF's last hidden state is after the final norm, the engine captures layer outputs before it.
+    if not all(0 <= i < tcfg["num_hidden_layers"] - 1 for i in tl):
+        raise SystemExit(f"target layers {tl}: ids must be in 0..{tcfg['num_hidden_layers'] - 2}")
     L = dcfg["block_size"]
     layer_ids = dcfg["dflash_config"]["target_layer_ids"]
     embed = target.model.embed_tokens.weight.detach().float()
@@ -224,13 +249,28 @@ def main():
     train_stream = C.load_tokens("train", args.data)
     held_stream = C.load_tokens("heldout", args.data)
     t_data = time.time()
-    tr_tok, tr_pl = generate(target, train_stream, sample_prompts(train_stream, args.prompts, rng, args.seq_len),
-                             args.seq_len, args.gen_batch, device, log)
-    he_tok, he_pl = generate(target, held_stream, sample_prompts(held_stream, args.heldout_prompts, rng, args.seq_len),
-                             args.seq_len, args.gen_batch, device, log)
+    tr_prompts = sample_prompts(train_stream, args.prompts, rng, args.seq_len)
+    he_prompts = sample_prompts(held_stream, args.heldout_prompts, rng, args.seq_len)
+    cache_key = {"target": os.path.abspath(args.target), "seed": args.seed, "seq_len": args.seq_len,
+                 "train": tr_prompts, "heldout": he_prompts}
+    cached = torch.load(args.data_cache) if args.data_cache and os.path.exists(args.data_cache) else None
+    if cached is not None and cached["key"] == cache_key:
+        tr_tok, tr_pl, he_tok, he_pl = cached["tr_tok"], cached["tr_pl"], cached["he_tok"], cached["he_pl"]
+        log(f"sequences read from {args.data_cache}")
+    else:
+        tr_tok, tr_pl = generate(target, train_stream, tr_prompts, args.seq_len, args.gen_batch, device, log)
+        he_tok, he_pl = generate(target, held_stream, he_prompts, args.seq_len, args.gen_batch, device, log)
+        if args.data_cache:
+            torch.save({"key": cache_key, "tr_tok": tr_tok, "tr_pl": tr_pl, "he_tok": he_tok, "he_pl": he_pl},
+                       args.data_cache)
+            log(f"sequences written to {args.data_cache}")
+    if args.generate_only:
+        if not args.data_cache:
+            raise SystemExit("--generate-only needs --data-cache")
+        return
     feat_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tr_feat = features_of(target, tr_tok, layer_ids, 128, device, feat_dtype)
-    he_feat = features_of(target, he_tok, layer_ids, 128, device, feat_dtype)
+    tr_feat = features_of(target, tr_tok, layer_ids, args.feature_batch, device, feat_dtype)
+    he_feat = features_of(target, he_tok, layer_ids, args.feature_batch, device, feat_dtype)
     data_seconds = time.time() - t_data
     # How repetitive are the continuations? (distinct 4-grams per generated token)
     gen_part = [tr_tok[i, tr_pl[i]:].tolist() for i in range(min(512, len(tr_tok)))]
@@ -262,7 +302,14 @@ def main():
             return args.lr * (step + 1) / args.warmup
         return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    history, best, best_state = [], {"heldout_loss": float("inf")}, None
+    history, best, best_state = [], None, None
+
+    def better(rec):
+        if best is None:
+            return True
+        if args.select == "loss":
+            return rec["heldout_loss"] < best["heldout_loss"]
+        return rec["heldout_chain_acceptance"] > best["heldout_chain_acceptance"]
     step, t0, next_eval = 0, time.time(), args.eval_seconds
     ev_bs = 16 if device == "cuda" else 4
     while True:
@@ -275,7 +322,7 @@ def main():
                    "heldout_anchor_mean_acceptance": round(ev["anchor_mean"], 3)}
             history.append(rec)
             log(f"eval {rec}")
-            if rec["heldout_loss"] < best["heldout_loss"]:
+            if better(rec):
                 best = rec
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in drafter.state_dict().items()}
             next_eval += args.eval_seconds
