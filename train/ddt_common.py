@@ -124,10 +124,15 @@ def default_target_layer_ids(n_draft_layers: int, n_target_layers: int) -> list[
     return [int(round(1 + i * (n_target_layers - 4) / (n_draft_layers - 1))) for i in range(n_draft_layers)]
 
 
-def drafter_config(target_cfg: dict, tiny: bool = False) -> dict:
-    """The DFlash drafter's config.json (HF DFlash layout plus the keys the C loader reads)."""
-    n_layers = 2
+def drafter_config(target_cfg: dict, tiny: bool = False, n_layers: int = 2, intermediate: int | None = None,
+                   target_layer_ids: list[int] | None = None) -> dict:
+    """The DFlash drafter's config.json (HF DFlash layout plus the keys the C loader reads).  The
+    defaults are the shipped drafter's: 2 layers, intermediate 768, target layers by the default rule."""
     heads, kv_heads, head_dim, inter = (4, 2, 64, 768) if not tiny else (4, 2, 16, 128)
+    if intermediate:
+        inter = intermediate
+    if target_layer_ids is None:
+        target_layer_ids = default_target_layer_ids(n_layers, target_cfg["num_hidden_layers"])
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -149,7 +154,7 @@ def drafter_config(target_cfg: dict, tiny: bool = False) -> dict:
         "num_target_layers": target_cfg["num_hidden_layers"],
         "dflash_config": {
             "mask_token_id": MASK_ID,
-            "target_layer_ids": default_target_layer_ids(n_layers, target_cfg["num_hidden_layers"]),
+            "target_layer_ids": list(target_layer_ids),
         },
         "torch_dtype": "bfloat16",
     }
@@ -160,6 +165,27 @@ def drafter_config(target_cfg: dict, tiny: bool = False) -> dict:
 def load_tokens(name: str, data_dir: str = DATA_DIR) -> np.ndarray:
     """train/data/<name>.bin: uint16 token ids, files separated by EOS_ID."""
     return np.fromfile(os.path.join(data_dir, f"{name}.bin"), dtype=np.uint16)
+
+
+# ------------------------------------------------------------------------------------ acceptance
+
+def chain_walk(acc) -> tuple[int, int]:
+    """Greedy chain decoding's (tokens committed, rounds) over one continuation, given acc[j] = tokens
+    that one round anchored at generated token j commits (1 + leading drafts equal to the target's
+    tokens; the target's own next token included).  The engine's rounds do not start at every j: the
+    first is anchored at j = 0 (the prefill's token) and each next one where the previous one ended,
+    j += acc[j], while j < len(acc).  tokens / rounds is what `ddtree generate --mode chain` reports
+    as mean acceptance on that continuation when run for len(acc) + 1 tokens; it is not mean(acc),
+    which weights a run of easy positions by its length although one round crosses it."""
+    j = tokens = rounds = 0
+    while j < len(acc):
+        n = int(acc[j])
+        if n < 1:
+            raise ValueError(f"acceptance at {j} is {n}: a round commits at least the target's token")
+        tokens += n
+        rounds += 1
+        j += n
+    return tokens, rounds
 
 
 # ------------------------------------------------------------------------------------ misc

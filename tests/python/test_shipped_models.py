@@ -1,17 +1,22 @@
 """The shipped model pair in models/ (trained by train/, see models/README.md): it loads in the C engine,
 greedy `tree` (budgets 8, 64, auto) and `chain` decoding print exactly the ids of greedy `ar` on held-out
 prompts, the trained drafter is accepted (mean acceptance length of the tree > 1.5 tokens per round), and
-the folder stays within its size limit.  Runs `ddtree generate` as a subprocess; needs DDT_BUILD_DIR."""
+the folder stays within its size limit, and the chain acceptance that train/train_drafter.py reports
+(ddt_common.chain_walk over per-anchor acceptances) is the one the engine measures.  Runs `ddtree
+generate` as a subprocess; needs DDT_BUILD_DIR."""
 
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from ddt_paths import ddtree_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "train"))
+import ddt_common  # noqa: E402
 MODELS = os.path.join(ROOT, "models")
 TARGET = os.path.join(MODELS, "pystdlib-target")
 DRAFTER = os.path.join(MODELS, "pystdlib-dflash")
@@ -74,3 +79,36 @@ def test_speculative_equals_ar_and_drafter_is_accepted(index):
     # A trained drafter must get more than the bonus token accepted per round on average.
     assert tree_acceptance["64"] > 1.5, tree_acceptance
     assert tree_acceptance["8"] > 1.5, tree_acceptance
+
+
+def test_chain_walk_counts_rounds_not_anchors():
+    # Rounds start at 0, then where the last one ended: 0 (1 token), 1 (3), 4 (1), 5 (2); 7 is past the end.
+    assert ddt_common.chain_walk([1, 3, 9, 9, 1, 2, 2]) == (7, 4)
+    # One round crosses a run of easy anchors: 17 tokens in 2 rounds, although the anchor mean is 14.1.
+    assert ddt_common.chain_walk([1] + [16] * 16) == (17, 2)
+    assert ddt_common.chain_walk([]) == (0, 0)
+    with pytest.raises(ValueError):
+        ddt_common.chain_walk([1, 0, 1])
+
+
+def test_training_chain_acceptance_is_the_engines():
+    """train_drafter.py measures acc[j] (the tokens one greedy chain round anchored at generated token j
+    commits) for every j and reports chain_walk(acc).  Measure acc[j] with the engine itself (prompt +
+    the first j greedy tokens, one round) and check that chain_walk gives the engine's own rounds and
+    committed tokens over the whole continuation."""
+    seed = gen_json("--prompt", prompts()[0], "--max-tokens", "12")["ids"]
+    n = 24
+    ids_arg = lambda ids: ",".join(str(t) for t in ids)  # noqa: E731
+    greedy = gen_json("--prompt-ids", ids_arg(seed), "--max-tokens", str(n))["ids"]
+    chain = gen_json("--prompt-ids", ids_arg(seed), "--max-tokens", str(n), "--draft", DRAFTER, "--mode", "chain")
+    assert chain["ids"] == greedy
+    acc = []
+    for j in range(n - 1):
+        one = gen_json("--prompt-ids", ids_arg(seed + greedy[:j]), "--max-tokens", "2", "--draft", DRAFTER,
+                       "--mode", "chain")
+        assert one["ids"][0] == greedy[j] and one["stats"]["rounds"] == 1
+        acc.append(round(one["stats"]["mean_acceptance"]))
+    tokens, rounds = ddt_common.chain_walk(acc)
+    st = chain["stats"]
+    assert rounds == st["rounds"], (acc, st)
+    assert tokens == round(st["mean_acceptance"] * st["rounds"]), (acc, st)
