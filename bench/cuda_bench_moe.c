@@ -157,12 +157,13 @@ int main(int argc, char **argv) {
     double ex_us[2][6];
     /* "experts-nt": the tensor-core experts only, once per work-item cap (8*NT tokens) */
     const bool nt_sweep = only && !strcmp(only, "experts-nt");
-    static const int nt_caps[] = {4, 2, 1};
+    static const int nt_caps[] = {0, 4, 1}; /* 0: the default (two item classes) */
     if (nt_sweep) OK(ddt_cuda_moe_layer_pack(&layer, &err_));
     for (int mi = nt_sweep ? 1 : 0; mi < (nt_sweep ? 4 : only ? 0 : 3); mi++) {
         if (nt_sweep) {
             ddt_cuda_moe_set_item_ntiles(nt_caps[mi - 1]);
-            printf("\n## work items of at most %d tokens\n", 8 * nt_caps[mi - 1]);
+            if (nt_caps[mi - 1]) printf("\n## one class of work items, at most %d tokens\n", 8 * nt_caps[mi - 1]);
+            else printf("\n## the default: items of at most 8 tokens, experts with more in items of 32 on the 4-tile kernel\n");
         }
         if (mi == 1 && !nt_sweep) OK(ddt_cuda_moe_layer_pack(&layer, &err_)); /* the tensor cores stream the packed copy */
         layer.mode = mi == 1 || nt_sweep ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;

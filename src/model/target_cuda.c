@@ -30,6 +30,7 @@ typedef struct dev_mlp {
 typedef struct dev_layer {
     float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
     ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
+    ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
     dev_mlp mlp, shared;
     ddt_cuda_moe_layer experts;
@@ -91,6 +92,34 @@ struct ddt_cuda_target {
 static ddt_status pack_w(ddt_cuda_target *t, ddt_qweight *d, ddt_error *err) {
     if (t->mm != DDT_CUDA_MM_TENSOR) return DDT_OK;
     return ddt_cuda_qweight_pack(d, err); /* weight_bytes counts one copy: the one a step reads */
+}
+
+/* The groups of kv_b that are W_UK (each head's k_nope rows), and of its
+ * per-head transpose uk_t. */
+static ddt_row_groups uk_groups(const ddt_cuda_target *t) {
+    return (ddt_row_groups){.count = t->dims.heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = 0,
+                            .rows = t->dims.nope, .x_stride = t->dims.qdim, .y_stride = t->dims.rank};
+}
+static ddt_row_groups uk_t_groups(const ddt_cuda_target *t) {
+    return (ddt_row_groups){.count = t->dims.heads, .w_row_stride = t->dims.rank, .w_row_offset = 0,
+                            .rows = t->dims.rank, .x_stride = t->dims.qdim, .y_stride = t->dims.rank};
+}
+
+/* With the tensor cores, the absorbed q_lat = q_nope W_UK runs as a grouped
+ * x W^T over a per-head transposed, packed copy of W_UK: the x W kernel
+ * (mt_kernel) read those rows at a few percent of the copy bandwidth (61 us of
+ * a 423 us K2.6 layer at n = 1 on the H200, for 8.4 MB).  A kv_b the transpose
+ * does not take (INT4, FP8 blocks across heads) keeps x W.  The copy costs
+ * heads * rank * nope weights more per layer (8.4 MB at K2.6 in bf16). */
+static ddt_status make_uk_t(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
+    const ddt_row_groups g = uk_groups(t);
+    if (t->mm != DDT_CUDA_MM_TENSOR || !ddt_cuda_qweight_tc_eligible(&d->kv_b) ||
+        !ddt_cuda_qweight_transpose_ok(&d->kv_b, &g) || uk_t_groups(t).w_row_stride % 16 != 0)
+        return DDT_OK;
+    ddt_status st = ddt_cuda_qweight_transpose_groups(&d->kv_b, &g, &d->uk_t, err);
+    if (st == DDT_OK) st = ddt_cuda_qweight_pack(&d->uk_t, err);
+    if (st == DDT_OK) t->weight_bytes += ddt_cuda_qweight_bytes(&d->uk_t);
+    return st;
 }
 
 static ddt_status up_plain(ddt_cuda_target *t, const ddt_qweight *h, ddt_qweight *d, ddt_error *err) {
@@ -160,6 +189,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     if ((st = up_v(t, &h->kv_a_norm, &d->kv_a_norm, err)) != DDT_OK) return st;
     const int64_t kvb = t->dims.nope + t->dims.vdim;
     if ((st = up_rows(t, &h->kv_b, h0 * kvb, (int64_t)t->dims.heads * kvb, &d->kv_b, err)) != DDT_OK) return st;
+    if ((st = make_uk_t(t, d, err)) != DDT_OK) return st;
     if ((st = up_cols(t, &h->o_proj, h0 * t->dims.vdim, (int64_t)t->dims.heads * t->dims.vdim, &d->o_proj, err)) != DDT_OK)
         return st;
     d->moe = h->moe;
@@ -426,7 +456,8 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     }
     if ((st = rand_w(t, f, t->dims.rank + t->dims.rope, t->dims.hidden, seed, &d->kv_a, err)) ||
         (st = rand_w(t, f, (int64_t)t->dims.heads * (t->dims.nope + t->dims.vdim), t->dims.rank, seed, &d->kv_b, err)) ||
-        (st = rand_w(t, f, t->dims.hidden, (int64_t)t->dims.heads * t->dims.vdim, seed, &d->o_proj, err)))
+        (st = rand_w(t, f, t->dims.hidden, (int64_t)t->dims.heads * t->dims.vdim, seed, &d->o_proj, err)) ||
+        (st = make_uk_t(t, d, err)))
         return st;
     d->moe = ddt_config_layer_is_moe(c, l);
     if (!d->moe) return owns_dense(t) ? rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err) : DDT_OK;
@@ -516,7 +547,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
             dev_layer *d = &t->layers[l];
             float *vecs[] = {d->attn_norm, d->mlp_norm, d->q_a_norm, d->kv_a_norm, d->router_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) ddt_cuda_free(vecs[i]);
-            ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->kv_b, &d->o_proj, &d->router};
+            ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->kv_b, &d->uk_t, &d->o_proj, &d->router};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ddt_cuda_qweight_free(ws[i]);
             free_mlp(&d->mlp);
             free_mlp(&d->shared);
@@ -620,10 +651,15 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                      .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
                                      .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
         TRY(ddt_cuda_mla_rope_write(&ra, s, err));
-        ddt_row_groups uk = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = 0,
-                              .rows = t->dims.nope, .x_stride = qd, .y_stride = rank};
-        TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
-                                      s, err));
+        if (L->uk_t.mma) {
+            const ddt_row_groups ukt = uk_t_groups(t);
+            TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
+                                             (int64_t)heads * rank, s, err));
+        } else {
+            const ddt_row_groups uk = uk_groups(t);
+            TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
+                                          s, err));
+        }
         if (t->fast) {
             TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
                                     s, err));

@@ -274,6 +274,83 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     free_weight(&h);
 }
 
+/* ddt_cuda_qweight_transpose_groups: the transposed copy holds exactly w's group
+ * rows transposed (bytes, and FP8 scale blocks), and the tensor-core x W^T over it
+ * computes the x W of the CPU (ddt_cpu_matmul_t_grouped) to the tensor path's
+ * bound, writing nothing outside the groups.  count groups of R rows at offset off
+ * in blocks of stride rows; C columns. */
+static void transpose_case(int f, int count, int64_t stride, int64_t off, int64_t R, int64_t C, int n) {
+    const int64_t wrows = (count - 1) * stride + off + R + 3;
+    hw h = make_weight(f, wrows, C);
+    ddt_qweight dw, dt;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    const ddt_row_groups g = {count, stride, off, R, R + 3, C + 1};
+    CHECK(ddt_cuda_qweight_transpose_ok(&dw, &g), "%s transpose of %d x [%lld x %lld]: refused", fmt_name(f), count,
+          (long long)R, (long long)C);
+    OK(ddt_cuda_qweight_transpose_groups(&dw, &g, &dt, &err_));
+    CHECK(dt.rows == count * C && dt.cols == R && dt.format == dw.format && dt.dtype == dw.dtype,
+          "%s transpose: shape [%lld x %lld]", fmt_name(f), (long long)dt.rows, (long long)dt.cols);
+    const int es = f == 3 ? 1 : f == 0 ? 4 : 2;
+    uint8_t *got = malloc((size_t)(count * C * R) * (size_t)es);
+    CU(cudaMemcpy(got, dt.data, (size_t)(count * C * R) * (size_t)es, cudaMemcpyDeviceToHost));
+    int64_t wrong = 0;
+    for (int64_t k = 0; k < count; k++)
+        for (int64_t j = 0; j < C; j++)
+            for (int64_t i = 0; i < R; i++)
+                wrong += memcmp(got + ((k * C + j) * R + i) * es,
+                                (const uint8_t *)h.data + ((k * stride + off + i) * C + j) * es, (size_t)es) != 0;
+    if (f == 3) { /* the scale grid, block for block */
+        const int64_t B = DDT_FP8_BLOCK, sc = (C + B - 1) / B;
+        float *gs = malloc(sizeof(float) * (size_t)(count * (C / B) * (R / B)));
+        CU(cudaMemcpy(gs, dt.scale_inv, sizeof(float) * (size_t)(count * (C / B) * (R / B)), cudaMemcpyDeviceToHost));
+        for (int64_t k = 0; k < count; k++)
+            for (int64_t jb = 0; jb < C / B; jb++)
+                for (int64_t ib = 0; ib < R / B; ib++)
+                    wrong += gs[(k * (C / B) + jb) * (R / B) + ib] !=
+                             ((const float *)h.scale)[((k * stride + off) / B + ib) * sc + jb];
+        free(gs);
+    }
+    CHECK(wrong == 0, "%s transpose %d x [%lld x %lld]: %lld elements misplaced", fmt_name(f), count, (long long)R,
+          (long long)C, (long long)wrong);
+    OK(ddt_cuda_qweight_pack(&dt, &err_));
+    /* y = x W per group on the CPU; the same by the transposed weight on the tensor path */
+    const int64_t ldx = count * (R + 3) + 1, ldy = count * (C + 1) + 2;
+    float *x = malloc(sizeof(float) * (size_t)(n * ldx)), *yref = malloc(sizeof(float) * (size_t)(n * ldy));
+    float *ygot = malloc(sizeof(float) * (size_t)(n * ldy));
+    for (int64_t i = 0; i < n * ldx; i++) x[i] = frand();
+    poison(yref, (size_t)(n * ldy));
+    poison(ygot, (size_t)(n * ldy));
+    ddt_cpu_matmul_t_grouped(g_pool, &h.w, &g, x, ldx, n, yref, ldy);
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(n * ldx)));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)(n * ldy)));
+    CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dy, ygot, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
+    const ddt_row_groups gt = {count, C, 0, C, R + 3, C + 1};
+    OK(ddt_cuda_matmul_grouped_mode(&dt, DDT_CUDA_MM_TENSOR, &gt, dx, ldx, n, dy, ldy, NULL, &err_));
+    CU(cudaMemcpy(ygot, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+    int64_t bad_pad = 0;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n * ldy; i++) {
+        if (is_poison(&yref[i]) != is_poison(&ygot[i])) bad_pad++;
+        if (is_poison(&yref[i])) continue;
+        const double d = (double)ygot[i] - yref[i];
+        num += d * d;
+        den += (double)yref[i] * yref[i];
+    }
+    const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    CHECK(bad_pad == 0 && e < 5e-5, "%s transposed x W^T %d x [%lld x %lld] n=%d: error %.3g, %lld outputs misplaced",
+          fmt_name(f), count, (long long)R, (long long)C, n, e, (long long)bad_pad);
+    printf("%-4s transpose %d x [%4lld x %4lld] -> TC x W^T n=%2d: err %.2e\n", fmt_name(f), count, (long long)R,
+           (long long)C, n, e);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(x), free(yref), free(ygot), free(got);
+    ddt_cuda_qweight_free(&dt);
+    ddt_cuda_qweight_free(&dw);
+    free_weight(&h);
+}
+
 static void run_case(int f, int kind, int64_t rows, int64_t cols, int n, int xpad) {
     run_case_mode(f, kind, rows, cols, n, xpad, DDT_CUDA_MM_FP32);
 }
@@ -365,6 +442,25 @@ int main(int argc, char **argv) {
         static const int lf[] = {1, 3, 4};
         for (int fi = 0; fi < 3; fi++)
             for (int n = 1; n <= 3; n += 2) run_case_mode(lf[fi], 0, 40, 2080, n, 0, DDT_CUDA_MM_TENSOR);
+    }
+    /* the per-group transpose that puts MLA's x W_UK on the tensor cores: BF16 at
+       odd sizes, the K2.6 shape's rank x nope, FP8 on whole 128-blocks; then what
+       it refuses */
+    transpose_case(1, 3, 45, 7, 38, 96, 3);
+    transpose_case(1, 2, 256, 0, 128, 512, quick ? 1 : 17);
+    transpose_case(3, 2, 256, 0, 128, 512, 5);
+    if (!quick) transpose_case(0, 3, 40, 5, 33, 70, 2); /* F32: copied; the tensor mode then takes the FP32 path */
+    {
+        hw h = make_weight(3, 300, 256);
+        ddt_qweight dw, dt;
+        OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+        const ddt_row_groups g = {2, 100, 0, 64, 64, 256}; /* FP8 groups across 128-blocks */
+        ddt_error e2;
+        CHECK(!ddt_cuda_qweight_transpose_ok(&dw, &g) &&
+                  ddt_cuda_qweight_transpose_groups(&dw, &g, &dt, &e2) == DDT_ERR_UNSUPPORTED && dt.data == NULL,
+              "FP8 transpose across blocks: not refused");
+        ddt_cuda_qweight_free(&dw);
+        free_weight(&h);
     }
     /* a format the GPU kernels cannot take is refused with a message, not run */
     {

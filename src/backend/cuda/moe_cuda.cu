@@ -425,10 +425,11 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
 }
 
 static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots,
-                const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed, MoeWs ws) {
+moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots, int C_big,
+                int big_slots, const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed,
+                MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
-    __shared__ long long wsum[SORT_THREADS / 32], total;
+    __shared__ long long wsum[SORT_THREADS / 32], total, total_big;
     const int tid = threadIdx.x;
     for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
@@ -438,11 +439,22 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
     }
     __syncthreads();
     const int per = (E + SORT_THREADS - 1) / SORT_THREADS, e0 = tid * per;
-    long long c_sum = 0, t_sum = 0;
-    /* an expert with c entries takes ceil(c / C) work items (slots) */
-    for (int e = e0; e < e0 + per && e < E; e++) c_sum += cnt[e], t_sum += (cnt[e] + C - 1) / C;
+    long long c_sum = 0, t_sum = 0, b_sum = 0;
+    /* an expert with c entries takes ceil(c / C) work items (slots); with two
+       classes (C_big > 0) an expert with at most C entries takes one item of the
+       first list, a bigger one ceil(c / C_big) items of the second */
+    for (int e = e0; e < e0 + per && e < E; e++) {
+        const int c = cnt[e];
+        c_sum += c;
+        if (C_big > 0 && c > C) b_sum += (c + C_big - 1) / C_big;
+        else t_sum += (c + C - 1) / C;
+    }
     const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &total);
-    int off = (int)(ex >> 32), slot = (int)(ex & 0xFFFFFFFFll);
+    int off = (int)(ex >> 32), slot = (int)(ex & 0xFFFFFFFFll), bslot = max_slots;
+    if (C_big > 0) {
+        __syncthreads(); /* every thread has read wsum */
+        bslot += (int)block_excl_scan(b_sum, wsum, &total_big);
+    }
     for (int e = e0; e < e0 + per && e < E; e++) {
         const int c = cnt[e];
         cur[e] = off;
@@ -454,11 +466,18 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
                 r.d[k] = (const uint8_t *)(packed ? q.mma : q.data);
                 r.s[k] = packed && q.format == DDT_Q_INT4_GROUP ? q.mma_scale : wscale(q);
             }
-            for (int j = 0; j < c; j += C) {
-                r.off = off + j;
-                r.cnt = c - j < C ? c - j : C;
-                ws.rec[slot] = r;
-                slot++;
+            if (C_big > 0 && c > C) {
+                for (int j = 0; j < c; j += C_big) {
+                    r.off = off + j;
+                    r.cnt = c - j < C_big ? c - j : C_big;
+                    ws.rec[bslot++] = r;
+                }
+            } else {
+                for (int j = 0; j < c; j += C) {
+                    r.off = off + j;
+                    r.cnt = c - j < C ? c - j : C;
+                    ws.rec[slot++] = r;
+                }
             }
         }
         off += c;
@@ -466,6 +485,8 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
     __syncthreads();
     /* the grid has max_slots expert slots: the ones no expert took do nothing */
     for (int sl = (int)(total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
+    if (C_big > 0)
+        for (int sl = (int)total_big + tid; sl < big_slots; sl += SORT_THREADS) ws.rec[max_slots + sl].cnt = 0;
     for (int i = tid; i < M; i += SORT_THREADS) {
         const int e = idx[i] - first;
         if (e >= 0 && e < E) {
@@ -624,8 +645,9 @@ static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x,
  * side by side and share its weights in L2.
  */
 template <int F, int NT>
-static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                                    int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec,
+                                    const WsItem *items, int slots, int n, const MoeWs &ws, cudaStream_t s,
+                                    ddt_error *err) {
     constexpr int MT = ws_mt<F>(NT);
     const int H = m->hidden, I = m->inter;
     const ddt_qweight *gw = &m->host_copy[0], *dw = &m->host_copy[2 * m->n_experts];
@@ -643,7 +665,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     a.x = x;
     a.ldx = ldx;
     a.xvec = xvec && H % 4 == 0;
-    a.items = ws.rec;
+    a.items = items;
     a.sorted_tok = ws.sorted_tok;
     a.y = ws.h;
     ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), ws_threads<F>(NT),
@@ -666,12 +688,19 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     return DDT_OK;
 }
 
+/* The first list's items (at most 8*nt entries) on the nt-tile kernel; then, when
+ * big_slots > 0, the second list's (experts with more than 8 entries, items of at
+ * most 32) on the 4-tile kernel. */
 template <int F>
 static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots, int nt,
-                             int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    if (nt == 1) return tc_experts_launch<F, 1>(m, x, ldx, xvec, slots, n, ws, s, err);
-    if (nt == 2) return tc_experts_launch<F, 2>(m, x, ldx, xvec, slots, n, ws, s, err);
-    return tc_experts_launch<F, 4>(m, x, ldx, xvec, slots, n, ws, s, err);
+                             int big_slots, int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    ddt_status st;
+    if (nt == 1) st = tc_experts_launch<F, 1>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
+    else if (nt == 2) st = tc_experts_launch<F, 2>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
+    else st = tc_experts_launch<F, 4>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
+    if (st == DDT_OK && big_slots > 0)
+        st = tc_experts_launch<F, 4>(m, x, ldx, xvec, ws.rec + slots, big_slots, n, ws, s, err);
+    return st;
 }
 
 static int g_item_nt_cap = 0; /* ddt_cuda_moe_set_item_ntiles */
@@ -730,22 +759,29 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     const bool tc = m->mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(ref) &&
                     ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts]);
     const int64_t E = m->n_experts, touched = M < E ? M : E;
-    int TB = 0, C, nt = 1;
+    int TB = 0, C, nt = 1, C_big = 0, big_slots = 0;
     if (tc) {
         if (!ref->mma)
             return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: tensor-core mode on a layer that was not packed "
                                                   "(ddt_cuda_moe_layer_pack)");
-        /* items of at most 8 tokens up to n = 64: a verify spreads its n*top_k entries
-           over many experts (n = 64, top 8 of 384: ~94 touched, ~5 tokens each), so
-           bigger items would size every block's stages (and cap its occupancy) for
-           tokens few experts get; an expert with more entries takes several items,
-           which run side by side (item-fastest grid) and read its weights once from
-           HBM, the rest from L2.  H200, 384 x INT4 [2048, 7168], n = 16 / 32 / 64:
-           773 / 1127 / 1568 us with items of 8 against 1000 / 1859 / 2409 us with
-           items of 16 / 32 / 32 (BENCHMARKS.md); at n = 128 items of 16 win. */
-        nt = n <= 64 ? 1 : 2;
-        if (g_item_nt_cap > 0) nt = g_item_nt_cap; /* ddt_cuda_moe_set_item_ntiles (benchmarks) */
-        C = 8 * nt;
+        /* Two classes of work items.  An expert with at most 8 entries (most of them:
+           n = 64 tokens, top 8 of 384 spread as ~94 experts of ~5) is one item of
+           the 1-tile kernel, whose stages hold 8 token rows, so two blocks fit an
+           SM; sizing every block for the largest expert's tokens (items of 32)
+           capped occupancy at one block per SM: H200, 384 x INT4 [2048, 7168],
+           uniform routing, n = 16 / 32 / 64: 773 / 1127 / 1568 us with items of 8
+           against 1000 / 1859 / 2409 us with items of 16 / 32 / 32.  An expert with
+           more entries (tree tokens share context, so routing concentrates) takes
+           items of up to 32 on the 4-tile kernel in a second launch, where one
+           dequantised weight tile serves 4 n-tiles instead of 4 items re-doing it.
+           Only n picks the launches; no value depends on the class. */
+        nt = 1;
+        C = 8;
+        if (n > 8) { /* an expert gets at most n entries: none is big otherwise */
+            C_big = 32;
+            big_slots = (int)(M / 9); /* sum over big experts of ceil(c / 32) <= sum c / 9 */
+        }
+        if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {
@@ -753,17 +789,19 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         C = TB;
         while (touched + M / C > 65535) C *= 2; /* grid.y limit: longer items, looped TB at a time */
     }
-    const int slots = (int)(touched + M / C);
+    /* first-list slots: one item per touched expert when no expert can exceed C
+       entries there (two classes, or n <= C); else ceil(c / C) each */
+    const int slots = (int)(touched + (tc && (C_big > 0 || n <= C) ? 0 : M / C));
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, m->gate,
-                                               m->up, m->down, tc, ws);
+    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big,
+                                               big_slots, m->gate, m->up, m->down, tc, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
     ddt_status st;
     if (tc) {
         switch (F) {
-        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
-        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
-        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, n, ws, s, err); break;
+        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
+        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
+        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
         }
     } else {
         switch (F) {

@@ -599,6 +599,89 @@ extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_
     return DDT_OK;
 }
 
+/* ------------------------------------------------------------------ per-group transpose */
+
+/* dst[g][j][i] = src[g*stride + off + i][j] over es-byte elements: dst is
+ * [count][C][R] row-major, src rows of src_ld elements.  Load time only. */
+static __global__ void transpose_groups_kernel(uint8_t *__restrict__ dst, const uint8_t *__restrict__ src, int es,
+                                               int64_t count, int64_t R, int64_t C, int64_t stride, int64_t off,
+                                               int64_t src_ld) {
+    const int64_t total = count * C * R;
+    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t grp = o / (C * R), rem = o - grp * C * R, j = rem / R, i = rem - j * R;
+        const uint8_t *sp = src + ((grp * stride + off + i) * src_ld + j) * es;
+        for (int b = 0; b < es; b++) dst[o * es + b] = sp[b];
+    }
+}
+
+static ddt_status transpose_launch(uint8_t *dst, const void *src, int es, int64_t count, int64_t R, int64_t C,
+                                   int64_t stride, int64_t off, int64_t src_ld, ddt_error *err) {
+    const int64_t total = count * C * R;
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    transpose_groups_kernel<<<(unsigned)blocks, 256>>>(dst, (const uint8_t *)src, es, count, R, C, stride, off, src_ld);
+    DDT_CUDA_LAUNCHED("qweight_transpose_groups", 0, err);
+    return DDT_OK;
+}
+
+extern "C" bool ddt_cuda_qweight_transpose_ok(const ddt_qweight *w, const ddt_row_groups *g) {
+    if (!w || !g || !w->data || g->count < 1 || g->rows < 1 || g->w_row_offset < 0 || g->w_row_stride < 0 ||
+        (int64_t)(g->count - 1) * g->w_row_stride + g->w_row_offset + g->rows > w->rows)
+        return false;
+    if (w->format == DDT_Q_DENSE)
+        return w->dtype == DDT_DTYPE_F32 || w->dtype == DDT_DTYPE_BF16 || w->dtype == DDT_DTYPE_F16;
+    if (w->format != DDT_Q_FP8_BLOCK || w->block < 1 || !w->scale_inv) return false;
+    /* whole scale blocks on both sides: every transposed block is one source block */
+    const int64_t B = w->block;
+    return g->w_row_stride % B == 0 && g->w_row_offset % B == 0 && g->rows % B == 0 && w->cols % B == 0;
+}
+
+extern "C" ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, const ddt_row_groups *g, ddt_qweight *out,
+                                                        ddt_error *err) {
+    if (!out) return ddt_fail(err, DDT_ERR_INVALID, "qweight_transpose_groups: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_qweight_transpose_ok(w, g))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "qweight_transpose_groups: a weight [%lld, %lld] of format %d: only dense F32/BF16/F16 and FP8 "
+                        "with groups on whole blocks",
+                        w ? (long long)w->rows : 0ll, w ? (long long)w->cols : 0ll, w ? (int)w->format : -1);
+    const int es = w->format == DDT_Q_FP8_BLOCK ? 1 : w->dtype == DDT_DTYPE_F32 ? 4 : 2;
+    const int64_t R = g->rows, C = w->cols, cnt = g->count;
+    ddt_qweight o = *w;
+    o.rows = cnt * C;
+    o.cols = R;
+    o.data = NULL;
+    o.scale_inv = NULL;
+    o.scale = NULL;
+    o.mma = NULL;
+    o.mma_scale = NULL;
+    void *d = NULL, *sc = NULL;
+    DDT_CUDA_TRY(cudaMalloc(&d, (size_t)(cnt * C * R) * (size_t)es), err);
+    o.data = d;
+    ddt_status st = transpose_launch((uint8_t *)d, w->data, es, cnt, R, C, g->w_row_stride, g->w_row_offset, C, err);
+    if (st == DDT_OK && w->format == DDT_Q_FP8_BLOCK) {
+        /* the scale grid transposes the same way, in blocks: [count*C/B][R/B] */
+        const int64_t B = w->block, scols = (w->cols + B - 1) / B;
+        cudaError_t e = cudaMalloc(&sc, sizeof(float) * (size_t)(cnt * (C / B) * (R / B)));
+        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_transpose_groups scales: %s", cudaGetErrorString(e));
+        else {
+            o.scale_inv = (const float *)sc;
+            st = transpose_launch((uint8_t *)sc, w->scale_inv, 4, cnt, R / B, C / B, g->w_row_stride / B,
+                                  g->w_row_offset / B, scols, err);
+        }
+    }
+    if (st == DDT_OK) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_transpose_groups: %s", cudaGetErrorString(e));
+    }
+    if (st != DDT_OK) {
+        ddt_cuda_qweight_free(&o);
+        return st;
+    }
+    *out = o;
+    return DDT_OK;
+}
+
 /* ------------------------------------------------------------------ embedding */
 
 static __global__ void embed_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, float *out, int64_t ldo) {

@@ -99,6 +99,20 @@ ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups 
                                      int64_t ldx, int32_t n, float *y, int64_t ldy,
                                      ddt_cuda_stream stream, ddt_error *err);
 
+/* A weight for the transposed product on the x W^T paths: *out = a new device
+ * weight of the same format, [count * w->cols] rows x [g->rows] columns, whose
+ * group k block is the transpose of w's group k rows (out[k*cols + j][i] =
+ * w[k*w_row_stride + w_row_offset + i][j]), so that ddt_cuda_matmul_grouped_mode
+ * over it with groups {count, w->cols, 0, w->cols} computes what
+ * ddt_cuda_matmul_t_grouped computes over w (in the x W^T path's arithmetic
+ * order).  Dense F32 / BF16 / F16, and FP8 blocks when the groups lie on whole
+ * blocks (the scale grid transposes with them); anything else is
+ * DDT_ERR_UNSUPPORTED (ddt_cuda_qweight_transpose_ok says so beforehand).  Load
+ * time: allocates and synchronises; free with ddt_cuda_qweight_free. */
+bool ddt_cuda_qweight_transpose_ok(const ddt_qweight *w, const ddt_row_groups *g);
+ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, const ddt_row_groups *g, ddt_qweight *out,
+                                             ddt_error *err);
+
 /* Embedding gather: out[t][0..cols) = dequantised row ids[t] of w (ids is a
  * device array of n ids, each checked against rows: an id out of range writes
  * NaN to its row).  out row stride ldo. */
