@@ -110,7 +110,7 @@ static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_
     return st;
 }
 
-static ddt_status up_mlp(ddt_cuda_target *t, const ddt_target_mlp *h, dev_mlp *d, ddt_error *err) {
+static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
     ddt_status st;
     if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
     if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;

@@ -41,12 +41,9 @@ typedef struct ddt_target_dims {
 void ddt_target_dims_fill(const ddt_model_config *c, ddt_target_dims *d);
 
 /* The weight views of one decoder layer (borrowed from the checkpoint mapping):
- * the CPU target runs on them, the CUDA target uploads them. */
-typedef struct ddt_target_mlp {
-    ddt_qweight gate; /* [inter][hidden] */
-    ddt_qweight up;   /* [inter][hidden] */
-    ddt_qweight down; /* [hidden][inter] */
-} ddt_target_mlp;
+ * the CPU target runs on them, the CUDA target uploads them.  An MLP's three
+ * views are a ddt_cpu_mlp (backend/cpu/nn.h), the struct the CPU's MLP and
+ * routed-expert ops take. */
 
 typedef struct ddt_target_layer {
     ddt_cpu_vec attn_norm;   /* [hidden] input_layernorm */
@@ -60,12 +57,12 @@ typedef struct ddt_target_layer {
     ddt_qweight kv_b;        /* [heads*(nope+v)][rank]: per head W_UK [nope][rank] then W_UV [v][rank] */
     ddt_qweight o_proj;      /* [hidden][heads*v] */
     bool moe;
-    ddt_target_mlp mlp;      /* dense MLP (inter = intermediate_size) */
+    ddt_cpu_mlp mlp;         /* dense MLP (inter = intermediate_size) */
     ddt_qweight router;      /* [experts][hidden] mlp.gate */
     ddt_cpu_vec router_bias; /* [experts] e_score_correction_bias */
-    ddt_target_mlp *experts; /* [experts] (inter = moe_intermediate_size) */
+    ddt_cpu_mlp *experts;    /* [experts] (inter = moe_intermediate_size) */
     bool has_shared;
-    ddt_target_mlp shared;   /* inter = moe_intermediate_size * n_shared_experts */
+    ddt_cpu_mlp shared;      /* inter = moe_intermediate_size * n_shared_experts */
 } ddt_target_layer;
 
 /* The description of one checkpoint folder. */

@@ -3,7 +3,8 @@
  * reference written independently here, on random odd sizes: the quantised
  * matmuls in all formats (plain, grouped, transposed), RMSNorm, SiLU gate, RoPE
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
- * attention with causal and tree masks, the MoE router, and the thread pool.
+ * attention with causal and tree masks, the MoE router and routed experts, and
+ * the thread pool.
  * Results must also be identical for any thread count and any batch size.
  */
 #include <math.h>
@@ -593,6 +594,83 @@ static void test_moe_route(void **state) {
     }
 }
 
+/* The routed experts: against a double reference per token (experts in
+ * increasing index, w * down(silu(gate x) * up x)), each token alone == in the
+ * batch bit for bit, row padding untouched, a bad index giving a NaN row. */
+static void test_moe_experts(void **state) {
+    (void)state;
+    enum { E = 6, H = 37, I = 23, K = 3, N = 9, LDX = 41, LDO = 40 };
+    ddt_cpu_pool *pool = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(3, &pool, &err), DDT_OK);
+    test_weight tw[E][3];
+    ddt_cpu_mlp ex[E];
+    for (int e = 0; e < E; e++) {
+        make_weight(&tw[e][0], DDT_Q_DENSE, DDT_DTYPE_BF16, I, H, 0);
+        make_weight(&tw[e][1], DDT_Q_DENSE, DDT_DTYPE_BF16, I, H, 0);
+        make_weight(&tw[e][2], DDT_Q_DENSE, DDT_DTYPE_BF16, H, I, 0);
+        ex[e] = (ddt_cpu_mlp){.gate = tw[e][0].q, .up = tw[e][1].q, .down = tw[e][2].q};
+    }
+    const ddt_cpu_moe_layer m = {.n_experts = E, .hidden = H, .inter = I, .experts = ex};
+    float x[N * LDX], w[N * K], out[N * LDO], one[LDO];
+    int32_t idx[N * K];
+    fill(x, N * LDX);
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < K; k++) {
+            /* distinct experts in a scrambled order; token 0's first expert shared by all */
+            idx[t * K + k] = k == 0 ? (t == 0 ? 4 : idx[0]) : (idx[t * K] + 2 * k + t) % E;
+            if (k == 2 && idx[t * K + 2] == idx[t * K + 1]) idx[t * K + 2] = (idx[t * K + 2] + 1) % E;
+            if (k > 0 && idx[t * K + k] == idx[t * K]) idx[t * K + k] = (idx[t * K + k] + 3) % E;
+            w[t * K + k] = 0.5f + 0.5f * rnd_f();
+        }
+    void *ws = malloc(ddt_cpu_moe_workspace_bytes(&m, N, K));
+    assert_non_null(ws);
+    assert_true(ddt_cpu_moe_workspace_bytes(&m, 1, K) <= ddt_cpu_moe_workspace_bytes(&m, N, K));
+    for (int i = 0; i < N * LDO; i++) out[i] = -7.0f;
+    ddt_cpu_moe_experts(pool, &m, x, LDX, N, idx, w, K, out, LDO, ws);
+    double ref[N * H];
+    float got[N * H];
+    for (int t = 0; t < N; t++) {
+        for (int d = 0; d < H; d++) ref[t * H + d] = 0.0;
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < K; k++) {
+                if (idx[t * K + k] != e) continue;
+                double h[I];
+                for (int i = 0; i < I; i++) {
+                    double gv = 0, uv = 0;
+                    for (int j = 0; j < H; j++) {
+                        gv += tw[e][0].dense[i * H + j] * x[t * LDX + j];
+                        uv += tw[e][1].dense[i * H + j] * x[t * LDX + j];
+                    }
+                    h[i] = gv / (1.0 + exp(-gv)) * uv;
+                }
+                for (int d = 0; d < H; d++) {
+                    double o = 0;
+                    for (int i = 0; i < I; i++) o += tw[e][2].dense[d * I + i] * h[i];
+                    ref[t * H + d] += w[t * K + k] * o;
+                }
+            }
+        for (int d = 0; d < H; d++) got[t * H + d] = out[t * LDO + d];
+        for (int d = H; d < LDO; d++) assert_true(out[t * LDO + d] == -7.0f);
+    }
+    assert_true(norm_err(got, ref, N * H) < 1e-5);
+    for (int t = 0; t < N; t++) {
+        ddt_cpu_moe_experts(pool, &m, x + t * LDX, LDX, 1, idx + t * K, w + t * K, K, one, LDO, ws);
+        assert_memory_equal(one, out + t * LDO, sizeof(float) * H);
+    }
+    /* token 1 routed outside the layer: its row NaN, the others as before */
+    float bad[N * LDO];
+    idx[K + 1] = E;
+    ddt_cpu_moe_experts(pool, &m, x, LDX, N, idx, w, K, bad, LDO, ws);
+    for (int d = 0; d < H; d++) assert_true(isnan(bad[LDO + d]));
+    for (int t = 0; t < N; t++)
+        if (t != 1) assert_memory_equal(bad + t * LDO, out + t * LDO, sizeof(float) * H);
+    free(ws);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++) free_weight(&tw[e][j]);
+    ddt_cpu_pool_destroy(pool);
+}
+
 /* ------------------------------------------------------------------ pool */
 
 typedef struct mark_ctx {
@@ -642,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_rope_yarn_golden),
         cmocka_unit_test(test_mla_attention),
         cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
