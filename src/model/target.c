@@ -241,7 +241,7 @@ static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
     ddt_cpu_moe_experts(t->pool, &ml, t->xn, H, n, t->ridx, t->rw, K, t->acc, H, t->moe_ws);
     if (L->has_shared) {
         mlp_forward(t, &L->shared, t->xn, n, t->tmp);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->tmp[i] = t->acc[i] + t->tmp[i];
+        ddt_cpu_add(t->tmp, t->acc, (int64_t)n * H); /* tmp + acc: IEEE addition commutes */
     } else {
         memcpy(t->tmp, t->acc, sizeof(float) * (size_t)n * H);
     }
@@ -304,12 +304,12 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         ddt_cpu_matmul_grouped(t->pool, &L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
                                (int64_t)heads * t->desc.dims.vdim);
         ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->desc.dims.vdim, n, t->tmp, H);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
+        ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         /* MLP */
         ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->desc.dims.eps, t->xn, H);
         if (L->moe) moe_forward(t, L, n);
         else mlp_forward(t, &L->mlp, t->xn, n, t->tmp);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
+        ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         if (l < t->desc.dims.n_layers - 1) capture_store(t, l, t->x, n);
     }
     ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->desc.final_norm, t->desc.dims.eps, t->xn, H);

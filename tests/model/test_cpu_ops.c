@@ -3,8 +3,8 @@
  * reference written independently here, on random odd sizes: the quantised
  * matmuls in all formats (plain, grouped, transposed), RMSNorm, SiLU gate, RoPE
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
- * attention with causal and tree masks, the MoE router and routed experts, and
- * the thread pool.
+ * attention with causal and tree masks, the MoE router and routed experts, the
+ * residual add and row gather, and the thread pool.
  * Results must also be identical for any thread count and any batch size.
  */
 #include <math.h>
@@ -338,6 +338,29 @@ static void test_rmsnorm_and_silu(void **state) {
     free(ref);
     free(yc);
     ddt_cpu_pool_destroy(pool);
+}
+
+/* The residual add (x + y, element by element, exactly) and the row gather
+ * (rows in the given order, repeats allowed, padding of dst untouched). */
+static void test_add_and_gather(void **state) {
+    (void)state;
+    enum { N = 1000, ROWS = 7, COLS = 13, LDS = 16, LDD = 15, M = 5 };
+    float x[N], y[N], x0[N];
+    fill(x, N);
+    fill(y, N);
+    memcpy(x0, x, sizeof x);
+    ddt_cpu_add(x, y, N - 1);
+    for (int i = 0; i < N - 1; i++) assert_true(x[i] == x0[i] + y[i]);
+    assert_true(x[N - 1] == x0[N - 1]);
+    float src[ROWS * LDS], dst[M * LDD];
+    fill(src, ROWS * LDS);
+    for (int i = 0; i < M * LDD; i++) dst[i] = -3.0f;
+    const int32_t rows[M] = {6, 0, 3, 3, 1};
+    ddt_cpu_gather_rows(dst, LDD, src, LDS, rows, M, COLS);
+    for (int k = 0; k < M; k++) {
+        assert_memory_equal(dst + k * LDD, src + rows[k] * LDS, sizeof(float) * COLS);
+        for (int c = COLS; c < LDD; c++) assert_true(dst[k * LDD + c] == -3.0f);
+    }
 }
 
 /* ------------------------------------------------------------------ rope */
@@ -716,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_formats),
         cmocka_unit_test(test_matmul_grouped_and_transposed),
         cmocka_unit_test(test_rmsnorm_and_silu),
+        cmocka_unit_test(test_add_and_gather),
         cmocka_unit_test(test_rope_plain_and_rotation),
         cmocka_unit_test(test_rope_yarn_golden),
         cmocka_unit_test(test_mla_attention),
