@@ -42,7 +42,9 @@ struct ddt_target {
     float rope_attn;
     float *inv_freq;         /* [rope/2] */
     uint64_t state_bytes;    /* run state + latent cache */
-    ddt_moe_route_params route;
+    ddt_moe_route_params route; /* bias NULL: moe_forward points it at the layer's row of route_bias */
+    float *route_bias;          /* [n_layers][n_experts] each MoE layer's e_score_correction_bias in fp32,
+                                   converted at load (the GPU's device copy holds the same floats) */
 
     ddt_cpu_kv kv;
 
@@ -128,6 +130,14 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
         t->rw = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(float), &ok);
         ddt_cpu_moe_layer ml = moe_layer(t, NULL);
         t->moe_ws = state_alloc(t, ddt_cpu_moe_workspace_bytes(&ml, t->max_tokens, t->desc.dims.top_k), 1, &ok);
+        const size_t E = (size_t)t->desc.dims.n_experts;
+        t->route_bias = state_alloc(t, (size_t)t->desc.dims.n_layers * E, sizeof(float), &ok);
+        for (int32_t l = 0; ok && l < t->desc.dims.n_layers; l++) {
+            const ddt_target_layer *L = &t->desc.layers[l];
+            if (!L->moe) continue;
+            for (size_t e = 0; e < E; e++)
+                t->route_bias[(size_t)l * E + e] = ddt_cpu_vec_at(L->router_bias.data, L->router_bias.dtype, (int64_t)e);
+        }
     }
     if (t->n_capture > 0) {
         size_t cap;
@@ -163,11 +173,7 @@ ddt_status ddt_target_load(const char *dir, const ddt_target_options *opts, ddt_
     t->max_ctx = opts->max_ctx;
     t->max_tokens = opts->max_tokens;
 
-    t->route = (ddt_moe_route_params){.n_experts = t->desc.dims.n_experts, .top_k = t->desc.dims.top_k,
-                                      .n_group = c->n_group > 0 ? c->n_group : 1,
-                                      .topk_group = c->topk_group > 0 ? c->topk_group : 1,
-                                      .norm_topk_prob = c->norm_topk_prob,
-                                      .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
+    t->route = ddt_target_route_params(c, &t->desc.dims);
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
     ddt_rope_params rp = ddt_target_rope_params(c);
     ddt_cpu_rope_freqs(&rp, t->inv_freq, &t->rope_attn);
@@ -185,7 +191,7 @@ void ddt_target_free(ddt_target *t) {
     ddt_cpu_pool_destroy(t->pool);
     ddt_cpu_kv_free(&t->kv);
     void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g,
-                    t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->moe_ws, t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
+                    t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->moe_ws, t->route_bias, t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     ddt_target_desc_free(&t->desc);
     free(t);
@@ -230,12 +236,13 @@ static void mlp_forward(ddt_target *t, const ddt_cpu_mlp *m, const float *in, in
     ddt_cpu_mlp_forward(t->pool, m, in, t->desc.dims.hidden, n, t->g, t->u, out, t->desc.dims.hidden);
 }
 
-/* MoE block on t->xn [n][hidden] -> t->tmp [n][hidden]. */
-static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
+/* MoE block of layer l on t->xn [n][hidden] -> t->tmp [n][hidden]. */
+static void moe_forward(ddt_target *t, int32_t l, int32_t n) {
+    const ddt_target_layer *L = &t->desc.layers[l];
     const int32_t H = t->desc.dims.hidden, E = t->desc.dims.n_experts, K = t->desc.dims.top_k;
     ddt_cpu_matmul(t->pool, &L->router, t->xn, H, n, t->rlogits, E);
     ddt_moe_route_params rp = t->route;
-    rp.bias = &L->router_bias;
+    rp.bias = t->route_bias + (size_t)l * (size_t)E;
     ddt_cpu_moe_route(t->rlogits, E, n, &rp, t->ridx, t->rw);
     const ddt_cpu_moe_layer ml = moe_layer(t, L);
     ddt_cpu_moe_experts(t->pool, &ml, t->xn, H, n, t->ridx, t->rw, K, t->acc, H, t->moe_ws);
@@ -307,7 +314,7 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         /* MLP */
         ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->desc.dims.eps, t->xn, H);
-        if (L->moe) moe_forward(t, L, n);
+        if (L->moe) moe_forward(t, l, n);
         else mlp_forward(t, &L->mlp, t->xn, n, t->tmp);
         ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         if (l < t->desc.dims.n_layers - 1) capture_store(t, l, t->x, n);

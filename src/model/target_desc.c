@@ -333,6 +333,14 @@ static ddt_status check_config(const ddt_model_config *c, const char *dir, ddt_e
     return DDT_OK;
 }
 
+ddt_moe_route_params ddt_target_route_params(const ddt_model_config *c, const ddt_target_dims *d) {
+    return (ddt_moe_route_params){.n_experts = d->n_experts, .top_k = d->top_k,
+                                  .n_group = c->n_group > 0 ? c->n_group : 1,
+                                  .topk_group = c->topk_group > 0 ? c->topk_group : 1,
+                                  .norm_topk_prob = c->norm_topk_prob,
+                                  .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
+}
+
 ddt_rope_params ddt_target_rope_params(const ddt_model_config *c) {
     return (ddt_rope_params){.dim = c->qk_rope_head_dim, .theta = c->rope_theta, .yarn = c->has_yarn,
                              .factor = c->yarn_factor, .original_max_position = c->yarn_original_max_position,

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/nn.h"
 #include "backend/cpu/rope.h"
+#include "backend/moe_route.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 
@@ -92,6 +93,11 @@ ddt_status ddt_target_capture_check(const int32_t *capture_layers, int32_t n_cap
 ddt_status ddt_target_desc_load(const char *dir, const int32_t *capture_layers, int32_t n_capture,
                                 ddt_target_desc *d, ddt_error *err);
 void ddt_target_desc_free(ddt_target_desc *d);
+
+/* The router's parameters of a config for both backends, bias NULL: each
+ * backend points it at its fp32 copy of the layer's bias.  n_experts and top_k
+ * from d (the router's global count, sharded or not). */
+ddt_moe_route_params ddt_target_route_params(const ddt_model_config *c, const ddt_target_dims *d);
 
 /* The RoPE parameters of a config, and its cos/sin (attention factor applied)
  * for positions pos0..pos0+n-1: [n][qk_rope_head_dim / 2] each, the values the

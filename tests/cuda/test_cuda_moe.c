@@ -55,8 +55,7 @@ static void route_case(int E, int top_k, int G, int keep, int n, int ties, int w
     for (int e = 0; e < E; e++) bias[e] = ties ? 0.25f * (float)(rnd() % 3) : 0.1f * frand();
     int32_t *iref = malloc(sizeof(int32_t) * (size_t)n * top_k), *igot = malloc(sizeof(int32_t) * (size_t)n * top_k);
     float *wref = malloc(sizeof(float) * (size_t)n * top_k), *wgot = malloc(sizeof(float) * (size_t)n * top_k);
-    ddt_cpu_vec bv = {bias, DDT_DTYPE_F32, E};
-    ddt_moe_route_params cp = {E, top_k, G, keep, norm != 0, 2.5f, with_bias ? &bv : NULL};
+    ddt_moe_route_params cp = {E, top_k, G, keep, norm != 0, 2.5f, with_bias ? bias : NULL};
     ddt_cpu_moe_route(lg, E, n, &cp, iref, wref);
     float *dlg, *dbias, *dw;
     int32_t *didx;
@@ -66,7 +65,7 @@ static void route_case(int E, int top_k, int G, int keep, int n, int ties, int w
     CU(cudaMalloc((void **)&dw, sizeof(float) * (size_t)n * top_k));
     CU(cudaMemcpy(dlg, lg, sizeof(float) * (size_t)n * E, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dbias, bias, sizeof(float) * (size_t)E, cudaMemcpyHostToDevice));
-    ddt_cuda_route_params gp = {E, top_k, G, keep, norm != 0, 2.5f, with_bias ? dbias : NULL};
+    ddt_moe_route_params gp = {E, top_k, G, keep, norm != 0, 2.5f, with_bias ? dbias : NULL}; /* the same struct */
     OK(ddt_cuda_moe_route(dlg, E, n, &gp, didx, dw, NULL, &err_));
     CU(cudaMemcpy(igot, didx, sizeof(int32_t) * (size_t)n * top_k, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(wgot, dw, sizeof(float) * (size_t)n * top_k, cudaMemcpyDeviceToHost));

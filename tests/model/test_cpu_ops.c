@@ -598,10 +598,9 @@ static void test_moe_route(void **state) {
         float lg[11 * 16], bias[16];
         fill(lg, n * E);
         for (int e = 0; e < E; e++) bias[e] = rnd_f() * 0.3f;
-        ddt_cpu_vec bv = {.data = bias, .dtype = DDT_DTYPE_F32, .n = E};
         ddt_moe_route_params p = {.n_experts = E, .top_k = K, .n_group = cases[c].G, .topk_group = cases[c].kg,
                                   .norm_topk_prob = cases[c].norm, .routed_scaling_factor = 2.5f,
-                                  .bias = cases[c].bias ? &bv : NULL};
+                                  .bias = cases[c].bias ? bias : NULL};
         int32_t idx[11 * 16];
         float w[11 * 16];
         ddt_cpu_moe_route(lg, E, n, &p, idx, w);

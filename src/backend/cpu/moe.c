@@ -20,7 +20,7 @@ void ddt_cpu_moe_route(const float *logits, int64_t ld, int64_t n, const ddt_moe
         const float *lg = logits + t * ld;
         for (int32_t e = 0; e < E; e++) {
             s[e] = 1.0f / (1.0f + expf(-lg[e]));
-            choice[e] = p->bias ? s[e] + ddt_cpu_vec_at(p->bias->data, p->bias->dtype, e) : s[e];
+            choice[e] = p->bias ? s[e] + p->bias[e] : s[e];
             taken[e] = 0;
         }
         for (int32_t g = 0; g < G; g++) {

@@ -9,7 +9,8 @@
  *   keep the topk_group best groups, then the top_k experts by choice among them;
  *   weight = s of the chosen expert (unbiased), divided by (sum + 1e-20) when
  *   norm_topk_prob, times routed_scaling_factor.
- * Ties go to the lower index, groups and experts alike.
+ * Ties go to the lower index, groups and experts alike.  The parameters
+ * (ddt_moe_route_params, one struct for both backends) are in backend/moe_route.h.
  */
 #ifndef DDT_BACKEND_CPU_MOE_H
 #define DDT_BACKEND_CPU_MOE_H
@@ -19,18 +20,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/nn.h"
-
-#define DDT_MOE_MAX_EXPERTS 4096
-
-typedef struct ddt_moe_route_params {
-    int32_t n_experts;          /* 1..DDT_MOE_MAX_EXPERTS */
-    int32_t top_k;              /* 1..n_experts */
-    int32_t n_group;            /* divides n_experts; 1 = no group limit */
-    int32_t topk_group;         /* 1..n_group */
-    bool norm_topk_prob;
-    float routed_scaling_factor;
-    const ddt_cpu_vec *bias;    /* e_score_correction_bias [n_experts], or NULL */
-} ddt_moe_route_params;
+#include "backend/moe_route.h"
 
 /* For each of n tokens: idx[t][0..top_k) chosen experts in decreasing choice
  * score and w[t][..] their weights.  logits [n][n_experts] (row stride ld). */

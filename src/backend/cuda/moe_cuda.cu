@@ -56,7 +56,7 @@ static __device__ __forceinline__ Best best_of(Best a, Best b) {
 }
 
 static __global__ void __launch_bounds__(ROUTE_THREADS)
-route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params p, int32_t *idx, float *w) {
+route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params p, int32_t *idx, float *w) {
     /* 40 KB: s is recomputed for the chosen experts instead of stored (same bits) */
     __shared__ float choice[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_EXPERTS];
@@ -133,7 +133,7 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
     }
 }
 
-extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_cuda_route_params *p,
+extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_moe_route_params *p,
                                          int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err) {
     if (!p || !logits || !idx || !w || n < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_route: missing arguments or %d tokens", n);
