@@ -577,8 +577,10 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             s.t_verify += ddt_engine_now() - t0;
             ddt_emitter_push(&em, &bonus, 1);
         } else {
+            /* room 0 (one row left): budget 0, the root alone is verified and its
+               token emitted, as the CPU loop does (the build, sampler and walk
+               kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
-            if (budget < 1) break; /* no node fits: the context is full */
             if (e->auto_budget) {
                 TRY(auto_round(e, budget, k, bonus, len, round, greedy, &n, err));
             } else if (on_device) {
