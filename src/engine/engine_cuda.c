@@ -214,7 +214,9 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     if (e->auto_budget) {
         /* no graph: the node count changes every round */
         if ((st = ddt_builder_create(e->max_nodes - 1, &e->builder, err))) goto fail;
-        if ((st = measure_cost(e, err))) goto fail;
+        /* a table the caller gave is used as given (as on the CPU); else this GPU is timed */
+        if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
+        else if ((st = measure_cost(e, err))) goto fail;
         *out = e;
         return DDT_OK;
     }

@@ -12,7 +12,9 @@
  *  4. a context that fills before max_new: CPU and CUDA, ar / chain / tree (fixed,
  *     partial-budget, auto; greedy and T = 1) all end at the same token count
  *     with stop reason "context full" (the CUDA loop verifies the root alone in
- *     the last row, as the CPU does), greedy tokens equal to CPU ar.
+ *     the last row, as the CPU does), greedy tokens equal to CPU ar;
+ *  5. options.cost: a given table drives the auto budget on CUDA (root-only
+ *     rounds under a steep table, full trees under a flat one).
  * Unused device memory is poisoned with NaN where the test owns it.
  * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases).
  */
@@ -281,6 +283,7 @@ static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
 static bool g_host_sampler = false;
 static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
+static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
 
 /* budget < 0: --budget auto capped at -budget */
 static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
@@ -296,6 +299,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.cuda_host_sampler = g_host_sampler;
     o.n_threads = 2;
     o.max_ctx = g_max_ctx;
+    o.cost = g_cost;
     ddt_engine *e;
     OK(ddt_engine_create(model, &o, &e, &err_));
     OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
@@ -423,6 +427,29 @@ static void test_full_context(const char *model, const char *draft, const int32_
     g_max_ctx = 0;
 }
 
+/* options.cost on CUDA: a given table is the one the auto budget uses (as on
+ * the CPU, test_engine.c: test_given_cost), not this GPU's timing: a verify cost
+ * that jumps after the root gives root-only rounds, a flat one the whole budget;
+ * greedy tokens equal GPU ar either way. */
+static void test_given_cost(const char *model, const char *draft, const int32_t *prompt, int np, int max_new) {
+    static const float nodes[2] = {0.0f, 1.0f}, steep[2] = {1e-3f, 1.0f}, flat[2] = {1e-3f, 1e-3f};
+    run_out ar, x;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar);
+    for (int kind = 0; kind < 2; kind++) {
+        const ddt_cost_model given = {0.0f, 2, nodes, 1, NULL, kind ? flat : steep, 0.0f};
+        g_cost = &given;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, 0.0f, prompt, np, max_new, &x);
+        g_cost = NULL;
+        CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+              "%s: given %s cost table: tree auto != GPU ar", model, kind ? "flat" : "steep");
+        const long long want = kind ? 9LL * x.st.rounds : (long long)x.st.rounds;
+        CHECK((long long)x.st.nodes_verified == want, "%s: given %s cost table: %lld nodes in %lld rounds (want %lld)",
+              model, kind ? "flat" : "steep", (long long)x.st.nodes_verified, (long long)x.st.rounds, want);
+        printf("  given %s cost table, auto budget (max 8): %lld nodes in %lld rounds\n", kind ? "flat" : "steep",
+               (long long)x.st.nodes_verified, (long long)x.st.rounds);
+    }
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     const char *variants[] = {"fp32",  "bf16",    "fp8",    "int4",       "ngroup",         "qlora_null",
@@ -440,6 +467,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);
     test_engine("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, quick);
     test_full_context("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
+    test_given_cost("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
         static int32_t ids[8192];
