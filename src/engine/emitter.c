@@ -32,6 +32,14 @@ void ddt_emitter_push(ddt_emitter *em, const int32_t *ids, int32_t n) {
     }
 }
 
+bool ddt_emitter_next_round(const ddt_emitter *em, bool lockstep, float *flag) {
+    /* DDT_STOP_CANCELLED is set only when no other reason was (ddt_emitter_push),
+       so a cancelled emitter is exactly one whose callback-less twins go on */
+    const bool tell = lockstep && em->done && em->reason == DDT_STOP_CANCELLED;
+    *flag = tell ? 1.0f : 0.0f;
+    return !em->done || tell;
+}
+
 void ddt_emitter_finish_stats(const ddt_emitter *em, double t_start, double t_decode, double t_end,
                               ddt_gen_stats *s) {
     s->tokens = em->n;

@@ -30,6 +30,23 @@ ddt_emitter ddt_emitter_start(int32_t *out, int32_t max_new, const int32_t *stop
 /* Emit ids in order until max_new or a stop id (emitted, then done), or until the callback says stop. */
 void ddt_emitter_push(ddt_emitter *em, const int32_t *ids, int32_t n);
 
+/*
+ * Ranks that decode the same tokens in lockstep (the multi-GPU engine: one
+ * engine_cuda per GPU) must end after the same round, or the ranks still going
+ * wait for ever in a collective.  Every reason to end is the same on every rank
+ * (same tokens, same max_new and stop ids, same context) except the caller's
+ * callback, which only rank 0 has.  So each round every rank contributes a stop
+ * flag to a sum over the ranks, exchanged before the round's own collectives,
+ * and every rank ends after the round whose sum is set, that round's tokens
+ * dropped (rank 0 has already emitted all it will).
+ *
+ * Before each round: returns whether this rank runs it, and *flag, its
+ * contribution: 1 when this emitter was cancelled by its callback (rank 0 then
+ * runs one round more, only to say so), else 0.  lockstep false (one engine
+ * alone): runs while not done, *flag 0.
+ */
+bool ddt_emitter_next_round(const ddt_emitter *em, bool lockstep, float *flag);
+
 /* The totals of a finished generation (times in seconds since any common origin):
  * tokens, total time, mean acceptance and decode tokens/s, which leaves out the
  * first token (it comes from the prompt pass, timed as prefill), and the stop

@@ -173,11 +173,7 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
     if (st) goto fail;
     if (opts->mode == DDT_MODE_TREE && opts->budget_auto) {
         if (opts->cost) {
-            memcpy(e->cost_nodes, opts->cost->nodes, (size_t)opts->cost->n_nodes * sizeof(float));
-            memcpy(e->cost_verify, opts->cost->verify, (size_t)opts->cost->n_nodes * sizeof(float));
-            e->cost = *opts->cost;
-            e->cost.nodes = e->cost_nodes;
-            e->cost.verify = e->cost_verify;
+            ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
             e->have_cost = true;
         } else {
             st = measure_cost(e, err);

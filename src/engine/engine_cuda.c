@@ -66,6 +66,13 @@ struct ddt_engine_cuda {
     int32_t graph_budget;
     int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
     cudaEvent_t ev[N_EVENTS];
+    /* one rank of several (engine_multi_cuda.c): the sum over ranks of a stop flag,
+       exchanged at the start of every round (emitter.h: ddt_emitter_next_round) */
+    int32_t world;
+    ddt_cuda_allreduce_fn allreduce;
+    void *allreduce_ctx;
+    float *stop_d;         /* device [1]: this rank's flag, then the sum; NULL on one GPU */
+    float *stop_h;         /* pinned [2]: [0] the flag staged, [1] the sum read back */
 };
 
 /* How a round picks the target's token at each node: argmax (T = 0), the device
@@ -93,12 +100,12 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
         if (e->ev[i]) cudaEventDestroy(e->ev[i]);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
-                   e->emit_d, e->one, e->sp_d};
+                   e->emit_d, e->one, e->sp_d, e->stop_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
     void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h,
-                      e->sp_h};
+                      e->sp_h, e->stop_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     ddt_builder_destroy(e->builder);
@@ -133,10 +140,15 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     *out = NULL;
     if (opts->draft_fn)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the CUDA backend drafts with a DFlash model only (no custom drafter)");
+    if (world > 1 && !allreduce)
+        return ddt_fail(err, DDT_ERR_INVALID, "rank %d of %d: no all-reduce to share the stop flag with", rank, world);
     ddt_engine_cuda *e = calloc(1, sizeof *e);
     if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
     e->opts = *opts;
     e->max_ctx = max_ctx;
+    e->world = world;
+    e->allreduce = allreduce;
+    e->allreduce_ctx = ctx;
     ddt_status st;
     ddt_drafter_config dcfg;
     const bool dflash = opts->mode != DDT_MODE_AR;
@@ -189,6 +201,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->sp_h, sizeof(ddt_cuda_sample_params));
         if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->sp_d, sizeof(ddt_cuda_sample_params));
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->logits_h, (size_t)e->max_nodes * V * sizeof(float));
+        if (ce == cudaSuccess && world > 1) ce = cudaMalloc((void **)&e->stop_d, sizeof(float));
+        if (ce == cudaSuccess && world > 1) ce = cudaMallocHost((void **)&e->stop_h, 2 * sizeof(float));
         for (int i = 0; i < N_EVENTS && ce == cudaSuccess; i++) ce = cudaEventCreate(&e->ev[i]);
         if (ce != cudaSuccess) {
             st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: engine buffers: %s", cudaGetErrorString(ce));
@@ -214,7 +228,9 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     if (e->auto_budget) {
         /* no graph: the node count changes every round */
         if ((st = ddt_builder_create(e->max_nodes - 1, &e->builder, err))) goto fail;
-        if ((st = measure_cost(e, err))) goto fail;
+        /* a table the caller gave is used as given (as on the CPU); else this GPU is timed */
+        if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
+        else if ((st = measure_cost(e, err))) goto fail;
         *out = e;
         return DDT_OK;
     }
@@ -487,6 +503,22 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
     return DDT_OK;
 }
 
+/* Lockstep ranks (world > 1): this rank's stop flag in, the sum over the ranks
+ * back to stop_h[1], read after the round's own synchronisation (no extra one).
+ * Issued on every rank at the start of every round, before the round's
+ * collectives, so the ranks' collectives stay in the same order. */
+static ddt_status stop_exchange(ddt_engine_cuda *e, float flag, ddt_error *err) {
+    e->stop_h[0] = flag; /* the previous round was synchronised: the pinned word is free */
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->stop_d, e->stop_h, sizeof(float), cudaMemcpyHostToDevice, e->s), err);
+    TRY(e->allreduce(e->allreduce_ctx, e->stop_d, 1, e->s, err));
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->stop_h + 1, e->stop_d, sizeof(float), cudaMemcpyDeviceToHost, e->s), err);
+    return DDT_OK;
+}
+
+/* After the round's synchronisation: some rank's caller cancelled, every rank ends
+ * here and drops the round's tokens. */
+static bool stop_all(const ddt_engine_cuda *e) { return e->stop_d && e->stop_h[1] > 0.0f; }
+
 /* The first token (after the prompt) or an AR step's token from logits row 0. */
 static ddt_status next_token(ddt_engine_cuda *e, uint64_t round, int32_t *tok, ddt_error *err) {
     const int mode = next_mode(e);
@@ -554,9 +586,13 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     s.t_prefill = t_decode - t_start;
     ddt_emitter_push(&em, &bonus, 1);
     int32_t len = n_prompt;
-    for (uint64_t round = 1; !em.done; round++) {
+    const bool lockstep = e->stop_d != NULL; /* several GPUs: every rank ends after the same round */
+    for (uint64_t round = 1;; round++) {
+        float stop_flag;
+        if (!ddt_emitter_next_round(&em, lockstep, &stop_flag)) break;
         const int32_t room = e->max_ctx - len - 1;
-        if (room < 0) break;
+        if (room < 0) break; /* the same on every rank */
+        if (lockstep) TRY(stop_exchange(e, stop_flag, err));
         double t0 = ddt_engine_now();
         int32_t n = 0, m;
         if (e->opts.mode == DDT_MODE_AR && on_device) {
@@ -565,6 +601,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost, e->s),
                          err);
             DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+            if (stop_all(e)) break;
             bonus = e->emit_h[0];
             if (bonus < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
             n = m = 1;
@@ -572,13 +609,16 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             ddt_emitter_push(&em, &bonus, 1);
         } else if (e->opts.mode == DDT_MODE_AR) {
             TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
-            TRY(next_token(e, round, &bonus, err));
+            TRY(next_token(e, round, &bonus, err)); /* synchronises */
+            if (stop_all(e)) break;
             n = m = 1;
             s.t_verify += ddt_engine_now() - t0;
             ddt_emitter_push(&em, &bonus, 1);
         } else {
+            /* room 0 (one row left): budget 0, the root alone is verified and its
+               token emitted, as the CPU loop does (the build, sampler and walk
+               kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
-            if (budget < 1) break; /* no node fits: the context is full */
             if (e->auto_budget) {
                 TRY(auto_round(e, budget, k, bonus, len, round, greedy, &n, err));
             } else if (on_device) {
@@ -594,6 +634,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->emit_d, sizeof(int32_t) * DDT_CUDA_EMIT_WORDS,
                                          cudaMemcpyDeviceToHost, e->s), err);
             DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+            if (stop_all(e)) break;
             m = e->emit_h[0];
             if (m < 1 || m > DDT_MAX_PATH || e->emit_h[1] != DDT_CUDA_TREE_OK)
                 return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",

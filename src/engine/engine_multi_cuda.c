@@ -4,9 +4,13 @@
  * rank, and one host thread per rank for create and generate.
  *
  * Every rank takes the same decisions from the same bytes, so errors that come
- * from the inputs (a bad prompt, a full context) happen on every rank alike.  A
- * fault on one GPU only (a device error) would leave the others waiting in a
- * collective: such a failure is not recovered from here.
+ * from the inputs (a bad prompt, a full context) happen on every rank alike.  The
+ * one decision only rank 0 sees, the caller's emit callback asking to stop,
+ * reaches the other ranks through a stop flag summed over the ranks at the start
+ * of every round (engine_cuda.c stop_exchange, emitter.h ddt_emitter_next_round):
+ * rank 0 runs one round more to say so, and every rank ends after it.  A fault on
+ * one GPU only (a device error) would leave the others waiting in a collective:
+ * such a failure is not recovered from here.
  */
 #include "engine/engine_multi_cuda.h"
 

@@ -27,7 +27,9 @@ void ddt_engine_multi_free(ddt_engine_multi *m);
 int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);
-/* As ddt_engine_cuda_generate; emit_fn is called on the caller's thread (rank 0). */
+/* As ddt_engine_cuda_generate; emit_fn is called on the caller's thread (rank 0).
+ * When it returns false every rank stops after the next round (whose tokens are
+ * dropped), so generate returns on all of them. */
 ddt_status ddt_engine_multi_generate(ddt_engine_multi *m, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                      const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
                                      ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err);

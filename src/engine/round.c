@@ -70,3 +70,16 @@ ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, dd
     *out = (ddt_cost_model){(float)d, pts, nodes, 1, NULL, verify, 0.0f};
     return ddt_cost_check(out, err);
 }
+
+void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *verify, ddt_cost_model *out) {
+    const int32_t n = given->n_nodes < DDT_ENGINE_COST_POINTS ? given->n_nodes : DDT_ENGINE_COST_POINTS;
+    for (int32_t i = 0; i < n; i++) {
+        nodes[i] = given->nodes[i];
+        verify[i] = given->verify[i];
+    }
+    *out = *given;
+    out->n_nodes = n;
+    out->nodes = nodes;
+    out->verify = verify;
+    out->contexts = NULL; /* one context row: never read, and the caller's may go away */
+}

@@ -1,7 +1,8 @@
 /*
  * round.h — what every backend's decoding loop shares (internal to the engine
  * layer): the prefill chunk, the clock, the per-round budget and top-K clamps,
- * and the verify-cost measurement of the auto budget.  The CPU loop
+ * and the verify-cost measurement of the auto budget (or the adoption of a
+ * given table).  The CPU loop
  * (engine_cpu.c) and the CUDA loop (engine_cuda.c) call these; neither keeps a
  * copy of its own.
  */
@@ -49,5 +50,14 @@ typedef ddt_status (*ddt_cost_timer_fn)(void *ctx, int32_t n, double *seconds, d
  */
 ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, ddt_cost_timer_fn draft,
                                    void *ctx, float *nodes, float *verify, ddt_cost_model *out, ddt_error *err);
+
+/*
+ * Adopt a cost model the caller gave (options.cost) instead of measuring one:
+ * its node and verify tables copied into nodes / verify [DDT_ENGINE_COST_POINTS]
+ * (the engine's own, so the caller's may go away), *out = *given pointing at
+ * them.  given was checked by the facade (engine.c: valid, one context row, at
+ * most DDT_ENGINE_COST_POINTS points).  Every backend takes a given table so.
+ */
+void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *verify, ddt_cost_model *out);
 
 #endif

@@ -331,12 +331,11 @@ ddt_status ddt_drafter_append_rows(ddt_drafter *d, const float *const *layers, i
         return ddt_fail(err, DDT_ERR_RANGE, "drafter append: positions beyond %d", MAX_POSITION);
     for (int32_t i = 0; i < m; i += APPEND_CHUNK) {
         int32_t n = m - i < APPEND_CHUNK ? m - i : APPEND_CHUNK;
-        for (int32_t k = 0; k < n; k++) {
-            for (int32_t s = 0; s < d->desc.cfg.n_target_layers; s++)
-                memcpy(d->feat + (size_t)k * d->desc.dims.F + (size_t)s * d->desc.dims.H, layers[s] + (size_t)rows[i + k] * d->desc.dims.H,
-                       sizeof(float) * (size_t)d->desc.dims.H);
-            d->pos_c[k] = next + i + k;
-        }
+        /* feature row k = [layer 0 row | layer 1 row | ...] of token rows[i + k] */
+        for (int32_t s = 0; s < d->desc.cfg.n_target_layers; s++)
+            ddt_cpu_gather_rows(d->feat + (size_t)s * d->desc.dims.H, d->desc.dims.F, layers[s], d->desc.dims.H,
+                                rows + i, n, d->desc.dims.H);
+        for (int32_t k = 0; k < n; k++) d->pos_c[k] = next + i + k;
         append_chunk(d, d->feat, d->desc.dims.F, n, d->pos_c);
     }
     return DDT_OK;
@@ -377,13 +376,13 @@ ddt_status ddt_drafter_draft(ddt_drafter *d, int32_t bonus, float *logits, ddt_e
                                    .k = kv_k(d, l, 0), .v = kv_v(d, l, 0), .n_rows = (int64_t)d->len + L, .o = d->o};
         ddt_cpu_dflash_attention(d->pool, &att);
         ddt_cpu_matmul(d->pool, &Y->o_proj, d->o, d->desc.dims.qd, L, d->tmp, H);
-        for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
+        ddt_cpu_add(d->x, d->tmp, (int64_t)L * H);
         ddt_cpu_rmsnorm(d->pool, d->x, H, L, H, &Y->mlp_norm, d->desc.dims.eps, d->xn, H);
         ddt_cpu_matmul(d->pool, &Y->gate, d->xn, H, L, d->g, d->desc.dims.inter);
         ddt_cpu_matmul(d->pool, &Y->up, d->xn, H, L, d->u, d->desc.dims.inter);
         ddt_cpu_silu_mul(d->pool, d->g, d->desc.dims.inter, d->u, d->desc.dims.inter, L, d->desc.dims.inter);
         ddt_cpu_matmul(d->pool, &Y->down, d->g, d->desc.dims.inter, L, d->tmp, H);
-        for (size_t i = 0; i < (size_t)L * H; i++) d->x[i] = d->x[i] + d->tmp[i];
+        ddt_cpu_add(d->x, d->tmp, (int64_t)L * H);
     }
     /* only positions 1..L-1 are drafts */
     ddt_cpu_rmsnorm(d->pool, d->x + H, H, L - 1, H, &d->desc.final_norm, d->desc.dims.eps, d->xn, H);

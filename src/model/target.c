@@ -42,7 +42,9 @@ struct ddt_target {
     float rope_attn;
     float *inv_freq;         /* [rope/2] */
     uint64_t state_bytes;    /* run state + latent cache */
-    ddt_moe_route_params route;
+    ddt_moe_route_params route; /* bias NULL: moe_forward points it at the layer's row of route_bias */
+    float *route_bias;          /* [n_layers][n_experts] each MoE layer's e_score_correction_bias in fp32,
+                                   converted at load (the GPU's device copy holds the same floats) */
 
     ddt_cpu_kv kv;
 
@@ -57,16 +59,13 @@ struct ddt_target {
     float *o_v;      /* [T][heads*v] */
     float *tmp;      /* [T][hidden] block output */
     float *acc;      /* [T][hidden] routed-expert sum */
-    float *gx;       /* [T][hidden] tokens gathered for one expert */
     float *g, *u;    /* [T][inter_max] */
     float *cosv;     /* [T][rope/2] */
     float *sinv;     /* [T][rope/2] */
     float *rlogits;  /* [T][experts] */
     int32_t *ridx;   /* [T][top_k] */
     float *rw;       /* [T][top_k] */
-    int32_t *ecount; /* [experts + 1] prefix offsets */
-    int32_t *etok;   /* [T*top_k] token of each (expert, slot) entry, grouped by expert */
-    float *ewt;      /* [T*top_k] its weight */
+    void *moe_ws;    /* ddt_cpu_moe_workspace_bytes for T tokens */
     int32_t *pos;    /* [T] positions of the current forward */
 
     int32_t n_capture;
@@ -83,6 +82,13 @@ struct ddt_target {
 };
 
 /* ------------------------------------------------------------------ loading */
+
+/* The routed experts of layer L as the backend op takes them (L NULL: the sizes
+ * only, for the workspace). */
+static ddt_cpu_moe_layer moe_layer(const ddt_target *t, const ddt_target_layer *L) {
+    return (ddt_cpu_moe_layer){.n_experts = t->desc.dims.n_experts, .hidden = t->desc.dims.hidden,
+                               .inter = t->desc.cfg.moe_intermediate_size, .experts = L ? L->experts : NULL};
+}
 
 /* Allocate one run-state array of n x sz; records NOMEM via *ok. */
 static void *state_alloc(ddt_target *t, size_t n, size_t sz, bool *ok) {
@@ -106,7 +112,6 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
     t->xn = state_alloc(t, th, sizeof(float), &ok);
     t->tmp = state_alloc(t, th, sizeof(float), &ok);
     t->acc = state_alloc(t, th, sizeof(float), &ok);
-    t->gx = state_alloc(t, th, sizeof(float), &ok);
     t->qa = state_alloc(t, T * (size_t)(t->desc.dims.q_lora > 0 ? t->desc.dims.q_lora : 1), sizeof(float), &ok);
     t->q = state_alloc(t, tq, sizeof(float), &ok);
     t->kva = state_alloc(t, T * (size_t)(t->desc.dims.rank + t->desc.dims.rope), sizeof(float), &ok);
@@ -123,9 +128,16 @@ static ddt_status alloc_state(ddt_target *t, ddt_error *err) {
         t->rlogits = state_alloc(t, T * (size_t)t->desc.dims.n_experts, sizeof(float), &ok);
         t->ridx = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(int32_t), &ok);
         t->rw = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(float), &ok);
-        t->ecount = state_alloc(t, (size_t)t->desc.dims.n_experts + 1, sizeof(int32_t), &ok);
-        t->etok = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(int32_t), &ok);
-        t->ewt = state_alloc(t, T * (size_t)t->desc.dims.top_k, sizeof(float), &ok);
+        ddt_cpu_moe_layer ml = moe_layer(t, NULL);
+        t->moe_ws = state_alloc(t, ddt_cpu_moe_workspace_bytes(&ml, t->max_tokens, t->desc.dims.top_k), 1, &ok);
+        const size_t E = (size_t)t->desc.dims.n_experts;
+        t->route_bias = state_alloc(t, (size_t)t->desc.dims.n_layers * E, sizeof(float), &ok);
+        for (int32_t l = 0; ok && l < t->desc.dims.n_layers; l++) {
+            const ddt_target_layer *L = &t->desc.layers[l];
+            if (!L->moe) continue;
+            for (size_t e = 0; e < E; e++)
+                t->route_bias[(size_t)l * E + e] = ddt_cpu_vec_at(L->router_bias.data, L->router_bias.dtype, (int64_t)e);
+        }
     }
     if (t->n_capture > 0) {
         size_t cap;
@@ -161,11 +173,7 @@ ddt_status ddt_target_load(const char *dir, const ddt_target_options *opts, ddt_
     t->max_ctx = opts->max_ctx;
     t->max_tokens = opts->max_tokens;
 
-    t->route = (ddt_moe_route_params){.n_experts = t->desc.dims.n_experts, .top_k = t->desc.dims.top_k,
-                                      .n_group = c->n_group > 0 ? c->n_group : 1,
-                                      .topk_group = c->topk_group > 0 ? c->topk_group : 1,
-                                      .norm_topk_prob = c->norm_topk_prob,
-                                      .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
+    t->route = ddt_target_route_params(c, &t->desc.dims);
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
     ddt_rope_params rp = ddt_target_rope_params(c);
     ddt_cpu_rope_freqs(&rp, t->inv_freq, &t->rope_attn);
@@ -182,9 +190,8 @@ void ddt_target_free(ddt_target *t) {
     if (!t) return;
     ddt_cpu_pool_destroy(t->pool);
     ddt_cpu_kv_free(&t->kv);
-    void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->gx,
-                    t->g, t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->ecount, t->etok, t->ewt,
-                    t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
+    void *bufs[] = {t->x, t->xn, t->qa, t->q, t->kva, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g,
+                    t->u, t->cosv, t->sinv, t->rlogits, t->ridx, t->rw, t->moe_ws, t->route_bias, t->pos, t->capture, t->last_depth, t->last_vis, t->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     ddt_target_desc_free(&t->desc);
     free(t);
@@ -225,51 +232,23 @@ const float *ddt_target_hidden(const ddt_target *t, int32_t slot, int32_t *n_tok
 /* ------------------------------------------------------------------ forward */
 
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) for n rows of in [n][hidden]. */
-static void mlp_forward(ddt_target *t, const ddt_target_mlp *m, const float *in, int64_t n, float *out) {
-    int64_t inter = m->gate.rows;
-    ddt_cpu_matmul(t->pool, &m->gate, in, t->desc.dims.hidden, n, t->g, inter);
-    ddt_cpu_matmul(t->pool, &m->up, in, t->desc.dims.hidden, n, t->u, inter);
-    ddt_cpu_silu_mul(t->pool, t->g, inter, t->u, inter, n, inter);
-    ddt_cpu_matmul(t->pool, &m->down, t->g, inter, n, out, t->desc.dims.hidden);
+static void mlp_forward(ddt_target *t, const ddt_cpu_mlp *m, const float *in, int64_t n, float *out) {
+    ddt_cpu_mlp_forward(t->pool, m, in, t->desc.dims.hidden, n, t->g, t->u, out, t->desc.dims.hidden);
 }
 
-/* MoE block on t->xn [n][hidden] -> t->tmp [n][hidden]. */
-static void moe_forward(ddt_target *t, const ddt_target_layer *L, int32_t n) {
+/* MoE block of layer l on t->xn [n][hidden] -> t->tmp [n][hidden]. */
+static void moe_forward(ddt_target *t, int32_t l, int32_t n) {
+    const ddt_target_layer *L = &t->desc.layers[l];
     const int32_t H = t->desc.dims.hidden, E = t->desc.dims.n_experts, K = t->desc.dims.top_k;
     ddt_cpu_matmul(t->pool, &L->router, t->xn, H, n, t->rlogits, E);
     ddt_moe_route_params rp = t->route;
-    rp.bias = &L->router_bias;
+    rp.bias = t->route_bias + (size_t)l * (size_t)E;
     ddt_cpu_moe_route(t->rlogits, E, n, &rp, t->ridx, t->rw);
-    /* Bucket (token, weight) entries by expert, tokens in increasing order. */
-    memset(t->ecount, 0, sizeof(int32_t) * ((size_t)E + 1));
-    for (int32_t i = 0; i < n * K; i++) t->ecount[t->ridx[i] + 1]++;
-    for (int32_t e = 0; e < E; e++) t->ecount[e + 1] += t->ecount[e];
-    /* place entries at ecount[e]++ (which ends at the next expert's start), then shift back */
-    for (int32_t i = 0; i < n * K; i++) {
-        int32_t slot = t->ecount[t->ridx[i]]++;
-        t->etok[slot] = i / K;
-        t->ewt[slot] = t->rw[i];
-    }
-    for (int32_t e = E; e > 0; e--) t->ecount[e] = t->ecount[e - 1];
-    t->ecount[0] = 0;
-    memset(t->acc, 0, sizeof(float) * (size_t)n * H);
-    /* Experts in increasing index order, as HF accumulates them. */
-    for (int32_t e = 0; e < E; e++) {
-        int32_t b = t->ecount[e], m = t->ecount[e + 1] - b;
-        if (m == 0) continue;
-        for (int32_t j = 0; j < m; j++)
-            memcpy(t->gx + (size_t)j * H, t->xn + (size_t)t->etok[b + j] * H, sizeof(float) * H);
-        mlp_forward(t, &L->experts[e], t->gx, m, t->tmp);
-        for (int32_t j = 0; j < m; j++) {
-            float w = t->ewt[b + j];
-            float *dst = t->acc + (size_t)t->etok[b + j] * H;
-            const float *src = t->tmp + (size_t)j * H;
-            for (int32_t d = 0; d < H; d++) dst[d] += w * src[d];
-        }
-    }
+    const ddt_cpu_moe_layer ml = moe_layer(t, L);
+    ddt_cpu_moe_experts(t->pool, &ml, t->xn, H, n, t->ridx, t->rw, K, t->acc, H, t->moe_ws);
     if (L->has_shared) {
         mlp_forward(t, &L->shared, t->xn, n, t->tmp);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->tmp[i] = t->acc[i] + t->tmp[i];
+        ddt_cpu_add(t->tmp, t->acc, (int64_t)n * H); /* tmp + acc: IEEE addition commutes */
     } else {
         memcpy(t->tmp, t->acc, sizeof(float) * (size_t)n * H);
     }
@@ -332,12 +311,12 @@ static void forward(ddt_target *t, const int32_t *ids, int32_t n, const uint64_t
         ddt_cpu_matmul_grouped(t->pool, &L->kv_b, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
                                (int64_t)heads * t->desc.dims.vdim);
         ddt_cpu_matmul(t->pool, &L->o_proj, t->o_v, (int64_t)heads * t->desc.dims.vdim, n, t->tmp, H);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
+        ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         /* MLP */
         ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &L->mlp_norm, t->desc.dims.eps, t->xn, H);
-        if (L->moe) moe_forward(t, L, n);
+        if (L->moe) moe_forward(t, l, n);
         else mlp_forward(t, &L->mlp, t->xn, n, t->tmp);
-        for (size_t i = 0; i < (size_t)n * H; i++) t->x[i] = t->x[i] + t->tmp[i];
+        ddt_cpu_add(t->x, t->tmp, (int64_t)n * H);
         if (l < t->desc.dims.n_layers - 1) capture_store(t, l, t->x, n);
     }
     ddt_cpu_rmsnorm(t->pool, t->x, H, n, H, &t->desc.final_norm, t->desc.dims.eps, t->xn, H);

@@ -49,7 +49,7 @@ struct ddt_cuda_target {
     ddt_shard shard;
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
-    ddt_cuda_route_params route;
+    ddt_moe_route_params route;
 
     ddt_qweight embed, lm_head;
     bool tied;
@@ -139,7 +139,7 @@ static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_
     return st;
 }
 
-static ddt_status up_mlp(ddt_cuda_target *t, const ddt_target_mlp *h, dev_mlp *d, ddt_error *err) {
+static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
     ddt_status st;
     if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
     if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;
@@ -320,11 +320,7 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
     for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
     t->fast = opts->fast_attention;
     t->mm = opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
-    t->route = (ddt_cuda_route_params){.n_experts = t->dims.n_experts, .top_k = t->dims.top_k,
-                                       .n_group = c->n_group > 0 ? c->n_group : 1,
-                                       .topk_group = c->topk_group > 0 ? c->topk_group : 1,
-                                       .norm_topk_prob = c->norm_topk_prob,
-                                       .routed_scaling_factor = c->routed_scaling_factor};
+    t->route = ddt_target_route_params(c, &t->dims);
 }
 
 /* The rank's part of the model (model/shard.h); after init_dims. */
@@ -688,7 +684,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         if (L->moe) {
             TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
-            ddt_cuda_route_params rp = t->route;
+            ddt_moe_route_params rp = t->route;
             rp.bias = L->router_bias;
             TRY(ddt_cuda_moe_route(t->rlogits, t->dims.n_experts, n, &rp, t->ridx, t->rw, s, err));
             TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->dims.top_k, t->acc, H, t->moe_ws,

@@ -96,7 +96,7 @@ static ddt_status load_vec(ddt_target_desc *t, const char *base, int64_t n, ddt_
     return DDT_OK;
 }
 
-static ddt_status load_mlp(ddt_target_desc *t, const char *pre, int64_t inter, ddt_target_mlp *m, ddt_error *err) {
+static ddt_status load_mlp(ddt_target_desc *t, const char *pre, int64_t inter, ddt_cpu_mlp *m, ddt_error *err) {
     char b[NAME_MAX_LEN];
     ddt_status st;
     snprintf(b, sizeof b, "%s.gate_proj", pre);
@@ -184,7 +184,7 @@ static ddt_status classify_experts(ddt_target_desc *t, int32_t l, expert_layout 
 /* Views of every expert's gate/up/down into the fused pair: expert e's gate is
  * rows [0, I) of gate_up_proj[e], its up rows [I, 2I) (transformers concatenates
  * gate then up, as its MoE forward chunks them), its down is down_proj[e]. */
-static ddt_status load_fused_experts(ddt_target_desc *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
+static ddt_status load_fused_experts(ddt_target_desc *t, int32_t l, ddt_cpu_mlp *experts, ddt_error *err) {
     const int64_t E = t->dims.n_experts, I = t->cfg.moe_intermediate_size, H = t->dims.hidden;
     char gname[NAME_MAX_LEN], dname[NAME_MAX_LEN];
     int a = snprintf(gname, sizeof gname, "%smodel.layers.%d.mlp.experts.gate_up_proj", t->cfg.tensor_prefix, l);
@@ -203,7 +203,7 @@ static ddt_status load_fused_experts(ddt_target_desc *t, int32_t l, ddt_target_m
                         "the %d-row scale block; store these experts per expert instead",
                         gname, (long long)I, gu.block);
     for (int64_t e = 0; e < E; e++) {
-        ddt_target_mlp *m = &experts[e];
+        ddt_cpu_mlp *m = &experts[e];
         if ((st = ddt_qweight_stack_view(&gu, e, 0, I, &m->gate, err)) != DDT_OK) return st;
         if ((st = account_linear(t, gname, &m->gate, err)) != DDT_OK) return st;
         if ((st = ddt_qweight_stack_view(&gu, e, I, I, &m->up, err)) != DDT_OK) return st;
@@ -214,7 +214,7 @@ static ddt_status load_fused_experts(ddt_target_desc *t, int32_t l, ddt_target_m
     return DDT_OK;
 }
 
-static ddt_status load_experts(ddt_target_desc *t, int32_t l, ddt_target_mlp *experts, ddt_error *err) {
+static ddt_status load_experts(ddt_target_desc *t, int32_t l, ddt_cpu_mlp *experts, ddt_error *err) {
     expert_layout kind = EXPERTS_UNSEEN;
     ddt_status st = classify_experts(t, l, &kind, err);
     if (st != DDT_OK) return st;
@@ -331,6 +331,14 @@ static ddt_status check_config(const ddt_model_config *c, const char *dir, ddt_e
         return ddt_fail(err, DDT_ERR_FORMAT, "%s/config.json: moe_intermediate_size %d, n_shared_experts %d", dir,
                         c->moe_intermediate_size, c->n_shared_experts);
     return DDT_OK;
+}
+
+ddt_moe_route_params ddt_target_route_params(const ddt_model_config *c, const ddt_target_dims *d) {
+    return (ddt_moe_route_params){.n_experts = d->n_experts, .top_k = d->top_k,
+                                  .n_group = c->n_group > 0 ? c->n_group : 1,
+                                  .topk_group = c->topk_group > 0 ? c->topk_group : 1,
+                                  .norm_topk_prob = c->norm_topk_prob,
+                                  .routed_scaling_factor = c->routed_scaling_factor, .bias = NULL};
 }
 
 ddt_rope_params ddt_target_rope_params(const ddt_model_config *c) {

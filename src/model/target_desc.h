@@ -11,6 +11,7 @@
 
 #include "backend/cpu/nn.h"
 #include "backend/cpu/rope.h"
+#include "backend/moe_route.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 
@@ -41,12 +42,9 @@ typedef struct ddt_target_dims {
 void ddt_target_dims_fill(const ddt_model_config *c, ddt_target_dims *d);
 
 /* The weight views of one decoder layer (borrowed from the checkpoint mapping):
- * the CPU target runs on them, the CUDA target uploads them. */
-typedef struct ddt_target_mlp {
-    ddt_qweight gate; /* [inter][hidden] */
-    ddt_qweight up;   /* [inter][hidden] */
-    ddt_qweight down; /* [hidden][inter] */
-} ddt_target_mlp;
+ * the CPU target runs on them, the CUDA target uploads them.  An MLP's three
+ * views are a ddt_cpu_mlp (backend/cpu/nn.h), the struct the CPU's MLP and
+ * routed-expert ops take. */
 
 typedef struct ddt_target_layer {
     ddt_cpu_vec attn_norm;   /* [hidden] input_layernorm */
@@ -60,12 +58,12 @@ typedef struct ddt_target_layer {
     ddt_qweight kv_b;        /* [heads*(nope+v)][rank]: per head W_UK [nope][rank] then W_UV [v][rank] */
     ddt_qweight o_proj;      /* [hidden][heads*v] */
     bool moe;
-    ddt_target_mlp mlp;      /* dense MLP (inter = intermediate_size) */
+    ddt_cpu_mlp mlp;         /* dense MLP (inter = intermediate_size) */
     ddt_qweight router;      /* [experts][hidden] mlp.gate */
     ddt_cpu_vec router_bias; /* [experts] e_score_correction_bias */
-    ddt_target_mlp *experts; /* [experts] (inter = moe_intermediate_size) */
+    ddt_cpu_mlp *experts;    /* [experts] (inter = moe_intermediate_size) */
     bool has_shared;
-    ddt_target_mlp shared;   /* inter = moe_intermediate_size * n_shared_experts */
+    ddt_cpu_mlp shared;      /* inter = moe_intermediate_size * n_shared_experts */
 } ddt_target_layer;
 
 /* The description of one checkpoint folder. */
@@ -95,6 +93,11 @@ ddt_status ddt_target_capture_check(const int32_t *capture_layers, int32_t n_cap
 ddt_status ddt_target_desc_load(const char *dir, const int32_t *capture_layers, int32_t n_capture,
                                 ddt_target_desc *d, ddt_error *err);
 void ddt_target_desc_free(ddt_target_desc *d);
+
+/* The router's parameters of a config for both backends, bias NULL: each
+ * backend points it at its fp32 copy of the layer's bias.  n_experts and top_k
+ * from d (the router's global count, sharded or not). */
+ddt_moe_route_params ddt_target_route_params(const ddt_model_config *c, const ddt_target_dims *d);
 
 /* The RoPE parameters of a config, and its cos/sin (attention factor applied)
  * for positions pos0..pos0+n-1: [n][qk_rope_head_dim / 2] each, the values the

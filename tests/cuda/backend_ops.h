@@ -5,8 +5,11 @@
  * inputs, the two calls and the bound, and no test carries its own copy of a
  * CPU reference or of the error arithmetic.
  *
- * Status: a sketch.  Only test_cuda_tree.c's top-K uses it so far; compiled
- * everywhere nvcc is, NOT yet run on a GPU.
+ * Users: test_cuda_tree.c (top-K vs ddt_topk_logsoftmax), test_cuda_kv.c (KV
+ * commit vs ddt_cpu_kv_commit, bitwise), test_cuda_moe.c (routed experts vs
+ * ddt_cpu_moe_experts), test_cuda_drafter.c (block attention vs
+ * ddt_cpu_dflash_attention, and the drafter's logits).  Compiled everywhere nvcc
+ * is; NOT yet run on a GPU (scripts/gpu-test.sh runs them).
  *
  * Convention: the GPU output buffer is poisoned with 0xFF bytes before the
  * launch (bo_poison), which reads back as NaN floats and -1 ints, so an element

@@ -1,16 +1,20 @@
 /*
- * test_cuda_kv.c — GPU KV commit against the CPU cache's commit rule on random
- * caches and paths (odd layer counts, bf16-sized and fp32-sized rows, rows wider
- * than one staging slab, paths whose rows overlap their destinations), checking
- * every byte of the cache (rows outside the move must not change) and len; bad
- * paths move nothing and set the status.  Run by scripts/gpu-test.sh.
+ * test_cuda_kv.c — GPU KV commit (ddt_cuda_kv_commit) against its CPU twin
+ * ddt_cpu_kv_commit (backend/cpu/kv.h) through the backend-op harness
+ * (backend_ops.h, bitwise) on random caches and paths (odd layer counts,
+ * bf16-sized and fp32-sized rows, rows wider than one staging slab, paths whose
+ * rows overlap their destinations), comparing every bit of the cache (rows
+ * outside the move must not change) and len; bad paths move nothing on the GPU
+ * (the bytes as they were) and set the status.  Run by scripts/gpu-test.sh.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/kv.h"
 #include "backend/cuda/kv_cuda.h"
+#include "backend_ops.h"
 #include "cuda_test.h"
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
@@ -21,20 +25,19 @@ static uint32_t rnd(void) {
     return (uint32_t)(g_rng >> 16);
 }
 
-/* the CPU rule (src/backend/cpu/kv.c: ddt_cpu_kv_commit): in order, row len + path[k] -> len + k */
-static void commit_ref(unsigned char *d, int layers, int cap, int rb, int len, const int32_t *path, int m) {
-    for (int l = 0; l < layers; l++)
-        for (int k = 0; k < m; k++)
-            memmove(d + ((size_t)l * cap + (size_t)(len + k)) * rb, d + ((size_t)l * cap + (size_t)(len + path[k])) * rb,
-                    (size_t)rb);
-}
-
+/* rb: row bytes, a multiple of 16 (so a whole number of floats for the CPU cache).
+ * The cache holds random bytes, every float bit pattern (NaNs included): both
+ * commits move bits, and the comparison is bitwise. */
 static void run_case(int layers, int cap, int rb, int len, const int32_t *path, int m, int expect_ok) {
     size_t bytes = (size_t)layers * cap * rb;
-    unsigned char *h = malloc(bytes), *ref = malloc(bytes), *got = malloc(bytes);
+    unsigned char *h = malloc(bytes), *got = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) h[i] = (unsigned char)rnd();
-    memcpy(ref, h, bytes);
-    if (expect_ok) commit_ref(ref, layers, cap, rb, len, path, m);
+    /* the CPU twin on the same bytes; a path the GPU refuses must leave them as they were */
+    ddt_cpu_kv ref;
+    OK(ddt_cpu_kv_alloc(layers, rb / 4, cap, &ref, &err_));
+    memcpy(ref.data, h, bytes);
+    ref.len = len;
+    if (expect_ok) OK(ddt_cpu_kv_commit(&ref, path, m, &err_));
     ddt_cuda_kv kv = {0};
     kv.n_layers = layers;
     kv.capacity = cap;
@@ -59,16 +62,19 @@ static void run_case(int layers, int cap, int rb, int len, const int32_t *path, 
     CU(cudaMemcpy(got, kv.data, bytes, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(&new_len, kv.len, 4, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(&status, kv.status, 4, cudaMemcpyDeviceToHost));
-    CHECK(memcmp(got, ref, bytes) == 0, "layers %d cap %d row %d len %d m %d: cache differs", layers, cap, rb, len, m);
-    CHECK(new_len == (expect_ok ? len + m : len), "len %d, want %d", new_len, expect_ok ? len + m : len);
+    char what[96];
+    snprintf(what, sizeof what, "kv commit layers %d cap %d row %d len %d m %d", layers, cap, rb, len, m);
+    bo_compare(what, (const float *)got, ref.data, bytes / 4, (bo_cmp){.bitwise = true});
+    CHECK(new_len == ref.len, "%s: len %d, CPU %d", what, new_len, ref.len);
+    CHECK(new_len == (expect_ok ? len + m : len), "%s: len %d, want %d", what, new_len, expect_ok ? len + m : len);
     CHECK(status == (expect_ok ? DDT_CUDA_KV_OK : DDT_CUDA_KV_BAD_PATH), "status %d", status);
     CU(cudaFree(kv.data));
     CU(cudaFree(kv.len));
     CU(cudaFree(kv.status));
     CU(cudaFree(dpath));
     CU(cudaFree(dm));
+    ddt_cpu_kv_free(&ref);
     free(h);
-    free(ref);
     free(got);
 }
 
@@ -92,7 +98,8 @@ int main(void) {
     run_case(2, 64, 1152, 5, not_inc, 3, 0);
     run_case(2, 64, 1152, 5, past, 2, 0);
     run_case(2, 64, 1152, 5, overlap, 0, 0); /* empty path */
-    printf("kv commit: %d random cases + overlap + 4 bad paths checked byte for byte\n", cases);
+    printf("kv commit: %d random cases + overlap + 4 bad paths checked bit for bit against ddt_cpu_kv_commit\n",
+           cases);
     if (g_failures) {
         printf("test_cuda_kv: %d FAILED checks\n", g_failures);
         return 1;

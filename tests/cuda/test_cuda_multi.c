@@ -15,6 +15,15 @@
  *     model every step's argmax is the same (= the same greedy output).  World 3
  *     leaves 4 heads unsplit: the replicated-attention path.
  *  3. Errors: more GPUs than devices, --gpus with the CPU backend.
+ *  4. A cancel on an emulated world of 2 engines (ddt_engine_cuda_create_rank,
+ *     one thread each): rank 0's emit callback stops the generation, and every
+ *     rank returns (the stop flag summed at the start of each round reaches
+ *     rank 1: without it rank 1 would wait in the next round's all-reduce for
+ *     ever; a 120 s watchdog fails the test instead of hanging); rank 0 emits
+ *     the uncancelled run's tokens up to the cancel, stop reason cancelled, and
+ *     the engines decode as before afterwards.  The engines run the auto budget
+ *     under a given cost table: no CUDA graph (the emulated all-reduce
+ *     synchronises, which capture forbids) and the same trees on both ranks.
  * --quick (compute-sanitizer) runs the emulation on the fixture only, without
  * NCCL (whose own transports are not under test), and says so.
  */
@@ -25,10 +34,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cuda/nn_cuda.h"
 #include "ddtree.h"
 #include "engine/engine.h"
+#include "engine/engine_cuda.h"
 #include "model/target_cuda.h"
 #include "cuda_test.h"
 
@@ -303,6 +314,125 @@ static void test_errors(void) {
     printf("  --gpus 2 --backend cpu: %s\n", err.msg);
 }
 
+/* ------------------------------------------------------------------ cancel in lockstep */
+
+typedef struct gen_job {
+    ddt_engine_cuda *e;
+    const int32_t *prompt;
+    int np, max_new, cancel_call, calls;
+    int32_t out[256], n;
+    ddt_gen_stats st;
+    ddt_status status;
+    ddt_error err;
+    /* watchdog */
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *finished;
+} gen_job;
+
+static bool cancel_emit(void *ctx, const int32_t *ids, int32_t n) {
+    (void)ids;
+    (void)n;
+    gen_job *j = ctx;
+    return ++j->calls != j->cancel_call;
+}
+
+static void *gen_thread(void *p) {
+    gen_job *j = p;
+    CU(cudaSetDevice(0));
+    j->calls = 0;
+    j->status = ddt_engine_cuda_generate(j->e, j->prompt, j->np, j->max_new, NULL, 0, j->out, &j->n,
+                                         j->cancel_call ? cancel_emit : NULL, j, &j->st, &j->err);
+    pthread_mutex_lock(j->mu);
+    (*j->finished)++;
+    pthread_cond_broadcast(j->cv);
+    pthread_mutex_unlock(j->mu);
+    return NULL;
+}
+
+/* Generate on every rank at once (rank 0 with a callback cancelling on call
+ * cancel_call, 0 = never); false when some rank did not return in 120 s. */
+static bool gen_all(ddt_engine_cuda **e, int world, const int32_t *prompt, int np, int max_new, int cancel_call,
+                    gen_job *jobs) {
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int finished = 0;
+    pthread_t th[MAX_WORLD];
+    for (int r = 0; r < world; r++) {
+        jobs[r] = (gen_job){.e = e[r], .prompt = prompt, .np = np, .max_new = max_new,
+                            .cancel_call = r == 0 ? cancel_call : 0, .mu = &mu, .cv = &cv, .finished = &finished};
+        pthread_create(&th[r], NULL, gen_thread, &jobs[r]);
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 120;
+    pthread_mutex_lock(&mu);
+    while (finished < world)
+        if (pthread_cond_timedwait(&cv, &mu, &dl) != 0) break;
+    const bool all = finished == world;
+    pthread_mutex_unlock(&mu);
+    if (!all) return false; /* the stuck threads are left behind: the caller exits */
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    return true;
+}
+
+static void test_cancel_lockstep(const char *model, const char *draft, const int32_t *prompt, int np) {
+    enum { W = 2, MAX_NEW = 48, CANCEL = 4 };
+    static const float nodes[2] = {0.0f, 8.0f}, flat[2] = {1e-3f, 1e-3f};
+    const ddt_cost_model cost = {0.0f, 2, nodes, 1, NULL, flat, 0.0f};
+    ddt_engine_options o = {0};
+    o.mode = DDT_MODE_TREE;
+    o.budget = 8;
+    o.budget_auto = true;
+    o.cost = &cost;
+    o.draft_dir = draft;
+    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+    emu_comm c = {.world = W};
+    pthread_barrier_init(&c.bar, NULL, W);
+    emu_rank er[W];
+    ddt_engine_cuda *e[W];
+    for (int r = 0; r < W; r++) {
+        er[r] = (emu_rank){&c, r};
+        OK(ddt_engine_cuda_create_rank(model, &o, np + MAX_NEW + 16, r, W, emu_reduce, &er[r], &e[r], &err_));
+    }
+    c.cap = (int64_t)CHUNK * ddt_engine_cuda_model_config(e[0])->hidden_size;
+    for (int r = 0; r < W; r++) CU(cudaMalloc((void **)&c.stage[r], sizeof(float) * (size_t)c.cap));
+    static gen_job ref[W], cut[W], again[W];
+    bool ok = gen_all(e, W, prompt, np, MAX_NEW, 0, ref) && gen_all(e, W, prompt, np, MAX_NEW, CANCEL, cut) &&
+              gen_all(e, W, prompt, np, MAX_NEW, 0, again);
+    if (!ok) {
+        fprintf(stderr, "FAIL %s: a rank did not return within 120 s of a cancel in lockstep (hung in a collective)\n",
+                model);
+        exit(1);
+    }
+    for (int r = 0; r < W; r++) {
+        CHECK(ref[r].status == DDT_OK && cut[r].status == DDT_OK && again[r].status == DDT_OK,
+              "%s rank %d: generate failed: %s %s %s", model, r, ref[r].err.msg, cut[r].err.msg, again[r].err.msg);
+        CHECK(ref[r].n == MAX_NEW && !memcmp(ref[r].out, ref[0].out, sizeof(int32_t) * MAX_NEW),
+              "%s rank %d: uncancelled output differs from rank 0's", model, r);
+        CHECK(again[r].n == MAX_NEW && !memcmp(again[r].out, ref[0].out, sizeof(int32_t) * MAX_NEW),
+              "%s rank %d: the run after the cancel differs", model, r);
+    }
+    CHECK(cut[0].st.stop_reason == DDT_STOP_CANCELLED, "%s: rank 0 stop reason %s", model,
+          ddt_stop_reason_name(cut[0].st.stop_reason));
+    CHECK(cut[0].calls == CANCEL, "%s: rank 0's callback called %d times after cancelling on call %d", model,
+          cut[0].calls, CANCEL);
+    CHECK(cut[0].n > 0 && cut[0].n < MAX_NEW && !memcmp(cut[0].out, ref[0].out, sizeof(int32_t) * (size_t)cut[0].n),
+          "%s: rank 0 emitted %d tokens, not a prefix of the uncancelled run", model, cut[0].n);
+    CHECK(cut[1].n >= cut[0].n && !memcmp(cut[1].out, cut[0].out, sizeof(int32_t) * (size_t)cut[0].n),
+          "%s: rank 1's tokens do not extend rank 0's", model);
+    CHECK(cut[1].st.rounds == cut[0].st.rounds, "%s: rank 1 counted %d rounds, rank 0 %d", model, cut[1].st.rounds,
+          cut[0].st.rounds);
+    printf("  %s: emulated world %d, cancel on rank 0's call %d: every rank returned, rank 0 %d tokens (%s), "
+           "rank 1 %d; uncancelled %d\n", model, W, CANCEL, cut[0].n, ddt_stop_reason_name(cut[0].st.stop_reason),
+           cut[1].n, ref[0].n);
+    for (int r = 0; r < W; r++) {
+        ddt_engine_cuda_free(e[r]);
+        CU(cudaFree(c.stage[r]));
+    }
+    pthread_barrier_destroy(&c.bar);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv) {
@@ -312,6 +442,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 40; i++) fprompt[i] = (int32_t)(rnd() % 300u);
     printf("emulated world sizes on one GPU (fixture, 4 heads, 4 experts):\n");
     test_emulated(fx, fprompt, 40, quick ? 6 : 32, 300, 2, false);
+    test_cancel_lockstep(fx, "tests/fixtures/drafter/fp32", fprompt, 40);
     if (quick) {
         printf("--quick: NCCL, the shipped pair and worlds 3 / 4 are run without --quick only\n");
     } else {

@@ -8,7 +8,13 @@
  *  2. the GPU path invariance the greedy invariant rests on: a tree node's
  *     verify logits are bitwise the logits of a prefill of its root-to-node path;
  *  3. engine: greedy GPU ar == GPU chain == GPU tree (budgets 1..64, graph
- *     replay) token for token, and == CPU ar; T = 1 reproducible by seed.
+ *     replay) token for token, and == CPU ar; T = 1 reproducible by seed;
+ *  4. a context that fills before max_new: CPU and CUDA, ar / chain / tree (fixed,
+ *     partial-budget, auto; greedy and T = 1) all end at the same token count
+ *     with stop reason "context full" (the CUDA loop verifies the root alone in
+ *     the last row, as the CPU does), greedy tokens equal to CPU ar;
+ *  5. options.cost: a given table drives the auto budget on CUDA (root-only
+ *     rounds under a steep table, full trees under a flat one).
  * Unused device memory is poisoned with NaN where the test owns it.
  * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases).
  */
@@ -304,6 +310,8 @@ static bool g_tensor_cores; /* run_engine's engines use --tensor-cores */
 static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
 static bool g_host_sampler = false;
+static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
+static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
 
 /* budget < 0: --budget auto capped at -budget */
 static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
@@ -318,7 +326,8 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.sampling = (ddt_sampling){temp, g_top_k, g_top_p, 7};
     o.cuda_host_sampler = g_host_sampler;
     o.n_threads = 2;
-    o.max_ctx = 0; /* the model's default */
+    o.max_ctx = g_max_ctx;
+    o.cost = g_cost;
     ddt_engine *e;
     OK(ddt_engine_create(model, &o, &e, &err_));
     OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
@@ -407,6 +416,68 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     g_top_k = 0, g_top_p = 1.0f;
 }
 
+/* A context that fills before max_new: every mode and backend ends at the same
+ * token (the CPU and, since the CUDA loop also verifies the root alone when one
+ * row is left, the GPU), with the stop reason "context full". */
+static void test_full_context(const char *model, const char *draft, const int32_t *prompt, int np) {
+    static const struct {
+        ddt_backend be;
+        int mode, budget;
+        float temp;
+    } runs[] = {{DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f},    {DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f},
+                {DDT_BACKEND_CPU, DDT_MODE_CHAIN, 0, 0.0f}, {DDT_BACKEND_CUDA, DDT_MODE_CHAIN, 0, 0.0f},
+                {DDT_BACKEND_CPU, DDT_MODE_TREE, 8, 0.0f},  {DDT_BACKEND_CUDA, DDT_MODE_TREE, 8, 0.0f},
+                {DDT_BACKEND_CUDA, DDT_MODE_TREE, 5, 0.0f},  {DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, 0.0f},
+                {DDT_BACKEND_CPU, DDT_MODE_TREE, 8, 1.0f},  {DDT_BACKEND_CUDA, DDT_MODE_TREE, 8, 1.0f}};
+    const int nr = (int)(sizeof runs / sizeof runs[0]);
+    for (int extra = 9; extra <= 13; extra += 4) {
+        g_max_ctx = np + extra; /* the first token, then extra committed ones: extra + 1 tokens */
+        run_out ref;
+        for (int i = 0; i < nr; i++) {
+            run_out x;
+            run_engine(model, draft, runs[i].be, runs[i].mode, runs[i].budget, runs[i].temp, prompt, np, 64, &x);
+            const bool sampled = runs[i].temp > 0.0f;
+            CHECK(x.n == extra + 1 && x.st.stop_reason == DDT_STOP_CONTEXT,
+                  "%s ctx %d: %s %s budget %d T %g: %d tokens (want %d), stop %s", model, g_max_ctx,
+                  runs[i].be == DDT_BACKEND_CPU ? "cpu" : "cuda", ddt_mode_name(runs[i].mode), runs[i].budget,
+                  (double)runs[i].temp, x.n, extra + 1, ddt_stop_reason_name(x.st.stop_reason));
+            if (i == 0) ref = x;
+            else if (!sampled)
+                CHECK(x.n == ref.n && !memcmp(x.ids, ref.ids, sizeof(int32_t) * (size_t)x.n),
+                      "%s ctx %d: %s %s budget %d: tokens differ from CPU ar", model, g_max_ctx,
+                      runs[i].be == DDT_BACKEND_CPU ? "cpu" : "cuda", ddt_mode_name(runs[i].mode), runs[i].budget);
+        }
+        /* T = 1: both backends draw the same samples from (nearly) the same logits;
+           only the length is compared above, the tokens may differ on a near tie */
+        printf("  full context %d (prompt %d): %d tokens on every backend and mode, greedy ones equal\n", g_max_ctx,
+               np, extra + 1);
+    }
+    g_max_ctx = 0;
+}
+
+/* options.cost on CUDA: a given table is the one the auto budget uses (as on
+ * the CPU, test_engine.c: test_given_cost), not this GPU's timing: a verify cost
+ * that jumps after the root gives root-only rounds, a flat one the whole budget;
+ * greedy tokens equal GPU ar either way. */
+static void test_given_cost(const char *model, const char *draft, const int32_t *prompt, int np, int max_new) {
+    static const float nodes[2] = {0.0f, 1.0f}, steep[2] = {1e-3f, 1.0f}, flat[2] = {1e-3f, 1e-3f};
+    run_out ar, x;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar);
+    for (int kind = 0; kind < 2; kind++) {
+        const ddt_cost_model given = {0.0f, 2, nodes, 1, NULL, kind ? flat : steep, 0.0f};
+        g_cost = &given;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, 0.0f, prompt, np, max_new, &x);
+        g_cost = NULL;
+        CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+              "%s: given %s cost table: tree auto != GPU ar", model, kind ? "flat" : "steep");
+        const long long want = kind ? 9LL * x.st.rounds : (long long)x.st.rounds;
+        CHECK((long long)x.st.nodes_verified == want, "%s: given %s cost table: %lld nodes in %lld rounds (want %lld)",
+              model, kind ? "flat" : "steep", (long long)x.st.nodes_verified, (long long)x.st.rounds, want);
+        printf("  given %s cost table, auto budget (max 8): %lld nodes in %lld rounds\n", kind ? "flat" : "steep",
+               (long long)x.st.nodes_verified, (long long)x.st.rounds);
+    }
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--sweep-fast")) {
@@ -431,6 +502,8 @@ int main(int argc, char **argv) {
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);
     test_engine("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, quick);
+    test_full_context("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
+    test_given_cost("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
         static int32_t ids[8192];

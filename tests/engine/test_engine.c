@@ -422,6 +422,47 @@ static void test_bad_input(void **state) {
     ddt_engine_free(e);
 }
 
+/* A cost table given in the options is the one the auto budget uses (the CPU
+ * took it before; CUDA does now, test_cuda_target checks it there): a verify
+ * cost that jumps after the root gives root-only rounds, a flat one full trees;
+ * greedy tokens equal ar either way, and ddt_engine_cost reports the table. */
+static void test_given_cost(void **state) {
+    (void)state;
+    prompts ps;
+    load_prompts("fp32", &ps);
+    int32_t ar[MAX_GEN], out[MAX_GEN], n;
+    ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
+    char draft[1024];
+    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
+    static const float nodes[2] = {0.0f, 1.0f}, steep[2] = {1e-3f, 1.0f}, flat[2] = {1e-3f, 1e-3f};
+    for (int kind = 0; kind < 2; kind++) {
+        const ddt_cost_model given = {0.0f, 2, nodes, 1, NULL, kind ? flat : steep, 0.0f};
+        ddt_engine_options o = {0};
+        o.mode = DDT_MODE_TREE;
+        o.budget = 8;
+        o.budget_auto = true;
+        o.cost = &given;
+        o.draft_dir = draft;
+        o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+        o.n_threads = 2;
+        ddt_engine *e;
+        ddt_error err;
+        if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+        const ddt_cost_model *c = ddt_engine_cost(e);
+        assert_non_null(c);
+        assert_int_equal(c->n_nodes, 2);
+        assert_true(c->verify[1] == given.verify[1] && c->draft == 0.0f);
+        ddt_gen_stats st;
+        if (ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, out, &n, NULL, NULL, &st, &err))
+            fail_msg("generate: %s", err.msg);
+        assert_int_equal(n, MAX_GEN);
+        assert_memory_equal(out, ar, sizeof ar);
+        if (kind == 0) assert_int_equal(st.nodes_verified, st.rounds); /* the root alone, every round */
+        else assert_int_equal(st.nodes_verified, st.rounds * 9);       /* the whole budget, every round */
+        ddt_engine_free(e);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ar_matches_reference),
@@ -429,6 +470,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_invariant_custom_drafters),
         cmocka_unit_test(test_greedy_invariant_dflash),
         cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_given_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

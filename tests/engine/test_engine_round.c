@@ -3,7 +3,8 @@
  * (engine/round.h): K = min(budget, vocab, DDT_MAX_TOPK) and at least 1; a
  * round's nodes cut to the context's room with k = min(nodes, K) in tree mode,
  * 1 in chain mode; the cost points of every budget fit DDT_ENGINE_COST_POINTS;
- * the measurement takes the best run after a warm-up and is non-decreasing.
+ * the measurement takes the best run after a warm-up and is non-decreasing; a
+ * given table is copied into the engine's own arrays.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,12 +117,36 @@ static void test_measure_cost(void **state) {
     assert_true(c.draft == 0.0f);
 }
 
+static void test_adopt_cost(void **state) {
+    (void)state;
+    float gn[3] = {0.0f, 4.0f, 16.0f}, gv[3] = {1e-3f, 2e-3f, 5e-3f}, ctx1 = 100.0f;
+    const ddt_cost_model given = {0.5e-3f, 3, gn, 1, &ctx1, gv, 7.0f};
+    float nodes[DDT_ENGINE_COST_POINTS], verify[DDT_ENGINE_COST_POINTS];
+    ddt_cost_model c;
+    ddt_engine_adopt_cost(&given, nodes, verify, &c);
+    assert_int_equal(c.n_nodes, 3);
+    assert_int_equal(c.n_contexts, 1);
+    assert_ptr_equal(c.nodes, nodes);
+    assert_ptr_equal(c.verify, verify);
+    assert_null(c.contexts);
+    assert_true(c.draft == given.draft && c.context_len == given.context_len);
+    /* the caller's arrays may change or go away afterwards */
+    gn[1] = 8.0f;
+    gv[1] = 9.0f;
+    assert_true(nodes[0] == 0.0f && nodes[1] == 4.0f && nodes[2] == 16.0f);
+    assert_true(verify[0] == 1e-3f && verify[1] == 2e-3f && verify[2] == 5e-3f);
+    ddt_error err;
+    assert_int_equal(ddt_cost_check(&c, &err), DDT_OK);
+    assert_true(ddt_cost_verify(&c, 10.0f) == 2e-3f + 0.5f * (5e-3f - 2e-3f));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_cap),
         cmocka_unit_test(test_round_nodes),
         cmocka_unit_test(test_cost_points),
         cmocka_unit_test(test_measure_cost),
+        cmocka_unit_test(test_adopt_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

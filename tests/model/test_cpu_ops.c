@@ -3,7 +3,8 @@
  * reference written independently here, on random odd sizes: the quantised
  * matmuls in all formats (plain, grouped, transposed), RMSNorm, SiLU gate, RoPE
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
- * attention with causal and tree masks, the MoE router, and the thread pool.
+ * attention with causal and tree masks, the MoE router and routed experts, the
+ * residual add and row gather, and the thread pool.
  * Results must also be identical for any thread count and any batch size.
  */
 #include <math.h>
@@ -339,6 +340,29 @@ static void test_rmsnorm_and_silu(void **state) {
     ddt_cpu_pool_destroy(pool);
 }
 
+/* The residual add (x + y, element by element, exactly) and the row gather
+ * (rows in the given order, repeats allowed, padding of dst untouched). */
+static void test_add_and_gather(void **state) {
+    (void)state;
+    enum { N = 1000, ROWS = 7, COLS = 13, LDS = 16, LDD = 15, M = 5 };
+    float x[N], y[N], x0[N];
+    fill(x, N);
+    fill(y, N);
+    memcpy(x0, x, sizeof x);
+    ddt_cpu_add(x, y, N - 1);
+    for (int i = 0; i < N - 1; i++) assert_true(x[i] == x0[i] + y[i]);
+    assert_true(x[N - 1] == x0[N - 1]);
+    float src[ROWS * LDS], dst[M * LDD];
+    fill(src, ROWS * LDS);
+    for (int i = 0; i < M * LDD; i++) dst[i] = -3.0f;
+    const int32_t rows[M] = {6, 0, 3, 3, 1};
+    ddt_cpu_gather_rows(dst, LDD, src, LDS, rows, M, COLS);
+    for (int k = 0; k < M; k++) {
+        assert_memory_equal(dst + k * LDD, src + rows[k] * LDS, sizeof(float) * COLS);
+        for (int c = COLS; c < LDD; c++) assert_true(dst[k * LDD + c] == -3.0f);
+    }
+}
+
 /* ------------------------------------------------------------------ rope */
 
 static void test_rope_plain_and_rotation(void **state) {
@@ -574,10 +598,9 @@ static void test_moe_route(void **state) {
         float lg[11 * 16], bias[16];
         fill(lg, n * E);
         for (int e = 0; e < E; e++) bias[e] = rnd_f() * 0.3f;
-        ddt_cpu_vec bv = {.data = bias, .dtype = DDT_DTYPE_F32, .n = E};
         ddt_moe_route_params p = {.n_experts = E, .top_k = K, .n_group = cases[c].G, .topk_group = cases[c].kg,
                                   .norm_topk_prob = cases[c].norm, .routed_scaling_factor = 2.5f,
-                                  .bias = cases[c].bias ? &bv : NULL};
+                                  .bias = cases[c].bias ? bias : NULL};
         int32_t idx[11 * 16];
         float w[11 * 16];
         ddt_cpu_moe_route(lg, E, n, &p, idx, w);
@@ -591,6 +614,83 @@ static void test_moe_route(void **state) {
             }
         }
     }
+}
+
+/* The routed experts: against a double reference per token (experts in
+ * increasing index, w * down(silu(gate x) * up x)), each token alone == in the
+ * batch bit for bit, row padding untouched, a bad index giving a NaN row. */
+static void test_moe_experts(void **state) {
+    (void)state;
+    enum { E = 6, H = 37, I = 23, K = 3, N = 9, LDX = 41, LDO = 40 };
+    ddt_cpu_pool *pool = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(3, &pool, &err), DDT_OK);
+    test_weight tw[E][3];
+    ddt_cpu_mlp ex[E];
+    for (int e = 0; e < E; e++) {
+        make_weight(&tw[e][0], DDT_Q_DENSE, DDT_DTYPE_BF16, I, H, 0);
+        make_weight(&tw[e][1], DDT_Q_DENSE, DDT_DTYPE_BF16, I, H, 0);
+        make_weight(&tw[e][2], DDT_Q_DENSE, DDT_DTYPE_BF16, H, I, 0);
+        ex[e] = (ddt_cpu_mlp){.gate = tw[e][0].q, .up = tw[e][1].q, .down = tw[e][2].q};
+    }
+    const ddt_cpu_moe_layer m = {.n_experts = E, .hidden = H, .inter = I, .experts = ex};
+    float x[N * LDX], w[N * K], out[N * LDO], one[LDO];
+    int32_t idx[N * K];
+    fill(x, N * LDX);
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < K; k++) {
+            /* distinct experts in a scrambled order; token 0's first expert shared by all */
+            idx[t * K + k] = k == 0 ? (t == 0 ? 4 : idx[0]) : (idx[t * K] + 2 * k + t) % E;
+            if (k == 2 && idx[t * K + 2] == idx[t * K + 1]) idx[t * K + 2] = (idx[t * K + 2] + 1) % E;
+            if (k > 0 && idx[t * K + k] == idx[t * K]) idx[t * K + k] = (idx[t * K + k] + 3) % E;
+            w[t * K + k] = 0.5f + 0.5f * rnd_f();
+        }
+    void *ws = malloc(ddt_cpu_moe_workspace_bytes(&m, N, K));
+    assert_non_null(ws);
+    assert_true(ddt_cpu_moe_workspace_bytes(&m, 1, K) <= ddt_cpu_moe_workspace_bytes(&m, N, K));
+    for (int i = 0; i < N * LDO; i++) out[i] = -7.0f;
+    ddt_cpu_moe_experts(pool, &m, x, LDX, N, idx, w, K, out, LDO, ws);
+    double ref[N * H];
+    float got[N * H];
+    for (int t = 0; t < N; t++) {
+        for (int d = 0; d < H; d++) ref[t * H + d] = 0.0;
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < K; k++) {
+                if (idx[t * K + k] != e) continue;
+                double h[I];
+                for (int i = 0; i < I; i++) {
+                    double gv = 0, uv = 0;
+                    for (int j = 0; j < H; j++) {
+                        gv += tw[e][0].dense[i * H + j] * x[t * LDX + j];
+                        uv += tw[e][1].dense[i * H + j] * x[t * LDX + j];
+                    }
+                    h[i] = gv / (1.0 + exp(-gv)) * uv;
+                }
+                for (int d = 0; d < H; d++) {
+                    double o = 0;
+                    for (int i = 0; i < I; i++) o += tw[e][2].dense[d * I + i] * h[i];
+                    ref[t * H + d] += w[t * K + k] * o;
+                }
+            }
+        for (int d = 0; d < H; d++) got[t * H + d] = out[t * LDO + d];
+        for (int d = H; d < LDO; d++) assert_true(out[t * LDO + d] == -7.0f);
+    }
+    assert_true(norm_err(got, ref, N * H) < 1e-5);
+    for (int t = 0; t < N; t++) {
+        ddt_cpu_moe_experts(pool, &m, x + t * LDX, LDX, 1, idx + t * K, w + t * K, K, one, LDO, ws);
+        assert_memory_equal(one, out + t * LDO, sizeof(float) * H);
+    }
+    /* token 1 routed outside the layer: its row NaN, the others as before */
+    float bad[N * LDO];
+    idx[K + 1] = E;
+    ddt_cpu_moe_experts(pool, &m, x, LDX, N, idx, w, K, bad, LDO, ws);
+    for (int d = 0; d < H; d++) assert_true(isnan(bad[LDO + d]));
+    for (int t = 0; t < N; t++)
+        if (t != 1) assert_memory_equal(bad + t * LDO, out + t * LDO, sizeof(float) * H);
+    free(ws);
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++) free_weight(&tw[e][j]);
+    ddt_cpu_pool_destroy(pool);
 }
 
 /* ------------------------------------------------------------------ pool */
@@ -638,10 +738,12 @@ int main(void) {
         cmocka_unit_test(test_matmul_formats),
         cmocka_unit_test(test_matmul_grouped_and_transposed),
         cmocka_unit_test(test_rmsnorm_and_silu),
+        cmocka_unit_test(test_add_and_gather),
         cmocka_unit_test(test_rope_plain_and_rotation),
         cmocka_unit_test(test_rope_yarn_golden),
         cmocka_unit_test(test_mla_attention),
         cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,9 +1,11 @@
 /*
- * nn.c — RMSNorm and the SiLU gate (see nn.h).
+ * nn.c — RMSNorm, the SiLU gate, residual add, row gather and the SiLU-gated MLP
+ * (see nn.h).
  */
 #include "backend/cpu/nn.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/qmatmul.h"
 
@@ -60,4 +62,23 @@ void ddt_cpu_silu_mul(ddt_cpu_pool *pool, float *g, int64_t ldg, const float *u,
                       int64_t n, int64_t dim) {
     silu_job jb = {.g = g, .ldg = ldg, .u = u, .ldu = ldu, .dim = dim};
     ddt_cpu_pool_run(pool, silu_task, &jb, n);
+}
+
+void ddt_cpu_add(float *x, const float *y, int64_t count) {
+    for (int64_t i = 0; i < count; i++) x[i] = x[i] + y[i];
+}
+
+void ddt_cpu_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int32_t m,
+                         int64_t cols) {
+    for (int32_t k = 0; k < m; k++)
+        memcpy(dst + (size_t)k * (size_t)ldd, src + (size_t)rows[k] * (size_t)lds, sizeof(float) * (size_t)cols);
+}
+
+void ddt_cpu_mlp_forward(ddt_cpu_pool *pool, const ddt_cpu_mlp *m, const float *x, int64_t ldx, int64_t n,
+                         float *g, float *u, float *out, int64_t ldo) {
+    const int64_t inter = m->gate.rows;
+    ddt_cpu_matmul(pool, &m->gate, x, ldx, n, g, inter);
+    ddt_cpu_matmul(pool, &m->up, x, ldx, n, u, inter);
+    ddt_cpu_silu_mul(pool, g, inter, u, inter, n, inter);
+    ddt_cpu_matmul(pool, &m->down, g, inter, n, out, ldo);
 }

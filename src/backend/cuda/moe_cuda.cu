@@ -56,7 +56,7 @@ static __device__ __forceinline__ Best best_of(Best a, Best b) {
 }
 
 static __global__ void __launch_bounds__(ROUTE_THREADS)
-route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params p, int32_t *idx, float *w) {
+route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params p, int32_t *idx, float *w) {
     /* 40 KB: s is recomputed for the chosen experts instead of stored (same bits) */
     __shared__ float choice[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_EXPERTS];
@@ -146,7 +146,7 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_cuda_route_params
 #define ROUTE_WARP_MAX (32 * ROUTE_VPL)
 
 static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_cuda_route_params p, int32_t *idx,
+route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
                   float *w) {
     __shared__ float sc[ROUTE_WARPS][ROUTE_WARP_MAX];          /* choice scores, for the group scores */
     __shared__ float gsc[ROUTE_WARPS][ROUTE_WARP_MAX];         /* group scores [G] */
@@ -239,7 +239,7 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_cuda_
     }
 }
 
-extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_cuda_route_params *p,
+extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_moe_route_params *p,
                                          int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err) {
     if (!p || !logits || !idx || !w || n < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_route: missing arguments or %d tokens", n);

@@ -19,26 +19,22 @@
 #include <stdint.h>
 
 #include "backend/cuda/qmatmul_cuda.h"
+#include "backend/moe_route.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct ddt_cuda_route_params {
-    int32_t n_experts;           /* 1..4096 */
-    int32_t top_k;               /* 1..n_experts, <= 16 */
-    int32_t n_group;             /* divides n_experts; 1 = no group limit */
-    int32_t topk_group;          /* 1..n_group */
-    bool norm_topk_prob;
-    float routed_scaling_factor;
-    const float *bias;           /* device [n_experts] e_score_correction_bias (fp32), or NULL */
-} ddt_cuda_route_params;
+/* The router's parameters are backend/moe_route.h's ddt_moe_route_params (one
+ * struct for both backends; here top_k <= 16 and the bias a device array).  The
+ * old name stays for callers that still use it. */
+typedef ddt_moe_route_params ddt_cuda_route_params;
 
 /* Router: logits [n][n_experts] (device, row stride ld) -> idx [n][top_k] chosen
  * experts in decreasing choice score and w [n][top_k] their weights; the same
  * arithmetic as ddt_cpu_moe_route (sigmoid in fp32, group scores, ties to the
  * lower index, weight = s / (sum + 1e-20) * scale). */
-ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_cuda_route_params *p,
+ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_moe_route_params *p,
                               int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err);
 
 /* Routed experts of one MoE layer: device arrays of n_experts weights each
