@@ -152,21 +152,29 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
     __shared__ float gsc[ROUTE_WARPS][ROUTE_WARP_MAX];         /* group scores [G] */
     __shared__ unsigned char gk[ROUTE_WARPS][ROUTE_WARP_MAX];  /* kept groups [G] */
     __shared__ int chosen[ROUTE_WARPS][MOE_MAX_TOPK];
+    __shared__ float chosen_s[ROUTE_WARPS][MOE_MAX_TOPK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
     if (tok >= n) return; /* warp-level sync only below */
     const int E = p.n_experts, G = p.n_group > 0 ? p.n_group : 1, per = E / G;
     const int keep = p.topk_group > 0 && p.topk_group < G ? p.topk_group : G;
     const float *lg = logits + tok * ld;
-    float c[ROUTE_VPL];
-    uint32_t live = 0; /* slot j holds an expert that may still be picked */
+    /* every load first: with the division's call between them, loads issued one
+       slot at a time cost a memory latency each (the first version: ~16 us) */
+    float c[ROUTE_VPL], sg[ROUTE_VPL], bb[ROUTE_VPL];
 #pragma unroll
     for (int j = 0; j < ROUTE_VPL; j++) {
         const int e = lane + 32 * j;
-        c[j] = 0.0f;
-        if (e < E) {
-            const float sv = 1.0f / (1.0f + expf(-lg[e]));
-            c[j] = p.bias ? sv + p.bias[e] : sv;
+        c[j] = e < E ? lg[e] : 0.0f;
+        bb[j] = e < E && p.bias ? p.bias[e] : 0.0f;
+    }
+    uint32_t live = 0; /* slot j holds an expert that may still be picked */
+#pragma unroll
+    for (int j = 0; j < ROUTE_VPL; j++) {
+        sg[j] = 0.0f;
+        if (lane + 32 * j < E) {
+            sg[j] = 1.0f / (1.0f + expf(-c[j])); /* s, kept for the weights */
+            c[j] = p.bias ? sg[j] + bb[j] : sg[j];
             live |= 1u << j;
         }
     }
@@ -216,7 +224,12 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
         }
         const int e = b.i < 0 ? 0 : b.i; /* same in every lane; none left: expert 0, as the CPU */
         if ((e & 31) == lane) live &= ~(1u << (e >> 5));
-        if (lane == 0) chosen[warp][k] = e;
+        float mine = 0.0f; /* slot e >> 5 of every lane (a constant index per unrolled step) */
+#pragma unroll
+        for (int j = 0; j < ROUTE_VPL; j++)
+            if (j == (e >> 5)) mine = sg[j];
+        const float sv = __shfl_sync(0xffffffffu, mine, e & 31);
+        if (lane == 0) chosen[warp][k] = e, chosen_s[warp][k] = sv;
     }
     __syncwarp();
     if (lane == 0) {
@@ -225,7 +238,7 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
         float sum = 0.0f;
         for (int k = 0; k < p.top_k; k++) {
             const int e = chosen[warp][k];
-            const float sv = 1.0f / (1.0f + expf(-lg[e]));
+            const float sv = chosen_s[warp][k];
             it[k] = e;
             wt[k] = sv;
             sum += sv;
@@ -571,27 +584,35 @@ moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
 static __global__ void __launch_bounds__(COMBINE_THREADS)
 moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws, int hidden,
                    float *out, int64_t ldo) {
-    __shared__ int spos[MOE_MAX_TOPK];
-    __shared__ float sw[MOE_MAX_TOPK];
+    __shared__ int spos[MOE_MAX_TOPK], ridx[MOE_MAX_TOPK], rpos[MOE_MAX_TOPK];
+    __shared__ float sw[MOE_MAX_TOPK], rw[MOE_MAX_TOPK];
     __shared__ int bad;
     const int t = blockIdx.y;
+    /* the token's K entries in parallel first: one thread reading them in its
+       sort loop paid a memory latency per read (~9 us a call on the H200) */
+    if ((int)threadIdx.x < K) {
+        ridx[threadIdx.x] = idx[(int64_t)t * K + threadIdx.x];
+        rw[threadIdx.x] = w[(int64_t)t * K + threadIdx.x];
+        rpos[threadIdx.x] = ws.pos_of[(int64_t)t * K + threadIdx.x];
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         int ord[MOE_MAX_TOPK];
         int b = 0;
         for (int k = 0; k < K; k++) {
-            const int e = idx[(int64_t)t * K + k];
+            const int e = ridx[k];
             if (e < 0 || e >= E_total) b = 1;
             /* insertion by (expert, k): increasing expert index, the CPU's order */
             int j = k;
-            while (j > 0 && idx[(int64_t)t * K + ord[j - 1]] > e) {
+            while (j > 0 && ridx[ord[j - 1]] > e) {
                 ord[j] = ord[j - 1];
                 j--;
             }
             ord[j] = k;
         }
         for (int k = 0; k < K; k++) {
-            spos[k] = ws.pos_of[(int64_t)t * K + ord[k]];
-            sw[k] = w[(int64_t)t * K + ord[k]];
+            spos[k] = rpos[ord[k]];
+            sw[k] = rw[ord[k]];
         }
         bad = b;
     }
