@@ -266,15 +266,16 @@ static void test_tc_option(bool fast_attn, bool tc, uint64_t seed) {
                 g_diag_prev = we;
                 printf(" row %d (depth %d) %.2e;", worst, pass ? depth[worst] : worst, we);
             }
-            float *c = malloc(sizeof(float) * 40 * V);
+            float *rerun = malloc(sizeof(float) * 40 * V);
             nan_fill(dl, (size_t)40 * V);
             if (pass == 0) OK(ddt_cuda_target_prefill(fast, ids, NP, dl, true, &err_));
             else OK(ddt_cuda_target_verify(fast, dtok, ddep, dvis, 1, NT, dl, &err_));
             CU(cudaStreamSynchronize((cudaStream_t)ddt_cuda_target_stream(fast)));
-            CU(cudaMemcpy(c, dl, sizeof(float) * (size_t)rows * V, cudaMemcpyDeviceToHost));
-            printf(" rerun %s (%.2e vs first)\n", memcmp(c, b, sizeof(float) * (size_t)rows * V) ? "DIFFERS" : "bitwise equal",
-                   nerr(c, b, (size_t)rows * V));
-            free(c);
+            CU(cudaMemcpy(rerun, dl, sizeof(float) * (size_t)rows * V, cudaMemcpyDeviceToHost));
+            printf(" rerun %s (%.2e vs first)\n",
+                   memcmp(rerun, b, sizeof(float) * (size_t)rows * V) ? "DIFFERS" : "bitwise equal",
+                   nerr(rerun, b, (size_t)rows * V));
+            free(rerun);
         }
         bool finite = true;
         for (size_t i = 0; i < (size_t)(pass ? NT : NP) * V; i++) finite &= isfinite(b[i]) != 0;
