@@ -4,12 +4,14 @@
 # with nvcc and gcc only (scripts/gpu-env.sh supplies jansson and PCRE2 from
 # .gpudeps/), so it needs no Debian -dev package there.  Everything is logged to
 # $OUT/gpu-test.log (tests) and $OUT/bench.md (benchmarks).
-#   scripts/gpu-test.sh [build|test|quicktest|sanitize|sweep|bench|bench-experts|ncu-dense]...
+#   scripts/gpu-test.sh [build|test|quicktest|sanitize|sweep|diag|bench|bench-experts|ncu-dense]...
 #                                                   (default: build test)
 #   test = every GPU test, then compute-sanitizer memcheck on each one's --quick
 #   run; quicktest = the tests alone; sanitize = the sanitizer alone; sweep = the
-#   fast-attention check over 48 random trees; bench-experts = the expert kernels
-#   by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
+#   fast-attention check over 48 random trees; diag = test_cuda_target
+#   --diag-fast on failing seeds of the sweep ($DIAG_SEEDS; the report in
+#   $OUT/diag.log, a verdict per seed on the terminal); bench-experts = the
+#   expert kernels by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
 #   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
 #   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
 #   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv).
@@ -112,6 +114,8 @@ for s in "${steps[@]}"; do
     quicktest) tests_only 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
     sanitize) sanitize_all 2>&1 | tee -a "$OUT/gpu-test.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
     sweep) run_test test_cuda_target --sweep-fast ${SWEEP_N:-48} 2>&1 | tee -a "$OUT/sweep.log"; [ ${PIPESTATUS[0]} -eq 0 ] || rc=1 ;;
+    diag) run_test test_cuda_target --diag-fast ${DIAG_SEEDS:-0x40ec3ac8f29e0dc5 0x03b0eb23c70e66df 0xa42708883fcbcb0e \
+        0x29b0693de8ac7d42 0x8ceb36fd35da3a8b} > "$OUT/diag.log" 2>&1 || rc=1; grep '^diag-fast' "$OUT/diag.log" ;;
     bench-experts) $B/cuda_bench_moe 20 experts-nt 2>&1 | tee -a "$OUT/bench-experts.md" ;;
     ncu-dense) ncu_dense > "$OUT/ncu-dense.txt" 2>&1; tail -5 "$OUT/ncu-dense.txt" ;;
     k26) $B/cuda_bench_k26 --tc 2>&1 | tee -a "$OUT/k26.md" ;;

@@ -81,6 +81,8 @@ struct ddt_cuda_target {
     size_t moe_ws_bytes;
     int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
     float *capture; /* [n_capture][max_tokens][hidden] */
+    bool probing;   /* tests: probe is set (ddt_cuda_target_set_probe) */
+    ddt_cuda_target_probe probe;
 
     uint64_t weight_bytes, state_bytes;
 };
@@ -620,6 +622,22 @@ static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *
     return DDT_OK;
 }
 
+void ddt_cuda_target_set_probe(ddt_cuda_target *t, const ddt_cuda_target_probe *p) {
+    t->probing = p != NULL;
+    if (p) t->probe = *p;
+    else memset(&t->probe, 0, sizeof t->probe);
+}
+
+/* Tests' probe: n rows of row_bytes from src to layer l's block of dst (NULL: nothing). */
+static ddt_status probe_copy(ddt_cuda_target *t, void *dst, int32_t l, size_t rows_per_layer, size_t row_bytes,
+                             const void *src, int32_t n, ddt_error *err) {
+    if (!t->probing || !dst || !src) return DDT_OK;
+    DDT_CUDA_TRY(cudaMemcpyAsync((char *)dst + (size_t)l * rows_per_layer * row_bytes, src, (size_t)n * row_bytes,
+                                 cudaMemcpyDeviceToDevice, t->stream),
+                 err);
+    return DDT_OK;
+}
+
 static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
                           const uint64_t *vis, int32_t vis_words, float *logits, int32_t logit_row0,
                           ddt_error *err) {
@@ -656,9 +674,13 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
                                           s, err));
         }
+        const size_t T = (size_t)t->max_tokens;
+        TRY(probe_copy(t, t->probe.q, l, T, sizeof(float) * (size_t)heads * qd, t->q, n, err));
+        TRY(probe_copy(t, t->probe.q_lat, l, T, sizeof(float) * (size_t)heads * rank, t->q_lat, n, err));
         if (t->fast) {
             TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
                                     s, err));
+            TRY(probe_copy(t, t->probe.q16, l, T, sizeof(uint16_t) * (size_t)heads * width, t->q16, n, err));
             ddt_cuda_mla_verify va = {.n_tokens = n, .n_heads = heads, .q = t->q16, .kv = (const uint16_t *)layer_cache,
                                       .kv_ld = width, .kv_rows = t->max_ctx, .n_prefix = t->kv.len,
                                       .max_prefix = t->max_ctx - n, .vis = vis ? vis : t->causal, .scale = t->dims.softmax_scale,
@@ -674,6 +696,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                          .out = t->o_lat};
             TRY(ddt_cuda_mla_attention(&aa, s, err));
         }
+        TRY(probe_copy(t, t->probe.o_lat, l, T, sizeof(float) * (size_t)heads * rank, t->o_lat, n, err));
         ddt_row_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
                               .rows = t->dims.vdim, .x_stride = rank, .y_stride = t->dims.vdim};
         TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
@@ -681,12 +704,16 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        TRY(probe_copy(t, t->probe.x_attn, l, T, sizeof(float) * (size_t)H, t->x, n, err));
         TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         if (L->moe) {
             TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
             ddt_moe_route_params rp = t->route;
             rp.bias = L->router_bias;
             TRY(ddt_cuda_moe_route(t->rlogits, t->dims.n_experts, n, &rp, t->ridx, t->rw, s, err));
+            TRY(probe_copy(t, t->probe.rlogits, l, T, sizeof(float) * (size_t)t->dims.n_experts, t->rlogits, n, err));
+            TRY(probe_copy(t, t->probe.ridx, l, T, sizeof(int32_t) * (size_t)t->dims.top_k, t->ridx, n, err));
+            TRY(probe_copy(t, t->probe.bias, l, 1, sizeof(float) * (size_t)t->dims.n_experts, L->router_bias, 1, err));
             TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->dims.top_k, t->acc, H, t->moe_ws,
                                      t->moe_ws_bytes, s, err));
             if (L->has_shared) {
@@ -706,6 +733,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
            so at one rank this is bitwise the unsharded forward */
         if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        TRY(probe_copy(t, t->probe.x, l, T, sizeof(float) * (size_t)H, t->x, n, err));
         if (l < t->dims.n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
     }
     TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->dims.eps, t->xn, H, s, err));

@@ -128,6 +128,27 @@ ddt_status ddt_cuda_target_verify(ddt_cuda_target *t, const int32_t *tokens, con
                                   const uint64_t *vis, int32_t vis_words, int32_t n, float *logits,
                                   ddt_error *err);
 
+/*
+ * Tests only (test_cuda_target --diag-fast): while a probe is set, every forward
+ * copies, for each layer l, that layer's intermediate values of its n tokens
+ * into the caller's DEVICE buffers, layer l's block at row l * max_tokens (token
+ * i at row l * max_tokens + i; the widths below), asynchronously on the
+ * target's stream.  Any pointer may be NULL (not copied).  NULL (the default)
+ * turns the probe off; no CUDA graph may be captured while one is set.
+ */
+typedef struct ddt_cuda_target_probe {
+    float *q;         /* [layers][max_tokens][heads][qdim]: queries, rope part rotated */
+    float *q_lat;     /* [layers][max_tokens][heads][rank]: absorbed queries */
+    uint16_t *q16;    /* [layers][max_tokens][heads][rank + rope]: bf16 queries (fast attention only) */
+    float *o_lat;     /* [layers][max_tokens][heads][rank]: attention output in latent space */
+    float *x_attn;    /* [layers][max_tokens][hidden]: residual stream after the attention */
+    float *x;         /* [layers][max_tokens][hidden]: residual stream after the layer */
+    float *rlogits;   /* [layers][max_tokens][n_experts]: router logits (MoE layers only) */
+    int32_t *ridx;    /* [layers][max_tokens][top_k]: routed experts (MoE layers only) */
+    float *bias;      /* [layers][n_experts]: the router's correction bias (MoE layers only) */
+} ddt_cuda_target_probe;
+void ddt_cuda_target_set_probe(ddt_cuda_target *t, const ddt_cuda_target_probe *p);
+
 /* Commit the accepted path (DEVICE path [..], *path_len) of the last verify: kv_cuda.h. */
 ddt_status ddt_cuda_target_commit(ddt_cuda_target *t, const int32_t *path, const int32_t *path_len,
                                   ddt_error *err);
