@@ -11,7 +11,9 @@
  *     bf16 halves, about 4e-6 per product; the down projection adds the error of
  *     h, so the bound is shared, not tightened);
  *   - each token's output bit-identical alone and inside batches of 1, 5, 12, 33
- *     (experts with more tokens than a work item holds are split: checked too);
+ *     (experts with more tokens than a work item holds are split, and on the
+ *     tensor cores experts with more than 16 go to the second item class: both
+ *     checked too);
  *   - output padding (NaN poison) untouched; workspace poisoned before use;
  *   - a bad expert index: a NaN row for that token on both backends, the other
  *     tokens as the CPU's.
@@ -185,7 +187,9 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
     CU(cudaMalloc((void **)&dout1, sizeof(float) * (size_t)ldo));
     CU(cudaMalloc((void **)&dw, sizeof(float) * (size_t)maxn * K));
     CU(cudaMalloc((void **)&didx, sizeof(int32_t) * (size_t)maxn * K));
-    static const int ns[] = {1, 5, 12, 33}; /* every n-tile count of the tensor path (items of 8, 16, 32) */
+    /* tensor path: n = 12 splits experts over several items of 8; n = 33 sends the
+       experts with more than 16 entries to the 4-tile kernel's items of 32 */
+    static const int ns[] = {1, 5, 12, 33};
     for (int ni = 0; ni < 4; ni++) {
         const int n = ns[ni];
         for (int i = 0; i < n * H; i++) x[i] = frand();

@@ -439,7 +439,7 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
 
 static __global__ void __launch_bounds__(SORT_THREADS)
 moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots, int C_big,
-                int big_slots, const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed,
+                int big_min, int big_slots, const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed,
                 MoeWs ws) {
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
     __shared__ long long wsum[SORT_THREADS / 32], total, total_big;
@@ -454,12 +454,12 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
     const int per = (E + SORT_THREADS - 1) / SORT_THREADS, e0 = tid * per;
     long long c_sum = 0, t_sum = 0, b_sum = 0;
     /* an expert with c entries takes ceil(c / C) work items (slots); with two
-       classes (C_big > 0) an expert with at most C entries takes one item of the
-       first list, a bigger one ceil(c / C_big) items of the second */
+       classes (C_big > 0) an expert with more than big_min entries takes
+       ceil(c / C_big) items of the second list instead */
     for (int e = e0; e < e0 + per && e < E; e++) {
         const int c = cnt[e];
         c_sum += c;
-        if (C_big > 0 && c > C) b_sum += (c + C_big - 1) / C_big;
+        if (C_big > 0 && c > big_min) b_sum += (c + C_big - 1) / C_big;
         else t_sum += (c + C - 1) / C;
     }
     const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &total);
@@ -479,7 +479,7 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
                 r.d[k] = (const uint8_t *)(packed ? q.mma : q.data);
                 r.s[k] = packed && q.format == DDT_Q_INT4_GROUP ? q.mma_scale : wscale(q);
             }
-            if (C_big > 0 && c > C) {
+            if (C_big > 0 && c > big_min) {
                 for (int j = 0; j < c; j += C_big) {
                     r.off = off + j;
                     r.cnt = c - j < C_big ? c - j : C_big;
@@ -780,27 +780,31 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
     const bool tc = m->mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(ref) &&
                     ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts]);
     const int64_t E = m->n_experts, touched = M < E ? M : E;
-    int TB = 0, C, nt = 1, C_big = 0, big_slots = 0;
+    int TB = 0, C, nt = 1, C_big = 0, big_min = 0, big_slots = 0;
     if (tc) {
         if (!ref->mma)
             return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: tensor-core mode on a layer that was not packed "
                                                   "(ddt_cuda_moe_layer_pack)");
-        /* Two classes of work items.  An expert with at most 8 entries (most of them:
-           n = 64 tokens, top 8 of 384 spread as ~94 experts of ~5) is one item of
-           the 1-tile kernel, whose stages hold 8 token rows, so two blocks fit an
-           SM; sizing every block for the largest expert's tokens (items of 32)
-           capped occupancy at one block per SM: H200, 384 x INT4 [2048, 7168],
-           uniform routing, n = 16 / 32 / 64: 773 / 1127 / 1568 us with items of 8
-           against 1000 / 1859 / 2409 us with items of 16 / 32 / 32.  An expert with
-           more entries (tree tokens share context, so routing concentrates) takes
-           items of up to 32 on the 4-tile kernel in a second launch, where one
-           dequantised weight tile serves 4 n-tiles instead of 4 items re-doing it.
-           Only n picks the launches; no value depends on the class. */
+        /* Two classes of work items.  An expert with at most 16 entries (nearly all
+           of them under spread routing: n = 64 tokens, top 8 of 384 give ~94 experts
+           of ~5) takes items of at most 8 on the 1-tile kernel, whose stages hold 8
+           token rows, so two blocks fit an SM; sizing every block for the largest
+           expert's tokens (items of 32) capped occupancy at one block per SM: H200,
+           384 x INT4 [2048, 7168], uniform routing, n = 16 / 32 / 64: 773 / 1127 /
+           1568 us with items of 8 against 1000 / 1859 / 2409 us with items of 16 /
+           32 / 32.  An expert with more entries (tree tokens share context, so
+           routing can concentrate) takes items of up to 32 on the 4-tile kernel in
+           a second launch, where one dequantised weight tile serves 4 n-tiles
+           instead of 4 items re-doing it; the threshold is 16, not 8, because
+           sending 9..16-entry experts there cost 7% at n = 64 under uniform
+           routing (1681 against 1566 us).  Only n picks the launches; no value
+           depends on the class. */
         nt = 1;
         C = 8;
-        if (n > 8) { /* an expert gets at most n entries: none is big otherwise */
+        if (n > 16) { /* an expert gets at most n entries: none is big otherwise */
             C_big = 32;
-            big_slots = (int)(M / 9); /* sum over big experts of ceil(c / 32) <= sum c / 9 */
+            big_min = 16;
+            big_slots = (int)(M / 17); /* sum over big experts of ceil(c / 32) <= sum c / 17 */
         }
         if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
@@ -811,11 +815,11 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         while (touched + M / C > 65535) C *= 2; /* grid.y limit: longer items, looped TB at a time */
     }
     /* first-list slots: one item per touched expert when no expert can exceed C
-       entries there (two classes, or n <= C); else ceil(c / C) each */
-    const int slots = (int)(touched + (tc && (C_big > 0 || n <= C) ? 0 : M / C));
+       entries (n <= C); else ceil(c / C) each, at most touched + M / C */
+    const int slots = (int)(touched + (n <= C ? 0 : M / C));
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
     moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big,
-                                               big_slots, m->gate, m->up, m->down, tc, ws);
+                                               big_min, big_slots, m->gate, m->up, m->down, tc, ws);
     DDT_CUDA_LAUNCHED("moe_sort", s, err);
     ddt_status st;
     if (tc) {
