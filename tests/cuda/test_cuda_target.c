@@ -236,6 +236,12 @@ static void tc_inputs(uint64_t seed, int V, int NP, int NT, int32_t *prompt, int
 static void test_tc_option(bool fast_attn, bool tc, uint64_t seed) {
     ddt_model_config c;
     tc_config(&c);
+    /* The fast attention alone on an all-dense model: its ~1e-3 bf16 noise moves the
+       router's scores by ~2e-4, which flips a near-tie between a token's 2nd and 3rd
+       expert in about 1 token in 250, and a flipped token's logits move by ~0.3 (10
+       of 48 seeds failed on the MoE model, each by one row; --diag-fast traces it).
+       That is the router's sensitivity, not an attention error. */
+    if (fast_attn && !tc) c.first_k_dense_replace = c.num_hidden_layers;
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE,
                                  .expert_format = tc ? DDT_Q_INT4_GROUP : DDT_Q_DENSE,
                                  .lm_head = true,
