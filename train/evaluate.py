@@ -7,7 +7,7 @@ Prompts: from the held-out files (manifest order), one per file: the 4 lines sta
 beginning with "def " or "    def " that lies at least 30 % into the file.  They are written to
 models/heldout_prompts.json (the test tests/python/test_shipped_models.py uses the first 3).
 
-For every prompt, `ddtree generate --json` runs greedy ar, chain, and tree at budgets 16, 64 and auto;
+For every prompt, `ddtree generate --json` runs greedy ar, chain, and tree at budgets 16, 32, 64 and auto;
 the speculative outputs must equal ar's ids; the mean acceptance length (tokens committed per round,
 bonus included) is averaged over prompts (each prompt weighted by its rounds: total tokens / total
 rounds) and written to models/eval_results.json.
@@ -24,7 +24,8 @@ import ddt_common as C  # noqa: E402
 from prepare_data import read_split  # noqa: E402
 
 MODES = {"chain": ["--mode", "chain"], "tree_16": ["--mode", "tree", "--budget", "16"],
-         "tree_64": ["--mode", "tree", "--budget", "64"], "tree_auto": ["--mode", "tree", "--budget", "auto"]}
+         "tree_32": ["--mode", "tree", "--budget", "32"], "tree_64": ["--mode", "tree", "--budget", "64"],
+         "tree_auto": ["--mode", "tree", "--budget", "auto"]}
 
 
 def pick_prompts(manifest, n):

@@ -645,9 +645,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     const int64_t width = rank + rope;
     cudaStream_t s = t->stream;
     TRY(ddt_cuda_embed(&t->embed, ids, n, t->x, H, s, err));
+    /* each residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
+       layer l's attention norm comes from the end of layer l - 1 */
+    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s, err));
     for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
-        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->attn_norm, t->dims.eps, t->xn, H, s, err));
         if (t->dims.q_lora > 0) {
             TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, t->dims.q_lora, s, err));
             TRY(ddt_cuda_rmsnorm(t->qa, t->dims.q_lora, n, t->dims.q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->dims.q_lora, s,
@@ -703,9 +705,8 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                          (int64_t)heads * t->dims.vdim, s, err));
         TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
-        TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         TRY(probe_copy(t, t->probe.x_attn, l, T, sizeof(float) * (size_t)H, t->x, n, err));
-        TRY(ddt_cuda_rmsnorm(t->x, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         if (L->moe) {
             TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
             ddt_moe_route_params rp = t->route;
@@ -732,11 +733,12 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
            so at one rank this is bitwise the unsharded forward */
         if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
-        TRY(ddt_cuda_add(t->x, t->tmp, (int64_t)n * H, s, err));
+        const bool last = l == t->dims.n_layers - 1;
+        TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, last ? t->final_norm : t->layers[l + 1].attn_norm,
+                                 t->dims.eps, t->xn, H, s, err));
         TRY(probe_copy(t, t->probe.x, l, T, sizeof(float) * (size_t)H, t->x, n, err));
-        if (l < t->dims.n_layers - 1) TRY(capture_store(t, l, t->x, n, err));
+        if (!last) TRY(capture_store(t, l, t->x, n, err));
     }
-    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->final_norm, t->dims.eps, t->xn, H, s, err));
     TRY(capture_store(t, t->dims.n_layers - 1, t->xn, n, err));
     if (logits)
         TRY(ddt_cuda_matmul_mode(&t->lm_head, t->mm, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits,

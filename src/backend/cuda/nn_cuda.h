@@ -20,9 +20,16 @@ extern "C" {
 
 /* out[t][i] = x[t][i] / sqrt(mean_i(x[t]^2) + eps) * w[i] for i < dim, t < n
  * (row strides ldx, ldo; out may equal x).  The mean of squares is a fixed-order
- * tree sum over 256 threads, accumulated in fp32. */
+ * sum over 256 threads, accumulated in fp32. */
 ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
                             float *out, int64_t ldo, ddt_cuda_stream stream, ddt_error *err);
+
+/* The residual add and the next norm in one launch: x[t][i] = x[t][i] + r[t][i]
+ * (stored), then out[t] = rmsnorm(x[t]) as ddt_cuda_rmsnorm computes it (the same
+ * bits as ddt_cuda_add then ddt_cuda_rmsnorm).  out must not alias x or r. */
+ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n, int32_t dim,
+                                const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
+                                ddt_error *err);
 
 /* g[t][i] = silu(g[t][i]) * u[t][i] for i < dim, t < n (row strides ldg, ldu). */
 ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu, int32_t n, int32_t dim,

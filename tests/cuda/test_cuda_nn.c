@@ -1,0 +1,145 @@
+/*
+ * test_cuda_nn.c — the GPU norm ops (nn_cuda.h) against their CPU twins
+ * (backend/cpu/nn.h), on fresh random rows of odd and real widths:
+ *   - ddt_cuda_rmsnorm vs ddt_cpu_rmsnorm: normalised error < 1e-6 (fp32 sums in
+ *     another order), on the vector path (K2.6's 7168, 1536, a 512-wide slice of
+ *     576-float rows) and the strided one (130 floats, 8200 > the register rows,
+ *     a row start off 16 bytes); in place too; the padding of the output rows
+ *     (NaN poison) never written;
+ *   - ddt_cuda_add_rmsnorm: the stored sum bitwise the CPU's ddt_cpu_add, the norm
+ *     within the same bound, and both bitwise ddt_cuda_add then ddt_cuda_rmsnorm;
+ *   - every row alone bitwise the same row inside a batch.
+ * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/nn.h"
+#include "backend/cpu/pool.h"
+#include "backend/cuda/nn_cuda.h"
+#include "backend_ops.h"
+#include "cuda_test.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) & 0xFFFFFF) / 16777216.0f * 4.0f - 2.0f;
+}
+
+static ddt_cpu_pool *g_pool;
+
+/* n rows of dim values at row stride ld (ld - dim padding floats), the x rows
+ * starting `shift` floats into their buffer (shift 1: not 16-byte aligned). */
+static void norm_case(int32_t dim, int64_t ld, int32_t n, int shift) {
+    const size_t tot = (size_t)n * (size_t)ld + (size_t)shift;
+    float *x = malloc(sizeof(float) * tot), *r = malloc(sizeof(float) * tot), *w = malloc(sizeof(float) * dim);
+    float *ref = malloc(sizeof(float) * tot), *got = malloc(sizeof(float) * tot), *sum = malloc(sizeof(float) * tot);
+    float *got2 = malloc(sizeof(float) * tot), *xs = malloc(sizeof(float) * tot);
+    for (size_t i = 0; i < tot; i++) x[i] = frand(), r[i] = frand();
+    for (int32_t i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * frand();
+    const float eps = 1e-6f;
+    const ddt_cpu_vec wv = {w, DDT_DTYPE_F32, dim};
+    float *dx, *dr, *dw, *dout, *dx2, *dout2;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * tot));
+    CU(cudaMalloc((void **)&dr, sizeof(float) * tot));
+    CU(cudaMalloc((void **)&dw, sizeof(float) * dim));
+    CU(cudaMalloc((void **)&dout, sizeof(float) * tot));
+    CU(cudaMalloc((void **)&dx2, sizeof(float) * tot));
+    CU(cudaMalloc((void **)&dout2, sizeof(float) * tot));
+    CU(cudaMemcpy(dx, x, sizeof(float) * tot, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dr, r, sizeof(float) * tot, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dw, w, sizeof(float) * dim, cudaMemcpyHostToDevice));
+    char what[128];
+
+    /* plain norm; the CPU reference leaves the padding as NaN too */
+    memset(ref, 0xFF, sizeof(float) * tot);
+    ddt_cpu_rmsnorm(g_pool, x + shift, ld, n, dim, &wv, eps, ref + shift, ld);
+    bo_poison(dout, sizeof(float) * tot);
+    OK(ddt_cuda_rmsnorm(dx + shift, ld, n, dim, dw, eps, dout + shift, ld, NULL, &err_));
+    CU(cudaMemcpy(got, dout, sizeof(float) * tot, cudaMemcpyDeviceToHost));
+    snprintf(what, sizeof what, "rmsnorm dim %d ld %lld n %d shift %d", dim, (long long)ld, n, shift);
+    const double e1 = bo_compare(what, got, ref, tot, (bo_cmp){1e-6, false});
+    int64_t pad = 0;
+    for (size_t i = 0; i < tot; i++) pad += isnan(ref[i]) && !isnan(got[i]);
+    CHECK(pad == 0, "%s: %lld padding values written", what, (long long)pad);
+
+    /* in place */
+    CU(cudaMemcpy(dx2, dx, sizeof(float) * tot, cudaMemcpyDeviceToDevice));
+    OK(ddt_cuda_rmsnorm(dx2 + shift, ld, n, dim, dw, eps, dx2 + shift, ld, NULL, &err_));
+    CU(cudaMemcpy(got2, dx2, sizeof(float) * tot, cudaMemcpyDeviceToHost));
+    int64_t inplace = 0;
+    for (int32_t t = 0; t < n; t++)
+        inplace += memcmp(got2 + shift + (size_t)t * ld, got + shift + (size_t)t * ld, sizeof(float) * dim) != 0;
+    CHECK(inplace == 0, "%s: in place differs in %lld rows", what, (long long)inplace);
+
+    /* every row alone */
+    int64_t alone = 0;
+    for (int32_t t = 0; t < n; t++) {
+        bo_poison(dout2, sizeof(float) * tot);
+        OK(ddt_cuda_rmsnorm(dx + shift + (size_t)t * ld, ld, 1, dim, dw, eps, dout2, ld, NULL, &err_));
+        CU(cudaMemcpy(got2, dout2, sizeof(float) * dim, cudaMemcpyDeviceToHost));
+        alone += memcmp(got2, got + shift + (size_t)t * ld, sizeof(float) * dim) != 0;
+    }
+    CHECK(alone == 0, "%s: %lld rows differ alone vs in the batch", what, (long long)alone);
+
+    /* the fused residual add + norm */
+    memcpy(sum, x, sizeof(float) * tot);
+    for (int32_t t = 0; t < n; t++) ddt_cpu_add(sum + shift + (size_t)t * ld, r + shift + (size_t)t * ld, dim);
+    memset(ref, 0xFF, sizeof(float) * tot);
+    ddt_cpu_rmsnorm(g_pool, sum + shift, ld, n, dim, &wv, eps, ref + shift, ld);
+    CU(cudaMemcpy(dx2, dx, sizeof(float) * tot, cudaMemcpyDeviceToDevice));
+    bo_poison(dout, sizeof(float) * tot);
+    OK(ddt_cuda_add_rmsnorm(dx2 + shift, ld, dr + shift, ld, n, dim, dw, eps, dout + shift, ld, NULL, &err_));
+    CU(cudaMemcpy(got, dout, sizeof(float) * tot, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(xs, dx2, sizeof(float) * tot, cudaMemcpyDeviceToHost));
+    snprintf(what, sizeof what, "add_rmsnorm sum dim %d ld %lld n %d shift %d", dim, (long long)ld, n, shift);
+    bo_compare(what, xs, sum, tot, (bo_cmp){0, true});
+    snprintf(what, sizeof what, "add_rmsnorm norm dim %d ld %lld n %d shift %d", dim, (long long)ld, n, shift);
+    const double e2 = bo_compare(what, got, ref, tot, (bo_cmp){1e-6, false});
+    /* == the two launches it replaces (x rows contiguous for ddt_cuda_add: ld == dim only) */
+    if (ld == dim) {
+        CU(cudaMemcpy(dx2, dx, sizeof(float) * tot, cudaMemcpyDeviceToDevice));
+        OK(ddt_cuda_add(dx2 + shift, dr + shift, (int64_t)n * ld, NULL, &err_));
+        bo_poison(dout2, sizeof(float) * tot);
+        OK(ddt_cuda_rmsnorm(dx2 + shift, ld, n, dim, dw, eps, dout2 + shift, ld, NULL, &err_));
+        CU(cudaMemcpy(got2, dout2, sizeof(float) * tot, cudaMemcpyDeviceToHost));
+        snprintf(what, sizeof what, "add_rmsnorm vs add + rmsnorm dim %d n %d shift %d", dim, n, shift);
+        bo_compare(what, got2, got, tot, (bo_cmp){0, true});
+    }
+    printf("rmsnorm dim %5d ld %5lld n %2d shift %d: err %.2e, fused add err %.2e\n", dim, (long long)ld, n, shift, e1,
+           e2);
+    cudaFree(dx), cudaFree(dr), cudaFree(dw), cudaFree(dout), cudaFree(dx2), cudaFree(dout2);
+    free(x), free(r), free(w), free(ref), free(got), free(sum), free(got2), free(xs);
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    ddt_error err;
+    if (ddt_cpu_pool_create(2, &g_pool, &err) != DDT_OK) {
+        fprintf(stderr, "pool: %s\n", err.msg);
+        return 1;
+    }
+    norm_case(7168, 7168, 3, 0);   /* K2.6 hidden: vector path */
+    norm_case(1536, 1536, 17, 0);  /* q_lora */
+    norm_case(512, 576, 5, 0);     /* the latent slice of kv_a's rows */
+    norm_case(130, 130, 4, 0);     /* not a multiple of 4: strided path */
+    norm_case(256, 256, 2, 1);     /* rows off 16 bytes: strided path */
+    if (!quick) {
+        norm_case(8200, 8200, 2, 0); /* wider than the register rows: strided path */
+        norm_case(7168, 7168, 64, 0);
+        norm_case(31, 37, 9, 0);
+    }
+    ddt_cpu_pool_destroy(g_pool);
+    if (g_failures) {
+        fprintf(stderr, "test_cuda_nn: %d failures\n", g_failures);
+        return 1;
+    }
+    printf("test_cuda_nn: all passed\n");
+    return 0;
+}
