@@ -116,6 +116,7 @@ typedef struct ddt_gen_stats {
     double t_prefill, t_draft, t_build, t_verify, t_walk, t_commit, t_total; /* seconds */
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
+    int32_t round_kernels;     /* kernel launches in one round's CUDA graph (0: the round is no graph) */
 } ddt_gen_stats;
 
 /* Called with each round's emitted tokens, in order, as soon as they are known.

@@ -64,6 +64,7 @@ struct ddt_engine_cuda {
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
     int32_t graph_budget;
+    int32_t graph_kernels; /* kernel nodes of the captured round (ddt_gen_stats.round_kernels) */
     int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
     cudaEvent_t ev[N_EVENTS];
     /* one rank of several (engine_multi_cuda.c): the sum over ranks of a stop flag,
@@ -337,6 +338,19 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
         return st;
     }
     if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture: %s", cudaGetErrorString(ce));
+    /* count the round's kernels before the graph goes (what the launch-bound small model pays) */
+    size_t nn = 0;
+    e->graph_kernels = 0;
+    if (cudaGraphGetNodes(g, NULL, &nn) == cudaSuccess && nn > 0) {
+        cudaGraphNode_t *nodes = ddt_calloc_array(nn, sizeof *nodes);
+        if (nodes && cudaGraphGetNodes(g, nodes, &nn) == cudaSuccess)
+            for (size_t i = 0; i < nn; i++) {
+                enum cudaGraphNodeType ty;
+                if (cudaGraphNodeGetType(nodes[i], &ty) == cudaSuccess && ty == cudaGraphNodeTypeKernel)
+                    e->graph_kernels++;
+            }
+        free(nodes);
+    }
     ce = cudaGraphInstantiate(&e->graph, g, 0);
     cudaGraphDestroy(g);
     if (ce != cudaSuccess) {
@@ -661,6 +675,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     (void)bonus;
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
+    s.round_kernels = !e->auto_budget && on_device ? e->graph_kernels : 0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;

@@ -868,6 +868,7 @@ typedef struct run_out {
 } run_out;
 
 static bool g_tensor_cores; /* run_engine's engines use --tensor-cores */
+static int32_t g_max_round_kernels; /* the most kernels a captured round held (printed) */
 /* T > 0 settings and the host-sampler switch of run_engine (the device sampler's checks) */
 static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
@@ -894,6 +895,13 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     OK(ddt_engine_create(model, &o, &e, &err_));
     OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
     ddt_engine_free(e);
+    /* the round's launches are counted from its graph (0 where the round is no graph) */
+    const bool graph = be == DDT_BACKEND_CUDA && budget >= 0 && temp == 0.0f; /* greedy rounds are graphs */
+    if (graph || be == DDT_BACKEND_CPU)
+        CHECK(graph ? r->st.round_kernels > 0 : r->st.round_kernels == 0,
+              "%s mode %d budget %d T %g: %d kernels per round", be == DDT_BACKEND_CUDA ? "cuda" : "cpu", (int)mode,
+              budget, (double)temp, r->st.round_kernels);
+    if (graph && r->st.round_kernels > g_max_round_kernels) g_max_round_kernels = r->st.round_kernels;
 }
 
 static void test_engine(const char *model, const char *draft, const int32_t *prompt, int np, int max_new,
@@ -1078,6 +1086,7 @@ int main(int argc, char **argv) {
         if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
         test_engine("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, false);
     }
+    printf("kernels in a captured round: at most %d\n", g_max_round_kernels);
     if (g_failures) printf("test_cuda_target: %d FAILURES\n", g_failures);
     else printf("test_cuda_target: all passed\n");
     return g_failures ? 1 : 0;
