@@ -297,7 +297,10 @@ extern "C" ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float
         ATTN_LAUNCH(16);
 #undef ATTN_LAUNCH
     DDT_CUDA_LAUNCHED("dflash_attn_partial", s, err);
-    attn_combine_kernel<<<(unsigned)(a->n_block * a->heads), COMBINE_THREADS, (size_t)splits * sizeof(float), s>>>(
+    /* the weights rounded up to whole float4: nvcc reads the combine loop's remainder
+       with one 16-byte shared load, past the last split (compute-sanitizer caught it) */
+    attn_combine_kernel<<<(unsigned)(a->n_block * a->heads), COMBINE_THREADS, (size_t)(splits + 3) / 4 * 4 * sizeof(float),
+                          s>>>(
         len, a->n_block, a->heads, a->hd, a->max_rows, a->split, part_ml, part_acc, o);
     DDT_CUDA_LAUNCHED("dflash_attn_combine", s, err);
     return DDT_OK;
