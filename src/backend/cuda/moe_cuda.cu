@@ -55,13 +55,71 @@ static __device__ __forceinline__ Best best_of(Best a, Best b) {
     return a;
 }
 
+/* The warp's best (value, index) by best_of, in every lane. */
+static __device__ __forceinline__ Best warp_best(Best b) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        Best o;
+        o.v = __shfl_xor_sync(0xffffffffu, b.v, off);
+        o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
+        b = best_of(b, o);
+    }
+    return b;
+}
+
+/* A group's score: the sum of its top-2 choice scores, scanned in expert order
+ * (one value when a group has one expert), as ddt_cpu_moe_route. */
+static __device__ float group_score(const float *choice, int g, int per) {
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int e = g * per; e < (g + 1) * per; e++) {
+        const float c = choice[e];
+        if (c > b1) {
+            b2 = b1;
+            b1 = c;
+        } else if (c > b2) {
+            b2 = c;
+        }
+    }
+    return per >= 2 ? b1 + b2 : b1;
+}
+
+/* Mark the keep best groups (of gkeep, all 0) by score, the first on ties: the CPU loop. */
+static __device__ void keep_groups(const float *gscore, unsigned char *gkeep, int G, int keep) {
+    for (int k = 0; k < keep; k++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+            if (!gkeep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        gkeep[best] = 1;
+    }
+}
+
+/* One token's picks to idx / w: the experts in pick order, each weighted by its
+ * unbiased sigmoid score s, normalised by the sum in pick order (+ 1e-20, when
+ * norm_topk_prob) and scaled: ddt_cpu_moe_route's arithmetic.  Both routers. */
+static __device__ void route_store(const ddt_moe_route_params &p, const int *chosen, const float *s, int32_t *it,
+                                   float *wt) {
+    float sum = 0.0f;
+    for (int k = 0; k < p.top_k; k++) {
+        it[k] = chosen[k];
+        wt[k] = s[k];
+        sum += s[k];
+    }
+    const float denom = sum + 1e-20f;
+    for (int k = 0; k < p.top_k; k++) {
+        float v = wt[k];
+        if (p.norm_topk_prob) v = v / denom;
+        wt[k] = v * p.routed_scaling_factor;
+    }
+}
+
 static __global__ void __launch_bounds__(ROUTE_THREADS)
 route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params p, int32_t *idx, float *w) {
-    /* 40 KB: s is recomputed for the chosen experts instead of stored (same bits) */
+    /* 40 KB: s is recomputed for the chosen experts instead of stored for all (same bits) */
     __shared__ float choice[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_EXPERTS];
     __shared__ unsigned char gkeep[MOE_MAX_EXPERTS], taken[MOE_MAX_EXPERTS];
     __shared__ int chosen[MOE_MAX_TOPK];
+    __shared__ float chosen_s[MOE_MAX_TOPK]; /* their s, recomputed from the logits (same bits) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int E = p.n_experts, G = p.n_group > 0 ? p.n_group : 1, per = E / G;
     const float *lg = logits + (int64_t)blockIdx.x * ld;
@@ -77,59 +135,23 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params 
     for (int g = lane; g < G; g += 32) {
         gkeep[g] = keep == G; /* every group kept: their scores do not matter */
         if (keep == G) continue;
-        float b1 = -INFINITY, b2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
-            const float c = choice[e];
-            if (c > b1) {
-                b2 = b1;
-                b1 = c;
-            } else if (c > b2) {
-                b2 = c;
-            }
-        }
-        gscore[g] = per >= 2 ? b1 + b2 : b1;
+        gscore[g] = group_score(choice, g, per);
     }
     __syncwarp();
-    if (keep < G && lane == 0) { /* a handful of groups: the CPU loop as is */
-        for (int k = 0; k < keep; k++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!gkeep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            gkeep[best] = 1;
-        }
-    }
+    if (keep < G && lane == 0) keep_groups(gscore, gkeep, G, keep); /* a handful of groups */
     __syncwarp();
     for (int k = 0; k < p.top_k; k++) {
         Best b = {0.0f, -1};
         for (int e = lane; e < E; e += 32)
             if (!taken[e] && gkeep[e / per]) b = best_of(b, Best{choice[e], e});
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            Best o;
-            o.v = __shfl_xor_sync(0xffffffffu, b.v, off);
-            o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
-            b = best_of(b, o);
-        }
+        b = warp_best(b);
         const int e = b.i < 0 ? 0 : b.i; /* same in every lane */
         if (lane == 0) taken[e] = 1, chosen[k] = e;
         __syncwarp();
     }
     if (lane == 0) {
-        int32_t *it = idx + (int64_t)blockIdx.x * p.top_k;
-        float *wt = w + (int64_t)blockIdx.x * p.top_k;
-        float sum = 0.0f;
-        for (int k = 0; k < p.top_k; k++) {
-            const float sv = 1.0f / (1.0f + expf(-lg[chosen[k]]));
-            it[k] = chosen[k];
-            wt[k] = sv;
-            sum += sv;
-        }
-        const float denom = sum + 1e-20f;
-        for (int k = 0; k < p.top_k; k++) {
-            float v = wt[k];
-            if (p.norm_topk_prob) v = v / denom;
-            wt[k] = v * p.routed_scaling_factor;
-        }
+        for (int k = 0; k < p.top_k; k++) chosen_s[k] = 1.0f / (1.0f + expf(-lg[chosen[k]]));
+        route_store(p, chosen, chosen_s, idx + (int64_t)blockIdx.x * p.top_k, w + (int64_t)blockIdx.x * p.top_k);
     }
 }
 
@@ -184,27 +206,11 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
             if ((live >> j) & 1u) sc[warp][lane + 32 * j] = c[j];
         __syncwarp();
         for (int g = lane; g < G; g += 32) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = g * per; e < (g + 1) * per; e++) {
-                const float v = sc[warp][e];
-                if (v > b1) {
-                    b2 = b1;
-                    b1 = v;
-                } else if (v > b2) {
-                    b2 = v;
-                }
-            }
-            gsc[warp][g] = per >= 2 ? b1 + b2 : b1;
+            gsc[warp][g] = group_score(sc[warp], g, per);
             gk[warp][g] = 0;
         }
         __syncwarp();
-        if (lane == 0)
-            for (int k = 0; k < keep; k++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!gk[warp][g] && (best < 0 || gsc[warp][g] > gsc[warp][best])) best = g;
-                gk[warp][best] = 1;
-            }
+        if (lane == 0) keep_groups(gsc[warp], gk[warp], G, keep);
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < ROUTE_VPL; j++)
@@ -215,13 +221,7 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
 #pragma unroll
         for (int j = 0; j < ROUTE_VPL; j++)
             if (((live >> j) & 1u) && (b.i < 0 || c[j] > b.v)) b = Best{c[j], lane + 32 * j};
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            Best o;
-            o.v = __shfl_xor_sync(0xffffffffu, b.v, off);
-            o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
-            b = best_of(b, o);
-        }
+        b = warp_best(b);
         const int e = b.i < 0 ? 0 : b.i; /* same in every lane; none left: expert 0, as the CPU */
         if ((e & 31) == lane) live &= ~(1u << (e >> 5));
         float mine = 0.0f; /* slot e >> 5 of every lane (a constant index per unrolled step) */
@@ -232,24 +232,7 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
         if (lane == 0) chosen[warp][k] = e, chosen_s[warp][k] = sv;
     }
     __syncwarp();
-    if (lane == 0) {
-        int32_t *it = idx + tok * p.top_k;
-        float *wt = w + tok * p.top_k;
-        float sum = 0.0f;
-        for (int k = 0; k < p.top_k; k++) {
-            const int e = chosen[warp][k];
-            const float sv = chosen_s[warp][k];
-            it[k] = e;
-            wt[k] = sv;
-            sum += sv;
-        }
-        const float denom = sum + 1e-20f;
-        for (int k = 0; k < p.top_k; k++) {
-            float v = wt[k];
-            if (p.norm_topk_prob) v = v / denom;
-            wt[k] = v * p.routed_scaling_factor;
-        }
-    }
+    if (lane == 0) route_store(p, chosen[warp], chosen_s[warp], idx + tok * p.top_k, w + tok * p.top_k);
 }
 
 extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_moe_route_params *p,

@@ -26,7 +26,9 @@ ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim,
 
 /* The residual add and the next norm in one launch: x[t][i] = x[t][i] + r[t][i]
  * (stored), then out[t] = rmsnorm(x[t]) as ddt_cuda_rmsnorm computes it (the same
- * bits as ddt_cuda_add then ddt_cuda_rmsnorm).  out must not alias x or r. */
+ * bits as ddt_cuda_add then ddt_cuda_rmsnorm when r's rows are 16-byte aligned with
+ * ldr % 4 == 0 like x's, as every caller's: alignment picks the summation path).
+ * out must not alias x or r. */
 ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n, int32_t dim,
                                 const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
                                 ddt_error *err);
