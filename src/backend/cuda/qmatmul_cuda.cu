@@ -656,15 +656,15 @@ extern "C" ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, co
     o.mma = NULL;
     o.mma_scale = NULL;
     void *d = NULL, *sc = NULL;
-    DDT_CUDA_TRY(cudaMalloc(&d, (size_t)(cnt * C * R) * (size_t)es), err);
+    ddt_status st = ddt_cuda_malloc_array(&d, (size_t)(cnt * C * R), (size_t)es, NULL, err);
+    if (st != DDT_OK) return st;
     o.data = d;
-    ddt_status st = transpose_launch((uint8_t *)d, w->data, es, cnt, R, C, g->w_row_stride, g->w_row_offset, C, err);
+    st = transpose_launch((uint8_t *)d, w->data, es, cnt, R, C, g->w_row_stride, g->w_row_offset, C, err);
     if (st == DDT_OK && w->format == DDT_Q_FP8_BLOCK) {
         /* the scale grid transposes the same way, in blocks: [count*C/B][R/B] */
         const int64_t B = w->block, scols = (w->cols + B - 1) / B;
-        cudaError_t e = cudaMalloc(&sc, sizeof(float) * (size_t)(cnt * (C / B) * (R / B)));
-        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_transpose_groups scales: %s", cudaGetErrorString(e));
-        else {
+        st = ddt_cuda_malloc_array(&sc, (size_t)(cnt * (C / B) * (R / B)), sizeof(float), NULL, err);
+        if (st == DDT_OK) {
             o.scale_inv = (const float *)sc;
             st = transpose_launch((uint8_t *)sc, w->scale_inv, 4, cnt, R / B, C / B, g->w_row_stride / B,
                                   g->w_row_offset / B, scols, err);
