@@ -81,8 +81,7 @@ struct ddt_cuda_target {
     size_t moe_ws_bytes;
     int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
     float *capture; /* [n_capture][max_tokens][hidden] */
-    bool probing;   /* tests: probe is set (ddt_cuda_target_set_probe) */
-    ddt_cuda_target_probe probe;
+    ddt_cuda_target_probe probe; /* tests (ddt_cuda_target_set_probe); every pointer NULL otherwise */
 
     uint64_t weight_bytes, state_bytes;
 };
@@ -623,7 +622,6 @@ static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *
 }
 
 void ddt_cuda_target_set_probe(ddt_cuda_target *t, const ddt_cuda_target_probe *p) {
-    t->probing = p != NULL;
     if (p) t->probe = *p;
     else memset(&t->probe, 0, sizeof t->probe);
 }
@@ -631,7 +629,7 @@ void ddt_cuda_target_set_probe(ddt_cuda_target *t, const ddt_cuda_target_probe *
 /* Tests' probe: n rows of row_bytes from src to layer l's block of dst (NULL: nothing). */
 static ddt_status probe_copy(ddt_cuda_target *t, void *dst, int32_t l, size_t rows_per_layer, size_t row_bytes,
                              const void *src, int32_t n, ddt_error *err) {
-    if (!t->probing || !dst || !src) return DDT_OK;
+    if (!dst || !src) return DDT_OK; /* no probe set: every destination is NULL */
     DDT_CUDA_TRY(cudaMemcpyAsync((char *)dst + (size_t)l * rows_per_layer * row_bytes, src, (size_t)n * row_bytes,
                                  cudaMemcpyDeviceToDevice, t->stream),
                  err);
