@@ -7,6 +7,7 @@
 #include "engine/engine_cuda.h"
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,11 +52,16 @@ struct ddt_engine_cuda {
     ddt_tree htree;
     ddt_sampler *sampler;
     ddt_cuda_sample_params *sp_h; /* pinned staging of sp_d, rewritten before each sampled round */
-    /* --budget auto: the host builder, its cost model, pinned staging of table and tree */
+    /* --budget auto: the cost model; on the device (greedy and device-sampled rounds)
+       the builder's cost table and verify buckets (tree_cuda.h: ddt_cuda_tree_auto),
+       on the host (host-sampled rounds) the CPU builder and pinned staging of table
+       and tree */
     bool auto_budget;
     ddt_builder *builder;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
+    float *vcost_d;        /* device [max_nodes]: C_verify(n), n = 0..max budget */
+    ddt_cuda_tree_auto tauto; /* the full budget's buckets; cond = the graph's switch */
     float *logq_h;         /* [depth][kmax] */
     int32_t *ttok_h;       /* [depth][kmax] */
     int32_t *dep_h;        /* [max_nodes] */
@@ -101,7 +107,7 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
         if (e->ev[i]) cudaEventDestroy(e->ev[i]);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
-                   e->emit_d, e->one, e->sp_d, e->stop_d};
+                   e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
@@ -129,6 +135,7 @@ void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
+static ddt_status setup_auto(ddt_engine_cuda *e, ddt_error *err);
 
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err) {
@@ -227,13 +234,12 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     }
     e->auto_budget = opts->mode == DDT_MODE_TREE && opts->budget_auto;
     if (e->auto_budget) {
-        /* no graph: the node count changes every round */
+        /* the host builder serves host-sampled rounds (the graph's builder the rest) */
         if ((st = ddt_builder_create(e->max_nodes - 1, &e->builder, err))) goto fail;
         /* a table the caller gave is used as given (as on the CPU); else this GPU is timed */
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
-        *out = e;
-        return DDT_OK;
+        if ((st = setup_auto(e, err))) goto fail;
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
     if ((st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
@@ -258,13 +264,16 @@ static cudaError_t mark(ddt_engine_cuda *e, int i) {
                                     cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault);
 }
 
-/* Draft, top-K and build on the device: the tree of budget nodes (chain: k = 1). */
-static ddt_status launch_draft_build(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+/* Draft, top-K and build on the device: the tree of budget nodes (chain: k = 1),
+ * or with the auto budget (a) the cost-aware tree padded to its verify bucket. */
+static ddt_status launch_draft_build(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
+                                     ddt_error *err) {
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
     DDT_CUDA_TRY(mark(e, 1), err);
     TRY(ddt_cuda_topk_logsoftmax(e->draft_logits, e->depth, e->vocab, k, e->logq, e->table_tok, e->topk_ws,
                                  e->topk_ws_bytes, e->s, err));
-    TRY(ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, e->s, err));
+    if (a) TRY(ddt_cuda_tree_build_auto(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, a, e->s, err));
+    else TRY(ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, e->s, err));
     DDT_CUDA_TRY(mark(e, 2), err);
     return DDT_OK;
 }
@@ -315,12 +324,113 @@ static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_
         DDT_CUDA_TRY(mark(e, 3), err);
         return DDT_OK;
     }
-    TRY(launch_draft_build(e, budget, k, err));
+    /* the auto budget outside the graph (the context's last rounds): one verify
+       bucket, the whole budget, since the host cannot see the device's choice */
+    ddt_cuda_tree_auto one_bucket;
+    if (e->auto_budget) {
+        one_bucket = e->tauto;
+        one_bucket.cond = 0;
+        one_bucket.n_buckets = 1;
+        one_bucket.bucket[0] = budget;
+    }
+    TRY(launch_draft_build(e, budget, k, e->auto_budget ? &one_bucket : NULL, err));
     TRY(launch_verify(e, budget + 1, err));
     TRY(launch_next(e, mode, budget + 1, e->tree.n_nodes, e->target_next, err));
     TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
     DDT_CUDA_TRY(mark(e, 4), err);
     return launch_commit(e, err);
+}
+
+/*
+ * The auto-budget round inside one graph, captured into g (which holds the
+ * switch's handle a->cond): draft, top-K and the cost-aware build, then a
+ * switch node whose body j verifies bucket j's rows and picks their tokens
+ * (the build sets the switch to its bucket), then accept and commit.  Event
+ * nodes may not sit in a conditional body, so the verify phase's end mark
+ * follows the switch (it includes the argmax or sampling).  bodies: the
+ * switch's body graphs, filled by the caller after this capture ends.
+ */
+static ddt_status auto_capture_main(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
+                                    cudaGraph_t *bodies, ddt_error *err) {
+    DDT_CUDA_TRY(mark(e, 0), err);
+    TRY(launch_draft_build(e, budget, k, a, err));
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaGraph_t cg = NULL;
+    const cudaGraphNode_t *deps = NULL;
+    size_t nd = 0;
+    DDT_CUDA_TRY(cudaStreamGetCaptureInfo(e->s, &cs, NULL, &cg, &deps, NULL, &nd), err);
+    if (cs != cudaStreamCaptureStatusActive || !cg)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "auto budget graph: the stream is not capturing");
+    struct cudaGraphNodeParams cp;
+    memset(&cp, 0, sizeof cp);
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = (cudaGraphConditionalHandle)a->cond;
+    cp.conditional.type = cudaGraphCondTypeSwitch;
+    cp.conditional.size = (unsigned)a->n_buckets;
+    cudaGraphNode_t sw = NULL;
+    DDT_CUDA_TRY(cudaGraphAddNode(&sw, cg, deps, NULL, nd, &cp), err);
+    for (int32_t j = 0; j < a->n_buckets; j++) bodies[j] = cp.conditional.phGraph_out[j];
+    DDT_CUDA_TRY(cudaStreamUpdateCaptureDependencies(e->s, &sw, NULL, 1, cudaStreamSetCaptureDependencies), err);
+    DDT_CUDA_TRY(mark(e, 3), err);
+    TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
+    DDT_CUDA_TRY(mark(e, 4), err);
+    return launch_commit(e, err);
+}
+
+/* Switch body j: verify the rows of bucket j and pick each node's token. */
+static ddt_status auto_capture_body(ddt_engine_cuda *e, int32_t rows, ddt_error *err) {
+    TRY(ddt_cuda_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, rows,
+                               e->logits, err));
+    return launch_next(e, e->graph_next, rows, e->tree.n_nodes, e->target_next, err);
+}
+
+static int32_t count_kernels(cudaGraph_t g) {
+    size_t nn = 0;
+    int32_t count = 0;
+    if (cudaGraphGetNodes(g, NULL, &nn) != cudaSuccess || nn == 0) return 0;
+    cudaGraphNode_t *nodes = ddt_calloc_array(nn, sizeof *nodes);
+    if (nodes && cudaGraphGetNodes(g, nodes, &nn) == cudaSuccess)
+        for (size_t i = 0; i < nn; i++) {
+            enum cudaGraphNodeType ty;
+            if (cudaGraphNodeGetType(nodes[i], &ty) == cudaSuccess && ty == cudaGraphNodeTypeKernel) count++;
+        }
+    free(nodes);
+    return count;
+}
+
+/* Capture the auto-budget round into *out (created here; the caller destroys it
+ * on failure too); *kernels: the kernels of a round that takes the largest body. */
+static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, cudaGraph_t *out,
+                                     int32_t *kernels, ddt_error *err) {
+    DDT_CUDA_TRY(cudaGraphCreate(out, 0), err);
+    cudaGraphConditionalHandle h = 0;
+    /* the default applies at every launch: a round whose build never ran verifies nothing */
+    DDT_CUDA_TRY(cudaGraphConditionalHandleCreate(&h, *out, (unsigned)DDT_CUDA_TREE_MAX_BUCKETS,
+                                                  cudaGraphCondAssignDefault), err);
+    ddt_cuda_tree_auto a = e->tauto;
+    a.cond = (unsigned long long)h;
+    cudaGraph_t bodies[DDT_CUDA_TREE_MAX_BUCKETS] = {0};
+    DDT_CUDA_TRY(cudaStreamBeginCaptureToGraph(e->s, *out, NULL, NULL, 0, cudaStreamCaptureModeThreadLocal), err);
+    ddt_status st = auto_capture_main(e, budget, k, &a, bodies, err);
+    cudaGraph_t g2 = NULL;
+    cudaError_t ce = cudaStreamEndCapture(e->s, &g2);
+    if (st != DDT_OK) return st;
+    if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture (auto budget): %s", cudaGetErrorString(ce));
+    int32_t most = 0;
+    for (int32_t j = 0; j < a.n_buckets; j++) {
+        DDT_CUDA_TRY(cudaStreamBeginCaptureToGraph(e->s, bodies[j], NULL, NULL, 0, cudaStreamCaptureModeThreadLocal),
+                     err);
+        st = auto_capture_body(e, a.bucket[j] + 1, err);
+        ce = cudaStreamEndCapture(e->s, &g2);
+        if (st != DDT_OK) return st;
+        if (ce != cudaSuccess)
+            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture (auto budget, verify of %d rows): %s",
+                            a.bucket[j] + 1, cudaGetErrorString(ce));
+        int32_t c = count_kernels(bodies[j]);
+        if (c > most) most = c;
+    }
+    *kernels = count_kernels(*out) + most;
+    return DDT_OK;
 }
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
@@ -329,28 +439,23 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
         e->graph = NULL;
     }
     e->graph_next = next_mode(e) == NEXT_SAMPLE ? NEXT_SAMPLE : NEXT_ARGMAX;
-    DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
-    ddt_status st = launch_device_round(e, budget, k, err);
     cudaGraph_t g = NULL;
-    cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+    ddt_status st;
+    cudaError_t ce = cudaSuccess;
+    if (e->auto_budget) {
+        st = capture_auto_round(e, budget, k, &g, &e->graph_kernels, err);
+    } else {
+        DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+        st = launch_device_round(e, budget, k, err);
+        ce = cudaStreamEndCapture(e->s, &g);
+        /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
+        if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
+    }
     if (st != DDT_OK) {
         if (g) cudaGraphDestroy(g);
         return st;
     }
     if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture: %s", cudaGetErrorString(ce));
-    /* count the round's kernels before the graph goes (what the launch-bound small model pays) */
-    size_t nn = 0;
-    e->graph_kernels = 0;
-    if (cudaGraphGetNodes(g, NULL, &nn) == cudaSuccess && nn > 0) {
-        cudaGraphNode_t *nodes = ddt_calloc_array(nn, sizeof *nodes);
-        if (nodes && cudaGraphGetNodes(g, nodes, &nn) == cudaSuccess)
-            for (size_t i = 0; i < nn; i++) {
-                enum cudaGraphNodeType ty;
-                if (cudaGraphNodeGetType(nodes[i], &ty) == cudaSuccess && ty == cudaGraphNodeTypeKernel)
-                    e->graph_kernels++;
-            }
-        free(nodes);
-    }
     ce = cudaGraphInstantiate(&e->graph, g, 0);
     cudaGraphDestroy(g);
     if (ce != cudaSuccess) {
@@ -378,7 +483,7 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
 /* A sampled round: draft, build and verify on the device, the walk on the host. */
 static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, uint64_t round, ddt_error *err) {
     DDT_CUDA_TRY(mark(e, 0), err);
-    TRY(launch_draft_build(e, budget, k, err));
+    TRY(launch_draft_build(e, budget, k, NULL, err));
     const int32_t n = budget + 1;
     TRY(launch_verify(e, n, err));
     DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)n * e->vocab,
@@ -418,15 +523,15 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
 }
 
 /*
- * A round with --budget auto: the drafter and top-K run on the device, the D x K
- * table comes to the host, where the CPU builder grows the tree under the cost
- * model (CaDDTree: it stops where another node no longer pays for its verify
- * cost); the tree goes back to the device for verify.  Two synchronisations per
- * round instead of one and no graph — the price of a data-dependent node count
- * (a device-side cost-aware builder is the next step: NOTES.md).
+ * A host-sampled round with --budget auto (settings the device sampler does not
+ * take; greedy and device-sampled rounds build on the device inside the graph):
+ * the drafter and top-K run on the device, the D x K table comes to the host,
+ * where the CPU builder grows the tree under the cost model (CaDDTree: it stops
+ * where another node no longer pays for its verify cost); the tree goes back to
+ * the device for verify, the logits to the host for the walk.
  */
 static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, int32_t len,
-                             uint64_t round, bool greedy, int32_t *n_out, ddt_error *err) {
+                             uint64_t round, int32_t *n_out, ddt_error *err) {
     const size_t cells = (size_t)e->depth * (size_t)k;
     DDT_CUDA_TRY(mark(e, 0), err);
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
@@ -462,12 +567,6 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     DDT_CUDA_TRY(mark(e, 2), err);
     TRY(launch_verify(e, n, err));
     *n_out = n;
-    if (greedy) {
-        TRY(ddt_cuda_argmax_rows(e->logits, n, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
-        TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
-        DDT_CUDA_TRY(mark(e, 4), err);
-        return launch_commit(e, err);
-    }
     DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)n * e->vocab,
                                  cudaMemcpyDeviceToHost, e->s), err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
@@ -514,6 +613,37 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
     TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
     e->cost = cost;
+    return DDT_OK;
+}
+
+/* The auto budget's device side: the verify cost per node count the CPU builder
+ * would use (ddt_cost_verify at n = 0..max budget, the engine's one context row),
+ * and the verify buckets: the cost table's node counts rounded up (the sizes whose
+ * cost was measured, so a tree's real price is its bucket's entry), then the
+ * budget.  Nothing here runs per round. */
+static ddt_status setup_auto(ddt_engine_cuda *e, ddt_error *err) {
+    const int32_t budget = e->max_nodes - 1;
+    float *v = ddt_calloc_array((size_t)e->max_nodes, sizeof *v);
+    if (!v) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the auto budget's cost table");
+    for (int32_t n = 0; n <= budget; n++) v[n] = ddt_cost_verify(&e->cost, (float)n);
+    ddt_status st = ddt_cuda_malloc_array((void **)&e->vcost_d, (size_t)e->max_nodes, sizeof(float), NULL, err);
+    cudaError_t ce = st == DDT_OK ? cudaMemcpy(e->vcost_d, v, sizeof(float) * (size_t)e->max_nodes,
+                                               cudaMemcpyHostToDevice)
+                                  : cudaSuccess;
+    free(v);
+    if (st) return st;
+    DDT_CUDA_TRY(ce, err);
+    ddt_cuda_tree_auto *a = &e->tauto;
+    memset(a, 0, sizeof *a);
+    a->vcost = e->vcost_d;
+    a->draft_cost = e->cost.draft;
+    for (int32_t i = 0; i < e->cost.n_nodes && a->n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; i++) {
+        const float x = ceilf(e->cost.nodes[i]);
+        if (!(x < (float)budget)) break;
+        const int32_t b = x > 0.0f ? (int32_t)x : 0;
+        if (a->n_buckets == 0 || b > a->bucket[a->n_buckets - 1]) a->bucket[a->n_buckets++] = b;
+    }
+    a->bucket[a->n_buckets++] = budget;
     return DDT_OK;
 }
 
@@ -573,12 +703,11 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                                     ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
-    const bool greedy = e->opts.sampling.temperature <= 0.0f;
     const int mode = next_mode(e);
     const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
     /* settings changed since the graph was captured (set_sampling): capture it again
        for the full budget, before the first round */
-    if (!e->auto_budget && on_device && e->graph_next != mode)
+    if (on_device && e->graph_next != mode)
         TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
                           e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
     TRY(ddt_cuda_target_reset(e->target, err));
@@ -633,8 +762,8 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                token emitted, as the CPU loop does (the build, sampler and walk
                kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
-            if (e->auto_budget) {
-                TRY(auto_round(e, budget, k, bonus, len, round, greedy, &n, err));
+            if (e->auto_budget && !on_device) {
+                TRY(auto_round(e, budget, k, bonus, len, round, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1) {
@@ -654,6 +783,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",
                                 (unsigned long long)round, e->emit_h[1], m);
             if (!e->auto_budget) n = budget + 1;
+            else if (on_device) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
             s.t_draft += elapsed(e->ev[0], e->ev[1]);
             s.t_build += elapsed(e->ev[1], e->ev[2]);
             s.t_verify += elapsed(e->ev[2], e->ev[3]);
@@ -675,7 +805,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     (void)bonus;
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
-    s.round_kernels = !e->auto_budget && on_device ? e->graph_kernels : 0;
+    s.round_kernels = on_device ? e->graph_kernels : 0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;

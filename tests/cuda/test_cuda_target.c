@@ -896,7 +896,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
     ddt_engine_free(e);
     /* the round's launches are counted from its graph (0 where the round is no graph) */
-    const bool graph = be == DDT_BACKEND_CUDA && budget >= 0 && temp == 0.0f; /* greedy rounds are graphs */
+    const bool graph = be == DDT_BACKEND_CUDA && temp == 0.0f; /* greedy rounds are graphs, auto budget included */
     if (graph || be == DDT_BACKEND_CPU)
         CHECK(graph ? r->st.round_kernels > 0 : r->st.round_kernels == 0,
               "%s mode %d budget %d T %g: %d kernels per round", be == DDT_BACKEND_CUDA ? "cuda" : "cpu", (int)mode,
@@ -928,7 +928,8 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
               model, budgets[b]);
         printf("  tree budget %d: tau %.2f, %.1f tok/s\n", budgets[b], x.st.mean_acceptance, x.st.tokens_per_s);
     }
-    /* --budget auto: the host builder under the measured GPU cost model, same tokens */
+    /* --budget auto: the device's cost-aware build under the measured GPU cost model
+       (inside the round's graph), same tokens */
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -64, 0.0f, prompt, np, max_new, &x);
     CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU tree budget auto != GPU ar",
           model);
@@ -1048,6 +1049,42 @@ static void test_given_cost(const char *model, const char *draft, const int32_t 
     }
 }
 
+/* A convex table: the device builder's cut (inside the graph, verify in the
+ * bucket above it) changes from round to round; greedy tokens equal ar, and at
+ * T = 1 the graph round (device cut, device sampler) draws what the host round
+ * (CPU builder, host sampler) draws from the same logits, token for token: the
+ * device cut is the CPU's, and the padding rows change no node's logits. */
+static void test_auto_convex(const char *model, const char *draft, const int32_t *prompt, int np, int max_new,
+                             bool expect_cuts) {
+    run_out ar, x;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar);
+    static const float cn[5] = {0.0f, 2.0f, 4.0f, 8.0f, 16.0f}, cv[5] = {1.0f, 1.03f, 1.08f, 1.2f, 1.6f};
+    const ddt_cost_model convex = {0.15f, 5, cn, 1, NULL, cv, 0.0f};
+    g_cost = &convex;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 0.0f, prompt, np, max_new, &x);
+    CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+          "%s: given convex cost table: tree auto != GPU ar", model);
+    /* (the fixture's random drafter is too unsure for any node to pay: root only) */
+    if (expect_cuts)
+        CHECK(x.st.nodes_verified > x.st.rounds && x.st.nodes_verified < 17LL * x.st.rounds,
+          "%s: given convex cost table: %lld nodes in %lld rounds (want a cut between 1 and 17 per round)", model,
+          (long long)x.st.nodes_verified, (long long)x.st.rounds);
+    printf("  given convex cost table, auto budget (max 16): %.2f nodes per round, greedy == ar, %d kernels per round\n",
+           (double)x.st.nodes_verified / (double)x.st.rounds, x.st.round_kernels);
+    run_out dv, hs;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 1.0f, prompt, np, max_new, &dv);
+    g_host_sampler = true;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 1.0f, prompt, np, max_new, &hs);
+    g_host_sampler = false;
+    g_cost = NULL;
+    const bool eq = dv.n == hs.n && !memcmp(dv.ids, hs.ids, sizeof(int32_t) * (size_t)dv.n);
+    CHECK(eq && dv.st.nodes_verified == hs.st.nodes_verified,
+          "%s: T=1 auto, convex table: device round (%lld nodes) != host round (%lld nodes)", model,
+          (long long)dv.st.nodes_verified, (long long)hs.st.nodes_verified);
+    printf("  T=1 auto (convex table): device cut + sampler == host builder + sampler: %s (%.2f nodes per round)\n",
+           eq ? "yes" : "NO", (double)dv.st.nodes_verified / (double)(dv.st.rounds ? dv.st.rounds : 1));
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--diag-fast")) {
@@ -1079,12 +1116,14 @@ int main(int argc, char **argv) {
     test_engine("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, quick);
     test_full_context("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
     test_given_cost("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64);
+    test_auto_convex("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, false);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
         static int32_t ids[8192];
         size_t n_ids;
         if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
         test_engine("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, false);
+        test_auto_convex("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, true);
     }
     printf("kernels in a captured round: at most %d\n", g_max_round_kernels);
     if (g_failures) printf("test_cuda_target: %d FAILURES\n", g_failures);

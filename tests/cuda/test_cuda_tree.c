@@ -7,6 +7,8 @@
  *    log-probabilities by normalised error, no NaN poison left (not yet run on a GPU);
  *  - best-first build vs ddt_tree_build on the same table: every node bitwise;
  *    visibility rows; a bad table gives the status code and a root-only tree;
+ *  - the cost-aware build (auto budget) vs ddt_tree_build under the same random
+ *    cost model: the same node count and nodes, padding up to the verify bucket;
  *  - argmax per row vs CPU (lowest id on ties);
  *  - walk vs ddt_tree_walk; damaged trees and targets give status codes.
  * Output buffers are poisoned (0xFF bytes: NaN floats, -1 ints) before each
@@ -132,7 +134,7 @@ typedef struct build_ctx {
     ddt_tree ct;
     float *dq;
     int32_t *dtok, *dnext;
-    int mismatched, compared, walks, long_walks;
+    int mismatched, compared, walks, long_walks, cut;
 } build_ctx;
 
 static float g_logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
@@ -450,6 +452,138 @@ static void test_argmax(int rows, int vocab) {
     CU(cudaFree(dn));
 }
 
+/* ------------------------------------------------------------------ auto budget */
+
+/* A random cost model: node points 0, 1, 2, 4, ... (the engine's kind) or random
+ * rising ones, a verify cost rising from flat to steep, a draft cost. */
+static void random_cost(int B, float *nodes, float *verify, ddt_cost_model *cm) {
+    int np = 0;
+    const int kind = (int)(rnd() % 3);
+    if (kind == 0) {
+        for (int n = 0; n <= B && np < 12; n = n ? 2 * n : 1) nodes[np++] = (float)n;
+        if (np < 12 && nodes[np - 1] < (float)B) nodes[np++] = (float)B;
+    } else {
+        float x = kind == 1 ? 0.0f : 0.5f * rndf();
+        for (np = 0; np < 1 + (int)(rnd() % 10); np++) {
+            nodes[np] = x;
+            x += 0.5f + (float)(rnd() % 40) * rndf();
+        }
+    }
+    const float base = 0.2f + rndf(), slope = 0.05f * rndf() * rndf(), curve = 0.002f * rndf() * rndf();
+    for (int i = 0; i < np; i++) {
+        verify[i] = base + slope * nodes[i] + curve * nodes[i] * nodes[i] + 1e-4f * (float)i;
+        if (i && !(verify[i] > verify[i - 1])) verify[i] = verify[i - 1] * 1.0001f + 1e-6f;
+    }
+    *cm = (ddt_cost_model){rnd() % 4 ? 0.3f * rndf() : 0.0f, np, nodes, 1, NULL, verify, 0.0f};
+}
+
+/* The device's cost-aware build vs ddt_tree_build with the same cost model:
+ * node count and every kept node bitwise, then the padding up to the bucket the
+ * host twin (ddt_cuda_tree_bucket) names.  Returns 1 when they differ. */
+static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) {
+    static host_tree h;
+    static float nodes[16], verify[16], vc[DDT_MAX_NODES];
+    ddt_cost_model cm;
+    random_cost(B, nodes, verify, &cm);
+    for (int n = 0; n <= B; n++) vc[n] = ddt_cost_verify(&cm, (float)n);
+    int32_t root = (int32_t)(rnd() % 5000);
+    ddt_draft_table tb = {D, K, g_logq, g_tok};
+    OK(ddt_tree_build(c->b, &tb, root, B, &cm, 5000, &c->ct, &err_));
+    const ddt_tree *ct = &c->ct;
+    /* buckets: random rising sizes below B, then B */
+    ddt_cuda_tree_auto a;
+    memset(&a, 0, sizeof a);
+    a.vcost = dvcost;
+    a.draft_cost = cm.draft;
+    for (int b = (int)(rnd() % 3); b < B && a.n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; b += 1 + (int)(rnd() % 9))
+        a.bucket[a.n_buckets++] = b;
+    a.bucket[a.n_buckets++] = B;
+    poison_tree(&c->dt);
+    CU(cudaMemcpy(dvcost, vc, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->dq, g_logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->dtok, g_tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(c->dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    fetch_tree(&c->dt, &h);
+    c->compared++;
+    int bad = h.status != 0 || h.n != ct->n_nodes, first = -1;
+    for (int i = 0; !bad && i < h.n; i++) {
+        bad |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] || h.depth[i] != ct->depth[i] ||
+               h.rank[i] != ct->rank[i] || memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
+        bad |= memcmp(h.vis + (size_t)i * (size_t)c->dt.vis_words, ct->vis + (size_t)i * (size_t)ct->vis_words,
+                      (size_t)ct->vis_words * 8) != 0;
+        if (bad) first = i;
+    }
+    const int rows = bad ? 0 : a.bucket[ddt_cuda_tree_bucket(&a, h.n)] + 1;
+    if (!bad && (rows < h.n || (rows > 1 && a.bucket[ddt_cuda_tree_bucket(&a, h.n)] < h.n - 1))) bad = 1;
+    for (int i = h.n; !bad && i < rows; i++) { /* padding: the root's token under the root */
+        const uint64_t *v = h.vis + (size_t)i * (size_t)c->dt.vis_words;
+        bad |= h.token[i] != root || h.parent[i] != 0 || h.depth[i] != 1;
+        for (int w = 0; w < c->dt.vis_words; w++)
+            bad |= v[w] != ((w == 0 ? 1ull : 0ull) | (w == (i >> 6) ? 1ull << (i & 63) : 0ull));
+        if (bad) first = i;
+    }
+    /* past the bucket nothing is written (the poison stays) */
+    for (int i = rows; !bad && i < c->dt.capacity && i < rows + 4; i++) bad |= h.token[i] != -1;
+    if (bad) {
+        c->mismatched++;
+        if (c->mismatched < 8)
+            fprintf(stderr, "auto build mismatch: D %d K %d B %d: gpu n %d status %d, cpu n %d, rows %d; node %d\n", D, K,
+                    B, h.n, h.status, ct->n_nodes, rows, first);
+        return 1;
+    }
+    c->cut += ct->n_nodes < B + 1;
+    return 0;
+}
+
+static void test_build_auto(int iters) {
+    static build_ctx c;
+    memset(&c, 0, sizeof c);
+    float *dvcost;
+    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &c.dt, &err_));
+    OK(ddt_builder_create(DDT_MAX_BUDGET, &c.b, &err_));
+    OK(ddt_tree_alloc(DDT_MAX_NODES, &c.ct, &err_));
+    CU(cudaMalloc((void **)&c.dq, sizeof g_logq));
+    CU(cudaMalloc((void **)&c.dtok, sizeof g_tok));
+    CU(cudaMalloc((void **)&c.dnext, DDT_MAX_NODES * 4));
+    CU(cudaMalloc((void **)&dvcost, DDT_MAX_NODES * 4));
+    int bad = 0;
+    for (int it = 0; it < iters; it++) {
+        int D = 1 + (int)(rnd() % (it % 3 ? 15 : 31));
+        int K = (it % 5 == 0) ? 1 + (int)(rnd() % 300) : 1 + (int)(rnd() % 64);
+        int B = it % 4 ? (int)(rnd() % 129) : (int)(rnd() % 1025);
+        fill_table(D, K, it % 6 == 0 ? FILL_TIES : it % 6 == 1 ? FILL_POSITIVE : FILL_UNIFORM);
+        bad += compare_build_auto(&c, D, K, B, dvcost);
+    }
+    CHECK(bad == 0, "%d of %d cost-aware builds differ from the CPU", bad, iters);
+    printf("auto build: %d random problems with random cost models, %d differ from the CPU (%d cut below the "
+           "budget)\n", iters, bad, c.cut);
+    /* bad arguments are refused with a message, never launched */
+    ddt_error e;
+    ddt_cuda_tree_auto a;
+    memset(&a, 0, sizeof a);
+    a.vcost = dvcost;
+    a.n_buckets = 2;
+    a.bucket[0] = 8;
+    a.bucket[1] = 4;
+    CHECK(ddt_cuda_tree_build_auto(&c.dt, c.dq, c.dtok, 3, 4, 4, 5000, &a, NULL, &e) != DDT_OK,
+          "falling buckets accepted");
+    a.bucket[0] = 2;
+    CHECK(ddt_cuda_tree_build_auto(&c.dt, c.dq, c.dtok, 3, 4, 5, 5000, &a, NULL, &e) != DDT_OK,
+          "a last bucket other than the budget accepted");
+    a.vcost = NULL;
+    CHECK(ddt_cuda_tree_build_auto(&c.dt, c.dq, c.dtok, 3, 4, 4, 5000, &a, NULL, &e) != DDT_OK,
+          "no cost table accepted");
+    ddt_cuda_tree_free(&c.dt);
+    ddt_builder_destroy(c.b);
+    ddt_tree_free(&c.ct);
+    CU(cudaFree(c.dq));
+    CU(cudaFree(c.dtok));
+    CU(cudaFree(c.dnext));
+    CU(cudaFree(dvcost));
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* for compute-sanitizer */
     test_topk(3, 1001, 1, 0);
@@ -461,6 +595,7 @@ int main(int argc, char **argv) {
     test_topk(1, 16390, 1024, 0);
     if (!quick) test_topk(15, 163840, 512, 0);
     test_build_and_walk(quick ? 20 : 400);
+    test_build_auto(quick ? 20 : 600);
     test_pipeline();
     test_argmax(37, 50257);
     test_argmax(5, 163840);

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/tree_cuda.h"
+#include "core/detmath.h"
 
 #define TOPK_THREADS 1024
 #define BUILD_THREADS 1024
@@ -472,7 +473,55 @@ typedef struct build_params {
     int32_t depth, k, want, vocab;
     int32_t ld; /* staged columns: min(want + 1, k) */
     ddt_cuda_tree t;
+    ddt_cuda_tree_auto a; /* a.vcost NULL: a fixed budget */
 } build_params;
+
+/*
+ * The cost-aware stop over the built nodes (pop order = index order), run by
+ * one warp: node i is kept while theta_i = (1 + phi_i) / (C_draft + C_verify(i))
+ * rises, phi_i the sum of exp(logw) over nodes 1..i.  The arithmetic is the
+ * CPU loop's (best_first.h): double, exp_det (no libm ulp differences), phi
+ * accumulated in node order by one lane; the thetas are then independent, so
+ * lanes compare 32 at a time.  `phi` is scratch of n doubles.  Returns the
+ * nodes kept, root included, in every lane.
+ */
+static __device__ int cost_cut(const float *vcost, float draft, const build_node *nd, double *phi,
+                               int n) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31);
+    for (int i = 1 + lane; i < n; i += 32) phi[i] = (double)ddt_exp_det(nd[i].logw);
+    __syncwarp();
+    if (lane == 0) {
+        double acc = 0.0;
+        for (int i = 1; i < n; i++) {
+            acc = acc + phi[i];
+            phi[i] = acc;
+        }
+    }
+    __syncwarp();
+    const double dc = (double)draft;
+    for (int base = 1; base < n; base += 32) {
+        const int i = base + lane;
+        bool stop = false;
+        if (i < n) {
+            const double th = (1.0 + phi[i]) / (dc + (double)vcost[i]);
+            const double prev = i == 1 ? 1.0 / (dc + (double)vcost[0])
+                                       : (1.0 + phi[i - 1]) / (dc + (double)vcost[i - 1]);
+            stop = !(th > prev);
+        }
+        const unsigned b = __ballot_sync(full, stop);
+        if (b) return base + __ffs(b) - 1;
+    }
+    return n;
+}
+
+/* The bucket index for a tree of n nodes: the first bucket holding n - 1 nodes
+ * after the root (the last one, = budget, holds every tree). */
+static __host__ __device__ int bucket_of(const ddt_cuda_tree_auto *a, int n) {
+    int j = 0;
+    while (j < a->n_buckets - 1 && a->bucket[j] < n - 1) j++;
+    return j;
+}
 
 /* Shared memory for the staged table at the largest D x K (opted in at alloc). */
 #define BUILD_STAGE_BYTES (DDT_MAX_DEPTH * DDT_MAX_TOPK * 4)
@@ -483,7 +532,7 @@ typedef struct build_params {
  * the visibility rows.
  */
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
-    __shared__ int s_bad, s_n;
+    __shared__ int s_bad, s_n, s_rows;
     __shared__ build_node s_node[DDT_MAX_NODES];
     __shared__ uint2 s_cand[DDT_MAX_NODES]; /* (candidate key, its rank) per node */
     extern __shared__ float s_logq[];        /* [depth][ld] */
@@ -530,6 +579,8 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         }
     } else if (tid < 32) {
         int n = build_warp(s_logq, ld, p.depth, p.want, s_node, s_cand);
+        /* the candidates are spent: their slots hold the cut's phi (8 bytes each) */
+        if (p.a.vcost) n = cost_cut(p.a.vcost, p.a.draft_cost, s_node, (double *)s_cand, n);
         if (tid == 0) {
             s_n = n;
             *p.t.status = DDT_CUDA_TREE_OK;
@@ -537,7 +588,29 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         }
     }
     __syncthreads();
+    if (tid == 0) {
+        int rows = s_n;
+        if (p.a.vcost) {
+            const int j = bucket_of(&p.a, s_n);
+            rows = p.a.bucket[j] + 1;
+            if (p.a.cond) cudaGraphSetConditional((cudaGraphConditionalHandle)p.a.cond, (unsigned)j);
+        }
+        s_rows = rows;
+    }
+    __syncthreads();
     const int n = s_n, words = p.t.vis_words;
+    /* padding up to the verify bucket: the root's token under the root, seeing
+     * the root and itself (a valid tree row; its logits are never read) */
+    for (int i = n + tid; i < s_rows; i += blockDim.x) {
+        p.t.token[i] = root;
+        p.t.parent[i] = 0;
+        p.t.depth[i] = 1;
+        p.t.rank[i] = -1;
+        p.t.logw[i] = -INFINITY;
+        uint64_t *vrow = p.t.vis + (size_t)i * (size_t)words;
+        for (int w = 0; w < words; w++)
+            vrow[w] = (w == 0 ? 1ull : 0ull) | (w == (i >> 6) ? 1ull << (i & 63) : 0ull);
+    }
     for (int i = tid; i < n; i += blockDim.x) {
         const build_node v = s_node[i];
         p.t.token[i] = i == 0 ? root : p.tok[(size_t)(v.depth - 1) * (size_t)p.k + v.rank];
@@ -767,10 +840,10 @@ extern "C" ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows
     return DDT_OK;
 }
 
-extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
-                                          const int32_t *token, int32_t depth, int32_t k,
-                                          int32_t budget, int32_t vocab, ddt_cuda_stream stream,
-                                          ddt_error *err) {
+static ddt_status build_launch(ddt_cuda_tree *t, const float *logq, const int32_t *token,
+                               int32_t depth, int32_t k, int32_t budget, int32_t vocab,
+                               const ddt_cuda_tree_auto *a, ddt_cuda_stream stream,
+                               ddt_error *err) {
     if (!t || !logq || !token) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_build: NULL argument");
     if (depth < 1 || depth > DDT_MAX_DEPTH || k < 1 || k > DDT_MAX_TOPK)
         return ddt_fail(err, DDT_ERR_RANGE, "table %d x %d outside 1..%d x 1..%d", depth, k,
@@ -790,12 +863,47 @@ extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
     p.want = (int32_t)(table_nodes < budget ? table_nodes : budget);
     p.vocab = vocab;
     p.t = *t;
+    memset(&p.a, 0, sizeof p.a);
+    if (a) p.a = *a;
     /* ranks 0..want can be read (the parent's next candidate after a pop of rank want - 1) */
     p.ld = p.want + 1 < k ? p.want + 1 : k;
     const size_t stage = (size_t)depth * (size_t)p.ld * sizeof(float);
     tree_build_kernel<<<1, BUILD_THREADS, stage, (cudaStream_t)stream>>>(p);
     DDT_CUDA_LAUNCHED("tree_build", (cudaStream_t)stream, err);
     return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq,
+                                          const int32_t *token, int32_t depth, int32_t k,
+                                          int32_t budget, int32_t vocab, ddt_cuda_stream stream,
+                                          ddt_error *err) {
+    return build_launch(t, logq, token, depth, k, budget, vocab, NULL, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *logq,
+                                               const int32_t *token, int32_t depth, int32_t k,
+                                               int32_t budget, int32_t vocab,
+                                               const ddt_cuda_tree_auto *a, ddt_cuda_stream stream,
+                                               ddt_error *err) {
+    if (!a || !a->vcost) return ddt_fail(err, DDT_ERR_INVALID, "auto build: no verify cost table");
+    if (!(a->draft_cost >= 0.0f) || !isfinite(a->draft_cost))
+        return ddt_fail(err, DDT_ERR_INVALID, "auto build: draft cost %g must be finite and >= 0",
+                        (double)a->draft_cost);
+    if (a->n_buckets < 1 || a->n_buckets > DDT_CUDA_TREE_MAX_BUCKETS)
+        return ddt_fail(err, DDT_ERR_RANGE, "auto build: %d verify buckets, allowed 1..%d", a->n_buckets,
+                        DDT_CUDA_TREE_MAX_BUCKETS);
+    for (int32_t j = 0; j < a->n_buckets; j++)
+        if (a->bucket[j] < 0 || (j > 0 && a->bucket[j] <= a->bucket[j - 1]))
+            return ddt_fail(err, DDT_ERR_INVALID, "auto build: verify bucket %d = %d must be >= 0 and rising", j,
+                            a->bucket[j]);
+    if (a->bucket[a->n_buckets - 1] != budget)
+        return ddt_fail(err, DDT_ERR_INVALID, "auto build: the last verify bucket %d must be the budget %d",
+                        a->bucket[a->n_buckets - 1], budget);
+    return build_launch(t, logq, token, depth, k, budget, vocab, a, stream, err);
+}
+
+extern "C" int32_t ddt_cuda_tree_bucket(const ddt_cuda_tree_auto *a, int32_t n_nodes) {
+    return bucket_of(a, n_nodes);
 }
 
 extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows,
@@ -823,10 +931,12 @@ extern "C" ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *targ
 static __global__ void tree_emit_kernel(ddt_cuda_tree t, int32_t *out) {
     const int len = *t.path_len;
     if (len < 1 || len > DDT_MAX_PATH) {
+        out[DDT_CUDA_EMIT_NODES] = *t.n_nodes;
         out[0] = 0;
         out[1] = *t.status ? *t.status : DDT_CUDA_TREE_BAD_TREE;
         return;
     }
+    out[DDT_CUDA_EMIT_NODES] = *t.n_nodes;
     out[0] = len;
     out[1] = *t.status;
     for (int k = 1; k < len; k++) out[1 + k] = t.token[t.path[k]];

@@ -70,6 +70,40 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
                                int32_t depth, int32_t k, int32_t budget, int32_t vocab,
                                ddt_cuda_stream stream, ddt_error *err);
 
+/*
+ * The cost-aware budget on the device (CaDDTree, src/core/budget.c), for a round
+ * that stays inside one CUDA graph.  The build grows the best-first tree to the
+ * budget, then keeps the nodes the CPU builder would keep under the same table
+ * (ddt_tree_build with a cost model: stop at the first node whose theta =
+ * (1 + phi) / (C_draft + C_verify(n)) does not rise; the same doubles, so the
+ * same count), so *n_nodes is the CPU's.  Verify then runs at a fixed size: the
+ * smallest bucket >= the nodes after the root.  The rows between are padding
+ * (the root's token, child of the root, seeing only the root and itself), whose
+ * logits nobody reads; a node's logits do not depend on the other rows (batch
+ * invariance), so padding changes nothing.  The bucket's index goes to the
+ * graph's switch node (cudaGraphSetConditional) when `cond` is set, so the graph
+ * runs the verify captured for that bucket.
+ */
+#define DDT_CUDA_TREE_MAX_BUCKETS 16
+typedef struct ddt_cuda_tree_auto {
+    const float *vcost;   /* device [budget + 1]: C_verify(n) for n = 0..budget (ddt_cost_verify) */
+    float draft_cost;     /* C_draft, same unit */
+    int32_t n_buckets;    /* 1..DDT_CUDA_TREE_MAX_BUCKETS */
+    int32_t bucket[DDT_CUDA_TREE_MAX_BUCKETS]; /* verify sizes (nodes after the root), rising, last = budget */
+    unsigned long long cond; /* a cudaGraphConditionalHandle of the capturing graph, or 0 */
+} ddt_cuda_tree_auto;
+
+/* ddt_cuda_tree_build with the cost-aware stop and the padding above (the
+ * nodes up to the chosen bucket are written; *n_nodes counts the real ones). */
+ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *logq, const int32_t *token,
+                                    int32_t depth, int32_t k, int32_t budget, int32_t vocab,
+                                    const ddt_cuda_tree_auto *a, ddt_cuda_stream stream,
+                                    ddt_error *err);
+
+/* The bucket ddt_cuda_tree_build_auto verifies for a tree of n nodes (root
+ * included): its index into a->bucket (the host twin of the kernel's choice). */
+int32_t ddt_cuda_tree_bucket(const ddt_cuda_tree_auto *a, int32_t n_nodes);
+
 /* target_next[i] = argmax over logits[i][:] (lowest id on ties) for i < *n_nodes. */
 ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int32_t *n_rows,
                                 int32_t vocab, int32_t *target_next, ddt_cuda_stream stream,
@@ -82,9 +116,11 @@ ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *target_next, in
 /* The round's result in one small block for one device-to-host copy:
  * out[0] = tokens emitted m (path_len: the accepted nodes after the root, then
  * the bonus; 0 when the walk failed), out[1] = *status,
- * out[2 .. 2+m) = token[path[1..path_len)] then the bonus.
+ * out[2 .. 2+m) = token[path[1..path_len)] then the bonus,
+ * out[DDT_CUDA_EMIT_NODES] = *n_nodes (the tree's size: the auto budget's choice).
  * out: device [DDT_CUDA_EMIT_WORDS]. */
-#define DDT_CUDA_EMIT_WORDS (DDT_MAX_PATH + 2)
+#define DDT_CUDA_EMIT_NODES (DDT_MAX_PATH + 2)
+#define DDT_CUDA_EMIT_WORDS (DDT_MAX_PATH + 3)
 ddt_status ddt_cuda_tree_emit(const ddt_cuda_tree *t, int32_t *out, ddt_cuda_stream stream, ddt_error *err);
 
 #ifdef __cplusplus
