@@ -125,6 +125,18 @@ ddt_status ddt_cost_check(const ddt_cost_model *cost, ddt_error *err);
 float ddt_cost_verify(const ddt_cost_model *cost, float n);
 /* Throughput theta for n nodes whose popped weights sum to phi. */
 float ddt_cost_theta(const ddt_cost_model *cost, float n, float phi);
+/* The auto budget when verify runs at fixed sizes ("buckets": a CUDA graph holds
+ * one verify per size, so a node inside a bucket costs nothing and CaDDTree's
+ * stop where theta stops rising becomes the best bucket end).  logw[1..n) are
+ * the log-weights of a best-first tree's nodes in pop order (logw[0], the root,
+ * is not read); vcost[b] = C_verify(b) for b = 0..bucket[n_buckets - 1];
+ * bucket[] rising, >= 0.  Bucket j offers the first min(bucket[j], n - 1) nodes
+ * at theta_j = (1 + phi) / (C_draft + vcost[bucket[j]]), phi the sum of their
+ * exp(logw) in pop order in double (exp_det: the GPU computes the same bits);
+ * the first bucket of the highest theta wins.  Returns the nodes kept (root
+ * included) and the bucket's index in *index. */
+int32_t ddt_cost_bucket_cut(const float *logw, int32_t n, const float *vcost, float draft, const int32_t *bucket,
+                            int32_t n_buckets, int32_t *index);
 
 ddt_status ddt_builder_create(int32_t max_budget, ddt_builder **out, ddt_error *err);
 void ddt_builder_destroy(ddt_builder *b);

@@ -11,6 +11,7 @@
  */
 #include <math.h>
 
+#include "core/detmath.h"
 #include "core/error.h"
 #include "ddtree.h"
 
@@ -97,4 +98,22 @@ float ddt_cost_verify(const ddt_cost_model *c, float n) {
 
 float ddt_cost_theta(const ddt_cost_model *c, float n, float phi) {
     return (1.0f + phi) / (c->draft + ddt_cost_verify(c, n));
+}
+
+int32_t ddt_cost_bucket_cut(const float *logw, int32_t n, const float *vcost, float draft, const int32_t *bucket,
+                            int32_t n_buckets, int32_t *index) {
+    double phi = 0.0, best = 0.0;
+    int32_t have = 0, keep = 1, bj = 0; /* nodes after the root summed into phi so far */
+    for (int32_t j = 0; j < n_buckets; j++) {
+        const int32_t m = bucket[j] < n - 1 ? bucket[j] : n - 1;
+        for (; have < m; have++) phi = phi + (double)ddt_exp_det(logw[have + 1]);
+        const double th = (1.0 + phi) / ((double)draft + (double)vcost[bucket[j]]);
+        if (j == 0 || th > best) {
+            best = th;
+            keep = m + 1;
+            bj = j;
+        }
+    }
+    if (index) *index = bj;
+    return keep;
 }

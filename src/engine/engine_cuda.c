@@ -61,6 +61,7 @@ struct ddt_engine_cuda {
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
     float *vcost_d;        /* device [max_nodes]: C_verify(n), n = 0..max budget */
+    float *vcost_h;        /* the same on the host (host-sampled rounds) */
     ddt_cuda_tree_auto tauto; /* the full budget's buckets; cond = the graph's switch */
     float *logq_h;         /* [depth][kmax] */
     int32_t *ttok_h;       /* [depth][kmax] */
@@ -116,6 +117,7 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     ddt_builder_destroy(e->builder);
+    free(e->vcost_h);
     ddt_tree_free(&e->htree);
     ddt_sampler_destroy(e->sampler);
     ddt_cuda_target_free(e->target);
@@ -543,8 +545,21 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
                  err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
     ddt_draft_table tb = {e->depth, k, e->logq_h, e->ttok_h};
-    e->cost.context_len = (float)len;
-    TRY(ddt_tree_build(e->builder, &tb, bonus, budget, &e->cost, e->vocab, &e->htree, err));
+    (void)len; /* the engine's cost model has one context row */
+    /* the graph round's rule on the host: the full tree, cut at the best verify
+       bucket (ddt_cost_bucket_cut; the device's cut is the same), so host- and
+       device-sampled rounds verify the same trees */
+    TRY(ddt_tree_build(e->builder, &tb, bonus, budget, NULL, e->vocab, &e->htree, err));
+    const ddt_cuda_tree_auto *a = &e->tauto;
+    int32_t one_bucket = budget, j;
+    const bool full = budget == a->bucket[a->n_buckets - 1];
+    const int32_t keep = ddt_cost_bucket_cut(e->htree.logw, e->htree.n_nodes, e->vcost_h, a->draft_cost,
+                                             full ? a->bucket : &one_bucket, full ? a->n_buckets : 1, &j);
+    if (keep < e->htree.n_nodes) { /* the kept prefix as a walkable tree of its own */
+        memcpy(e->tok_h, e->htree.token, sizeof(int32_t) * (size_t)keep);
+        memcpy(e->par_h, e->htree.parent, sizeof(int32_t) * (size_t)keep);
+        TRY(ddt_tree_from_parents(e->tok_h, e->par_h, keep, e->vocab, &e->htree, err));
+    }
     const int32_t n = e->htree.n_nodes;
     if (e->htree.vis_words != e->tree.vis_words)
         return ddt_fail(err, DDT_ERR_INTERNAL, "auto budget: host tree rows of %d words, device %d",
@@ -623,14 +638,13 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
  * budget.  Nothing here runs per round. */
 static ddt_status setup_auto(ddt_engine_cuda *e, ddt_error *err) {
     const int32_t budget = e->max_nodes - 1;
-    float *v = ddt_calloc_array((size_t)e->max_nodes, sizeof *v);
+    float *v = e->vcost_h = ddt_calloc_array((size_t)e->max_nodes, sizeof *v);
     if (!v) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the auto budget's cost table");
     for (int32_t n = 0; n <= budget; n++) v[n] = ddt_cost_verify(&e->cost, (float)n);
     ddt_status st = ddt_cuda_malloc_array((void **)&e->vcost_d, (size_t)e->max_nodes, sizeof(float), NULL, err);
     cudaError_t ce = st == DDT_OK ? cudaMemcpy(e->vcost_d, v, sizeof(float) * (size_t)e->max_nodes,
                                                cudaMemcpyHostToDevice)
                                   : cudaSuccess;
-    free(v);
     if (st) return st;
     DDT_CUDA_TRY(ce, err);
     ddt_cuda_tree_auto *a = &e->tauto;

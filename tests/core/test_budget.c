@@ -108,11 +108,60 @@ static void test_auto_budget_stops_where_theta_peaks(void **state) {
     ddt_builder_destroy(b);
 }
 
+/* ddt_cost_bucket_cut: the bucket end of the highest theta, the first on ties,
+ * against a from-scratch sum per bucket; a flat table takes the largest bucket,
+ * a jump after the root the root alone, a tree shorter than the buckets the
+ * first bucket that holds it. */
+static void test_bucket_cut(void **state) {
+    (void)state;
+    float logw[65], vcost[65];
+    const int32_t buckets[5] = {0, 4, 8, 16, 64};
+    int32_t j;
+    for (int i = 0; i < 65; i++) logw[i] = -0.1f * (float)i;
+    for (int i = 0; i < 65; i++) vcost[i] = 1.0f; /* flat: every node is free */
+    assert_int_equal(ddt_cost_bucket_cut(logw, 65, vcost, 0.5f, buckets, 5, &j), 65);
+    assert_int_equal(j, 4);
+    for (int i = 1; i < 65; i++) vcost[i] = 100.0f; /* any node costs 100x */
+    assert_int_equal(ddt_cost_bucket_cut(logw, 65, vcost, 0.5f, buckets, 5, &j), 1);
+    assert_int_equal(j, 0);
+    for (int i = 0; i < 65; i++) vcost[i] = 1.0f + 0.001f * (float)i;
+    assert_int_equal(ddt_cost_bucket_cut(logw, 11, vcost, 0.5f, buckets, 5, &j), 11); /* 10 nodes: bucket 16 */
+    assert_int_equal(j, 3);
+    assert_int_equal(ddt_cost_bucket_cut(logw, 1, vcost, 0.5f, buckets, 5, &j), 1); /* the root alone */
+    assert_int_equal(j, 0);
+    uint32_t r = 12345u;
+    for (int it = 0; it < 2000; it++) {
+        const int n = 1 + (int)((r = r * 1664525u + 1013904223u) >> 26);
+        float acc = 0.0f;
+        for (int i = 1; i < n; i++) logw[i] = acc -= (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f;
+        const float base = 1.0f, slope = (float)((r = r * 1664525u + 1013904223u) >> 16) / 65536.0f * 0.05f;
+        for (int i = 0; i < 65; i++) vcost[i] = base + slope * (float)i * (float)(1 + i / 16);
+        const float draft = 0.3f;
+        const int32_t keep = ddt_cost_bucket_cut(logw, n, vcost, draft, buckets, 5, &j);
+        double best = -1.0;
+        int32_t want = -1, wj = -1;
+        for (int b = 0; b < 5; b++) {
+            const int m = buckets[b] < n - 1 ? buckets[b] : n - 1;
+            double phi = 0.0;
+            for (int i = 1; i <= m; i++) phi += (double)ddt_exp_det(logw[i]);
+            const double th = (1.0 + phi) / ((double)draft + (double)vcost[buckets[b]]);
+            if (th > best) {
+                best = th;
+                want = m + 1;
+                wj = b;
+            }
+        }
+        assert_int_equal(keep, want);
+        assert_int_equal(j, wj);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interpolation),
         cmocka_unit_test(test_bad_models),
         cmocka_unit_test(test_auto_budget_stops_where_theta_peaks),
+        cmocka_unit_test(test_bucket_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

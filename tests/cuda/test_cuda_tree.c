@@ -477,9 +477,10 @@ static void random_cost(int B, float *nodes, float *verify, ddt_cost_model *cm) 
     *cm = (ddt_cost_model){rnd() % 4 ? 0.3f * rndf() : 0.0f, np, nodes, 1, NULL, verify, 0.0f};
 }
 
-/* The device's cost-aware build vs ddt_tree_build with the same cost model:
- * node count and every kept node bitwise, then the padding up to the bucket the
- * host twin (ddt_cuda_tree_bucket) names.  Returns 1 when they differ. */
+/* The device's cost-aware build vs the CPU's: ddt_tree_build at the full budget
+ * cut by ddt_cost_bucket_cut under the same cost table and buckets; the node
+ * count and every kept node bitwise, then the padding up to the chosen bucket
+ * and nothing written past it.  Returns 1 when they differ. */
 static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) {
     static host_tree h;
     static float nodes[16], verify[16], vc[DDT_MAX_NODES];
@@ -488,7 +489,7 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     for (int n = 0; n <= B; n++) vc[n] = ddt_cost_verify(&cm, (float)n);
     int32_t root = (int32_t)(rnd() % 5000);
     ddt_draft_table tb = {D, K, g_logq, g_tok};
-    OK(ddt_tree_build(c->b, &tb, root, B, &cm, 5000, &c->ct, &err_));
+    OK(ddt_tree_build(c->b, &tb, root, B, NULL, 5000, &c->ct, &err_));
     const ddt_tree *ct = &c->ct;
     /* buckets: random rising sizes below B, then B */
     ddt_cuda_tree_auto a;
@@ -498,6 +499,8 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     for (int b = (int)(rnd() % 3); b < B && a.n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; b += 1 + (int)(rnd() % 9))
         a.bucket[a.n_buckets++] = b;
     a.bucket[a.n_buckets++] = B;
+    int32_t bj = -1;
+    const int keep = ddt_cost_bucket_cut(ct->logw, ct->n_nodes, vc, cm.draft, a.bucket, a.n_buckets, &bj);
     poison_tree(&c->dt);
     CU(cudaMemcpy(dvcost, vc, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(c->dq, g_logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
@@ -507,7 +510,7 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     CU(cudaDeviceSynchronize());
     fetch_tree(&c->dt, &h);
     c->compared++;
-    int bad = h.status != 0 || h.n != ct->n_nodes, first = -1;
+    int bad = h.status != 0 || h.n != keep || bj < 0, first = -1;
     for (int i = 0; !bad && i < h.n; i++) {
         bad |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] || h.depth[i] != ct->depth[i] ||
                h.rank[i] != ct->rank[i] || memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
@@ -515,8 +518,8 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
                       (size_t)ct->vis_words * 8) != 0;
         if (bad) first = i;
     }
-    const int rows = bad ? 0 : a.bucket[ddt_cuda_tree_bucket(&a, h.n)] + 1;
-    if (!bad && (rows < h.n || (rows > 1 && a.bucket[ddt_cuda_tree_bucket(&a, h.n)] < h.n - 1))) bad = 1;
+    const int rows = bad ? 0 : a.bucket[bj] + 1;
+    if (!bad && rows < h.n) bad = 1;
     for (int i = h.n; !bad && i < rows; i++) { /* padding: the root's token under the root */
         const uint64_t *v = h.vis + (size_t)i * (size_t)c->dt.vis_words;
         bad |= h.token[i] != root || h.parent[i] != 0 || h.depth[i] != 1;
@@ -529,11 +532,11 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     if (bad) {
         c->mismatched++;
         if (c->mismatched < 8)
-            fprintf(stderr, "auto build mismatch: D %d K %d B %d: gpu n %d status %d, cpu n %d, rows %d; node %d\n", D, K,
-                    B, h.n, h.status, ct->n_nodes, rows, first);
+            fprintf(stderr, "auto build mismatch: D %d K %d B %d: gpu n %d status %d, cpu cut %d of %d, rows %d; node %d\n",
+                    D, K, B, h.n, h.status, keep, ct->n_nodes, rows, first);
         return 1;
     }
-    c->cut += ct->n_nodes < B + 1;
+    c->cut += keep < ct->n_nodes;
     return 0;
 }
 
@@ -557,6 +560,8 @@ static void test_build_auto(int iters) {
         bad += compare_build_auto(&c, D, K, B, dvcost);
     }
     CHECK(bad == 0, "%d of %d cost-aware builds differ from the CPU", bad, iters);
+    CHECK(c.cut * 5 >= iters, "only %d of %d cost-aware builds were cut below the full tree: the test misses the cut",
+          c.cut, iters);
     printf("auto build: %d random problems with random cost models, %d differ from the CPU (%d cut below the "
            "budget)\n", iters, bad, c.cut);
     /* bad arguments are refused with a message, never launched */

@@ -477,51 +477,42 @@ typedef struct build_params {
 } build_params;
 
 /*
- * The cost-aware stop over the built nodes (pop order = index order), run by
- * one warp: node i is kept while theta_i = (1 + phi_i) / (C_draft + C_verify(i))
- * rises, phi_i the sum of exp(logw) over nodes 1..i.  The arithmetic is the
- * CPU loop's (best_first.h): double, exp_det (no libm ulp differences), phi
- * accumulated in node order by one lane; the thetas are then independent, so
- * lanes compare 32 at a time.  `phi` is scratch of n doubles.  Returns the
- * nodes kept, root included, in every lane.
+ * The auto budget's cut over the built nodes (pop order = index order), run by
+ * one warp: the device twin of ddt_cost_bucket_cut (src/core/budget.c), same
+ * doubles: exp_det of each node's logw (lanes in parallel), phi accumulated in
+ * node order by one lane, then theta at each bucket end, the first of the
+ * highest winning.  `phi` is scratch of n doubles.  Returns the nodes kept,
+ * root included, and the bucket in *index, in every lane.
  */
-static __device__ int cost_cut(const float *vcost, float draft, const build_node *nd, double *phi,
-                               int n) {
+static __device__ int bucket_cut(const ddt_cuda_tree_auto *a, const build_node *nd, double *phi, int n,
+                                 int *index) {
     const unsigned full = 0xffffffffu;
     const int lane = (int)(threadIdx.x & 31);
     for (int i = 1 + lane; i < n; i += 32) phi[i] = (double)ddt_exp_det(nd[i].logw);
     __syncwarp();
+    int keep = 1, bj = 0;
     if (lane == 0) {
         double acc = 0.0;
+        phi[0] = 0.0;
         for (int i = 1; i < n; i++) {
             acc = acc + phi[i];
             phi[i] = acc;
         }
-    }
-    __syncwarp();
-    const double dc = (double)draft;
-    for (int base = 1; base < n; base += 32) {
-        const int i = base + lane;
-        bool stop = false;
-        if (i < n) {
-            const double th = (1.0 + phi[i]) / (dc + (double)vcost[i]);
-            const double prev = i == 1 ? 1.0 / (dc + (double)vcost[0])
-                                       : (1.0 + phi[i - 1]) / (dc + (double)vcost[i - 1]);
-            stop = !(th > prev);
+        double best = 0.0;
+        for (int j = 0; j < a->n_buckets; j++) {
+            const int m = a->bucket[j] < n - 1 ? a->bucket[j] : n - 1;
+            const double th = (1.0 + phi[m]) / ((double)a->draft_cost + (double)a->vcost[a->bucket[j]]);
+            if (j == 0 || th > best) {
+                best = th;
+                keep = m + 1;
+                bj = j;
+            }
         }
-        const unsigned b = __ballot_sync(full, stop);
-        if (b) return base + __ffs(b) - 1;
     }
-    return n;
+    *index = __shfl_sync(full, bj, 0);
+    return __shfl_sync(full, keep, 0);
 }
 
-/* The bucket index for a tree of n nodes: the first bucket holding n - 1 nodes
- * after the root (the last one, = budget, holds every tree). */
-static __host__ __device__ int bucket_of(const ddt_cuda_tree_auto *a, int n) {
-    int j = 0;
-    while (j < a->n_buckets - 1 && a->bucket[j] < n - 1) j++;
-    return j;
-}
 
 /* Shared memory for the staged table at the largest D x K (opted in at alloc). */
 #define BUILD_STAGE_BYTES (DDT_MAX_DEPTH * DDT_MAX_TOPK * 4)
@@ -532,7 +523,7 @@ static __host__ __device__ int bucket_of(const ddt_cuda_tree_auto *a, int n) {
  * the visibility rows.
  */
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
-    __shared__ int s_bad, s_n, s_rows;
+    __shared__ int s_bad, s_n, s_rows, s_bucket;
     __shared__ build_node s_node[DDT_MAX_NODES];
     __shared__ uint2 s_cand[DDT_MAX_NODES]; /* (candidate key, its rank) per node */
     extern __shared__ float s_logq[];        /* [depth][ld] */
@@ -580,8 +571,10 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     } else if (tid < 32) {
         int n = build_warp(s_logq, ld, p.depth, p.want, s_node, s_cand);
         /* the candidates are spent: their slots hold the cut's phi (8 bytes each) */
-        if (p.a.vcost) n = cost_cut(p.a.vcost, p.a.draft_cost, s_node, (double *)s_cand, n);
+        int bj = 0;
+        if (p.a.vcost) n = bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
         if (tid == 0) {
+            s_bucket = bj;
             s_n = n;
             *p.t.status = DDT_CUDA_TREE_OK;
             *p.t.n_nodes = n;
@@ -591,7 +584,7 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     if (tid == 0) {
         int rows = s_n;
         if (p.a.vcost) {
-            const int j = bucket_of(&p.a, s_n);
+            const int j = s_bad ? 0 : s_bucket; /* a bad table: the root alone, in the first bucket */
             rows = p.a.bucket[j] + 1;
             if (p.a.cond) cudaGraphSetConditional((cudaGraphConditionalHandle)p.a.cond, (unsigned)j);
         }
@@ -902,9 +895,6 @@ extern "C" ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *lo
     return build_launch(t, logq, token, depth, k, budget, vocab, a, stream, err);
 }
 
-extern "C" int32_t ddt_cuda_tree_bucket(const ddt_cuda_tree_auto *a, int32_t n_nodes) {
-    return bucket_of(a, n_nodes);
-}
 
 extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows,
                                            const int32_t *n_rows, int32_t vocab,

@@ -71,18 +71,18 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
                                ddt_cuda_stream stream, ddt_error *err);
 
 /*
- * The cost-aware budget on the device (CaDDTree, src/core/budget.c), for a round
- * that stays inside one CUDA graph.  The build grows the best-first tree to the
- * budget, then keeps the nodes the CPU builder would keep under the same table
- * (ddt_tree_build with a cost model: stop at the first node whose theta =
- * (1 + phi) / (C_draft + C_verify(n)) does not rise; the same doubles, so the
- * same count), so *n_nodes is the CPU's.  Verify then runs at a fixed size: the
- * smallest bucket >= the nodes after the root.  The rows between are padding
- * (the root's token, child of the root, seeing only the root and itself), whose
- * logits nobody reads; a node's logits do not depend on the other rows (batch
+ * The cost-aware budget on the device, for a round that stays inside one CUDA
+ * graph.  Verify runs at fixed sizes, the buckets (one verify per size is
+ * captured), so the build grows the best-first tree to the budget and cuts it
+ * where ddt_cost_bucket_cut (src/core/budget.c) does: at the bucket end of the
+ * highest theta = (1 + phi) / (C_draft + C_verify(bucket)), the same doubles,
+ * so *n_nodes is the CPU's.  The rows between the kept nodes and the bucket
+ * (there are some only when the tree runs out of table first) are padding:
+ * the root's token under the root, seeing the root and itself, whose logits
+ * nobody reads; a node's logits do not depend on the other rows (batch
  * invariance), so padding changes nothing.  The bucket's index goes to the
- * graph's switch node (cudaGraphSetConditional) when `cond` is set, so the graph
- * runs the verify captured for that bucket.
+ * graph's switch node (cudaGraphSetConditional) when `cond` is set, so the
+ * graph runs the verify captured for that bucket.
  */
 #define DDT_CUDA_TREE_MAX_BUCKETS 16
 typedef struct ddt_cuda_tree_auto {
@@ -99,10 +99,6 @@ ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *logq, const i
                                     int32_t depth, int32_t k, int32_t budget, int32_t vocab,
                                     const ddt_cuda_tree_auto *a, ddt_cuda_stream stream,
                                     ddt_error *err);
-
-/* The bucket ddt_cuda_tree_build_auto verifies for a tree of n nodes (root
- * included): its index into a->bucket (the host twin of the kernel's choice). */
-int32_t ddt_cuda_tree_bucket(const ddt_cuda_tree_auto *a, int32_t n_nodes);
 
 /* target_next[i] = argmax over logits[i][:] (lowest id on ties) for i < *n_nodes. */
 ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int32_t *n_rows,
