@@ -7,6 +7,9 @@
  *     [rows][head_dim/2] (bitwise the CPU's ddt_cpu_rope_cos_sin values), at
  *     positions len + t with len read from device memory;
  *   - the K/V store that rotates keys into the drafter's cache rows len + t;
+ *   - the per-head q_norm / k_norm, RoPE and K/V store of a layer in one launch
+ *     (ddt_dflash_qkv_prep), reading the q / k / v projections as strided
+ *     column slices of one fused product;
  *   - non-causal GQA attention of the block's queries over cache rows
  *     [0, len + n_block) (split over rows, combined in a fixed order);
  *   - the bookkeeping of an append whose token count lives on the device.
@@ -71,6 +74,46 @@ ddt_status ddt_dflash_kv_store(const float *k_src, const float *v_src, int32_t n
                                int32_t count_host, int32_t max_count, const int32_t *len, int32_t limit,
                                const float *cos_t, const float *sin_t, int32_t n_kv_heads, int32_t hd,
                                float *k_cache, float *v_cache, ddt_cuda_stream stream, ddt_error *err);
+
+/*
+ * Everything between a layer's q/k/v projections and its attention, in one
+ * launch: Qwen3's per-head RMSNorm (q_norm, k_norm), rotate_half RoPE and the K/V
+ * store.  One warp per (row, head); for row t < n:
+ *   - queries (when q is not NULL): qo[t][h] = RoPE(rmsnorm(q[t][h]) * q_norm) at
+ *     position p = *len + t for h < heads; a row with p >= limit is normed, not
+ *     rotated (as ddt_dflash_rope leaves rows past its table);
+ *   - keys / values: for t < count, under the append rule above (nothing written
+ *     otherwise), cache row r = *len + t gets
+ *     k_cache[r][g] = RoPE(rmsnorm(k[t][g]) * k_norm) at position r and
+ *     v_cache[r][g] = v[t][g] for g < kv_heads.
+ * A head's mean of squares is summed per lane over pairs (j, j + hd/2),
+ * j = lane + 32 i in increasing i, then by a xor butterfly; the scaling is
+ * w * (x * inv) and the rotation ddt_cpu_rope_rotate's, so the result is the CPU
+ * drafter's (ddt_cpu_dflash_norm_rope) up to the order of that one sum.
+ */
+typedef struct ddt_dflash_qkv {
+    const float *q;        /* [n][ldq]: heads x hd raw q_proj values per row; NULL: no queries */
+    int64_t ldq;
+    float *qo;             /* [n][ldqo]: normed, rotated queries (may equal q with ldqo == ldq) */
+    int64_t ldqo;
+    const float *q_norm;   /* [hd] */
+    int32_t heads;
+    const float *k, *v;    /* [n][ldk], [n][ldv]: kv_heads x hd raw k_proj / v_proj values per row */
+    int64_t ldk, ldv;
+    const float *k_norm;   /* [hd] */
+    int32_t kv_heads;
+    int32_t n;             /* rows, 1..65535 */
+    int32_t hd;            /* head_dim: even, 2..DDT_DFLASH_MAX_HEAD_DIM */
+    float eps;
+    const int32_t *count_dev; /* the append's count (NULL: count_host) */
+    int32_t count_host, max_count; /* max_count <= n */
+    const int32_t *len;    /* [1] the cache's length before this append */
+    int32_t limit;         /* cache rows and RoPE table rows available (<= either) */
+    const float *cos_t, *sin_t; /* [limit][hd/2] */
+    float *k_cache, *v_cache;   /* [limit][kv_heads * hd] */
+} ddt_dflash_qkv;
+
+ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err);
 
 /* len += count and status stays as it was when the append is valid (rule above);
  * otherwise len is unchanged and *status = DDT_DFLASH_BAD_APPEND.  One thread. */
