@@ -3,13 +3,12 @@
  * model code is model/drafter_cuda.c; generic pieces such as matmul, RMSNorm,
  * SiLU and row gathers come from qmatmul_cuda.h / nn_cuda.h):
  *
- *   - Qwen3 rotate_half RoPE read from a host-precomputed cos/sin table
- *     [rows][head_dim/2] (bitwise the CPU's ddt_cpu_rope_cos_sin values), at
- *     positions len + t with len read from device memory;
- *   - the K/V store that rotates keys into the drafter's cache rows len + t;
- *   - the per-head q_norm / k_norm, RoPE and K/V store of a layer in one launch
- *     (ddt_dflash_qkv_prep), reading the q / k / v projections as strided
- *     column slices of one fused product;
+ *   - the per-head q_norm / k_norm, Qwen3 rotate_half RoPE and K/V store of a
+ *     layer in one launch (ddt_dflash_qkv_prep), reading the q / k / v
+ *     projections as strided column slices of one fused product, the angles
+ *     from a host-precomputed cos/sin table [rows][head_dim/2] (bitwise the
+ *     CPU's ddt_cpu_rope_cos_sin values) at positions len + t with len read
+ *     from device memory, keys rotated into the drafter's cache rows len + t;
  *   - non-causal GQA attention of the block's queries over cache rows
  *     [0, len + n_block) (split over rows, combined in a fixed order);
  *   - the bookkeeping of an append whose token count lives on the device.
@@ -54,34 +53,12 @@ ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t 
                                  ddt_cuda_stream stream, ddt_error *err);
 
 /*
- * In-place rotate_half RoPE of x [n][nh * hd] (row stride nh * hd): row t, head
- * h is rotated by the angles of table row *len + t:
- *   out[i] = a c - b s,  out[i + hd/2] = b c + a s,  a = x[i], b = x[i + hd/2].
- * cos_t / sin_t are [table_rows][hd/2]; rows past the table are left alone.
- */
-ddt_status ddt_dflash_rope(float *x, int32_t n, int32_t nh, int32_t hd, const int32_t *len,
-                           const float *cos_t, const float *sin_t, int32_t table_rows,
-                           ddt_cuda_stream stream, ddt_error *err);
-
-/*
- * K/V store of n rows: for row t < count (count as above, rows past it skipped),
- * cache row r = *len + t gets k_cache[r] = RoPE(k_src[t]) at position r and
- * v_cache[r] = v_src[t].  Rows are kvd = n_kv_heads * hd floats (k_src / v_src row
- * stride kvd).  Nothing is written unless count <= max_count and
- * *len + count <= limit (limit <= the table's rows and the cache's rows).
- */
-ddt_status ddt_dflash_kv_store(const float *k_src, const float *v_src, int32_t n, const int32_t *count_dev,
-                               int32_t count_host, int32_t max_count, const int32_t *len, int32_t limit,
-                               const float *cos_t, const float *sin_t, int32_t n_kv_heads, int32_t hd,
-                               float *k_cache, float *v_cache, ddt_cuda_stream stream, ddt_error *err);
-
-/*
  * Everything between a layer's q/k/v projections and its attention, in one
  * launch: Qwen3's per-head RMSNorm (q_norm, k_norm), rotate_half RoPE and the K/V
  * store.  One warp per (row, head); for row t < n:
  *   - queries (when q is not NULL): qo[t][h] = RoPE(rmsnorm(q[t][h]) * q_norm) at
  *     position p = *len + t for h < heads; a row with p >= limit is normed, not
- *     rotated (as ddt_dflash_rope leaves rows past its table);
+ *     rotated (it has no angles);
  *   - keys / values: for t < count, under the append rule above (nothing written
  *     otherwise), cache row r = *len + t gets
  *     k_cache[r][g] = RoPE(rmsnorm(k[t][g]) * k_norm) at position r and
