@@ -17,6 +17,14 @@
  * Every op computes a row from that row alone with a fixed order (qmatmul_cuda.h,
  * nn_cuda.h, dflash_cuda.h), so a token's cache rows are bitwise the same
  * however appends are chunked.
+ *
+ * The tiny drafters are launch-bound (a few microseconds a kernel whatever its
+ * size), so the steps above run fused: the projections that read the same input
+ * are one product over row-stacked weights (k, v, q: the append reads the k, v
+ * prefix of the same weight; gate, up), the per-head norms, RoPE and the K/V
+ * store are one kernel (ddt_dflash_qkv_prep), and every residual add runs with
+ * the norm after it (ddt_cuda_add_rmsnorm; the last layer's with the final norm).
+ * Per layer: draft 10 launches (was 18), append 2 (was 4).
  */
 #include "model/drafter_cuda.h"
 
@@ -44,10 +52,27 @@
         if (st_ != DDT_OK) return st_;           \
     } while (0)
 
+/* Projections of one input computed as one product: their weights stacked by
+ * rows (ddt_cuda_qweight_concat_rows) when the format allows, so y holds part
+ * 0's outputs, then part 1's, ... in its columns.  When it does not (FP8 parts
+ * off whole scale blocks), the parts stay separate and write the same columns,
+ * one product each.  The FP32 matmul path sums an element in an order that
+ * depends only on the weight's columns, so the stacked product is bitwise the
+ * separate ones (a tensor-core product would not be: its k-split follows the
+ * row count). */
+#define CAT_MAX 3
+typedef struct cat_linear {
+    int64_t rows[CAT_MAX];     /* rows of each part */
+    ddt_qweight part[CAT_MAX]; /* device weights [rows[i]][cols]; empty once stacked */
+    ddt_qweight whole;         /* [sum rows][cols] stacked copy; data NULL when not stacked */
+} cat_linear;
+
 typedef struct cuda_layer {
     float *attn_norm, *mlp_norm; /* [H] */
     float *q_norm, *k_norm;      /* [hd] */
-    ddt_qweight q_proj, k_proj, v_proj, o_proj, gate, up, down;
+    cat_linear kvq;              /* k_proj, v_proj, q_proj: [kvd | kvd | qd] outputs */
+    cat_linear gu;               /* gate_proj, up_proj: [inter | inter] outputs */
+    ddt_qweight o_proj, down;
 } cuda_layer;
 
 struct ddt_cuda_drafter {
@@ -72,10 +97,10 @@ struct ddt_cuda_drafter {
     int32_t *rows;             /* [DDT_MAX_PATH] clamped rows of append_rows */
     float *feat;               /* [PREFIX_CHUNK][F] */
     float *ctx;                /* [PREFIX_CHUNK][H] */
-    float *kscr, *vscr;        /* [max(PREFIX_CHUNK, L)][kvd] */
+    float *kvq;                /* [max(PREFIX_CHUNK, L)][2 kvd + qd]: raw k | v | q projections */
     float *x, *xn, *tmp;       /* [L][H] */
-    float *q, *o;              /* [L][qd] */
-    float *g, *u;              /* [L][inter] */
+    float *q, *o;              /* [L][qd]: normed, rotated queries; attention output */
+    float *gu;                 /* [L][2 inter]: gate | up, then silu(gate) * up in the gate half */
     float *attn_scratch;       /* ddt_dflash_attn_scratch_floats */
 };
 
@@ -116,18 +141,62 @@ static ddt_status upload_vec(ddt_cuda_drafter *d, const ddt_cpu_vec *v, const ch
     return DDT_OK;
 }
 
+/* Upload the parts of a cat_linear and stack them when their format allows (the
+ * device holds both copies for a moment, at load only). */
+static ddt_status upload_cat(ddt_cuda_drafter *d, const ddt_qweight *const *host, const char *const *what, int32_t n,
+                             int32_t l, cat_linear *c, ddt_error *err) {
+    for (int32_t i = 0; i < n; i++) {
+        TRY(upload_linear(d, host[i], what[i], l, &c->part[i], err));
+        c->rows[i] = c->part[i].rows;
+    }
+    const ddt_qweight *parts[CAT_MAX];
+    for (int32_t i = 0; i < n; i++) parts[i] = &c->part[i];
+    if (!ddt_cuda_qweight_concat_ok(parts, n)) return DDT_OK; /* separate products */
+    ddt_status st = ddt_cuda_qweight_concat_rows(parts, n, &c->whole, err);
+    if (st != DDT_OK) {
+        ddt_error_prefix(err, "layer %d %s..%s: ", l, what[0], what[n - 1]);
+        return st;
+    }
+    for (int32_t i = 0; i < n; i++) ddt_cuda_qweight_free(&c->part[i]);
+    return DDT_OK;
+}
+
+/* y [n][ldy] columns [0, rows[0] + .. + rows[used-1]) = the first `used` parts'
+ * products of x [n][ldx]. */
+static ddt_status cat_matmul(const cat_linear *c, int32_t used, const float *x, int64_t ldx, int32_t n, float *y,
+                             int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
+    if (c->whole.data) {
+        /* the first parts' rows of the stacked weight: a row-prefix view (the FP32
+           path reads data and scales by row; the packed copy is not a prefix) */
+        ddt_qweight view = c->whole;
+        view.rows = 0;
+        for (int32_t i = 0; i < used; i++) view.rows += c->rows[i];
+        view.mma = NULL;
+        view.mma_scale = NULL;
+        return ddt_cuda_matmul(&view, x, ldx, n, y, ldy, s, err);
+    }
+    int64_t off = 0;
+    for (int32_t i = 0; i < used; i++) {
+        TRY(ddt_cuda_matmul(&c->part[i], x, ldx, n, y + off, ldy, s, err));
+        off += c->rows[i];
+    }
+    return DDT_OK;
+}
+
 static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, int32_t l, ddt_error *err) {
     cuda_layer *Y = &d->layers[l];
     TRY(upload_vec(d, &h->attn_norm, "input_layernorm", l, &Y->attn_norm, err));
     TRY(upload_vec(d, &h->mlp_norm, "post_attention_layernorm", l, &Y->mlp_norm, err));
     TRY(upload_vec(d, &h->q_norm, "q_norm", l, &Y->q_norm, err));
     TRY(upload_vec(d, &h->k_norm, "k_norm", l, &Y->k_norm, err));
-    TRY(upload_linear(d, &h->q_proj, "q_proj", l, &Y->q_proj, err));
-    TRY(upload_linear(d, &h->k_proj, "k_proj", l, &Y->k_proj, err));
-    TRY(upload_linear(d, &h->v_proj, "v_proj", l, &Y->v_proj, err));
+    /* k and v first: the append's product is the prefix of the draft's */
+    const ddt_qweight *kvq[] = {&h->k_proj, &h->v_proj, &h->q_proj};
+    static const char *const kvq_names[] = {"k_proj", "v_proj", "q_proj"};
+    TRY(upload_cat(d, kvq, kvq_names, 3, l, &Y->kvq, err));
+    const ddt_qweight *gu[] = {&h->gate, &h->up};
+    static const char *const gu_names[] = {"gate_proj", "up_proj"};
+    TRY(upload_cat(d, gu, gu_names, 2, l, &Y->gu, err));
     TRY(upload_linear(d, &h->o_proj, "o_proj", l, &Y->o_proj, err));
-    TRY(upload_linear(d, &h->gate, "gate_proj", l, &Y->gate, err));
-    TRY(upload_linear(d, &h->up, "up_proj", l, &Y->up, err));
     return upload_linear(d, &h->down, "down_proj", l, &Y->down, err);
 }
 
@@ -167,7 +236,7 @@ static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
 
 static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     const size_t L = (size_t)d->dims.L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->dims.hd / 2;
-    const size_t scr = C > L ? C : L;
+    const size_t scr = C > L ? C : L, kvq_w = 2 * (size_t)d->dims.kvd + (size_t)d->dims.qd;
     size_t kv_n;
     if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
@@ -182,24 +251,21 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     TRY(ddt_cuda_malloc_array((void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->kscr, scr * (size_t)d->dims.kvd, sizeof(float), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->vscr, scr * (size_t)d->dims.kvd, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->kvq, scr * kvq_w, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->x, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->q, L * (size_t)d->dims.qd, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->o, L * (size_t)d->dims.qd, sizeof(float), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->g, L * (size_t)d->dims.inter, sizeof(float), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->u, L * (size_t)d->dims.inter, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->gu, L * 2 * (size_t)d->dims.inter, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->attn_scratch, (size_t)attn_n, sizeof(float), &d->state_bytes, err));
 
     /* NaN in every activation and cache row until written, so a read of a row
      * nothing wrote shows in the logits (the tests rely on it) */
-    float *poison[] = {d->kv, d->feat, d->ctx, d->kscr, d->vscr, d->x, d->xn, d->tmp, d->q, d->o, d->g, d->u,
-                       d->attn_scratch};
-    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, scr * (size_t)d->dims.kvd, scr * (size_t)d->dims.kvd,
+    float *poison[] = {d->kv, d->feat, d->ctx, d->kvq, d->x, d->xn, d->tmp, d->q, d->o, d->gu, d->attn_scratch};
+    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, scr * kvq_w,
                                L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.qd,
-                               L * (size_t)d->dims.qd, L * (size_t)d->dims.inter, L * (size_t)d->dims.inter, (size_t)attn_n};
+                               L * (size_t)d->dims.qd, L * 2 * (size_t)d->dims.inter, (size_t)attn_n};
     for (size_t i = 0; i < sizeof poison / sizeof poison[0]; i++)
         DDT_CUDA_TRY(cudaMemset(poison[i], 0xFF, poison_n[i] * sizeof(float)), err);
 
@@ -301,12 +367,13 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
         ddt_cuda_free(Y->mlp_norm);
         ddt_cuda_free(Y->q_norm);
         ddt_cuda_free(Y->k_norm);
-        ddt_qweight *w[] = {&Y->q_proj, &Y->k_proj, &Y->v_proj, &Y->o_proj, &Y->gate, &Y->up, &Y->down};
+        ddt_qweight *w[] = {&Y->kvq.whole, &Y->kvq.part[0], &Y->kvq.part[1], &Y->kvq.part[2], &Y->gu.whole,
+                            &Y->gu.part[0],  &Y->gu.part[1],   &Y->o_proj,       &Y->down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) free_weight(w[i]);
     }
     free(d->layers);
-    void *bufs[] = {d->kv,   d->cos_t, d->sin_t, d->len, d->status, d->ids, d->iota, d->rows, d->feat, d->ctx,
-                    d->kscr, d->vscr,  d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->g,    d->u,    d->attn_scratch};
+    void *bufs[] = {d->kv,  d->cos_t, d->sin_t, d->len, d->status, d->ids, d->iota, d->rows, d->feat,
+                    d->ctx, d->kvq,   d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     free(d);
@@ -336,16 +403,21 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
  */
 static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *count_dev, int32_t count_host,
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
-    const int32_t H = d->dims.H;
+    const int32_t H = d->dims.H, kvd = d->dims.kvd;
+    const int64_t W = 2 * (int64_t)kvd + d->dims.qd;
     TRY(ddt_cuda_matmul(&d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
     TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->dims.eps, d->ctx, H, s, err));
+    ddt_dflash_qkv kv = {.k = d->kvq, .ldk = W, .v = d->kvq + kvd, .ldv = W, .kv_heads = d->dims.kv_heads,
+                         .n = n, .hd = d->dims.hd, .eps = d->dims.eps, .count_dev = count_dev,
+                         .count_host = count_host, .max_count = max_count, .len = d->len, .limit = d->max_ctx,
+                         .cos_t = d->cos_t, .sin_t = d->sin_t};
     for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->ctx, H, n, d->kscr, d->dims.kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, d->dims.hd, n * d->dims.kv_heads, d->dims.hd, Y->k_norm, d->dims.eps, d->kscr, d->dims.hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->ctx, H, n, d->vscr, d->dims.kvd, s, err));
-        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, n, count_dev, count_host, max_count, d->len, d->max_ctx, d->cos_t,
-                                d->sin_t, d->dims.kv_heads, d->dims.hd, kv_k(d, l), kv_v(d, l), s, err));
+        TRY(cat_matmul(&Y->kvq, 2, d->ctx, H, n, d->kvq, W, s, err)); /* k | v */
+        kv.k_norm = Y->k_norm;
+        kv.k_cache = kv_k(d, l);
+        kv.v_cache = kv_v(d, l);
+        TRY(ddt_dflash_qkv_prep(&kv, s, err));
     }
     return ddt_dflash_advance(d->len, d->status, count_dev, count_host, max_count, d->max_ctx, s, err);
 }
@@ -391,32 +463,39 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
 ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, float *logits, ddt_cuda_stream s,
                                   ddt_error *err) {
     if (!d || !bonus || !logits) return ddt_fail(err, DDT_ERR_INVALID, "drafter draft: NULL argument");
-    const int32_t H = d->dims.H, L = d->dims.L, hd = d->dims.hd;
+    const int32_t H = d->dims.H, L = d->dims.L, kvd = d->dims.kvd, qd = d->dims.qd, I = d->dims.inter;
+    const int64_t W = 2 * (int64_t)kvd + qd;
+    const float eps = d->dims.eps;
     DDT_CUDA_TRY(cudaMemcpyAsync(d->ids, bonus, sizeof(int32_t), cudaMemcpyDeviceToDevice, (cudaStream_t)s), err);
     TRY(ddt_cuda_embed(d->target.embed, d->ids, L, d->x, H, s, err));
+    /* later layers' input norms run with the residual add before them */
+    TRY(ddt_cuda_rmsnorm(d->x, H, L, H, d->layers[0].attn_norm, eps, d->xn, H, s, err));
+    /* the block's K/V go to the cache rows just after the context (scratch, never committed) */
+    ddt_dflash_qkv qkv = {.q = d->kvq + 2 * kvd, .ldq = W, .qo = d->q, .ldqo = qd, .heads = d->dims.heads,
+                          .k = d->kvq, .ldk = W, .v = d->kvq + kvd, .ldv = W, .kv_heads = d->dims.kv_heads, .n = L,
+                          .hd = d->dims.hd, .eps = eps, .count_host = L, .max_count = L, .len = d->len,
+                          .limit = d->cap, .cos_t = d->cos_t, .sin_t = d->sin_t};
     for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->attn_norm, d->dims.eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->q_proj, d->xn, H, L, d->q, d->dims.qd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->q, hd, L * d->dims.heads, hd, Y->q_norm, d->dims.eps, d->q, hd, s, err));
-        TRY(ddt_dflash_rope(d->q, L, d->dims.heads, hd, d->len, d->cos_t, d->sin_t, d->cap, s, err));
-        /* block K/V in the cache rows just after the context (scratch, never committed) */
-        TRY(ddt_cuda_matmul(&Y->k_proj, d->xn, H, L, d->kscr, d->dims.kvd, s, err));
-        TRY(ddt_cuda_rmsnorm(d->kscr, hd, L * d->dims.kv_heads, hd, Y->k_norm, d->dims.eps, d->kscr, hd, s, err));
-        TRY(ddt_cuda_matmul(&Y->v_proj, d->xn, H, L, d->vscr, d->dims.kvd, s, err));
-        TRY(ddt_dflash_kv_store(d->kscr, d->vscr, L, NULL, L, L, d->len, d->cap, d->cos_t, d->sin_t, d->dims.kv_heads, hd,
-                                kv_k(d, l), kv_v(d, l), s, err));
+        TRY(cat_matmul(&Y->kvq, 3, d->xn, H, L, d->kvq, W, s, err)); /* k | v | q */
+        qkv.q_norm = Y->q_norm;
+        qkv.k_norm = Y->k_norm;
+        qkv.k_cache = kv_k(d, l);
+        qkv.v_cache = kv_v(d, l);
+        TRY(ddt_dflash_qkv_prep(&qkv, s, err));
         TRY(ddt_dflash_attention(&d->attn, d->q, kv_k(d, l), kv_v(d, l), d->len, d->attn_scratch, d->o, s, err));
-        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, d->dims.qd, L, d->tmp, H, s, err));
-        TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
-        TRY(ddt_cuda_rmsnorm(d->x, H, L, H, Y->mlp_norm, d->dims.eps, d->xn, H, s, err));
-        TRY(ddt_cuda_matmul(&Y->gate, d->xn, H, L, d->g, d->dims.inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->up, d->xn, H, L, d->u, d->dims.inter, s, err));
-        TRY(ddt_cuda_silu_mul(d->g, d->dims.inter, d->u, d->dims.inter, L, d->dims.inter, s, err));
-        TRY(ddt_cuda_matmul(&Y->down, d->g, d->dims.inter, L, d->tmp, H, s, err));
-        TRY(ddt_cuda_add(d->x, d->tmp, (int64_t)L * H, s, err));
+        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, qd, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, Y->mlp_norm, eps, d->xn, H, s, err));
+        TRY(cat_matmul(&Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
+        TRY(ddt_cuda_silu_mul(d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, I, s, err));
+        TRY(ddt_cuda_matmul(&Y->down, d->gu, 2 * (int64_t)I, L, d->tmp, H, s, err));
+        if (l + 1 < d->dims.n_layers) {
+            TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, d->layers[l + 1].attn_norm, eps, d->xn, H, s, err));
+        } else {
+            /* only positions 1..L-1 are drafts: row 0 skips its last add, which
+               nothing reads (the next draft embeds x afresh) */
+            TRY(ddt_cuda_add_rmsnorm(d->x + H, H, d->tmp + H, H, L - 1, H, d->final_norm, eps, d->xn, H, s, err));
+        }
     }
-    /* only positions 1..L-1 are drafts */
-    TRY(ddt_cuda_rmsnorm(d->x + H, H, L - 1, H, d->final_norm, d->dims.eps, d->xn, H, s, err));
     return ddt_cuda_matmul(d->target.lm_head, d->xn, H, L - 1, logits, d->V, s, err);
 }

@@ -24,8 +24,21 @@
  *     shapes (GQA and not, head_dim 1..512 across the kernel's register widths,
  *     contexts shorter than, equal to and many times one split), through the
  *     backend-op harness: normalised error < 1e-5, output poisoned before the
- *     launch, one padding row after it untouched.
- * Logits and attention go through backend_ops.h (bo_compare).
+ *     launch, one padding row after it untouched;
+ *   - the fused per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep) against
+ *     its CPU twin ddt_cpu_dflash_norm_rope (plus the append rule and a V copy)
+ *     on odd shapes (head_dim 2..512 across the register widths, GQA and not,
+ *     strided q/k/v slices with NaN padding, queries in place and not, no
+ *     queries, a count on the device below n, appends refused by the fit rule
+ *     and by max_count, query rows past the limit normed but not rotated):
+ *     queries and keys normalised error < 1e-6, values bitwise, every padding
+ *     value and every cache row outside the append untouched;
+ *   - row-stacked weights (ddt_cuda_qweight_concat_rows) in F32, BF16, FP8 and
+ *     INT4: the stacked product bitwise the separate products on the FP32 path
+ *     (also through a row-prefix view, as the drafter's append reads k | v),
+ *     within 1e-5 on the tensor-core path (repacked), and FP8 parts off whole
+ *     scale blocks refused with DDT_ERR_UNSUPPORTED.
+ * Logits and the ops go through backend_ops.h (bo_compare).
  * Run from the repository root (scripts/gpu-test.sh); --quick: fixtures only
  * (for compute-sanitizer).
  */
@@ -39,6 +52,8 @@
 
 #include "backend/cuda/dflash_cuda.h"
 #include "backend/cpu/dflash.h"
+#include "backend/cpu/nn.h"
+#include "backend/cpu/pool.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend_ops.h"
 #include "cuda_test.h"
@@ -364,6 +379,253 @@ static void test_attention_op(bool quick) {
     ddt_cpu_pool_destroy(pool);
 }
 
+/* ------------------------------------------------------------------ q/k norm + RoPE + K/V store */
+
+/* Every value that is NaN (poison) in ref must still be the poison bits in got. */
+static size_t poison_written(const float *got, const float *ref, size_t n) {
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &got[i], 4);
+        w += isnan(ref[i]) && u != 0xFFFFFFFFu;
+    }
+    return w;
+}
+
+typedef struct prep_case {
+    int32_t n, heads, kv_heads, hd; /* heads 0: no queries */
+    int32_t pad;                    /* NaN columns after each raw row (and each separate qo row) */
+    bool in_place;                  /* qo = q inside the raw rows */
+    int32_t len, count, max_count, limit;
+    bool count_on_device;
+} prep_case;
+
+/* Raw rows [n][2 kvd + qd + pad] = k | v | q | NaN as the drafter's fused
+ * product leaves them; a cache of limit rows; a random cos/sin table of limit
+ * rows (the kernel reads angles, wherever they come from). */
+static void prep_case_run(ddt_cpu_pool *pool, prep_case c) {
+    const int32_t hd = c.hd, half = hd / 2, kvd = c.kv_heads * hd, qd = c.heads * hd;
+    const int64_t ld = 2 * (int64_t)kvd + qd + c.pad, ldqo = c.in_place ? ld : qd + c.pad;
+    const size_t raw_n = (size_t)c.n * ld, qo_n = (size_t)c.n * ldqo, cache_n = (size_t)c.limit * kvd;
+    const size_t tab_n = (size_t)c.limit * half;
+    float *raw = malloc(sizeof(float) * raw_n), *wq = malloc(sizeof(float) * hd), *wk = malloc(sizeof(float) * hd);
+    float *cs = malloc(sizeof(float) * tab_n), *sn = malloc(sizeof(float) * tab_n);
+    float *ref_raw = malloc(sizeof(float) * raw_n), *ref_qo = malloc(sizeof(float) * qo_n);
+    float *ref_k = malloc(sizeof(float) * cache_n), *ref_v = malloc(sizeof(float) * cache_n);
+    float *got = malloc(sizeof(float) * (raw_n > cache_n ? (raw_n > qo_n ? raw_n : qo_n) : (cache_n > qo_n ? cache_n : qo_n)));
+    memset(raw, 0xFF, sizeof(float) * raw_n);
+    for (int32_t t = 0; t < c.n; t++)
+        for (int64_t i = 0; i < 2 * (int64_t)kvd + qd; i++) raw[t * ld + i] = rndf() * 3.0f;
+    for (int32_t i = 0; i < hd; i++) wq[i] = 1.0f + 0.5f * rndf(), wk[i] = 1.0f + 0.5f * rndf();
+    for (size_t i = 0; i < tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
+
+    /* the CPU side: the twin per row at its own position, the append rule, the V copy */
+    const ddt_cpu_vec wqv = {wq, DDT_DTYPE_F32, hd}, wkv = {wk, DDT_DTYPE_F32, hd};
+    const float eps = 1e-6f;
+    memcpy(ref_raw, raw, sizeof(float) * raw_n);
+    memset(ref_qo, 0xFF, sizeof(float) * qo_n);
+    memset(ref_k, 0xFF, sizeof(float) * cache_n);
+    memset(ref_v, 0xFF, sizeof(float) * cache_n);
+    float *qdst = c.in_place ? ref_raw + 2 * kvd : ref_qo;
+    const int32_t q_rows = c.heads > 0 ? c.n : 0;
+    for (int32_t t = 0; t < q_rows; t++) {
+        const int32_t pos = c.len + t;
+        const float *src = raw + t * ld + 2 * kvd;
+        if (pos < c.limit)
+            ddt_cpu_dflash_norm_rope(pool, src, ld, 1, c.heads, hd, &wqv, eps, cs + (size_t)pos * half,
+                                     sn + (size_t)pos * half, qdst + t * ldqo, ldqo);
+        else
+            ddt_cpu_rmsnorm(pool, src, hd, c.heads, hd, &wqv, eps, qdst + t * ldqo, hd);
+    }
+    const bool fits = c.count >= 0 && c.count <= c.max_count && c.len + c.count <= c.limit;
+    for (int32_t t = 0; fits && t < c.count; t++) {
+        const size_t r = (size_t)(c.len + t);
+        ddt_cpu_dflash_norm_rope(pool, raw + t * ld, ld, 1, c.kv_heads, hd, &wkv, eps, cs + r * half, sn + r * half,
+                                 ref_k + r * kvd, kvd);
+        memcpy(ref_v + r * kvd, raw + t * ld + kvd, sizeof(float) * kvd);
+    }
+
+    float *draw, *dqo, *dwq, *dwk, *dcs, *dsn, *dk, *dv;
+    int32_t *dlen, *dcount;
+    CU(cudaMalloc((void **)&draw, sizeof(float) * raw_n));
+    CU(cudaMalloc((void **)&dqo, sizeof(float) * qo_n));
+    CU(cudaMalloc((void **)&dwq, sizeof(float) * hd));
+    CU(cudaMalloc((void **)&dwk, sizeof(float) * hd));
+    CU(cudaMalloc((void **)&dcs, sizeof(float) * tab_n));
+    CU(cudaMalloc((void **)&dsn, sizeof(float) * tab_n));
+    CU(cudaMalloc((void **)&dk, sizeof(float) * cache_n));
+    CU(cudaMalloc((void **)&dv, sizeof(float) * cache_n));
+    CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
+    CU(cudaMemcpy(draw, raw, sizeof(float) * raw_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dwq, wq, sizeof(float) * hd, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dwk, wk, sizeof(float) * hd, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dcs, cs, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dsn, sn, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dlen, &c.len, sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
+    bo_poison(dqo, sizeof(float) * qo_n);
+    bo_poison(dk, sizeof(float) * cache_n);
+    bo_poison(dv, sizeof(float) * cache_n);
+    ddt_dflash_qkv p = {.q = c.heads > 0 ? draw + 2 * kvd : NULL, .ldq = ld, .qo = c.in_place ? draw + 2 * kvd : dqo,
+                        .ldqo = ldqo, .q_norm = dwq, .heads = c.heads, .k = draw, .ldk = ld, .v = draw + kvd,
+                        .ldv = ld, .k_norm = dwk, .kv_heads = c.kv_heads, .n = c.n, .hd = hd, .eps = eps,
+                        .count_dev = c.count_on_device ? dcount : NULL, .count_host = c.count,
+                        .max_count = c.max_count, .len = dlen, .limit = c.limit, .cos_t = dcs, .sin_t = dsn,
+                        .k_cache = dk, .v_cache = dv};
+    OK(ddt_dflash_qkv_prep(&p, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+
+    char what[160];
+    snprintf(what, sizeof what, "qkv_prep n %d heads %d/%d hd %d pad %d%s len %d count %d%s max %d limit %d", c.n,
+             c.heads, c.kv_heads, hd, c.pad, c.in_place ? " in place" : "", c.len, c.count,
+             c.count_on_device ? " (device)" : "", c.max_count, c.limit);
+    double eq = 0.0, ek = 0.0;
+    /* the raw rows: q normed in place (or untouched), k | v and the padding untouched */
+    CU(cudaMemcpy(got, draw, sizeof(float) * raw_n, cudaMemcpyDeviceToHost));
+    if (c.in_place) eq = bo_compare(what, got, ref_raw, raw_n, (bo_cmp){.bound = 1e-6});
+    else bo_compare(what, got, ref_raw, raw_n, (bo_cmp){.bitwise = true});
+    CHECK(poison_written(got, ref_raw, raw_n) == 0, "%s: raw padding written", what);
+    if (!c.in_place) {
+        CU(cudaMemcpy(got, dqo, sizeof(float) * qo_n, cudaMemcpyDeviceToHost));
+        eq = bo_compare(what, got, ref_qo, qo_n, (bo_cmp){.bound = 1e-6});
+        CHECK(poison_written(got, ref_qo, qo_n) == 0, "%s: query padding (or queries with no q) written", what);
+    }
+    CU(cudaMemcpy(got, dk, sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+    ek = bo_compare(what, got, ref_k, cache_n, (bo_cmp){.bound = 1e-6});
+    CHECK(poison_written(got, ref_k, cache_n) == 0, "%s: K cache rows outside the append written", what);
+    CU(cudaMemcpy(got, dv, sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+    bo_compare(what, got, ref_v, cache_n, (bo_cmp){.bitwise = true});
+    CHECK(poison_written(got, ref_v, cache_n) == 0, "%s: V cache rows outside the append written", what);
+    printf("  %-100s q err %.3g, k err %.3g%s\n", what, eq, ek, fits ? "" : " (append refused)");
+
+    cudaFree(draw), cudaFree(dqo), cudaFree(dwq), cudaFree(dwk), cudaFree(dcs), cudaFree(dsn), cudaFree(dk);
+    cudaFree(dv), cudaFree(dlen), cudaFree(dcount);
+    free(raw), free(wq), free(wk), free(cs), free(sn), free(ref_raw), free(ref_qo), free(ref_k), free(ref_v);
+    free(got);
+}
+
+static void test_qkv_prep_op(void) {
+    printf("q/k norm + RoPE + K/V store vs ddt_cpu_dflash_norm_rope:\n");
+    ddt_cpu_pool *pool;
+    OK(ddt_cpu_pool_create(2, &pool, &err_));
+    /* the shipped drafter's shape: a draft (count L on the host, limit = cap) */
+    prep_case_run(pool, (prep_case){.n = 16, .heads = 8, .kv_heads = 2, .hd = 64, .len = 100, .count = 16,
+                                    .max_count = 16, .limit = 227});
+    /* odd everything: 3 pairs per head, no GQA, a row start off 16 bytes */
+    prep_case_run(pool, (prep_case){.n = 9, .heads = 5, .kv_heads = 5, .hd = 6, .pad = 1, .len = 3, .count = 9,
+                                    .max_count = 9, .limit = 40, .count_on_device = true});
+    /* an append: no queries, count on the device below n (rows past it not stored), head_dim 2 */
+    prep_case_run(pool, (prep_case){.n = 5, .heads = 0, .kv_heads = 1, .hd = 2, .pad = 3, .len = 0, .count = 3,
+                                    .max_count = 5, .limit = 11, .count_on_device = true});
+    /* GQA 6/3, head_dim 80 (two register widths), queries in place */
+    prep_case_run(pool, (prep_case){.n = 7, .heads = 6, .kv_heads = 3, .hd = 80, .pad = 2, .in_place = true,
+                                    .len = 5, .count = 7, .max_count = 7, .limit = 40});
+    /* the largest head_dim (8 pairs per lane), in place */
+    prep_case_run(pool, (prep_case){.n = 3, .heads = 2, .kv_heads = 1, .hd = 512, .in_place = true, .len = 9,
+                                    .count = 3, .max_count = 3, .limit = 12, .count_on_device = true});
+    /* refused by the fit rule (len + count > limit): no K/V; query rows past the limit normed, not rotated */
+    prep_case_run(pool, (prep_case){.n = 4, .heads = 3, .kv_heads = 3, .hd = 34, .pad = 1, .len = 38, .count = 4,
+                                    .max_count = 4, .limit = 40});
+    /* refused by max_count (count on the device above it) */
+    prep_case_run(pool, (prep_case){.n = 6, .heads = 0, .kv_heads = 2, .hd = 128, .len = 1, .count = 6,
+                                    .max_count = 5, .limit = 30, .count_on_device = true});
+    ddt_cpu_pool_destroy(pool);
+}
+
+/* ------------------------------------------------------------------ stacked weights */
+
+/* n tokens through `count` random parts of one format, separately and stacked. */
+static void concat_case(ddt_qformat fmt, ddt_dtype dtype, const int64_t *rows, int32_t count, int64_t cols,
+                        const char *name) {
+    const int32_t n = 5;
+    ddt_qweight part[3], whole;
+    const ddt_qweight *pp[3];
+    int64_t total = 0;
+    for (int32_t i = 0; i < count; i++) {
+        OK(ddt_cuda_qweight_random(fmt, dtype, rows[i], cols, fmt == DDT_Q_FP8_BLOCK ? 0.01f : 0.05f,
+                                   0x1234u + 77u * (uint64_t)i, &part[i], &err_));
+        pp[i] = &part[i];
+        total += rows[i];
+    }
+    const int64_t ldy = total + 3;
+    const size_t yn = (size_t)n * ldy, xn = (size_t)n * cols;
+    float *x = malloc(sizeof(float) * xn), *ysep = malloc(sizeof(float) * yn), *ycat = malloc(sizeof(float) * yn);
+    for (size_t i = 0; i < xn; i++) x[i] = rndf();
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * yn));
+    CU(cudaMemcpy(dx, x, sizeof(float) * xn, cudaMemcpyHostToDevice));
+    char what[128];
+
+    const bool ok = ddt_cuda_qweight_concat_ok(pp, count);
+    ddt_error e;
+    const ddt_status st = ddt_cuda_qweight_concat_rows(pp, count, &whole, &e);
+    if (fmt == DDT_Q_FP8_BLOCK && rows[0] % DDT_FP8_BLOCK != 0) {
+        /* a first part ending inside a scale block cannot stack */
+        CHECK(!ok && st == DDT_ERR_UNSUPPORTED && !whole.data, "%s: FP8 parts off whole blocks stacked (%d)", name,
+              (int)st);
+        printf("  %-44s refused: %s\n", name, e.msg);
+    } else {
+        CHECK(ok && st == DDT_OK && whole.rows == total, "%s: stacking failed: %s", name, st == DDT_OK ? "" : e.msg);
+        for (int32_t mode = 0; mode < 2 && st == DDT_OK; mode++) {
+            const ddt_cuda_mm_mode mm = mode ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+            if (mode) { /* the packed layout, then a stack of packed parts is packed too */
+                if (!ddt_cuda_qweight_tc_eligible(&part[0])) break;
+                ddt_cuda_qweight_free(&whole);
+                for (int32_t i = 0; i < count; i++) OK(ddt_cuda_qweight_pack(&part[i], &err_));
+                OK(ddt_cuda_qweight_concat_rows(pp, count, &whole, &err_));
+                CHECK(ddt_cuda_qweight_packed_bytes(&whole) > 0, "%s: stack of packed parts not packed", name);
+            }
+            bo_poison(dy, sizeof(float) * yn);
+            int64_t off = 0;
+            for (int32_t i = 0; i < count; i++) {
+                OK(ddt_cuda_matmul_mode(&part[i], mm, dx, cols, n, dy + off, ldy, NULL, &err_));
+                off += rows[i];
+            }
+            CU(cudaMemcpy(ysep, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
+            bo_poison(dy, sizeof(float) * yn);
+            OK(ddt_cuda_matmul_mode(&whole, mm, dx, cols, n, dy, ldy, NULL, &err_));
+            CU(cudaMemcpy(ycat, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
+            snprintf(what, sizeof what, "%s %s stacked vs separate", name, mode ? "tensor" : "fp32");
+            const double err = bo_compare(what, ycat, ysep, yn, mode ? (bo_cmp){.bound = 1e-5} : (bo_cmp){.bitwise = true});
+            CHECK(poison_written(ycat, ysep, yn) == 0, "%s: padding columns written", what);
+            printf("  %-44s err %.3g\n", what, err);
+            if (!mode && count > 1) { /* a row-prefix view: the first count - 1 parts, as the append reads k | v */
+                ddt_qweight view = whole;
+                view.rows = total - rows[count - 1];
+                view.mma = NULL;
+                view.mma_scale = NULL;
+                bo_poison(dy, sizeof(float) * yn);
+                OK(ddt_cuda_matmul(&view, dx, cols, n, dy, ldy, NULL, &err_));
+                CU(cudaMemcpy(ycat, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
+                for (int32_t t = 0; t < n; t++) /* the last part's columns stay poisoned on the view's side */
+                    for (int64_t o = view.rows; o < total; o++) ysep[t * ldy + o] = NAN;
+                snprintf(what, sizeof what, "%s prefix view of %d parts", name, count - 1);
+                size_t diff = 0;
+                for (size_t i = 0; i < yn; i++)
+                    diff += isnan(ysep[i]) ? !isnan(ycat[i]) : memcmp(&ycat[i], &ysep[i], sizeof(float)) != 0;
+                CHECK(diff == 0, "%s: %zu values differ from the separate products (or written past the view)",
+                      what, diff);
+            }
+        }
+        ddt_cuda_qweight_free(&whole);
+    }
+    for (int32_t i = 0; i < count; i++) ddt_cuda_qweight_free(&part[i]);
+    cudaFree(dx), cudaFree(dy);
+    free(x), free(ysep), free(ycat);
+}
+
+static void test_concat_op(void) {
+    printf("row-stacked weights vs separate products:\n");
+    const int64_t kvq[3] = {37, 37, 150}, fp8[3] = {128, 256, 77}, fp8_bad[2] = {100, 28};
+    concat_case(DDT_Q_DENSE, DDT_DTYPE_F32, kvq, 3, 160, "F32 [37, 37, 150] x 160");
+    concat_case(DDT_Q_DENSE, DDT_DTYPE_BF16, kvq, 3, 160, "BF16 [37, 37, 150] x 160");
+    concat_case(DDT_Q_INT4_GROUP, DDT_DTYPE_I32, kvq, 3, 160, "INT4 [37, 37, 150] x 160");
+    concat_case(DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, fp8, 3, 160, "FP8 [128, 256, 77] x 160");
+    concat_case(DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, fp8_bad, 2, 160, "FP8 [100, 28] x 160");
+}
+
 /* ------------------------------------------------------------------ one model */
 
 static void test_model(const char *name, const char *drafter_dir, const char *target_dir) {
@@ -469,6 +731,8 @@ static void test_model(const char *name, const char *drafter_dir, const char *ta
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     test_attention_op(quick);
+    test_qkv_prep_op();
+    test_concat_op();
     printf("GPU DFlash drafter vs CPU drafter:\n");
     test_model("fixture fp32", "tests/fixtures/drafter/fp32", "tests/fixtures/target/fp32");
     test_model("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32");

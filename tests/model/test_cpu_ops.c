@@ -3,7 +3,7 @@
  * reference written independently here, on random odd sizes: the quantised
  * matmuls in all formats (plain, grouped, transposed), RMSNorm, SiLU gate, RoPE
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
- * attention with causal and tree masks, the MoE router and routed experts, the
+ * attention with causal and tree masks, the DFlash drafter's per-head norm + RoPE, the MoE router and routed experts, the
  * residual add and row gather, and the thread pool.
  * Results must also be identical for any thread count and any batch size.
  */
@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/dflash.h"
 #include "backend/cpu/mla.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/nn.h"
@@ -423,6 +424,44 @@ static void test_rope_plain_and_rotation(void **state) {
     for (int i = 0; i < 5; i++) assert_true(c5[i] == c1[i] * 1.5f && s5[i] == s1[i] * 1.5f);
 }
 
+/* The drafter's per-head norm + RoPE (ddt_cpu_dflash_norm_rope) against a double
+ * reference on strided rows (padding untouched), and in place == out of place. */
+static void test_dflash_norm_rope(void **state) {
+    (void)state;
+    ddt_cpu_pool *pool = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(2, &pool, &err), DDT_OK);
+    enum { N = 5, NH = 3, HD = 14, HALF = HD / 2, LD = NH * HD + 3 };
+    float x[N * LD], y[N * LD], wv[HD], cs[N * HALF], sn[N * HALF], yc[N * NH * HD];
+    double ref[N * NH * HD];
+    fill(x, N * LD);
+    for (int i = 0; i < HD; i++) wv[i] = 1.0f + 0.5f * rnd_f();
+    for (int i = 0; i < N * HALF; i++) cs[i] = rnd_f(), sn[i] = rnd_f();
+    for (int i = 0; i < N * LD; i++) y[i] = -7.0f;
+    const ddt_cpu_vec w = {.data = wv, .dtype = DDT_DTYPE_F32, .n = HD};
+    ddt_cpu_dflash_norm_rope(pool, x, LD, N, NH, HD, &w, 1e-6f, cs, sn, y, LD);
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < NH; h++) {
+            const float *v = x + t * LD + h * HD;
+            double ss = 0;
+            for (int j = 0; j < HD; j++) ss += (double)v[j] * v[j];
+            const double inv = 1.0 / sqrt(ss / HD + 1e-6);
+            for (int i = 0; i < HALF; i++) {
+                const double a = wv[i] * v[i] * inv, b = wv[i + HALF] * v[i + HALF] * inv;
+                const double c = cs[t * HALF + i], s = sn[t * HALF + i];
+                ref[(t * NH + h) * HD + i] = a * c - b * s;
+                ref[(t * NH + h) * HD + i + HALF] = b * c + a * s;
+            }
+            memcpy(yc + (t * NH + h) * HD, y + t * LD + h * HD, sizeof(float) * HD);
+        }
+    assert_true(norm_err(yc, ref, N * NH * HD) < 1e-6);
+    for (int t = 0; t < N; t++)
+        for (int c = NH * HD; c < LD; c++) assert_true(y[t * LD + c] == -7.0f);
+    ddt_cpu_dflash_norm_rope(pool, x, LD, N, NH, HD, &w, 1e-6f, cs, sn, x, LD);
+    for (int t = 0; t < N; t++) assert_memory_equal(x + t * LD, y + t * LD, sizeof(float) * NH * HD);
+    ddt_cpu_pool_destroy(pool);
+}
+
 /* Golden values: transformers 5.x ROPE_INIT_FUNCTIONS["yarn"] on a DeepseekV3Config
  * with qk_rope_head_dim 16, rope_theta 10000 (printed with float.hex()). */
 static void test_rope_yarn_golden(void **state) {
@@ -741,6 +780,7 @@ int main(void) {
         cmocka_unit_test(test_add_and_gather),
         cmocka_unit_test(test_rope_plain_and_rotation),
         cmocka_unit_test(test_rope_yarn_golden),
+        cmocka_unit_test(test_dflash_norm_rope),
         cmocka_unit_test(test_mla_attention),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),

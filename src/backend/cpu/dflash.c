@@ -7,6 +7,8 @@
 
 #include <math.h>
 
+#include "backend/cpu/rope.h"
+
 static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     (void)thread;
     const ddt_cpu_dflash_attn *a = ctx;
@@ -42,4 +44,20 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
 
 void ddt_cpu_dflash_attention(ddt_cpu_pool *pool, const ddt_cpu_dflash_attn *a) {
     ddt_cpu_pool_run(pool, attn_task, (void *)a, (int64_t)a->n_block * a->heads);
+}
+
+void ddt_cpu_dflash_norm_rope(ddt_cpu_pool *pool, const float *x, int64_t ldx, int32_t n, int32_t nh, int32_t hd,
+                              const ddt_cpu_vec *w, float eps, const float *cos_v, const float *sin_v, float *y,
+                              int64_t ldy) {
+    const int32_t half = hd / 2;
+    const int64_t width = (int64_t)nh * hd;
+    /* packed rows are one norm over n * nh heads; strided ones one per row */
+    if (ldx == width && ldy == width)
+        ddt_cpu_rmsnorm(pool, x, hd, (int64_t)n * nh, hd, w, eps, y, hd);
+    else
+        for (int32_t t = 0; t < n; t++) ddt_cpu_rmsnorm(pool, x + t * ldx, hd, nh, hd, w, eps, y + t * ldy, hd);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < nh; h++)
+            ddt_cpu_rope_rotate(y + t * ldy + (int64_t)h * hd, hd, false, cos_v + (size_t)t * half,
+                                sin_v + (size_t)t * half);
 }

@@ -2,9 +2,10 @@
  * dflash.h — the DFlash drafter's block attention on the CPU: the CPU reference
  * of ddt_dflash_attention in backend/cuda/dflash_cuda.cu (its GPU twin, which
  * splits the rows and combines the splits in a fixed order, so the two agree to
- * rounding, not bitwise).  The rest of dflash_cuda.h has its CPU side in
- * backend/cpu/rope.h (rotate_half RoPE) and model/drafter.c (the K/V store and
- * the append bookkeeping).
+ * rounding, not bitwise); and the per-head norm + RoPE of the queries and keys,
+ * the CPU reference of ddt_dflash_qkv_prep.  The rest of dflash_cuda.h has its
+ * CPU side in backend/cpu/rope.h (rotate_half RoPE) and model/drafter.c (the K/V
+ * store and the append bookkeeping).
  *
  * Non-causal GQA: every query row of the block sees every cache row
  * [0, n_rows) (the committed context, then the block's own rows):
@@ -17,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "backend/cpu/nn.h"
 #include "backend/cpu/pool.h"
 
 /* Largest head_dim the attention takes (its accumulator is on the stack). */
@@ -36,5 +38,14 @@ typedef struct ddt_cpu_dflash_attn {
 
 /* One work item per (query row, head) on the pool. */
 void ddt_cpu_dflash_attention(ddt_cpu_pool *pool, const ddt_cpu_dflash_attn *a);
+
+/* Qwen3's q_norm / k_norm then rotate_half RoPE, per head: for t < n, h < nh,
+ * y[t][h*hd ..] = rope(rmsnorm(x[t][h*hd ..], w, eps)) with the angles of row t
+ * in cos_v / sin_v [n][hd/2] (ddt_cpu_rmsnorm then ddt_cpu_rope_rotate, the
+ * drafter's arithmetic).  Row strides ldx, ldy (>= nh * hd); y may equal x with
+ * ldy == ldx.  hd even, <= DDT_CPU_DFLASH_MAX_HEAD_DIM. */
+void ddt_cpu_dflash_norm_rope(ddt_cpu_pool *pool, const float *x, int64_t ldx, int32_t n, int32_t nh, int32_t hd,
+                              const ddt_cpu_vec *w, float eps, const float *cos_v, const float *sin_v, float *y,
+                              int64_t ldy);
 
 #endif

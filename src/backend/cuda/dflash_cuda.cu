@@ -1,11 +1,16 @@
 /*
- * dflash_cuda.cu — the DFlash drafter's own kernels (see dflash_cuda.h): RoPE
- * from a cos/sin table, the K/V store into the context cache, the non-causal
- * block attention and the device-side append bookkeeping.
+ * dflash_cuda.cu — the DFlash drafter's own kernels (see dflash_cuda.h): the
+ * per-head norms, RoPE from a cos/sin table and the K/V store into the context
+ * cache (one kernel), the non-causal block attention and the device-side append
+ * bookkeeping.
  *
- * RoPE does the CPU's ddt_cpu_rope_rotate arithmetic (a*c - b*s, b*c + a*s with
- * --fmad=false, so no contraction) on the CPU's own table values: a rotated key
- * is bitwise what the CPU computes from the same input.
+ * The per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep) keeps a head in one
+ * warp's registers: lane l holds the pairs (j, j + hd/2), j = l + 32 i, exactly
+ * the values its rotation needs, so the norm's sum, the scaling and the rotation
+ * take one read and one write of the head.  The rotation is the CPU's
+ * ddt_cpu_rope_rotate arithmetic (a*c - b*s, b*c + a*s with --fmad=false, so no
+ * contraction) on the CPU's own table values; only the norm's sum of squares is
+ * in another order than the CPU's.
  *
  * Attention: one warp per query, its head_dim spread over the 32 lanes
  * (j = lane + 32 i), the dot product summed per lane in i order and then by a
@@ -21,11 +26,11 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dflash_cuda.h"
 
-#define EW_THREADS 256
 #define ATTN_WARPS 8
 #define ATTN_QPB 16        /* queries per attention block (2 per warp) */
 #define COMBINE_THREADS 128
 #define MAX_SPLITS 4096    /* combine weights live in shared memory */
+#define PREP_WARPS 4       /* (row, head) items per qkv_prep block */
 
 static __device__ __forceinline__ int read_count(const int32_t *count_dev, int count_host) {
     return count_dev ? *count_dev : count_host;
@@ -54,78 +59,93 @@ extern "C" ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *
     return DDT_OK;
 }
 
-/* ------------------------------------------------------------------ rope */
+/* ------------------------------------------------------------------ q/k norm + RoPE + K/V store */
 
-/* The rotation of one (a, b) pair, as ddt_cpu_rope_rotate (not interleaved). */
-static __device__ __forceinline__ void rotate_pair(float *x, int half, int i, float c, float s) {
-    const float a = x[i], b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
-}
-
-static __global__ void rope_kernel(float *x, int nh, int hd, const int32_t *__restrict__ len_p,
-                                   const float *__restrict__ cos_t, const float *__restrict__ sin_t, int table_rows) {
-    const int t = blockIdx.y, half = hd / 2;
-    const long long pos = (long long)*len_p + t;
-    if (pos < 0 || pos >= table_rows) return;
-    const int idx = blockIdx.x * EW_THREADS + threadIdx.x;
-    if (idx >= nh * half) return;
-    const int h = idx / half, i = idx % half;
-    rotate_pair(x + ((size_t)t * nh + h) * hd, half, i, cos_t[pos * half + i], sin_t[pos * half + i]);
-}
-
-extern "C" ddt_status ddt_dflash_rope(float *x, int32_t n, int32_t nh, int32_t hd, const int32_t *len,
-                                      const float *cos_t, const float *sin_t, int32_t table_rows,
-                                      ddt_cuda_stream stream, ddt_error *err) {
-    if (!x || !len || !cos_t || !sin_t) return ddt_fail(err, DDT_ERR_INVALID, "dflash rope: NULL argument");
-    if (n < 1 || n > 65535 || nh < 1 || hd < 2 || hd % 2 || (int64_t)nh * hd > INT32_MAX)
-        return ddt_fail(err, DDT_ERR_INVALID, "dflash rope: %d rows of %d heads x %d", n, nh, hd);
-    cudaStream_t s = (cudaStream_t)stream;
-    const int pairs = nh * (hd / 2);
-    rope_kernel<<<dim3((pairs + EW_THREADS - 1) / EW_THREADS, n), EW_THREADS, 0, s>>>(x, nh, hd, len, cos_t, sin_t,
-                                                                                     table_rows);
-    DDT_CUDA_LAUNCHED("dflash_rope", s, err);
-    return DDT_OK;
-}
-
-/* ------------------------------------------------------------------ K/V store */
-
-static __global__ void kv_store_kernel(const float *__restrict__ k_src, const float *__restrict__ v_src,
-                                       const int32_t *__restrict__ count_dev, int count_host, int max_count,
-                                       const int32_t *__restrict__ len_p, int limit, const float *__restrict__ cos_t,
-                                       const float *__restrict__ sin_t, int nkv, int hd, float *__restrict__ k_cache,
-                                       float *__restrict__ v_cache) {
-    const int t = blockIdx.y, len = *len_p, count = read_count(count_dev, count_host);
-    if (!append_ok(len, count, max_count, limit) || t >= count) return;
-    const int kvd = nkv * hd, half = hd / 2;
-    const int idx = blockIdx.x * EW_THREADS + threadIdx.x;
-    if (idx >= kvd) return;
-    const size_t r = (size_t)len + t;
-    v_cache[r * kvd + idx] = v_src[(size_t)t * kvd + idx];
-    if (idx < nkv * half) {
-        const int h = idx / half, i = idx % half;
-        const float *src = k_src + (size_t)t * kvd + (size_t)h * hd;
-        float *dst = k_cache + r * kvd + (size_t)h * hd;
-        const float a = src[i], b = src[i + half], c = cos_t[r * half + i], s = sin_t[r * half + i];
-        dst[i] = a * c - b * s;
-        dst[i + half] = b * c + a * s;
+/* One warp per (row t = blockIdx.y, head slot): slots [0, nq) are query heads,
+ * [nq, nq + kv_heads) key/value heads.  NP = pairs per lane (hd/2 <= 32 NP).
+ * Every early return is uniform over the warp (the butterfly needs all 32 lanes). */
+template <int NP>
+static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
+    const int nq = p.q ? p.heads : 0, t = blockIdx.y;
+    const int slot = blockIdx.x * PREP_WARPS + (threadIdx.x >> 5);
+    if (slot >= nq + p.kv_heads) return;
+    const int lane = threadIdx.x & 31, hd = p.hd, half = hd / 2;
+    const long long pos = (long long)*p.len + t;
+    const float *src, *w;
+    float *dst;
+    bool rotate;
+    if (slot < nq) {
+        src = p.q + (int64_t)t * p.ldq + (int64_t)slot * hd;
+        dst = p.qo + (int64_t)t * p.ldqo + (int64_t)slot * hd;
+        w = p.q_norm;
+        rotate = pos >= 0 && pos < p.limit;
+    } else {
+        const int count = read_count(p.count_dev, p.count_host);
+        if (!append_ok(*p.len, count, p.max_count, p.limit) || t >= count) return;
+        const int g = slot - nq;
+        const int64_t kvd = (int64_t)p.kv_heads * hd;
+        src = p.k + (int64_t)t * p.ldk + (int64_t)g * hd;
+        dst = p.k_cache + pos * kvd + (int64_t)g * hd;
+        w = p.k_norm;
+        rotate = true; /* the append rule keeps pos < limit */
+        const float *vs = p.v + (int64_t)t * p.ldv + (int64_t)g * hd;
+        float *vd = p.v_cache + pos * kvd + (int64_t)g * hd;
+        for (int j = lane; j < hd; j += 32) vd[j] = vs[j];
+    }
+    float a[NP], b[NP], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int j = lane + 32 * i;
+        a[i] = j < half ? src[j] : 0.0f;
+        b[i] = j < half ? src[j + half] : 0.0f;
+        ss += a[i] * a[i];
+        ss += b[i] * b[i];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float inv = 1.0f / sqrtf(ss / (float)hd + p.eps);
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int j = lane + 32 * i;
+        if (j >= half) continue;
+        const float na = w[j] * (a[i] * inv), nb = w[j + half] * (b[i] * inv);
+        if (rotate) {
+            const float c = p.cos_t[pos * half + j], s = p.sin_t[pos * half + j];
+            dst[j] = na * c - nb * s;
+            dst[j + half] = nb * c + na * s;
+        } else {
+            dst[j] = na;
+            dst[j + half] = nb;
+        }
     }
 }
 
-extern "C" ddt_status ddt_dflash_kv_store(const float *k_src, const float *v_src, int32_t n, const int32_t *count_dev,
-                                          int32_t count_host, int32_t max_count, const int32_t *len, int32_t limit,
-                                          const float *cos_t, const float *sin_t, int32_t n_kv_heads, int32_t hd,
-                                          float *k_cache, float *v_cache, ddt_cuda_stream stream, ddt_error *err) {
-    if (!k_src || !v_src || !len || !cos_t || !sin_t || !k_cache || !v_cache)
-        return ddt_fail(err, DDT_ERR_INVALID, "dflash kv_store: NULL argument");
-    if (n < 1 || n > 65535 || n_kv_heads < 1 || hd < 2 || hd % 2 || (int64_t)n_kv_heads * hd > INT32_MAX)
-        return ddt_fail(err, DDT_ERR_INVALID, "dflash kv_store: %d rows of %d heads x %d", n, n_kv_heads, hd);
-    if (max_count > n) return ddt_fail(err, DDT_ERR_INVALID, "dflash kv_store: max count %d > %d rows", max_count, n);
+extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err) {
+    if (!p || !p->k || !p->v || !p->k_norm || !p->len || !p->cos_t || !p->sin_t || !p->k_cache || !p->v_cache ||
+        (p->q && (!p->qo || !p->q_norm)))
+        return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: NULL argument");
+    const int32_t nq = p->q ? p->heads : 0;
+    if (p->n < 1 || p->n > 65535 || p->kv_heads < 1 || (p->q && p->heads < 1) || p->hd < 2 || p->hd % 2 ||
+        p->hd > DDT_DFLASH_MAX_HEAD_DIM || p->limit < 0 || p->max_count > p->n)
+        return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: %d rows of %d + %d heads x %d, max count %d", p->n,
+                        nq, p->kv_heads, p->hd, p->max_count);
+    const int64_t kvd = (int64_t)p->kv_heads * p->hd, qd = (int64_t)nq * p->hd;
+    if (p->ldk < kvd || p->ldv < kvd || (p->q && (p->ldq < qd || p->ldqo < qd)))
+        return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: row strides %lld/%lld/%lld/%lld below %lld/%lld",
+                        (long long)p->ldq, (long long)p->ldqo, (long long)p->ldk, (long long)p->ldv, (long long)qd,
+                        (long long)kvd);
     cudaStream_t s = (cudaStream_t)stream;
-    const int kvd = n_kv_heads * hd;
-    kv_store_kernel<<<dim3((kvd + EW_THREADS - 1) / EW_THREADS, n), EW_THREADS, 0, s>>>(
-        k_src, v_src, count_dev, count_host, max_count, len, limit, cos_t, sin_t, n_kv_heads, hd, k_cache, v_cache);
-    DDT_CUDA_LAUNCHED("dflash_kv_store", s, err);
+    const dim3 grid((unsigned)((nq + p->kv_heads + PREP_WARPS - 1) / PREP_WARPS), (unsigned)p->n);
+    const int np = (p->hd / 2 + 31) / 32;
+    if (np <= 1)
+        qkv_prep_kernel<1><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
+    else if (np <= 2)
+        qkv_prep_kernel<2><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
+    else if (np <= 4)
+        qkv_prep_kernel<4><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
+    else
+        qkv_prep_kernel<8><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
+    DDT_CUDA_LAUNCHED("dflash_qkv_prep", s, err);
     return DDT_OK;
 }
 

@@ -3,10 +3,12 @@
  * model code is model/drafter_cuda.c; generic pieces such as matmul, RMSNorm,
  * SiLU and row gathers come from qmatmul_cuda.h / nn_cuda.h):
  *
- *   - Qwen3 rotate_half RoPE read from a host-precomputed cos/sin table
- *     [rows][head_dim/2] (bitwise the CPU's ddt_cpu_rope_cos_sin values), at
- *     positions len + t with len read from device memory;
- *   - the K/V store that rotates keys into the drafter's cache rows len + t;
+ *   - the per-head q_norm / k_norm, Qwen3 rotate_half RoPE and K/V store of a
+ *     layer in one launch (ddt_dflash_qkv_prep), reading the q / k / v
+ *     projections as strided column slices of one fused product, the angles
+ *     from a host-precomputed cos/sin table [rows][head_dim/2] (bitwise the
+ *     CPU's ddt_cpu_rope_cos_sin values) at positions len + t with len read
+ *     from device memory, keys rotated into the drafter's cache rows len + t;
  *   - non-causal GQA attention of the block's queries over cache rows
  *     [0, len + n_block) (split over rows, combined in a fixed order);
  *   - the bookkeeping of an append whose token count lives on the device.
@@ -51,26 +53,44 @@ ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t 
                                  ddt_cuda_stream stream, ddt_error *err);
 
 /*
- * In-place rotate_half RoPE of x [n][nh * hd] (row stride nh * hd): row t, head
- * h is rotated by the angles of table row *len + t:
- *   out[i] = a c - b s,  out[i + hd/2] = b c + a s,  a = x[i], b = x[i + hd/2].
- * cos_t / sin_t are [table_rows][hd/2]; rows past the table are left alone.
+ * Everything between a layer's q/k/v projections and its attention, in one
+ * launch: Qwen3's per-head RMSNorm (q_norm, k_norm), rotate_half RoPE and the K/V
+ * store.  One warp per (row, head); for row t < n:
+ *   - queries (when q is not NULL): qo[t][h] = RoPE(rmsnorm(q[t][h]) * q_norm) at
+ *     position p = *len + t for h < heads; a row with p >= limit is normed, not
+ *     rotated (it has no angles);
+ *   - keys / values: for t < count, under the append rule above (nothing written
+ *     otherwise), cache row r = *len + t gets
+ *     k_cache[r][g] = RoPE(rmsnorm(k[t][g]) * k_norm) at position r and
+ *     v_cache[r][g] = v[t][g] for g < kv_heads.
+ * A head's mean of squares is summed per lane over pairs (j, j + hd/2),
+ * j = lane + 32 i in increasing i, then by a xor butterfly; the scaling is
+ * w * (x * inv) and the rotation ddt_cpu_rope_rotate's, so the result is the CPU
+ * drafter's (ddt_cpu_dflash_norm_rope) up to the order of that one sum.
  */
-ddt_status ddt_dflash_rope(float *x, int32_t n, int32_t nh, int32_t hd, const int32_t *len,
-                           const float *cos_t, const float *sin_t, int32_t table_rows,
-                           ddt_cuda_stream stream, ddt_error *err);
+typedef struct ddt_dflash_qkv {
+    const float *q;        /* [n][ldq]: heads x hd raw q_proj values per row; NULL: no queries */
+    int64_t ldq;
+    float *qo;             /* [n][ldqo]: normed, rotated queries (may equal q with ldqo == ldq) */
+    int64_t ldqo;
+    const float *q_norm;   /* [hd] */
+    int32_t heads;
+    const float *k, *v;    /* [n][ldk], [n][ldv]: kv_heads x hd raw k_proj / v_proj values per row */
+    int64_t ldk, ldv;
+    const float *k_norm;   /* [hd] */
+    int32_t kv_heads;
+    int32_t n;             /* rows, 1..65535 */
+    int32_t hd;            /* head_dim: even, 2..DDT_DFLASH_MAX_HEAD_DIM */
+    float eps;
+    const int32_t *count_dev; /* the append's count (NULL: count_host) */
+    int32_t count_host, max_count; /* max_count <= n */
+    const int32_t *len;    /* [1] the cache's length before this append */
+    int32_t limit;         /* cache rows and RoPE table rows available (<= either) */
+    const float *cos_t, *sin_t; /* [limit][hd/2] */
+    float *k_cache, *v_cache;   /* [limit][kv_heads * hd] */
+} ddt_dflash_qkv;
 
-/*
- * K/V store of n rows: for row t < count (count as above, rows past it skipped),
- * cache row r = *len + t gets k_cache[r] = RoPE(k_src[t]) at position r and
- * v_cache[r] = v_src[t].  Rows are kvd = n_kv_heads * hd floats (k_src / v_src row
- * stride kvd).  Nothing is written unless count <= max_count and
- * *len + count <= limit (limit <= the table's rows and the cache's rows).
- */
-ddt_status ddt_dflash_kv_store(const float *k_src, const float *v_src, int32_t n, const int32_t *count_dev,
-                               int32_t count_host, int32_t max_count, const int32_t *len, int32_t limit,
-                               const float *cos_t, const float *sin_t, int32_t n_kv_heads, int32_t hd,
-                               float *k_cache, float *v_cache, ddt_cuda_stream stream, ddt_error *err);
+ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err);
 
 /* len += count and status stays as it was when the append is valid (rule above);
  * otherwise len is unchanged and *status = DDT_DFLASH_BAD_APPEND.  One thread. */

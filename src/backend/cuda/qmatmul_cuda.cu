@@ -682,6 +682,100 @@ extern "C" ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, co
     return DDT_OK;
 }
 
+/* ------------------------------------------------------------------ row concatenation */
+
+extern "C" bool ddt_cuda_qweight_concat_ok(const ddt_qweight *const *parts, int32_t count) {
+    if (!parts || count < 1) return false;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < count; i++) {
+        const ddt_qweight *p = parts[i], *a = parts[0];
+        if (!p || !p->data || p->rows < 1 || p->cols != a->cols || p->format != a->format || p->dtype != a->dtype)
+            return false;
+        if (p->rows > INT64_MAX / 2 - rows) return false;
+        rows += p->rows;
+        switch (p->format) {
+        case DDT_Q_DENSE:
+            if (p->dtype != DDT_DTYPE_F32 && p->dtype != DDT_DTYPE_BF16 && p->dtype != DDT_DTYPE_F16) return false;
+            break;
+        case DDT_Q_FP8_BLOCK:
+            /* a part ending inside a scale block would share that block's scale
+               with the next part's first rows */
+            if (p->block < 1 || p->block != a->block || !p->scale_inv) return false;
+            if (i + 1 < count && p->rows % p->block != 0) return false;
+            break;
+        case DDT_Q_INT4_GROUP:
+            if (p->group < 1 || p->group != a->group || !p->scale) return false;
+            break;
+        default: return false;
+        }
+    }
+    return true;
+}
+
+extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *parts, int32_t count, ddt_qweight *out,
+                                                   ddt_error *err) {
+    if (!out) return ddt_fail(err, DDT_ERR_INVALID, "qweight_concat_rows: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_qweight_concat_ok(parts, count))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "qweight_concat_rows: %d parts that do not concatenate by rows (formats, columns or an FP8 "
+                        "part not on whole scale blocks)",
+                        count);
+    ddt_qweight o = *parts[0];
+    o.rows = 0;
+    o.data = NULL;
+    o.scale_inv = NULL;
+    o.scale = NULL;
+    o.mma = NULL;
+    o.mma_scale = NULL;
+    bool packed = false;
+    for (int32_t i = 0; i < count; i++) {
+        o.rows += parts[i]->rows;
+        packed = packed || parts[i]->mma != NULL;
+    }
+    /* data_bytes / scale_bytes of each part are its rows' bytes: row-major data,
+       and per-row (INT4) or per-block-row (FP8, whole blocks but the last) scales */
+    void *d = NULL, *sc = NULL;
+    ddt_status st = ddt_cuda_malloc_array(&d, (size_t)data_bytes(&o), 1, NULL, err);
+    if (st != DDT_OK) return st;
+    o.data = d;
+    const uint64_t sb = scale_bytes(&o);
+    if (sb > 0) {
+        st = ddt_cuda_malloc_array(&sc, (size_t)sb, 1, NULL, err);
+        if (st != DDT_OK) {
+            ddt_cuda_qweight_free(&o);
+            return st;
+        }
+        if (o.format == DDT_Q_FP8_BLOCK) o.scale_inv = (const float *)sc;
+        else o.scale = (const uint16_t *)sc;
+    }
+    uint64_t doff = 0, soff = 0;
+    cudaError_t e = cudaSuccess;
+    for (int32_t i = 0; i < count && e == cudaSuccess; i++) {
+        const ddt_qweight *p = parts[i];
+        const uint64_t db = data_bytes(p), pb = scale_bytes(p);
+        e = cudaMemcpy((uint8_t *)d + doff, p->data, db, cudaMemcpyDeviceToDevice);
+        if (e == cudaSuccess && pb > 0)
+            e = cudaMemcpy((uint8_t *)sc + soff,
+                           p->format == DDT_Q_FP8_BLOCK ? (const void *)p->scale_inv : (const void *)p->scale, pb,
+                           cudaMemcpyDeviceToDevice);
+        doff += db;
+        soff += pb;
+    }
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        ddt_cuda_qweight_free(&o);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_concat_rows [%lld, %lld]: %s", (long long)o.rows,
+                        (long long)o.cols, cudaGetErrorString(e));
+    }
+    if (packed && (st = ddt_cuda_qweight_pack(&o, err)) != DDT_OK) {
+        ddt_cuda_qweight_free(&o);
+        return st;
+    }
+    *out = o;
+    return DDT_OK;
+}
+
 /* ------------------------------------------------------------------ embedding */
 
 static __global__ void embed_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, float *out, int64_t ldo) {

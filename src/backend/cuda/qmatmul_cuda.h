@@ -113,6 +113,23 @@ bool ddt_cuda_qweight_transpose_ok(const ddt_qweight *w, const ddt_row_groups *g
 ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, const ddt_row_groups *g, ddt_qweight *out,
                                              ddt_error *err);
 
+/* A weight whose rows are those of parts[0], then parts[1], ... (count of them,
+ * count >= 1): *out = new device memory, [sum of rows] x cols, so that one
+ * product over it computes what the products over the parts compute, side by
+ * side in y's columns.  The parts must share format, dtype, cols and block /
+ * group.  Dense F32 / BF16 / F16 and INT4 (per-row scales) concatenate as they
+ * are; FP8 blocks only when every part but the last has rows % block == 0 (the
+ * scale grids then stack); anything else is DDT_ERR_UNSUPPORTED
+ * (ddt_cuda_qweight_concat_ok says so beforehand).  When any part carries the
+ * tensor-core layout, the result is packed too (ddt_cuda_qweight_pack).
+ * On the FP32 path the concatenation's products are bitwise those of the parts
+ * (an element's order depends only on cols); on the tensor-core path the
+ * k-split is picked from the row count, so they may differ in rounding.
+ * Load time: allocates and synchronises; free with ddt_cuda_qweight_free. */
+bool ddt_cuda_qweight_concat_ok(const ddt_qweight *const *parts, int32_t count);
+ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *parts, int32_t count, ddt_qweight *out,
+                                        ddt_error *err);
+
 /* Embedding gather: out[t][0..cols) = dequantised row ids[t] of w (ids is a
  * device array of n ids, each checked against rows: an id out of range writes
  * NaN to its row).  out row stride ldo. */
