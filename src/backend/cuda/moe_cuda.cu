@@ -19,6 +19,11 @@
  *   3. down: the same shape over hidden rows, into one output row per entry.
  *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
  *      acc = acc + w * out, in that order (the CPU's order).
+ * ddt_cuda_moe_run fuses the neighbours (issue 13): for n <= 64 the router runs
+ * in step 1's block (moe_route_sort_kernel), and with a norm step 4 also adds the
+ * shared expert and the residual and applies the next RMSNorm
+ * (moe_combine_norm_kernel, norm_dev.cuh's arithmetic).  Each fused kernel runs
+ * the same device functions as the launches it replaces, so the same bits.
  * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are wstream.cuh's
  * weight-streaming kernels over the packed experts (ddt_cuda_moe_layer_pack),
  * items of at most 8, 16 or 32 entries by n.
@@ -919,6 +924,8 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
                                                                           args->shared == args->resid)))
             return ddt_fail(err, DDT_ERR_INVALID, "moe_run: fused end without a residual, or aliased buffers");
     }
+    if ((uintptr_t)args->workspace % 256 != 0) /* ws_layout's alignment: float4 reads of its rows */
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: workspace not 256-byte aligned");
     const int64_t M = (int64_t)n * top_k;
     if (M > 0x7FFFFFFF / 2 || n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     MoeWs ws = ws_layout(args->workspace, m->n_experts, M, m->hidden, m->inter);
