@@ -705,35 +705,52 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         TRY(probe_copy(t, t->probe.x_attn, l, T, sizeof(float) * (size_t)H, t->x, n, err));
+        const bool last = l == t->dims.n_layers - 1;
+        const float *next_norm = last ? t->final_norm : t->layers[l + 1].attn_norm;
+        /* unsharded, a MoE layer's end (shared + routed, the residual add, the next
+           norm) runs in the experts' combine (ddt_cuda_moe_run, the same bits);
+           sharded, the ranks' partial sums meet in an all-reduce before the add */
+        bool ended = false;
         if (L->moe) {
             TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
+            if (L->has_shared) TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
             ddt_moe_route_params rp = t->route;
             rp.bias = L->router_bias;
-            TRY(ddt_cuda_moe_route(t->rlogits, t->dims.n_experts, n, &rp, t->ridx, t->rw, s, err));
+            ddt_cuda_moe_args ma = {.x = t->xn, .ldx = H, .n = n, .top_k = t->dims.top_k, .route = &rp,
+                                    .logits = t->rlogits, .ld_logits = t->dims.n_experts, .idx = t->ridx, .w = t->rw,
+                                    .out = t->acc, .ldo = H, .workspace = t->moe_ws,
+                                    .workspace_bytes = t->moe_ws_bytes};
+            if (!t->sharded) {
+                ma.out = t->xn; /* the experts read xn in earlier launches */
+                ma.resid = t->x, ma.ld_resid = H;
+                ma.shared = L->has_shared ? t->tmp : NULL, ma.ld_shared = H;
+                ma.norm_w = next_norm, ma.eps = t->dims.eps;
+                ended = true;
+            }
+            TRY(ddt_cuda_moe_run(&L->experts, &ma, s, err));
             TRY(probe_copy(t, t->probe.rlogits, l, T, sizeof(float) * (size_t)t->dims.n_experts, t->rlogits, n, err));
             TRY(probe_copy(t, t->probe.ridx, l, T, sizeof(int32_t) * (size_t)t->dims.top_k, t->ridx, n, err));
             TRY(probe_copy(t, t->probe.bias, l, 1, sizeof(float) * (size_t)t->dims.n_experts, L->router_bias, 1, err));
-            TRY(ddt_cuda_moe_experts(&L->experts, t->xn, H, n, t->ridx, t->rw, t->dims.top_k, t->acc, H, t->moe_ws,
-                                     t->moe_ws_bytes, s, err));
-            if (L->has_shared) {
-                TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
-                TRY(ddt_cuda_add(t->tmp, t->acc, (int64_t)n * H, s, err)); /* acc + shared: + commutes */
-            } else {
-                DDT_CUDA_TRY(cudaMemcpyAsync(t->tmp, t->acc, sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToDevice,
-                                             s),
-                             err);
+            if (!ended) {
+                if (L->has_shared) {
+                    TRY(ddt_cuda_add(t->tmp, t->acc, (int64_t)n * H, s, err)); /* acc + shared: + commutes */
+                } else {
+                    DDT_CUDA_TRY(cudaMemcpyAsync(t->tmp, t->acc, sizeof(float) * (size_t)n * H,
+                                                 cudaMemcpyDeviceToDevice, s),
+                                 err);
+                }
             }
         } else if (owns_dense(t)) {
             TRY(mlp_forward(t, &L->mlp, t->xn, n, t->tmp, err));
         } else {
             DDT_CUDA_TRY(cudaMemsetAsync(t->tmp, 0, sizeof(float) * (size_t)n * H, s), err);
         }
-        /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
-           so at one rank this is bitwise the unsharded forward */
-        if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
-        const bool last = l == t->dims.n_layers - 1;
-        TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, last ? t->final_norm : t->layers[l + 1].attn_norm,
-                                 t->dims.eps, t->xn, H, s, err));
+        if (!ended) {
+            /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
+               so at one rank this is bitwise the unsharded forward */
+            if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
+            TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, next_norm, t->dims.eps, t->xn, H, s, err));
+        }
         TRY(probe_copy(t, t->probe.x, l, T, sizeof(float) * (size_t)H, t->x, n, err));
         if (!last) TRY(capture_store(t, l, t->x, n, err));
     }

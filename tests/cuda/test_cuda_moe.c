@@ -30,6 +30,7 @@
 #include "backend/cpu/nn.h"
 #include "backend/cpu/qmatmul.h"
 #include "backend/cuda/moe_cuda.h"
+#include "backend/cuda/nn_cuda.h"
 #include "backend_ops.h"
 #include "cuda_test.h"
 
@@ -92,6 +93,174 @@ static void route_case(int E, int top_k, int G, int keep, int n, int ties, int w
     free(igot);
     free(wref);
     free(wgot);
+}
+
+/* ------------------------------------------------------------------ route + sort */
+
+/* ddt_cuda_moe_run with a router (one block routes and sorts for n <= 64 and at
+ * most 512 experts; else the two launches) against ddt_cuda_moe_route then
+ * ddt_cuda_moe_experts: idx, w and the routed sum bitwise, on a small random layer
+ * of E experts (most of them with zero tokens); idx / w / out poisoned first. */
+static void route_sort_case(int E, int top_k, int G, int keep, int n, int ties, int with_bias) {
+    const int H = 68, I = 32;
+    ddt_cuda_moe_layer layer;
+    OK(ddt_cuda_moe_layer_random(E, H, I, DDT_Q_DENSE, DDT_DTYPE_BF16, 0.2f, 77u + (uint64_t)E, &layer, &err_));
+    float *lg = malloc(sizeof(float) * (size_t)n * E), *bias = malloc(sizeof(float) * (size_t)E);
+    for (int i = 0; i < n * E; i++) lg[i] = ties ? (float)((int)(rnd() % 5) - 2) * 0.5f : 4.0f * frand();
+    for (int e = 0; e < E; e++) bias[e] = ties ? 0.25f * (float)(rnd() % 3) : 0.1f * frand();
+    float *x = malloc(sizeof(float) * (size_t)n * H);
+    for (int i = 0; i < n * H; i++) x[i] = frand();
+    const size_t nk = (size_t)n * top_k, wsb = ddt_cuda_moe_workspace_bytes(&layer, n, top_k);
+    float *dlg, *dbias, *dx, *dw[2], *dout[2];
+    int32_t *didx[2];
+    void *dws;
+    CU(cudaMalloc((void **)&dlg, sizeof(float) * (size_t)n * E));
+    CU(cudaMalloc((void **)&dbias, sizeof(float) * (size_t)E));
+    CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)n * H));
+    for (int k = 0; k < 2; k++) {
+        CU(cudaMalloc((void **)&dw[k], sizeof(float) * nk));
+        CU(cudaMalloc((void **)&didx[k], sizeof(int32_t) * nk));
+        CU(cudaMalloc((void **)&dout[k], sizeof(float) * (size_t)n * H));
+        bo_poison(dw[k], sizeof(float) * nk);
+        bo_poison(didx[k], sizeof(int32_t) * nk);
+        bo_poison(dout[k], sizeof(float) * (size_t)n * H);
+    }
+    CU(cudaMalloc(&dws, wsb));
+    CU(cudaMemcpy(dlg, lg, sizeof(float) * (size_t)n * E, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dbias, bias, sizeof(float) * (size_t)E, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n * H, cudaMemcpyHostToDevice));
+    const ddt_moe_route_params rp = {E, top_k, G, keep, true, 2.5f, with_bias ? dbias : NULL};
+    /* the launches it replaces */
+    bo_poison(dws, wsb);
+    OK(ddt_cuda_moe_route(dlg, E, n, &rp, didx[0], dw[0], NULL, &err_));
+    OK(ddt_cuda_moe_experts(&layer, dx, H, n, didx[0], dw[0], top_k, dout[0], H, dws, wsb, NULL, &err_));
+    /* fused */
+    bo_poison(dws, wsb);
+    const ddt_cuda_moe_args a = {.x = dx, .ldx = H, .n = n, .top_k = top_k, .route = &rp, .logits = dlg,
+                                 .ld_logits = E, .idx = didx[1], .w = dw[1], .out = dout[1], .ldo = H,
+                                 .workspace = dws, .workspace_bytes = wsb};
+    OK(ddt_cuda_moe_run(&layer, &a, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    int32_t *ih[2];
+    float *wh[2], *oh[2];
+    for (int k = 0; k < 2; k++) {
+        ih[k] = malloc(sizeof(int32_t) * nk), wh[k] = malloc(sizeof(float) * nk);
+        oh[k] = malloc(sizeof(float) * (size_t)n * H);
+        CU(cudaMemcpy(ih[k], didx[k], sizeof(int32_t) * nk, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(wh[k], dw[k], sizeof(float) * nk, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(oh[k], dout[k], sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToHost));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "route+sort E=%d top%d G=%d keep %d n=%d ties %d", E, top_k, G, keep, n, ties);
+    CHECK(memcmp(ih[0], ih[1], sizeof(int32_t) * nk) == 0, "%s: indices differ", what);
+    bo_compare(what, wh[1], wh[0], nk, (bo_cmp){.bitwise = true});
+    bo_compare(what, oh[1], oh[0], (size_t)n * H, (bo_cmp){.bitwise = true});
+    printf("%s%s: idx, w, out bitwise the two launches'\n", what,
+           n <= 64 && E <= 512 ? " (one block)" : " (route, sort)");
+    for (int k = 0; k < 2; k++) {
+        CU(cudaFree(dw[k]));
+        CU(cudaFree(didx[k]));
+        CU(cudaFree(dout[k]));
+        free(ih[k]), free(wh[k]), free(oh[k]);
+    }
+    CU(cudaFree(dlg));
+    CU(cudaFree(dbias));
+    CU(cudaFree(dx));
+    CU(cudaFree(dws));
+    ddt_cuda_moe_layer_free(&layer);
+    free(lg), free(bias), free(x);
+}
+
+/* ------------------------------------------------------------------ fused end */
+
+/*
+ * The MoE layer's end in the combine (ddt_cuda_moe_run with norm_w) against the
+ * launches it replaces: ddt_cuda_moe_experts into acc, ddt_cuda_add(shared, acc)
+ * (a copy of acc without a shared expert), ddt_cuda_add_rmsnorm(resid, shared):
+ * the updated residual and the normed output bitwise, the output's padding (NaN
+ * poison) untouched.  ld_resid a multiple of 4: the norm's register path; odd:
+ * the strided one (both sides take the same).  Then against the CPU twins
+ * (ddt_cpu_moe_experts, ddt_cpu_add twice, ddt_cpu_rmsnorm) within tol.  Device
+ * inputs: dx [n][H], didx / dw [n][K]; host copies x, idx, wt for the CPU.
+ */
+static void fused_end_check(const ddt_cuda_moe_layer *layer, const ddt_cpu_moe_layer *cpu_layer, const float *dx,
+                            const float *x, const int32_t *didx, const int32_t *idx, const float *dw, const float *wt,
+                            int n, int K, int with_shared, int64_t ldr, void *dws, size_t wsb, double tol,
+                            const char *name) {
+    const int H = layer->hidden;
+    const int64_t ldo = H + 4; /* 4 poisoned floats a row */
+    const size_t nr = (size_t)n * (size_t)ldr, no = (size_t)n * (size_t)ldo, nh = (size_t)n * H;
+    float *resid = malloc(sizeof(float) * nr), *sh = malloc(sizeof(float) * nh), *nw = malloc(sizeof(float) * H);
+    for (size_t i = 0; i < nr; i++) resid[i] = 2.0f * frand();
+    for (size_t i = 0; i < nh; i++) sh[i] = 0.5f * frand();
+    for (int i = 0; i < H; i++) nw[i] = 1.0f + 0.5f * frand();
+    const float eps = 1e-6f;
+    float *d_resid[2], *d_out[2], *d_sh, *d_tmp, *d_acc, *d_nw;
+    for (int k = 0; k < 2; k++) {
+        CU(cudaMalloc((void **)&d_resid[k], sizeof(float) * nr));
+        CU(cudaMalloc((void **)&d_out[k], sizeof(float) * no));
+        CU(cudaMemcpy(d_resid[k], resid, sizeof(float) * nr, cudaMemcpyHostToDevice));
+        bo_poison(d_out[k], sizeof(float) * no);
+    }
+    CU(cudaMalloc((void **)&d_sh, sizeof(float) * nh));
+    CU(cudaMalloc((void **)&d_tmp, sizeof(float) * nh));
+    CU(cudaMalloc((void **)&d_acc, sizeof(float) * nh));
+    CU(cudaMalloc((void **)&d_nw, sizeof(float) * H));
+    CU(cudaMemcpy(d_sh, sh, sizeof(float) * nh, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_nw, nw, sizeof(float) * H, cudaMemcpyHostToDevice));
+    /* the launches it replaces (the target's forward before issue 13) */
+    OK(ddt_cuda_moe_experts(layer, dx, H, n, didx, dw, K, d_acc, H, dws, wsb, NULL, &err_));
+    if (with_shared) {
+        CU(cudaMemcpy(d_tmp, d_sh, sizeof(float) * nh, cudaMemcpyDeviceToDevice));
+        OK(ddt_cuda_add(d_tmp, d_acc, (int64_t)nh, NULL, &err_));
+    } else {
+        CU(cudaMemcpy(d_tmp, d_acc, sizeof(float) * nh, cudaMemcpyDeviceToDevice));
+    }
+    OK(ddt_cuda_add_rmsnorm(d_resid[0], ldr, d_tmp, H, n, H, d_nw, eps, d_out[0], ldo, NULL, &err_));
+    /* fused (the workspace poisoned again: nothing may be left from the first run) */
+    CU(cudaMemset(dws, 0xFF, wsb));
+    const ddt_cuda_moe_args a = {.x = dx, .ldx = H, .n = n, .top_k = K, .idx = (int32_t *)didx, .w = (float *)dw,
+                                 .out = d_out[1], .ldo = ldo, .resid = d_resid[1], .ld_resid = ldr,
+                                 .shared = with_shared ? d_sh : NULL, .ld_shared = H, .norm_w = d_nw, .eps = eps,
+                                 .workspace = dws, .workspace_bytes = wsb};
+    OK(ddt_cuda_moe_run(layer, &a, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    float *g_resid[2], *g_out[2];
+    for (int k = 0; k < 2; k++) {
+        g_resid[k] = malloc(sizeof(float) * nr), g_out[k] = malloc(sizeof(float) * no);
+        CU(cudaMemcpy(g_resid[k], d_resid[k], sizeof(float) * nr, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g_out[k], d_out[k], sizeof(float) * no, cudaMemcpyDeviceToHost));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "fused end %s n=%d shared %d ld_resid %lld", name, n, with_shared, (long long)ldr);
+    int bad_pad = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t d = H; d < ldo; d++) bad_pad += memcmp(&g_out[1][t * ldo + d], &(uint32_t){0xFFFFFFFFu}, 4) != 0;
+    CHECK(bad_pad == 0, "%s: %d padding floats written", what, bad_pad);
+    CHECK(memcmp(g_resid[1], g_resid[0], sizeof(float) * nr) == 0, "%s: residual not bitwise the launches'", what);
+    CHECK(memcmp(g_out[1], g_out[0], sizeof(float) * no) == 0, "%s: output not bitwise the launches'", what);
+    /* the CPU twins: routed sum, + shared, residual add, norm */
+    float *c_acc = malloc(sizeof(float) * nh), *c_out = malloc(sizeof(float) * no);
+    void *cws = malloc(ddt_cpu_moe_workspace_bytes(cpu_layer, n, K));
+    ddt_cpu_moe_experts(g_pool, cpu_layer, x, H, n, idx, wt, K, c_acc, H, cws);
+    if (with_shared) ddt_cpu_add(sh, c_acc, (int64_t)nh); /* sh + acc, as the GPU */
+    else memcpy(sh, c_acc, sizeof(float) * nh);
+    for (int t = 0; t < n; t++) ddt_cpu_add(resid + t * ldr, sh + (size_t)t * H, H);
+    const ddt_cpu_vec wv = {nw, DDT_DTYPE_F32, H};
+    poison(c_out, no);
+    ddt_cpu_rmsnorm(g_pool, resid, ldr, n, H, &wv, eps, c_out, ldo);
+    const double e = bo_compare(what, g_out[1], c_out, no, (bo_cmp){.bound = tol});
+    printf("%s: bitwise the launches', CPU err %.2e\n", what, e);
+    for (int k = 0; k < 2; k++) {
+        CU(cudaFree(d_resid[k]));
+        CU(cudaFree(d_out[k]));
+        free(g_resid[k]), free(g_out[k]);
+    }
+    CU(cudaFree(d_sh));
+    CU(cudaFree(d_tmp));
+    CU(cudaFree(d_acc));
+    CU(cudaFree(d_nw));
+    free(resid), free(sh), free(nw), free(c_acc), free(c_out), free(cws);
 }
 
 /* ------------------------------------------------------------------ experts */
@@ -239,6 +408,11 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
         CHECK(mism == 0, "experts %s%s n=%d: %d tokens differ alone vs in the batch", fname(f), mname, n, mism);
         printf("experts %-4s%s E=%d hidden %d inter %d top%d n=%2d: err %.2e, alone==batch %s\n", fname(f), mname, E, H,
                I, K, n, e, mism ? "NO" : "yes");
+        char name[48];
+        snprintf(name, sizeof name, "%s%s E=%d [%d, %d]", fname(f), mname, E, H, I);
+        for (int v = 0; v < 4; v++) /* with and without a shared expert; register and strided norm paths */
+            fused_end_check(&layer, &cpu_layer, dx, x, didx, idx, dw, wt, n, K, v & 1, v & 2 ? H + 1 : H + 8, dws, wsb,
+                            tol, name);
     }
     /* a bad expert index gives a NaN row for that token and leaves the others alone,
        on both backends (dx, dw hold the last batch's first two tokens) */
@@ -255,6 +429,8 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
         char what[64];
         snprintf(what, sizeof what, "experts %s%s bad index, token 0", fname(f), mname);
         bo_compare(what, got, ref, (size_t)H, (bo_cmp){.bound = tol});
+        /* the fused end: token 1's rows NaN on both sides, bitwise the launches' */
+        fused_end_check(&layer, &cpu_layer, dx, x, didx, idx, dw, wt, 2, K, 1, H, dws, wsb, tol, what);
         idx[K] = save;
     }
     ddt_cuda_moe_layer_free(&layer);
@@ -293,6 +469,15 @@ int main(int argc, char **argv) {
         route_case(60, 4, 6, 2, ns[i], 1, 0, 0);    /* ties, no bias, no norm */
         route_case(7, 7, 7, 7, ns[i], 0, 0, 1);     /* one expert per group, all chosen */
         route_case(4096, 16, 16, 5, ns[i], 0, 1, 1); /* the limits */
+    }
+    static const int rs_ns[] = {1, 5, 33, 64, 65};
+    for (int i = 0; i < 5; i++) {
+        route_sort_case(384, 8, 1, 1, rs_ns[i], 0, 1);    /* Kimi K2 */
+        route_sort_case(256, 8, 8, 4, rs_ns[i], 0, 1);    /* DeepSeek-V3 groups */
+        route_sort_case(64, 6, 8, 3, rs_ns[i], 1, 1);     /* ties everywhere */
+        route_sort_case(7, 7, 7, 7, rs_ns[i], 0, 0);      /* one expert per group, all chosen */
+        route_sort_case(512, 16, 16, 5, rs_ns[i], 0, 1);  /* the warp router's limits */
+        if (!quick || i == 0) route_sort_case(4096, 16, 16, 5, rs_ns[i], 0, 1); /* the block router: never fused */
     }
     for (int mi = 0; mi < 2; mi++) {
         const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;

@@ -19,6 +19,11 @@
  *   3. down: the same shape over hidden rows, into one output row per entry.
  *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
  *      acc = acc + w * out, in that order (the CPU's order).
+ * ddt_cuda_moe_run fuses the neighbours (issue 13): for n <= 64 the router runs
+ * in step 1's block (moe_route_sort_kernel), and with a norm step 4 also adds the
+ * shared expert and the residual and applies the next RMSNorm
+ * (moe_combine_norm_kernel, norm_dev.cuh's arithmetic).  Each fused kernel runs
+ * the same device functions as the launches it replaces, so the same bits.
  * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are wstream.cuh's
  * weight-streaming kernels over the packed experts (ddt_cuda_moe_layer_pack),
  * items of at most 8, 16 or 32 entries by n.
@@ -30,6 +35,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/moe_cuda.h"
+#include "backend/cuda/norm_dev.cuh"
 #include "backend/cuda/qmatmul_dev.cuh"
 #include "backend/cuda/wstream.cuh"
 
@@ -167,20 +173,23 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params 
 #define ROUTE_VPL 16
 #define ROUTE_WARP_MAX (32 * ROUTE_VPL)
 
-static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
-                  float *w) {
-    __shared__ float sc[ROUTE_WARPS][ROUTE_WARP_MAX];          /* choice scores, for the group scores */
-    __shared__ float gsc[ROUTE_WARPS][ROUTE_WARP_MAX];         /* group scores [G] */
-    __shared__ unsigned char gk[ROUTE_WARPS][ROUTE_WARP_MAX];  /* kept groups [G] */
-    __shared__ int chosen[ROUTE_WARPS][MOE_MAX_TOPK];
-    __shared__ float chosen_s[ROUTE_WARPS][MOE_MAX_TOPK];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
-    if (tok >= n) return; /* warp-level sync only below */
+/* One warp's shared scratch for route_token_warp. */
+struct RouteWarpSmem {
+    float sc[ROUTE_WARP_MAX];         /* choice scores, for the group scores */
+    float gsc[ROUTE_WARP_MAX];        /* group scores [G] */
+    unsigned char gk[ROUTE_WARP_MAX]; /* kept groups [G] */
+    int chosen[MOE_MAX_TOPK];
+    float chosen_s[MOE_MAX_TOPK];
+};
+
+/* One token's routing by the calling warp (all 32 lanes, warp-level sync only):
+ * logits row lg -> it / wt [top_k].  route_warp_kernel and moe_route_sort_kernel
+ * both run this, so a token's picks and weights are the same bits in either. */
+static __device__ __forceinline__ void route_token_warp(const float *__restrict__ lg, const ddt_moe_route_params &p,
+                                                        RouteWarpSmem &sm, int32_t *it, float *wt) {
+    const int lane = threadIdx.x & 31;
     const int E = p.n_experts, G = p.n_group > 0 ? p.n_group : 1, per = E / G;
     const int keep = p.topk_group > 0 && p.topk_group < G ? p.topk_group : G;
-    const float *lg = logits + tok * ld;
     /* every load first: with the division's call between them, loads issued one
        slot at a time cost a memory latency each (the first version: ~16 us) */
     float c[ROUTE_VPL], sg[ROUTE_VPL], bb[ROUTE_VPL];
@@ -203,18 +212,18 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
     if (keep < G) {
 #pragma unroll
         for (int j = 0; j < ROUTE_VPL; j++)
-            if ((live >> j) & 1u) sc[warp][lane + 32 * j] = c[j];
+            if ((live >> j) & 1u) sm.sc[lane + 32 * j] = c[j];
         __syncwarp();
         for (int g = lane; g < G; g += 32) {
-            gsc[warp][g] = group_score(sc[warp], g, per);
-            gk[warp][g] = 0;
+            sm.gsc[g] = group_score(sm.sc, g, per);
+            sm.gk[g] = 0;
         }
         __syncwarp();
-        if (lane == 0) keep_groups(gsc[warp], gk[warp], G, keep);
+        if (lane == 0) keep_groups(sm.gsc, sm.gk, G, keep);
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < ROUTE_VPL; j++)
-            if (((live >> j) & 1u) && !gk[warp][(lane + 32 * j) / per]) live &= ~(1u << j);
+            if (((live >> j) & 1u) && !sm.gk[(lane + 32 * j) / per]) live &= ~(1u << j);
     }
     for (int k = 0; k < p.top_k; k++) {
         Best b = {0.0f, -1};
@@ -229,21 +238,39 @@ route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_r
         for (int j = 0; j < ROUTE_VPL; j++)
             if (j == (e >> 5)) mine = sg[j];
         const float sv = __shfl_sync(0xffffffffu, mine, e & 31);
-        if (lane == 0) chosen[warp][k] = e, chosen_s[warp][k] = sv;
+        if (lane == 0) sm.chosen[k] = e, sm.chosen_s[k] = sv;
     }
     __syncwarp();
-    if (lane == 0) route_store(p, chosen[warp], chosen_s[warp], idx + tok * p.top_k, w + tok * p.top_k);
+    if (lane == 0) route_store(p, sm.chosen, sm.chosen_s, it, wt);
+    __syncwarp(); /* the scratch is free again for the warp's next token */
+}
+
+static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
+route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
+                  float *w) {
+    __shared__ RouteWarpSmem sm[ROUTE_WARPS];
+    const int warp = threadIdx.x >> 5;
+    const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
+    if (tok >= n) return; /* warp-level sync only below */
+    route_token_warp(logits + tok * ld, p, sm[warp], idx + tok * p.top_k, w + tok * p.top_k);
+}
+
+/* The router's argument check, shared by ddt_cuda_moe_route and ddt_cuda_moe_run. */
+static ddt_status route_check(const ddt_moe_route_params *p, ddt_error *err) {
+    const int G = p->n_group > 0 ? p->n_group : 1;
+    if (p->n_experts < 1 || p->n_experts > MOE_MAX_EXPERTS || p->top_k < 1 || p->top_k > MOE_MAX_TOPK ||
+        p->top_k > p->n_experts || p->n_experts % G != 0 || p->topk_group < 1 || p->topk_group > G)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_route: %d experts, top %d, %d groups keep %d", p->n_experts,
+                        p->top_k, p->n_group, p->topk_group);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_moe_route(const float *logits, int64_t ld, int32_t n, const ddt_moe_route_params *p,
                                          int32_t *idx, float *w, ddt_cuda_stream stream, ddt_error *err) {
     if (!p || !logits || !idx || !w || n < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_route: missing arguments or %d tokens", n);
-    const int G = p->n_group > 0 ? p->n_group : 1;
-    if (p->n_experts < 1 || p->n_experts > MOE_MAX_EXPERTS || p->top_k < 1 || p->top_k > MOE_MAX_TOPK ||
-        p->top_k > p->n_experts || p->n_experts % G != 0 || p->topk_group < 1 || p->topk_group > G)
-        return ddt_fail(err, DDT_ERR_INVALID, "moe_route: %d experts, top %d, %d groups keep %d", p->n_experts,
-                        p->top_k, p->n_group, p->topk_group);
+    const ddt_status st = route_check(p, err);
+    if (st != DDT_OK) return st;
     if (n > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "moe_route: %d tokens", n);
     if (p->n_experts <= ROUTE_WARP_MAX)
         route_warp_kernel<<<(unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * 32, 0, (cudaStream_t)stream>>>(
@@ -420,12 +447,32 @@ static __device__ __forceinline__ const void *wscale(const ddt_qweight &w) {
     return w.format == DDT_Q_FP8_BLOCK ? (const void *)w.scale_inv : (const void *)w.scale;
 }
 
-static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first, int C, int max_slots, int C_big,
-                int big_min, int big_slots, const ddt_qweight *gate, const ddt_qweight *up, const ddt_qweight *down, bool packed,
-                MoeWs ws) {
-    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
-    __shared__ long long wsum[SORT_THREADS / 32], total, total_big;
+/* What the sort needs besides the entries: the layer and the work-item classes. */
+struct SortArgs {
+    int M, K, E, first;            /* entries (n * top_k), top_k, local experts, first global index */
+    int C, max_slots;              /* first list: items of <= C entries, max_slots of them */
+    int C_big, big_min, big_slots; /* second list (C_big > 0): experts of > big_min entries, items of <= C_big */
+    const ddt_qweight *gate, *up, *down;
+    bool packed;
+};
+
+/* The sort's shared memory (a union member in moe_route_sort_kernel). */
+struct SortSmem {
+    int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
+    long long wsum[SORT_THREADS / 32], total, total_big;
+};
+
+/* Step 1 of the experts (see the top of the file) by the calling block of
+ * SORT_THREADS threads.  idx is read after a block barrier only, so the same block
+ * may have written it (moe_route_sort_kernel). */
+static __device__ __forceinline__ void sort_entries(const int32_t *idx, const SortArgs &a, const MoeWs &ws,
+                                                    SortSmem &sm) {
+    int *cnt = sm.cnt, *cur = sm.cur;
+    long long *wsum = sm.wsum;
+    const int M = a.M, K = a.K, E = a.E, first = a.first, C = a.C, max_slots = a.max_slots, C_big = a.C_big,
+              big_min = a.big_min, big_slots = a.big_slots;
+    const ddt_qweight *gate = a.gate, *up = a.up, *down = a.down;
+    const bool packed = a.packed;
     const int tid = threadIdx.x;
     for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
@@ -445,11 +492,11 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
         if (C_big > 0 && c > big_min) b_sum += (c + C_big - 1) / C_big;
         else t_sum += (c + C - 1) / C;
     }
-    const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &total);
+    const long long ex = block_excl_scan((c_sum << 32) | t_sum, wsum, &sm.total);
     int off = (int)(ex >> 32), slot = (int)(ex & 0xFFFFFFFFll), bslot = max_slots;
     if (C_big > 0) {
         __syncthreads(); /* every thread has read wsum */
-        bslot += (int)block_excl_scan(b_sum, wsum, &total_big);
+        bslot += (int)block_excl_scan(b_sum, wsum, &sm.total_big);
     }
     for (int e = e0; e < e0 + per && e < E; e++) {
         const int c = cnt[e];
@@ -480,9 +527,9 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
     }
     __syncthreads();
     /* the grid has max_slots expert slots: the ones no expert took do nothing */
-    for (int sl = (int)(total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
+    for (int sl = (int)(sm.total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
     if (C_big > 0)
-        for (int sl = (int)total_big + tid; sl < big_slots; sl += SORT_THREADS) ws.rec[max_slots + sl].cnt = 0;
+        for (int sl = (int)sm.total_big + tid; sl < big_slots; sl += SORT_THREADS) ws.rec[max_slots + sl].cnt = 0;
     for (int i = tid; i < M; i += SORT_THREADS) {
         const int e = idx[i] - first;
         if (e >= 0 && e < E) {
@@ -493,6 +540,37 @@ moe_sort_kernel(const int32_t *__restrict__ idx, int M, int K, int E, int first,
             ws.pos_of[i] = -1;
         }
     }
+}
+
+static __global__ void __launch_bounds__(SORT_THREADS)
+moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws) {
+    __shared__ SortSmem sm;
+    sort_entries(idx, a, ws, sm);
+}
+
+/*
+ * The router and the sort in one block for a few tokens (n <= MOE_ROUTE_SORT_MAX,
+ * a router of at most ROUTE_WARP_MAX experts): each of the 8 warps routes tokens
+ * warp, warp + 8, ... as route_warp_kernel does (the same function: the same bits),
+ * writes idx / w, and after a block barrier the block sorts them.  One launch less
+ * per MoE layer; a warp routes up to 8 tokens one after the other, which is why
+ * larger n keep the two launches (the router's grid spreads them).
+ */
+#define MOE_ROUTE_SORT_MAX 64
+
+static __global__ void __launch_bounds__(SORT_THREADS)
+moe_route_sort_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
+                      float *w, SortArgs a, MoeWs ws) {
+    __shared__ union {
+        RouteWarpSmem route[SORT_THREADS / 32];
+        SortSmem sort;
+    } sm;
+    const int warp = threadIdx.x >> 5;
+    for (int t = warp; t < n; t += SORT_THREADS / 32)
+        route_token_warp(logits + (int64_t)t * ld, p, sm.route[warp], idx + (int64_t)t * p.top_k,
+                         w + (int64_t)t * p.top_k);
+    __syncthreads(); /* idx written and visible to the block; the routers' scratch free */
+    sort_entries(idx, a, ws, sm.sort);
 }
 
 /* ------------------------------------------------------------------ expert GEMMs */
@@ -564,52 +642,126 @@ moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
 
 /* ------------------------------------------------------------------ combine */
 
-static __global__ void __launch_bounds__(COMBINE_THREADS)
-moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws, int hidden,
-                   float *out, int64_t ldo) {
-    __shared__ int spos[MOE_MAX_TOPK], ridx[MOE_MAX_TOPK], rpos[MOE_MAX_TOPK];
-    __shared__ float sw[MOE_MAX_TOPK], rw[MOE_MAX_TOPK];
-    __shared__ int bad;
-    const int t = blockIdx.y;
+/* One token's entries in increasing expert index (the CPU's order): their rows of
+ * ws.o (spos; < 0: an expert another rank holds) and weights, and whether an index
+ * is bad.  Filled by token_entries. */
+struct TokenEntries {
+    int spos[MOE_MAX_TOPK], ridx[MOE_MAX_TOPK], rpos[MOE_MAX_TOPK];
+    float sw[MOE_MAX_TOPK], rw[MOE_MAX_TOPK];
+    int bad;
+};
+
+/* Token t's entries into te (shared), by the calling block (>= K threads; it holds
+ * block barriers). */
+static __device__ __forceinline__ void token_entries(const int32_t *__restrict__ idx, const float *__restrict__ w,
+                                                     int K, int E_total, const MoeWs &ws, int t, TokenEntries &te) {
     /* the token's K entries in parallel first: one thread reading them in its
        sort loop paid a memory latency per read (~9 us a call on the H200) */
     if ((int)threadIdx.x < K) {
-        ridx[threadIdx.x] = idx[(int64_t)t * K + threadIdx.x];
-        rw[threadIdx.x] = w[(int64_t)t * K + threadIdx.x];
-        rpos[threadIdx.x] = ws.pos_of[(int64_t)t * K + threadIdx.x];
+        te.ridx[threadIdx.x] = idx[(int64_t)t * K + threadIdx.x];
+        te.rw[threadIdx.x] = w[(int64_t)t * K + threadIdx.x];
+        te.rpos[threadIdx.x] = ws.pos_of[(int64_t)t * K + threadIdx.x];
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         int ord[MOE_MAX_TOPK];
         int b = 0;
         for (int k = 0; k < K; k++) {
-            const int e = ridx[k];
+            const int e = te.ridx[k];
             if (e < 0 || e >= E_total) b = 1;
             /* insertion by (expert, k): increasing expert index, the CPU's order */
             int j = k;
-            while (j > 0 && ridx[ord[j - 1]] > e) {
+            while (j > 0 && te.ridx[ord[j - 1]] > e) {
                 ord[j] = ord[j - 1];
                 j--;
             }
             ord[j] = k;
         }
         for (int k = 0; k < K; k++) {
-            spos[k] = rpos[ord[k]];
-            sw[k] = rw[ord[k]];
+            te.spos[k] = te.rpos[ord[k]];
+            te.sw[k] = te.rw[ord[k]];
         }
-        bad = b;
+        te.bad = b;
     }
     __syncthreads();
-    float *orow = out + (int64_t)t * ldo;
-    for (int d = blockIdx.x * COMBINE_THREADS + threadIdx.x; d < hidden; d += gridDim.x * COMBINE_THREADS) {
-        float acc = __int_as_float(0x7FC00000); /* a token with a bad expert index gets NaN */
-        if (!bad) {
-            acc = 0.0f;
-            for (int k = 0; k < K; k++) /* spos < 0: an expert another rank holds */
-                if (spos[k] >= 0) acc = acc + sw[k] * ws.o[(int64_t)spos[k] * hidden + d];
-        }
-        orow[d] = acc;
+}
+
+/* Element d of the token's routed sum: acc = 0.0f, then acc = acc + w * row, in the
+ * entries' order; NaN for a token with a bad expert index.  combine_at4 is the same
+ * per component for elements 4i..4i+3 (rows of a multiple of 4 floats, ws.o 16-byte
+ * aligned). */
+static __device__ __forceinline__ float combine_at(const TokenEntries &te, int K, const float *o, int hidden, int d) {
+    float acc = __int_as_float(0x7FC00000); /* a token with a bad expert index gets NaN */
+    if (!te.bad) {
+        acc = 0.0f;
+        for (int k = 0; k < K; k++) /* spos < 0: an expert another rank holds */
+            if (te.spos[k] >= 0) acc = acc + te.sw[k] * o[(int64_t)te.spos[k] * hidden + d];
     }
+    return acc;
+}
+
+static __device__ __forceinline__ float4 combine_at4(const TokenEntries &te, int K, const float *o, int hidden, int i) {
+    const float nan = __int_as_float(0x7FC00000);
+    float4 acc = make_float4(nan, nan, nan, nan);
+    if (!te.bad) {
+        acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < K; k++)
+            if (te.spos[k] >= 0) {
+                const float4 v = ((const float4 *)(o + (int64_t)te.spos[k] * hidden))[i];
+                const float g = te.sw[k];
+                acc.x = acc.x + g * v.x, acc.y = acc.y + g * v.y, acc.z = acc.z + g * v.z, acc.w = acc.w + g * v.w;
+            }
+    }
+    return acc;
+}
+
+static __global__ void __launch_bounds__(COMBINE_THREADS)
+moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws, int hidden,
+                   float *out, int64_t ldo) {
+    __shared__ TokenEntries te;
+    const int t = blockIdx.y;
+    token_entries(idx, w, K, E_total, ws, t, te);
+    float *orow = out + (int64_t)t * ldo;
+    for (int d = blockIdx.x * COMBINE_THREADS + threadIdx.x; d < hidden; d += gridDim.x * COMBINE_THREADS)
+        orow[d] = combine_at(te, K, ws.o, hidden, d);
+}
+
+/*
+ * The layer's end in the combine's launch (ddt_cuda_moe_run with norm_w): the
+ * residual of norm_row (norm_dev.cuh) is sh + routed, the bits ddt_cuda_add(sh,
+ * routed) stored before (sh + acc: the add kernel's x + y with x the shared
+ * expert's row), or the routed sum alone without a shared expert (the copy it
+ * replaces).  Then x = x + that, and the next norm: ddt_cuda_add_rmsnorm's
+ * arithmetic, the same function.
+ */
+struct MoeNormResid {
+    static constexpr bool on = true;
+    const TokenEntries *te;
+    int K, hidden;
+    const float *o;  /* ws.o */
+    const float *sh; /* the token's shared-expert row, or NULL */
+    __device__ float one(int d) const {
+        const float acc = combine_at(*te, K, o, hidden, d);
+        return sh ? sh[d] + acc : acc;
+    }
+    __device__ float4 vec(int i) const {
+        const float4 acc = combine_at4(*te, K, o, hidden, i);
+        if (!sh) return acc;
+        const float4 a = ((const float4 *)sh)[i];
+        return make_float4(a.x + acc.x, a.y + acc.y, a.z + acc.z, a.w + acc.w);
+    }
+};
+
+/* One block of NORM_THREADS per token (grid n): its entries, then norm_row. */
+static __global__ void __launch_bounds__(NORM_THREADS)
+moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws,
+                        int hidden, float *x, int64_t ldx, const float *__restrict__ sh, int64_t ldsh,
+                        const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec) {
+    __shared__ TokenEntries te;
+    const int t = blockIdx.x;
+    token_entries(idx, w, K, E_total, ws, t, te);
+    const MoeNormResid r = {&te, K, hidden, ws.o, sh ? sh + (int64_t)t * ldsh : nullptr};
+    norm_row(x + (int64_t)t * ldx, hidden, r, norm_w, eps, out + (int64_t)t * ldo, vec);
 }
 
 /* ------------------------------------------------------------------ experts */
@@ -736,19 +888,50 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
                                            const int32_t *idx, const float *w, int32_t top_k, float *out, int64_t ldo,
                                            void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
                                            ddt_error *err) {
-    if (!m || !m->host_copy || !x || !idx || !w || !out || !workspace || n < 1)
-        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: missing arguments or %d tokens", n);
+    ddt_cuda_moe_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x, a.ldx = ldx, a.n = n, a.top_k = top_k;
+    a.idx = (int32_t *)idx, a.w = (float *)w; /* read only without route */
+    a.out = out, a.ldo = ldo;
+    a.workspace = workspace, a.workspace_bytes = workspace_bytes;
+    return ddt_cuda_moe_run(m, &a, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cuda_moe_args *args,
+                                       ddt_cuda_stream stream, ddt_error *err) {
+    if (!m || !m->host_copy || !args || !args->x || !args->idx || !args->w || !args->out || !args->workspace ||
+        args->n < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: missing arguments or %d tokens", args ? args->n : 0);
+    const float *x = args->x;
+    const int64_t ldx = args->ldx;
+    const int32_t n = args->n, top_k = args->top_k;
+    const int32_t *idx = args->idx;
+    const float *w = args->w;
     if (top_k < 1 || top_k > MOE_MAX_TOPK)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: top_k %d outside 1..%d", top_k, MOE_MAX_TOPK);
     if (m->first_expert < 0 || m->total_experts > MOE_MAX_EXPERTS || m->first_expert > m->total_experts - m->n_experts)
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: experts [%d, %d) of %d", m->first_expert,
                         m->first_expert + m->n_experts, m->total_experts);
+    if (args->route) {
+        const ddt_status st = route_check(args->route, err);
+        if (st != DDT_OK) return st;
+        if (!args->logits || args->route->top_k != top_k || args->route->n_experts != m->total_experts)
+            return ddt_fail(err, DDT_ERR_INVALID, "moe_run: router of %d experts top %d for a layer of %d top %d",
+                            args->route->n_experts, args->route->top_k, m->total_experts, top_k);
+    }
+    if (args->norm_w) {
+        if (!args->resid || args->out == args->resid || (args->shared && (args->out == args->shared ||
+                                                                          args->shared == args->resid)))
+            return ddt_fail(err, DDT_ERR_INVALID, "moe_run: fused end without a residual, or aliased buffers");
+    }
+    if ((uintptr_t)args->workspace % 256 != 0) /* ws_layout's alignment: float4 reads of its rows */
+        return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: workspace not 256-byte aligned");
     const int64_t M = (int64_t)n * top_k;
     if (M > 0x7FFFFFFF / 2 || n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
-    MoeWs ws = ws_layout(workspace, m->n_experts, M, m->hidden, m->inter);
-    if (ws.bytes > workspace_bytes)
+    MoeWs ws = ws_layout(args->workspace, m->n_experts, M, m->hidden, m->inter);
+    if (ws.bytes > args->workspace_bytes)
         return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens need %zu workspace bytes, %zu given", n, ws.bytes,
-                        workspace_bytes);
+                        args->workspace_bytes);
     const ddt_qweight *ref = &m->host_copy[0];
     const int F = qfmt_of(*ref);
     if (F == QF_INT4 && (ref->group != 32 || m->hidden % 32 != 0 || m->inter % 32 != 0))
@@ -801,9 +984,21 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
        entries (n <= C); else ceil(c / C) each, at most touched + M / C */
     const int slots = (int)(touched + (n <= C ? 0 : M / C));
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, (int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big,
-                                               big_min, big_slots, m->gate, m->up, m->down, tc, ws);
-    DDT_CUDA_LAUNCHED("moe_sort", s, err);
+    const SortArgs sa = {(int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big, big_min, big_slots,
+                         m->gate, m->up, m->down, tc};
+    if (args->route && n <= MOE_ROUTE_SORT_MAX && args->route->n_experts <= ROUTE_WARP_MAX) {
+        moe_route_sort_kernel<<<1, SORT_THREADS, 0, s>>>(args->logits, args->ld_logits, n, *args->route, args->idx,
+                                                         args->w, sa, ws);
+        DDT_CUDA_LAUNCHED("moe_route_sort", s, err);
+    } else {
+        if (args->route) {
+            const ddt_status st = ddt_cuda_moe_route(args->logits, args->ld_logits, n, args->route, args->idx, args->w,
+                                                     stream, err);
+            if (st != DDT_OK) return st;
+        }
+        moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, sa, ws);
+        DDT_CUDA_LAUNCHED("moe_sort", s, err);
+    }
     ddt_status st;
     if (tc) {
         switch (F) {
@@ -821,6 +1016,19 @@ extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const fl
         }
     }
     if (st != DDT_OK) return st;
+    if (args->norm_w) {
+        const void *ptrs[4] = {args->resid, args->shared, args->norm_w, args->out};
+        const int64_t lds[4] = {args->ld_resid, args->ld_shared, 0, args->ldo};
+        const bool vec = norm_vec_ok(m->hidden, ptrs, lds, 4);
+        moe_combine_norm_kernel<<<(unsigned)n, NORM_THREADS, 0, s>>>(idx, w, top_k, m->total_experts, ws, m->hidden,
+                                                                    args->resid, args->ld_resid, args->shared,
+                                                                    args->ld_shared, args->norm_w, args->eps,
+                                                                    args->out, args->ldo, vec);
+        DDT_CUDA_LAUNCHED("moe_combine_norm", s, err);
+        return DDT_OK;
+    }
+    float *out = args->out;
+    const int64_t ldo = args->ldo;
     int bx = (m->hidden + COMBINE_THREADS - 1) / COMBINE_THREADS;
     if (bx > 8) bx = 8;
     moe_combine_kernel<<<dim3((unsigned)bx, (unsigned)n), COMBINE_THREADS, 0, s>>>(idx, w, top_k, m->total_experts, ws,

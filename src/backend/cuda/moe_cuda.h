@@ -87,6 +87,41 @@ ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int
                                 void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
                                 ddt_error *err);
 
+/* One MoE layer's routed part with the launches around it fused (issue 13).
+ *
+ * Routing: with route set, the router runs here on logits (ddt_cuda_moe_route's
+ * arithmetic, the same device function: the same bits) and writes idx / w (the
+ * caller's buffers, for probes); for n <= 64 tokens and a router of at most 512
+ * experts it runs inside the experts' sort block, one launch less.  route->top_k
+ * must equal top_k and route->n_experts the layer's total_experts.  Without route,
+ * idx / w are the inputs, as for ddt_cuda_moe_experts.
+ *
+ * Result: without norm_w, out = the routed sum, as ddt_cuda_moe_experts.  With
+ * norm_w, the layer's end runs in the combine's launch: for each token t
+ *     r[t] = shared[t] + routed[t]  (routed[t] alone when shared is NULL)
+ *     resid[t] = resid[t] + r[t]    (stored)
+ *     out[t] = rmsnorm(resid[t]) * norm_w   (ddt_cuda_add_rmsnorm's arithmetic)
+ * bitwise what ddt_cuda_moe_experts into a buffer, ddt_cuda_add(shared, buffer)
+ * (or a copy of the buffer without shared) and ddt_cuda_add_rmsnorm(resid, shared)
+ * store, when the buffer's rows would be 16-byte aligned with a stride a multiple
+ * of 4 like shared's (ddt_cuda_add_rmsnorm's alignment condition).  out may be x
+ * (read by earlier launches only) but not resid or shared. */
+typedef struct ddt_cuda_moe_args {
+    const float *x; int64_t ldx;            /* [n][hidden] the experts' input */
+    int32_t n, top_k;                       /* n <= the workspace's max_tokens (and <= 65535) */
+    const ddt_moe_route_params *route;      /* NULL: idx / w are given */
+    const float *logits; int64_t ld_logits; /* [n][route->n_experts] with route */
+    int32_t *idx; float *w;                 /* [n][top_k] written (route) or read */
+    float *out; int64_t ldo;                /* [n][hidden] */
+    float *resid; int64_t ld_resid;         /* [n][hidden] with norm_w */
+    const float *shared; int64_t ld_shared; /* [n][hidden] with norm_w, or NULL */
+    const float *norm_w; float eps;         /* [hidden], or NULL: no fused end */
+    void *workspace; size_t workspace_bytes;
+} ddt_cuda_moe_args;
+
+ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cuda_moe_args *a, ddt_cuda_stream stream,
+                            ddt_error *err);
+
 /* For benchmarks: the tensor-core path's work items hold at most 8*nt tokens (nt 1, 2
  * or 4; 0 = the default choice by n).  Process-wide; results do not change, only speed. */
 void ddt_cuda_moe_set_item_ntiles(int nt);

@@ -1,100 +1,42 @@
 /*
  * nn_cuda.cu — RMSNorm, SiLU gate, residual add and row gather on the GPU
- * (see nn_cuda.h).  One block per row for the norm: 256 threads each sum a
- * fixed slice of squares, then a fixed butterfly and the 8 warp sums in order
- * add the partial sums, so a row's result never depends on the other rows.
+ * (see nn_cuda.h).  One block per row for the norm, whose arithmetic is
+ * norm_dev.cuh's (shared with the MoE layer's fused end in moe_cuda.cu).
  */
 #include <cuda_runtime.h>
 #include <math.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/nn_cuda.h"
+#include "backend/cuda/norm_dev.cuh"
 
-#define NORM_THREADS 256
 #define EW_THREADS 256
 
-/* Sum of one value per thread over the block, in a fixed order (xor butterfly in
- * each warp, then the 8 warp sums in index order by every thread): the result is
- * a function of the row only. */
-static __device__ float block_sum(float v, float *wsum) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float s = wsum[0];
-#pragma unroll
-    for (int w = 1; w < NORM_THREADS / 32; w++) s += wsum[w];
-    return s;
-}
+/* The residual source of add_rmsnorm: a row of r. */
+struct NormRowResid {
+    static constexpr bool on = true;
+    const float *__restrict__ r;
+    __device__ float4 vec(int i) const { return ((const float4 *)r)[i]; }
+    __device__ float one(int i) const { return r[i]; }
+};
 
-/* One block per row.  Rows of a multiple of 4 floats, 16-byte aligned and at most
- * NORM_VMAX float4 per thread (hidden sizes up to 8192) stay in registers between
- * the sum of squares and the scaling (one read of x); other rows take the strided
- * loop.  RESID: x = x + r first (stored back: the residual add of the layer),
- * then the norm of the sum. */
-#define NORM_VMAX 8
+/* One block per row (norm_dev.cuh).  RESID: x = x + r first (stored back: the
+ * residual add of the layer), then the norm of the sum. */
 template <bool RESID>
 static __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_kernel(float *x, int64_t ldx, const float *__restrict__ r, int64_t ldr, int dim, const float *__restrict__ w,
                float eps, float *out, int64_t ldo, bool vec) {
-    __shared__ float wsum[NORM_THREADS / 32];
     float *xr = x + (int64_t)blockIdx.x * ldx;
-    const float *rr = RESID ? r + (int64_t)blockIdx.x * ldr : nullptr;
     float *orow = out + (int64_t)blockIdx.x * ldo;
-    float s = 0.0f;
-    if (vec) {
-        float4 v[NORM_VMAX];
-        const int nv = dim / 4;
-#pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++) {
-            const int i = threadIdx.x + k * NORM_THREADS;
-            if (i < nv) {
-                v[k] = ((const float4 *)xr)[i];
-                if (RESID) {
-                    const float4 a = ((const float4 *)rr)[i];
-                    v[k].x = v[k].x + a.x, v[k].y = v[k].y + a.y, v[k].z = v[k].z + a.z, v[k].w = v[k].w + a.w;
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++)
-            if (threadIdx.x + k * NORM_THREADS < nv) {
-                s += v[k].x * v[k].x;
-                s += v[k].y * v[k].y;
-                s += v[k].z * v[k].z;
-                s += v[k].w * v[k].w;
-            }
-        const float inv = 1.0f / sqrtf(block_sum(s, wsum) / (float)dim + eps);
-#pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++) {
-            const int i = threadIdx.x + k * NORM_THREADS;
-            if (i < nv) {
-                if (RESID) ((float4 *)xr)[i] = v[k];
-                const float4 g = ((const float4 *)w)[i];
-                ((float4 *)orow)[i] = make_float4(g.x * (v[k].x * inv), g.y * (v[k].y * inv), g.z * (v[k].z * inv),
-                                                  g.w * (v[k].w * inv));
-            }
-        }
-        return;
-    }
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) {
-        float v = xr[i];
-        if (RESID) {
-            v = v + rr[i];
-            xr[i] = v; /* read and written by this thread only */
-        }
-        s += v * v;
-    }
-    const float inv = 1.0f / sqrtf(block_sum(s, wsum) / (float)dim + eps);
-    /* out may alias x: each element is read then written by the same thread */
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = w[i] * (xr[i] * inv);
+    if (RESID) norm_row(xr, dim, NormRowResid{r + (int64_t)blockIdx.x * ldr}, w, eps, orow, vec);
+    else norm_row(xr, dim, NormNoResid{}, w, eps, orow, vec);
 }
 
 static bool norm_vec(const void *x, int64_t ldx, const void *r, int64_t ldr, const float *w, const void *out,
                      int64_t ldo, int32_t dim) {
-    const auto al = [](const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
-    return dim % 4 == 0 && dim / 4 <= NORM_VMAX * NORM_THREADS && ldx % 4 == 0 && ldo % 4 == 0 &&
-           (r == nullptr || ldr % 4 == 0) && al(x) && al(r) && al(w) && al(out);
+    const void *ptrs[4] = {x, r, w, out};
+    const int64_t lds[4] = {ldx, ldr, 0, ldo};
+    return norm_vec_ok(dim, ptrs, lds, 4);
 }
 
 extern "C" ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, int32_t dim, const float *w, float eps,
