@@ -11,4 +11,4 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 bench/e2e.py --build build-gpu --backend cuda --model models/pystdlib-target \
     --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
-    --n-prompts "${N_PROMPTS:-8}" --budgets "${BUDGETS:-8,16,32,64,128,256,auto}" --out-md "$OUT/e2e_gpu.md" --out-png "$OUT/e2e_gpu.png"
+    --n-prompts "${N_PROMPTS:-8}" --budgets "${BUDGETS:-8,16,32,64,128,256,auto}" --max-auto-budget "${MAX_AUTO:-128}" --out-md "$OUT/e2e_gpu.md" --out-png "$OUT/e2e_gpu.png"

@@ -598,27 +598,59 @@ static ddt_status event_seconds(ddt_engine_cuda *e, double *seconds, ddt_error *
     return DDT_OK;
 }
 
+/* What a round's work costs in the round's own graph: fn captured in a graph,
+ * replayed once to warm up, then timed over one replay.  Timing launches from
+ * the host instead would measure the host's launch rate (a small model's
+ * kernels are shorter than their launches) and call every size equally dear. */
+typedef ddt_status (*graph_work_fn)(ddt_engine_cuda *e, int32_t n, ddt_error *err);
+
+static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n, double *seconds, ddt_error *err) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+    ddt_status st = fn(e, n, err);
+    cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaEventRecord(e->ev[0], e->s);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaEventRecord(e->ev[1], e->s);
+    if (st == DDT_OK && ce != cudaSuccess)
+        st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: timing the auto budget's cost in a graph: %s", cudaGetErrorString(ce));
+    if (st == DDT_OK) st = event_seconds(e, seconds, err);
+    if (x) cudaGraphExecDestroy(x);
+    return st;
+}
+
 /* A forward of n tokens from an empty cache: what verifying n - 1 nodes costs. */
-static ddt_status time_forward(void *ctx, int32_t n, double *seconds, ddt_error *err) {
-    ddt_engine_cuda *e = ctx;
+static ddt_status forward_work(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
     TRY(ddt_cuda_target_reset(e->target, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
-    TRY(ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
-    return event_seconds(e, seconds, err);
+    return ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err);
+}
+
+/* The rest of a round that grows with nothing: draft, top-K and the build of the
+ * full budget. */
+static ddt_status draft_work(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
+    (void)n;
+    TRY(ddt_cuda_drafter_draft(e->drafter, e->ids, e->draft_logits, e->s, err));
+    TRY(ddt_cuda_topk_logsoftmax(e->draft_logits, e->depth, e->vocab, e->kmax, e->logq, e->table_tok, e->topk_ws,
+                                 e->topk_ws_bytes, e->s, err));
+    return ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, e->kmax, e->max_nodes - 1, e->vocab, e->s,
+                               err);
+}
+
+static ddt_status time_forward(void *ctx, int32_t n, double *seconds, ddt_error *err) {
+    return time_in_graph(ctx, forward_work, n, seconds, err);
 }
 
 static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *err) {
-    ddt_engine_cuda *e = ctx;
-    (void)n;
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[0], e->s), err);
-    TRY(ddt_cuda_drafter_draft(e->drafter, e->ids, e->draft_logits, e->s, err));
-    DDT_CUDA_TRY(cudaEventRecord(e->ev[1], e->s), err);
-    return event_seconds(e, seconds, err);
+    return time_in_graph(ctx, draft_work, n, seconds, err);
 }
 
 /* Measure C_verify(n) and the draft cost on this GPU for the auto budget
- * (round.h: best of three after a warm-up, non-decreasing), timed with events. */
+ * (round.h: best of three after a warm-up, non-decreasing), timed with events
+ * around graph replays. */
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
     DDT_CUDA_TRY(cudaMemsetAsync(e->ids, 0, sizeof(int32_t) * (size_t)e->max_nodes, e->s), err);
     ddt_cost_model cost;
