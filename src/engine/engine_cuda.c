@@ -57,6 +57,7 @@ struct ddt_engine_cuda {
        on the host (host-sampled rounds) the CPU builder and pinned staging of table
        and tree */
     bool auto_budget;
+    bool auto_host;        /* auto rounds on the host path even when greedy: several ranks (below) */
     ddt_builder *builder;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
@@ -242,9 +243,14 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
         if ((st = setup_auto(e, err))) goto fail;
+        /* several ranks: the lockstep auto rounds stay off the graph (the multi-GPU
+           engine refuses --budget auto, each GPU would time its own costs; the
+           emulated ranks of the tests reduce on the host, which no graph can hold) */
+        e->auto_host = world > 1;
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
-    if ((st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
+    if (!e->auto_host &&
+        (st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
         goto fail;
     *out = e;
     return DDT_OK;
@@ -525,15 +531,16 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
 }
 
 /*
- * A host-sampled round with --budget auto (settings the device sampler does not
- * take; greedy and device-sampled rounds build on the device inside the graph):
- * the drafter and top-K run on the device, the D x K table comes to the host,
- * where the CPU builder grows the tree under the cost model (CaDDTree: it stops
- * where another node no longer pays for its verify cost); the tree goes back to
- * the device for verify, the logits to the host for the walk.
+ * A round with --budget auto off the graph: host-sampled (settings the device
+ * sampler does not take) or one rank of several (auto_host); the other rounds
+ * build on the device inside the graph.  The drafter and top-K run on the
+ * device, the D x K table comes to the host, where the CPU builder grows the
+ * tree and cuts it at the best verify bucket, as the device does; the tree goes
+ * back to the device for verify, then the device walk (greedy) or the logits to
+ * the host for the host walk.
  */
 static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, int32_t len,
-                             uint64_t round, int32_t *n_out, ddt_error *err) {
+                             uint64_t round, bool greedy, int32_t *n_out, ddt_error *err) {
     const size_t cells = (size_t)e->depth * (size_t)k;
     DDT_CUDA_TRY(mark(e, 0), err);
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
@@ -582,6 +589,12 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     DDT_CUDA_TRY(mark(e, 2), err);
     TRY(launch_verify(e, n, err));
     *n_out = n;
+    if (greedy) { /* several ranks (auto_host) */
+        TRY(ddt_cuda_argmax_rows(e->logits, n, e->tree.n_nodes, e->vocab, e->target_next, e->s, err));
+        TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
+        DDT_CUDA_TRY(mark(e, 4), err);
+        return launch_commit(e, err);
+    }
     DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)n * e->vocab,
                                  cudaMemcpyDeviceToHost, e->s), err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
@@ -753,7 +766,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
     /* settings changed since the graph was captured (set_sampling): capture it again
        for the full budget, before the first round */
-    if (on_device && e->graph_next != mode)
+    if (on_device && !e->auto_host && e->graph_next != mode)
         TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
                           e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
     TRY(ddt_cuda_target_reset(e->target, err));
@@ -808,8 +821,8 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                token emitted, as the CPU loop does (the build, sampler and walk
                kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
-            if (e->auto_budget && !on_device) {
-                TRY(auto_round(e, budget, k, bonus, len, round, &n, err));
+            if (e->auto_budget && (!on_device || e->auto_host)) {
+                TRY(auto_round(e, budget, k, bonus, len, round, mode == NEXT_ARGMAX, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1) {
@@ -829,7 +842,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",
                                 (unsigned long long)round, e->emit_h[1], m);
             if (!e->auto_budget) n = budget + 1;
-            else if (on_device) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
+            else if (on_device && !e->auto_host) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
             s.t_draft += elapsed(e->ev[0], e->ev[1]);
             s.t_build += elapsed(e->ev[1], e->ev[2]);
             s.t_verify += elapsed(e->ev[2], e->ev[3]);
@@ -851,7 +864,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     (void)bonus;
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
-    s.round_kernels = on_device ? e->graph_kernels : 0;
+    s.round_kernels = on_device && !e->auto_host ? e->graph_kernels : 0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;
