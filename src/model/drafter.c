@@ -256,12 +256,9 @@ uint64_t ddt_drafter_state_bytes(const ddt_drafter *d) { return d->state_bytes; 
  */
 static void norm_rope_heads(ddt_drafter *d, float *rows, int32_t n, int32_t nh, const ddt_cpu_vec *w,
                             const float *cs, const float *sn) {
-    const int32_t hd = d->desc.dims.hd, half = hd / 2;
-    ddt_cpu_rmsnorm(d->pool, rows, hd, (int64_t)n * nh, hd, w, d->desc.dims.eps, rows, hd);
-    for (int32_t i = 0; i < n; i++)
-        for (int32_t h = 0; h < nh; h++)
-            ddt_cpu_rope_rotate(rows + ((size_t)i * nh + h) * hd, hd, false, cs + (size_t)i * half,
-                                sn + (size_t)i * half);
+    /* the CPU twin of the GPU's qkv_prep (packed rows, in place) */
+    const int64_t width = (int64_t)nh * d->desc.dims.hd;
+    ddt_cpu_dflash_norm_rope(d->pool, rows, width, n, nh, d->desc.dims.hd, w, d->desc.dims.eps, cs, sn, rows, width);
 }
 
 /* K/V of n context tokens (ctx [n][H], normed) into cache rows len..len+n-1 of every layer. */
