@@ -57,7 +57,6 @@ struct ddt_engine_cuda {
        on the host (host-sampled rounds) the CPU builder and pinned staging of table
        and tree */
     bool auto_budget;
-    bool auto_host;        /* auto rounds on the host path even when greedy: several ranks (below) */
     ddt_builder *builder;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
@@ -93,6 +92,22 @@ static int next_mode(const ddt_engine_cuda *e) {
     if (e->opts.sampling.temperature <= 0.0f) return NEXT_ARGMAX;
     if (e->opts.cuda_host_sampler) return NEXT_HOST;
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
+}
+
+/* Auto rounds of one rank of several stay on the host path, greedy ones too:
+ * the multi-GPU engine refuses --budget auto (each GPU would time its own
+ * costs), and the emulated ranks of the tests reduce on the host, which no
+ * graph can hold. */
+static bool auto_host(const ddt_engine_cuda *e) { return e->auto_budget && e->world > 1; }
+
+/* The auto budget's buckets for a round of `budget` nodes that is not the full
+ * budget's (the context's last rounds): the budget alone. */
+static ddt_cuda_tree_auto single_bucket(const ddt_engine_cuda *e, int32_t budget) {
+    ddt_cuda_tree_auto a = e->tauto;
+    a.cond = 0;
+    a.n_buckets = 1;
+    a.bucket[0] = budget;
+    return a;
 }
 
 #define TRY(call)                      \
@@ -243,13 +258,9 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
         if ((st = setup_auto(e, err))) goto fail;
-        /* several ranks: the lockstep auto rounds stay off the graph (the multi-GPU
-           engine refuses --budget auto, each GPU would time its own costs; the
-           emulated ranks of the tests reduce on the host, which no graph can hold) */
-        e->auto_host = world > 1;
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
-    if (!e->auto_host &&
+    if (!auto_host(e) &&
         (st = capture_graph(e, dflash ? e->max_nodes - 1 : 0, opts->mode == DDT_MODE_TREE ? e->kmax : 1, err)))
         goto fail;
     *out = e;
@@ -334,13 +345,7 @@ static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_
     }
     /* the auto budget outside the graph (the context's last rounds): one verify
        bucket, the whole budget, since the host cannot see the device's choice */
-    ddt_cuda_tree_auto one_bucket;
-    if (e->auto_budget) {
-        one_bucket = e->tauto;
-        one_bucket.cond = 0;
-        one_bucket.n_buckets = 1;
-        one_bucket.bucket[0] = budget;
-    }
+    const ddt_cuda_tree_auto one_bucket = single_bucket(e, budget);
     TRY(launch_draft_build(e, budget, k, e->auto_budget ? &one_bucket : NULL, err));
     TRY(launch_verify(e, budget + 1, err));
     TRY(launch_next(e, mode, budget + 1, e->tree.n_nodes, e->target_next, err));
@@ -539,8 +544,8 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
  * back to the device for verify, then the device walk (greedy) or the logits to
  * the host for the host walk.
  */
-static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, int32_t len,
-                             uint64_t round, bool greedy, int32_t *n_out, ddt_error *err) {
+static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, uint64_t round,
+                             bool greedy, int32_t *n_out, ddt_error *err) {
     const size_t cells = (size_t)e->depth * (size_t)k;
     DDT_CUDA_TRY(mark(e, 0), err);
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
@@ -552,16 +557,15 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
                  err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
     ddt_draft_table tb = {e->depth, k, e->logq_h, e->ttok_h};
-    (void)len; /* the engine's cost model has one context row */
     /* the graph round's rule on the host: the full tree, cut at the best verify
        bucket (ddt_cost_bucket_cut; the device's cut is the same), so host- and
        device-sampled rounds verify the same trees */
     TRY(ddt_tree_build(e->builder, &tb, bonus, budget, NULL, e->vocab, &e->htree, err));
-    const ddt_cuda_tree_auto *a = &e->tauto;
-    int32_t one_bucket = budget, j;
-    const bool full = budget == a->bucket[a->n_buckets - 1];
-    const int32_t keep = ddt_cost_bucket_cut(e->htree.logw, e->htree.n_nodes, e->vcost_h, a->draft_cost,
-                                             full ? a->bucket : &one_bucket, full ? a->n_buckets : 1, &j);
+    const ddt_cuda_tree_auto a =
+        budget == e->tauto.bucket[e->tauto.n_buckets - 1] ? e->tauto : single_bucket(e, budget);
+    int32_t j;
+    const int32_t keep =
+        ddt_cost_bucket_cut(e->htree.logw, e->htree.n_nodes, e->vcost_h, a.draft_cost, a.bucket, a.n_buckets, &j);
     if (keep < e->htree.n_nodes) { /* the kept prefix as a walkable tree of its own */
         memcpy(e->tok_h, e->htree.token, sizeof(int32_t) * (size_t)keep);
         memcpy(e->par_h, e->htree.parent, sizeof(int32_t) * (size_t)keep);
@@ -766,7 +770,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
     /* settings changed since the graph was captured (set_sampling): capture it again
        for the full budget, before the first round */
-    if (on_device && !e->auto_host && e->graph_next != mode)
+    if (on_device && !auto_host(e) && e->graph_next != mode)
         TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
                           e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
     TRY(ddt_cuda_target_reset(e->target, err));
@@ -821,8 +825,8 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                token emitted, as the CPU loop does (the build, sampler and walk
                kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
-            if (e->auto_budget && (!on_device || e->auto_host)) {
-                TRY(auto_round(e, budget, k, bonus, len, round, mode == NEXT_ARGMAX, &n, err));
+            if (e->auto_budget && (!on_device || auto_host(e))) {
+                TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1) {
@@ -842,7 +846,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 return ddt_fail(err, DDT_ERR_INTERNAL, "device round %llu failed: tree status %d, %d tokens",
                                 (unsigned long long)round, e->emit_h[1], m);
             if (!e->auto_budget) n = budget + 1;
-            else if (on_device && !e->auto_host) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
+            else if (on_device && !auto_host(e)) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
             s.t_draft += elapsed(e->ev[0], e->ev[1]);
             s.t_build += elapsed(e->ev[1], e->ev[2]);
             s.t_verify += elapsed(e->ev[2], e->ev[3]);
@@ -864,7 +868,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     (void)bonus;
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
-    s.round_kernels = on_device && !e->auto_host ? e->graph_kernels : 0;
+    s.round_kernels = on_device && !auto_host(e) ? e->graph_kernels : 0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;
