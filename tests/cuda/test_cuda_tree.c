@@ -137,6 +137,26 @@ typedef struct build_ctx {
     int mismatched, compared, walks, long_walks, cut;
 } build_ctx;
 
+/* The buffers of the build comparisons, for the largest budget and table. */
+static void build_ctx_open(build_ctx *c) {
+    memset(c, 0, sizeof *c);
+    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &c->dt, &err_));
+    OK(ddt_builder_create(DDT_MAX_BUDGET, &c->b, &err_));
+    OK(ddt_tree_alloc(DDT_MAX_NODES, &c->ct, &err_));
+    CU(cudaMalloc((void **)&c->dq, DDT_MAX_DEPTH * DDT_MAX_TOPK * sizeof(float)));
+    CU(cudaMalloc((void **)&c->dtok, DDT_MAX_DEPTH * DDT_MAX_TOPK * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&c->dnext, DDT_MAX_NODES * 4));
+}
+
+static void build_ctx_close(build_ctx *c) {
+    CU(cudaFree(c->dq));
+    CU(cudaFree(c->dtok));
+    CU(cudaFree(c->dnext));
+    ddt_cuda_tree_free(&c->dt);
+    ddt_tree_free(&c->ct);
+    ddt_builder_destroy(c->b);
+}
+
 static float g_logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
 static int32_t g_tok[DDT_MAX_DEPTH * DDT_MAX_TOPK];
 
@@ -232,13 +252,7 @@ static void fill_table(int D, int K, int kind) {
 
 static void test_build_and_walk(int iters) {
     static build_ctx c;
-    memset(&c, 0, sizeof c);
-    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &c.dt, &err_));
-    OK(ddt_builder_create(DDT_MAX_BUDGET, &c.b, &err_));
-    OK(ddt_tree_alloc(DDT_MAX_NODES, &c.ct, &err_));
-    CU(cudaMalloc((void **)&c.dq, sizeof g_logq));
-    CU(cudaMalloc((void **)&c.dtok, sizeof g_tok));
-    CU(cudaMalloc((void **)&c.dnext, DDT_MAX_NODES * 4));
+    build_ctx_open(&c);
     for (int it = 0; it < iters; it++) {
         int D = 1 + (int)(rnd() % (it % 3 ? 15 : 31));
         int K = (it % 5 == 0) ? 1 + (int)(rnd() % 1024) : 1 + (int)(rnd() % 64);
@@ -359,12 +373,7 @@ static void test_build_and_walk(int iters) {
     CHECK(status == DDT_CUDA_TREE_BAD_TARGET, "bad target: status %d", status);
     printf("bad table / damaged tree / bad target: status codes checked\n");
 
-    CU(cudaFree(dq));
-    CU(cudaFree(dtok));
-    CU(cudaFree(dnext));
-    ddt_cuda_tree_free(&c.dt);
-    ddt_tree_free(&c.ct);
-    ddt_builder_destroy(c.b);
+    build_ctx_close(&c);
 }
 
 /* The device pipeline: top-K from logits, build from that table; the CPU builds
@@ -542,14 +551,8 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
 
 static void test_build_auto(int iters) {
     static build_ctx c;
-    memset(&c, 0, sizeof c);
+    build_ctx_open(&c);
     float *dvcost;
-    OK(ddt_cuda_tree_alloc(DDT_MAX_BUDGET, &c.dt, &err_));
-    OK(ddt_builder_create(DDT_MAX_BUDGET, &c.b, &err_));
-    OK(ddt_tree_alloc(DDT_MAX_NODES, &c.ct, &err_));
-    CU(cudaMalloc((void **)&c.dq, sizeof g_logq));
-    CU(cudaMalloc((void **)&c.dtok, sizeof g_tok));
-    CU(cudaMalloc((void **)&c.dnext, DDT_MAX_NODES * 4));
     CU(cudaMalloc((void **)&dvcost, DDT_MAX_NODES * 4));
     int bad = 0;
     for (int it = 0; it < iters; it++) {
@@ -580,12 +583,7 @@ static void test_build_auto(int iters) {
     a.vcost = NULL;
     CHECK(ddt_cuda_tree_build_auto(&c.dt, c.dq, c.dtok, 3, 4, 4, 5000, &a, NULL, &e) != DDT_OK,
           "no cost table accepted");
-    ddt_cuda_tree_free(&c.dt);
-    ddt_builder_destroy(c.b);
-    ddt_tree_free(&c.ct);
-    CU(cudaFree(c.dq));
-    CU(cudaFree(c.dtok));
-    CU(cudaFree(c.dnext));
+    build_ctx_close(&c);
     CU(cudaFree(dvcost));
 }
 

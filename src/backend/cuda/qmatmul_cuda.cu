@@ -614,6 +614,21 @@ static __global__ void transpose_groups_kernel(uint8_t *__restrict__ dst, const 
     }
 }
 
+/* The end of making a device weight on the stream: wait for its kernels, then
+ * hand it out (*out = *w), or free it and report the first failure. */
+static ddt_status weight_made(ddt_status st, ddt_qweight *w, ddt_qweight *out, const char *what, ddt_error *err) {
+    if (st == DDT_OK) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: %s: %s", what, cudaGetErrorString(e));
+    }
+    if (st != DDT_OK) {
+        ddt_cuda_qweight_free(w);
+        return st;
+    }
+    *out = *w;
+    return DDT_OK;
+}
+
 static ddt_status transpose_launch(uint8_t *dst, const void *src, int es, int64_t count, int64_t R, int64_t C,
                                    int64_t stride, int64_t off, int64_t src_ld, ddt_error *err) {
     const int64_t total = count * C * R;
@@ -670,16 +685,7 @@ extern "C" ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, co
                                   g->w_row_offset / B, scols, err);
         }
     }
-    if (st == DDT_OK) {
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_transpose_groups: %s", cudaGetErrorString(e));
-    }
-    if (st != DDT_OK) {
-        ddt_cuda_qweight_free(&o);
-        return st;
-    }
-    *out = o;
-    return DDT_OK;
+    return weight_made(st, &o, out, "qweight_transpose_groups", err);
 }
 
 /* ------------------------------------------------------------------ row concatenation */
@@ -887,14 +893,5 @@ extern "C" ddt_status ddt_cuda_qweight_random(ddt_qformat format, ddt_dtype dtyp
         if (st == DDT_OK) st = fill(scale, (int64_t)(sb / 2), 3, 0, amp, seed + 1, s, err);
         break;
     }
-    if (st == DDT_OK) {
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_random: %s", cudaGetErrorString(e));
-    }
-    if (st != DDT_OK) {
-        ddt_cuda_qweight_free(&w);
-        return st;
-    }
-    *dev = w;
-    return DDT_OK;
+    return weight_made(st, &w, dev, "qweight_random", err);
 }
