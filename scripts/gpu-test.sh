@@ -14,7 +14,8 @@
 #   expert kernels by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
 #   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
 #   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
-#   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv).
+#   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv); ncu-round = every kernel's time in
+#   a short generate of the shipped pair (ar, tree 64, tree 64 at T = 1: $OUT/ncu-round-*.csv.gz).
 # Exit status: non-zero when any test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -123,6 +124,24 @@ for s in "${steps[@]}"; do
         ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
             $B/cuda_bench_k26 --profile $n > "$OUT/ncu-layer-$n.csv" 2>&1; tail -2 "$OUT/ncu-layer-$n.csv"
       done ;;
+    ncu-round) for m in "ar" "tree --budget 64" "tree --budget 64 --temperature 1"; do
+        echo "== ncu-round: $m"
+        # every kernel of a short generate (prefill, capture and ~10 graph-replayed rounds): the
+        # per-kernel GPU time of a round, to set against the round's wall time
+        ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+            $B/ddtree generate --backend cuda --model models/pystdlib-target --draft models/pystdlib-dflash \
+            --prompt "def parse_args(argv):" --max-tokens 40 --json --mode $m 2>&1 | grep -v '^==PROF==' \
+            | gzip > "$OUT/ncu-round-$(echo $m | tr -c 'a-z0-9\n' '_').csv.gz"
+        $B/ddtree generate --backend cuda --model models/pystdlib-target --draft models/pystdlib-dflash \
+            --prompt "def parse_args(argv):" --max-tokens 40 --json --mode $m | tail -c 1500
+      done 2>&1 | tee -a "$OUT/ncu-round.log"
+      # the timeline inside the graph (start and end of every kernel node): the gaps between kernels
+      if command -v nsys >/dev/null; then
+        nsys profile -f true -o /tmp/ddt-round --cuda-graph-trace=node $B/ddtree generate --backend cuda \
+            --model models/pystdlib-target --draft models/pystdlib-dflash --prompt "def parse_args(argv):" \
+            --max-tokens 40 --mode tree --budget 64 > /dev/null 2>&1
+        nsys stats -q --report cuda_gpu_trace --format csv /tmp/ddt-round.nsys-rep 2>&1 | gzip > "$OUT/nsys-tree64.csv.gz"
+      else echo "ncu-round: no nsys on this machine" | tee -a "$OUT/ncu-round.log"; fi ;;
     bench) bench_all 2>&1 | tee -a "$OUT/bench.md" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac

@@ -31,6 +31,22 @@
 #define DDT_CUDA_LAUNCHED(name, stream, err) DDT_CUDA_TRY(cudaGetLastError(), err)
 #endif
 
+/* Programmatic dependent launch.  The engine turns the kernel-to-kernel edges of
+ * its captured round graphs into programmatic edges (engine_cuda.c), so a kernel's
+ * blocks are scheduled while its predecessor still runs; every kernel of the
+ * backend therefore opens with this wait, which returns once every grid it
+ * depends on has finished and its writes are visible.  Outside a programmatic
+ * edge it returns at once.  tests/check_grid_wait.sh checks that no kernel lacks it. */
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DDT_GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define DDT_GRID_DEP_WAIT() \
+    do {                    \
+    } while (0)
+#endif
+#endif
+
 /* The backend's one checked device allocation: *p = n elements of sz bytes (at
  * least one, so an empty buffer is still a valid pointer), the size product
  * overflow-checked; *counter (when not NULL) grows by the bytes taken. */

@@ -44,6 +44,7 @@ static __device__ __forceinline__ bool append_ok(int len, int count, int max_cou
 
 static __global__ void clamp_rows_kernel(const int32_t *__restrict__ rows, const int32_t *__restrict__ m_p,
                                          int max_m, int32_t *__restrict__ out) {
+    DDT_GRID_DEP_WAIT();
     int m = *m_p;
     if (m > max_m) m = max_m;
     for (int k = threadIdx.x; k < max_m; k += blockDim.x) out[k] = m >= 1 ? rows[k < m ? k : m - 1] : 0;
@@ -66,6 +67,7 @@ extern "C" ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *
  * Every early return is uniform over the warp (the butterfly needs all 32 lanes). */
 template <int NP>
 static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
+    DDT_GRID_DEP_WAIT();
     const int nq = p.q ? p.heads : 0, t = blockIdx.y;
     const int slot = blockIdx.x * PREP_WARPS + (threadIdx.x >> 5);
     if (slot >= nq + p.kv_heads) return;
@@ -153,6 +155,7 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
 
 static __global__ void advance_kernel(int32_t *len_p, int32_t *status, const int32_t *count_dev, int count_host,
                                       int max_count, int limit) {
+    DDT_GRID_DEP_WAIT();
     const int len = *len_p, count = read_count(count_dev, count_host);
     if (append_ok(len, count, max_count, limit))
         *len_p = len + count;
@@ -185,6 +188,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_partial_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
                     const int32_t *__restrict__ len_p, int n_block, int heads, int kv_heads, int hd, int max_rows,
                     int split, float scale, float *__restrict__ part_ml, float *__restrict__ part_acc) {
+    DDT_GRID_DEP_WAIT();
     const int group = heads / kv_heads, n_q = n_block * group;
     const int qchunks = (n_q + ATTN_QPB - 1) / ATTN_QPB;
     const int g = blockIdx.x / qchunks, qc = blockIdx.x % qchunks;
@@ -250,6 +254,7 @@ attn_partial_kernel(const float *__restrict__ q, const float *__restrict__ kc, c
 static __global__ void __launch_bounds__(COMBINE_THREADS)
 attn_combine_kernel(const int32_t *__restrict__ len_p, int n_block, int heads, int hd, int max_rows, int split,
                     const float *__restrict__ part_ml, const float *__restrict__ part_acc, float *__restrict__ o) {
+    DDT_GRID_DEP_WAIT();
     extern __shared__ float wsplit[]; /* [n_used] exp(m_s - M) */
     const int n_all = n_block * heads, qidx = blockIdx.x;
     const int n_rows = rows_to_read(len_p, n_block, max_rows);

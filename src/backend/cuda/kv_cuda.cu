@@ -28,6 +28,7 @@ static __device__ bool path_ok(const int32_t *path, int m, int len, int capacity
 static __global__ void __launch_bounds__(KV_THREADS)
 kv_commit_kernel(char *__restrict__ data, int capacity, int row_bytes, const int32_t *len_p,
                  const int32_t *__restrict__ path, const int32_t *path_len) {
+    DDT_GRID_DEP_WAIT();
     __shared__ uint4 slab[DDT_MAX_PATH][KV_SLAB / 16];
     const int m = *path_len, len = *len_p;
     if (!path_ok(path, m, len, capacity)) return;
@@ -51,6 +52,7 @@ kv_commit_kernel(char *__restrict__ data, int capacity, int row_bytes, const int
 
 static __global__ void kv_advance_kernel(int32_t *len_p, int32_t *status, int capacity,
                                          const int32_t *path, const int32_t *path_len) {
+    DDT_GRID_DEP_WAIT();
     const int m = *path_len, len = *len_p;
     if (path_ok(path, m, len, capacity)) {
         *len_p = len + m;
@@ -82,6 +84,7 @@ extern "C" ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *p
 }
 
 static __global__ void kv_add_kernel(int32_t *len_p, int32_t *status, int capacity, int n) {
+    DDT_GRID_DEP_WAIT();
     const int len = *len_p;
     if (len + n <= capacity) *len_p = len + n;
     else *status = DDT_CUDA_KV_BAD_PATH;
@@ -95,6 +98,7 @@ extern "C" ddt_status ddt_cuda_kv_advance(const ddt_cuda_kv *kv, int32_t n, ddt_
 }
 
 static __global__ void kv_set_kernel(int32_t *len_p, int32_t *status, int new_len) {
+    DDT_GRID_DEP_WAIT();
     *len_p = new_len;
     *status = DDT_CUDA_KV_OK;
 }

@@ -24,6 +24,7 @@
 
 static __global__ void __launch_bounds__(ROPE_THREADS)
 rope_write_kernel(ddt_cuda_mla_rope_args a) {
+    DDT_GRID_DEP_WAIT();
     const int i = blockIdx.x, half = a.rope / 2;
     const int pos = *a.len + a.depth[i];
     const int row = *a.len + i;
@@ -93,6 +94,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 
 static __global__ void __launch_bounds__(ATTN_THREADS)
 mla_attn_kernel(ddt_cuda_mla_attn_args a) {
+    DDT_GRID_DEP_WAIT();
     extern __shared__ float smem[];
     const int width = a.rank + a.rope;
     float *q = smem;                          /* [width] */
@@ -172,6 +174,7 @@ extern "C" ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, dd
 static __global__ void pack_q_kernel(const float *__restrict__ q_lat, const float *__restrict__ q_rope,
                                      int64_t ld_t, int64_t ld_h, int heads, int rank, int rope,
                                      __nv_bfloat16 *__restrict__ q16) {
+    DDT_GRID_DEP_WAIT();
     const int i = blockIdx.x / heads, h = blockIdx.x % heads, w = rank + rope;
     __nv_bfloat16 *dst = q16 + (int64_t)blockIdx.x * w;
     const float *ql = q_lat + (int64_t)blockIdx.x * rank, *qr = q_rope + (int64_t)i * ld_t + (int64_t)h * ld_h;
@@ -191,6 +194,7 @@ extern "C" ddt_status ddt_cuda_mla_pack_q(const float *q_lat, const float *q_rop
 
 static __global__ void cache_fill_kernel(void *cache, int64_t per_layer, int64_t used, int64_t total, bool bf16,
                                          uint64_t seed) {
+    DDT_GRID_DEP_WAIT();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         if (i % per_layer >= used) continue;
         uint64_t x = seed ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);

@@ -377,6 +377,7 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
 template <bool CLUSTER>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_attn_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmkv, const Params p) {
+    DDT_GRID_DEP_WAIT();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* a pass for plain sm_90 (-arch=sm_90a also emits compute_90 PTX): wgmma needs sm_90a */
 #else
@@ -668,6 +669,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 /* ---- global-path merge: one CTA per query row ---- */
 
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+    DDT_GRID_DEP_WAIT();
     __shared__ float sl[SPLIT_TARGET];
     const long long grow = blockIdx.x;
     const long long np = *p.n_prefix;

@@ -120,6 +120,7 @@ static __device__ void route_store(const ddt_moe_route_params &p, const int *cho
 
 static __global__ void __launch_bounds__(ROUTE_THREADS)
 route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params p, int32_t *idx, float *w) {
+    DDT_GRID_DEP_WAIT();
     /* 40 KB: s is recomputed for the chosen experts instead of stored for all (same bits) */
     __shared__ float choice[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_EXPERTS];
@@ -248,6 +249,7 @@ static __device__ __forceinline__ void route_token_warp(const float *__restrict_
 static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 route_warp_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
                   float *w) {
+    DDT_GRID_DEP_WAIT();
     __shared__ RouteWarpSmem sm[ROUTE_WARPS];
     const int warp = threadIdx.x >> 5;
     const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
@@ -544,6 +546,7 @@ static __device__ __forceinline__ void sort_entries(const int32_t *idx, const So
 
 static __global__ void __launch_bounds__(SORT_THREADS)
 moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws) {
+    DDT_GRID_DEP_WAIT();
     __shared__ SortSmem sm;
     sort_entries(idx, a, ws, sm);
 }
@@ -565,6 +568,7 @@ moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws) {
 static __global__ void __launch_bounds__(SORT_THREADS)
 moe_route_sort_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
                       float *w, SortArgs a, MoeWs ws) {
+    DDT_GRID_DEP_WAIT();
     __shared__ union {
         RouteWarpSmem route[SORT_THREADS / 32];
         SortSmem sort;
@@ -583,6 +587,7 @@ moe_route_sort_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_m
 template <int F, int TB, int U>
 static __global__ void __launch_bounds__(EX_WARPS * 32)
 moe_gateup_kernel(const QView W, MoeWs ws, const float *__restrict__ x, int64_t ldx, bool xvec, int inter) {
+    DDT_GRID_DEP_WAIT();
     const SlotRec rec = ws.rec[blockIdx.y];
     if (rec.cnt == 0) return;
     const int lane = threadIdx.x & 31;
@@ -614,6 +619,7 @@ moe_gateup_kernel(const QView W, MoeWs ws, const float *__restrict__ x, int64_t 
 template <int F, int R, int TB, int U>
 static __global__ void __launch_bounds__(EX_WARPS * 32)
 moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
+    DDT_GRID_DEP_WAIT();
     const SlotRec rec = ws.rec[blockIdx.y];
     if (rec.cnt == 0) return;
     const int lane = threadIdx.x & 31;
@@ -730,6 +736,7 @@ static __device__ __forceinline__ float4 combine_at4(const TokenEntries &te, int
 static __global__ void __launch_bounds__(COMBINE_THREADS)
 moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws, int hidden,
                    float *out, int64_t ldo) {
+    DDT_GRID_DEP_WAIT();
     __shared__ TokenEntries te;
     const int t = blockIdx.y;
     token_entries(idx, w, K, E_total, ws, t, te);
@@ -769,6 +776,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws,
                         int hidden, float *x, int64_t ldx, const float *__restrict__ sh, int64_t ldsh,
                         const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec) {
+    DDT_GRID_DEP_WAIT();
     __shared__ TokenEntries te;
     const int t = blockIdx.x;
     token_entries(idx, w, K, E_total, ws, t, te);

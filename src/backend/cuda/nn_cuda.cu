@@ -26,6 +26,7 @@ template <bool RESID>
 static __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_kernel(float *x, int64_t ldx, const float *__restrict__ r, int64_t ldr, int dim, const float *__restrict__ w,
                float eps, float *out, int64_t ldo, bool vec) {
+    DDT_GRID_DEP_WAIT();
     float *xr = x + (int64_t)blockIdx.x * ldx;
     float *orow = out + (int64_t)blockIdx.x * ldo;
     if (RESID) norm_row(xr, dim, NormRowResid{r + (int64_t)blockIdx.x * ldr}, w, eps, orow, vec);
@@ -61,6 +62,7 @@ extern "C" ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r
 }
 
 static __global__ void silu_mul_kernel(float *g, int64_t ldg, const float *__restrict__ u, int64_t ldu, int dim) {
+    DDT_GRID_DEP_WAIT();
     float *gr = g + (int64_t)blockIdx.y * ldg;
     const float *ur = u + (int64_t)blockIdx.y * ldu;
     for (int i = blockIdx.x * EW_THREADS + threadIdx.x; i < dim; i += gridDim.x * EW_THREADS) {
@@ -81,6 +83,7 @@ ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu,
 }
 
 static __global__ void add_kernel(float *x, const float *__restrict__ y, int64_t count) {
+    DDT_GRID_DEP_WAIT();
     for (int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x; i < count; i += (int64_t)gridDim.x * EW_THREADS)
         x[i] = x[i] + y[i];
 }
@@ -96,6 +99,7 @@ ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream
 
 static __global__ void gather_rows_kernel(float *dst, int64_t ldd, const float *__restrict__ src, int64_t lds,
                                           const int32_t *__restrict__ rows, int cols) {
+    DDT_GRID_DEP_WAIT();
     const float *s = src + (int64_t)rows[blockIdx.x] * lds;
     float *d = dst + (int64_t)blockIdx.x * ldd;
     for (int i = threadIdx.x; i < cols; i += EW_THREADS) d[i] = s[i];

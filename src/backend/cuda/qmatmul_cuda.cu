@@ -197,6 +197,7 @@ struct MMArgs {
  * those lines in L2/L1 instead of re-reading them from DRAM. */
 template <int F, int TB, int U>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
+    DDT_GRID_DEP_WAIT();
     const int lane = threadIdx.x & 31;
     const int64_t rblocks = (a.rows + MM_R - 1) / MM_R;
     const int64_t tblocks = (a.n + TB - 1) / TB;
@@ -298,6 +299,7 @@ static void ws_packed_bytes(const ddt_qweight *w, uint64_t *db, uint64_t *sb) {
  */
 static __global__ void ws_pack_kernel(const ddt_qweight w, int F, int64_t mtl, int64_t nu, uint8_t *out,
                                       uint8_t *sout) {
+    DDT_GRID_DEP_WAIT();
     const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= mtl * nu * 32) return;
     const int lane = (int)(id & 31);
@@ -562,6 +564,7 @@ extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int6
 static __global__ void __launch_bounds__(MT_THREADS)
 mt_kernel(const ddt_qweight w, const ddt_row_groups g, const float *__restrict__ x, int64_t ldx, int32_t n,
           float *__restrict__ y, int64_t ldy) {
+    DDT_GRID_DEP_WAIT();
     const int64_t j = (int64_t)blockIdx.x * MT_THREADS + threadIdx.x;
     const int64_t grp = blockIdx.y;
     const int32_t t0 = (int32_t)blockIdx.z * MT_TB;
@@ -606,6 +609,7 @@ extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_
 static __global__ void transpose_groups_kernel(uint8_t *__restrict__ dst, const uint8_t *__restrict__ src, int es,
                                                int64_t count, int64_t R, int64_t C, int64_t stride, int64_t off,
                                                int64_t src_ld) {
+    DDT_GRID_DEP_WAIT();
     const int64_t total = count * C * R;
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (int64_t)gridDim.x * blockDim.x) {
         const int64_t grp = o / (C * R), rem = o - grp * C * R, j = rem / R, i = rem - j * R;
@@ -785,6 +789,7 @@ extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *par
 /* ------------------------------------------------------------------ embedding */
 
 static __global__ void embed_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, float *out, int64_t ldo) {
+    DDT_GRID_DEP_WAIT();
     const int32_t id = ids[blockIdx.y];
     float *o = out + (int64_t)blockIdx.y * ldo;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < w.cols; c += (int64_t)gridDim.x * blockDim.x)
@@ -815,6 +820,7 @@ static __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 /* kind 0: random 32-bit words; 1: bf16 in [-a, a); 2: FP8 bytes, never NaN;
  * 3: bf16 scales in [a, 2a); 4: fp32 in [lo, hi) */
 static __global__ void fill_kernel(void *dst, int64_t count, int kind, float lo, float hi, uint64_t seed) {
+    DDT_GRID_DEP_WAIT();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
         const uint64_t r = mix64(seed ^ mix64((uint64_t)i));
         const float u = (float)(r >> 40) * (1.0f / 16777216.0f);

@@ -89,6 +89,7 @@ static __device__ __forceinline__ bool smp_before(uint32_t ka, int32_t ia, uint3
 }
 
 static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a) {
+    DDT_GRID_DEP_WAIT();
     if (a.params_dev) {
         const ddt_cuda_sample_params p = *a.params_dev;
         a.temperature = p.temperature;

@@ -232,6 +232,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
 topk_chunk_kernel(const float *__restrict__ logits, int vocab, int k, int chunks,
                   float *__restrict__ part_max, float *__restrict__ part_sum,
                   uint32_t *__restrict__ cand_key, int32_t *__restrict__ cand_id) {
+    DDT_GRID_DEP_WAIT();
     __shared__ uint32_t s_key[TOPK_CHUNK];
     __shared__ uint32_t o_key[TOPK_THREADS];
     __shared__ int32_t o_id[TOPK_THREADS];
@@ -268,6 +269,7 @@ topk_merge_kernel(int k, int chunks, const float *__restrict__ part_max,
                   const float *__restrict__ part_sum, const uint32_t *__restrict__ cand_key,
                   const int32_t *__restrict__ cand_id, float *__restrict__ logq,
                   int32_t *__restrict__ token) {
+    DDT_GRID_DEP_WAIT();
     __shared__ uint32_t o_key[TOPK_THREADS];
     __shared__ int32_t o_id[TOPK_THREADS];
     __shared__ float fscratch[32];
@@ -523,6 +525,7 @@ static __device__ int bucket_cut(const ddt_cuda_tree_auto *a, const build_node *
  * the visibility rows.
  */
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
+    DDT_GRID_DEP_WAIT();
     __shared__ int s_bad, s_n, s_rows, s_bucket;
     __shared__ build_node s_node[DDT_MAX_NODES];
     __shared__ uint2 s_cand[DDT_MAX_NODES]; /* (candidate key, its rank) per node */
@@ -635,6 +638,7 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
 
 static __global__ void argmax_rows_kernel(const float *__restrict__ logits, const int32_t *n_rows,
                                           int vocab, int32_t *__restrict__ out) {
+    DDT_GRID_DEP_WAIT();
     __shared__ float sv[32];
     __shared__ int si[32];
     if ((int)blockIdx.x >= *n_rows) return;
@@ -692,6 +696,7 @@ static __global__ void argmax_rows_kernel(const float *__restrict__ logits, cons
  */
 static __global__ void __launch_bounds__(ACCEPT_THREADS)
 tree_accept_kernel(ddt_cuda_tree t, const int32_t *__restrict__ target_next, int vocab) {
+    DDT_GRID_DEP_WAIT();
     __shared__ int32_t s_child[DDT_MAX_NODES]; /* lowest matching child, INT_MAX if none */
     __shared__ int s_bad_tree, s_bad_target;
     const int tid = threadIdx.x;
@@ -919,6 +924,7 @@ extern "C" ddt_status ddt_cuda_tree_accept(ddt_cuda_tree *t, const int32_t *targ
 }
 
 static __global__ void tree_emit_kernel(ddt_cuda_tree t, int32_t *out) {
+    DDT_GRID_DEP_WAIT();
     const int len = *t.path_len;
     if (len < 1 || len > DDT_MAX_PATH) {
         out[DDT_CUDA_EMIT_NODES] = *t.n_nodes;

@@ -212,6 +212,7 @@ static __device__ __forceinline__ void ws_split(const float4 v, uint32_t (&b)[4]
  */
 template <int F, int KIND, int NT>
 static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsArgs a) {
+    DDT_GRID_DEP_WAIT();
     constexpr int MT = ws_mt<F>(NT), S = ws_stages<F>(NT), UB = WsFmt<F>::UB, SB = WsFmt<F>::SB;
     constexpr int KW = ws_kw<F>(), XROW = ws_xrow<F>();
     constexpr int WN = ws_wn<F>(NT), NTW = NT / WN, NTH = ws_threads<F>(NT);

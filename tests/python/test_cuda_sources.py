@@ -1,0 +1,67 @@
+"""test_cuda_sources.py — source rules of the CUDA backend that no CPU run can observe.
+
+The engine turns the kernel-to-kernel edges of its round graphs into programmatic edges
+(programmatic dependent launch, engine_cuda.c): a kernel's blocks may start while the kernel
+before it still runs.  That is safe only because every kernel opens with DDT_GRID_DEP_WAIT()
+(griddepcontrol.wait), which holds it until its predecessors have finished.  A kernel that
+forgets it would read half-written inputs, a race no test on the CPU (and few on the GPU) can
+catch, so this test reads the sources: every __global__ function under src/backend/cuda must
+make the wait its first statement.
+"""
+
+import glob
+import os
+import re
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CUDA_DIR = os.path.join(HERE, "..", "..", "src", "backend", "cuda")
+
+
+def strip_comments(src):
+    """Blank out /* */ and // comments, keeping line numbers."""
+    src = re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), src, flags=re.S)
+    return re.sub(r"//[^\n]*", "", src)
+
+
+def kernels_without_wait(src):
+    """(line, kernel name) of every __global__ function whose body does not open with the wait."""
+    code = strip_comments(src)
+    bad = []
+    for m in re.finditer(r"\b__global__\b", code):
+        brace = code.find("{", m.end())
+        semi = code.find(";", m.end())
+        if brace < 0 or (0 <= semi < brace):
+            continue  # a declaration, not a definition
+        head = code[m.end():brace]
+        name = re.findall(r"(\w+)\s*\(", head)
+        name = [n for n in name if n != "__launch_bounds__"]
+        body = code[brace + 1:]
+        if not re.match(r"\s*DDT_GRID_DEP_WAIT\(\)\s*;", body):
+            bad.append((code.count("\n", 0, m.start()) + 1, name[0] if name else "?"))
+    return bad
+
+
+def test_every_kernel_waits_for_its_predecessors():
+    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
+    assert files, f"no CUDA sources under {CUDA_DIR}"
+    n_kernels = 0
+    missing = []
+    for f in files:
+        src = open(f, encoding="utf-8").read()
+        n_kernels += len(re.findall(r"\b__global__\b", strip_comments(src)))
+        missing += [f"{os.path.relpath(f, CUDA_DIR)}:{line} {name}" for line, name in kernels_without_wait(src)]
+    assert n_kernels >= 30, f"found only {n_kernels} kernels: is {CUDA_DIR} the backend?"
+    assert not missing, "kernels that do not open with DDT_GRID_DEP_WAIT():\n" + "\n".join(missing)
+
+
+def test_the_check_finds_a_kernel_without_the_wait():
+    good = ("static __global__ void __launch_bounds__(128) a_kernel(int *p) {\n"
+            "    DDT_GRID_DEP_WAIT();\n    *p = 1;\n}\n")
+    bad = ("template <int N>\nstatic __global__ void b_kernel(const float *x, float *y) {\n"
+           "    /* DDT_GRID_DEP_WAIT(); in a comment does not count */\n    y[0] = x[0];\n}\n")
+    late = "__global__ void c_kernel(int *p) {\n    int i = 0;\n    DDT_GRID_DEP_WAIT();\n    p[i] = 0;\n}\n"
+    decl = "__global__ void d_kernel(int *p);\n"
+    assert kernels_without_wait(good) == []
+    assert kernels_without_wait(bad) == [(2, "b_kernel")]
+    assert kernels_without_wait(late) == [(1, "c_kernel")]
+    assert kernels_without_wait(decl) == []
