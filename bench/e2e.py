@@ -34,6 +34,7 @@ def run_generate(args, prompt, mode, budget, temperature, seed):
         cmd += (["--budget", "auto", "--max-budget", str(args.max_auto_budget)] if budget == "auto"
                 else ["--budget", str(budget)])
     cmd += ["--prompt-ids", ",".join(map(str, prompt))] if isinstance(prompt, list) else ["--prompt", prompt]
+    cmd += args.extra_args.split()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"e2e: {' '.join(cmd)} failed:\n{r.stderr}")
@@ -103,6 +104,7 @@ def main():
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--n-prompts", type=int, default=0, help="use the first N prompts (0 = all)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--extra-args", default="", help="more `ddtree generate` flags for every run (e.g. --no-pdl)")
     ap.add_argument("--out-md")
     ap.add_argument("--out-png")
     args = ap.parse_args()

@@ -22,6 +22,8 @@ const char cli_engine_usage[] =
     "                       split-bf16 activations); greedy tree == ar still holds\n"
     "  --host-sampler       cuda: sample at T > 0 on the host (logits copied every round) instead of\n"
     "                       on the device; the same tokens, for comparison\n"
+    "  --no-pdl             cuda: plain kernel-to-kernel edges in the round graph instead of programmatic\n"
+    "                       dependent launch; the same tokens, for comparison\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
     "                       heads and routed experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
@@ -89,6 +91,10 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--host-sampler")) {
         a->host_sampler = true;
+        return 1;
+    }
+    if (!strcmp(f, "--no-pdl")) {
+        a->no_pdl = true;
         return 1;
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
@@ -193,6 +199,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     o->fast_attention = a->fast_attention;
     o->tensor_cores = a->tensor_cores;
     o->cuda_host_sampler = a->host_sampler;
+    o->cuda_no_pdl = a->no_pdl;
     o->gpus = (int32_t)a->gpus;
     o->draft_dir = a->draft;
     o->budget = (int32_t)(a->budget_auto ? a->max_budget : a->budget);

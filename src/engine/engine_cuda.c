@@ -72,6 +72,7 @@ struct ddt_engine_cuda {
     cudaGraphExec_t graph;
     int32_t graph_budget;
     int32_t graph_kernels; /* kernel nodes of the captured round (ddt_gen_stats.round_kernels) */
+    int32_t graph_pdl;     /* of its kernel-to-kernel edges, those made programmatic (ddt_gen_stats.round_pdl_edges) */
     int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
     cudaEvent_t ev[N_EVENTS];
     /* one rank of several (engine_multi_cuda.c): the sum over ranks of a stop flag,
@@ -411,6 +412,54 @@ static int32_t count_kernels(cudaGraph_t g) {
     return count;
 }
 
+/* Programmatic dependent launch for a captured graph: every edge from a kernel
+ * node to a kernel node becomes a programmatic edge that fires when all of the
+ * first kernel's blocks have started (cudaGraphKernelNodePortLaunchCompletion),
+ * so the second kernel's blocks are scheduled and waiting while the first one
+ * runs instead of being launched after it ends: on a small model whose kernels
+ * last a few microseconds that launch gap is a large share of a round.  Safe
+ * because every kernel of the backend opens with griddepcontrol.wait
+ * (DDT_GRID_DEP_WAIT, cuda_check.h, checked by tests/python/test_cuda_sources.py),
+ * which holds it until every grid it depends on has finished and flushed its
+ * writes; edges from or to other nodes (copies, events, the auto budget's switch)
+ * stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
+ * holds NCCL's kernels, which do not wait.  *converted counts the edges changed. */
+static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_error *err) {
+    size_t ne = 0;
+    DDT_CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne), err);
+    if (ne == 0) return DDT_OK;
+    cudaGraphNode_t *from = ddt_calloc_array(ne, sizeof *from), *to = ddt_calloc_array(ne, sizeof *to);
+    cudaGraphEdgeData *ed = ddt_calloc_array(ne, sizeof *ed);
+    ddt_status st = DDT_OK;
+    if (!from || !to || !ed) st = ddt_fail(err, DDT_ERR_NOMEM, "programmatic edges: %zu edges", ne);
+    cudaError_t ce = st == DDT_OK ? cudaGraphGetEdges(g, from, to, ed, &ne) : cudaSuccess;
+    for (size_t i = 0; st == DDT_OK && ce == cudaSuccess && i < ne; i++) {
+        enum cudaGraphNodeType tf, tt;
+        ce = cudaGraphNodeGetType(from[i], &tf);
+        if (ce == cudaSuccess) ce = cudaGraphNodeGetType(to[i], &tt);
+        if (ce != cudaSuccess || tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel ||
+            ed[i].type != cudaGraphDependencyTypeDefault)
+            continue;
+        ce = cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1);
+        cudaGraphEdgeData p;
+        memset(&p, 0, sizeof p);
+        p.type = cudaGraphDependencyTypeProgrammatic;
+        p.from_port = cudaGraphKernelNodePortLaunchCompletion;
+        if (ce == cudaSuccess) ce = cudaGraphAddDependencies(g, &from[i], &to[i], &p, 1);
+        if (ce == cudaSuccess) (*converted)++;
+    }
+    if (st == DDT_OK && ce != cudaSuccess)
+        st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: programmatic edges of the round graph: %s", cudaGetErrorString(ce));
+    free(from);
+    free(to);
+    free(ed);
+    return st;
+}
+
+/* world 0 = the single-GPU engine; a rank (even the one rank of --gpus 1 over
+   NCCL) has an all-reduce whose kernels are not ours */
+static bool use_pdl(const ddt_engine_cuda *e) { return e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl; }
+
 /* Capture the auto-budget round into *out (created here; the caller destroys it
  * on failure too); *kernels: the kernels of a round that takes the largest body. */
 static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, cudaGraph_t *out,
@@ -441,8 +490,10 @@ static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t
                             a.bucket[j] + 1, cudaGetErrorString(ce));
         int32_t c = count_kernels(bodies[j]);
         if (c > most) most = c;
+        if (use_pdl(e)) TRY(programmatic_edges(bodies[j], &e->graph_pdl, err));
     }
     *kernels = count_kernels(*out) + most;
+    if (use_pdl(e)) TRY(programmatic_edges(*out, &e->graph_pdl, err));
     return DDT_OK;
 }
 
@@ -455,6 +506,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     cudaGraph_t g = NULL;
     ddt_status st;
     cudaError_t ce = cudaSuccess;
+    e->graph_pdl = 0;
     if (e->auto_budget) {
         st = capture_auto_round(e, budget, k, &g, &e->graph_kernels, err);
     } else {
@@ -463,6 +515,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
         ce = cudaStreamEndCapture(e->s, &g);
         /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
         if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
+        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &e->graph_pdl, err);
     }
     if (st != DDT_OK) {
         if (g) cudaGraphDestroy(g);
@@ -627,6 +680,8 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
     ddt_status st = fn(e, n, err);
     cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+    int32_t converted = 0; /* the cost of the round's work as the round's graph runs it */
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &converted, err);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
     if (g) cudaGraphDestroy(g);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);
@@ -869,6 +924,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     s.round_kernels = on_device && !auto_host(e) ? e->graph_kernels : 0;
+    s.round_pdl_edges = on_device && !auto_host(e) ? e->graph_pdl : 0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;

@@ -873,6 +873,7 @@ static int32_t g_max_round_kernels; /* the most kernels a captured round held (p
 static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
 static bool g_host_sampler = false;
+static bool g_no_pdl = false; /* run_engine's engines keep plain graph edges (--no-pdl) */
 static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
 static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
 
@@ -888,6 +889,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.tensor_cores = g_tensor_cores;
     o.sampling = (ddt_sampling){temp, g_top_k, g_top_p, 7};
     o.cuda_host_sampler = g_host_sampler;
+    o.cuda_no_pdl = g_no_pdl;
     o.n_threads = 2;
     o.max_ctx = g_max_ctx;
     o.cost = g_cost;
@@ -902,6 +904,11 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
               "%s mode %d budget %d T %g: %d kernels per round", be == DDT_BACKEND_CUDA ? "cuda" : "cpu", (int)mode,
               budget, (double)temp, r->st.round_kernels);
     if (graph && r->st.round_kernels > g_max_round_kernels) g_max_round_kernels = r->st.round_kernels;
+    /* one GPU: the graph's kernel-to-kernel edges are programmatic unless --no-pdl */
+    if (graph)
+        CHECK(g_no_pdl ? r->st.round_pdl_edges == 0 : r->st.round_pdl_edges > 0,
+              "mode %d budget %d: %d programmatic edges (no_pdl %d)", (int)mode, budget, r->st.round_pdl_edges,
+              (int)g_no_pdl);
 }
 
 static void test_engine(const char *model, const char *draft, const int32_t *prompt, int np, int max_new,
@@ -927,6 +934,25 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU tree budget %d != GPU ar",
               model, budgets[b]);
         printf("  tree budget %d: tau %.2f, %.1f tok/s\n", budgets[b], x.st.mean_acceptance, x.st.tokens_per_s);
+    }
+    /* programmatic dependent launch changes when kernels start, never what they
+       compute: plain edges give the same tokens in ar and tree, greedy and T = 1 */
+    {
+        run_out np_ar, np_tree, p1, np1;
+        g_no_pdl = true;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &np_ar);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 64, 0.0f, prompt, np, max_new, &np_tree);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &np1);
+        g_no_pdl = false;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &p1);
+        CHECK(np_ar.n == ar.n && !memcmp(np_ar.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+              "%s: ar without PDL != ar with PDL", model);
+        CHECK(np_tree.n == ar.n && !memcmp(np_tree.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+              "%s: tree 64 without PDL != ar", model);
+        CHECK(np1.n == p1.n && !memcmp(np1.ids, p1.ids, sizeof(int32_t) * (size_t)p1.n),
+              "%s: T=1 tree 16 without PDL != with PDL", model);
+        printf("  PDL off: ar and tree 64 == ar, T=1 tree 16 == with PDL (ar %.1f vs %.1f tok/s, tree 64 %.1f tok/s)\n",
+               np_ar.st.tokens_per_s, ar.st.tokens_per_s, np_tree.st.tokens_per_s);
     }
     /* --budget auto: the device's cost-aware build under the measured GPU cost model
        (inside the round's graph), same tokens */

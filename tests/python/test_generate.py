@@ -136,6 +136,8 @@ def test_cli_backend_flag():
     assert tc.returncode == 2 and "--tensor-cores" in tc.stderr and "--backend cuda" in tc.stderr
     hs = run(*base, "--host-sampler", "--temperature", "1")
     assert hs.returncode == 2 and "--host-sampler" in hs.stderr and "--backend cuda" in hs.stderr
+    npdl = run(*base, "--no-pdl")
+    assert npdl.returncode == 2 and "--no-pdl" in npdl.stderr and "--backend cuda" in npdl.stderr
     bad = run(*base, "--backend", "tpu")
     assert bad.returncode == 2 and "--backend 'tpu'" in bad.stderr
     for mode in (["--mode", "ar"], ["--mode", "tree", "--draft", DRAFT, "--budget", "8"]):
