@@ -25,11 +25,13 @@
 
 typedef struct dev_mlp {
     ddt_qweight gate, up, down;
+    ddt_qweight gate_up; /* [gate; up] stacked (stack_pair): one product; gate and up then empty */
 } dev_mlp;
 
 typedef struct dev_layer {
     float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
     ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
+    ddt_qweight qkv_a; /* [q_a; kv_a] stacked (stack_pair): one product; q_a and kv_a then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
     dev_mlp mlp, shared;
@@ -60,13 +62,15 @@ struct ddt_cuda_target {
 
     /* run state, T = max_tokens rows (alloc_state sizes them) */
     float *x, *xn, *tmp, *acc; /* [T][hidden] residual stream, its norm, a projection out, the routed sum */
-    float *qa;                 /* [T][q_lora] (q_lora_rank 0: unused) */
+    float *qa;                 /* [T][q_lora + rank + rope]: q_a's output, or q_a's | kv_a's side by side
+                                  when they run as one product (qkv_a) */
     float *q;                  /* [T][heads][qdim] queries (nope | rope) */
     float *kva;                /* [T][rank + rope] kv_a output: latent | k_rope */
     float *kvn;                /* [T][rank] normed latent */
     float *q_lat, *o_lat;      /* [T][heads][rank] absorbed queries, attention output in latent space */
     float *o_v;                /* [T][heads][vdim] per-head values after W_UV */
-    float *g, *u;              /* [T][inter_max] gate / up (dense MLP, shared expert) */
+    float *g, *u;              /* [T][2 inter_max] gate | up side by side (gate_up), [T][inter_max] up
+                                  when they run apart */
     float *rlogits, *rw;       /* [T][n_experts] router logits, [T][top_k] routing weights */
     float *scores;             /* exact path: [T][heads][max_ctx] attention scores */
     int32_t *ridx;             /* [T][top_k] routed expert ids */
@@ -140,11 +144,31 @@ static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_
     return st;
 }
 
+static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, ddt_error *err);
+
 static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
     ddt_status st;
     if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
     if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;
+    if ((st = stack_pair(&d->gate, &d->up, &d->gate_up, err)) != DDT_OK) return st;
     return up_w(t, &h->down, &d->down, err);
+}
+
+/* Two projections of one input as one product: a, b stacked by rows into *ab
+ * (ddt_cuda_qweight_concat_rows) and freed, one launch fewer per use.  On the
+ * FP32 path each output is bitwise what the separate products give (an
+ * element's order depends on the columns only); on the tensor-core path the
+ * k-split follows the stacked row count, which changes the rounding but not
+ * batch invariance.  Formats that cannot stack (FP8 blocks that straddle the
+ * seam) keep the separate products. */
+static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, ddt_error *err) {
+    const ddt_qweight *parts[2] = {a, b};
+    if (!ddt_cuda_qweight_concat_ok(parts, 2)) return DDT_OK;
+    ddt_status st = ddt_cuda_qweight_concat_rows(parts, 2, ab, err);
+    if (st != DDT_OK) return st;
+    ddt_cuda_qweight_free(a);
+    ddt_cuda_qweight_free(b);
+    return DDT_OK;
 }
 
 /* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
@@ -187,6 +211,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
         return st;
     }
     if ((st = up_w(t, &h->kv_a, &d->kv_a, err)) != DDT_OK) return st;
+    if (t->dims.q_lora > 0 && (st = stack_pair(&d->q_a, &d->kv_a, &d->qkv_a, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->kv_a_norm, &d->kv_a_norm, err)) != DDT_OK) return st;
     const int64_t kvb = t->dims.nope + t->dims.vdim;
     if ((st = up_rows(t, &h->kv_b, h0 * kvb, (int64_t)t->dims.heads * kvb, &d->kv_b, err)) != DDT_OK) return st;
@@ -233,14 +258,14 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     A(t->xn, T * H, float);
     A(t->tmp, T * H, float);
     A(t->acc, T * H, float);
-    A(t->qa, T * (size_t)(t->dims.q_lora > 0 ? t->dims.q_lora : 1), float);
+    A(t->qa, T * (size_t)(t->dims.q_lora > 0 ? t->dims.q_lora + t->dims.rank + t->dims.rope : 1), float);
     A(t->q, T * (size_t)t->dims.heads * (size_t)t->dims.qdim, float);
     A(t->kva, T * (size_t)(t->dims.rank + t->dims.rope), float);
     A(t->kvn, T * (size_t)t->dims.rank, float);
     A(t->q_lat, T * (size_t)t->dims.heads * (size_t)t->dims.rank, float);
     A(t->o_lat, T * (size_t)t->dims.heads * (size_t)t->dims.rank, float);
     A(t->o_v, T * (size_t)t->dims.heads * (size_t)t->dims.vdim, float);
-    A(t->g, T * (size_t)t->dims.inter_max, float);
+    A(t->g, T * 2 * (size_t)t->dims.inter_max, float);
     A(t->u, T * (size_t)t->dims.inter_max, float);
     if (t->fast) {
         A(t->q16, T * (size_t)t->dims.heads * (size_t)(t->dims.rank + t->dims.rope), uint16_t);
@@ -431,6 +456,7 @@ static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uin
     ddt_status st;
     if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->gate, err)) != DDT_OK) return st;
     if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->up, err)) != DDT_OK) return st;
+    if ((st = stack_pair(&m->gate, &m->up, &m->gate_up, err)) != DDT_OK) return st;
     return rand_w(t, f, t->dims.hidden, inter, seed, &m->down, err);
 }
 
@@ -452,6 +478,7 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         return st;
     }
     if ((st = rand_w(t, f, t->dims.rank + t->dims.rope, t->dims.hidden, seed, &d->kv_a, err)) ||
+        (t->dims.q_lora > 0 && (st = stack_pair(&d->q_a, &d->kv_a, &d->qkv_a, err))) ||
         (st = rand_w(t, f, (int64_t)t->dims.heads * (t->dims.nope + t->dims.vdim), t->dims.rank, seed, &d->kv_b, err)) ||
         (st = rand_w(t, f, t->dims.hidden, (int64_t)t->dims.heads * t->dims.vdim, seed, &d->o_proj, err)) ||
         (st = make_uk_t(t, d, err)))
@@ -534,6 +561,7 @@ static void free_mlp(dev_mlp *m) {
     ddt_cuda_qweight_free(&m->gate);
     ddt_cuda_qweight_free(&m->up);
     ddt_cuda_qweight_free(&m->down);
+    ddt_cuda_qweight_free(&m->gate_up);
 }
 
 void ddt_cuda_target_free(ddt_cuda_target *t) {
@@ -544,7 +572,8 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
             dev_layer *d = &t->layers[l];
             float *vecs[] = {d->attn_norm, d->mlp_norm, d->q_a_norm, d->kv_a_norm, d->router_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) ddt_cuda_free(vecs[i]);
-            ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->kv_b, &d->uk_t, &d->o_proj, &d->router};
+            ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->qkv_a, &d->kv_b, &d->uk_t, &d->o_proj,
+                                 &d->router};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ddt_cuda_qweight_free(ws[i]);
             free_mlp(&d->mlp);
             free_mlp(&d->shared);
@@ -605,7 +634,12 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) */
 static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
                               ddt_error *err) {
-    const int64_t inter = m->gate.rows;
+    const int64_t inter = m->gate_up.data ? m->gate_up.rows / 2 : m->gate.rows;
+    if (m->gate_up.data) { /* g | u side by side in t->g */
+        TRY(ddt_cuda_matmul_mode(&m->gate_up, t->mm, in, t->dims.hidden, n, t->g, 2 * inter, t->stream, err));
+        TRY(ddt_cuda_silu_mul(t->g, 2 * inter, t->g + inter, 2 * inter, n, (int32_t)inter, t->stream, err));
+        return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, 2 * inter, n, out, t->dims.hidden, t->stream, err);
+    }
     TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter, t->stream, err));
     TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter, t->stream, err));
     TRY(ddt_cuda_silu_mul(t->g, inter, t->u, inter, n, (int32_t)inter, t->stream, err));
@@ -648,21 +682,35 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s, err));
     for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
+        /* kv_a's output: its own buffer, or beside q_a's when they run as one product */
+        const float *kva = t->kva;
+        int64_t kva_ld = width;
         if (t->dims.q_lora > 0) {
-            TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, t->dims.q_lora, s, err));
-            TRY(ddt_cuda_rmsnorm(t->qa, t->dims.q_lora, n, t->dims.q_lora, L->q_a_norm, LATENT_NORM_EPS, t->qa, t->dims.q_lora, s,
-                                 err));
-            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, t->dims.q_lora, n, t->q, (int64_t)heads * qd, s, err));
+            int64_t qa_ld = t->dims.q_lora;
+            if (L->qkv_a.data) {
+                qa_ld = t->dims.q_lora + width;
+                TRY(ddt_cuda_matmul_mode(&L->qkv_a, t->mm, t->xn, H, n, t->qa, qa_ld, s, err));
+                kva = t->qa + t->dims.q_lora;
+                kva_ld = qa_ld;
+            } else {
+                TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, qa_ld, s, err));
+            }
+            if (kva == t->kva) TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
+            /* both latents' norms in one launch (the same bits as two) */
+            const ddt_cuda_norm_job jobs[2] = {{t->qa, qa_ld, t->dims.q_lora, L->q_a_norm, t->qa, qa_ld},
+                                               {kva, kva_ld, rank, L->kv_a_norm, t->kvn, rank}};
+            TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd, s, err));
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
+            TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
-        TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
-        TRY(ddt_cuda_rmsnorm(t->kva, width, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
         ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->dims.nope, .rope = rope, .rank = rank,
                                      .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
                                      .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
-                                     .q = t->q, .kvn = t->kvn, .kva = t->kva, .kva_ld = (int32_t)width,
+                                     .q = t->q, .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld,
                                      .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
         TRY(ddt_cuda_mla_rope_write(&ra, s, err));
         if (L->uk_t.mma) {

@@ -8,7 +8,8 @@
  *     (NaN poison) never written;
  *   - ddt_cuda_add_rmsnorm: the stored sum bitwise the CPU's ddt_cpu_add, the norm
  *     within the same bound, and both bitwise ddt_cuda_add then ddt_cuda_rmsnorm;
- *   - every row alone bitwise the same row inside a batch.
+ *   - every row alone bitwise the same row inside a batch;
+ *   - ddt_cuda_rmsnorm_pair bitwise two ddt_cuda_rmsnorm launches, padding kept.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
  */
 #include <cuda_runtime_api.h>
@@ -118,6 +119,62 @@ static void norm_case(int32_t dim, int64_t ld, int32_t n, int shift) {
     free(x), free(r), free(w), free(ref), free(got), free(sum), free(got2), free(xs);
 }
 
+/* ddt_cuda_rmsnorm_pair bitwise two ddt_cuda_rmsnorm calls: job 0 in place
+ * (as the q_a latent), job 1 out of place from a slice of wider rows (as kv_a's
+ * latent); the padding of every output row (NaN poison) never written. */
+static void norm_pair_case(int32_t dim0, int64_t ld0, int32_t dim1, int64_t ld1, int32_t n) {
+    const size_t t0 = (size_t)n * (size_t)ld0, t1 = (size_t)n * (size_t)ld1, to = (size_t)n * (size_t)dim1 + 3;
+    float *x0 = malloc(sizeof(float) * t0), *x1 = malloc(sizeof(float) * t1), *w0 = malloc(sizeof(float) * dim0),
+          *w1 = malloc(sizeof(float) * dim1);
+    float *a0 = malloc(sizeof(float) * t0), *b0 = malloc(sizeof(float) * t0), *a1 = malloc(sizeof(float) * to),
+          *b1 = malloc(sizeof(float) * to);
+    for (size_t i = 0; i < t0; i++) x0[i] = frand();
+    for (size_t i = 0; i < t1; i++) x1[i] = frand();
+    for (int32_t i = 0; i < dim0; i++) w0[i] = 1.0f + 0.5f * frand();
+    for (int32_t i = 0; i < dim1; i++) w1[i] = 1.0f + 0.5f * frand();
+    float *dx0, *dy0, *dx1, *dw0, *dw1, *do1, *dp1;
+    CU(cudaMalloc((void **)&dx0, sizeof(float) * t0));
+    CU(cudaMalloc((void **)&dy0, sizeof(float) * t0));
+    CU(cudaMalloc((void **)&dx1, sizeof(float) * t1));
+    CU(cudaMalloc((void **)&dw0, sizeof(float) * dim0));
+    CU(cudaMalloc((void **)&dw1, sizeof(float) * dim1));
+    CU(cudaMalloc((void **)&do1, sizeof(float) * to));
+    CU(cudaMalloc((void **)&dp1, sizeof(float) * to));
+    CU(cudaMemcpy(dx0, x0, sizeof(float) * t0, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dy0, x0, sizeof(float) * t0, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dx1, x1, sizeof(float) * t1, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dw0, w0, sizeof(float) * dim0, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dw1, w1, sizeof(float) * dim1, cudaMemcpyHostToDevice));
+    CU(cudaMemset(do1, 0xFF, sizeof(float) * to)); /* NaN */
+    CU(cudaMemset(dp1, 0xFF, sizeof(float) * to));
+    const float eps = 1e-6f;
+    /* the reference: two launches */
+    OK(ddt_cuda_rmsnorm(dx0, ld0, n, dim0, dw0, eps, dx0, ld0, NULL, &err_));
+    OK(ddt_cuda_rmsnorm(dx1, ld1, n, dim1, dw1, eps, do1 + 3, dim1, NULL, &err_));
+    const ddt_cuda_norm_job jobs[2] = {{dy0, ld0, dim0, dw0, dy0, ld0}, {dx1, ld1, dim1, dw1, dp1 + 3, dim1}};
+    OK(ddt_cuda_rmsnorm_pair(jobs, n, eps, NULL, &err_));
+    CU(cudaMemcpy(a0, dx0, sizeof(float) * t0, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(b0, dy0, sizeof(float) * t0, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(a1, do1, sizeof(float) * to, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(b1, dp1, sizeof(float) * to, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(a0, b0, sizeof(float) * t0), "rmsnorm_pair job 0 (in place, dim %d ld %lld n %d) != rmsnorm", dim0,
+          (long long)ld0, n);
+    CHECK(!memcmp(a1, b1, sizeof(float) * to), "rmsnorm_pair job 1 (dim %d of ld %lld, n %d) != rmsnorm", dim1,
+          (long long)ld1, n);
+    int poisoned = 0;
+    for (int i = 0; i < 3; i++) poisoned += isnan(b1[i]) ? 1 : 0;
+    CHECK(poisoned == 3, "rmsnorm_pair wrote before its output rows");
+    /* job 0's padding columns are its input's: untouched */
+    int kept = 1;
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t i = dim0; i < ld0; i++) kept &= !memcmp(&b0[t * ld0 + i], &x0[t * ld0 + i], sizeof(float));
+    CHECK(kept, "rmsnorm_pair wrote job 0's padding");
+    printf("rmsnorm_pair dims %d/%lld + %d/%lld, n %d: bitwise the two launches\n", dim0, (long long)ld0, dim1,
+           (long long)ld1, n);
+    cudaFree(dx0), cudaFree(dy0), cudaFree(dx1), cudaFree(dw0), cudaFree(dw1), cudaFree(do1), cudaFree(dp1);
+    free(x0), free(x1), free(w0), free(w1), free(a0), free(b0), free(a1), free(b1);
+}
+
 int main(int argc, char **argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     ddt_error err;
@@ -130,6 +187,9 @@ int main(int argc, char **argv) {
     norm_case(512, 576, 5, 0);     /* the latent slice of kv_a's rows */
     norm_case(130, 130, 4, 0);     /* not a multiple of 4: strided path */
     norm_case(256, 256, 2, 1);     /* rows off 16 bytes: strided path */
+    norm_pair_case(128, 208, 64, 80, 65);      /* the shipped target: q_lora 128 | kv_a 80 side by side */
+    norm_pair_case(1536, 2112, 512, 576, 3);   /* K2.6 */
+    norm_pair_case(37, 101, 130, 131, 7);      /* odd: strided paths */
     if (!quick) {
         norm_case(8200, 8200, 2, 0); /* wider than the register rows: strided path */
         norm_case(7168, 7168, 64, 0);

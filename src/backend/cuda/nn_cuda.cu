@@ -61,6 +61,34 @@ extern "C" ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r
     return DDT_OK;
 }
 
+/* ddt_cuda_rmsnorm_pair's launch: blockIdx.y picks the job, blockIdx.x the row. */
+struct NormPair {
+    ddt_cuda_norm_job job[2];
+    bool vec[2];
+};
+
+static __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_pair_kernel(const NormPair p, float eps) {
+    DDT_GRID_DEP_WAIT();
+    const ddt_cuda_norm_job &j = p.job[blockIdx.y];
+    float *xr = (float *)j.x + (int64_t)blockIdx.x * j.ldx;
+    norm_row(xr, j.dim, NormNoResid{}, j.w, eps, j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y]);
+}
+
+extern "C" ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int32_t n, float eps,
+                                            ddt_cuda_stream stream, ddt_error *err) {
+    NormPair p;
+    for (int i = 0; i < 2; i++) {
+        const ddt_cuda_norm_job &j = jobs[i];
+        if (n < 1 || j.dim < 1 || !j.x || !j.w || !j.out)
+            return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm_pair: job %d: %d rows of %d", i, n, j.dim);
+        p.job[i] = j;
+        p.vec[i] = norm_vec(j.x, j.ldx, nullptr, 0, j.w, j.out, j.ldo, j.dim);
+    }
+    rmsnorm_pair_kernel<<<dim3((unsigned)n, 2), NORM_THREADS, 0, (cudaStream_t)stream>>>(p, eps);
+    DDT_CUDA_LAUNCHED("rmsnorm_pair", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
 static __global__ void silu_mul_kernel(float *g, int64_t ldg, const float *__restrict__ u, int64_t ldu, int dim) {
     DDT_GRID_DEP_WAIT();
     float *gr = g + (int64_t)blockIdx.y * ldg;

@@ -33,6 +33,23 @@ ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t l
                                 const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
                                 ddt_error *err);
 
+/* One RMSNorm of ddt_cuda_rmsnorm_pair: out[t] = rmsnorm(x[t][0..dim)) * w (row
+ * strides ldx, ldo; out may equal x). */
+typedef struct ddt_cuda_norm_job {
+    const float *x;
+    int64_t ldx;
+    int32_t dim;
+    const float *w;
+    float *out;
+    int64_t ldo;
+} ddt_cuda_norm_job;
+
+/* Two independent RMSNorms over the same n rows in one launch (MLA's q_a and kv_a
+ * latents): bitwise ddt_cuda_rmsnorm(jobs[0]) and ddt_cuda_rmsnorm(jobs[1]).  The
+ * jobs must not overlap in memory. */
+ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int32_t n, float eps, ddt_cuda_stream stream,
+                                 ddt_error *err);
+
 /* g[t][i] = silu(g[t][i]) * u[t][i] for i < dim, t < n (row strides ldg, ldu). */
 ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu, int32_t n, int32_t dim,
                              ddt_cuda_stream stream, ddt_error *err);
