@@ -32,6 +32,8 @@ typedef struct dev_layer {
     float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
     ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
     ddt_qweight qkv_a; /* [q_a; kv_a] stacked (stack_pair): one product; q_a and kv_a then empty */
+    ddt_qweight front; /* FP32 path, MoE with a shared expert: [router; shared gate; shared up] stacked
+                          (stack_front), one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
     dev_mlp mlp, shared;
@@ -72,6 +74,8 @@ struct ddt_cuda_target {
     float *g, *u;              /* [T][2 inter_max] gate | up side by side (gate_up), [T][inter_max] up
                                   when they run apart */
     float *rlogits, *rw;       /* [T][n_experts] router logits, [T][top_k] routing weights */
+    float *front;              /* [T][n_experts + 2 inter_max]: router logits | shared gate | up of the
+                                  layers with a stacked front (else unused) */
     float *scores;             /* exact path: [T][heads][max_ctx] attention scores */
     int32_t *ridx;             /* [T][top_k] routed expert ids */
     int32_t *iota;             /* [T] 0, 1, 2, ...: a prefill's depths (a chain: row i at position len + i) */
@@ -171,6 +175,21 @@ static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, dd
     return DDT_OK;
 }
 
+/* A MoE layer's three products of the normed input on the FP32 path, the
+ * router's and the shared expert's gate and up, as one (bitwise the three: an
+ * element's order depends on the columns only).  The router always runs the
+ * FP32 path, so with the tensor cores the shared expert keeps its own. */
+static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
+    if (t->mm != DDT_CUDA_MM_FP32 || !d->has_shared || !d->shared.gate_up.data) return DDT_OK;
+    const ddt_qweight *parts[2] = {&d->router, &d->shared.gate_up};
+    if (!ddt_cuda_qweight_concat_ok(parts, 2)) return DDT_OK;
+    ddt_status st = ddt_cuda_qweight_concat_rows(parts, 2, &d->front, err);
+    if (st != DDT_OK) return st;
+    ddt_cuda_qweight_free(&d->router);
+    ddt_cuda_qweight_free(&d->shared.gate_up);
+    return DDT_OK;
+}
+
 /* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
 static bool owns_dense(const ddt_cuda_target *t) { return !t->sharded || t->shard.dense; }
 
@@ -244,7 +263,8 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
         t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
     d->has_shared = h->has_shared && owns_dense(t);
-    return d->has_shared ? up_mlp(t, &h->shared, &d->shared, err) : DDT_OK;
+    if (d->has_shared && (st = up_mlp(t, &h->shared, &d->shared, err)) != DDT_OK) return st;
+    return stack_front(t, d, err);
 }
 
 static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
@@ -280,6 +300,10 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
     if (t->dims.n_experts > 0) {
         A(t->rlogits, T * (size_t)t->dims.n_experts, float);
+        int64_t front = 0; /* the widest stacked front (loaded before this runs) */
+        for (int32_t l = 0; l < t->dims.n_layers; l++)
+            if (t->layers[l].front.data && t->layers[l].front.rows > front) front = t->layers[l].front.rows;
+        if (front > 0) A(t->front, T * (size_t)front, float);
         A(t->ridx, T * (size_t)t->dims.top_k, int32_t);
         A(t->rw, T * (size_t)t->dims.top_k, float);
     }
@@ -504,8 +528,10 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
     d->has_shared = c->n_shared_experts > 0 && owns_dense(t);
-    return d->has_shared ? rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)
-                         : DDT_OK;
+    if (d->has_shared &&
+        (st = rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)))
+        return st;
+    return stack_front(t, d, err);
 }
 
 ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda_target_options *opts,
@@ -573,7 +599,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
             float *vecs[] = {d->attn_norm, d->mlp_norm, d->q_a_norm, d->kv_a_norm, d->router_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) ddt_cuda_free(vecs[i]);
             ddt_qweight *ws[] = {&d->q_proj, &d->q_a, &d->q_b, &d->kv_a, &d->qkv_a, &d->kv_b, &d->uk_t, &d->o_proj,
-                                 &d->router};
+                                 &d->router, &d->front};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ddt_cuda_qweight_free(ws[i]);
             free_mlp(&d->mlp);
             free_mlp(&d->shared);
@@ -584,7 +610,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     ddt_cuda_qweight_free(&t->embed);
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
-                    t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits,
+                    t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits, t->front,
                     t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
@@ -631,14 +657,22 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
         if (st_ != DDT_OK) return st_;         \
     } while (0)
 
+/* out[n][hidden] = down(silu(g) * u) from gate | up already side by side at gu
+ * (row stride ld; g is overwritten). */
+static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
+                           ddt_error *err) {
+    const int64_t inter = m->down.cols;
+    TRY(ddt_cuda_silu_mul(gu, ld, gu + inter, ld, n, (int32_t)inter, t->stream, err));
+    return ddt_cuda_matmul_mode(&m->down, t->mm, gu, ld, n, out, t->dims.hidden, t->stream, err);
+}
+
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) */
 static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
                               ddt_error *err) {
     const int64_t inter = m->gate_up.data ? m->gate_up.rows / 2 : m->gate.rows;
     if (m->gate_up.data) { /* g | u side by side in t->g */
         TRY(ddt_cuda_matmul_mode(&m->gate_up, t->mm, in, t->dims.hidden, n, t->g, 2 * inter, t->stream, err));
-        TRY(ddt_cuda_silu_mul(t->g, 2 * inter, t->g + inter, 2 * inter, n, (int32_t)inter, t->stream, err));
-        return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, 2 * inter, n, out, t->dims.hidden, t->stream, err);
+        return mlp_down(t, m, t->g, 2 * inter, n, out, err);
     }
     TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter, t->stream, err));
     TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter, t->stream, err));
@@ -760,12 +794,21 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
            sharded, the ranks' partial sums meet in an all-reduce before the add */
         bool ended = false;
         if (L->moe) {
-            TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
-            if (L->has_shared) TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
+            const float *rlogits = t->rlogits;
+            int64_t ld_rl = t->dims.n_experts;
+            if (L->front.data) { /* router | shared gate | shared up: one product */
+                ld_rl = L->front.rows;
+                TRY(ddt_cuda_matmul(&L->front, t->xn, H, n, t->front, ld_rl, s, err));
+                rlogits = t->front;
+                TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
+            } else {
+                TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
+                if (L->has_shared) TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
+            }
             ddt_moe_route_params rp = t->route;
             rp.bias = L->router_bias;
             ddt_cuda_moe_args ma = {.x = t->xn, .ldx = H, .n = n, .top_k = t->dims.top_k, .route = &rp,
-                                    .logits = t->rlogits, .ld_logits = t->dims.n_experts, .idx = t->ridx, .w = t->rw,
+                                    .logits = rlogits, .ld_logits = ld_rl, .idx = t->ridx, .w = t->rw,
                                     .out = t->acc, .ldo = H, .workspace = t->moe_ws,
                                     .workspace_bytes = t->moe_ws_bytes};
             if (!t->sharded) {
@@ -776,7 +819,12 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 ended = true;
             }
             TRY(ddt_cuda_moe_run(&L->experts, &ma, s, err));
-            TRY(probe_copy(t, t->probe.rlogits, l, T, sizeof(float) * (size_t)t->dims.n_experts, t->rlogits, n, err));
+            if (t->probe.rlogits)
+                DDT_CUDA_TRY(cudaMemcpy2DAsync(t->probe.rlogits + (size_t)l * T * (size_t)t->dims.n_experts,
+                                               sizeof(float) * (size_t)t->dims.n_experts, rlogits,
+                                               sizeof(float) * (size_t)ld_rl, sizeof(float) * (size_t)t->dims.n_experts,
+                                               (size_t)n, cudaMemcpyDeviceToDevice, s),
+                             err);
             TRY(probe_copy(t, t->probe.ridx, l, T, sizeof(int32_t) * (size_t)t->dims.top_k, t->ridx, n, err));
             TRY(probe_copy(t, t->probe.bias, l, 1, sizeof(float) * (size_t)t->dims.n_experts, L->router_bias, 1, err));
             if (!ended) {
