@@ -5,11 +5,14 @@
  *  - top-K + log-softmax vs its CPU twin ddt_topk_logsoftmax (core/topk.c) through
  *    the backend-op harness (backend_ops.h): ids exactly (ties to the lowest id),
  *    log-probabilities by normalised error, no NaN poison left (not yet run on a GPU);
+ *    (small vocabularies take the one-launch path, larger ones the chunked one;
+ *    ties at the threshold, -0.0 with +0.0, -inf entries, k up to the vocab);
  *  - best-first build vs ddt_tree_build on the same table: every node bitwise;
  *    visibility rows; a bad table gives the status code and a root-only tree;
  *  - the cost-aware build (auto budget) vs ddt_tree_build under the same random
  *    cost model: the same node count and nodes, padding up to the verify bucket;
- *  - argmax per row vs CPU (lowest id on ties);
+ *  - argmax per row vs CPU (lowest id on ties, the two zeros equal), float4 and
+ *    single-float loads, rows past the device-side count left untouched;
  *  - walk vs ddt_tree_walk; damaged trees and targets give status codes.
  * Output buffers are poisoned (0xFF bytes: NaN floats, -1 ints) before each
  * launch so unwritten entries show.  Exit status 0 only when every check passes.
@@ -37,11 +40,24 @@ static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
 
 /* ------------------------------------------------------------------ top-K */
 
-static void test_topk(int rows, int vocab, int k, int ties) {
+/* Logits of kind TOPK_ZEROS: about k/2 positives a row, the rest -0.0, +0.0 and
+ * a few -inf, so the k-th largest is (nearly always) a zero: the ties at the
+ * threshold mix the two zeros, which must count as equal (lowest ids kept, as
+ * on the CPU), and k = vocab keeps -inf entries. */
+enum { TOPK_RANDOM = 0, TOPK_TIES = 1, TOPK_ZEROS = 2 };
+
+static float topk_logit(int kind, int vocab, int k) {
+    if (kind == TOPK_TIES) return (float)((int)(rnd() % 33) - 16) * 0.25f;
+    if (kind != TOPK_ZEROS) return 8.0f * rndf() - 4.0f;
+    if ((int)(rnd() % (uint32_t)vocab) < k / 2) return 4.0f * rndf() + 0.5f;
+    const uint32_t r = rnd() % 16;
+    return r == 0 ? -INFINITY : (r & 1) ? -0.0f : 0.0f;
+}
+
+static void test_topk(int rows, int vocab, int k, int kind) {
     size_t n = (size_t)rows * (size_t)vocab, nk = (size_t)rows * (size_t)k;
     float *z = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        z[i] = ties ? (float)((int)(rnd() % 33) - 16) * 0.25f : 8.0f * rndf() - 4.0f;
+    for (size_t i = 0; i < n; i++) z[i] = topk_logit(kind, vocab, k);
     float *dz, *dq;
     int32_t *dt;
     CU(cudaMalloc((void **)&dz, n * sizeof(float)));
@@ -71,13 +87,23 @@ static void test_topk(int rows, int vocab, int k, int ties) {
     for (size_t i = 0; i < nk; i++) id_mismatch += t[i] != ref_t[i];
     for (int r = 0; r < rows; r++)
         for (int j = 1; j < k; j++) CHECK(q[r * k + j] <= q[r * k + j - 1], "top-K row %d not sorted at %d", r, j);
-    CHECK(id_mismatch == 0, "top-K rows %d vocab %d k %d ties %d: %d ids differ", rows, vocab, k,
-          ties, id_mismatch);
+    CHECK(id_mismatch == 0, "top-K rows %d vocab %d k %d kind %d: %d ids differ", rows, vocab, k,
+          kind, id_mismatch);
+    /* a -inf log-probability must be -inf on both sides; then both become 0 so the
+     * normalised error (inf - inf is NaN) covers the finite ones */
+    int inf_mismatch = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (isinf(ref_q[i])) {
+            inf_mismatch += q[i] != ref_q[i];
+            q[i] = ref_q[i] = 0.0f;
+        }
+    CHECK(inf_mismatch == 0, "top-K rows %d vocab %d k %d kind %d: %d infinite log-probabilities differ", rows,
+          vocab, k, kind, inf_mismatch);
     char what[96];
-    snprintf(what, sizeof what, "top-K rows %d vocab %d k %d ties %d", rows, vocab, k, ties);
+    snprintf(what, sizeof what, "top-K rows %d vocab %d k %d kind %d", rows, vocab, k, kind);
     double nerr = bo_compare(what, q, ref_q, nk, (bo_cmp){.bound = 1e-6});
-    printf("topk rows %d vocab %d k %d ties %d: ids equal, normalised error %.2e\n", rows, vocab, k,
-           ties, nerr);
+    printf("topk rows %d vocab %d k %d kind %d: ids equal, normalised error %.2e\n", rows, vocab, k,
+           kind, nerr);
     free(z);
     free(q);
     free(t);
@@ -425,17 +451,28 @@ static void test_pipeline(void) {
     CU(cudaFree(ws));
 }
 
-static void test_argmax(int rows, int vocab) {
+/* argmax of `rows` rows of which the first `used` are live (the rest must stay
+ * untouched); the logits start `shift` floats into their buffer, so shift 1
+ * takes the single-float path even when vocab % 4 == 0.  zeros: every row's
+ * maximum is 0.0, held by -0.0 and +0.0 entries among negatives and -inf (the
+ * lowest id of either sign must win); otherwise integers 0..49, many ties. */
+static void test_argmax_at(int rows, int vocab, int used, int shift, int zeros) {
     size_t n = (size_t)rows * (size_t)vocab;
     float *z = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) z[i] = (float)(rnd() % 50); /* many ties at the maximum */
-    float *dz;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t r = rnd();
+        if (!zeros)
+            z[i] = (float)(r % 50);
+        else
+            z[i] = r % 64 == 0 ? -0.0f : r % 64 == 1 ? 0.0f : r % 8 == 2 ? -INFINITY : -1.0f - (float)(r % 7);
+    }
+    float *dbuf, *dz;
     int32_t *dout, *dn;
-    CU(cudaMalloc((void **)&dz, n * sizeof(float)));
+    CU(cudaMalloc((void **)&dbuf, (n + (size_t)shift) * sizeof(float)));
+    dz = dbuf + shift;
     CU(cudaMalloc((void **)&dout, (size_t)rows * 4));
     CU(cudaMalloc((void **)&dn, 4));
     CU(cudaMemcpy(dz, z, n * sizeof(float), cudaMemcpyHostToDevice));
-    int32_t used = rows - 2; /* rows past the node count stay untouched */
     CU(cudaMemcpy(dn, &used, 4, cudaMemcpyHostToDevice));
     CU(cudaMemset(dout, 0xff, (size_t)rows * 4));
     OK(ddt_cuda_argmax_rows(dz, rows, dn, vocab, dout, NULL, &err_));
@@ -452,14 +489,17 @@ static void test_argmax(int rows, int vocab) {
         }
         bad += out[r] != want;
     }
-    CHECK(bad == 0, "argmax rows %d vocab %d: %d rows differ", rows, vocab, bad);
-    printf("argmax rows %d vocab %d: %d differ\n", rows, vocab, bad);
+    CHECK(bad == 0, "argmax rows %d (%d live) vocab %d shift %d zeros %d: %d rows differ", rows, used, vocab, shift,
+          zeros, bad);
+    printf("argmax rows %d (%d live) vocab %d shift %d zeros %d: %d differ\n", rows, used, vocab, shift, zeros, bad);
     free(z);
     free(out);
-    CU(cudaFree(dz));
+    CU(cudaFree(dbuf));
     CU(cudaFree(dout));
     CU(cudaFree(dn));
 }
+
+static void test_argmax(int rows, int vocab) { test_argmax_at(rows, vocab, rows - 2, 0, 0); }
 
 /* ------------------------------------------------------------------ auto budget */
 
@@ -597,11 +637,38 @@ int main(int argc, char **argv) {
     test_topk(2, 8197, 64, 1);     /* a last chunk shorter than k */
     test_topk(1, 16390, 1024, 0);
     if (!quick) test_topk(15, 163840, 512, 0);
+    /* the one-launch path (vocab <= 16384): the shipped drafter's 4352 at the
+     * round's shapes (D = 15 or 16 rows), tied thresholds, mixed zeros and -inf,
+     * k = vocab, a tiny row, both sides of the path's bound */
+    test_topk(1, 4352, 1, TOPK_ZEROS);
+    test_topk(15, 4352, 7, TOPK_TIES);
+    test_topk(16, 4352, 64, TOPK_RANDOM);
+    test_topk(16, 4352, 64, TOPK_TIES);
+    test_topk(15, 4352, 64, TOPK_ZEROS);
+    test_topk(quick ? 3 : 65, 4352, 256, TOPK_TIES);
+    test_topk(16, 4352, 256, TOPK_ZEROS);
+    test_topk(2, 4352, 1024, TOPK_RANDOM);
+    test_topk(1, 1000, 1000, TOPK_ZEROS);
+    test_topk(3, 33, 5, TOPK_ZEROS);
+    test_topk(3, 33, 33, TOPK_TIES);
+    test_topk(2, 16384, 1024, TOPK_TIES);
+    test_topk(2, 16384, 3, TOPK_ZEROS);
+    test_topk(2, 16385, 64, TOPK_ZEROS); /* just above: the chunked path, same ties rule */
+    if (!quick) test_topk(65, 16384, 64, TOPK_RANDOM);
     test_build_and_walk(quick ? 20 : 400);
     test_build_auto(quick ? 20 : 600);
     test_pipeline();
     test_argmax(37, 50257);
     test_argmax(5, 163840);
+    /* the shipped drafter's vocabulary: float4 loads; then the single-float
+     * path by an odd vocabulary and by a misaligned base */
+    test_argmax_at(1, 4352, 1, 0, 0);
+    test_argmax_at(15, 4352, 15, 0, 1);
+    test_argmax_at(65, 4352, 63, 0, 0);
+    test_argmax_at(65, 4353, 65, 0, 1);
+    test_argmax_at(15, 4352, 14, 1, 0);
+    test_argmax_at(3, 163843, 3, 0, 1); /* single floats, 1024 threads */
+    test_argmax_at(4, 4352, 0, 0, 0);   /* no live row: nothing written */
     if (g_failures) {
         printf("test_cuda_tree: %d FAILED checks\n", g_failures);
         return 1;

@@ -31,6 +31,15 @@ static __device__ __forceinline__ uint32_t float_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The top-K's key: float_key with -0.0 mapped to +0.0's key, because the CPU
+ * twin compares logits with `>` and `==` (core/zsort.c), under which the two
+ * zeros are equal and the lower id comes first; distinct keys would order every
+ * +0.0 before every -0.0.  key_float gives +0.0 back, and z - lse is the same
+ * float for either zero. */
+static __device__ __forceinline__ uint32_t topk_key(float f) {
+    return float_key(f == 0.0f ? 0.0f : f);
+}
+
 static __device__ __forceinline__ float key_float(uint32_t k) {
     uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
     return __uint_as_float(u);
@@ -79,7 +88,8 @@ static __device__ int block_exclusive_count(int flag, int *scratch, int *total) 
 /* ------------------------------------------------------------------ top-K */
 
 /*
- * Two stages, so the whole GPU works on a few long rows:
+ * Vocabularies above TOPK_SMALL_VOCAB (the one-launch path below takes the
+ * rest): two stages, so the whole GPU works on a few long rows:
  *  1. grid (chunks, rows): each block takes TOPK_CHUNK logits of a row into
  *     shared memory as order-preserving keys, writes the chunk's max and
  *     sum(exp(z - max)), and its own top-k sorted by (key desc, id asc);
@@ -244,7 +254,7 @@ topk_chunk_kernel(const float *__restrict__ logits, int vocab, int k, int chunks
     float m = -INFINITY;
     for (int i = tid; i < len; i += blockDim.x) {
         float v = z[i];
-        s_key[i] = float_key(v);
+        s_key[i] = topk_key(v);
         m = fmaxf(m, v);
     }
     m = block_max(m, fscratch);
@@ -289,6 +299,219 @@ topk_merge_kernel(int k, int chunks, const float *__restrict__ part_max,
     for (int j = tid; j < k; j += blockDim.x) {
         logq[(size_t)row * (size_t)k + j] = key_float(o_key[j]) - lse;
         token[(size_t)row * (size_t)k + j] = o_id[j];
+    }
+}
+
+/*
+ * Small vocabularies (vocab <= TOPK_SMALL_VOCAB, the shipped drafter's 4352):
+ * one launch, one block per row, where the two stages above cost ~30 us a round
+ * at 4352 in two launches and ~60 barriers.  Every thread holds its logits
+ * i = tid + j * TOPK_THREADS in registers, so the row is read once, with all
+ * of a thread's loads in flight.  Then, all in the block:
+ *  - the row's max (warp shuffles, one barrier) and sum(exp(z - max)) in fp32,
+ *    log-sum-exp = max + log(sum), the math of the chunked path;
+ *  - the k-th largest key by radix select, 8 bits a pass from the top, with two
+ *    histograms in turn so clearing the next one needs no barrier of its own
+ *    (two barriers a pass); the select stops at the first pass whose chosen bin
+ *    is taken whole, so only tied keys need all four;
+ *  - the k kept (key, id) into shared memory: keys above the threshold in any
+ *    order, keys equal to it (ties after four passes) by an id-order prefix
+ *    count so the lowest ids are kept, as the CPU keeps them;
+ *  - each of the k threads counts the kept pairs that come before its own
+ *    (key desc, id asc: ids are unique, so the ranks are a permutation) and
+ *    writes its output at that rank; no sort, no barrier.
+ * Ids and order are the chunked path's and the CPU's; the log-probabilities
+ * agree with the CPU to fp32 rounding of the sum, as the chunked path's do.
+ */
+#define TOPK_SMALL_VOCAB 16384
+#define TOPK_SMALL_PER (TOPK_SMALL_VOCAB / TOPK_THREADS) /* logits a thread holds, at most */
+
+/* A kept pair as one 64-bit word whose unsigned order is the output order: the
+ * key above, the complement of the id below (lower id, larger word). */
+static __device__ __forceinline__ unsigned long long pair_word(uint32_t key, int32_t id) {
+    return ((unsigned long long)key << 32) | (unsigned long long)(~(uint32_t)id);
+}
+
+static __global__ void __launch_bounds__(TOPK_THREADS)
+topk_small_kernel(const float *__restrict__ logits, int vocab, int k, float *__restrict__ logq,
+                  int32_t *__restrict__ token) {
+    DDT_GRID_DEP_WAIT();
+    __shared__ unsigned hist[2][256];
+    __shared__ unsigned long long kept[TOPK_THREADS];
+    __shared__ int eq_before[TOPK_SMALL_PER * 32]; /* tied keys per (j, warp), then their prefix */
+    __shared__ float s_wmax[32], s_wsum[32];
+    __shared__ unsigned s_bin, s_rem, s_cnt;
+    __shared__ int s_kept;
+    __shared__ float s_lse;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int per = (vocab + TOPK_THREADS - 1) / TOPK_THREADS; /* the same in every thread */
+    const unsigned lt_mask = (1u << lane) - 1u;
+    const float *z = logits + (size_t)blockIdx.x * (size_t)vocab;
+
+    if (tid < 256) hist[0][tid] = 0;
+    if (tid == 0) s_kept = 0;
+    /* every load issued before any is used */
+    float v[TOPK_SMALL_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_SMALL_PER; j++) {
+        const int i = tid + j * TOPK_THREADS;
+        v[j] = i < vocab ? __ldg(z + i) : -INFINITY; /* -inf: neutral for the max */
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < TOPK_SMALL_PER; j++) m = fmaxf(m, v[j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) s_wmax[warp] = m;
+    __syncthreads();
+    /* every thread reduces the 32 warp maxima in the same order: the same m everywhere */
+    m = s_wmax[lane];
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = 0.0f;
+    uint32_t key[TOPK_SMALL_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_SMALL_PER; j++) {
+        if (tid + j * TOPK_THREADS < vocab) s += expf(v[j] - m);
+        key[j] = topk_key(v[j]);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) s_wsum[warp] = s; /* summed by warp 0 after the first pass's barrier */
+
+    uint32_t prefix = 0, mask = 0;
+    unsigned remaining = (unsigned)k;
+    bool take_all = false; /* every key in the chosen bin is kept */
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        unsigned *h = hist[pass & 1];
+        /* Warp-aggregated histogram: a row's keys share their top bytes, so
+         * per-lane atomics would pile onto a few bins; lanes of one bin elect
+         * one that adds their count. */
+#pragma unroll
+        for (int j = 0; j < TOPK_SMALL_PER; j++) {
+            if (j < per) {
+                unsigned bin = 0xFFFFFFFFu;
+                if (tid + j * TOPK_THREADS < vocab && (key[j] & mask) == prefix)
+                    bin = (key[j] >> shift) & 255u;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin != 0xFFFFFFFFu && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned)__popc(peers));
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            /* The bin holding the remaining-th largest key: lane l sums bins
+             * 255 - 8l .. 248 - 8l (the top first), a warp scan gives each lane
+             * the count above its bins, and the one lane where the running count
+             * crosses `remaining` walks its eight. */
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                c[q] = h[255 - 8 * lane - q];
+                sum += c[q];
+            }
+            unsigned incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            unsigned acc = incl - sum;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                if (acc < remaining && acc + c[q] >= remaining) {
+                    s_bin = 255u - 8u * (unsigned)lane - (unsigned)q;
+                    s_rem = remaining - acc;
+                    s_cnt = c[q];
+                }
+                acc += c[q];
+            }
+            /* the other histogram was last read before the previous barrier */
+            unsigned *next = hist[(pass + 1) & 1];
+#pragma unroll
+            for (int q = 0; q < 8; q++) next[8 * lane + q] = 0;
+            if (pass == 0) {
+                float t = s_wsum[lane];
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                if (lane == 0) s_lse = m + logf(t);
+            }
+        }
+        __syncthreads();
+        prefix |= s_bin << shift;
+        mask |= 255u << shift;
+        remaining = s_rem;
+        if (s_cnt == remaining) { /* the same in every thread: all leave together */
+            take_all = true;
+            break;
+        }
+    }
+
+    /* Keep every key above the threshold bin (and the bin itself when it is
+     * taken whole): one shared atomic per warp and j; slots in any order. */
+#pragma unroll
+    for (int j = 0; j < TOPK_SMALL_PER; j++) {
+        if (j < per) {
+            const uint32_t km = key[j] & mask;
+            const bool in = tid + j * TOPK_THREADS < vocab && (km > prefix || (take_all && km == prefix));
+            const unsigned ballot = __ballot_sync(0xffffffffu, in);
+            if (ballot) {
+                int base = 0;
+                if (lane == 0) base = atomicAdd(&s_kept, __popc(ballot));
+                base = __shfl_sync(0xffffffffu, base, 0);
+                if (in) kept[base + __popc(ballot & lt_mask)] = pair_word(key[j], tid + j * TOPK_THREADS);
+            }
+        }
+    }
+    if (!take_all) {
+        /* All four passes ran: the bin is one key value, held by more ids than
+         * remain to keep.  Id order is (j, warp, lane), so a prefix over the
+         * per-(j, warp) counts in that order plus the lanes below gives each
+         * tied id its place among them; the first `remaining` are kept, after
+         * the k - remaining larger keys. */
+        unsigned eqb[TOPK_SMALL_PER];
+#pragma unroll
+        for (int j = 0; j < TOPK_SMALL_PER; j++) {
+            eqb[j] = 0;
+            if (j < per) {
+                eqb[j] = __ballot_sync(0xffffffffu, tid + j * TOPK_THREADS < vocab && key[j] == prefix);
+                if (lane == 0) eq_before[j * 32 + warp] = __popc(eqb[j]);
+            }
+        }
+        __syncthreads();
+        if (warp == 0) { /* exclusive scan of per * 32 counts: lane l takes per of them */
+            int cnt[TOPK_SMALL_PER], sum = 0;
+#pragma unroll
+            for (int q = 0; q < TOPK_SMALL_PER; q++) {
+                cnt[q] = q < per ? eq_before[lane * per + q] : 0;
+                sum += cnt[q];
+            }
+            int incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            int acc = incl - sum;
+#pragma unroll
+            for (int q = 0; q < TOPK_SMALL_PER; q++) {
+                if (q < per) eq_before[lane * per + q] = acc;
+                acc += cnt[q];
+            }
+        }
+        __syncthreads();
+        const int first = k - (int)remaining;
+#pragma unroll
+        for (int j = 0; j < TOPK_SMALL_PER; j++) {
+            if (j < per && ((eqb[j] >> lane) & 1u)) {
+                const int r = eq_before[j * 32 + warp] + __popc(eqb[j] & lt_mask);
+                if (r < (int)remaining) kept[first + r] = pair_word(key[j], tid + j * TOPK_THREADS);
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < k) {
+        const unsigned long long mine = kept[tid];
+        int rank = 0;
+#pragma unroll 8
+        for (int j = 0; j < k; j++) rank += kept[j] > mine;
+        const size_t o = (size_t)blockIdx.x * (size_t)k + (size_t)rank;
+        logq[o] = key_float((uint32_t)(mine >> 32)) - s_lse;
+        token[o] = (int32_t)~(uint32_t)mine;
     }
 }
 
@@ -636,31 +859,77 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
 
 /* ------------------------------------------------------------------ argmax */
 
-static __global__ void argmax_rows_kernel(const float *__restrict__ logits, const int32_t *n_rows,
+/*
+ * One block per row; blocks past the live row count (*n_rows, on the device)
+ * leave before reading.  A thread reads ARGMAX_UNROLL loads into registers
+ * before comparing any, so they are all in flight at once; float4 loads when
+ * every row starts 16-byte aligned (VEC: vocab % 4 == 0 and an aligned base,
+ * chosen on the host from those shapes), single floats otherwise.  The rule
+ * everywhere: the larger value wins, equal values (+0.0 and -0.0 included) go
+ * to the lower id, NaN never wins; a row of NaN gives -1, which the walk rejects.
+ */
+#define ARGMAX_UNROLL 8
+
+static __device__ __forceinline__ void argmax_take(float v, int i, float &best, int &bi) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+
+template <bool VEC>
+static __global__ void __launch_bounds__(1024) argmax_rows_kernel(const float *__restrict__ logits, const int32_t *n_rows,
                                           int vocab, int32_t *__restrict__ out) {
     DDT_GRID_DEP_WAIT();
     __shared__ float sv[32];
     __shared__ int si[32];
     if ((int)blockIdx.x >= *n_rows) return;
     const float *z = logits + (size_t)blockIdx.x * (size_t)vocab;
+    const int nt = (int)blockDim.x, tid = (int)threadIdx.x;
     float best = -INFINITY;
     int bi = INT_MAX;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = z[i];
-        if (v > best || (v == best && i < bi)) { /* NaN never wins */
-            best = v;
-            bi = i;
+    if (VEC) {
+        const float4 *z4 = (const float4 *)z;
+        const int n4 = vocab >> 2;
+        for (int base = tid; base < n4; base += ARGMAX_UNROLL * nt) {
+            float4 q[ARGMAX_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const int i = base + u * nt;
+                if (i < n4) q[u] = __ldg(z4 + i);
+            }
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const int i = base + u * nt;
+                if (i < n4) {
+                    argmax_take(q[u].x, 4 * i, best, bi);
+                    argmax_take(q[u].y, 4 * i + 1, best, bi);
+                    argmax_take(q[u].z, 4 * i + 2, best, bi);
+                    argmax_take(q[u].w, 4 * i + 3, best, bi);
+                }
+            }
+        }
+    } else {
+        for (int base = tid; base < vocab; base += ARGMAX_UNROLL * nt) {
+            float q[ARGMAX_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const int i = base + u * nt;
+                if (i < vocab) q[u] = __ldg(z + i);
+            }
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const int i = base + u * nt;
+                if (i < vocab) argmax_take(q[u], i, best, bi);
+            }
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, best, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (v2 > best || (v2 == best && i2 < bi)) {
-            best = v2;
-            bi = i2;
-        }
+        const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(v2, i2, best, bi);
     }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int warp = tid >> 5, lane = tid & 31, nw = nt >> 5;
     if (lane == 0) {
         sv[warp] = best;
         si[warp] = bi;
@@ -670,14 +939,11 @@ static __global__ void argmax_rows_kernel(const float *__restrict__ logits, cons
         best = lane < nw ? sv[lane] : -INFINITY;
         bi = lane < nw ? si[lane] : INT_MAX;
         for (int o = 16; o > 0; o >>= 1) {
-            float v2 = __shfl_xor_sync(0xffffffffu, best, o);
-            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (v2 > best || (v2 == best && i2 < bi)) {
-                best = v2;
-                bi = i2;
-            }
+            const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            argmax_take(v2, i2, best, bi);
         }
-        if (lane == 0) out[blockIdx.x] = bi == INT_MAX ? -1 : bi; /* all NaN: -1, the walk rejects it */
+        if (lane == 0) out[blockIdx.x] = bi == INT_MAX ? -1 : bi;
     }
 }
 
@@ -828,6 +1094,11 @@ extern "C" ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows
     w += align256(parts * (size_t)k * sizeof(uint32_t));
     int32_t *cand_id = (int32_t *)w;
     cudaStream_t st = (cudaStream_t)stream;
+    if (vocab <= TOPK_SMALL_VOCAB) { /* by shape only; the workspace goes unused */
+        topk_small_kernel<<<rows, TOPK_THREADS, 0, st>>>(logits, vocab, k, logq, token);
+        DDT_CUDA_LAUNCHED("topk_small", st, err);
+        return DDT_OK;
+    }
     topk_chunk_kernel<<<dim3(chunks, rows), TOPK_THREADS, 0, st>>>(logits, vocab, k, chunks,
                                                                   part_max, part_sum, cand_key,
                                                                   cand_id);
@@ -909,8 +1180,15 @@ extern "C" ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_argmax_rows: NULL argument");
     if (max_rows < 1 || vocab < 1)
         return ddt_fail(err, DDT_ERR_RANGE, "argmax: %d rows of %d", max_rows, vocab);
-    argmax_rows_kernel<<<max_rows, 256, 0, (cudaStream_t)stream>>>(logits, n_rows, vocab,
-                                                                   target_next);
+    /* long rows get more threads, so more of the row is in flight per block */
+    const int threads = vocab >= 65536 ? 1024 : 256;
+    const bool vec = vocab % 4 == 0 && ((uintptr_t)logits & 15u) == 0;
+    if (vec)
+        argmax_rows_kernel<true><<<max_rows, threads, 0, (cudaStream_t)stream>>>(logits, n_rows, vocab,
+                                                                                target_next);
+    else
+        argmax_rows_kernel<false><<<max_rows, threads, 0, (cudaStream_t)stream>>>(logits, n_rows, vocab,
+                                                                                 target_next);
     DDT_CUDA_LAUNCHED("argmax_rows", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -55,8 +55,11 @@ ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, ddt_error *
 void ddt_cuda_tree_free(ddt_cuda_tree *t);
 
 /* Top-K per row: logits [rows][vocab] fp32 -> logq [rows][k] = z - logsumexp(z),
- * sorted descending (ties: lower token id first), token [rows][k].  k <= 1024.
- * `workspace` is device memory of ddt_cuda_topk_workspace_bytes(rows, vocab, k). */
+ * sorted descending (ties: lower token id first; -0.0 and +0.0 are equal, as on
+ * the CPU), token [rows][k].  k <= 1024.  `workspace` is device memory of
+ * ddt_cuda_topk_workspace_bytes(rows, vocab, k); vocabularies up to 16384 take
+ * a one-launch path that does not touch it (the size stays what the chunked
+ * path needs, so callers size it the same way for any vocabulary). */
 size_t ddt_cuda_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k);
 ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t vocab, int32_t k,
                                     float *logq, int32_t *token, void *workspace,
