@@ -40,7 +40,11 @@ build() {
   gcc $CFLAGS tools/*.c $B/libddt.a $LIBS -o $B/ddtree || return 1
   pids=()
   for f in tests/cuda/test_*.c bench/cuda_bench_*.c; do
-    gcc $CFLAGS "$f" $B/libddt.a $LIBS -o $B/$(basename "$f" .c) & pids+=($!)
+    # a test's reference kernels (tests/cuda/<test>_ref.cu) join it, built with NVFLAGS
+    local ref="${f%.c}_ref.cu" extra=""
+    if [ -f "$ref" ]; then extra=$B/obj-ref/$(basename "$ref" .cu).o; fi
+    ( if [ -n "$extra" ]; then mkdir -p $B/obj-ref && nvcc $NVFLAGS -c "$ref" -o "$extra" || exit 1; fi
+      gcc $CFLAGS "$f" $extra $B/libddt.a $LIBS -o $B/$(basename "$f" .c) ) & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || return 1; done
   echo "build: ok"

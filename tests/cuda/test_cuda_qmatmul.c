@@ -33,6 +33,10 @@
 #include "backend/cuda/qmatmul_cuda.h"
 #include "cuda_test.h"
 
+/* the x W kernel before the latency rework (test_cuda_qmatmul_ref.cu): a cudaError_t */
+int ref_old_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
+                             float *y, int64_t ldy);
+
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
     g_rng ^= g_rng << 13;
@@ -274,6 +278,52 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     free_weight(&h);
 }
 
+/* x W against the kernel it replaced (test_cuda_qmatmul_ref.cu, kept verbatim)
+ * and the CPU: count groups of `rows` weight rows at offset 2 in blocks of rows
+ * + 3, x groups at stride rows + 1, y groups at stride cols + 2 (+ 5 padding
+ * floats per token), y poisoned; the whole y buffer (padding included) must be
+ * the old kernel's bit for bit, and the written part the CPU's. */
+static void mt_old_case(int f, int64_t rows, int64_t cols, int32_t count, int n) {
+    const ddt_row_groups g = {count, rows + 3, 2, rows, rows + 1, cols + 2};
+    const int64_t ldx = count * g.x_stride + 1, ldy = count * g.y_stride + 5;
+    const size_t xn = (size_t)(n * ldx), yn = (size_t)(n * ldy);
+    hw h = make_weight(f, count * g.w_row_stride, cols);
+    float *x = malloc(sizeof(float) * xn), *yref = malloc(sizeof(float) * yn);
+    float *ynew = malloc(sizeof(float) * yn), *yold = malloc(sizeof(float) * yn);
+    for (size_t i = 0; i < xn; i++) x[i] = frand();
+    poison(yref, yn);
+    ddt_row_groups cg = g;
+    ddt_cpu_matmul_t_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    float *dx, *dy[2];
+    CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
+    CU(cudaMemcpy(dx, x, sizeof(float) * xn, cudaMemcpyHostToDevice));
+    poison(ynew, yn);
+    for (int k = 0; k < 2; k++) {
+        CU(cudaMalloc((void **)&dy[k], sizeof(float) * yn));
+        CU(cudaMemcpy(dy[k], ynew, sizeof(float) * yn, cudaMemcpyHostToDevice));
+    }
+    OK(ddt_cuda_matmul_t_grouped(&dw, &g, dx, ldx, n, dy[0], ldy, NULL, &err_));
+    CU((cudaError_t)ref_old_matmul_t_grouped(&dw, &g, dx, ldx, n, dy[1], ldy));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(ynew, dy[0], sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(yold, dy[1], sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    int64_t vs_old = 0, vs_cpu = 0;
+    for (size_t i = 0; i < yn; i++) {
+        vs_old += memcmp(&ynew[i], &yold[i], 4) != 0;
+        vs_cpu += memcmp(&ynew[i], &yref[i], 4) != 0; /* poison where the CPU did not write */
+    }
+    CHECK(vs_old == 0 && vs_cpu == 0, "%s x W %d x [%lld x %lld] n=%d: %lld floats differ from the old kernel, %lld from the CPU",
+          fmt_name(f), count, (long long)rows, (long long)cols, n, (long long)vs_old, (long long)vs_cpu);
+    ddt_cuda_qweight_free(&dw);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy[0]));
+    CU(cudaFree(dy[1]));
+    free(x), free(yref), free(ynew), free(yold);
+    free_weight(&h);
+}
+
 /* ddt_cuda_qweight_transpose_groups: the transposed copy holds exactly w's group
  * rows transposed (bytes, and FP8 scale blocks), and the tensor-core x W^T over it
  * computes the x W of the CPU (ddt_cpu_matmul_t_grouped) to the tensor path's
@@ -442,6 +492,22 @@ int main(int argc, char **argv) {
         static const int lf[] = {1, 3, 4};
         for (int fi = 0; fi < 3; fi++)
             for (int n = 1; n <= 3; n += 2) run_case_mode(lf[fi], 0, 40, 2080, n, 0, DDT_CUDA_MM_TENSOR);
+    }
+    /* x W against the old kernel: the MLA shapes (rank x nope and back), odd
+       rows and columns, rows past one staged x pass (256), 1 .. 16 groups, every
+       token-block remainder */
+    {
+        static const int64_t msh[][2] = {{32, 64}, {64, 32}, {128, 512}, {33, 70}, {300, 64}, {7, 5}};
+        static const int mgr[] = {1, 4, 16, 3, 2, 5};
+        static const int mns[] = {1, 2, 3, 5, 17, 65, 70};
+        for (int f = 0; f < 5; f++)
+            for (int s = 0; s < 6; s++)
+                for (int i = 0; i < 7; i++) {
+                    if (quick && (i % 3 != 0 || s == 2)) continue;
+                    if (f == 4 && msh[s][1] % 8 != 0 && i > 0) continue; /* INT4: one partial-word case */
+                    mt_old_case(f, msh[s][0], msh[s][1], mgr[(s + i) % 6], mns[i]);
+                }
+        printf("x W: bitwise == the old kernel and the CPU on %s\n", g_failures ? "NOT all shapes" : "all shapes");
     }
     /* the per-group transpose that puts MLA's x W_UK on the tensor cores: BF16 at
        odd sizes, the K2.6 shape's rank x nope, FP8 on whole 128-blocks; then what

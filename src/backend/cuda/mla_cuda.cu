@@ -2,14 +2,29 @@
  * mla_cuda.cu — RoPE + cache write and the exact absorbed MLA attention (see
  * mla_cuda.h).
  *
- * Attention: one block of 128 threads per (token, head).  The block lists the
- * token's ancestors by depth (from its visibility row), so that logical
- * position p maps to cache row p (p < len) or len + anc[p - len].  Scores: warp
- * w takes positions w, w + 4, ...; lane l sums dims l, l + 32, ... of the
- * 576-wide (rank + rope) dot product in order, then a fixed xor-shuffle tree.
- * Softmax: a fixed block tree for the max and the sum.  Output: thread d sums
- * p_j * c_j[d] over positions in increasing order.  Every order depends on the
- * logical positions only, never on n or on which rows hold the ancestors.
+ * Attention: one block of ATTN_THREADS threads per (token, head).  The block
+ * lists the token's ancestors by depth (from its visibility row), so that
+ * logical position p maps to cache row p (p < len) or len + anc[p - len].
+ *
+ * The arithmetic of every output element is fixed by the logical positions
+ * alone, never by n, by which rows hold the ancestors or by how the work is
+ * spread over threads:
+ *   score p     lane l sums q[d] * kv[d] over d = l, l + 32, ... (d < rank +
+ *               rope) in order, then a fixed xor-shuffle tree; lane 0's sum
+ *               times scale is the score;
+ *   max         fmaxf over all scores (its value, NaNs dropped, does not depend
+ *               on the order; only the sign of a zero could, and exp(s - m)
+ *               is the same for m = +0 and m = -0);
+ *   sum         "softmax thread" t < 128 sums exp(s_p - m) over p = t, t + 128,
+ *               ... in order, then a fixed 128-wide block tree;
+ *   output d    sums e_p * kv_p[d] over p = 0, 1, ... in order, times 1 / sum.
+ *
+ * The kernel is a chain of memory latencies at decode sizes (a few blocks, one
+ * per head), so the rows are streamed through shared memory in chunks: all
+ * threads load the next chunk into registers (many independent loads in
+ * flight) while the current one is computed from shared memory, and the first
+ * output chunk is fetched while the last scores and the softmax run.  In a
+ * chunk each warp computes SC_U scores at once (independent shuffle trees).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -18,8 +33,14 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/mla_cuda.h"
 
-#define ATTN_THREADS 128
+#define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / 32)
+#define SOFTMAX_THREADS 128 /* the sum's order: part of the contract, unlike ATTN_THREADS */
+#define STAGE_MAX 8192      /* floats of the chunk stage (32 KB) */
+#define STAGE_PER (STAGE_MAX / ATTN_THREADS) /* stage elements a thread fetches */
+#define OUT_CHUNK_MAX 128   /* positions of an output chunk (<= SOFTMAX_THREADS: scs) */
+#define SC_U 4              /* scores a warp computes at once */
+#define SM_U 4              /* softmax positions a thread loads at once */
 #define ROPE_THREADS 128
 
 static __global__ void __launch_bounds__(ROPE_THREADS)
@@ -87,19 +108,76 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
     return DDT_OK;
 }
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+/* One (token, head) attention's view of the cache: logical position p is at
+ * row p (p < len) or len + anc[p - len]; positions run over [0, P). */
+struct attn_rows {
+    const float *cache;
+    int width, len, P;
+    const int *anc;
+};
+
+static __device__ __forceinline__ int64_t attn_row(const attn_rows &r, int p) {
+    return p < r.len ? p : r.len + r.anc[p - r.len];
+}
+
+/* Registers <- chunk [c0, c0 + C) x columns [0, cols) of the rows, element
+ * e = threadIdx.x + k * ATTN_THREADS being position c0 + e / cols, column
+ * e % cols (0 past P or past the chunk).  No load depends on another, so a
+ * thread has all STAGE_PER of them in flight at once. */
+static __device__ __forceinline__ void chunk_fetch(float (&v)[STAGE_PER], const attn_rows &r, int c0, int C,
+                                                   int cols) {
+    int j = threadIdx.x / cols, c = threadIdx.x % cols;
+    const int dj = ATTN_THREADS / cols, dc = ATTN_THREADS % cols;
+#pragma unroll
+    for (int k = 0; k < STAGE_PER; k++) {
+        const int p = c0 + j;
+        v[k] = (j < C && p < r.P) ? r.cache[attn_row(r, p) * r.width + c] : 0.0f;
+        j += dj;
+        c += dc;
+        if (c >= cols) {
+            c -= cols;
+            j++;
+        }
+    }
+}
+
+/* stage[e] <- the element chunk_fetch put in v (row-major [C][cols]), e < total */
+static __device__ __forceinline__ void chunk_store(const float (&v)[STAGE_PER], float *stage, int total) {
+#pragma unroll
+    for (int k = 0; k < STAGE_PER; k++) {
+        const int e = threadIdx.x + k * ATTN_THREADS;
+        if (e < total) stage[e] = v[k];
+    }
+}
+
+/* The idx-th chunk of the kernel's sequence: ns score chunks of cs positions
+ * (all width columns), then no output chunks of co positions (the rank
+ * columns).  An output chunk after the first also brings its exponentials
+ * (thread t < co: sc[c0 + t] into ev; the softmax has finished by then); the
+ * first gets them from the softmax itself, as it is fetched before. */
+static __device__ __forceinline__ void attn_fetch(float (&v)[STAGE_PER], float &ev, const attn_rows &r,
+                                                  const float *sc, int idx, int ns, int no, int cs, int co,
+                                                  int rank) {
+    if (idx < ns) {
+        chunk_fetch(v, r, idx * cs, cs, r.width);
+    } else if (idx - ns < no) {
+        const int c0 = (idx - ns) * co;
+        chunk_fetch(v, r, c0, co, rank);
+        if (idx > ns && (int)threadIdx.x < co && c0 + (int)threadIdx.x < r.P) ev = sc[c0 + threadIdx.x];
+    }
 }
 
 static __global__ void __launch_bounds__(ATTN_THREADS)
-mla_attn_kernel(ddt_cuda_mla_attn_args a) {
+mla_attn_kernel(ddt_cuda_mla_attn_args a, int stage_floats) {
     DDT_GRID_DEP_WAIT();
     extern __shared__ float smem[];
     const int width = a.rank + a.rope;
     float *q = smem;                          /* [width] */
-    float *red = q + width;                   /* [ATTN_THREADS] */
-    int *anc = (int *)(red + ATTN_THREADS);   /* [n] */
+    float *red = q + width;                   /* [SOFTMAX_THREADS] */
+    float *scs = red + SOFTMAX_THREADS;       /* [OUT_CHUNK_MAX] exponentials of the output chunk */
+    float *accs = scs + OUT_CHUNK_MAX;        /* [rank] output sums, carried across chunks */
+    float *stage = accs + a.rank;             /* [stage_floats] the chunk being computed */
+    int *anc = (int *)(stage + stage_floats); /* [n] */
     const int i = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
     const int len = *a.len;
     const int d_i = a.depth[i];
@@ -111,50 +189,115 @@ mla_attn_kernel(ddt_cuda_mla_attn_args a) {
             if (dj >= 0 && dj <= d_i) anc[dj] = j;
         }
     }
-    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) q[d] = a.q_lat[((int64_t)i * a.heads + h) * a.rank + d];
+    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
+        q[d] = a.q_lat[((int64_t)i * a.heads + h) * a.rank + d];
+        accs[d] = 0.0f;
+    }
     for (int d = threadIdx.x; d < a.rope; d += ATTN_THREADS)
         q[a.rank + d] = a.q_rope[(int64_t)i * a.q_rope_ld_t + (int64_t)h * a.q_rope_ld_h + d];
     __syncthreads();
     const int P = len + d_i + 1;
     float *sc = a.scores + ((int64_t)i * a.heads + h) * a.capacity;
+    const attn_rows r = {a.cache, width, len, P, anc};
+    const int cs = stage_floats / width, co = min(OUT_CHUNK_MAX, stage_floats / a.rank);
+    const int ns = P > 0 ? (P + cs - 1) / cs : 0, no = P > 0 ? (P + co - 1) / co : 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float v[STAGE_PER], ev = 0.0f;
+    attn_fetch(v, ev, r, sc, 0, ns, no, cs, co, a.rank);
+
+    /* scores: warp w takes the chunk's positions w, w + ATTN_WARPS, ..., SC_U
+       at a time; each one's sum and shuffle tree are the order above */
     float mx = -INFINITY;
-    for (int p = warp; p < P; p += ATTN_WARPS) {
-        const int row = p < len ? p : len + anc[p - len];
-        const float *kv = a.cache + (int64_t)row * width;
-        float s = 0.0f;
-        for (int d = lane; d < width; d += 32) s += q[d] * kv[d];
-        s = warp_sum(s) * a.scale;
-        if (lane == 0) sc[p] = s;
-        mx = fmaxf(mx, s);
+    for (int c = 0; c < ns; c++) {
+        const int c0 = c * cs, cn = min(cs, P - c0);
+        __syncthreads(); /* the previous chunk's scores are done with stage */
+        chunk_store(v, stage, cn * width);
+        __syncthreads();
+        /* the next chunk (after the last score chunk: the first output chunk) */
+        attn_fetch(v, ev, r, sc, c + 1, ns, no, cs, co, a.rank);
+        for (int j0 = warp; j0 < cn; j0 += ATTN_WARPS * SC_U) {
+            float s[SC_U];
+            const float *kv[SC_U];
+#pragma unroll
+            for (int u = 0; u < SC_U; u++) {
+                const int j = j0 + u * ATTN_WARPS;
+                kv[u] = stage + (j < cn ? j : j0) * width; /* past the chunk: a valid row, result unused */
+                s[u] = 0.0f;
+            }
+            for (int d = lane; d < width; d += 32) {
+                const float qd = q[d];
+#pragma unroll
+                for (int u = 0; u < SC_U; u++) s[u] += qd * kv[u][d];
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+                for (int u = 0; u < SC_U; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            }
+#pragma unroll
+            for (int u = 0; u < SC_U; u++) {
+                const int j = j0 + u * ATTN_WARPS;
+                if (j < cn) {
+                    const float sv = s[u] * a.scale;
+                    if (lane == 0) sc[c0 + j] = sv;
+                    mx = fmaxf(mx, sv);
+                }
+            }
+        }
     }
     if (lane == 0) red[warp] = mx;
     __syncthreads();
     float m = red[0];
     for (int w = 1; w < ATTN_WARPS; w++) m = fmaxf(m, red[w]);
     __syncthreads();
-    float part = 0.0f;
-    for (int p = threadIdx.x; p < P; p += ATTN_THREADS) {
-        float e = expf(sc[p] - m);
-        sc[p] = e;
-        part += e;
+    /* softmax: thread t < SOFTMAX_THREADS, SM_U of its positions' loads at once;
+       the first output chunk's exponentials also go to scs */
+    if (threadIdx.x < SOFTMAX_THREADS) {
+        float part = 0.0f;
+        for (int p0 = threadIdx.x; p0 < P; p0 += SOFTMAX_THREADS * SM_U) {
+            float x[SM_U];
+#pragma unroll
+            for (int u = 0; u < SM_U; u++) {
+                const int p = p0 + u * SOFTMAX_THREADS;
+                x[u] = p < P ? sc[p] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < SM_U; u++) {
+                const int p = p0 + u * SOFTMAX_THREADS;
+                if (p < P) {
+                    float e = expf(x[u] - m);
+                    sc[p] = e;
+                    if (p < co) scs[p] = e;
+                    part += e;
+                }
+            }
+        }
+        red[threadIdx.x] = part;
     }
-    red[threadIdx.x] = part;
     __syncthreads();
-    for (int step = ATTN_THREADS / 2; step > 0; step >>= 1) {
+    for (int step = SOFTMAX_THREADS / 2; step > 0; step >>= 1) {
         if (threadIdx.x < step) red[threadIdx.x] += red[threadIdx.x + step];
         __syncthreads();
     }
     const float inv = 1.0f / red[0];
-    float *out = a.out + ((int64_t)i * a.heads + h) * a.rank;
-    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
-        float acc = 0.0f;
-        for (int p = 0; p < P; p++) {
-            const int row = p < len ? p : len + anc[p - len];
-            acc += sc[p] * a.cache[(int64_t)row * width + d];
+
+    /* output: thread d's sum runs over the chunks in position order */
+    for (int c = 0; c < no; c++) {
+        const int c0 = c * co, cn = min(co, P - c0);
+        __syncthreads(); /* stage and scs are free (the scores / the previous chunk are done) */
+        chunk_store(v, stage, cn * a.rank);
+        if (c > 0 && (int)threadIdx.x < cn) scs[threadIdx.x] = ev;
+        __syncthreads();
+        attn_fetch(v, ev, r, sc, ns + c + 1, ns, no, cs, co, a.rank);
+        for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
+            float acc = accs[d];
+            const float *col = stage + d;
+#pragma unroll 8
+            for (int j = 0; j < cn; j++) acc += scs[j] * col[j * a.rank];
+            accs[d] = acc;
         }
-        out[d] = acc * inv;
     }
+    float *out = a.out + ((int64_t)i * a.heads + h) * a.rank;
+    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) out[d] = accs[d] * inv;
 }
 
 extern "C" ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, ddt_cuda_stream stream,
@@ -164,9 +307,17 @@ extern "C" ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, dd
                         a->heads, a->rank, a->capacity);
     if ((int64_t)a->n * a->heads > 0x7fffffff)
         return ddt_fail(err, DDT_ERR_RANGE, "mla attention: %d x %d blocks", a->n, a->heads);
-    size_t smem = sizeof(float) * ((size_t)a->rank + (size_t)a->rope + ATTN_THREADS) + sizeof(int) * (size_t)a->n;
-    if (smem > 48 * 1024) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla attention: %zu bytes of shared memory", smem);
-    mla_attn_kernel<<<a->n * a->heads, ATTN_THREADS, smem, (cudaStream_t)stream>>>(*a);
+    /* the chunk stage takes what the fixed parts leave of 48 KB, up to STAGE_MAX
+       floats; it must hold one row (a chunk of one position) */
+    const size_t width = (size_t)a->rank + (size_t)a->rope, limit = 48 * 1024;
+    const size_t fixed =
+        sizeof(float) * (width + SOFTMAX_THREADS + OUT_CHUNK_MAX + (size_t)a->rank) + sizeof(int) * (size_t)a->n;
+    if (fixed + sizeof(float) * width > limit)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla attention: %zu bytes of shared memory", fixed + 4 * width);
+    size_t stage = (limit - fixed) / sizeof(float);
+    if (stage > STAGE_MAX) stage = STAGE_MAX;
+    const size_t smem = fixed + sizeof(float) * stage;
+    mla_attn_kernel<<<a->n * a->heads, ATTN_THREADS, smem, (cudaStream_t)stream>>>(*a, (int)stage);
     DDT_CUDA_LAUNCHED("mla_attention", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -17,7 +17,8 @@
  * x W: one thread per output column (coalesced weight rows), 4 tokens per thread,
  * summing rows in increasing order from 0.0f with the CPU's dequantised values:
  * the same operations as ddt_cpu_matmul_t_grouped, so results are bit-identical
- * to the CPU.
+ * to the CPU; batches of weight loads in flight and x staged in shared memory
+ * (see mt_kernel) change the speed only.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -558,29 +559,116 @@ extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int6
 
 /* ------------------------------------------------------------------ y = x W */
 
-#define MT_THREADS 128
-#define MT_TB 4
+#define MT_THREADS 128 /* at most; a narrow weight gets a narrower block */
+#define MT_TB 4        /* tokens per block */
+#define MT_U 16        /* weight rows a thread loads at once */
+#define MT_XR 256      /* x rows staged in shared memory per pass (a multiple of MT_U) */
 
+/* Weight element (row, col) split in two: the raw bits (and the FP8 / INT4
+ * scale), loaded together for MT_U rows before any is used, then the value,
+ * decoded with exactly qdeq_elem's operations (mt_decode). */
+template <int F>
+static __device__ __forceinline__ void mt_load(const ddt_qweight &w, int64_t row, int64_t col, uint32_t &bits,
+                                               float &scale) {
+    if (F == QF_F32) {
+        bits = ((const uint32_t *)w.data)[row * w.cols + col];
+    } else if (F == QF_BF16 || F == QF_F16) {
+        bits = ((const uint16_t *)w.data)[row * w.cols + col];
+    } else if (F == QF_FP8) {
+        bits = ((const uint8_t *)w.data)[row * w.cols + col];
+        const int64_t scols = (w.cols + w.block - 1) / w.block;
+        scale = w.scale_inv[(row / w.block) * scols + col / w.block];
+    } else {
+        const int64_t words = (w.cols + 7) / 8, groups = (w.cols + w.group - 1) / w.group;
+        bits = ((const uint32_t *)w.data)[row * words + (col >> 3)];
+        scale = __uint_as_float((uint32_t)w.scale[row * groups + col / w.group] << 16);
+    }
+}
+
+template <int F> static __device__ __forceinline__ float mt_decode(uint32_t bits, float scale, int64_t col) {
+    if (F == QF_F32) return __uint_as_float(bits);
+    if (F == QF_BF16) return __uint_as_float(bits << 16);
+    if (F == QF_F16) return __half2float(__ushort_as_half((unsigned short)bits));
+    if (F == QF_FP8) {
+        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)bits, __NV_E4M3);
+        const float f = __half2float(*reinterpret_cast<__half *>(&hr));
+        return f * scale;
+    }
+    const int32_t q = (int32_t)((bits >> (4 * (col & 7))) & 0xFu) - 8;
+    return (float)q * scale;
+}
+
+/* Rows [i0, i0 + MT_U) of column j from weight row wrow0 + i0 on, those below
+ * `rows`; nothing for a thread without a column (j < 0). */
+template <int F>
+static __device__ __forceinline__ void mt_fetch(const ddt_qweight &w, int64_t wrow0, int64_t i0, int64_t rows,
+                                                int64_t j, uint32_t (&bits)[MT_U], float (&scale)[MT_U]) {
+#pragma unroll
+    for (int k = 0; k < MT_U; k++) {
+        bits[k] = 0;
+        scale[k] = 0.0f;
+        if (j >= 0 && i0 + k < rows) mt_load<F>(w, wrow0 + i0 + k, j, bits[k], scale[k]);
+    }
+}
+
+/* y = x W, one thread per (column, MT_TB tokens): acc = acc + x[t][i] * w[i][j]
+ * over i = 0 .. rows - 1 in order from 0.0f, as ddt_cpu_matmul_t_grouped and
+ * the earlier one-load-per-step kernel.  The latency chain is cut by loading
+ * MT_U rows' weights at once, the next MT_U while the current are summed, and
+ * by staging the block's x rows in shared memory (read as float4); the first
+ * weights are in flight while x is staged. */
+template <int F>
 static __global__ void __launch_bounds__(MT_THREADS)
 mt_kernel(const ddt_qweight w, const ddt_row_groups g, const float *__restrict__ x, int64_t ldx, int32_t n,
           float *__restrict__ y, int64_t ldy) {
     DDT_GRID_DEP_WAIT();
-    const int64_t j = (int64_t)blockIdx.x * MT_THREADS + threadIdx.x;
+    __shared__ __align__(16) float xs[MT_TB][MT_XR];
+    const int64_t jc = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t j = jc < w.cols ? jc : -1; /* -1: no column, but the block's barriers */
     const int64_t grp = blockIdx.y;
     const int32_t t0 = (int32_t)blockIdx.z * MT_TB;
-    if (j >= w.cols) return;
     const int ntok = n - t0 < MT_TB ? n - t0 : MT_TB;
+    const int64_t rows = g.rows, wrow0 = grp * g.w_row_stride + g.w_row_offset;
+    const float *xb = x + (int64_t)t0 * ldx + grp * g.x_stride;
     float acc[MT_TB];
 #pragma unroll
     for (int t = 0; t < MT_TB; t++) acc[t] = 0.0f;
-    const int64_t wrow0 = grp * g.w_row_stride + g.w_row_offset;
-    const float *xb = x + (int64_t)t0 * ldx + grp * g.x_stride;
-    for (int64_t i = 0; i < g.rows; i++) {
-        const float wv = qdeq_elem(w, wrow0 + i, j);
+    uint32_t wb[MT_U];
+    float ws[MT_U];
+    mt_fetch<F>(w, wrow0, 0, rows, j, wb, ws);
+    for (int64_t r0 = 0; r0 < rows; r0 += MT_XR) {
+        const int nr = rows - r0 < MT_XR ? (int)(rows - r0) : MT_XR;
+        const int nr_u = (nr + MT_U - 1) / MT_U * MT_U; /* zeros up to whole MT_U-row batches */
+        __syncthreads(); /* the previous pass is done with xs */
+        for (int e = threadIdx.x; e < MT_TB * nr_u; e += blockDim.x) {
+            const int t = e / nr_u, i = e % nr_u;
+            xs[t][i] = (t < ntok && i < nr) ? xb[(int64_t)t * ldx + r0 + i] : 0.0f;
+        }
+        __syncthreads();
+        for (int i0 = 0; i0 < nr; i0 += MT_U) {
+            uint32_t nb[MT_U];
+            float nsc[MT_U];
+            mt_fetch<F>(w, wrow0, r0 + i0 + MT_U, rows, j, nb, nsc); /* the next batch, in flight meanwhile */
+            float wv[MT_U];
 #pragma unroll
-        for (int t = 0; t < MT_TB; t++)
-            if (t < ntok) acc[t] = acc[t] + xb[t * ldx + i] * wv;
+            for (int k = 0; k < MT_U; k++) wv[k] = mt_decode<F>(wb[k], ws[k], j);
+#pragma unroll
+            for (int t = 0; t < MT_TB; t++) {
+                float xv[MT_U];
+#pragma unroll
+                for (int k = 0; k < MT_U; k += 4) {
+                    const float4 x4 = *reinterpret_cast<const float4 *>(&xs[t][i0 + k]);
+                    xv[k] = x4.x, xv[k + 1] = x4.y, xv[k + 2] = x4.z, xv[k + 3] = x4.w;
+                }
+#pragma unroll
+                for (int k = 0; k < MT_U; k++)
+                    if (i0 + k < nr) acc[t] = acc[t] + xv[k] * wv[k];
+            }
+#pragma unroll
+            for (int k = 0; k < MT_U; k++) wb[k] = nb[k], ws[k] = nsc[k];
+        }
     }
+    if (j < 0) return;
 #pragma unroll
     for (int t = 0; t < MT_TB; t++)
         if (t < ntok) y[(int64_t)(t0 + t) * ldy + grp * g.y_stride + j] = acc[t];
@@ -595,10 +683,20 @@ extern "C" ddt_status ddt_cuda_matmul_t_grouped(const ddt_qweight *w, const ddt_
     if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul_t: %d tokens", n);
     if (g->count > 65535 || (n + MT_TB - 1) / MT_TB > 65535)
         return ddt_fail(err, DDT_ERR_RANGE, "matmul_t: %d groups x %d tokens over the grid limit", g->count, n);
-    dim3 grid((unsigned)((w->cols + MT_THREADS - 1) / MT_THREADS), (unsigned)g->count,
-              (unsigned)((n + MT_TB - 1) / MT_TB));
-    mt_kernel<<<grid, MT_THREADS, 0, (cudaStream_t)stream>>>(*w, *g, x, ldx, n, y, ldy);
-    DDT_CUDA_LAUNCHED("matmul_t", (cudaStream_t)stream, err);
+    /* a block as wide as the columns (whole warps, at most MT_THREADS): the
+       64-column MLA products get 64-thread blocks, not half-idle 128 */
+    const int64_t cols32 = (w->cols + 31) / 32 * 32;
+    const unsigned threads = (unsigned)(cols32 < MT_THREADS ? cols32 : MT_THREADS);
+    dim3 grid((unsigned)((w->cols + threads - 1) / threads), (unsigned)g->count, (unsigned)((n + MT_TB - 1) / MT_TB));
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (qfmt_of(*w)) {
+    case QF_F32: mt_kernel<QF_F32><<<grid, threads, 0, s>>>(*w, *g, x, ldx, n, y, ldy); break;
+    case QF_BF16: mt_kernel<QF_BF16><<<grid, threads, 0, s>>>(*w, *g, x, ldx, n, y, ldy); break;
+    case QF_F16: mt_kernel<QF_F16><<<grid, threads, 0, s>>>(*w, *g, x, ldx, n, y, ldy); break;
+    case QF_FP8: mt_kernel<QF_FP8><<<grid, threads, 0, s>>>(*w, *g, x, ldx, n, y, ldy); break;
+    case QF_INT4: mt_kernel<QF_INT4><<<grid, threads, 0, s>>>(*w, *g, x, ldx, n, y, ldy); break;
+    }
+    DDT_CUDA_LAUNCHED("matmul_t", s, err);
     return DDT_OK;
 }
 
