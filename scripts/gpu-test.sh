@@ -75,7 +75,7 @@ sanitize_all() {
       echo "== compute-sanitizer $n --quick"
       compute-sanitizer --tool memcheck --error-exitcode 9 $B/$n --quick > $B/sanitizer.log 2>&1
       local s=$?; tail -2 $B/sanitizer.log
-      [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)"; tail -30 $B/sanitizer.log; r=1; }
+      [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)"; grep -m 20 "FAIL" $B/sanitizer.log; tail -30 $B/sanitizer.log; r=1; }
     done
   else
     echo "FAILED: compute-sanitizer not found"; r=1
