@@ -102,8 +102,8 @@ static void test_topk(int rows, int vocab, int k, int kind) {
     char what[96];
     snprintf(what, sizeof what, "top-K rows %d vocab %d k %d kind %d", rows, vocab, k, kind);
     double nerr = bo_compare(what, q, ref_q, nk, (bo_cmp){.bound = 1e-6});
-    printf("topk rows %d vocab %d k %d kind %d: ids equal, normalised error %.2e\n", rows, vocab, k,
-           kind, nerr);
+    printf("topk rows %d vocab %d k %d kind %d: %s, normalised error %.2e\n", rows, vocab, k, kind,
+           id_mismatch ? "IDS DIFFER" : "ids equal", nerr);
     free(z);
     free(q);
     free(t);
