@@ -41,9 +41,10 @@
 #include "core/error.h"
 #include "model/drafter_desc.h"
 
-/* Rows per attention split while the context is short; long contexts get longer
- * splits so the partial-result scratch stays within ATTN_MAX_SPLITS splits. */
-#define ATTN_SPLIT_MIN 64
+/* Rows per attention split while the context is short (one 32-row tile per
+ * block); long contexts get longer splits, whole tiles, so the partial-result
+ * scratch and the last split's merge stay within ATTN_MAX_SPLITS splits. */
+#define ATTN_SPLIT_MIN 32
 #define ATTN_MAX_SPLITS 128
 
 #define TRY(call)                                \
@@ -268,6 +269,8 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
                                L * (size_t)d->dims.qd, L * 2 * (size_t)d->dims.inter, (size_t)attn_n};
     for (size_t i = 0; i < sizeof poison / sizeof poison[0]; i++)
         DDT_CUDA_TRY(cudaMemset(poison[i], 0xFF, poison_n[i] * sizeof(float)), err);
+    /* the attention's arrival tickets start at 0 (its partials stay poisoned) */
+    TRY(ddt_dflash_attn_prepare(&d->attn, d->attn_scratch, NULL, err));
 
     /* constant inputs: the block's ids (slot 0 is overwritten by each draft's bonus)
      * and the prefix rows 0..C-1; the cache starts empty */

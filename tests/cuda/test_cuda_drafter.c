@@ -20,11 +20,19 @@
  *   - a CUDA graph of (append_rows + draft) replayed twice equals the eager calls
  *     bit for bit (len advances on the device between replays);
  *   - the block attention alone (ddt_dflash_attention) against its CPU twin
- *     ddt_cpu_dflash_attention (backend/cpu/dflash.h) on random q / K / V of odd
- *     shapes (GQA and not, head_dim 1..512 across the kernel's register widths,
- *     contexts shorter than, equal to and many times one split), through the
- *     backend-op harness: normalised error < 1e-5, output poisoned before the
- *     launch, one padding row after it untouched;
+ *     ddt_cpu_dflash_attention (backend/cpu/dflash.h) on random q / K / V: the
+ *     shipped drafter's shape (4 heads over 2 kv heads of 64, a block of 16,
+ *     split 32) over lengths 0..1030 in one cache of 1040 rows (tile and split
+ *     edges, rows clamped at the cache's end), and odd shapes (GQA groups 1, 2,
+ *     3, 4, head_dim 1..512 across the kernel's register widths and both staging
+ *     paths, blocks not filling a query chunk, contexts shorter than, equal to
+ *     and many times one split), through the backend-op harness: normalised
+ *     error < 1e-5, cache rows past the read range NaN, the scratch poisoned
+ *     before its ddt_dflash_attn_prepare, the output poisoned before every
+ *     launch and one padding row after it untouched; a second launch bitwise
+ *     equal, the arrival tickets back at 0 after every launch, a captured graph
+ *     replayed over the lengths (len changed on the device) bitwise equal to
+ *     the eager launches; refused shapes fail with DDT_ERR_INVALID;
  *   - the fused per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep) against
  *     its CPU twin ddt_cpu_dflash_norm_rope (plus the append rule and a V copy)
  *     on odd shapes (head_dim 2..512 across the register widths, GQA and not,
@@ -306,68 +314,154 @@ static void test_graph(pair *p) {
 
 /* ------------------------------------------------------------------ attention op */
 
-/* ddt_dflash_attention vs ddt_cpu_dflash_attention on random inputs: a block of
- * L rows after ctx context rows, cache rows [0, ctx + L) read, split rows per
- * partial. */
-static void attention_case(ddt_cpu_pool *pool, int32_t L, int32_t heads, int32_t kv_heads, int32_t hd, int32_t ctx,
-                           int32_t split) {
-    const int32_t rows = ctx + L, max_rows = rows + 5; /* rows past the read range hold garbage */
-    const size_t qn = (size_t)L * heads * hd, kvn = (size_t)max_rows * kv_heads * hd;
+/* One attention geometry over one device cache of max_rows rows, as the drafter
+ * uses it: one scratch, prepared once and poisoned before that (only the tickets
+ * are zeroed), then for each context length len (rows [0, min(len + L, max_rows))
+ * read) ddt_dflash_attention vs ddt_cpu_dflash_attention with the cache rows past
+ * the read range NaN, the output poisoned before every launch and one padding row
+ * after it that must stay poisoned; a second launch (output poisoned again)
+ * bitwise equal to the first and the arrival tickets back at 0 after each (a
+ * ticket left behind would stop the next launch's merge).  Then one captured
+ * graph replayed over the same lengths, len changed on the device between
+ * replays, bitwise equal to the eager launches. */
+static void attention_lengths(ddt_cpu_pool *pool, int32_t L, int32_t heads, int32_t kv_heads, int32_t hd,
+                              int32_t max_rows, int32_t split, const int32_t *lens, int n_lens) {
+    const size_t qn = (size_t)L * heads * hd, on = qn + (size_t)heads * hd;
+    const size_t row = (size_t)kv_heads * hd, kvn = (size_t)max_rows * row;
     float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kvn), *v = malloc(sizeof(float) * kvn);
-    float *ref = malloc(sizeof(float) * qn), *got = malloc(sizeof(float) * (qn + (size_t)heads * hd));
+    float *kn = malloc(sizeof(float) * kvn), *vn = malloc(sizeof(float) * kvn);
+    float *ref = malloc(sizeof(float) * qn), *got = malloc(sizeof(float) * on), *again = malloc(sizeof(float) * on);
+    float *eager = malloc(sizeof(float) * on * (size_t)n_lens);
     for (size_t i = 0; i < qn; i++) q[i] = rndf();
     for (size_t i = 0; i < kvn; i++) k[i] = rndf(), v[i] = rndf();
     const float scale = 1.0f / sqrtf((float)hd);
-    ddt_cpu_dflash_attn ca = {.n_block = L, .heads = heads, .kv_heads = kv_heads, .hd = hd, .scale = scale, .q = q,
-                              .k = k, .v = v, .n_rows = rows, .o = ref};
-    ddt_cpu_dflash_attention(pool, &ca);
     ddt_dflash_attn ga = {.n_block = L, .heads = heads, .kv_heads = kv_heads, .hd = hd, .max_rows = max_rows,
                           .split = split, .scale = scale};
+    const size_t scr = (size_t)ddt_dflash_attn_scratch_floats(&ga);
+    const size_t splits = ((size_t)max_rows + split - 1) / split;
+    const size_t parts = splits * (size_t)L * heads * (hd + 2);
+    CHECK(scr > parts, "attention scratch of %zu floats for %zu partial floats", scr, parts);
+    const size_t tickets = scr - parts;
     float *dq, *dk, *dv, *dscr, *dout;
     int32_t *dlen;
-    const size_t scr = (size_t)ddt_dflash_attn_scratch_floats(&ga);
     CU(cudaMalloc((void **)&dq, sizeof(float) * qn));
     CU(cudaMalloc((void **)&dk, sizeof(float) * kvn));
     CU(cudaMalloc((void **)&dv, sizeof(float) * kvn));
     CU(cudaMalloc((void **)&dscr, sizeof(float) * scr));
-    CU(cudaMalloc((void **)&dout, sizeof(float) * (qn + (size_t)heads * hd)));
+    CU(cudaMalloc((void **)&dout, sizeof(float) * on));
     CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
     CU(cudaMemcpy(dq, q, sizeof(float) * qn, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dk, k, sizeof(float) * kvn, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dv, v, sizeof(float) * kvn, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dlen, &ctx, sizeof(int32_t), cudaMemcpyHostToDevice));
     bo_poison(dscr, sizeof(float) * scr);
-    bo_poison(dout, sizeof(float) * (qn + (size_t)heads * hd));
-    OK(ddt_dflash_attention(&ga, dq, dk, dv, dlen, dscr, dout, NULL, &err_));
-    CU(cudaMemcpy(got, dout, sizeof(float) * (qn + (size_t)heads * hd), cudaMemcpyDeviceToHost));
-    char what[128];
-    snprintf(what, sizeof what, "attention L %d heads %d/%d hd %d ctx %d split %d", L, heads, kv_heads, hd, ctx, split);
-    const double e = bo_compare(what, got, ref, qn, (bo_cmp){.bound = TOL});
-    bool pad = true;
-    for (size_t i = qn; i < qn + (size_t)heads * hd; i++) {
-        uint32_t u;
-        memcpy(&u, &got[i], 4);
-        pad &= u == 0xFFFFFFFFu;
+    OK(ddt_dflash_attn_prepare(&ga, dscr, NULL, &err_));
+    uint32_t *tk = malloc(sizeof(uint32_t) * (tickets ? tickets : 1));
+    char what[160];
+    for (int c = 0; c < n_lens; c++) {
+        const int32_t len = lens[c];
+        const int32_t rows = len + L < max_rows ? len + L : max_rows;
+        /* the rows the attention must not read are NaN */
+        memcpy(kn, k, sizeof(float) * kvn);
+        memcpy(vn, v, sizeof(float) * kvn);
+        for (size_t i = (size_t)rows * row; i < kvn; i++) kn[i] = vn[i] = NAN;
+        CU(cudaMemcpy(dk, kn, sizeof(float) * kvn, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dv, vn, sizeof(float) * kvn, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dlen, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+        ddt_cpu_dflash_attn ca = {.n_block = L, .heads = heads, .kv_heads = kv_heads, .hd = hd, .scale = scale,
+                                  .q = q, .k = k, .v = v, .n_rows = rows, .o = ref};
+        ddt_cpu_dflash_attention(pool, &ca);
+        snprintf(what, sizeof what, "attention L %d heads %d/%d hd %d len %d (%d rows of %d) split %d", L, heads,
+                 kv_heads, hd, len, rows, max_rows, split);
+        for (int pass = 0; pass < 2; pass++) {
+            bo_poison(dout, sizeof(float) * on);
+            OK(ddt_dflash_attention(&ga, dq, dk, dv, dlen, dscr, dout, NULL, &err_));
+            CU(cudaMemcpy(pass ? again : got, dout, sizeof(float) * on, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(tk, dscr, sizeof(uint32_t) * tickets, cudaMemcpyDeviceToHost));
+            bool zero = true;
+            for (size_t i = 0; i < tickets; i++) zero &= tk[i] == 0;
+            CHECK(zero, "%s: an arrival ticket is not back at 0 after launch %d", what, pass + 1);
+        }
+        const double e = bo_compare(what, got, ref, qn, (bo_cmp){.bound = TOL});
+        CHECK(!memcmp(got, again, sizeof(float) * on), "%s: a second launch differs", what);
+        bool pad = true;
+        for (size_t i = qn; i < on; i++) {
+            uint32_t u;
+            memcpy(&u, &got[i], 4);
+            pad &= u == 0xFFFFFFFFu;
+        }
+        CHECK(pad, "%s: the row after the output was written", what);
+        memcpy(eager + (size_t)c * on, got, sizeof(float) * on);
+        printf("  %-72s err %.3g\n", what, e);
     }
-    CHECK(pad, "%s: the row after the output was written", what);
-    printf("  %-56s err %.3g\n", what, e);
+
+    /* the graph, over the whole cache finite again: rows past the read range now
+     * hold numbers instead of NaN, and the replays must still equal the eager launches */
+    memcpy(kn, k, sizeof(float) * kvn);
+    memcpy(vn, v, sizeof(float) * kvn);
+    CU(cudaMemcpy(dk, kn, sizeof(float) * kvn, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, vn, sizeof(float) * kvn, cudaMemcpyHostToDevice));
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    OK(ddt_dflash_attention(&ga, dq, dk, dv, dlen, dscr, dout, s, &err_));
+    CU(cudaStreamEndCapture(s, &g));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    bool same = true;
+    for (int c = 0; c < n_lens; c++) {
+        CU(cudaMemcpyAsync(dlen, &lens[c], sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        CU(cudaMemsetAsync(dout, 0xFF, sizeof(float) * on, s));
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaMemcpyAsync(got, dout, sizeof(float) * on, cudaMemcpyDeviceToHost, s));
+        CU(cudaStreamSynchronize(s));
+        if (memcmp(got, eager + (size_t)c * on, sizeof(float) * on)) {
+            CHECK(false, "attention L %d heads %d/%d hd %d: graph replay at len %d differs from the eager launch", L,
+                  heads, kv_heads, hd, lens[c]);
+            same = false;
+        }
+    }
+    if (same) printf("  %-72s bitwise\n", "  graph replays over those lengths");
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    CU(cudaStreamDestroy(s));
     CU(cudaFree(dq));
     CU(cudaFree(dk));
     CU(cudaFree(dv));
     CU(cudaFree(dscr));
     CU(cudaFree(dout));
     CU(cudaFree(dlen));
+    free(tk);
     free(q);
     free(k);
     free(v);
+    free(kn);
+    free(vn);
     free(ref);
     free(got);
+    free(again);
+    free(eager);
+}
+
+/* A block of L rows after ctx context rows in a cache of ctx + L + 5 rows. */
+static void attention_case(ddt_cpu_pool *pool, int32_t L, int32_t heads, int32_t kv_heads, int32_t hd, int32_t ctx,
+                           int32_t split) {
+    attention_lengths(pool, L, heads, kv_heads, hd, ctx + L + 5, split, &ctx, 1);
 }
 
 static void test_attention_op(bool quick) {
     printf("block attention vs ddt_cpu_dflash_attention:\n");
     ddt_cpu_pool *pool;
     OK(ddt_cpu_pool_create(4, &pool, &err_));
+    /* the shipped drafter (pystdlib-dflash): 4 heads over 2 kv heads of 64, a block
+     * of 16, the drafter's split of 32; lengths around the tiles and the splits,
+     * and at and past the cache's end (rows clamped to max_rows) */
+    const int32_t shipped[] = {700, 0, 5, 16, 63, 64, 65, 1024, 1030, 3};
+    attention_lengths(pool, 16, 4, 2, 64, 1040, 32, shipped, (int)(sizeof shipped / sizeof shipped[0]));
+    /* odd shapes: head_dim 40 / 72 / 33 (scalar staging), group 4, group 1, a block
+     * of 7 / 5 / 3 (query chunks of 8 not full), splits not whole tiles */
+    const int32_t some[] = {0, 9, 40, 100, 250};
+    attention_lengths(pool, 7, 6, 3, 40, 300, 32, some, 5);
+    attention_lengths(pool, 5, 8, 2, 72, 300, 48, some, 5);
+    attention_lengths(pool, 3, 2, 2, 33, 300, 20, some, 5);
     attention_case(pool, 16, 8, 2, 128, 0, 64);    /* empty context: the block alone */
     attention_case(pool, 16, 8, 2, 128, 48, 64);   /* ctx + L = one split exactly */
     attention_case(pool, 16, 8, 8, 128, 211, 64);  /* no GQA, several splits, a partial last one */
@@ -375,7 +469,34 @@ static void test_attention_op(bool quick) {
     attention_case(pool, 5, 4, 1, 1, 33, 32);      /* head_dim 1 */
     attention_case(pool, 3, 2, 1, 33, 9, 1);       /* a split per row */
     attention_case(pool, 4, 4, 2, 512, 70, 32);    /* the largest head_dim */
-    if (!quick) attention_case(pool, 16, 32, 8, 128, 4000, 64); /* long context: many splits */
+    attention_case(pool, 4, 8, 2, 200, 90, 32);    /* group 4, head_dim 200 (float4 staging, 4 registers) */
+    if (!quick) {
+        attention_case(pool, 16, 32, 8, 128, 4000, 64); /* long context: many splits */
+        attention_case(pool, 16, 8, 2, 512, 3000, 96);  /* the largest head_dim, many splits of 3 tiles */
+    }
+    /* shapes the attention refuses: an error, no launch */
+    ddt_error e;
+    const ddt_dflash_attn bad[] = {
+        {.n_block = 16, .heads = 4, .kv_heads = 2, .hd = DDT_DFLASH_MAX_HEAD_DIM + 1, .max_rows = 64, .split = 32,
+         .scale = 1.0f},
+        {.n_block = 16, .heads = 4, .kv_heads = 3, .hd = 64, .max_rows = 64, .split = 32, .scale = 1.0f},
+        {.n_block = 16, .heads = 4, .kv_heads = 2, .hd = 64, .max_rows = 8, .split = 32, .scale = 1.0f},
+        {.n_block = 16, .heads = 4, .kv_heads = 2, .hd = 64, .max_rows = 64, .split = 0, .scale = 1.0f},
+    };
+    float *dummy;
+    int32_t *dlen;
+    CU(cudaMalloc((void **)&dummy, 64 * sizeof(float)));
+    CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(ddt_dflash_attn_scratch_floats(&bad[i]) == 0, "refused attention shape %zu has a scratch size", i);
+        CHECK(ddt_dflash_attention(&bad[i], dummy, dummy, dummy, dlen, dummy, dummy, NULL, &e) == DDT_ERR_INVALID,
+              "attention shape %zu not refused", i);
+        CHECK(ddt_dflash_attn_prepare(&bad[i], dummy, NULL, &e) == DDT_ERR_INVALID,
+              "attention prepare of shape %zu not refused", i);
+    }
+    CU(cudaFree(dummy));
+    CU(cudaFree(dlen));
+    printf("  refused shapes: %s\n", e.msg);
     ddt_cpu_pool_destroy(pool);
 }
 

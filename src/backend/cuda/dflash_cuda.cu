@@ -12,13 +12,16 @@
  * contraction) on the CPU's own table values; only the norm's sum of squares is
  * in another order than the CPU's.
  *
- * Attention: one warp per query, its head_dim spread over the 32 lanes
- * (j = lane + 32 i), the dot product summed per lane in i order and then by a
- * xor butterfly, which leaves the same bits in every lane.  Rows are cut into
- * fixed splits; each keeps an online softmax over its rows in increasing order
- * (the CPU's update rule), and a second kernel merges the splits in increasing
- * order.  The split length is fixed per drafter, so the result never depends on
- * the launch, and a query's result depends only on that query and the cache.
+ * Attention (ddt_dflash_attention, one launch): a block per (kv head, chunk of
+ * its queries, split of rows).  It stages its rows' K and V a tile of 32 rows at
+ * a time in shared memory with every load in flight, scores a row per lane
+ * against the queries held in shared memory, and keeps an online softmax per
+ * query taken a tile at a time; a context within one split ends there, else the
+ * splits' partials are merged in increasing split order by whichever split
+ * finishes last (an arrival ticket per column in the scratch, back at 0 after
+ * every launch).  The split length is fixed per drafter and every sum has a fixed
+ * order, so the result never depends on the launch or on which block came last,
+ * and a query's result depends only on that query and the cache.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -26,10 +29,12 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dflash_cuda.h"
 
-#define ATTN_WARPS 8
-#define ATTN_QPB 16        /* queries per attention block (2 per warp) */
-#define COMBINE_THREADS 128
-#define MAX_SPLITS 4096    /* combine weights live in shared memory */
+#define ATTN_T 32          /* rows per attention tile: one per lane when scoring */
+#define ATTN_WARPS 4
+#define ATTN_QB 2          /* queries per warp */
+#define ATTN_QPB (ATTN_WARPS * ATTN_QB) /* queries per block */
+#define ATTN_THREADS (ATTN_WARPS * 32)
+#define ATTN_MAX_SPLITS 65535 /* grid.y */
 #define PREP_WARPS 4       /* (row, head) items per qkv_prep block */
 
 static __device__ __forceinline__ int read_count(const int32_t *count_dev, int count_host) {
@@ -181,109 +186,413 @@ static __device__ __forceinline__ int rows_to_read(const int32_t *len_p, int n_b
     return (int)n;
 }
 
-/* Partial attention of ATTN_QPB queries of one kv head over one split of rows.
- * NI = registers per lane (head_dim <= 32 NI). */
+/* xor butterflies: every lane ends with the same bits (max and + commute). */
+static __device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+    return x;
+}
+
+static __device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+static __device__ __forceinline__ float f4_at(const float4 v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+static_assert(ATTN_T == 32, "a tile row per lane; the merge keeps 32 split weights per query in Ps");
+
+/* Everything the attention kernel reads besides the device length. */
+struct attn_args {
+    const float *q, *kc, *vc;
+    const int32_t *len;
+    float *o;
+    float *part_ml;      /* [splits][n_block * heads][2]: a split's running max and sum */
+    float *part_acc;     /* [splits][n_block * heads][hd]: its unnormalised output */
+    unsigned *arrivals;  /* [kv_heads * qchunks]: splits finished in this launch, 0 between launches */
+    int n_block, heads, kv_heads, hd, max_rows, split;
+    int hd4;             /* hd rounded up to whole float4 (the pad is zero in Qs and Ks) */
+    int ks;              /* Ks row stride: hd4 plus 4 when hd4 / 4 is even (see attn_kernel) */
+    int vec;             /* K/V rows start 16-byte aligned: stage them as float4 */
+    float scale;
+};
+
+/* Offset of query qi (0 <= qi < n_block * group) of kv head g in q and o: query
+ * t = qi / group of head g * group + qi % group, rows of heads * hd floats. */
+static __device__ __forceinline__ size_t query_offset(const attn_args &p, int g, int qi) {
+    const int group = p.heads / p.kv_heads;
+    return ((size_t)(qi / group) * p.heads + (size_t)g * group + qi % group) * p.hd;
+}
+
+/* Stage cache rows [rt, rt + nt) of kv head g into Ks / Vs, rows nt..ATTN_T-1 as
+ * zeros (p = 0 multiplies them, and 0 * NaN would not vanish).  Every thread
+ * issues U loads per matrix before its first store, so a tile costs about one
+ * memory latency instead of one per row. */
+template <int U>
+static __device__ __forceinline__ void stage_tile(const attn_args &p, int g, int rt, int nt, float *Ks, float *Vs) {
+    const size_t kvd = (size_t)p.kv_heads * p.hd;
+    const float *kb = p.kc + (size_t)rt * kvd + (size_t)g * p.hd;
+    const float *vb = p.vc + (size_t)rt * kvd + (size_t)g * p.hd;
+    if (p.vec) {
+        const int c4 = p.hd >> 2, n_e = ATTN_T * c4; /* hd4 == hd here */
+        for (int e0 = threadIdx.x; e0 < n_e; e0 += U * ATTN_THREADS) {
+            float4 kx[U], vx[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * ATTN_THREADS, r = e / c4, c = e - r * c4;
+                kx[u] = vx[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (e < n_e && r < nt) {
+                    kx[u] = reinterpret_cast<const float4 *>(kb + (size_t)r * kvd)[c];
+                    vx[u] = reinterpret_cast<const float4 *>(vb + (size_t)r * kvd)[c];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * ATTN_THREADS, r = e / c4, c = e - r * c4;
+                if (e < n_e) {
+                    reinterpret_cast<float4 *>(Ks + r * p.ks)[c] = kx[u];
+                    reinterpret_cast<float4 *>(Vs + r * p.hd4)[c] = vx[u];
+                }
+            }
+        }
+    } else {
+        const int n_e = ATTN_T * p.hd4;
+        for (int e0 = threadIdx.x; e0 < n_e; e0 += 4 * U * ATTN_THREADS) {
+            float kx[4 * U], vx[4 * U];
+#pragma unroll
+            for (int u = 0; u < 4 * U; u++) {
+                const int e = e0 + u * ATTN_THREADS, r = e / p.hd4, j = e - r * p.hd4;
+                kx[u] = vx[u] = 0.0f;
+                if (e < n_e && r < nt && j < p.hd) {
+                    kx[u] = kb[(size_t)r * kvd + j];
+                    vx[u] = vb[(size_t)r * kvd + j];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4 * U; u++) {
+                const int e = e0 + u * ATTN_THREADS, r = e / p.hd4, j = e - r * p.hd4;
+                if (e < n_e) {
+                    Ks[r * p.ks + j] = kx[u];
+                    Vs[r * p.hd4 + j] = vx[u];
+                }
+            }
+        }
+    }
+}
+
+/*
+ * Block (col, split) = (kv head g and ATTN_QPB of its queries, rows
+ * [split * p.split, + p.split) of the live rows).  NI = ceil(hd / 32) rounded to
+ * a power of two: registers per lane for a query's output (j = lane + 32 i).
+ *
+ * Per tile of ATTN_T rows: the block stages K and V (and, once, its queries) in
+ * shared memory; warp w owns queries w * ATTN_QB + b.  Scores: lane = row, the
+ * dot over float4 columns of the lane's K row (row stride an odd number of
+ * float4, so the 8 lanes of a 16-byte phase hit distinct banks) against the
+ * queries' float4, broadcast.  Softmax: the tile's max and sum by butterflies
+ * merged into the warp's running (m, l) -- the online rule taken a tile at a
+ * time -- and p written to Ps.  Output: lanes over head dims, p broadcast from
+ * Ps four rows at a time.
+ *
+ * A context that fits one split finishes in its block.  Otherwise every split
+ * writes (m, l, acc) to the scratch; the last split of a column to arrive (an
+ * atomic ticket after a fence) merges all splits in increasing split order --
+ * the same order whichever block arrives last, so the result is deterministic --
+ * and puts the ticket back to 0 for the next launch (graph replays included).
+ */
 template <int NI>
-static __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_partial_kernel(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
-                    const int32_t *__restrict__ len_p, int n_block, int heads, int kv_heads, int hd, int max_rows,
-                    int split, float scale, float *__restrict__ part_ml, float *__restrict__ part_acc) {
+static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(const attn_args p) {
     DDT_GRID_DEP_WAIT();
-    const int group = heads / kv_heads, n_q = n_block * group;
+    extern __shared__ float4 attn_smem4[];
+    __shared__ int is_last;
+    __shared__ float mrg_max[ATTN_QPB], mrg_inv[ATTN_QPB];
+    float *const Ks = reinterpret_cast<float *>(attn_smem4); /* [ATTN_T][ks] */
+    float *const Vs = Ks + ATTN_T * p.ks;                     /* [ATTN_T][hd4] */
+    float *const Qs = Vs + ATTN_T * p.hd4;                    /* [ATTN_QPB][hd4] */
+    float *const Ps = Qs + ATTN_QPB * p.hd4;                  /* [ATTN_QPB][ATTN_T] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hd = p.hd, hd4 = p.hd4, n_q = p.n_block * (p.heads / p.kv_heads);
     const int qchunks = (n_q + ATTN_QPB - 1) / ATTN_QPB;
-    const int g = blockIdx.x / qchunks, qc = blockIdx.x % qchunks;
-    const int n_rows = rows_to_read(len_p, n_block, max_rows);
-    const int r0 = blockIdx.y * split;
+    const int col = blockIdx.x, g = col / qchunks, q0 = (col % qchunks) * ATTN_QPB;
+    const int n_qb = n_q - q0 < ATTN_QPB ? n_q - q0 : ATTN_QPB; /* this block's queries */
+    const size_t n_all = (size_t)p.n_block * p.heads;
+    const int n_rows = rows_to_read(p.len, p.n_block, p.max_rows);
+    const int r0 = blockIdx.y * p.split;
+    if (n_rows == 0) { /* no rows: 0 / 0, as the CPU twin's empty softmax */
+        if (blockIdx.y == 0)
+            for (int e = tid; e < n_qb * hd; e += ATTN_THREADS)
+                p.o[query_offset(p, g, q0 + e / hd) + e % hd] = NAN;
+        return;
+    }
     if (r0 >= n_rows) return;
-    const int r1 = r0 + split < n_rows ? r0 + split : n_rows;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int qd = heads * hd, kvd = kv_heads * hd, n_all = n_block * heads;
-    const int q_end = (qc + 1) * ATTN_QPB < n_q ? (qc + 1) * ATTN_QPB : n_q;
-    for (int qi = qc * ATTN_QPB + warp; qi < q_end; qi += ATTN_WARPS) {
-        const int t = qi / group, h = g * group + qi % group;
-        const float *qr = q + (size_t)t * qd + (size_t)h * hd;
-        float qv[NI], acc[NI];
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            const int j = lane + 32 * i;
-            qv[i] = j < hd ? qr[j] : 0.0f;
-            acc[i] = 0.0f;
-        }
-        float m = -INFINITY, l = 0.0f;
-        for (int r = r0; r < r1; r++) {
-            const float *kr = kc + (size_t)r * kvd + (size_t)g * hd;
-            const float *vr = vc + (size_t)r * kvd + (size_t)g * hd;
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int j = lane + 32 * i;
-                if (j < hd) s += qv[i] * kr[j];
-            }
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-            s *= scale;
-            if (s > m) {
-                const float c = expf(m - s); /* 0 on the first row (m = -inf) */
-                l *= c;
-#pragma unroll
-                for (int i = 0; i < NI; i++) acc[i] *= c;
-                m = s;
-            }
-            const float p = expf(s - m);
-            l += p;
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int j = lane + 32 * i;
-                if (j < hd) acc[i] += p * vr[j];
-            }
-        }
-        const size_t slot = (size_t)blockIdx.y * n_all + (size_t)t * heads + h;
-        if (lane == 0) {
-            part_ml[slot * 2] = m;
-            part_ml[slot * 2 + 1] = l;
-        }
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            const int j = lane + 32 * i;
-            if (j < hd) part_acc[slot * hd + j] = acc[i];
-        }
-    }
-}
+    const int r1 = r0 + p.split < n_rows ? r0 + p.split : n_rows;
 
-/* Merge the splits of query (t, h) = blockIdx.x in increasing split order. */
-static __global__ void __launch_bounds__(COMBINE_THREADS)
-attn_combine_kernel(const int32_t *__restrict__ len_p, int n_block, int heads, int hd, int max_rows, int split,
-                    const float *__restrict__ part_ml, const float *__restrict__ part_acc, float *__restrict__ o) {
-    DDT_GRID_DEP_WAIT();
-    extern __shared__ float wsplit[]; /* [n_used] exp(m_s - M) */
-    const int n_all = n_block * heads, qidx = blockIdx.x;
-    const int n_rows = rows_to_read(len_p, n_block, max_rows);
-    const int n_used = (n_rows + split - 1) / split;
-    float M = -INFINITY;
-    for (int s = 0; s < n_used; s++) {
-        const float ms = part_ml[((size_t)s * n_all + qidx) * 2];
-        if (ms > M) M = ms;
+    /* the queries' loads go out first; they land while the first tile loads */
+    float qreg[2 * NI]; /* ATTN_QPB * hd4 <= ATTN_THREADS * 2 * NI */
+#pragma unroll
+    for (int u = 0; u < 2 * NI; u++) {
+        const int e = tid + u * ATTN_THREADS, lq = e / hd4, j = e - lq * hd4;
+        qreg[u] = lq < n_qb && j < hd ? p.q[query_offset(p, g, q0 + lq) + j] : 0.0f;
     }
-    for (int s = threadIdx.x; s < n_used; s += COMBINE_THREADS)
-        wsplit[s] = expf(part_ml[((size_t)s * n_all + qidx) * 2] - M);
+
+    const bool live = warp * ATTN_QB < n_qb; /* the warp owns at least one query */
+    float m[ATTN_QB], l[ATTN_QB], acc[ATTN_QB][NI];
+#pragma unroll
+    for (int b = 0; b < ATTN_QB; b++) {
+        m[b] = -INFINITY;
+        l[b] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) acc[b][i] = 0.0f;
+    }
+    for (int rt = r0; rt < r1; rt += ATTN_T) {
+        const int nt = r1 - rt < ATTN_T ? r1 - rt : ATTN_T;
+        __syncthreads(); /* the previous tile's Ks / Vs / Ps reads are done */
+        stage_tile<4>(p, g, rt, nt, Ks, Vs);
+        if (rt == r0) {
+#pragma unroll
+            for (int u = 0; u < 2 * NI; u++) {
+                const int e = tid + u * ATTN_THREADS;
+                if (e < ATTN_QPB * hd4) Qs[e] = qreg[u];
+            }
+        }
+        __syncthreads();
+        if (!live) continue;
+        float s[ATTN_QB];
+#pragma unroll
+        for (int b = 0; b < ATTN_QB; b++) s[b] = 0.0f;
+        const float4 *k4 = reinterpret_cast<const float4 *>(Ks + lane * p.ks);
+        const float4 *q4 = reinterpret_cast<const float4 *>(Qs + warp * ATTN_QB * hd4);
+        const int c4 = hd4 >> 2;
+        for (int c = 0; c < c4; c++) {
+            const float4 kv = k4[c];
+#pragma unroll
+            for (int b = 0; b < ATTN_QB; b++) {
+                const float4 qv = q4[b * c4 + c];
+                s[b] = fmaf(qv.x, kv.x, s[b]);
+                s[b] = fmaf(qv.y, kv.y, s[b]);
+                s[b] = fmaf(qv.z, kv.z, s[b]);
+                s[b] = fmaf(qv.w, kv.w, s[b]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < ATTN_QB; b++) {
+            const float sc = lane < nt ? s[b] * p.scale : -INFINITY;
+            const float mn = fmaxf(m[b], warp_max(sc)); /* finite: lane 0 holds a row */
+            const float c = expf(m[b] - mn);            /* 0 on the first tile (m = -inf) */
+            const float pr = expf(sc - mn);             /* 0 past the tile's rows */
+            l[b] = l[b] * c + warp_sum(pr);
+#pragma unroll
+            for (int i = 0; i < NI; i++) acc[b][i] *= c;
+            m[b] = mn;
+            Ps[(warp * ATTN_QB + b) * ATTN_T + lane] = pr;
+        }
+        __syncwarp();
+        /* rows past nt up to the next multiple of 4 have p = 0 and zero V */
+        for (int r = 0; r < nt; r += 4) {
+            float4 pw[ATTN_QB];
+#pragma unroll
+            for (int b = 0; b < ATTN_QB; b++)
+                pw[b] = *reinterpret_cast<const float4 *>(Ps + (warp * ATTN_QB + b) * ATTN_T + r);
+#pragma unroll
+            for (int rr = 0; rr < 4; rr++) {
+                const float *vr = Vs + (r + rr) * hd4;
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const int j = lane + 32 * i;
+                    if (j >= hd) continue;
+                    const float v = vr[j];
+#pragma unroll
+                    for (int b = 0; b < ATTN_QB; b++) acc[b][i] = fmaf(f4_at(pw[b], rr), v, acc[b][i]);
+                }
+            }
+        }
+    }
+
+    const int n_used = (n_rows + p.split - 1) / p.split;
+    if (n_used == 1) { /* this block saw every row */
+        if (live)
+#pragma unroll
+            for (int b = 0; b < ATTN_QB; b++) {
+                const int lq = warp * ATTN_QB + b;
+                if (lq >= n_qb) continue;
+                const float inv = 1.0f / l[b];
+                float *orow = p.o + query_offset(p, g, q0 + lq);
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const int j = lane + 32 * i;
+                    if (j < hd) orow[j] = acc[b][i] * inv;
+                }
+            }
+        return;
+    }
+
+    if (live)
+#pragma unroll
+        for (int b = 0; b < ATTN_QB; b++) {
+            const int lq = warp * ATTN_QB + b;
+            if (lq >= n_qb) continue;
+            const size_t slot = (size_t)blockIdx.y * n_all + query_offset(p, g, q0 + lq) / hd;
+            if (lane == 0) {
+                p.part_ml[slot * 2] = m[b];
+                p.part_ml[slot * 2 + 1] = l[b];
+            }
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int j = lane + 32 * i;
+                if (j < hd) p.part_acc[slot * hd + j] = acc[b][i];
+            }
+        }
+    /* release: each thread's partials reach device scope before the block's ticket */
+    __threadfence();
     __syncthreads();
-    float l = 0.0f;
-    for (int s = 0; s < n_used; s++) l += part_ml[((size_t)s * n_all + qidx) * 2 + 1] * wsplit[s];
-    const float inv = 1.0f / l;
-    const int t = qidx / heads, h = qidx % heads;
-    float *orow = o + (size_t)t * heads * hd + (size_t)h * hd;
-    for (int j = threadIdx.x; j < hd; j += COMBINE_THREADS) {
-        float acc = 0.0f;
-        for (int s = 0; s < n_used; s++) acc += part_acc[((size_t)s * n_all + qidx) * hd + j] * wsplit[s];
-        orow[j] = acc * inv;
+    if (tid == 0) is_last = atomicAdd(p.arrivals + col, 1u) == (unsigned)(n_used - 1);
+    __syncthreads();
+    if (!is_last) return;
+    /* acquire: the other splits' partials, read below past L1 (__ldcg) */
+    __threadfence();
+    if (tid == 0) atomicExch(p.arrivals + col, 0u); /* every live split has arrived */
+
+    /* merge: per query the max M over splits and 1 / sum_s l_s exp(m_s - M) ... */
+    for (int lq = warp; lq < n_qb; lq += ATTN_WARPS) {
+        const float *ml = p.part_ml + query_offset(p, g, q0 + lq) / hd * 2;
+        float mx = -INFINITY;
+        for (int s = lane; s < n_used; s += 32) mx = fmaxf(mx, __ldcg(ml + (size_t)s * n_all * 2));
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int s = lane; s < n_used; s += 32)
+            sum += __ldcg(ml + (size_t)s * n_all * 2 + 1) * expf(__ldcg(ml + (size_t)s * n_all * 2) - mx);
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            mrg_max[lq] = mx;
+            mrg_inv[lq] = 1.0f / sum;
+        }
+    }
+    /* ... then sum_s exp(m_s - M) acc_s in increasing s, 32 splits at a time: their
+     * weights in Ps ([ATTN_QPB][32]), the block's n_qb * hd outputs spread over
+     * the threads (e = tid + u * ATTN_THREADS), so each thread has many loads in flight */
+    float out[2 * NI];
+    int off[2 * NI]; /* within one split's [n_block * heads][hd] (< 2^31, checked) */
+#pragma unroll
+    for (int u = 0; u < 2 * NI; u++) {
+        const int e = tid + u * ATTN_THREADS, lq = e / hd;
+        out[u] = 0.0f;
+        off[u] = lq < n_qb ? (int)query_offset(p, g, q0 + lq) + (e - lq * hd) : 0;
+    }
+    const size_t acc_stride = n_all * hd;
+    for (int s0 = 0; s0 < n_used; s0 += 32) {
+        const int cnt = n_used - s0 < 32 ? n_used - s0 : 32;
+        __syncthreads(); /* mrg_max is written; the previous chunk's weights are read */
+        for (int e = tid; e < ATTN_QPB * 32; e += ATTN_THREADS) {
+            const int lq = e >> 5, k = e & 31;
+            float w = 0.0f;
+            if (lq < n_qb && k < cnt) {
+                const size_t slot = (size_t)(s0 + k) * n_all + query_offset(p, g, q0 + lq) / hd;
+                w = expf(__ldcg(p.part_ml + slot * 2) - mrg_max[lq]);
+            }
+            Ps[e] = w;
+        }
+        __syncthreads();
+        const float *pa = p.part_acc + (size_t)s0 * acc_stride;
+#pragma unroll 4
+        for (int k = 0; k < cnt; k++) {
+#pragma unroll
+            for (int u = 0; u < 2 * NI; u++) {
+                const int e = tid + u * ATTN_THREADS, lq = e / hd;
+                if (lq < n_qb) out[u] = fmaf(Ps[lq * 32 + k], __ldcg(pa + (size_t)k * acc_stride + off[u]), out[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 2 * NI; u++) {
+        const int e = tid + u * ATTN_THREADS, lq = e / hd;
+        if (lq < n_qb) p.o[off[u]] = out[u] * mrg_inv[lq];
     }
 }
 
-static int attn_splits(const ddt_dflash_attn *a) { return (a->max_rows + a->split - 1) / a->split; }
+/* Launch shape, shared by the launcher, the scratch size and the preparation. */
+struct attn_geom {
+    int cols;     /* kv_heads * query chunks: grid.x, one arrival ticket each */
+    int splits;   /* grid.y */
+    int ctr;      /* scratch floats holding the tickets (whole float4) */
+    int hd4, ks;  /* see attn_args */
+    int ni;       /* attn_kernel<NI> */
+    size_t smem;  /* dynamic shared bytes */
+};
+
+static size_t attn_smem_bytes(int hd4, int ks) {
+    return sizeof(float) * ((size_t)ATTN_T * ks + (size_t)ATTN_T * hd4 + (size_t)ATTN_QPB * hd4 +
+                            (size_t)ATTN_QPB * ATTN_T);
+}
+
+static int attn_ks(int hd4) { return (hd4 / 4) % 2 ? hd4 : hd4 + 4; }
+
+static bool attn_geometry(const ddt_dflash_attn *a, attn_geom *gm) {
+    if (a->n_block < 1 || a->heads < 1 || a->kv_heads < 1 || a->heads % a->kv_heads || a->hd < 1 ||
+        a->hd > DDT_DFLASH_MAX_HEAD_DIM || a->split < 1 || a->max_rows < a->n_block || !(a->scale > 0.0f))
+        return false;
+    const int64_t n_q = (int64_t)a->n_block * (a->heads / a->kv_heads);
+    const int64_t cols = (int64_t)a->kv_heads * ((n_q + ATTN_QPB - 1) / ATTN_QPB);
+    const int64_t splits = ((int64_t)a->max_rows + a->split - 1) / a->split;
+    if (cols > INT32_MAX - 3 || splits > ATTN_MAX_SPLITS || (int64_t)a->n_block * a->heads * a->hd > INT32_MAX)
+        return false;
+    gm->cols = (int)cols;
+    gm->splits = (int)splits;
+    gm->ctr = (int)((cols + 3) / 4 * 4);
+    gm->hd4 = (a->hd + 3) / 4 * 4;
+    gm->ks = attn_ks(gm->hd4);
+    const int ni = (a->hd + 31) / 32;
+    gm->ni = ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : ni <= 8 ? 8 : 16;
+    gm->smem = attn_smem_bytes(gm->hd4, gm->ks);
+    return true;
+}
+
+static ddt_status attn_bad_shape(const ddt_dflash_attn *a, const char *who, ddt_error *err) {
+    return ddt_fail(err, DDT_ERR_INVALID,
+                    "dflash %s: block %d, heads %d/%d, head_dim %d (1..%d), rows %d, split %d (at most %d splits), "
+                    "scale %g",
+                    who, a->n_block, a->heads, a->kv_heads, a->hd, DDT_DFLASH_MAX_HEAD_DIM, a->max_rows, a->split,
+                    ATTN_MAX_SPLITS, (double)a->scale);
+}
 
 extern "C" uint64_t ddt_dflash_attn_scratch_floats(const ddt_dflash_attn *a) {
-    if (a->split < 1 || a->max_rows < 1) return 0;
-    return (uint64_t)attn_splits(a) * (uint64_t)a->n_block * (uint64_t)a->heads * (uint64_t)(a->hd + 2);
+    attn_geom gm;
+    if (!a || !attn_geometry(a, &gm)) return 0;
+    return (uint64_t)gm.ctr + (uint64_t)gm.splits * (uint64_t)a->n_block * (uint64_t)a->heads * (uint64_t)(a->hd + 2);
+}
+
+/* Shared memory above the default 48 KB must be granted per kernel (and device);
+ * granting each instance the bytes of its widest head_dim keeps the grant the
+ * same whatever head_dim asked first. */
+template <int NI> static cudaError_t attn_grant_smem() {
+    const int hd4 = 32 * NI;
+    const size_t bytes = attn_smem_bytes(hd4, attn_ks(hd4));
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(attn_kernel<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+extern "C" ddt_status ddt_dflash_attn_prepare(const ddt_dflash_attn *a, float *scratch, ddt_cuda_stream stream,
+                                              ddt_error *err) {
+    if (!a || !scratch) return ddt_fail(err, DDT_ERR_INVALID, "dflash attention prepare: NULL argument");
+    attn_geom gm;
+    if (!attn_geometry(a, &gm)) return attn_bad_shape(a, "attention prepare", err);
+    int dev, optin;
+    DDT_CUDA_TRY(cudaGetDevice(&dev), err);
+    DDT_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err);
+    if (gm.smem > (size_t)optin)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "dflash attention: head_dim %d needs %zu bytes of shared memory (%d here)",
+                        a->hd, gm.smem, optin);
+    switch (gm.ni) {
+    case 1: DDT_CUDA_TRY(attn_grant_smem<1>(), err); break;
+    case 2: DDT_CUDA_TRY(attn_grant_smem<2>(), err); break;
+    case 4: DDT_CUDA_TRY(attn_grant_smem<4>(), err); break;
+    case 8: DDT_CUDA_TRY(attn_grant_smem<8>(), err); break;
+    default: DDT_CUDA_TRY(attn_grant_smem<16>(), err); break;
+    }
+    DDT_CUDA_TRY(cudaMemsetAsync(scratch, 0, (size_t)gm.ctr * sizeof(float), (cudaStream_t)stream), err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float *q, const float *k_cache,
@@ -291,42 +600,36 @@ extern "C" ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float
                                            ddt_cuda_stream stream, ddt_error *err) {
     if (!a || !q || !k_cache || !v_cache || !len || !scratch || !o)
         return ddt_fail(err, DDT_ERR_INVALID, "dflash attention: NULL argument");
-    if (a->n_block < 1 || a->heads < 1 || a->kv_heads < 1 || a->heads % a->kv_heads || a->hd < 1 ||
-        a->hd > DDT_DFLASH_MAX_HEAD_DIM || a->split < 1 || a->max_rows < a->n_block || !(a->scale > 0.0f))
-        return ddt_fail(err, DDT_ERR_INVALID, "dflash attention: block %d, heads %d/%d, head_dim %d, rows %d, split %d",
-                        a->n_block, a->heads, a->kv_heads, a->hd, a->max_rows, a->split);
-    const int splits = attn_splits(a);
-    const int64_t n_q = (int64_t)a->n_block * (a->heads / a->kv_heads);
-    const int64_t gx = (int64_t)a->kv_heads * ((n_q + ATTN_QPB - 1) / ATTN_QPB);
-    if (splits > MAX_SPLITS || gx > INT32_MAX || (int64_t)a->n_block * a->heads > INT32_MAX)
-        return ddt_fail(err, DDT_ERR_RANGE, "dflash attention: %d splits of %d rows (at most %d splits)", splits,
-                        a->split, MAX_SPLITS);
-    float *part_ml = scratch;
-    float *part_acc = scratch + (size_t)splits * a->n_block * a->heads * 2;
+    attn_geom gm;
+    if (!attn_geometry(a, &gm)) return attn_bad_shape(a, "attention", err);
+    attn_args p;
+    p.q = q;
+    p.kc = k_cache;
+    p.vc = v_cache;
+    p.len = len;
+    p.o = o;
+    p.arrivals = reinterpret_cast<unsigned *>(scratch);
+    p.part_ml = scratch + gm.ctr;
+    p.part_acc = p.part_ml + (size_t)gm.splits * a->n_block * a->heads * 2;
+    p.n_block = a->n_block;
+    p.heads = a->heads;
+    p.kv_heads = a->kv_heads;
+    p.hd = a->hd;
+    p.max_rows = a->max_rows;
+    p.split = a->split;
+    p.hd4 = gm.hd4;
+    p.ks = gm.ks;
+    p.vec = a->hd % 4 == 0 && (uintptr_t)k_cache % 16 == 0 && (uintptr_t)v_cache % 16 == 0;
+    p.scale = a->scale;
     cudaStream_t s = (cudaStream_t)stream;
-    const dim3 grid((unsigned)gx, (unsigned)splits);
-    const int ni = (a->hd + 31) / 32;
-#define ATTN_LAUNCH(NI)                                                                                           \
-    attn_partial_kernel<NI><<<grid, ATTN_WARPS * 32, 0, s>>>(q, k_cache, v_cache, len, a->n_block, a->heads,     \
-                                                             a->kv_heads, a->hd, a->max_rows, a->split, a->scale, \
-                                                             part_ml, part_acc)
-    if (ni <= 1)
-        ATTN_LAUNCH(1);
-    else if (ni <= 2)
-        ATTN_LAUNCH(2);
-    else if (ni <= 4)
-        ATTN_LAUNCH(4);
-    else if (ni <= 8)
-        ATTN_LAUNCH(8);
-    else
-        ATTN_LAUNCH(16);
-#undef ATTN_LAUNCH
-    DDT_CUDA_LAUNCHED("dflash_attn_partial", s, err);
-    /* the weights rounded up to whole float4: nvcc reads the combine loop's remainder
-       with one 16-byte shared load, past the last split (compute-sanitizer caught it) */
-    attn_combine_kernel<<<(unsigned)(a->n_block * a->heads), COMBINE_THREADS, (size_t)(splits + 3) / 4 * 4 * sizeof(float),
-                          s>>>(
-        len, a->n_block, a->heads, a->hd, a->max_rows, a->split, part_ml, part_acc, o);
-    DDT_CUDA_LAUNCHED("dflash_attn_combine", s, err);
+    const dim3 grid((unsigned)gm.cols, (unsigned)gm.splits);
+    switch (gm.ni) {
+    case 1: attn_kernel<1><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    case 2: attn_kernel<2><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    case 4: attn_kernel<4><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    case 8: attn_kernel<8><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    default: attn_kernel<16><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    }
+    DDT_CUDA_LAUNCHED("dflash_attention", s, err);
     return DDT_OK;
 }

@@ -104,18 +104,34 @@ typedef struct ddt_dflash_attn {
     int32_t kv_heads;   /* divides heads; query head h reads kv head h / (heads / kv_heads) */
     int32_t hd;         /* head_dim, 1..DDT_DFLASH_MAX_HEAD_DIM */
     int32_t max_rows;   /* cache rows (rows read are [0, *len + n_block) <= max_rows) */
-    int32_t split;      /* rows per partial (fixed per drafter: the combine order depends on it only) */
+    int32_t split;      /* rows per partial (fixed per drafter: the combine order depends on it only);
+                           a multiple of 32 wastes no tile */
     float scale;        /* softmax scale, head_dim^-0.5 */
 } ddt_dflash_attn;
 
-/* Partial-result floats the attention needs: ceil(max_rows / split) * n_block * heads * (hd + 2). */
+/* Scratch floats the attention needs: its arrival tickets (kv_heads * ceil(n_block *
+ * heads / kv_heads / 8), rounded up to 4) then, per split of ceil(max_rows /
+ * split), n_block * heads * (hd + 2) partial results.  0 for a shape the
+ * attention refuses. */
 uint64_t ddt_dflash_attn_scratch_floats(const ddt_dflash_attn *a);
+
+/*
+ * Once per scratch, before its first attention (outside graph capture): zero the
+ * arrival tickets at the head of the scratch (every attention leaves them zero
+ * again; the partials need no initial value) and grant the kernel the shared
+ * memory a large head_dim needs.  DDT_ERR_INVALID for a shape the attention
+ * refuses, DDT_ERR_UNSUPPORTED when the device lacks the shared memory.
+ */
+ddt_status ddt_dflash_attn_prepare(const ddt_dflash_attn *a, float *scratch, ddt_cuda_stream stream,
+                                   ddt_error *err);
 
 /*
  * o[t][h*hd + j] = sum_r softmax_r(scale * q_t,h . k_r) v_r[j] over cache rows
  * r < *len + n_block (no mask), q [n_block][heads*hd], k/v cache [max_rows][kv_heads*hd].
- * Each split of `split` rows keeps an online softmax over its rows in increasing
- * order; the splits are then combined in increasing order.  Two launches.
+ * Each split of `split` rows keeps an online softmax over its rows, taken 32 rows
+ * at a time; the splits are combined in increasing order by the last split to
+ * finish.  One launch; the scratch must have been through ddt_dflash_attn_prepare
+ * and is used by one attention at a time (calls on one stream, or ordered).
  */
 ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float *q, const float *k_cache,
                                 const float *v_cache, const int32_t *len, float *scratch, float *o,
