@@ -258,8 +258,11 @@ topk_chunk_kernel(const float *__restrict__ logits, int vocab, int k, int chunks
         m = fmaxf(m, v);
     }
     m = block_max(m, fscratch);
+    /* a chunk of only -inf logits weighs 0 in the sum (exp(-inf - -inf) would
+       be NaN and spoil the whole row's normaliser) */
+    const float ms = m == -INFINITY ? 0.0f : m;
     float s = 0.0f;
-    for (int i = tid; i < len; i += blockDim.x) s += expf(key_float(s_key[i]) - m);
+    for (int i = tid; i < len; i += blockDim.x) s += expf(key_float(s_key[i]) - ms);
     s = block_sum(s, fscratch);
     const size_t slot = (size_t)row * (size_t)chunks + (size_t)chunk;
     if (tid == 0) {
