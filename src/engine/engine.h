@@ -88,9 +88,10 @@ typedef struct ddt_engine_options {
                                   drafter even in ar mode); 0 = only the mode and budget above */
     bool cuda_host_sampler;    /* cuda, tests: sample at T > 0 on the host over copied logits even
                                   where the device sampler (sample_cuda.h) takes the settings */
-    bool cuda_no_pdl;          /* cuda: keep the round graph's plain kernel-to-kernel edges instead of
-                                  programmatic ones (programmatic dependent launch: a kernel's blocks
-                                  are scheduled while the kernel before it runs); for comparison */
+    bool cuda_no_pdl;          /* cuda: keep the chain / tree round graph's plain kernel-to-kernel edges
+                                  instead of programmatic ones (programmatic dependent launch: a
+                                  kernel's blocks are scheduled while the kernel before it runs; ar
+                                  rounds never use it); for comparison */
 } ddt_engine_options;
 
 /* The backend an engine created with these options runs on (auto resolved). */
@@ -120,8 +121,8 @@ typedef struct ddt_gen_stats {
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
     int32_t round_kernels;     /* kernel launches in one round's CUDA graph (0: the round is no graph) */
-    int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: --no-pdl, several
-                                  GPUs or no graph) */
+    int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: ar, --no-pdl,
+                                  several GPUs or no graph) */
 } ddt_gen_stats;
 
 /* Called with each round's emitted tokens, in order, as soon as they are known.

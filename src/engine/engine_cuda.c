@@ -457,8 +457,12 @@ static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_erro
 }
 
 /* world 0 = the single-GPU engine; a rank (even the one rank of --gpus 1 over
-   NCCL) has an all-reduce whose kernels are not ours */
-static bool use_pdl(const ddt_engine_cuda *e) { return e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl; }
+   NCCL) has an all-reduce whose kernels are not ours.  Chain and tree rounds
+   only: on the H200 PDL made a 65-node round 1.06x faster but the one-token ar
+   step 0.98x (its kernels are a few blocks each; BENCHMARKS.md). */
+static bool use_pdl(const ddt_engine_cuda *e) {
+    return e->opts.mode != DDT_MODE_AR && e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl;
+}
 
 /* Capture the auto-budget round into *out (created here; the caller destroys it
  * on failure too); *kernels: the kernels of a round that takes the largest body. */
