@@ -76,7 +76,8 @@ struct ddt_cuda_target {
     float *rlogits, *rw;       /* [T][n_experts] router logits, [T][top_k] routing weights */
     float *front;              /* [T][n_experts + 2 inter_max]: router logits | shared gate | up of the
                                   layers with a stacked front (else unused) */
-    float *scores;             /* exact path: [T][heads][max_ctx] attention scores */
+    void *attn_ws;             /* exact path: the attention's slice partials and counters
+                                  (ddt_cuda_mla_attn_workspace), counters zeroed at load */
     int32_t *ridx;             /* [T][top_k] routed expert ids */
     int32_t *iota;             /* [T] 0, 1, 2, ...: a prefill's depths (a chain: row i at position len + i) */
     bool fast;           /* bf16 cache + mla_verify_cuda.h */
@@ -293,7 +294,16 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
         t->mla_ws_bytes = ddt_cuda_mla_verify_workspace(t->max_tokens, t->dims.heads, t->max_ctx);
         if ((st = ddt_cuda_malloc_array(&t->mla_ws, t->mla_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK) return st;
     } else {
-        A(t->scores, T * (size_t)t->dims.heads * (size_t)t->max_ctx, float);
+        const size_t ws = ddt_cuda_mla_attn_workspace(t->max_tokens, t->dims.heads, t->dims.rank, t->dims.rope,
+                                                      t->max_ctx);
+        if (ws == 0)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "exact attention: %d tokens x %d heads, rank %d + %d, %d rows",
+                            t->max_tokens, t->dims.heads, t->dims.rank, t->dims.rope, t->max_ctx);
+        if ((st = ddt_cuda_malloc_array(&t->attn_ws, ws, 1, &t->state_bytes, err)) != DDT_OK) return st;
+        /* on the target's stream, ahead of every forward */
+        if ((st = ddt_cuda_mla_attn_prepare(t->attn_ws, t->max_tokens, t->dims.heads, t->dims.rank, t->dims.rope,
+                                            t->max_ctx, t->stream, err)) != DDT_OK)
+            return st;
     }
     A(t->iota, T, int32_t);
     A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
@@ -611,7 +621,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
                     t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits, t->front,
-                    t->rw, t->scores, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
+                    t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     if (t->desc) {
@@ -774,8 +784,8 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                          .q_rope = t->q + t->dims.nope, .q_rope_ld_t = (int64_t)heads * qd,
                                          .q_rope_ld_h = qd, .cache = (const float *)layer_cache,
                                          .capacity = t->max_ctx, .len = t->kv.len, .depth = depth, .vis = vis,
-                                         .vis_words = vis_words, .scale = t->dims.softmax_scale, .scores = t->scores,
-                                         .out = t->o_lat};
+                                         .vis_words = vis_words, .scale = t->dims.softmax_scale,
+                                         .workspace = t->attn_ws, .max_tokens = t->max_tokens, .out = t->o_lat};
             TRY(ddt_cuda_mla_attention(&aa, s, err));
         }
         TRY(probe_copy(t, t->probe.o_lat, l, T, sizeof(float) * (size_t)heads * rank, t->o_lat, n, err));

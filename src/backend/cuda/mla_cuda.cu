@@ -2,29 +2,44 @@
  * mla_cuda.cu — RoPE + cache write and the exact absorbed MLA attention (see
  * mla_cuda.h).
  *
- * Attention: one block of ATTN_THREADS threads per (token, head).  The block
- * lists the token's ancestors by depth (from its visibility row), so that
- * logical position p maps to cache row p (p < len) or len + anc[p - len].
+ * Attention: a (token, head)'s logical positions [0, P), P = len + depth + 1,
+ * are cut into fixed slices of ATTN_SPLIT positions (slice s: [s ATTN_SPLIT,
+ * (s + 1) ATTN_SPLIT)).  The grid is (n heads, G) with G from n and the
+ * capacity only, never from len, which lives on the device (graph replay):
+ * block y of a (token, head) takes slices y, y + G, ... below P and exits at
+ * once when there is none.  For each slice a block lists the ancestors the
+ * slice needs by depth (from the visibility row), so that logical position p
+ * maps to cache row p (p < len) or len + anc[p - len], and computes the
+ * slice's max m_s, sum l_s = sum exp(x - m_s) and acc_s[d] = sum exp(x - m_s)
+ * c[d].  A context of one slice ends there (out = acc / l); else the blocks
+ * write their slices' partials to the workspace and the last to finish (an
+ * arrival counter per (token, head), back at 0 after every launch) merges
+ * them.
  *
  * The arithmetic of every output element is fixed by the logical positions
- * alone, never by n, by which rows hold the ancestors or by how the work is
- * spread over threads:
+ * alone, never by n, by which rows hold the ancestors, by the capacity or by
+ * which block finishes last (the tree == ar invariant: a node of a tree gets
+ * the bits of the same token in a prefill of its path):
  *   score p     lane l sums q[d] * kv[d] over d = l, l + 32, ... (d < rank +
- *               rope) in order, then a fixed xor-shuffle tree; lane 0's sum
- *               times scale is the score;
- *   max         fmaxf over all scores (its value, NaNs dropped, does not depend
- *               on the order; only the sign of a zero could, and exp(s - m)
- *               is the same for m = +0 and m = -0);
- *   sum         "softmax thread" t < 128 sums exp(s_p - m) over p = t, t + 128,
- *               ... in order, then a fixed 128-wide block tree;
- *   output d    sums e_p * kv_p[d] over p = 0, 1, ... in order, times 1 / sum.
+ *               rope) in order, then a fixed xor-shuffle tree, times scale;
+ *   slice max   fmaxf over the slice's scores (its value, NaNs dropped, does
+ *               not depend on the order; only the sign of a zero could, and
+ *               exp(x - m) is the same for m = +0 and m = -0);
+ *   slice sum   lane l of one warp sums exp(x_j - m_s) over the slice's local
+ *               positions j = l, l + 32, ... in order, then the xor tree;
+ *   slice acc d sums exp(x_j - m_s) c_j[d] over j = 0, 1, ... in order;
+ *   merge       M = fmaxf over the m_s, w_s = exp(m_s - M), L = sum_s l_s w_s
+ *               and out[d] = (sum_s acc_s[d] w_s) * (1 / L), both sums over
+ *               s = 0, 1, ... in order; one slice: out[d] = acc[d] * (1 / l).
+ * A NaN in a visible row makes its slice's sum NaN, so the whole output of
+ * that (token, head) is NaN, as in the single-block kernel this replaced.
  *
- * The kernel is a chain of memory latencies at decode sizes (a few blocks, one
- * per head), so the rows are streamed through shared memory in chunks: all
- * threads load the next chunk into registers (many independent loads in
- * flight) while the current one is computed from shared memory, and the first
- * output chunk is fetched while the last scores and the softmax run.  In a
- * chunk each warp computes SC_U scores at once (independent shuffle trees).
+ * Within a block the slice's rows are streamed through shared memory in
+ * chunks: all threads load the next chunk into registers (many independent
+ * loads in flight) while the current one is computed, and each warp computes
+ * SC_U scores at once (independent shuffle trees).  When the slice fits in one
+ * chunk (the small targets) the output reads the staged rows again instead of
+ * fetching their rank columns a second time.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,12 +50,14 @@
 
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / 32)
-#define SOFTMAX_THREADS 128 /* the sum's order: part of the contract, unlike ATTN_THREADS */
+#define ATTN_SPLIT 64       /* positions per slice: part of the arithmetic contract, unlike ATTN_THREADS */
+#define MAX_SLICES 65535    /* grid.y */
 #define STAGE_MAX 8192      /* floats of the chunk stage (32 KB) */
 #define STAGE_PER (STAGE_MAX / ATTN_THREADS) /* stage elements a thread fetches */
-#define OUT_CHUNK_MAX 128   /* positions of an output chunk (<= SOFTMAX_THREADS: scs) */
 #define SC_U 4              /* scores a warp computes at once */
-#define SM_U 4              /* softmax positions a thread loads at once */
+#define RED_FLOATS 32       /* >= ATTN_WARPS + 1: the warps' maxima and the slice sum */
+#define MERGE_CHUNK ATTN_THREADS /* slices whose merge weights are staged at once (a thread each) */
+#define ATTN_GRID_TARGET 512 /* blocks a launch aims at: two waves of two blocks on each of 132 SMs */
 #define ROPE_THREADS 128
 
 static __global__ void __launch_bounds__(ROPE_THREADS)
@@ -108,30 +125,35 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
     return DDT_OK;
 }
 
-/* One (token, head) attention's view of the cache: logical position p is at
- * row p (p < len) or len + anc[p - len]; positions run over [0, P). */
-struct attn_rows {
+/* One (token, head, slice) attention's view of the cache: the slice's local
+ * position j is logical position p = s0 + j (j < cnt), at cache row p (p < len)
+ * or len + anc[j] (anc: the slice's window of the token's ancestors by depth). */
+struct slice_rows {
     const float *cache;
-    int width, len, P;
+    int width, len, s0, cnt;
     const int *anc;
 };
 
-static __device__ __forceinline__ int64_t attn_row(const attn_rows &r, int p) {
-    return p < r.len ? p : r.len + r.anc[p - r.len];
+static __device__ __forceinline__ int64_t slice_row(const slice_rows &r, int j) {
+    const int p = r.s0 + j;
+    return p < r.len ? (int64_t)p : (int64_t)r.len + r.anc[j];
 }
 
-/* Registers <- chunk [c0, c0 + C) x columns [0, cols) of the rows, element
- * e = threadIdx.x + k * ATTN_THREADS being position c0 + e / cols, column
- * e % cols (0 past P or past the chunk).  No load depends on another, so a
- * thread has all STAGE_PER of them in flight at once. */
-static __device__ __forceinline__ void chunk_fetch(float (&v)[STAGE_PER], const attn_rows &r, int c0, int C,
+/* Registers <- local positions [c0, c0 + C) x columns [0, cols) of the slice,
+ * element e = threadIdx.x + k * ATTN_THREADS being position c0 + e / cols,
+ * column e % cols (0 past the slice or past the chunk).  No load depends on
+ * another, so a thread has all STAGE_PER of them in flight at once. */
+static __device__ __forceinline__ void chunk_fetch(float (&v)[STAGE_PER], const slice_rows &r, int c0, int C,
                                                    int cols) {
+    /* e's (position, column) stepped by ATTN_THREADS elements: one carry is
+       enough, as the column step ATTN_THREADS % cols (or ATTN_THREADS, when
+       cols > ATTN_THREADS) is below cols */
     int j = threadIdx.x / cols, c = threadIdx.x % cols;
     const int dj = ATTN_THREADS / cols, dc = ATTN_THREADS % cols;
 #pragma unroll
     for (int k = 0; k < STAGE_PER; k++) {
         const int p = c0 + j;
-        v[k] = (j < C && p < r.P) ? r.cache[attn_row(r, p) * r.width + c] : 0.0f;
+        v[k] = (j < C && p < r.cnt) ? r.cache[slice_row(r, p) * r.width + c] : 0.0f;
         j += dj;
         c += dc;
         if (c >= cols) {
@@ -150,174 +172,368 @@ static __device__ __forceinline__ void chunk_store(const float (&v)[STAGE_PER], 
     }
 }
 
-/* The idx-th chunk of the kernel's sequence: ns score chunks of cs positions
- * (all width columns), then no output chunks of co positions (the rank
- * columns).  An output chunk after the first also brings its exponentials
- * (thread t < co: sc[c0 + t] into ev; the softmax has finished by then); the
- * first gets them from the softmax itself, as it is fetched before. */
-static __device__ __forceinline__ void attn_fetch(float (&v)[STAGE_PER], float &ev, const attn_rows &r,
-                                                  const float *sc, int idx, int ns, int no, int cs, int co,
-                                                  int rank) {
-    if (idx < ns) {
-        chunk_fetch(v, r, idx * cs, cs, r.width);
-    } else if (idx - ns < no) {
-        const int c0 = (idx - ns) * co;
-        chunk_fetch(v, r, c0, co, rank);
-        if (idx > ns && (int)threadIdx.x < co && c0 + (int)threadIdx.x < r.P) ev = sc[c0 + threadIdx.x];
-    }
+/* The idx-th chunk of a block's sequence: ns score chunks of cs positions (all
+ * width columns), then no output chunks of co positions (the rank columns;
+ * none when the slice fits in one score chunk, whose stage the output reuses). */
+static __device__ __forceinline__ void slice_fetch(float (&v)[STAGE_PER], const slice_rows &r, int idx, int ns,
+                                                   int no, int cs, int co, int rank) {
+    if (idx < ns) chunk_fetch(v, r, idx * cs, cs, r.width);
+    else if (idx - ns < no) chunk_fetch(v, r, (idx - ns) * co, co, rank);
+}
+
+/* The workspace (ddt_cuda_mla_attn_workspace): its layout depends only on the
+ * sizes it was made for, never on a launch's n, so counters stay counters. */
+struct attn_ws {
+    unsigned *ctr; /* [max_tokens * heads] slices of a (token, head) finished in this launch; 0 between launches */
+    float *pm;     /* [max_tokens * heads][max_slices] slice maxima m_s */
+    float *pl;     /* [max_tokens * heads][max_slices] slice sums l_s = sum exp(score - m_s) */
+    float *pacc;   /* [max_tokens * heads][max_slices][rank] acc_s[d] = sum exp(score - m_s) c[d] */
+    int max_slices;
+};
+
+static __host__ __device__ __forceinline__ int64_t attn_ws_ctr_words(int64_t th) {
+    return (th + 3) / 4 * 4; /* the partials start 16-byte aligned */
 }
 
 static __global__ void __launch_bounds__(ATTN_THREADS)
-mla_attn_kernel(ddt_cuda_mla_attn_args a, int stage_floats) {
+mla_attn_kernel(ddt_cuda_mla_attn_args a, attn_ws ws, int stage_floats) {
     DDT_GRID_DEP_WAIT();
     extern __shared__ float smem[];
+    __shared__ unsigned is_last;
     const int width = a.rank + a.rope;
-    float *q = smem;                          /* [width] */
-    float *red = q + width;                   /* [SOFTMAX_THREADS] */
-    float *scs = red + SOFTMAX_THREADS;       /* [OUT_CHUNK_MAX] exponentials of the output chunk */
-    float *accs = scs + OUT_CHUNK_MAX;        /* [rank] output sums, carried across chunks */
-    float *stage = accs + a.rank;             /* [stage_floats] the chunk being computed */
-    int *anc = (int *)(stage + stage_floats); /* [n] */
-    const int i = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+    float *q = smem;                           /* [width] */
+    float *e = q + width;                      /* [ATTN_SPLIT] the slice's scores, then exponentials */
+    float *accs = e + ATTN_SPLIT;              /* [rank] output sums carried across chunks / slices */
+    float *red = accs + a.rank;                /* [RED_FLOATS] warp maxima, the slice sum */
+    float *mw = red + RED_FLOATS;              /* [MERGE_CHUNK] merge weights exp(m_s - M) */
+    float *mlw = mw + MERGE_CHUNK;             /* [MERGE_CHUNK] l_s exp(m_s - M) */
+    int *anc = (int *)(mlw + MERGE_CHUNK);     /* [ATTN_SPLIT] */
+    float *stage = (float *)(anc + ATTN_SPLIT); /* [stage_floats] the chunk being computed */
+    const int ih = blockIdx.x, i = ih / a.heads, h = ih % a.heads, s = blockIdx.y;
     const int len = *a.len;
     const int d_i = a.depth[i];
-    /* ancestors by depth: visible node j at depth depth[j] */
-    for (int j = threadIdx.x; j < a.n; j += ATTN_THREADS) {
-        bool v = a.vis ? ((a.vis[(int64_t)i * a.vis_words + (j >> 6)] >> (j & 63)) & 1u) : j <= i;
-        if (v) {
-            int dj = a.depth[j];
-            if (dj >= 0 && dj <= d_i) anc[dj] = j;
-        }
+    float *out = a.out + (int64_t)ih * a.rank;
+    /* positions [0, P); a len or depth that puts them outside the cache gets a
+       NaN row (the old kernel's answer to P < 1) rather than stray reads */
+    const long long Pl = (long long)len + d_i + 1;
+    if (Pl < 1 || Pl > a.capacity) {
+        if (s == 0)
+            for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) out[d] = NAN;
+        return;
     }
-    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
-        q[d] = a.q_lat[((int64_t)i * a.heads + h) * a.rank + d];
-        accs[d] = 0.0f;
-    }
+    const int P = (int)Pl;
+    const int n_sl = (P + ATTN_SPLIT - 1) / ATTN_SPLIT; /* slices: a function of P alone */
+    if (s >= n_sl) return; /* the grid is the host's, for any P up to the capacity */
+    /* live blocks: min(n_sl, gridDim.y); block s takes slices s, s + gridDim.y, ... */
+    const int n_live = min(n_sl, (int)gridDim.y);
+    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) q[d] = a.q_lat[(int64_t)ih * a.rank + d];
     for (int d = threadIdx.x; d < a.rope; d += ATTN_THREADS)
         q[a.rank + d] = a.q_rope[(int64_t)i * a.q_rope_ld_t + (int64_t)h * a.q_rope_ld_h + d];
-    __syncthreads();
-    const int P = len + d_i + 1;
-    float *sc = a.scores + ((int64_t)i * a.heads + h) * a.capacity;
-    const attn_rows r = {a.cache, width, len, P, anc};
-    const int cs = stage_floats / width, co = min(OUT_CHUNK_MAX, stage_floats / a.rank);
-    const int ns = P > 0 ? (P + cs - 1) / cs : 0, no = P > 0 ? (P + co - 1) / co : 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float v[STAGE_PER], ev = 0.0f;
-    attn_fetch(v, ev, r, sc, 0, ns, no, cs, co, a.rank);
+    const int64_t slot = (int64_t)ih * ws.max_slices;
 
-    /* scores: warp w takes the chunk's positions w, w + ATTN_WARPS, ..., SC_U
-       at a time; each one's sum and shuffle tree are the order above */
-    float mx = -INFINITY;
-    for (int c = 0; c < ns; c++) {
-        const int c0 = c * cs, cn = min(cs, P - c0);
-        __syncthreads(); /* the previous chunk's scores are done with stage */
-        chunk_store(v, stage, cn * width);
-        __syncthreads();
-        /* the next chunk (after the last score chunk: the first output chunk) */
-        attn_fetch(v, ev, r, sc, c + 1, ns, no, cs, co, a.rank);
-        for (int j0 = warp; j0 < cn; j0 += ATTN_WARPS * SC_U) {
-            float s[SC_U];
-            const float *kv[SC_U];
-#pragma unroll
-            for (int u = 0; u < SC_U; u++) {
-                const int j = j0 + u * ATTN_WARPS;
-                kv[u] = stage + (j < cn ? j : j0) * width; /* past the chunk: a valid row, result unused */
-                s[u] = 0.0f;
-            }
-            for (int d = lane; d < width; d += 32) {
-                const float qd = q[d];
-#pragma unroll
-                for (int u = 0; u < SC_U; u++) s[u] += qd * kv[u][d];
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-                for (int u = 0; u < SC_U; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
-            }
-#pragma unroll
-            for (int u = 0; u < SC_U; u++) {
-                const int j = j0 + u * ATTN_WARPS;
-                if (j < cn) {
-                    const float sv = s[u] * a.scale;
-                    if (lane == 0) sc[c0 + j] = sv;
-                    mx = fmaxf(mx, sv);
+    for (int sl = s; sl < n_sl; sl += gridDim.y) {
+        const int s0 = sl * ATTN_SPLIT;
+        const int cnt = min(ATTN_SPLIT, P - s0);
+        __syncthreads(); /* q is loaded / the previous slice is done with anc, e, red and stage */
+
+        /* the slice's window of ancestors by depth: visible node j at depth
+           depth[j] holds logical position len + depth[j], local len + depth[j] - s0;
+           a slice of committed rows only needs none */
+        if (s0 + cnt > len) {
+            for (int j = threadIdx.x; j < a.n; j += ATTN_THREADS) {
+                bool v = a.vis ? ((a.vis[(int64_t)i * a.vis_words + (j >> 6)] >> (j & 63)) & 1u) : j <= i;
+                if (v) {
+                    const int dj = a.depth[j];
+                    if (dj >= 0 && dj <= d_i) {
+                        const int k = len + dj - s0;
+                        if (k >= 0 && k < cnt) anc[k] = j;
+                    }
                 }
             }
         }
-    }
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    float m = red[0];
-    for (int w = 1; w < ATTN_WARPS; w++) m = fmaxf(m, red[w]);
-    __syncthreads();
-    /* softmax: thread t < SOFTMAX_THREADS, SM_U of its positions' loads at once;
-       the first output chunk's exponentials also go to scs */
-    if (threadIdx.x < SOFTMAX_THREADS) {
-        float part = 0.0f;
-        for (int p0 = threadIdx.x; p0 < P; p0 += SOFTMAX_THREADS * SM_U) {
-            float x[SM_U];
+        for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) accs[d] = 0.0f; /* its own entries */
+        __syncthreads(); /* anc */
+
+        const slice_rows r = {a.cache, width, len, s0, cnt, anc};
+        const int cs = stage_floats / width, co = min(ATTN_SPLIT, stage_floats / a.rank);
+        const int ns = (cnt + cs - 1) / cs;
+        const bool whole = ns == 1; /* the stage keeps the slice's rows for the output */
+        const int no = whole ? 0 : (cnt + co - 1) / co;
+        float v[STAGE_PER];
+        slice_fetch(v, r, 0, ns, no, cs, co, a.rank);
+
+        /* scores: warp w takes the chunk's positions w, w + ATTN_WARPS, ..., SC_U at
+           a time; a score is lane l's sum over d = l, l + 32, ... in order, a fixed
+           xor-shuffle tree (every lane ends with the same bits), times scale */
+        float mx = -INFINITY;
+        for (int c = 0; c < ns; c++) {
+            const int c0 = c * cs, cn = min(cs, cnt - c0);
+            __syncthreads(); /* the previous chunk's scores are done with stage */
+            chunk_store(v, stage, cn * width);
+            __syncthreads();
+            /* the next chunk (after the last score chunk: the first output chunk) */
+            slice_fetch(v, r, c + 1, ns, no, cs, co, a.rank);
+            for (int j0 = warp; j0 < cn; j0 += ATTN_WARPS * SC_U) {
+                float sv[SC_U];
+                const float *kv[SC_U];
 #pragma unroll
-            for (int u = 0; u < SM_U; u++) {
-                const int p = p0 + u * SOFTMAX_THREADS;
-                x[u] = p < P ? sc[p] : 0.0f;
-            }
+                for (int u = 0; u < SC_U; u++) {
+                    const int j = j0 + u * ATTN_WARPS;
+                    kv[u] = stage + (j < cn ? j : j0) * width; /* past the chunk: a valid row, result unused */
+                    sv[u] = 0.0f;
+                }
+                for (int d = lane; d < width; d += 32) {
+                    const float qd = q[d];
 #pragma unroll
-            for (int u = 0; u < SM_U; u++) {
-                const int p = p0 + u * SOFTMAX_THREADS;
-                if (p < P) {
-                    float e = expf(x[u] - m);
-                    sc[p] = e;
-                    if (p < co) scs[p] = e;
-                    part += e;
+                    for (int u = 0; u < SC_U; u++) sv[u] += qd * kv[u][d];
+                }
+                for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+                    for (int u = 0; u < SC_U; u++) sv[u] += __shfl_xor_sync(0xffffffffu, sv[u], o);
+                }
+#pragma unroll
+                for (int u = 0; u < SC_U; u++) {
+                    const int j = j0 + u * ATTN_WARPS;
+                    if (j < cn) {
+                        const float x = sv[u] * a.scale;
+                        if (lane == 0) e[c0 + j] = x;
+                        mx = fmaxf(mx, x);
+                    }
                 }
             }
         }
-        red[threadIdx.x] = part;
-    }
-    __syncthreads();
-    for (int step = SOFTMAX_THREADS / 2; step > 0; step >>= 1) {
-        if (threadIdx.x < step) red[threadIdx.x] += red[threadIdx.x + step];
-        __syncthreads();
-    }
-    const float inv = 1.0f / red[0];
+        /* the slice max: fmaxf in any order gives the same value (NaNs dropped; a
+           zero's sign can differ, but exp(x - +0) == exp(x - -0)) */
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (lane == 0) red[warp] = mx;
+        __syncthreads(); /* red and every score in e are written */
+        float m = red[0];
+        for (int w = 1; w < ATTN_WARPS; w++) m = fmaxf(m, red[w]);
+        /* the slice sum: warp 0, lane l over local positions l, l + 32, ... in
+           order, then the xor tree; a NaN score makes it (and the output) NaN */
+        if (warp == 0) {
+            float part = 0.0f;
+            for (int j = lane; j < cnt; j += 32) {
+                const float x = expf(e[j] - m);
+                e[j] = x;
+                part += x;
+            }
+            for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+            if (lane == 0) red[ATTN_WARPS] = part; /* beside the maxima the other warps read */
+        }
+        __syncthreads(); /* the exponentials and the sum */
+        const float l = red[ATTN_WARPS];
 
-    /* output: thread d's sum runs over the chunks in position order */
-    for (int c = 0; c < no; c++) {
-        const int c0 = c * co, cn = min(co, P - c0);
-        __syncthreads(); /* stage and scs are free (the scores / the previous chunk are done) */
-        chunk_store(v, stage, cn * a.rank);
-        if (c > 0 && (int)threadIdx.x < cn) scs[threadIdx.x] = ev;
+        /* output: thread d's sum over the slice's positions in increasing order,
+           from the stage when the slice fitted in one chunk, else chunk by chunk */
+        if (!whole) {
+            for (int c = 0; c < no; c++) {
+                const int c0 = c * co, cn = min(co, cnt - c0);
+                __syncthreads(); /* stage is free (the scores / the previous chunk are done) */
+                chunk_store(v, stage, cn * a.rank);
+                __syncthreads();
+                slice_fetch(v, r, ns + c + 1, ns, no, cs, co, a.rank);
+                for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
+                    float acc = accs[d];
+                    const float *col = stage + d;
+#pragma unroll 8
+                    for (int j = 0; j < cn; j++) acc += e[c0 + j] * col[j * a.rank];
+                    accs[d] = acc;
+                }
+            }
+        } else {
+            for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
+                float acc = 0.0f;
+                const float *col = stage + d;
+#pragma unroll 8
+                for (int j = 0; j < cnt; j++) acc += e[j] * col[j * width];
+                accs[d] = acc;
+            }
+        }
+        /* (each thread reads back only the accs entries it wrote itself) */
+        if (n_sl == 1) { /* the whole context in this block (s == 0, one pass): no partials, no counter */
+            const float inv = 1.0f / l;
+            for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) out[d] = accs[d] * inv;
+            return;
+        }
+
+        for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) ws.pacc[(slot + sl) * a.rank + d] = accs[d];
+        if (threadIdx.x == 0) {
+            ws.pm[slot + sl] = m;
+            ws.pl[slot + sl] = l;
+        }
+    } /* slices */
+
+    /* release: every thread's partials reach device scope before the block's
+       ticket; the last of the n_live blocks to take one merges */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(ws.ctr + ih, 1u) == (unsigned)(n_live - 1);
+    __syncthreads();
+    if (!is_last) return;
+    /* acquire: the other blocks' partials, read below past L1 (__ldcg) */
+    __threadfence();
+    if (threadIdx.x == 0) atomicExch(ws.ctr + ih, 0u); /* all n_live have arrived: ready for the next launch */
+
+    /* merge: M = the max of the m_s (any order: as above) ... */
+    const float *pm = ws.pm + slot, *pl = ws.pl + slot, *pa = ws.pacc + slot * a.rank;
+    float mm = -INFINITY;
+    for (int t = threadIdx.x; t < n_sl; t += ATTN_THREADS) mm = fmaxf(mm, __ldcg(pm + t));
+    for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+    if (lane == 0) red[warp] = mm; /* red's last readers passed the barriers above */
+    __syncthreads();
+    float M = red[0];
+    for (int w = 1; w < ATTN_WARPS; w++) M = fmaxf(M, red[w]);
+    /* ... then, in increasing slice order, L = sum l_s w_s and out[d] =
+       sum acc_s[d] w_s with w_s = exp(m_s - M), MERGE_CHUNK slices' weights at a
+       time; every thread sums L itself in that order (the same bits in all) */
+    float L = 0.0f;
+    for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) accs[d] = 0.0f;
+    for (int c0 = 0; c0 < n_sl; c0 += MERGE_CHUNK) {
+        const int cn = min(MERGE_CHUNK, n_sl - c0);
+        __syncthreads(); /* M's reads of red / the previous chunk's weights are done */
+        if ((int)threadIdx.x < cn) {
+            const float w = expf(__ldcg(pm + c0 + threadIdx.x) - M);
+            mw[threadIdx.x] = w;
+            mlw[threadIdx.x] = __ldcg(pl + c0 + threadIdx.x) * w;
+        }
         __syncthreads();
-        attn_fetch(v, ev, r, sc, ns + c + 1, ns, no, cs, co, a.rank);
+        for (int k = 0; k < cn; k++) L += mlw[k];
         for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) {
             float acc = accs[d];
-            const float *col = stage + d;
+            const float *col = pa + (int64_t)c0 * a.rank + d;
 #pragma unroll 8
-            for (int j = 0; j < cn; j++) acc += scs[j] * col[j * a.rank];
+            for (int k = 0; k < cn; k++) acc += mw[k] * __ldcg(col + (int64_t)k * a.rank);
             accs[d] = acc;
         }
     }
-    float *out = a.out + ((int64_t)i * a.heads + h) * a.rank;
+    const float inv = 1.0f / L;
     for (int d = threadIdx.x; d < a.rank; d += ATTN_THREADS) out[d] = accs[d] * inv;
+}
+
+/* The launch's shape, shared by the workspace query, the preparation and the
+ * launcher; false for a shape the kernel cannot run (*why says which). */
+struct attn_geom {
+    int max_slices;    /* slices of the capacity: slots per (token, head), grid.y's bound */
+    int stage_floats;  /* the chunk stage */
+    size_t smem;       /* dynamic shared memory */
+    int64_t th;        /* max_tokens * heads: the workspace's (token, head) slots */
+};
+
+static bool attn_geometry(int32_t max_tokens, int32_t heads, int32_t rank, int32_t rope, int32_t capacity,
+                          attn_geom *g, const char **why) {
+    if (max_tokens < 1 || heads < 1 || rank < 1 || rope < 0 || capacity < 1) {
+        *why = "invalid";
+        return false;
+    }
+    const int64_t slices = ((int64_t)capacity + ATTN_SPLIT - 1) / ATTN_SPLIT;
+    if (slices > MAX_SLICES) {
+        *why = "capacity";
+        return false;
+    }
+    if ((int64_t)max_tokens * heads > 0x7fffffff) {
+        *why = "blocks";
+        return false;
+    }
+    /* the chunk stage takes what the fixed parts leave of 48 KB, up to
+       STAGE_MAX floats; it must hold one row (a chunk of one position) */
+    const size_t width = (size_t)rank + (size_t)rope, limit = 48 * 1024;
+    const size_t fixed = sizeof(float) * (width + ATTN_SPLIT + (size_t)rank + RED_FLOATS + 2 * MERGE_CHUNK) +
+                         sizeof(int) * ATTN_SPLIT;
+    if (fixed + sizeof(float) * width > limit) {
+        *why = "smem";
+        return false;
+    }
+    size_t stage = (limit - fixed) / sizeof(float);
+    if (stage > STAGE_MAX) stage = STAGE_MAX;
+    g->max_slices = (int)slices;
+    g->stage_floats = (int)stage;
+    g->smem = fixed + sizeof(float) * stage;
+    g->th = (int64_t)max_tokens * heads;
+    return true;
+}
+
+/* Workspace bytes (counters, then per (token, head) slot and slice m, l, acc); 0 on overflow. */
+static size_t attn_ws_bytes(const attn_geom *g, int32_t rank) {
+    const uint64_t cells = (uint64_t)g->th * (uint64_t)g->max_slices; /* < 2^31 * 2^16 */
+    const uint64_t per = 2 + (uint64_t)rank;                          /* m, l, acc[rank] */
+    if (cells > UINT64_MAX / 4 / per) return 0;
+    const uint64_t floats = (uint64_t)attn_ws_ctr_words(g->th) + cells * per;
+    if (floats > (uint64_t)SIZE_MAX / 4) return 0;
+    return (size_t)(floats * 4);
+}
+
+static attn_ws attn_ws_layout(void *base, const attn_geom *g) {
+    attn_ws w;
+    const int64_t cells = g->th * g->max_slices;
+    w.ctr = (unsigned *)base;
+    w.pm = (float *)base + attn_ws_ctr_words(g->th);
+    w.pl = w.pm + cells;
+    w.pacc = w.pl + cells;
+    w.max_slices = g->max_slices;
+    return w;
+}
+
+static ddt_status attn_bad_shape(const char *what, int32_t max_tokens, int32_t heads, int32_t rank, int32_t rope,
+                                 int32_t capacity, const char *why, ddt_error *err) {
+    if (why[0] == 'c')
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla %s: %d cache rows need more than %d slices of %d", what,
+                        capacity, MAX_SLICES, ATTN_SPLIT);
+    if (why[0] == 'b')
+        return ddt_fail(err, DDT_ERR_RANGE, "mla %s: %d x %d blocks", what, max_tokens, heads);
+    if (why[0] == 's')
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla %s: rank %d + rope %d does not fit in 48 KB of shared memory",
+                        what, rank, rope);
+    return ddt_fail(err, DDT_ERR_INVALID, "mla %s: %d tokens, %d heads, rank %d, rope %d, %d cache rows", what,
+                    max_tokens, heads, rank, rope, capacity);
+}
+
+extern "C" size_t ddt_cuda_mla_attn_workspace(int32_t max_tokens, int32_t heads, int32_t rank, int32_t rope,
+                                              int32_t capacity) {
+    attn_geom g;
+    const char *why;
+    if (!attn_geometry(max_tokens, heads, rank, rope, capacity, &g, &why)) return 0;
+    return attn_ws_bytes(&g, rank);
+}
+
+extern "C" ddt_status ddt_cuda_mla_attn_prepare(void *workspace, int32_t max_tokens, int32_t heads, int32_t rank,
+                                                int32_t rope, int32_t capacity, ddt_cuda_stream stream,
+                                                ddt_error *err) {
+    attn_geom g;
+    const char *why;
+    if (!attn_geometry(max_tokens, heads, rank, rope, capacity, &g, &why))
+        return attn_bad_shape("attention prepare", max_tokens, heads, rank, rope, capacity, why, err);
+    if (!workspace || attn_ws_bytes(&g, rank) == 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "mla attention prepare: no workspace");
+    DDT_CUDA_TRY(cudaMemsetAsync(workspace, 0, sizeof(unsigned) * (size_t)g.th, (cudaStream_t)stream), err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, ddt_cuda_stream stream,
                                              ddt_error *err) {
-    if (a->n < 1 || a->heads < 1 || a->rank < 1 || a->rope < 0 || a->capacity < a->n)
-        return ddt_fail(err, DDT_ERR_INVALID, "mla attention: %d tokens, %d heads, rank %d, %d cache rows", a->n,
-                        a->heads, a->rank, a->capacity);
-    if ((int64_t)a->n * a->heads > 0x7fffffff)
-        return ddt_fail(err, DDT_ERR_RANGE, "mla attention: %d x %d blocks", a->n, a->heads);
-    /* the chunk stage takes what the fixed parts leave of 48 KB, up to STAGE_MAX
-       floats; it must hold one row (a chunk of one position) */
-    const size_t width = (size_t)a->rank + (size_t)a->rope, limit = 48 * 1024;
-    const size_t fixed =
-        sizeof(float) * (width + SOFTMAX_THREADS + OUT_CHUNK_MAX + (size_t)a->rank) + sizeof(int) * (size_t)a->n;
-    if (fixed + sizeof(float) * width > limit)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla attention: %zu bytes of shared memory", fixed + 4 * width);
-    size_t stage = (limit - fixed) / sizeof(float);
-    if (stage > STAGE_MAX) stage = STAGE_MAX;
-    const size_t smem = fixed + sizeof(float) * stage;
-    mla_attn_kernel<<<a->n * a->heads, ATTN_THREADS, smem, (cudaStream_t)stream>>>(*a, (int)stage);
+    if (a->n < 1 || a->n > a->max_tokens || a->capacity < a->n || !a->workspace || !a->out || !a->cache ||
+        !a->len || !a->depth || !a->q_lat || (a->rope > 0 && !a->q_rope) || (a->vis && a->vis_words < (a->n + 63) / 64))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "mla attention: %d tokens (workspace for %d), %d heads, rank %d, %d cache rows, or a NULL "
+                        "pointer", a->n, a->max_tokens, a->heads, a->rank, a->capacity);
+    attn_geom g;
+    const char *why;
+    if (!attn_geometry(a->max_tokens, a->heads, a->rank, a->rope, a->capacity, &g, &why))
+        return attn_bad_shape("attention", a->max_tokens, a->heads, a->rank, a->rope, a->capacity, why, err);
+    if (attn_ws_bytes(&g, a->rank) == 0)
+        return ddt_fail(err, DDT_ERR_RANGE, "mla attention: the workspace's size overflows");
+    /* grid.y: blocks per (token, head), each taking every grid.y-th slice; any
+       value gives the same bits (a slice's arithmetic is its own, the merge is
+       in slice order), so it follows n to keep about ATTN_GRID_TARGET blocks
+       live when the contexts are long, without a sea of blocks that exit at once
+       when they are short.  It never depends on len (graph replay). */
+    const int64_t th = (int64_t)a->n * a->heads;
+    int64_t gy = (ATTN_GRID_TARGET + th - 1) / th;
+    if (gy > g.max_slices) gy = g.max_slices;
+    const dim3 grid((unsigned)th, (unsigned)gy);
+    mla_attn_kernel<<<grid, ATTN_THREADS, g.smem, (cudaStream_t)stream>>>(*a, attn_ws_layout(a->workspace, &g),
+                                                                           g.stage_floats);
     DDT_CUDA_LAUNCHED("mla_attention", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -9,11 +9,12 @@
  * here needs the host to know len, so a round can be captured in a CUDA graph.
  *
  * The attention is the exact path: for a token at position p it visits the
- * logical positions 0..p in order — the committed rows, then its own ancestors
- * by depth — with a fixed reduction order, so a tree node's output is bitwise
- * the output the same token gets in a prefill of its root-to-node path (the
- * greedy tree == ar invariant on the GPU).  It reads the cache once per head;
- * the tensor-core kernel for long contexts is mla_verify_cuda.h.
+ * logical positions 0..p — the committed rows, then its own ancestors by depth
+ * — in fixed slices of 64 logical positions, each slice with a fixed reduction
+ * order, merged in slice order, so a tree node's output is bitwise the output
+ * the same token gets in a prefill of its root-to-node path (the greedy tree ==
+ * ar invariant on the GPU).  It reads the cache once per head; the tensor-core
+ * kernel for long contexts is mla_verify_cuda.h.
  */
 #ifndef DDT_CUDA_MLA_H
 #define DDT_CUDA_MLA_H
@@ -60,10 +61,29 @@ typedef struct ddt_cuda_mla_attn_args {
     const uint64_t *vis;     /* device [n][vis_words] or NULL = causal (token i sees j <= i) */
     int32_t vis_words;
     float scale;
-    float *scores;           /* device scratch [n][heads][capacity] */
+    void *workspace;         /* device, ddt_cuda_mla_attn_workspace(max_tokens, heads, rank, rope, capacity)
+                                bytes, prepared once (ddt_cuda_mla_attn_prepare) */
+    int32_t max_tokens;      /* the workspace's bound on n */
     float *out;              /* device [n][heads][rank] */
 } ddt_cuda_mla_attn_args;
 
+/* Bytes of the attention's workspace for forwards of at most max_tokens tokens
+ * over a cache of capacity rows: per (token, head) an arrival counter and, per
+ * slice of 64 positions, a max, a sum and rank partial outputs (about
+ * (rank + 2) / 64 floats per cache row, token and head); 0 for a shape the
+ * attention cannot run or a size that overflows. */
+size_t ddt_cuda_mla_attn_workspace(int32_t max_tokens, int32_t heads, int32_t rank, int32_t rope, int32_t capacity);
+
+/* Zero the workspace's arrival counters (stream-ordered), once after
+ * allocating it: every launch leaves them at zero for the next one, graph
+ * replays included.  The other bytes need no value. */
+ddt_status ddt_cuda_mla_attn_prepare(void *workspace, int32_t max_tokens, int32_t heads, int32_t rank, int32_t rope,
+                                     int32_t capacity, ddt_cuda_stream stream, ddt_error *err);
+
+/* out[i][h] = softmax over token i's visible positions of (q . c) * scale, times
+ * the rows' rank columns.  A len / depth that puts the positions outside
+ * [1, capacity] gives a NaN row; launches sharing a workspace must be
+ * stream-ordered (one at a time). */
 ddt_status ddt_cuda_mla_attention(const ddt_cuda_mla_attn_args *a, ddt_cuda_stream stream, ddt_error *err);
 
 /* The tensor-core path's query: q16[i][h] = bf16(q_lat[i][h][0..rank) | q_rope[i][h][0..rope))
