@@ -34,23 +34,9 @@
 int ref_old_mla_attention(const ddt_cuda_mla_attn_args *a);
 
 static uint64_t g_rng = 0x6A09E667F3BCC909ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 8388608.0f - 1.0f; } /* [-1, 1) */
 
-static const uint32_t POISON = 0x7FC0DEADu; /* a NaN no kernel produces (theirs are 0x7FFFFFFF) */
-static void poison(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) memcpy(&p[i], &POISON, 4);
-}
-static int is_poison(const float *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u == POISON;
-}
 
 static ddt_cpu_pool *g_pool;
 static double g_worst = 0.0;
@@ -81,13 +67,13 @@ static void run_case(const attn_case *c) {
     int32_t *depth = malloc((size_t)n * 4);
     int *parent = malloc((size_t)n * sizeof(int));
     uint64_t *vis = calloc((size_t)n * W, 8);
-    poison(cache, cache_n);
+    ct_poison(cache, cache_n);
     for (int r = 0; r < len + n; r++)
         for (int k = 0; k < width; k++) cache[(size_t)r * width + k] = urand();
     if (c->nan_row && len > 2)
         for (int k = 0; k < width; k++) cache[(size_t)(len / 2) * width + k] = NAN;
     for (size_t i = 0; i < (size_t)n * H * rank; i++) qlat[i] = urand();
-    poison(q, (size_t)n * H * qdim); /* the nope parts stay poison: never read */
+    ct_poison(q, (size_t)n * H * qdim); /* the nope parts stay poison: never read */
     for (int t = 0; t < n * H; t++)
         for (int k = 0; k < rope; k++) q[(size_t)t * qdim + nope + k] = urand();
     for (int j = 0; j < n; j++) {
@@ -107,8 +93,8 @@ static void run_case(const attn_case *c) {
     int32_t *ddepth = dev_copy(depth, (size_t)n * 4), *dlen = dev_copy(&hlen, 4);
     uint64_t *dvis = c->tree ? dev_copy(vis, (size_t)n * W * 8) : NULL;
     float *hsc = malloc(sc_n * 4), *hout = malloc((out_n + pad) * 4);
-    poison(hsc, sc_n);
-    poison(hout, out_n + pad);
+    ct_poison(hsc, sc_n);
+    ct_poison(hout, out_n + pad);
     float *dsc[2], *dout[2];
     for (int k = 0; k < 2; k++) {
         dsc[k] = dev_copy(hsc, sc_n * 4);
@@ -134,9 +120,9 @@ static void run_case(const attn_case *c) {
     size_t diff = 0, sdiff = 0, unwritten = 0, padhit = 0;
     for (size_t i = 0; i < out_n; i++) {
         diff += memcmp(&got[i], &old[i], 4) != 0;
-        unwritten += is_poison(&got[i]);
+        unwritten += ct_is_poison(&got[i]);
     }
-    for (size_t i = out_n; i < out_n + pad; i++) padhit += !is_poison(&got[i]);
+    for (size_t i = out_n; i < out_n + pad; i++) padhit += !ct_is_poison(&got[i]);
     for (size_t i = 0; i < sc_n; i++) sdiff += memcmp(&gsc[i], &osc[i], 4) != 0;
     CHECK(diff == 0, "rank %d rope %d heads %d len %d n %d %s: %zu of %zu outputs differ from the old kernel", rank,
           rope, H, len, n, c->tree ? "tree" : "causal", diff, out_n);
