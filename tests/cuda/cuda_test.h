@@ -8,11 +8,38 @@
 
 #include <cuda_runtime_api.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ddtree.h"
 #include "text/tokenizer.h"
+
+/* The tests' random numbers: xorshift64 on a state each test seeds itself (so
+ * each test draws the data it always drew), its high bits as one 32-bit draw
+ * (>> 16; two tests take >> 11). */
+static inline uint32_t ct_xorshift(uint64_t *state, int shift) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (uint32_t)(x >> shift);
+}
+
+/* Host-side poison: a NaN whose payload no kernel produces (theirs are
+ * 0x7FFFFFFF), so an element a kernel should not have written is recognised. */
+#define CT_POISON 0x7FC0DEADu
+static inline void ct_poison(float *p, size_t n) {
+    const uint32_t u = CT_POISON;
+    for (size_t i = 0; i < n; i++) memcpy(&p[i], &u, 4);
+}
+static inline int ct_is_poison(const float *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u == CT_POISON;
+}
 
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                                  \

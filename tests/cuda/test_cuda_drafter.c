@@ -73,12 +73,7 @@
 #define MAX_CTX 211
 
 static uint64_t g_rng = 0x5DEECE66Dull * 2654435761ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
 

@@ -18,12 +18,7 @@
 #include "cuda_test.h"
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 
 /* rb: row bytes, a multiple of 16 (so a whole number of floats for the CPU cache).
  * The cache holds random bytes, every float bit pattern (NaNs included): both

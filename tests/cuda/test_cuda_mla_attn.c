@@ -47,23 +47,8 @@
 #define PAD 16  /* poisoned floats past the output */
 
 static uint64_t g_rng = 0x6A09E667F3BCC909ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 8388608.0f - 1.0f; } /* [-1, 1) */
-
-static const uint32_t POISON = 0x7FC0DEADu; /* a NaN no kernel produces (theirs are 0x7FFFFFFF) */
-static void poison(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) memcpy(&p[i], &POISON, 4);
-}
-static int is_poison(const float *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u == POISON;
-}
 
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -105,9 +90,9 @@ static void problem_alloc(problem *p) {
     p->parent = xmalloc((size_t)p->n * sizeof(int));
     p->vis = p->W ? calloc((size_t)p->n * p->W, 8) : NULL;
     if (p->W && !p->vis) exit(1);
-    poison(p->cache, cache_n);
-    poison(p->qlat, (size_t)p->n * p->heads * p->rank);
-    poison(p->q, (size_t)p->n * p->heads * p_qdim(p));
+    ct_poison(p->cache, cache_n);
+    ct_poison(p->qlat, (size_t)p->n * p->heads * p->rank);
+    ct_poison(p->q, (size_t)p->n * p->heads * p_qdim(p));
 }
 
 static void problem_free(problem *p) {
@@ -224,7 +209,7 @@ static void dev_free(dev_run *d) {
 /* Poison the output and its padding (on stream s), so a launch must write every output. */
 static void out_poison(dev_run *d, const problem *p, cudaStream_t s) {
     float *h = xmalloc((p_out_n(p) + PAD) * 4);
-    poison(h, p_out_n(p) + PAD);
+    ct_poison(h, p_out_n(p) + PAD);
     CU(cudaMemcpyAsync(d->out, h, (p_out_n(p) + PAD) * 4, cudaMemcpyHostToDevice, s));
     CU(cudaStreamSynchronize(s));
     free(h);
@@ -245,8 +230,8 @@ static void dev_launch(dev_run *d, const problem *p, float *got) {
 /* Every output written, no padding. */
 static void check_written(const problem *p, const float *got, const char *what) {
     size_t unwritten = 0, padhit = 0;
-    for (size_t i = 0; i < p_out_n(p); i++) unwritten += is_poison(&got[i]);
-    for (size_t i = p_out_n(p); i < p_out_n(p) + PAD; i++) padhit += !is_poison(&got[i]);
+    for (size_t i = 0; i < p_out_n(p); i++) unwritten += ct_is_poison(&got[i]);
+    for (size_t i = p_out_n(p); i < p_out_n(p) + PAD; i++) padhit += !ct_is_poison(&got[i]);
     CHECK(unwritten == 0 && padhit == 0, "%s rank %d heads %d len %d n %d: %zu outputs unwritten, %zu padding written",
           what, p->rank, p->heads, p->len, p->n, unwritten, padhit);
 }

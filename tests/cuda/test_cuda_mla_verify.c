@@ -33,12 +33,7 @@
 #define LSE_BOUND 4e-3
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 8388608.0f - 1.0f; } /* [-1, 1) */
 
 static float bf2f(uint16_t v) {

@@ -35,18 +35,9 @@
 #include "cuda_test.h"
 
 static uint64_t g_rng = 0xD1B54A32D192ED03ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
 
-static const uint32_t POISON = 0x7FC0DEADu;
-static void poison(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) memcpy(&p[i], &POISON, 4);
-}
 
 static ddt_cpu_pool *g_pool;
 
@@ -247,7 +238,7 @@ static void fused_end_check(const ddt_cuda_moe_layer *layer, const ddt_cpu_moe_l
     else memcpy(sh, c_acc, sizeof(float) * nh);
     for (int t = 0; t < n; t++) ddt_cpu_add(resid + t * ldr, sh + (size_t)t * H, H);
     const ddt_cpu_vec wv = {nw, DDT_DTYPE_F32, H};
-    poison(c_out, no);
+    ct_poison(c_out, no);
     ddt_cpu_rmsnorm(g_pool, resid, ldr, n, H, &wv, eps, c_out, ldo);
     const double e = bo_compare(what, g_out[1], c_out, no, (bo_cmp){.bound = tol});
     printf("%s: bitwise the launches', CPU err %.2e\n", what, e);
@@ -377,12 +368,12 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
                 wt[t * K + k] = 0.5f + 0.5f * frand();
             }
         }
-        poison(ref, (size_t)n * ldo); /* the CPU writes hidden floats per row: its padding stays NaN */
+        ct_poison(ref, (size_t)n * ldo); /* the CPU writes hidden floats per row: its padding stays NaN */
         ddt_cpu_moe_experts(g_pool, &cpu_layer, x, H, n, idx, wt, K, ref, ldo, cws);
         CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n * H, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(didx, idx, sizeof(int32_t) * (size_t)n * K, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dw, wt, sizeof(float) * (size_t)n * K, cudaMemcpyHostToDevice));
-        poison(got, (size_t)n * ldo);
+        ct_poison(got, (size_t)n * ldo);
         CU(cudaMemcpy(dout, got, sizeof(float) * (size_t)n * ldo, cudaMemcpyHostToDevice));
         CU(cudaMemset(dws, 0xFF, wsb)); /* NaN everywhere: any unwritten read shows */
         OK(ddt_cuda_moe_experts(&layer, dx, H, n, didx, dw, K, dout, ldo, dws, wsb, NULL, &err_));
@@ -394,7 +385,7 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
         double e = bo_compare(what, got, ref, (size_t)n * ldo, (bo_cmp){.bound = tol});
         int bad_pad = 0;
         for (int t = 0; t < n; t++)
-            for (int d = H; d < ldo; d++) bad_pad += memcmp(&got[t * ldo + d], &POISON, 4) != 0;
+            for (int d = H; d < ldo; d++) bad_pad += !ct_is_poison(&got[t * ldo + d]);
         CHECK(!isnan(e), "%s: normalised error is NaN", what);
         CHECK(bad_pad == 0, "experts %s%s n=%d: padding written", fname(f), mname, n);
         /* each token alone (from an offset copy of its row) must match bit for bit */
@@ -423,7 +414,7 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
         OK(ddt_cuda_moe_experts(&layer, dx, H, 2, didx, dw, K, dout, ldo, dws, wsb, NULL, &err_));
         CU(cudaMemcpy(got, dout, sizeof(float) * 2 * (size_t)ldo, cudaMemcpyDeviceToHost));
         CHECK(isnan(got[ldo]) && !isnan(got[0]), "experts %s: bad index not flagged", fname(f));
-        poison(ref, 2 * (size_t)ldo);
+        ct_poison(ref, 2 * (size_t)ldo);
         ddt_cpu_moe_experts(g_pool, &cpu_layer, x, H, 2, idx, wt, K, ref, ldo, cws);
         CHECK(isnan(ref[ldo]) && !isnan(ref[0]), "experts %s: bad index not flagged on the CPU", fname(f));
         char what[64];

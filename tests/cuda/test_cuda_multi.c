@@ -47,12 +47,7 @@
 #define MAX_WORLD 4
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 11); }
 
 /* ------------------------------------------------------------------ transports */
 

@@ -38,24 +38,8 @@ int ref_old_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups *g, cons
                              float *y, int64_t ldy);
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
-
-static const uint32_t POISON = 0x7FC0DEADu; /* a NaN with a recognisable payload */
-
-static void poison(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) memcpy(&p[i], &POISON, 4);
-}
-static int is_poison(const float *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u == POISON;
-}
 
 /* A host weight plus its buffers. */
 typedef struct hw {
@@ -184,7 +168,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     float *yref = malloc(sizeof(float) * (size_t)(n * ldy)), *ygot = malloc(sizeof(float) * (size_t)(n * ldy));
     float *yone = malloc(sizeof(float) * (size_t)ldy);
     for (int64_t i = 0; i < n * ldx; i++) x[i] = frand();
-    poison(yref, (size_t)(n * ldy));
+    ct_poison(yref, (size_t)(n * ldy));
     ddt_row_groups cg = {g.count, g.w_row_stride, g.w_row_offset, g.rows, g.x_stride, g.y_stride};
     if (kind == 0) ddt_cpu_matmul(g_pool, &h.w, x, ldx, n, yref, ldy);
     else if (kind == 1 || kind == 3) ddt_cpu_matmul_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
@@ -203,7 +187,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     CU(cudaMalloc((void **)&dx1, sizeof(float) * (size_t)(ldx + 4)));
     CU(cudaMalloc((void **)&dy1, sizeof(float) * (size_t)ldy));
     CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
-    poison(ygot, (size_t)(n * ldy));
+    ct_poison(ygot, (size_t)(n * ldy));
     CU(cudaMemcpy(dy, ygot, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
     mm_call(&dw, mode, kind, &g, dx, ldx, n, dy, ldy);
     CU(cudaDeviceSynchronize());
@@ -212,8 +196,8 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     /* written exactly where the CPU writes (the CPU leaves poison elsewhere too) */
     int64_t bad_pad = 0, exact = 0, total = 0;
     for (int64_t i = 0; i < n * ldy; i++) {
-        if (is_poison(&yref[i]) != is_poison(&ygot[i])) bad_pad++;
-        if (!is_poison(&yref[i])) {
+        if (ct_is_poison(&yref[i]) != ct_is_poison(&ygot[i])) bad_pad++;
+        if (!ct_is_poison(&yref[i])) {
             total++;
             exact += memcmp(&yref[i], &ygot[i], 4) == 0;
         }
@@ -221,7 +205,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     /* error over the written columns only (poison in both elsewhere) */
     double num = 0, den = 0;
     for (int64_t i = 0; i < n * ldy; i++) {
-        if (is_poison(&yref[i])) continue;
+        if (ct_is_poison(&yref[i])) continue;
         double d = (double)ygot[i] - yref[i];
         num += d * d;
         den += (double)yref[i] * yref[i];
@@ -242,7 +226,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
         const int shift = (t & 1) ? 1 : 0;
         CU(cudaMemcpy(dx1 + shift, x + t * ldx, sizeof(float) * (size_t)ldx, cudaMemcpyHostToDevice));
         float *pz = malloc(sizeof(float) * (size_t)ldy);
-        poison(pz, (size_t)ldy);
+        ct_poison(pz, (size_t)ldy);
         CU(cudaMemcpy(dy1, pz, sizeof(float) * (size_t)ldy, cudaMemcpyHostToDevice));
         free(pz);
         mm_call(&dw, mode, kind, &g, dx1 + shift, ldx, 1, dy1, ldy);
@@ -255,7 +239,7 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     int64_t fallback_diff = 0;
     if (mode == DDT_CUDA_MM_TENSOR && !tc) {
         float *yf = malloc(sizeof(float) * (size_t)(n * ldy));
-        poison(yf, (size_t)(n * ldy));
+        ct_poison(yf, (size_t)(n * ldy));
         CU(cudaMemcpy(dy, yf, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
         mm_call(&dw, DDT_CUDA_MM_FP32, kind, &g, dx, ldx, n, dy, ldy);
         CU(cudaMemcpy(yf, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
@@ -291,7 +275,7 @@ static void mt_old_case(int f, int64_t rows, int64_t cols, int32_t count, int n)
     float *x = malloc(sizeof(float) * xn), *yref = malloc(sizeof(float) * yn);
     float *ynew = malloc(sizeof(float) * yn), *yold = malloc(sizeof(float) * yn);
     for (size_t i = 0; i < xn; i++) x[i] = frand();
-    poison(yref, yn);
+    ct_poison(yref, yn);
     ddt_row_groups cg = g;
     ddt_cpu_matmul_t_grouped(g_pool, &h.w, &cg, x, ldx, n, yref, ldy);
     ddt_qweight dw;
@@ -299,7 +283,7 @@ static void mt_old_case(int f, int64_t rows, int64_t cols, int32_t count, int n)
     float *dx, *dy[2];
     CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
     CU(cudaMemcpy(dx, x, sizeof(float) * xn, cudaMemcpyHostToDevice));
-    poison(ynew, yn);
+    ct_poison(ynew, yn);
     for (int k = 0; k < 2; k++) {
         CU(cudaMalloc((void **)&dy[k], sizeof(float) * yn));
         CU(cudaMemcpy(dy[k], ynew, sizeof(float) * yn, cudaMemcpyHostToDevice));
@@ -368,8 +352,8 @@ static void transpose_case(int f, int count, int64_t stride, int64_t off, int64_
     float *x = malloc(sizeof(float) * (size_t)(n * ldx)), *yref = malloc(sizeof(float) * (size_t)(n * ldy));
     float *ygot = malloc(sizeof(float) * (size_t)(n * ldy));
     for (int64_t i = 0; i < n * ldx; i++) x[i] = frand();
-    poison(yref, (size_t)(n * ldy));
-    poison(ygot, (size_t)(n * ldy));
+    ct_poison(yref, (size_t)(n * ldy));
+    ct_poison(ygot, (size_t)(n * ldy));
     ddt_cpu_matmul_t_grouped(g_pool, &h.w, &g, x, ldx, n, yref, ldy);
     float *dx, *dy;
     CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(n * ldx)));
@@ -382,8 +366,8 @@ static void transpose_case(int f, int count, int64_t stride, int64_t off, int64_
     int64_t bad_pad = 0;
     double num = 0, den = 0;
     for (int64_t i = 0; i < n * ldy; i++) {
-        if (is_poison(&yref[i]) != is_poison(&ygot[i])) bad_pad++;
-        if (is_poison(&yref[i])) continue;
+        if (ct_is_poison(&yref[i]) != ct_is_poison(&ygot[i])) bad_pad++;
+        if (ct_is_poison(&yref[i])) continue;
         const double d = (double)ygot[i] - yref[i];
         num += d * d;
         den += (double)yref[i] * yref[i];
@@ -411,7 +395,7 @@ static void embed_case(int f, int64_t rows, int64_t cols) {
     int32_t ids[7] = {0, (int32_t)rows - 1, 3, (int32_t)rows, -1, 5, 3};
     const int64_t ldo = cols + 2;
     float *ref = malloc(sizeof(float) * (size_t)(n * ldo)), *got = malloc(sizeof(float) * (size_t)(n * ldo));
-    poison(got, (size_t)(n * ldo));
+    ct_poison(got, (size_t)(n * ldo));
     ddt_qweight dw;
     OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
     int32_t *did;
@@ -428,7 +412,7 @@ static void embed_case(int f, int64_t rows, int64_t cols) {
         if (inr) ddt_cpu_dequant(&h.w, ids[t], 0, cols, ref + t * ldo);
         for (int64_t c = 0; c < cols; c++)
             if (inr ? memcmp(&ref[t * ldo + c], &got[t * ldo + c], 4) != 0 : !isnan(got[t * ldo + c])) bad++;
-        for (int64_t c = cols; c < ldo; c++) bad += !is_poison(&got[t * ldo + c]);
+        for (int64_t c = cols; c < ldo; c++) bad += !ct_is_poison(&got[t * ldo + c]);
     }
     CHECK(bad == 0, "embed %s [%lld x %lld]: %lld wrong values", fmt_name(f), (long long)rows, (long long)cols,
           (long long)bad);

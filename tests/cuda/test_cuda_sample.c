@@ -26,12 +26,7 @@
 #include "cuda_test.h"
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
 static float gauss(void) {
     float u1 = ((float)(rnd() % 1000000) + 0.5f) / 1000000.0f, u2 = (float)(rnd() % 1000000) / 1000000.0f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);

@@ -30,12 +30,7 @@
 #include "cuda_test.h"
 
 static uint64_t g_rng = 88172645463325252ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 11); }
 static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
 
 /* ------------------------------------------------------------------ top-K */
