@@ -150,16 +150,11 @@ static ddt_status upload_cat(ddt_cuda_drafter *d, const ddt_qweight *const *host
         TRY(upload_linear(d, host[i], what[i], l, &c->part[i], err));
         c->rows[i] = c->part[i].rows;
     }
-    const ddt_qweight *parts[CAT_MAX];
+    ddt_qweight *parts[CAT_MAX];
     for (int32_t i = 0; i < n; i++) parts[i] = &c->part[i];
-    if (!ddt_cuda_qweight_concat_ok(parts, n)) return DDT_OK; /* separate products */
-    ddt_status st = ddt_cuda_qweight_concat_rows(parts, n, &c->whole, err);
-    if (st != DDT_OK) {
-        ddt_error_prefix(err, "layer %d %s..%s: ", l, what[0], what[n - 1]);
-        return st;
-    }
-    for (int32_t i = 0; i < n; i++) ddt_cuda_qweight_free(&c->part[i]);
-    return DDT_OK;
+    ddt_status st = ddt_cuda_qweight_stack_rows(parts, n, &c->whole, err); /* or separate products */
+    if (st != DDT_OK) ddt_error_prefix(err, "layer %d %s..%s: ", l, what[0], what[n - 1]);
+    return st;
 }
 
 /* y [n][ldy] columns [0, rows[0] + .. + rows[used-1]) = the first `used` parts'

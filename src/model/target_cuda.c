@@ -149,7 +149,17 @@ static ddt_status up_v(ddt_cuda_target *t, const ddt_cpu_vec *v, float **d, ddt_
     return st;
 }
 
-static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, ddt_error *err);
+/* Two projections of one input as one product (ddt_cuda_qweight_stack_rows):
+ * a and b stacked into *ab and freed, one launch fewer per use, or kept when
+ * their format cannot stack (FP8 blocks that straddle the seam).  On the FP32
+ * path each output is bitwise what the separate products give (an element's
+ * order depends on the columns only); on the tensor-core path the k-split
+ * follows the stacked row count, which changes the rounding but not batch
+ * invariance. */
+static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, ddt_error *err) {
+    ddt_qweight *const parts[2] = {a, b};
+    return ddt_cuda_qweight_stack_rows(parts, 2, ab, err);
+}
 
 static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
     ddt_status st;
@@ -159,36 +169,13 @@ static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, d
     return up_w(t, &h->down, &d->down, err);
 }
 
-/* Two projections of one input as one product: a, b stacked by rows into *ab
- * (ddt_cuda_qweight_concat_rows) and freed, one launch fewer per use.  On the
- * FP32 path each output is bitwise what the separate products give (an
- * element's order depends on the columns only); on the tensor-core path the
- * k-split follows the stacked row count, which changes the rounding but not
- * batch invariance.  Formats that cannot stack (FP8 blocks that straddle the
- * seam) keep the separate products. */
-static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, ddt_error *err) {
-    const ddt_qweight *parts[2] = {a, b};
-    if (!ddt_cuda_qweight_concat_ok(parts, 2)) return DDT_OK;
-    ddt_status st = ddt_cuda_qweight_concat_rows(parts, 2, ab, err);
-    if (st != DDT_OK) return st;
-    ddt_cuda_qweight_free(a);
-    ddt_cuda_qweight_free(b);
-    return DDT_OK;
-}
-
 /* A MoE layer's three products of the normed input on the FP32 path, the
  * router's and the shared expert's gate and up, as one (bitwise the three: an
  * element's order depends on the columns only).  The router always runs the
  * FP32 path, so with the tensor cores the shared expert keeps its own. */
 static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
     if (t->mm != DDT_CUDA_MM_FP32 || !d->has_shared || !d->shared.gate_up.data) return DDT_OK;
-    const ddt_qweight *parts[2] = {&d->router, &d->shared.gate_up};
-    if (!ddt_cuda_qweight_concat_ok(parts, 2)) return DDT_OK;
-    ddt_status st = ddt_cuda_qweight_concat_rows(parts, 2, &d->front, err);
-    if (st != DDT_OK) return st;
-    ddt_cuda_qweight_free(&d->router);
-    ddt_cuda_qweight_free(&d->shared.gate_up);
-    return DDT_OK;
+    return stack_pair(&d->router, &d->shared.gate_up, &d->front, err);
 }
 
 /* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
@@ -739,7 +726,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             } else {
                 TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, qa_ld, s, err));
             }
-            if (kva == t->kva) TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
+            if (!L->qkv_a.data) TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
             /* both latents' norms in one launch (the same bits as two) */
             const ddt_cuda_norm_job jobs[2] = {{t->qa, qa_ld, t->dims.q_lora, L->q_a_norm, t->qa, qa_ld},
                                                {kva, kva_ld, rank, L->kv_a_norm, t->kvn, rank}};

@@ -564,40 +564,6 @@ extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int6
 #define MT_U 16        /* weight rows a thread loads at once */
 #define MT_XR 256      /* x rows staged in shared memory per pass (a multiple of MT_U) */
 
-/* Weight element (row, col) split in two: the raw bits (and the FP8 / INT4
- * scale), loaded together for MT_U rows before any is used, then the value,
- * decoded with exactly qdeq_elem's operations (mt_decode). */
-template <int F>
-static __device__ __forceinline__ void mt_load(const ddt_qweight &w, int64_t row, int64_t col, uint32_t &bits,
-                                               float &scale) {
-    if (F == QF_F32) {
-        bits = ((const uint32_t *)w.data)[row * w.cols + col];
-    } else if (F == QF_BF16 || F == QF_F16) {
-        bits = ((const uint16_t *)w.data)[row * w.cols + col];
-    } else if (F == QF_FP8) {
-        bits = ((const uint8_t *)w.data)[row * w.cols + col];
-        const int64_t scols = (w.cols + w.block - 1) / w.block;
-        scale = w.scale_inv[(row / w.block) * scols + col / w.block];
-    } else {
-        const int64_t words = (w.cols + 7) / 8, groups = (w.cols + w.group - 1) / w.group;
-        bits = ((const uint32_t *)w.data)[row * words + (col >> 3)];
-        scale = __uint_as_float((uint32_t)w.scale[row * groups + col / w.group] << 16);
-    }
-}
-
-template <int F> static __device__ __forceinline__ float mt_decode(uint32_t bits, float scale, int64_t col) {
-    if (F == QF_F32) return __uint_as_float(bits);
-    if (F == QF_BF16) return __uint_as_float(bits << 16);
-    if (F == QF_F16) return __half2float(__ushort_as_half((unsigned short)bits));
-    if (F == QF_FP8) {
-        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)bits, __NV_E4M3);
-        const float f = __half2float(*reinterpret_cast<__half *>(&hr));
-        return f * scale;
-    }
-    const int32_t q = (int32_t)((bits >> (4 * (col & 7))) & 0xFu) - 8;
-    return (float)q * scale;
-}
-
 /* Rows [i0, i0 + MT_U) of column j from weight row wrow0 + i0 on, those below
  * `rows`; nothing for a thread without a column (j < 0). */
 template <int F>
@@ -607,7 +573,7 @@ static __device__ __forceinline__ void mt_fetch(const ddt_qweight &w, int64_t wr
     for (int k = 0; k < MT_U; k++) {
         bits[k] = 0;
         scale[k] = 0.0f;
-        if (j >= 0 && i0 + k < rows) mt_load<F>(w, wrow0 + i0 + k, j, bits[k], scale[k]);
+        if (j >= 0 && i0 + k < rows) qelem_load<F>(w, wrow0 + i0 + k, j, bits[k], scale[k]);
     }
 }
 
@@ -651,7 +617,7 @@ mt_kernel(const ddt_qweight w, const ddt_row_groups g, const float *__restrict__
             mt_fetch<F>(w, wrow0, r0 + i0 + MT_U, rows, j, nb, nsc); /* the next batch, in flight meanwhile */
             float wv[MT_U];
 #pragma unroll
-            for (int k = 0; k < MT_U; k++) wv[k] = mt_decode<F>(wb[k], ws[k], j);
+            for (int k = 0; k < MT_U; k++) wv[k] = qelem_decode<F>(wb[k], ws[k], j);
 #pragma unroll
             for (int t = 0; t < MT_TB; t++) {
                 float xv[MT_U];
@@ -881,6 +847,17 @@ extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *par
         return st;
     }
     *out = o;
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_qweight_stack_rows(ddt_qweight *const *parts, int32_t count, ddt_qweight *out,
+                                                  ddt_error *err) {
+    if (!out) return ddt_fail(err, DDT_ERR_INVALID, "qweight_stack_rows: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_qweight_concat_ok(parts, count)) return DDT_OK; /* separate products */
+    ddt_status st = ddt_cuda_qweight_concat_rows(parts, count, out, err);
+    if (st != DDT_OK) return st;
+    for (int32_t i = 0; i < count; i++) ddt_cuda_qweight_free(parts[i]);
     return DDT_OK;
 }
 

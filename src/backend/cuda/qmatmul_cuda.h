@@ -130,6 +130,12 @@ bool ddt_cuda_qweight_concat_ok(const ddt_qweight *const *parts, int32_t count);
 ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *parts, int32_t count, ddt_qweight *out,
                                         ddt_error *err);
 
+/* Projections of one input made one product where the format allows: when the
+ * parts concatenate (ddt_cuda_qweight_concat_ok), *out = their stacked copy
+ * (ddt_cuda_qweight_concat_rows) and every part is freed; when they do not,
+ * *out stays empty and the parts are kept, for separate products.  Load time. */
+ddt_status ddt_cuda_qweight_stack_rows(ddt_qweight *const *parts, int32_t count, ddt_qweight *out, ddt_error *err);
+
 /* Embedding gather: out[t][0..cols) = dequantised row ids[t] of w (ids is a
  * device array of n ids, each checked against rows: an id out of range writes
  * NaN to its row).  out row stride ldo. */

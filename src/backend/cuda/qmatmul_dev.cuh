@@ -311,28 +311,57 @@ static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *c
         }
 }
 
-/* One element dequantised exactly as ddt_cpu_dequant does (for x W and the embedding). */
+/* One weight element (row, col) dequantised exactly as ddt_cpu_dequant does, in
+ * two steps so a caller can issue many loads before it decodes any (the x W
+ * kernel): qelem_load fetches the raw bits (and the FP8 / INT4 scale),
+ * qelem_decode turns them into the value. */
+template <int F>
+static __device__ __forceinline__ void qelem_load(const ddt_qweight &w, int64_t row, int64_t col, uint32_t &bits,
+                                                  float &scale) {
+    if (F == QF_F32) {
+        bits = ((const uint32_t *)w.data)[row * w.cols + col];
+    } else if (F == QF_BF16 || F == QF_F16) {
+        bits = ((const uint16_t *)w.data)[row * w.cols + col];
+    } else if (F == QF_FP8) {
+        bits = ((const uint8_t *)w.data)[row * w.cols + col];
+        const int64_t scols = (w.cols + w.block - 1) / w.block;
+        scale = w.scale_inv[(row / w.block) * scols + col / w.block];
+    } else {
+        const int64_t words = (w.cols + 7) / 8, groups = (w.cols + w.group - 1) / w.group;
+        bits = ((const uint32_t *)w.data)[row * words + (col >> 3)];
+        scale = __uint_as_float((uint32_t)w.scale[row * groups + col / w.group] << 16);
+    }
+}
+
+template <int F> static __device__ __forceinline__ float qelem_decode(uint32_t bits, float scale, int64_t col) {
+    if (F == QF_F32) return __uint_as_float(bits);
+    if (F == QF_BF16) return __uint_as_float(bits << 16);
+    if (F == QF_F16) return __half2float(__ushort_as_half((unsigned short)bits));
+    if (F == QF_FP8) {
+        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)bits, __NV_E4M3);
+        const float f = __half2float(*reinterpret_cast<__half *>(&hr));
+        return f * scale;
+    }
+    const int32_t q = (int32_t)((bits >> (4 * (col & 7))) & 0xFu) - 8;
+    return (float)q * scale;
+}
+
+template <int F> static __device__ __forceinline__ float qelem(const ddt_qweight &w, int64_t row, int64_t col) {
+    uint32_t bits;
+    float scale = 0.0f;
+    qelem_load<F>(w, row, col, bits, scale);
+    return qelem_decode<F>(bits, scale, col);
+}
+
+/* The same for a format known only at run time (the embedding). */
 static __device__ __forceinline__ float qdeq_elem(const ddt_qweight &w, int64_t row, int64_t col) {
     switch (w.format) {
     case DDT_Q_DENSE:
-        if (w.dtype == DDT_DTYPE_F32) return ((const float *)w.data)[row * w.cols + col];
-        if (w.dtype == DDT_DTYPE_BF16)
-            return __uint_as_float((uint32_t)((const uint16_t *)w.data)[row * w.cols + col] << 16);
-        return __half2float(__ushort_as_half(((const uint16_t *)w.data)[row * w.cols + col]));
-    case DDT_Q_FP8_BLOCK: {
-        const uint8_t q = ((const uint8_t *)w.data)[row * w.cols + col];
-        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, __NV_E4M3);
-        const float f = __half2float(*reinterpret_cast<__half *>(&hr));
-        const int64_t scols = (w.cols + w.block - 1) / w.block;
-        return f * w.scale_inv[(row / w.block) * scols + col / w.block];
-    }
-    case DDT_Q_INT4_GROUP: {
-        const int64_t words = (w.cols + 7) / 8, groups = (w.cols + w.group - 1) / w.group;
-        const uint32_t p = ((const uint32_t *)w.data)[row * words + (col >> 3)];
-        const int32_t q = (int32_t)((p >> (4 * (col & 7))) & 0xFu) - 8;
-        const float s = __uint_as_float((uint32_t)w.scale[row * groups + col / w.group] << 16);
-        return (float)q * s;
-    }
+        if (w.dtype == DDT_DTYPE_F32) return qelem<QF_F32>(w, row, col);
+        if (w.dtype == DDT_DTYPE_BF16) return qelem<QF_BF16>(w, row, col);
+        return qelem<QF_F16>(w, row, col);
+    case DDT_Q_FP8_BLOCK: return qelem<QF_FP8>(w, row, col);
+    case DDT_Q_INT4_GROUP: return qelem<QF_INT4>(w, row, col);
     }
     return __int_as_float(0x7FC00000);
 }
