@@ -15,7 +15,8 @@
 #   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
 #   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
 #   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv); ncu-round = every kernel's time in
-#   a short generate of the shipped pair (ar, tree 64, tree 64 at T = 1: $OUT/ncu-round-*.csv.gz).
+#   a short generate of the shipped pair (ar, tree 64, tree 64 at T = 1: $OUT/ncu-round-*.csv.gz,
+#   summed per kernel by scripts/ncu-sum.py into $OUT/ncu-round-sum.md).
 # Exit status: non-zero when any test fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -139,6 +140,7 @@ for s in "${steps[@]}"; do
         $B/ddtree generate --backend cuda --model models/pystdlib-target --draft models/pystdlib-dflash \
             --prompt "def parse_args(argv):" --max-tokens 40 --json --mode $m | tail -c 1500
       done 2>&1 | tee -a "$OUT/ncu-round.log"
+      python3 scripts/ncu-sum.py "$OUT"/ncu-round-*.csv.gz > "$OUT/ncu-round-sum.md" 2>&1
       # the timeline inside the graph (start and end of every kernel node): the gaps between kernels
       if command -v nsys >/dev/null; then
         nsys profile -f true -o /tmp/ddt-round --cuda-graph-trace=node $B/ddtree generate --backend cuda \

@@ -425,6 +425,61 @@ static void embed_case(int f, int64_t rows, int64_t cols) {
     free_weight(&h);
 }
 
+/* The FP32 path's warp shape (rows x tokens a warp) changes which warp computes
+ * an output, never its arithmetic: every shape gives the library's choice bit
+ * for bit, grouped (3 groups) with NaN-poisoned padding; a shape outside 1/2/4
+ * is refused. */
+static void shape_case(int f, int64_t rows, int64_t cols, int n) {
+    const ddt_row_groups g = {3, rows + 5, 2, rows, cols + 3, rows + 1};
+    const int64_t ldx = 2 * g.x_stride + cols + 1, ldy = 2 * g.y_stride + rows + 2;
+    hw h = make_weight(f, 3 * (rows + 5), cols);
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    float *x = malloc(sizeof(float) * (size_t)(n * ldx));
+    float *want = malloc(sizeof(float) * (size_t)(n * ldy)), *got = malloc(sizeof(float) * (size_t)(n * ldy));
+    for (int64_t i = 0; i < n * ldx; i++) x[i] = frand();
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(n * ldx)));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)(n * ldy)));
+    CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
+    ct_poison(want, (size_t)(n * ldy));
+    CU(cudaMemcpy(dy, want, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
+    OK(ddt_cuda_matmul_grouped(&dw, &g, dx, ldx, n, dy, ldy, NULL, &err_));
+    CU(cudaMemcpy(want, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+    int64_t written = 0;
+    for (int64_t i = 0; i < n * ldy; i++) written += !ct_is_poison(&want[i]);
+    CHECK(written == (int64_t)n * 3 * rows, "%s shape case: %lld outputs written, want %lld", fmt_name(f),
+          (long long)written, (long long)n * 3 * rows);
+    static const int sh[] = {1, 2, 4};
+    int diff = 0;
+    for (int ri = 0; ri < 3; ri++)
+        for (int ti = 0; ti < 3; ti++) {
+            ct_poison(got, (size_t)(n * ldy));
+            CU(cudaMemcpy(dy, got, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
+            OK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, sh[ri], sh[ti], NULL,
+                                             &err_));
+            CU(cudaMemcpy(got, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+            if (memcmp(got, want, sizeof(float) * (size_t)(n * ldy)) != 0) {
+                diff++;
+                CHECK(0, "%s [%lld x %lld] n=%d: warp shape %d x %d differs from the default", fmt_name(f),
+                      (long long)rows, (long long)cols, n, sh[ri], sh[ti]);
+            }
+        }
+    ddt_error e2;
+    CHECK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, 3, 1, NULL, &e2) ==
+              DDT_ERR_INVALID,
+          "warp shape 3 x 1 not refused");
+    printf("%-4s warp shapes [%4lld x %4lld] x3 groups n=%2d: all 9 bitwise the default: %s\n", fmt_name(f),
+           (long long)rows, (long long)cols, n, diff ? "NO" : "yes");
+    ddt_cuda_qweight_free(&dw);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(x);
+    free(want);
+    free(got);
+    free_weight(&h);
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     ddt_error err;
@@ -449,6 +504,16 @@ int main(int argc, char **argv) {
                 }
             }
         embed_case(f, 37, f == 4 ? 160 : 131);
+    }
+    /* every FP32 warp shape, bitwise the default: odd rows and columns, token
+       counts that leave every remainder of 2 and 4 */
+    {
+        static const int sns[] = {1, 3, 5, 17, 66};
+        for (int f = 0; f < 5; f++)
+            for (int i = 0; i < 5; i++) {
+                if (quick && i % 2) continue;
+                shape_case(f, f == 4 ? 37 : 39, f == 4 ? 96 : 133, sns[i]);
+            }
     }
     /* the tensor-core path: BF16, FP8, INT4 (and F32 / F16 falling back) */
     {

@@ -31,7 +31,6 @@
 #include "backend/cuda/wstream.cuh"
 
 #define MM_WARPS 4 /* warps per block of the x W^T kernel */
-#define MM_R 4     /* weight rows per warp */
 
 /* ------------------------------------------------------------------ sizes */
 
@@ -195,23 +194,25 @@ struct MMArgs {
 
 /* One warp per (R-row block, TB-token block); the token block is the fastest
  * index, so the warps that read the same weight rows run side by side and share
- * those lines in L2/L1 instead of re-reading them from DRAM. */
-template <int F, int TB, int U>
+ * those lines in L2/L1 instead of re-reading them from DRAM.  R and TB only say
+ * which warp computes an output: every (row, token) is the same lane sums and the
+ * same butterfly for any R, TB or U (warp_dot), so the choice may follow n. */
+template <int F, int R, int TB, int U>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     DDT_GRID_DEP_WAIT();
     const int lane = threadIdx.x & 31;
-    const int64_t rblocks = (a.rows + MM_R - 1) / MM_R;
+    const int64_t rblocks = (a.rows + R - 1) / R;
     const int64_t tblocks = (a.n + TB - 1) / TB;
     const int64_t wid = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     if (wid >= rblocks * a.count * tblocks) return; /* whole warp leaves together */
     const int64_t rb = wid / tblocks;
     const int32_t t0 = (int32_t)(wid % tblocks) * TB;
-    const int64_t g = rb / rblocks, o0 = (rb % rblocks) * MM_R;
-    int64_t row[MM_R];
-    const uint8_t *wd[MM_R];
-    const void *ws[MM_R];
+    const int64_t g = rb / rblocks, o0 = (rb % rblocks) * R;
+    int64_t row[R];
+    const uint8_t *wd[R];
+    const void *ws[R];
 #pragma unroll
-    for (int r = 0; r < MM_R; r++) {
+    for (int r = 0; r < R; r++) {
         wd[r] = a.W.data;
         ws[r] = a.W.scale;
         const int64_t o = o0 + r < a.rows ? o0 + r : a.rows - 1; /* spare rows recompute the last one */
@@ -221,29 +222,64 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
     const float *xr[TB];
 #pragma unroll
     for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
-    float out[MM_R][TB];
-    warp_dot<F, MM_R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
+    float out[R][TB];
+    warp_dot<F, R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
 #pragma unroll
-    for (int r = 0; r < MM_R; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < TB; t++)
             if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
                 a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
 }
 
-template <int F, int TB, int U>
-static void mm_launch_tb(const MMArgs &a, cudaStream_t s) {
-    const int64_t warps = (a.rows + MM_R - 1) / MM_R * a.count * ((a.n + TB - 1) / TB);
-    const unsigned blocks = (unsigned)((warps + MM_WARPS - 1) / MM_WARPS);
-    mm_kernel<F, TB, U><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+static int64_t mm_warps(const MMArgs &a, int R, int TB) {
+    return (a.rows + R - 1) / R * a.count * ((a.n + TB - 1) / TB);
+}
+
+template <int F, int R, int TB, int U>
+static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
+    const unsigned blocks = (unsigned)((mm_warps(a, R, TB) + MM_WARPS - 1) / MM_WARPS);
+    mm_kernel<F, R, TB, U><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+}
+
+/* The warp shape for a product.  These products are latency bound at the few
+ * tokens of a round (cuda_bench_mm: 2-25 us for 0.1-2 MB), and three things set
+ * the time: the bytes the warps pull through L2 / L1 (each warp reads its R
+ * weight rows and its TB activation rows, so x is re-read rows / R times and W
+ * n / TB times), each warp's dependent chain (R x TB outputs x its chunks per
+ * lane), and the number of warps.  The cost below weighs them as fitted to
+ * cuda_bench_mm's table of every shape at the shipped pair's products and n = 1,
+ * 16, 65 on the H200 (0.3 us per MB, 0.5 per chain step, 2 per 1000 warps; its
+ * picks are within 0.5% of the best shape summed over the table, the old fixed
+ * R = 4 and TB by n 14% over).  A choice that follows n is safe: the arithmetic
+ * does not depend on the shape (warp_dot). */
+static void mm_choose(const MMArgs &a, int *R, int *TB) {
+    double best = 0;
+    const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
+    for (int r = 4; r >= 1; r /= 2)
+        for (int tb = 1; tb <= 4; tb *= 2) {
+            if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
+            const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
+            const double mb = (rb * a.n * (double)a.W.cols * 4.0 + tbl * (double)a.rows * a.count * (double)a.W.row_bytes) / 1e6;
+            const double chain = (double)r * (tb < a.n ? tb : a.n) * (double)kc;
+            const double cost = 0.3 * mb + 0.5 * chain + 2.0 * rb * tbl / 1000.0;
+            if (best == 0 || cost < best) best = cost, *R = r, *TB = tb;
+        }
+}
+
+template <int F, int R>
+static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
+    if (TB == 1) mm_launch_shape<F, R, 1, 4>(a, s);
+    else if (TB == 2) mm_launch_shape<F, R, 2, 2>(a, s);
+    else mm_launch_shape<F, R, 4, 1>(a, s);
 }
 
 template <int F>
-static void mm_launch(const MMArgs &a, cudaStream_t s) {
-    /* fewer tokens per warp leave registers for more loads in flight */
-    if (a.n == 1) mm_launch_tb<F, 1, 4>(a, s);
-    else if (a.n == 2) mm_launch_tb<F, 2, 2>(a, s);
-    else mm_launch_tb<F, 4, 1>(a, s);
+static void mm_launch(const MMArgs &a, int R, int TB, cudaStream_t s) {
+    if (R == 0) mm_choose(a, &R, &TB);
+    if (R == 1) mm_launch_r<F, 1>(a, TB, s);
+    else if (R == 2) mm_launch_r<F, 2>(a, TB, s);
+    else mm_launch_r<F, 4>(a, TB, s);
 }
 
 static ddt_status check_groups(const ddt_qweight *w, const ddt_row_groups *g, const char *what, ddt_error *err) {
@@ -508,14 +544,26 @@ extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_ro
 extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode,
                                                    const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                                                    float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
+    return ddt_cuda_matmul_grouped_shape(w, mode, g, x, ldx, n, y, ldy, 0, 0, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode mode,
+                                                    const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
+                                                    float *y, int64_t ldy, int32_t warp_rows, int32_t warp_tokens,
+                                                    ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "matmul", err);
     if (st != DDT_OK) return st;
     if ((st = check_groups(w, g, "matmul", err)) != DDT_OK) return st;
     if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul: %d tokens", n);
-    if ((int64_t)g->count * ((g->rows + MM_R - 1) / MM_R) * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
+    if ((warp_rows != 0 || warp_tokens != 0) &&
+        !((warp_rows == 1 || warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul: warp shape %d rows x %d tokens (1, 2 or 4 each, or both 0)",
+                        warp_rows, warp_tokens);
+    if ((int64_t)g->count * g->rows * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
         return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
     MMArgs a;
     set_product(a, g, x, ldx, n, y, ldy);
+    const int R = warp_rows, TB = warp_tokens; /* 0, 0: mm_launch chooses */
     cudaStream_t s = (cudaStream_t)stream;
     if (mode != DDT_CUDA_MM_FP32 && mode != DDT_CUDA_MM_TENSOR)
         return ddt_fail(err, DDT_ERR_INVALID, "matmul: unknown mode %d", (int)mode);
@@ -535,11 +583,11 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cud
         return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
     }
     switch (qfmt_of(*w)) {
-    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, s); break;
-    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, s); break;
-    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16>(a, s); break;
-    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8>(a, s); break;
-    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4>(a, s); break;
+    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, R, TB, s); break;
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, R, TB, s); break;
+    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16>(a, R, TB, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8>(a, R, TB, s); break;
+    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4>(a, R, TB, s); break;
     }
     DDT_CUDA_LAUNCHED("matmul", s, err);
     return DDT_OK;

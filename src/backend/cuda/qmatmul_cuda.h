@@ -91,6 +91,15 @@ ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, con
 ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
                                         const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
                                         ddt_cuda_stream stream, ddt_error *err);
+/* The same with the FP32 path's warp shape given: each warp computes warp_rows
+ * (1, 2 or 4) weight rows for warp_tokens (1, 2 or 4) tokens; 0 and 0 let the
+ * library choose (what the two above do).  The results are bitwise the same for
+ * every shape (the contract above); benchmarks and tests use this to measure
+ * and check that.  The tensor-core path ignores the shape. */
+ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
+                                         const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                         int32_t warp_rows, int32_t warp_tokens, ddt_cuda_stream stream,
+                                         ddt_error *err);
 
 /* The transposed product y = x W (MLA's q_lat = q_nope W_UK):
  * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j],
