@@ -23,8 +23,10 @@
  * are one product over row-stacked weights (k, v, q: the append reads the k, v
  * prefix of the same weight; gate, up), the per-head norms, RoPE and the K/V
  * store are one kernel (ddt_dflash_qkv_prep), and every residual add runs with
- * the norm after it (ddt_cuda_add_rmsnorm; the last layer's with the final norm).
- * Per layer: draft 10 launches (was 18), append 2 (was 4).
+ * the norm after it (ddt_cuda_add_rmsnorm; the last layer's with the final norm),
+ * and the SiLU-gated product is computed inside the down projection's
+ * activation load (ddt_cuda_matmul_silu, bitwise silu_mul then down).
+ * Per layer: draft 8 launches (was 18), append 2 (was 4).
  */
 #include "model/drafter_cuda.h"
 
@@ -101,7 +103,7 @@ struct ddt_cuda_drafter {
     float *kvq;                /* [max(PREFIX_CHUNK, L)][2 kvd + qd]: raw k | v | q projections */
     float *x, *xn, *tmp;       /* [L][H] */
     float *q, *o;              /* [L][qd]: normed, rotated queries; attention output */
-    float *gu;                 /* [L][2 inter]: gate | up, then silu(gate) * up in the gate half */
+    float *gu;                 /* [L][2 inter]: gate | up (the down product computes silu(gate) * up) */
     float *attn_scratch;       /* ddt_dflash_attn_scratch_floats */
 };
 
@@ -485,8 +487,7 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
         TRY(ddt_cuda_matmul(&Y->o_proj, d->o, qd, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, Y->mlp_norm, eps, d->xn, H, s, err));
         TRY(cat_matmul(&Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
-        TRY(ddt_cuda_silu_mul(d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, I, s, err));
-        TRY(ddt_cuda_matmul(&Y->down, d->gu, 2 * (int64_t)I, L, d->tmp, H, s, err));
+        TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s, err));
         if (l + 1 < d->dims.n_layers) {
             TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, d->layers[l + 1].attn_norm, eps, d->xn, H, s, err));
         } else {

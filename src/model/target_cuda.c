@@ -655,12 +655,12 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
     } while (0)
 
 /* out[n][hidden] = down(silu(g) * u) from gate | up already side by side at gu
- * (row stride ld; g is overwritten). */
+ * (row stride ld): one launch on the FP32 path (ddt_cuda_matmul_silu_mode, bitwise
+ * silu_mul then down); with the tensor cores those two, g overwritten. */
 static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
                            ddt_error *err) {
     const int64_t inter = m->down.cols;
-    TRY(ddt_cuda_silu_mul(gu, ld, gu + inter, ld, n, (int32_t)inter, t->stream, err));
-    return ddt_cuda_matmul_mode(&m->down, t->mm, gu, ld, n, out, t->dims.hidden, t->stream, err);
+    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, t->stream, err);
 }
 
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) */
@@ -673,8 +673,8 @@ static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float 
     }
     TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter, t->stream, err));
     TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter, t->stream, err));
-    TRY(ddt_cuda_silu_mul(t->g, inter, t->u, inter, n, (int32_t)inter, t->stream, err));
-    return ddt_cuda_matmul_mode(&m->down, t->mm, t->g, inter, n, out, t->dims.hidden, t->stream, err);
+    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, t->g, inter, t->u, inter, n, out, t->dims.hidden, t->stream,
+                                     err);
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/norm_dev.cuh"
+#include "backend/cuda/silu_dev.cuh"
 
 #define EW_THREADS 256
 
@@ -93,9 +94,10 @@ static __global__ void silu_mul_kernel(float *g, int64_t ldg, const float *__res
     DDT_GRID_DEP_WAIT();
     float *gr = g + (int64_t)blockIdx.y * ldg;
     const float *ur = u + (int64_t)blockIdx.y * ldu;
+    /* silu_dev.cuh's expression: ddt_cuda_matmul_silu recomputes it bit for bit */
     for (int i = blockIdx.x * EW_THREADS + threadIdx.x; i < dim; i += gridDim.x * EW_THREADS) {
-        float v = gr[i];
-        gr[i] = v / (1.0f + expf(-v)) * ur[i];
+        const float v = gr[i];
+        gr[i] = silu_mul1(v, ur[i]);
     }
 }
 

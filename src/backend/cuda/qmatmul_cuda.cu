@@ -9,6 +9,11 @@
  * value loaded from L1 feed 4 weight rows (the activations are read far more
  * often than the weights, and L1 bandwidth is the next wall after DRAM).
  *
+ * x W^T with gated activations (ddt_cuda_matmul_silu): the same kernel with
+ * GATED = true, whose activation load computes silu(g) * u from the gate and up
+ * rows (qmatmul_dev.cuh), so a gated MLP's SiLU and down projection are one
+ * launch, bitwise the two.
+ *
  * x W^T on tensor cores (DDT_CUDA_MM_TENSOR): wstream.cuh's weight-streaming
  * kernel over the packed copy ddt_cuda_qweight_pack makes at load, one block per
  * (token block of up to 64, k-split, 16*MT rows, group); n picks the n-tile count
@@ -26,6 +31,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
 #include "backend/cuda/wstream.cuh"
@@ -184,8 +190,10 @@ struct MMArgs {
     QView W;
     int64_t w_row_stride, w_row_offset, rows;
     int32_t count;
-    const float *x;
+    const float *x; /* GATED: the gate rows */
     int64_t ldx, x_stride;
+    const float *u; /* GATED: the up rows (row stride ldu, groups at x_stride); else unused */
+    int64_t ldu;
     int32_t n;
     float *y;
     int64_t ldy, y_stride;
@@ -196,8 +204,12 @@ struct MMArgs {
  * index, so the warps that read the same weight rows run side by side and share
  * those lines in L2/L1 instead of re-reading them from DRAM.  R and TB only say
  * which warp computes an output: every (row, token) is the same lane sums and the
- * same butterfly for any R, TB or U (warp_dot), so the choice may follow n. */
-template <int F, int R, int TB, int U>
+ * same butterfly for any R, TB or U (warp_dot), so the choice may follow n.
+ * GATED: activation j is silu(x[j]) * u[j] (ddt_cuda_matmul_silu).  Every warp
+ * computes the SiLU of the activations it reads, i.e. rows / R times per element
+ * instead of once: ALU work the launch it saves pays for while the products are
+ * small (the drafter, a decode step); measure before using it on large n. */
+template <int F, int R, int TB, int U, bool GATED>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     DDT_GRID_DEP_WAIT();
     const int lane = threadIdx.x & 31;
@@ -219,11 +231,15 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
         row[r] = g * a.w_row_stride + a.w_row_offset + o;
     }
     const int ntok = a.n - t0 < TB ? a.n - t0 : TB;
-    const float *xr[TB];
+    const float *xr[TB], *ur[TB];
 #pragma unroll
-    for (int t = 0; t < TB; t++) xr[t] = a.x + (int64_t)(t0 + (t < ntok ? t : 0)) * a.ldx + g * a.x_stride;
+    for (int t = 0; t < TB; t++) {
+        const int64_t tok = t0 + (t < ntok ? t : 0);
+        xr[t] = a.x + tok * a.ldx + g * a.x_stride;
+        ur[t] = GATED ? a.u + tok * a.ldu + g * a.x_stride : xr[t];
+    }
     float out[R][TB];
-    warp_dot<F, R, TB, U>(a.W, wd, ws, row, xr, ntok, a.xvec, out);
+    warp_dot_act<F, R, TB, U, GATED>(a.W, wd, ws, row, xr, ur, ntok, a.xvec, out);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -236,10 +252,10 @@ static int64_t mm_warps(const MMArgs &a, int R, int TB) {
     return (a.rows + R - 1) / R * a.count * ((a.n + TB - 1) / TB);
 }
 
-template <int F, int R, int TB, int U>
+template <int F, int R, int TB, int U, bool GATED>
 static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
     const unsigned blocks = (unsigned)((mm_warps(a, R, TB) + MM_WARPS - 1) / MM_WARPS);
-    mm_kernel<F, R, TB, U><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    mm_kernel<F, R, TB, U, GATED><<<blocks, MM_WARPS * 32, 0, s>>>(a);
 }
 
 /* The warp shape for a product.  These products are latency bound at the few
@@ -252,13 +268,15 @@ static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
  * 16, 65 on the H200 (0.3 us per MB, 0.5 per chain step, 2 per 1000 warps; its
  * picks are within 0.5% of the best shape summed over the table, the old fixed
  * R = 4 and TB by n 14% over).  A choice that follows n is safe: the arithmetic
- * does not depend on the shape (warp_dot). */
-static void mm_choose(const MMArgs &a, int *R, int *TB) {
+ * does not depend on the shape (warp_dot).  The gated products, rarer, have
+ * TB 1 and 4 only (fewer kernels to compile). */
+static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
     double best = 0;
     const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
     for (int r = 4; r >= 1; r /= 2)
         for (int tb = 1; tb <= 4; tb *= 2) {
             if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
+            if (gated && tb == 2) continue;
             const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
             const double mb = (rb * a.n * (double)a.W.cols * 4.0 + tbl * (double)a.rows * a.count * (double)a.W.row_bytes) / 1e6;
             const double chain = (double)r * (tb < a.n ? tb : a.n) * (double)kc;
@@ -267,19 +285,35 @@ static void mm_choose(const MMArgs &a, int *R, int *TB) {
         }
 }
 
-template <int F, int R>
+template <int F, int R, bool GATED>
 static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
-    if (TB == 1) mm_launch_shape<F, R, 1, 4>(a, s);
-    else if (TB == 2) mm_launch_shape<F, R, 2, 2>(a, s);
-    else mm_launch_shape<F, R, 4, 1>(a, s);
+    /* fewer tokens per warp leave registers for more loads in flight */
+    if (TB == 1) mm_launch_shape<F, R, 1, 4, GATED>(a, s);
+    else if constexpr (!GATED) {
+        if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
+        else mm_launch_shape<F, R, 4, 1, false>(a, s);
+    } else mm_launch_shape<F, R, 4, 1, true>(a, s);
 }
 
-template <int F>
+template <int F, bool GATED>
 static void mm_launch(const MMArgs &a, int R, int TB, cudaStream_t s) {
-    if (R == 0) mm_choose(a, &R, &TB);
-    if (R == 1) mm_launch_r<F, 1>(a, TB, s);
-    else if (R == 2) mm_launch_r<F, 2>(a, TB, s);
-    else mm_launch_r<F, 4>(a, TB, s);
+    if (R == 0) mm_choose(a, GATED, &R, &TB);
+    if (R == 1) mm_launch_r<F, 1, GATED>(a, TB, s);
+    else if (R == 2) mm_launch_r<F, 2, GATED>(a, TB, s);
+    else mm_launch_r<F, 4, GATED>(a, TB, s);
+}
+
+/* The FP32 path's launch for the weight's format (R, TB: the warp shape, 0 and
+ * 0 to choose). */
+template <bool GATED>
+static void mm_dispatch(const ddt_qweight *w, MMArgs &a, int R, int TB, cudaStream_t s) {
+    switch (qfmt_of(*w)) {
+    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32, GATED>(a, R, TB, s); break;
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16, GATED>(a, R, TB, s); break;
+    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16, GATED>(a, R, TB, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8, GATED>(a, R, TB, s); break;
+    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4, GATED>(a, R, TB, s); break;
+    }
 }
 
 static ddt_status check_groups(const ddt_qweight *w, const ddt_row_groups *g, const char *what, ddt_error *err) {
@@ -541,6 +575,34 @@ extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_ro
     return ddt_cuda_matmul_grouped_mode(w, DDT_CUDA_MM_FP32, g, x, ldx, n, y, ldy, stream, err);
 }
 
+/* The checks of an x W^T product, and which path takes it: *tc when the
+ * tensor-core path does (mode TENSOR, an eligible weight, groups on the packed
+ * layout's m-tiles: a shape property, never n), else the FP32 path. */
+static ddt_status mm_check(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g, int32_t n,
+                           const float *x, const float *y, bool *tc, ddt_error *err) {
+    ddt_status st = check_weight(w, "matmul", err);
+    if (st != DDT_OK) return st;
+    if ((st = check_groups(w, g, "matmul", err)) != DDT_OK) return st;
+    if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul: %d tokens", n);
+    if ((int64_t)g->count * g->rows * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
+        return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
+    if (mode != DDT_CUDA_MM_FP32 && mode != DDT_CUDA_MM_TENSOR)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul: unknown mode %d", (int)mode);
+    if (qfmt_of(*w) == QF_INT4 && (w->group != 32 || w->cols % 32 != 0 || !qview_make<QF_INT4>(*w).wvec))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
+                        "multiple of 32 and 16-byte aligned data",
+                        (long long)w->rows, (long long)w->cols, w->group);
+    *tc = mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(w) && g->w_row_stride % 16 == 0 &&
+          g->w_row_offset % 16 == 0;
+    if (*tc && !w->mma)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul: tensor-core mode on a weight [%lld, %lld] that was not packed "
+                        "(ddt_cuda_qweight_pack)",
+                        (long long)w->rows, (long long)w->cols);
+    return DDT_OK;
+}
+
 extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode,
                                                    const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                                                    float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
@@ -551,44 +613,20 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cu
                                                     const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                                                     float *y, int64_t ldy, int32_t warp_rows, int32_t warp_tokens,
                                                     ddt_cuda_stream stream, ddt_error *err) {
-    ddt_status st = check_weight(w, "matmul", err);
+    bool tc = false;
+    ddt_status st = mm_check(w, mode, g, n, x, y, &tc, err);
     if (st != DDT_OK) return st;
-    if ((st = check_groups(w, g, "matmul", err)) != DDT_OK) return st;
-    if (n < 1 || !x || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul: %d tokens", n);
     if ((warp_rows != 0 || warp_tokens != 0) &&
         !((warp_rows == 1 || warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
         return ddt_fail(err, DDT_ERR_INVALID, "matmul: warp shape %d rows x %d tokens (1, 2 or 4 each, or both 0)",
                         warp_rows, warp_tokens);
-    if ((int64_t)g->count * g->rows * n > (int64_t)MM_WARPS * 0x7FFFFFFF)
-        return ddt_fail(err, DDT_ERR_RANGE, "matmul: too many output rows");
+    cudaStream_t s = (cudaStream_t)stream;
+    if (tc) return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
     MMArgs a;
     set_product(a, g, x, ldx, n, y, ldy);
-    const int R = warp_rows, TB = warp_tokens; /* 0, 0: mm_launch chooses */
-    cudaStream_t s = (cudaStream_t)stream;
-    if (mode != DDT_CUDA_MM_FP32 && mode != DDT_CUDA_MM_TENSOR)
-        return ddt_fail(err, DDT_ERR_INVALID, "matmul: unknown mode %d", (int)mode);
-    if (qfmt_of(*w) == QF_INT4 && (w->group != 32 || w->cols % 32 != 0 || !qview_make<QF_INT4>(*w).wvec))
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
-                        "multiple of 32 and 16-byte aligned data",
-                        (long long)w->rows, (long long)w->cols, w->group);
-    /* groups must start on m-tiles of the packed layout; otherwise (a shape
-       property, never n) the FP32 path runs */
-    if (mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(w) && g->w_row_stride % 16 == 0 && g->w_row_offset % 16 == 0) {
-        if (!w->mma)
-            return ddt_fail(err, DDT_ERR_INVALID,
-                            "matmul: tensor-core mode on a weight [%lld, %lld] that was not packed "
-                            "(ddt_cuda_qweight_pack)",
-                            (long long)w->rows, (long long)w->cols);
-        return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
-    }
-    switch (qfmt_of(*w)) {
-    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32>(a, R, TB, s); break;
-    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16>(a, R, TB, s); break;
-    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16>(a, R, TB, s); break;
-    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8>(a, R, TB, s); break;
-    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4>(a, R, TB, s); break;
-    }
+    a.u = NULL;
+    a.ldu = 0;
+    mm_dispatch<false>(w, a, warp_rows, warp_tokens, s);
     DDT_CUDA_LAUNCHED("matmul", s, err);
     return DDT_OK;
 }
@@ -603,6 +641,43 @@ extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mod
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
+                                                const float *up, int64_t ldu, int32_t n, float *y, int64_t ldy,
+                                                ddt_cuda_stream stream, ddt_error *err) {
+    if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul_silu: no weight");
+    if (!up) return ddt_fail(err, DDT_ERR_INVALID, "matmul_silu: no up rows");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    bool tc = false;
+    ddt_status st = mm_check(w, mode, &g, n, gate, y, &tc, err);
+    if (st != DDT_OK) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (tc) {
+        /* the tensor-core kernel stages and splits its activations in
+           wstream.cuh's pipeline: a gated load there would be one more kind of
+           the largest kernel (compile time) with the SiLU recomputed by every
+           row block, for the products (K2.6 shapes) where one launch matters
+           least.  So the two launches, the SiLU written over the gate rows. */
+        if (w->cols > INT32_MAX) return ddt_fail(err, DDT_ERR_RANGE, "matmul_silu: %lld columns", (long long)w->cols);
+        if ((st = ddt_cuda_silu_mul(gate, ldg, up, ldu, n, (int32_t)w->cols, stream, err)) != DDT_OK) return st;
+        return tc_matmul(w, &g, gate, ldg, n, y, ldy, s, err);
+    }
+    MMArgs a;
+    set_product(a, &g, gate, ldg, n, y, ldy);
+    a.u = up;
+    a.ldu = ldu;
+    a.xvec = a.xvec && (uintptr_t)up % 16 == 0 && ldu % 4 == 0;
+    mm_dispatch<true>(w, a, 0, 0, s);
+    DDT_CUDA_LAUNCHED("matmul_silu", s, err);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, const float *gate, int64_t ldg, const float *up,
+                                           int64_t ldu, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
+                                           ddt_error *err) {
+    /* the FP32 path never writes the gate rows */
+    return ddt_cuda_matmul_silu_mode(w, DDT_CUDA_MM_FP32, (float *)gate, ldg, up, ldu, n, y, ldy, stream, err);
 }
 
 /* ------------------------------------------------------------------ y = x W */

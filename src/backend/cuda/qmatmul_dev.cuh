@@ -16,6 +16,12 @@
  * The sums use fused multiply-adds written out as __fmaf_rn (the build passes
  * --fmad=false, so the compiler never contracts on its own): one rounding per
  * term instead of two, half the instructions, and still one fixed order.
+ *
+ * Gated activations (GATED = true; ddt_cuda_matmul_silu): activation element j of
+ * a token is silu(g[j]) * u[j] (silu_dev.cuh) computed where x[j] would be loaded,
+ * from the gate and up rows, instead of read from x.  Only the load changes: the
+ * value is the float ddt_cuda_silu_mul would have stored, and the sums above are
+ * the same code, so the fused product is bitwise silu_mul then the product.
  */
 #ifndef DDT_CUDA_QMATMUL_DEV_CUH
 #define DDT_CUDA_QMATMUL_DEV_CUH
@@ -25,6 +31,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "backend/cuda/silu_dev.cuh"
 #include "io/safetensors.h"
 
 enum { QF_F32 = 0, QF_BF16, QF_F16, QF_FP8, QF_INT4 };
@@ -175,6 +182,23 @@ static __device__ __forceinline__ void xload8(const float *xr, int64_t col0, int
     }
 }
 
+/* The same 8 activations of a gated row: silu(gr[j]) * ur[j], zeros past cols
+ * (as xload8 gives past cols, without evaluating anything there).  vec: both rows
+ * 16-byte aligned (float4 loads of g and u); either way the same values. */
+static __device__ __forceinline__ void xload8_silu(const float *gr, const float *ur, int64_t col0, int64_t cols,
+                                                   bool vec, float x[8]) {
+    if (vec && col0 + 8 <= cols) {
+        const float4 ga = *(const float4 *)(gr + col0), gb = *(const float4 *)(gr + col0 + 4);
+        const float4 ua = *(const float4 *)(ur + col0), ub = *(const float4 *)(ur + col0 + 4);
+        x[0] = silu_mul1(ga.x, ua.x), x[1] = silu_mul1(ga.y, ua.y), x[2] = silu_mul1(ga.z, ua.z);
+        x[3] = silu_mul1(ga.w, ua.w), x[4] = silu_mul1(gb.x, ub.x), x[5] = silu_mul1(gb.y, ub.y);
+        x[6] = silu_mul1(gb.z, ub.z), x[7] = silu_mul1(gb.w, ub.w);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = col0 + e < cols ? silu_mul1(gr[col0 + e], ur[col0 + e]) : 0.0f;
+    }
+}
+
 /*
  * INT4 piece: the 8 nibbles of one word.  Each byte b holds columns 2b (low nibble)
  * and 2b+1 (high nibble).  Or-ing the low nibble into the mantissa of 2^23 gives
@@ -194,12 +218,13 @@ static __device__ __forceinline__ void int4_vals(uint32_t w, float ve[4], float 
 
 /*
  * Lane-level accumulation of one chunk for R rows x TB tokens into acc.
- * col0 = first column of the chunk; xr[t] = activation row t (t < ntok).
+ * col0 = first column of the chunk; xr[t] = activation row t (t < ntok), or with
+ * GATED its gate row and ur[t] its up row (ur unused otherwise).
  */
-template <int F, int R, int TB>
+template <int F, int R, int TB, bool GATED>
 static __device__ __forceinline__ void qchunk(const QRaw (&raw)[R], const float (&s)[R], int64_t col0, int64_t cols,
-                                              const float *const (&xr)[TB], int ntok, bool xvec,
-                                              float (&acc)[R][TB]) {
+                                              const float *const (&xr)[TB], const float *const (&ur)[TB], int ntok,
+                                              bool xvec, float (&acc)[R][TB]) {
     constexpr int NP = QFmt<F>::CW / 8;
     float part[R][TB];
 #pragma unroll
@@ -207,7 +232,10 @@ static __device__ __forceinline__ void qchunk(const QRaw (&raw)[R], const float 
         float x[TB][8];
 #pragma unroll
         for (int t = 0; t < TB; t++)
-            if (t < ntok) xload8(xr[t], col0 + 8 * p, cols, xvec, x[t]);
+            if (t < ntok) {
+                if (GATED) xload8_silu(xr[t], ur[t], col0 + 8 * p, cols, xvec, x[t]);
+                else xload8(xr[t], col0 + 8 * p, cols, xvec, x[t]);
+            }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (F == QF_INT4) {
@@ -267,12 +295,14 @@ static __device__ __forceinline__ const void *qscale_row(const QView &W, const v
  * Each lane issues the loads of U chunks x R rows (16 bytes each) before using any
  * of them, so that many bytes are in flight per warp; the chunks are then consumed
  * in increasing order, so U changes nothing in the arithmetic.
+ * warp_dot_act is the general form (GATED: xr the gate rows, ur the up rows;
+ * qchunk), warp_dot the plain product.
  */
-template <int F, int R, int TB, int U>
-static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *const (&wd)[R],
-                                                const void *const (&ws)[R], const int64_t (&row)[R],
-                                                const float *const (&xr)[TB], int ntok, bool xvec,
-                                                float (&out)[R][TB]) {
+template <int F, int R, int TB, int U, bool GATED>
+static __device__ __forceinline__ void warp_dot_act(const QView &W, const uint8_t *const (&wd)[R],
+                                                    const void *const (&ws)[R], const int64_t (&row)[R],
+                                                    const float *const (&xr)[TB], const float *const (&ur)[TB],
+                                                    int ntok, bool xvec, float (&out)[R][TB]) {
     const int lane = threadIdx.x & 31;
     float acc[R][TB];
 #pragma unroll
@@ -298,7 +328,8 @@ static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *c
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (cb + 32 * u < W.nchunks)
-                qchunk<F, R, TB>(raw[u], sc[u], (cb + 32 * u) * QFmt<F>::CW, W.cols, xr, ntok, xvec, acc);
+                qchunk<F, R, TB, GATED>(raw[u], sc[u], (cb + 32 * u) * QFmt<F>::CW, W.cols, xr, ur, ntok, xvec,
+                                        acc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -309,6 +340,14 @@ static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *c
             for (int off = 16; off > 0; off >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, off);
             out[r][t] = v;
         }
+}
+
+template <int F, int R, int TB, int U>
+static __device__ __forceinline__ void warp_dot(const QView &W, const uint8_t *const (&wd)[R],
+                                                const void *const (&ws)[R], const int64_t (&row)[R],
+                                                const float *const (&xr)[TB], int ntok, bool xvec,
+                                                float (&out)[R][TB]) {
+    warp_dot_act<F, R, TB, U, false>(W, wd, ws, row, xr, xr, ntok, xvec, out);
 }
 
 /* One weight element (row, col) dequantised exactly as ddt_cpu_dequant does, in

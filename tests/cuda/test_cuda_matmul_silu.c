@@ -1,0 +1,302 @@
+/*
+ * test_cuda_matmul_silu.c — ddt_cuda_matmul_silu(_mode) (qmatmul_cuda.h), a gated
+ * MLP's SiLU and down projection in one launch, against the two launches it
+ * replaces and the CPU, for every weight format (F32, BF16, F16, FP8 block 128,
+ * INT4 group 32):
+ *   - bitwise: y (the whole buffer, padding included) equals ddt_cuda_silu_mul on
+ *     a copy of the input then ddt_cuda_matmul_mode, for n = 1, 2, 3, 5, 16, 17,
+ *     65 (every token-block shape of both kernels: the fused one takes other
+ *     blocks at n = 2), odd row counts (spare rows of a 4-row warp), K not a
+ *     multiple of 8 where the format allows (INT4 needs multiples of 32), with
+ *     gate | up side by side in one buffer (the drafter's and the target's
+ *     layout), apart with 16-byte aligned rows (float4 loads) and apart off by
+ *     one float (element loads).  Each gate / up row's padding past K is NaN, and
+ *     y's padding must stay poisoned;
+ *   - the CPU (ddt_cpu_silu_mul then ddt_cpu_matmul): normalised error < 1e-5
+ *     (5e-5 on the tensor-core path, the bound of test_cuda_qmatmul.c), and no
+ *     NaN, so a load past K (NaN in both GPU paths alike) cannot pass;
+ *   - the FP32 path leaves the gate rows as they were; in tensor mode an eligible
+ *     weight (BF16, FP8, INT4; packed) takes the two launches, the gate rows
+ *     overwritten bitwise as ddt_cuda_silu_mul writes them, while F32 / F16 keep
+ *     the fused FP32 path;
+ *   - refusals: INT4 with 40 columns, no up rows, n = 0, an eligible weight in
+ *     tensor mode that was never packed.
+ * Gate values span silu's range: uniform in [-4, 4) plus -100 (exp overflows to
+ * inf: -0 out), 100 and -0.
+ * --quick: fewer shapes, token counts and layouts (for compute-sanitizer).
+ * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/nn.h"
+#include "backend/cpu/qmatmul.h"
+#include "backend/cuda/nn_cuda.h"
+#include "backend/cuda/qmatmul_cuda.h"
+#include "cuda_test.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
+static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+
+static ddt_cpu_pool *g_pool;
+
+static const char *fmt_name(int f) {
+    static const char *n[] = {"F32", "BF16", "F16", "FP8", "INT4"};
+    return n[f];
+}
+
+/* the tensor-core path takes it (ddt_cuda_qweight_tc_eligible for these shapes) */
+static int tc_format(int f) { return f == 1 || f == 3 || f == 4; }
+
+/* A host weight of format f with small random values (FP8 never NaN, F16 finite). */
+typedef struct hw {
+    ddt_qweight w;
+    void *data, *scale;
+} hw;
+
+static hw make_weight(int f, int64_t rows, int64_t cols) {
+    hw h;
+    memset(&h, 0, sizeof h);
+    ddt_qweight *w = &h.w;
+    w->rows = rows;
+    w->cols = cols;
+    w->block = DDT_FP8_BLOCK;
+    w->group = DDT_INT4_GROUP;
+    const size_t n = (size_t)(rows * cols);
+    if (f == 0) {
+        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F32;
+        float *d = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) d[i] = 0.1f * frand();
+        h.data = d;
+    } else if (f == 1 || f == 2) {
+        w->format = DDT_Q_DENSE, w->dtype = f == 1 ? DDT_DTYPE_BF16 : DDT_DTYPE_F16;
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) {
+            if (f == 1) {
+                d[i] = ddt_f32_to_bf16(0.1f * frand());
+            } else { /* sign, exponent 0 (subnormal) .. 14 (< 1), random mantissa */
+                const uint32_t r = rnd();
+                d[i] = (uint16_t)(((r & 1u) << 15) | (((r >> 1) % 15) << 10) | ((r >> 8) & 0x3FFu));
+            }
+        }
+        h.data = d;
+    } else if (f == 3) {
+        w->format = DDT_Q_FP8_BLOCK, w->dtype = DDT_DTYPE_F8_E4M3;
+        uint8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = (uint8_t)rnd();
+            if ((b & 0x7Fu) == 0x7Fu) b ^= 1u; /* no NaN */
+            d[i] = b;
+        }
+        const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        float *s = malloc((size_t)(sr * sc) * 4);
+        for (int64_t i = 0; i < sr * sc; i++) s[i] = 0.005f * (1.5f + frand());
+        h.data = d, h.scale = s;
+        w->scale_inv = s;
+    } else {
+        w->format = DDT_Q_INT4_GROUP, w->dtype = DDT_DTYPE_I32;
+        const int64_t words = (cols + 7) / 8, groups = (cols + 31) / 32;
+        uint32_t *d = malloc((size_t)(rows * words) * 4);
+        for (int64_t i = 0; i < rows * words; i++) d[i] = rnd() ^ (rnd() << 16);
+        uint16_t *s = malloc((size_t)(rows * groups) * 2);
+        for (int64_t i = 0; i < rows * groups; i++) s[i] = ddt_f32_to_bf16(0.02f * (1.5f + frand()));
+        h.data = d, h.scale = s;
+        w->scale = s;
+    }
+    w->data = h.data;
+    return h;
+}
+
+static int64_t up4(int64_t v) { return (v + 3) / 4 * 4; }
+
+/* A gate value: mostly uniform in [-4, 4), now and then -100, 100 or -0. */
+static float gate_value(void) {
+    const uint32_t r = rnd() % 64;
+    if (r == 0) return -100.0f;
+    if (r == 1) return 100.0f;
+    if (r == 2) return -0.0f;
+    return 4.0f * frand();
+}
+
+static const char *layout_name(int layout) {
+    static const char *n[] = {"gate|up", "apart", "apart+1"};
+    return n[layout];
+}
+
+/*
+ * One case.  layout 0: gate | up side by side in rows of ld = up4(2K + 3) (up at
+ * column K: float4 loads when K % 4 == 0); 1: gate and up apart, rows of
+ * up4(K + 1) and up4(K + 6) floats (float4 loads); 2: apart, both one float off
+ * 16 bytes with rows of K + 1 and K + 2 (element loads).  Everything of the input
+ * buffer outside the gate and up values is NaN.
+ */
+static void run_case(int f, int64_t rows, int64_t K, int n, int layout, ddt_cuda_mm_mode mode) {
+    int64_t og, ou, ldg, ldu;
+    if (layout == 0) {
+        ldg = ldu = up4(2 * K + 3);
+        og = 0, ou = K;
+    } else if (layout == 1) {
+        ldg = up4(K + 1), ldu = up4(K + 6);
+        og = 0, ou = up4((int64_t)n * ldg);
+    } else {
+        ldg = K + 1, ldu = K + 2;
+        og = 1, ou = 1 + up4((int64_t)n * ldg) + 4;
+    }
+    const size_t nb = (size_t)(ou + (int64_t)n * ldu + 4);
+    const int64_t ldy = rows + 3;
+    const size_t ny = (size_t)(n * ldy);
+    const int tc = mode == DDT_CUDA_MM_TENSOR && tc_format(f);
+    const double tol = tc ? 5e-5 : 1e-5;
+
+    hw h = make_weight(f, rows, K);
+    float *in = malloc(sizeof(float) * nb), *cpu_in = malloc(sizeof(float) * nb);
+    ct_poison(in, nb);
+    for (int t = 0; t < n; t++)
+        for (int64_t j = 0; j < K; j++) {
+            in[og + t * ldg + j] = gate_value();
+            in[ou + t * ldu + j] = frand();
+        }
+    memcpy(cpu_in, in, sizeof(float) * nb);
+    float *ycpu = malloc(sizeof(float) * ny), *yf = malloc(sizeof(float) * ny), *yr = malloc(sizeof(float) * ny);
+    ct_poison(ycpu, ny);
+    ct_poison(yf, ny);
+    ddt_cpu_silu_mul(g_pool, cpu_in + og, ldg, cpu_in + ou, ldu, n, K);
+    ddt_cpu_matmul(g_pool, &h.w, cpu_in + og, ldg, n, ycpu, ldy);
+
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    if (mode == DDT_CUDA_MM_TENSOR) OK(ddt_cuda_qweight_pack(&dw, &err_));
+    float *db[2], *dy[2];
+    for (int k = 0; k < 2; k++) {
+        CU(cudaMalloc((void **)&db[k], sizeof(float) * nb));
+        CU(cudaMalloc((void **)&dy[k], sizeof(float) * ny));
+        CU(cudaMemcpy(db[k], in, sizeof(float) * nb, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dy[k], yf, sizeof(float) * ny, cudaMemcpyHostToDevice));
+    }
+    /* fused into dy[0] from db[0]; the two launches into dy[1] from db[1] */
+    if (mode == DDT_CUDA_MM_FP32 && layout != 1)
+        OK(ddt_cuda_matmul_silu(&dw, db[0] + og, ldg, db[0] + ou, ldu, n, dy[0], ldy, NULL, &err_));
+    else
+        OK(ddt_cuda_matmul_silu_mode(&dw, mode, db[0] + og, ldg, db[0] + ou, ldu, n, dy[0], ldy, NULL, &err_));
+    OK(ddt_cuda_silu_mul(db[1] + og, ldg, db[1] + ou, ldu, n, (int32_t)K, NULL, &err_));
+    OK(ddt_cuda_matmul_mode(&dw, mode, db[1] + og, ldg, n, dy[1], ldy, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(yf, dy[0], sizeof(float) * ny, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(yr, dy[1], sizeof(float) * ny, cudaMemcpyDeviceToHost));
+    float *bf = malloc(sizeof(float) * nb), *br = malloc(sizeof(float) * nb);
+    CU(cudaMemcpy(bf, db[0], sizeof(float) * nb, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(br, db[1], sizeof(float) * nb, cudaMemcpyDeviceToHost));
+
+    const int bitwise = memcmp(yf, yr, sizeof(float) * ny) == 0;
+    /* the FP32 path writes nothing into its input; the tensor path's SiLU is silu_mul's */
+    const int input_ok = memcmp(bf, tc ? br : in, sizeof(float) * nb) == 0;
+    int64_t bad_pad = 0, nan_out = 0;
+    double num = 0, den = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t o = 0; o < ldy; o++) {
+            const float *g = &yf[t * ldy + o];
+            if (o >= rows) {
+                bad_pad += !ct_is_poison(g);
+                continue;
+            }
+            if (isnan(*g)) {
+                nan_out++;
+                continue;
+            }
+            const double c = ycpu[t * ldy + o], d = (double)*g - c;
+            num += d * d;
+            den += c * c;
+        }
+    const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    CHECK(bitwise, "%s %s [%lld x %lld] n=%d %s: not bitwise silu_mul + matmul", fmt_name(f), tc ? "TC" : "fp32",
+          (long long)rows, (long long)K, n, layout_name(layout));
+    CHECK(input_ok, "%s %s [%lld x %lld] n=%d %s: the input buffer %s", fmt_name(f), tc ? "TC" : "fp32",
+          (long long)rows, (long long)K, n, layout_name(layout),
+          tc ? "differs from silu_mul's in place result" : "was written");
+    CHECK(bad_pad == 0 && nan_out == 0 && e < tol,
+          "%s %s [%lld x %lld] n=%d %s: %lld padding written, %lld NaN, normalised error %.3g vs the CPU", fmt_name(f),
+          tc ? "TC" : "fp32", (long long)rows, (long long)K, n, layout_name(layout), (long long)bad_pad,
+          (long long)nan_out, e);
+    printf("%-4s %s [%4lld x %4lld] n=%2d %-7s: %s, err %.2e\n", fmt_name(f), tc ? "TC  " : "fp32", (long long)rows,
+           (long long)K, n, layout_name(layout), bitwise ? "bitwise" : "DIFFERENT", e);
+
+    ddt_cuda_qweight_free(&dw);
+    for (int k = 0; k < 2; k++) {
+        CU(cudaFree(db[k]));
+        CU(cudaFree(dy[k]));
+    }
+    free(in), free(cpu_in), free(ycpu), free(yf), free(yr), free(bf), free(br);
+    free(h.data), free(h.scale);
+}
+
+/* What the launcher refuses: a status, no launch. */
+static void refusals(void) {
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, 256 * sizeof(float)));
+    CU(cudaMalloc((void **)&dy, 256 * sizeof(float)));
+    ddt_error e;
+    hw h = make_weight(4, 8, 40); /* INT4 with 40 columns: not a multiple of 32 */
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    ddt_status st = ddt_cuda_matmul_silu(&dw, dx, 80, dx + 40, 80, 1, dy, 8, NULL, &e);
+    CHECK(st == DDT_ERR_UNSUPPORTED, "INT4 with 40 columns: status %d", (int)st);
+    ddt_cuda_qweight_free(&dw);
+    free(h.data), free(h.scale);
+    h = make_weight(1, 16, 64);
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    st = ddt_cuda_matmul_silu(&dw, dx, 128, NULL, 128, 1, dy, 16, NULL, &e);
+    CHECK(st == DDT_ERR_INVALID, "no up rows: status %d", (int)st);
+    st = ddt_cuda_matmul_silu(&dw, dx, 128, dx + 64, 128, 0, dy, 16, NULL, &e);
+    CHECK(st == DDT_ERR_INVALID, "n = 0: status %d", (int)st);
+    st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, &e);
+    CHECK(st == DDT_ERR_INVALID && strstr(e.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)", (int)st,
+          e.msg);
+    ddt_cuda_qweight_free(&dw);
+    free(h.data), free(h.scale);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    ddt_error err;
+    if (ddt_cpu_pool_create(4, &g_pool, &err) != DDT_OK) {
+        fprintf(stderr, "pool: %s\n", err.msg);
+        return 1;
+    }
+    /* rows odd (spare rows in the last 4-row warp); K not a multiple of 8 for the
+       dense formats and FP8 (partial chunks, partial 128-blocks), multiples of 32
+       for INT4; one K % 4 == 0 shape per format so gate | up takes float4 loads */
+    static const int64_t dshape[][2] = {{37, 77}, {131, 1031}, {5, 13}, {33, 100}};
+    static const int64_t fshape[][2] = {{37, 77}, {131, 300}, {5, 13}, {33, 100}};
+    static const int64_t ishape[][2] = {{37, 96}, {131, 1056}, {5, 32}, {33, 160}};
+    static const int ns[] = {1, 2, 3, 5, 16, 17, 65};
+    for (int f = 0; f < 5; f++) {
+        const int64_t(*sh)[2] = f == 4 ? ishape : f == 3 ? fshape : dshape;
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 7; i++)
+                for (int layout = 0; layout < 3; layout++) {
+                    if (quick && (s == 1 || (i != 0 && i != 1 && i != 5) || layout == 1)) continue;
+                    run_case(f, sh[s][0], sh[s][1], ns[i], layout, DDT_CUDA_MM_FP32);
+                }
+        /* tensor mode: the two launches for BF16 / FP8 / INT4, the fused FP32 path for F32 / F16 */
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 7; i += 3) {
+                if (quick && s != 3) continue;
+                run_case(f, sh[s][0], sh[s][1], ns[i], (s + i) % 3, DDT_CUDA_MM_TENSOR);
+            }
+    }
+    refusals();
+    ddt_cpu_pool_destroy(g_pool);
+    if (g_failures) {
+        fprintf(stderr, "test_cuda_matmul_silu: %d failures\n", g_failures);
+        return 1;
+    }
+    printf("test_cuda_matmul_silu: all passed\n");
+    return 0;
+}
