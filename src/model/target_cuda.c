@@ -655,8 +655,9 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
     } while (0)
 
 /* out[n][hidden] = down(silu(g) * u) from gate | up already side by side at gu
- * (row stride ld): one launch on the FP32 path (ddt_cuda_matmul_silu_mode, bitwise
- * silu_mul then down); with the tensor cores those two, g overwritten. */
+ * (row stride ld): ddt_cuda_matmul_silu_mode, one launch on the FP32 path for an
+ * ar step (bitwise silu_mul then down), those two for a verify or with the
+ * tensor cores, g overwritten. */
 static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
                            ddt_error *err) {
     const int64_t inter = m->down.cols;

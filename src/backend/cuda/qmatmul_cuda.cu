@@ -268,15 +268,15 @@ static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
  * 16, 65 on the H200 (0.3 us per MB, 0.5 per chain step, 2 per 1000 warps; its
  * picks are within 0.5% of the best shape summed over the table, the old fixed
  * R = 4 and TB by n 14% over).  A choice that follows n is safe: the arithmetic
- * does not depend on the shape (warp_dot).  The gated products, rarer, have
- * TB 1 and 4 only (fewer kernels to compile). */
+ * does not depend on the shape (warp_dot).  The gated products run at
+ * n <= DDT_CUDA_SILU_FUSE_MAX_N only, with TB = 1. */
 static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
     double best = 0;
     const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
     for (int r = 4; r >= 1; r /= 2)
         for (int tb = 1; tb <= 4; tb *= 2) {
             if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
-            if (gated && tb == 2) continue;
+            if (gated && tb > 1) continue;
             const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
             const double mb = (rb * a.n * (double)a.W.cols * 4.0 + tbl * (double)a.rows * a.count * (double)a.W.row_bytes) / 1e6;
             const double chain = (double)r * (tb < a.n ? tb : a.n) * (double)kc;
@@ -292,7 +292,7 @@ static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
     else if constexpr (!GATED) {
         if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
         else mm_launch_shape<F, R, 4, 1, false>(a, s);
-    } else mm_launch_shape<F, R, 4, 1, true>(a, s);
+    }
 }
 
 template <int F, bool GATED>
@@ -653,15 +653,18 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
     ddt_status st = mm_check(w, mode, &g, n, gate, y, &tc, err);
     if (st != DDT_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
-    if (tc) {
-        /* the tensor-core kernel stages and splits its activations in
-           wstream.cuh's pipeline: a gated load there would be one more kind of
-           the largest kernel (compile time) with the SiLU recomputed by every
-           row block, for the products (K2.6 shapes) where one launch matters
-           least.  So the two launches, the SiLU written over the gate rows. */
+    if (tc || n > DDT_CUDA_SILU_FUSE_MAX_N) {
+        /* Two launches, the SiLU written over the gate rows.  Tensor cores: a
+           gated load in wstream.cuh's pipeline would be one more kind of the
+           largest kernel with the SiLU recomputed by every row block.  More
+           tokens: every warp of the fused kernel recomputes the SiLU (expf and a
+           division) of all it reads, rows / R times per element, which measured
+           on the H200 costs more than the launch it saves (the shipped target's
+           shared down at 65 tokens: 10.7 us fused against 3.3 + 2.1 apart). */
         if (w->cols > INT32_MAX) return ddt_fail(err, DDT_ERR_RANGE, "matmul_silu: %lld columns", (long long)w->cols);
         if ((st = ddt_cuda_silu_mul(gate, ldg, up, ldu, n, (int32_t)w->cols, stream, err)) != DDT_OK) return st;
-        return tc_matmul(w, &g, gate, ldg, n, y, ldy, s, err);
+        if (tc) return tc_matmul(w, &g, gate, ldg, n, y, ldy, s, err);
+        return ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, gate, ldg, n, y, ldy, 0, 0, stream, err);
     }
     MMArgs a;
     set_product(a, &g, gate, ldg, n, y, ldy);
@@ -673,11 +676,10 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
     return DDT_OK;
 }
 
-extern "C" ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, const float *gate, int64_t ldg, const float *up,
+extern "C" ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, float *gate, int64_t ldg, const float *up,
                                            int64_t ldu, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                            ddt_error *err) {
-    /* the FP32 path never writes the gate rows */
-    return ddt_cuda_matmul_silu_mode(w, DDT_CUDA_MM_FP32, (float *)gate, ldg, up, ldu, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_silu_mode(w, DDT_CUDA_MM_FP32, gate, ldg, up, ldu, n, y, ldy, stream, err);
 }
 
 /* ------------------------------------------------------------------ y = x W */

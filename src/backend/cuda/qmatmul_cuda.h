@@ -101,16 +101,17 @@ ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode 
                                          int32_t warp_rows, int32_t warp_tokens, ddt_cuda_stream stream,
                                          ddt_error *err);
 
-/* A gated MLP's SiLU and down projection in one launch (issue 13):
+/* A gated MLP's SiLU and down projection (issue 13):
  *   y[t][o] = sum_j a[t][j] * w[o][j],  a[t][j] = silu(gate[t][j]) * up[t][j], j < w->cols
  * gate, up: [n][w->cols] (row strides ldg, ldu), y: [n][w->rows] (row stride ldy);
- * y must not alias gate or up.  On the FP32 path the activation is computed in
- * the product's load, with ddt_cuda_silu_mul's expression (silu_dev.cuh), so y is
- * bitwise ddt_cuda_silu_mul(gate, up) then ddt_cuda_matmul(w, gate): one launch,
- * gate left as it was.  When the tensor-core path takes the weight (_mode with
- * DDT_CUDA_MM_TENSOR on an eligible weight) it is those two launches, the SiLU
- * written over gate's first w->cols columns: callers hand gate over as scratch. */
-ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, const float *gate, int64_t ldg, const float *up, int64_t ldu,
+ * y must not alias gate or up.  y is bitwise ddt_cuda_silu_mul(gate, up) then
+ * ddt_cuda_matmul_mode(w, gate) in every case.  One launch on the FP32 path at
+ * n <= DDT_CUDA_SILU_FUSE_MAX_N (the activation computed in the product's load
+ * with ddt_cuda_silu_mul's expression, silu_dev.cuh; gate left as it was); else
+ * (more tokens, or the tensor-core path) those two launches, the SiLU written
+ * over gate's first w->cols columns: callers hand gate over as scratch. */
+#define DDT_CUDA_SILU_FUSE_MAX_N 2
+ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, float *gate, int64_t ldg, const float *up, int64_t ldu,
                                 int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
 ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
                                      const float *up, int64_t ldu, int32_t n, float *y, int64_t ldy,
