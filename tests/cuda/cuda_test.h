@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ddtree.h"
+#include "io/safetensors.h"
 #include "text/tokenizer.h"
 
 /* The tests' random numbers: xorshift64 on a state each test seeds itself (so
@@ -41,6 +42,89 @@ static inline int ct_is_poison(const float *p) {
     return u == CT_POISON;
 }
 
+/* A uniform draw in [-1, 1) from the high bits (the tests' frand). */
+static inline float ct_frand(uint64_t *rng) {
+    return (float)(ct_xorshift(rng, 16) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+}
+
+/* A random host weight of format f (0 F32, 1 BF16, 2 F16, 3 FP8 with 128-blocks,
+ * 4 INT4 group 32) [rows][cols], drawn from *rng in a fixed order; the value
+ * ranges are the test's own (ct_weight_values).  FP8 never NaN, F16 finite. */
+typedef struct ct_weight_values {
+    float dense;       /* F32 / BF16: dense * frand */
+    int f16_exponents; /* F16: biased exponent 0 (subnormal) .. f16_exponents - 1 */
+    float fp8_scale;   /* FP8 block scales: fp8_scale * (1.5 + frand) */
+    float int4_scale;  /* INT4 group scales: int4_scale * (1.5 + frand) */
+} ct_weight_values;
+
+typedef struct ct_weight {
+    ddt_qweight w;
+    void *data, *scale;
+} ct_weight;
+
+static inline ct_weight ct_make_weight(uint64_t *rng, int f, int64_t rows, int64_t cols, const ct_weight_values *v) {
+    ct_weight h;
+    memset(&h, 0, sizeof h);
+    ddt_qweight *w = &h.w;
+    w->rows = rows;
+    w->cols = cols;
+    w->block = DDT_FP8_BLOCK;
+    w->group = DDT_INT4_GROUP;
+    const size_t n = (size_t)rows * (size_t)cols;
+    if (f == 0) {
+        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F32;
+        float *d = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) d[i] = v->dense * ct_frand(rng);
+        h.data = d;
+    } else if (f == 1) {
+        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_BF16;
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) d[i] = ddt_f32_to_bf16(v->dense * ct_frand(rng));
+        h.data = d;
+    } else if (f == 2) {
+        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F16;
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) { /* random sign and mantissa */
+            const uint32_t r = ct_xorshift(rng, 16);
+            d[i] = (uint16_t)(((r & 1u) << 15) | (((r >> 1) % (uint32_t)v->f16_exponents) << 10) | ((r >> 8) & 0x3FFu));
+        }
+        h.data = d;
+    } else if (f == 3) {
+        w->format = DDT_Q_FP8_BLOCK, w->dtype = DDT_DTYPE_F8_E4M3;
+        uint8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = (uint8_t)ct_xorshift(rng, 16);
+            if ((b & 0x7Fu) == 0x7Fu) b ^= 1u; /* no NaN */
+            d[i] = b;
+        }
+        const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        float *s = malloc((size_t)(sr * sc) * 4);
+        for (int64_t i = 0; i < sr * sc; i++) s[i] = v->fp8_scale * (1.5f + ct_frand(rng));
+        h.data = d, h.scale = s;
+        w->scale_inv = s;
+    } else {
+        w->format = DDT_Q_INT4_GROUP, w->dtype = DDT_DTYPE_I32;
+        const int64_t words = (cols + 7) / 8, groups = (cols + 31) / 32;
+        uint32_t *d = malloc((size_t)(rows * words) * 4);
+        for (int64_t i = 0; i < rows * words; i++) {
+            const uint32_t lo = ct_xorshift(rng, 16); /* in the order the tests always drew them */
+            d[i] = lo ^ (ct_xorshift(rng, 16) << 16);
+        }
+        uint16_t *s = malloc((size_t)(rows * groups) * 2);
+        for (int64_t i = 0; i < rows * groups; i++) s[i] = ddt_f32_to_bf16(v->int4_scale * (1.5f + ct_frand(rng)));
+        h.data = d, h.scale = s;
+        w->scale = s;
+    }
+    w->data = h.data;
+    return h;
+}
+
+static inline void ct_free_weight(ct_weight *h) {
+    free(h->data);
+    free(h->scale);
+    h->data = h->scale = NULL;
+}
+
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                                  \
     do {                                                                                  \
@@ -51,6 +135,17 @@ static int g_failures = 0;
             fputc('\n', stderr);                                                          \
         }                                                                                 \
     } while (0)
+/* The program's last word: "<name>: all passed" and 0, or the failure count
+ * (on stderr) and 1. */
+#define ct_report(name) ct_report_(name, g_failures)
+static inline int ct_report_(const char *name, int failures) {
+    if (failures) {
+        fprintf(stderr, "%s: %d failures\n", name, failures);
+        return 1;
+    }
+    printf("%s: all passed\n", name);
+    return 0;
+}
 #define CU(call)                                                                          \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \

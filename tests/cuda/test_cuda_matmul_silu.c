@@ -42,7 +42,7 @@
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
-static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+static float frand(void) { return ct_frand(&g_rng); }
 
 static ddt_cpu_pool *g_pool;
 
@@ -54,64 +54,10 @@ static const char *fmt_name(int f) {
 /* the tensor-core path takes it (ddt_cuda_qweight_tc_eligible for these shapes) */
 static int tc_format(int f) { return f == 1 || f == 3 || f == 4; }
 
-/* A host weight of format f with small random values (FP8 never NaN, F16 finite). */
-typedef struct hw {
-    ddt_qweight w;
-    void *data, *scale;
-} hw;
-
-static hw make_weight(int f, int64_t rows, int64_t cols) {
-    hw h;
-    memset(&h, 0, sizeof h);
-    ddt_qweight *w = &h.w;
-    w->rows = rows;
-    w->cols = cols;
-    w->block = DDT_FP8_BLOCK;
-    w->group = DDT_INT4_GROUP;
-    const size_t n = (size_t)(rows * cols);
-    if (f == 0) {
-        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F32;
-        float *d = malloc(n * 4);
-        for (size_t i = 0; i < n; i++) d[i] = 0.1f * frand();
-        h.data = d;
-    } else if (f == 1 || f == 2) {
-        w->format = DDT_Q_DENSE, w->dtype = f == 1 ? DDT_DTYPE_BF16 : DDT_DTYPE_F16;
-        uint16_t *d = malloc(n * 2);
-        for (size_t i = 0; i < n; i++) {
-            if (f == 1) {
-                d[i] = ddt_f32_to_bf16(0.1f * frand());
-            } else { /* sign, exponent 0 (subnormal) .. 14 (< 1), random mantissa */
-                const uint32_t r = rnd();
-                d[i] = (uint16_t)(((r & 1u) << 15) | (((r >> 1) % 15) << 10) | ((r >> 8) & 0x3FFu));
-            }
-        }
-        h.data = d;
-    } else if (f == 3) {
-        w->format = DDT_Q_FP8_BLOCK, w->dtype = DDT_DTYPE_F8_E4M3;
-        uint8_t *d = malloc(n);
-        for (size_t i = 0; i < n; i++) {
-            uint8_t b = (uint8_t)rnd();
-            if ((b & 0x7Fu) == 0x7Fu) b ^= 1u; /* no NaN */
-            d[i] = b;
-        }
-        const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-        float *s = malloc((size_t)(sr * sc) * 4);
-        for (int64_t i = 0; i < sr * sc; i++) s[i] = 0.005f * (1.5f + frand());
-        h.data = d, h.scale = s;
-        w->scale_inv = s;
-    } else {
-        w->format = DDT_Q_INT4_GROUP, w->dtype = DDT_DTYPE_I32;
-        const int64_t words = (cols + 7) / 8, groups = (cols + 31) / 32;
-        uint32_t *d = malloc((size_t)(rows * words) * 4);
-        for (int64_t i = 0; i < rows * words; i++) d[i] = rnd() ^ (rnd() << 16);
-        uint16_t *s = malloc((size_t)(rows * groups) * 2);
-        for (int64_t i = 0; i < rows * groups; i++) s[i] = ddt_f32_to_bf16(0.02f * (1.5f + frand()));
-        h.data = d, h.scale = s;
-        w->scale = s;
-    }
-    w->data = h.data;
-    return h;
-}
+/* A host weight of format f with small random values (cuda_test.h). */
+typedef ct_weight hw;
+static const ct_weight_values k_values = {0.1f, 15, 0.005f, 0.02f};
+static hw make_weight(int f, int64_t rows, int64_t cols) { return ct_make_weight(&g_rng, f, rows, cols, &k_values); }
 
 static int64_t up4(int64_t v) { return (v + 3) / 4 * 4; }
 
@@ -246,7 +192,7 @@ static void run_case(int f, int64_t rows, int64_t K, int n, int layout, ddt_cuda
         CU(cudaFree(dy[k]));
     }
     free(in), free(cpu_in), free(ycpu), free(yf), free(yr), free(bf), free(br);
-    free(h.data), free(h.scale);
+    ct_free_weight(&h);
 }
 
 /* What the launcher refuses: a status, no launch. */
@@ -261,7 +207,7 @@ static void refusals(void) {
     ddt_status st = ddt_cuda_matmul_silu(&dw, dx, 80, dx + 40, 80, 1, dy, 8, NULL, &e);
     CHECK(st == DDT_ERR_UNSUPPORTED, "INT4 with 40 columns: status %d", (int)st);
     ddt_cuda_qweight_free(&dw);
-    free(h.data), free(h.scale);
+    ct_free_weight(&h);
     h = make_weight(1, 16, 64);
     OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
     st = ddt_cuda_matmul_silu(&dw, dx, 128, NULL, 128, 1, dy, 16, NULL, &e);
@@ -295,7 +241,7 @@ static void refusals(void) {
         CU(cudaFree(ws));
     }
     ddt_cuda_qweight_free(&dw);
-    free(h.data), free(h.scale);
+    ct_free_weight(&h);
     CU(cudaFree(dx));
     CU(cudaFree(dy));
 }
@@ -331,10 +277,5 @@ int main(int argc, char **argv) {
     }
     refusals();
     ddt_cpu_pool_destroy(g_pool);
-    if (g_failures) {
-        fprintf(stderr, "test_cuda_matmul_silu: %d failures\n", g_failures);
-        return 1;
-    }
-    printf("test_cuda_matmul_silu: all passed\n");
-    return 0;
+    return ct_report("test_cuda_matmul_silu");
 }

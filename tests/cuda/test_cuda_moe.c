@@ -498,10 +498,5 @@ int main(int argc, char **argv) {
         if (!quick) experts_case(2, 40, 256, 224, 8, mode);
     }
     ddt_cpu_pool_destroy(g_pool);
-    if (g_failures) {
-        fprintf(stderr, "test_cuda_moe: %d failures\n", g_failures);
-        return 1;
-    }
-    printf("test_cuda_moe: all passed\n");
-    return 0;
+    return ct_report("test_cuda_moe");
 }

@@ -196,10 +196,5 @@ int main(int argc, char **argv) {
         norm_case(31, 37, 9, 0);
     }
     ddt_cpu_pool_destroy(g_pool);
-    if (g_failures) {
-        fprintf(stderr, "test_cuda_nn: %d failures\n", g_failures);
-        return 1;
-    }
-    printf("test_cuda_nn: all passed\n");
-    return 0;
+    return ct_report("test_cuda_nn");
 }

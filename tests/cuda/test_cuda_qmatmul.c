@@ -50,96 +50,17 @@ int ref_old_tc_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g, con
                               float *y, int64_t ldy);
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
-static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+static float frand(void) { return ct_frand(&g_rng); }
 
-/* A host weight plus its buffers. */
-typedef struct hw {
-    ddt_qweight w;
-    void *data, *scale;
-} hw;
+/* A host weight plus its buffers, values as this test always drew them. */
+typedef ct_weight hw;
+static const ct_weight_values k_values = {1.0f, 17, 0.01f, 0.05f};
+static hw make_weight(int f, int64_t rows, int64_t cols) { return ct_make_weight(&g_rng, f, rows, cols, &k_values); }
+static void free_weight(hw *h) { ct_free_weight(h); }
 
 static const char *fmt_name(int f) {
     static const char *n[] = {"F32", "BF16", "F16", "FP8", "INT4"};
     return n[f];
-}
-
-static uint16_t rand_f16(void) {
-    /* finite halves around 0.01 .. 2 with random sign and mantissa, some subnormals */
-    uint32_t r = rnd();
-    uint16_t sign = (uint16_t)((r & 1u) << 15);
-    uint16_t ex = (uint16_t)((r >> 1) % 17); /* 0 (subnormal) .. 16 */
-    uint16_t man = (uint16_t)((r >> 8) & 0x3FFu);
-    return (uint16_t)(sign | (ex << 10) | man);
-}
-
-static hw make_weight(int f, int64_t rows, int64_t cols) {
-    hw h;
-    memset(&h, 0, sizeof h);
-    ddt_qweight *w = &h.w;
-    w->rows = rows;
-    w->cols = cols;
-    w->block = DDT_FP8_BLOCK;
-    w->group = DDT_INT4_GROUP;
-    size_t n = (size_t)rows * cols;
-    switch (f) {
-    case 0: {
-        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F32;
-        float *d = malloc(n * 4);
-        for (size_t i = 0; i < n; i++) d[i] = frand();
-        h.data = d;
-        break;
-    }
-    case 1: {
-        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_BF16;
-        uint16_t *d = malloc(n * 2);
-        for (size_t i = 0; i < n; i++) d[i] = ddt_f32_to_bf16(frand());
-        h.data = d;
-        break;
-    }
-    case 2: {
-        w->format = DDT_Q_DENSE, w->dtype = DDT_DTYPE_F16;
-        uint16_t *d = malloc(n * 2);
-        for (size_t i = 0; i < n; i++) d[i] = rand_f16();
-        h.data = d;
-        break;
-    }
-    case 3: {
-        w->format = DDT_Q_FP8_BLOCK, w->dtype = DDT_DTYPE_F8_E4M3;
-        uint8_t *d = malloc(n);
-        for (size_t i = 0; i < n; i++) {
-            uint8_t b = (uint8_t)rnd();
-            if ((b & 0x7Fu) == 0x7Fu) b ^= 1u; /* no NaN */
-            d[i] = b;
-        }
-        int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-        float *s = malloc((size_t)(sr * sc) * 4);
-        for (int64_t i = 0; i < sr * sc; i++) s[i] = 0.01f * (1.5f + frand());
-        h.data = d;
-        h.scale = s;
-        w->scale_inv = s;
-        break;
-    }
-    default: {
-        w->format = DDT_Q_INT4_GROUP, w->dtype = DDT_DTYPE_I32;
-        int64_t words = (cols + 7) / 8, groups = (cols + 31) / 32;
-        uint32_t *d = malloc((size_t)(rows * words) * 4);
-        for (int64_t i = 0; i < rows * words; i++) d[i] = rnd() ^ (rnd() << 16);
-        uint16_t *s = malloc((size_t)(rows * groups) * 2);
-        for (int64_t i = 0; i < rows * groups; i++) s[i] = ddt_f32_to_bf16(0.05f * (1.5f + frand()));
-        h.data = d;
-        h.scale = s;
-        w->scale = s;
-        break;
-    }
-    }
-    w->data = h.data;
-    return h;
-}
-
-static void free_weight(hw *h) {
-    free(h->data);
-    free(h->scale);
 }
 
 static ddt_cpu_pool *g_pool;
@@ -771,10 +692,5 @@ int main(int argc, char **argv) {
         free_weight(&h);
     }
     ddt_cpu_pool_destroy(g_pool);
-    if (g_failures) {
-        fprintf(stderr, "test_cuda_qmatmul: %d failures\n", g_failures);
-        return 1;
-    }
-    printf("test_cuda_qmatmul: all passed\n");
-    return 0;
+    return ct_report("test_cuda_qmatmul");
 }
