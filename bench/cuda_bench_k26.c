@@ -33,25 +33,6 @@
 #include "model/target_cuda.h"
 #include "cuda_bench_k26.h"
 
-static double copy_bw(void) {
-    const size_t bytes = (size_t)2 << 30;
-    void *a, *b;
-    CU(cudaMalloc(&a, bytes));
-    CU(cudaMalloc(&b, bytes));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CU(cudaEventRecord(e0, 0));
-    for (int i = 0; i < 5; i++) CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
-    float ms;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    cudaFree(a), cudaFree(b);
-    return 5.0 * 2.0 * (double)bytes / (ms * 1e-3); /* read + write */
-}
-
 /* median ms of reps verify forwards of the tree already on the device */
 static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t *ddep, const uint64_t *dvis, int n,
                          int reps) {
@@ -220,7 +201,7 @@ int main(int argc, char **argv) {
         return g_failures ? 1 : 0;
     }
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), tc_only = argc > 1 && !strcmp(argv[1], "--tc");
-    const double bw = copy_bw();
+    const double bw = ct_copy_bandwidth();
     printf("# Kimi K2.6 slice on one GPU\n\ndevice copy bandwidth (d2d, read + write): %.0f GB/s\n", bw * 1e-9);
     if (!tc_only) run_all(quick, false, false, bw);
     run_all(quick, tc_only, true, bw);

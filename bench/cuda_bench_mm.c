@@ -8,7 +8,7 @@
  * CUDA graph, as the engine replays its rounds, measured here as the mean of 64
  * launches captured back to back in one graph, replayed 20 times (CUDA events).
  * Each row also gives the floor (weight bytes over the device-to-device copy
- * bandwidth measured in the same run) to show how far from the roofline a
+ * bandwidth measured in the same run, ct_copy_bandwidth) to show how far from the roofline a
  * latency-bound product sits.  Prints a markdown table.
  *   cuda_bench_mm [replays]
  */
@@ -70,27 +70,6 @@ static float time_graph(const ddt_qweight *w, const float *x, int n, float *y, i
     return ms * 1000.0f / (64.0f * (float)replays);
 }
 
-static double copy_bandwidth(void) {
-    const size_t bytes = (size_t)256 << 20;
-    void *a, *b;
-    CU(cudaMalloc(&a, bytes));
-    CU(cudaMalloc(&b, bytes));
-    CU(cudaMemset(a, 1, bytes));
-    CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    CU(cudaEventRecord(e0, 0));
-    for (int i = 0; i < 10; i++) CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
-    float ms;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    CU(cudaFree(a));
-    CU(cudaFree(b));
-    return 2.0 * (double)bytes * 10 / (ms * 1e-3); /* read + write */
-}
-
 int main(int argc, char **argv) {
     const int replays = argc > 1 ? atoi(argv[1]) : 20;
     if (replays < 1) {
@@ -98,7 +77,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     (void)g_failures; /* cuda_test.h's counter: a benchmark checks nothing */
-    const double bw = copy_bandwidth();
+    const double bw = ct_copy_bandwidth();
     printf("FP32 x W^T at the shipped pair's shapes, bf16 weights; us per launch inside a CUDA graph "
            "(64 launches, %d replays); copy bandwidth %.0f GB/s\n\n",
            replays, bw / 1e9);

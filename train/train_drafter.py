@@ -30,7 +30,10 @@ in the HF DFlash layout the C engine loads.
    stored (N x S x V floats): the feature pass also keeps the target's last hidden state (after its final
    norm, fp32), and each step computes p = softmax(h @ lm_head.T) for its blocks on the device (block_loss,
    target_probs).  The target's embed_tokens and lm_head are used frozen.  AdamW, warm-up then cosine
-   over the wall-clock budget, bf16 autocast on CUDA.
+   over the wall-clock budget, bf16 autocast on CUDA.  --init DIR starts from an exported drafter's
+   weights (config.json + model.safetensors, bf16, as the C engine loads them; load_init) instead of a
+   random init, for fine-tuning; its shape must be the requested one (--layers, --intermediate,
+   --target-layers), else the run stops before making any data.
 3. Check.  dflash_torch.check_against_reference: the module equals the fixture reference drafter.
 4. Evaluation, on every anchor of the held-out continuations.  Held-out loss; per anchor, acc = 1 + the
    number of leading positions whose argmax equals the target's token (what one greedy DFlash round
@@ -330,6 +333,39 @@ def select_score(rec, select):
     return rec["heldout_chain_acceptance"] + rec["heldout_t1_match_acceptance"]
 
 
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "block_size", "num_target_layers")
+
+
+def load_init(folder, dcfg):
+    """The fp32 state dict of an exported drafter (config.json + model.safetensors, bf16 as written below
+    and as the C engine loads it), for fine-tuning from it.  Its config must give the shape dcfg asks
+    for (SHAPE_KEYS, target_layer_ids, mask token) and every tensor the module's shape; SystemExit names
+    what differs otherwise."""
+    from safetensors.torch import load_file
+    cfg_path, w_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
+    for f in (cfg_path, w_path):
+        if not os.path.exists(f):
+            raise SystemExit(f"--init {folder}: {f} not found (want config.json + model.safetensors)")
+    icfg = C.read_json(cfg_path)
+    diff = [f"{k} {icfg.get(k)} != {dcfg[k]}" for k in SHAPE_KEYS if icfg.get(k) != dcfg[k]]
+    for k in ("target_layer_ids", "mask_token_id"):
+        got = icfg.get("dflash_config", {}).get(k)
+        if got != dcfg["dflash_config"][k]:
+            diff.append(f"{k} {got} != {dcfg['dflash_config'][k]}")
+    if diff:
+        raise SystemExit(f"--init {folder}: its shape is not the requested one ({'; '.join(diff)}); "
+                         f"pass the matching --layers / --intermediate / --target-layers")
+    want = {k: tuple(v.shape) for k, v in DFlashDrafter(dcfg).state_dict().items()}
+    got = {k: v.float() for k, v in load_file(w_path).items()}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    bad = [f"{k} {tuple(got[k].shape)} != {want[k]}" for k in want if k in got and tuple(got[k].shape) != want[k]]
+    if missing or extra or bad:
+        raise SystemExit(f"--init {folder}: weights do not match the requested drafter (missing {missing[:4]}, "
+                         f"unexpected {extra[:4]}, shapes {bad[:4]})")
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=C.DATA_DIR)
@@ -369,6 +405,10 @@ def main():
     ap.add_argument("--sampled-frac", type=float, default=0.0,
                     help="fraction of the --prompts continued by sampling the target at T = 1 instead of "
                          "greedily (random subset, seeded)")
+    ap.add_argument("--init", default="",
+                    help="a drafter folder in the exported format (config.json + model.safetensors, as the C "
+                         "engine loads it) whose weights are the starting point (fine-tuning); its shape must "
+                         "be the one this run asks for (--layers, --intermediate, --target-layers)")
     ap.add_argument("--no-t1-eval", action="store_true",
                     help="skip the held-out continuations sampled at T = 1 and the T = 1 proxies")
     ap.add_argument("--compare", default="",
@@ -415,6 +455,7 @@ def main():
         raise SystemExit(f"target layers {tl}: ids must be in 0..{tcfg['num_hidden_layers'] - 2}")
     L = dcfg["block_size"]
     layer_ids = dcfg["dflash_config"]["target_layer_ids"]
+    init_state = load_init(args.init, dcfg) if args.init else None   # checked before the data is made
     embed = target.model.embed_tokens.weight.detach().float()
     lm_head = target.lm_head.weight.detach().float()
     log(f"target {args.target}: {tcfg['num_hidden_layers']} layers, hidden {tcfg['hidden_size']}; "
@@ -488,6 +529,9 @@ def main():
     log(f"drafter module vs fixture reference (random init): rel err {ref_err:.2e}")
     if ref_err > 1e-5:
         raise SystemExit("the training module does not compute what the reference drafter computes")
+    if init_state is not None:
+        drafter.load_state_dict(init_state)
+        log(f"initial weights from {args.init} ({len(init_state)} tensors)")
     n_params = sum(p.numel() for p in drafter.parameters())
     embed, lm_head = embed.to(device), lm_head.to(device)
     weights = torch.exp(-torch.arange(L - 1, dtype=torch.float32) / args.decay_gamma).to(device)

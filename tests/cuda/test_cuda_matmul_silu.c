@@ -248,11 +248,7 @@ static void refusals(void) {
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    ddt_error err;
-    if (ddt_cpu_pool_create(4, &g_pool, &err) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", err.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(4, &g_pool, &err_));
     /* rows odd (spare rows in the last 4-row warp); K not a multiple of 8 for the
        dense formats and FP8 (partial chunks, partial 128-blocks), multiples of 32
        for INT4; one K % 4 == 0 shape per format so gate | up takes float4 loads */

@@ -473,11 +473,7 @@ static void error_cases(void) {
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    ddt_error e;
-    if (ddt_cpu_pool_create(0, &g_pool, &e) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", e.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(0, &g_pool, &err_));
     error_cases();
     static const int ranks[][2] = {{64, 16}, {512, 64}};
     static const int heads[] = {1, 4, 7};

@@ -356,11 +356,7 @@ static void bad_prefix_case(void) {
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    ddt_error e;
-    if (ddt_cpu_pool_create(0, &g_pool, &e) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", e.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(0, &g_pool, &err_));
     const int nps[] = {1, 37, 1000, 4099, 20001};
     const int Ts[] = {1, 3, 16, 33, 64};
     int cases = 0;

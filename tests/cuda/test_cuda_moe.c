@@ -466,11 +466,7 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    ddt_error err;
-    if (ddt_cpu_pool_create(4, &g_pool, &err) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", err.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(4, &g_pool, &err_));
     static const int ns[] = {1, 5, 33};
     for (int i = 0; i < 3; i++) {
         route_case(384, 8, 1, 1, ns[i], 0, 1, 1);   /* Kimi K2 */

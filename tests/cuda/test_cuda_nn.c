@@ -177,11 +177,7 @@ static void norm_pair_case(int32_t dim0, int64_t ld0, int32_t dim1, int64_t ld1,
 
 int main(int argc, char **argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    ddt_error err;
-    if (ddt_cpu_pool_create(2, &g_pool, &err) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", err.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(2, &g_pool, &err_));
     norm_case(7168, 7168, 3, 0);   /* K2.6 hidden: vector path */
     norm_case(1536, 1536, 17, 0);  /* q_lora */
     norm_case(512, 576, 5, 0);     /* the latent slice of kv_a's rows */

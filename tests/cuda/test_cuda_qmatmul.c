@@ -533,11 +533,7 @@ static void shape_case(int f, int64_t rows, int64_t cols, int n) {
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    ddt_error err;
-    if (ddt_cpu_pool_create(4, &g_pool, &err) != DDT_OK) {
-        fprintf(stderr, "pool: %s\n", err.msg);
-        return 1;
-    }
+    OK(ddt_cpu_pool_create(4, &g_pool, &err_));
     /* dense / FP8 shapes include odd widths (unaligned rows, partial 128-blocks) */
     static const int64_t dshape[][2] = {{96, 160}, {257, 96}, {129, 224}, {131, 257}, {67, 1031}};
     static const int64_t ishape[][2] = {{96, 160}, {257, 96}, {129, 224}, {35, 1056}};

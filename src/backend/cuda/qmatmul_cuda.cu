@@ -289,10 +289,13 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
 
 template <int F, int R, bool GATED>
 static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
-    /* fewer tokens per warp leave registers for more loads in flight */
-    if (TB == 1) mm_launch_shape<F, R, 1, 4, GATED>(a, s);
-    else if constexpr (!GATED) {
-        if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
+    /* fewer tokens per warp leave registers for more loads in flight; the gated
+       products have TB = 1 only (mm_choose never picks more for them) */
+    if constexpr (GATED) {
+        mm_launch_shape<F, R, 1, 4, true>(a, s);
+    } else {
+        if (TB == 1) mm_launch_shape<F, R, 1, 4, false>(a, s);
+        else if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
         else mm_launch_shape<F, R, 4, 1, false>(a, s);
     }
 }
@@ -725,14 +728,19 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
         if (tc && (st = tc_workspace_check(w, &g, n, workspace, workspace_bytes, err)) != DDT_OK) return st;
         if ((st = ddt_cuda_silu_mul(gate, ldg, up, ldu, n, (int32_t)w->cols, stream, err)) != DDT_OK) return st;
         if (tc) return tc_matmul(w, &g, gate, ldg, n, y, ldy, workspace, workspace_bytes, s, err);
-        return ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, gate, ldg, n, y, ldy, 0, 0, NULL, 0, stream, err);
     }
     MMArgs a;
     set_product(a, &g, gate, ldg, n, y, ldy);
-    a.u = up;
-    a.ldu = ldu;
-    a.xvec = a.xvec && (uintptr_t)up % 16 == 0 && ldu % 4 == 0;
-    mm_dispatch<true>(w, a, 0, 0, s);
+    if (n > DDT_CUDA_SILU_FUSE_MAX_N) { /* the plain product of the SiLU just written */
+        a.u = NULL;
+        a.ldu = 0;
+        mm_dispatch<false>(w, a, 0, 0, s);
+    } else {
+        a.u = up;
+        a.ldu = ldu;
+        a.xvec = a.xvec && (uintptr_t)up % 16 == 0 && ldu % 4 == 0;
+        mm_dispatch<true>(w, a, 0, 0, s);
+    }
     DDT_CUDA_LAUNCHED("matmul_silu", s, err);
     return DDT_OK;
 }
