@@ -111,8 +111,11 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     float lm[8];
     {
         float *x, *y;
+        void *mws; /* the tensor path's split activations */
+        const size_t mws_bytes = ddt_cuda_matmul_workspace_bytes(7168, 1, 64);
         CU(cudaMalloc((void **)&x, sizeof(float) * 64 * 7168));
         CU(cudaMalloc((void **)&y, sizeof(float) * 64 * (size_t)163840));
+        CU(cudaMalloc(&mws, mws_bytes));
         OK(ddt_cuda_fill_uniform(x, 64 * 7168, -1.0f, 1.0f, 99, NULL, &err_)); /* never time on zeros */
         cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
         cudaEvent_t e0, e1;
@@ -123,7 +126,7 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
             for (int r = -1; r < reps; r++) {
                 CU(cudaEventRecord(e0, s));
                 OK(ddt_cuda_matmul_mode(ddt_cuda_target_embed(t), tc ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32, x,
-                                        7168, ns[i], y, 163840, s, &err_));
+                                        7168, ns[i], y, 163840, mws, mws_bytes, s, &err_));
                 CU(cudaEventRecord(e1, s));
                 CU(cudaEventSynchronize(e1));
                 if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
@@ -132,7 +135,7 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
             lm[i] = v[reps / 2];
             printf("| %d | %.3f |\n", ns[i], lm[i]);
         }
-        cudaFree(x), cudaFree(y);
+        cudaFree(x), cudaFree(y), cudaFree(mws);
     }
     ddt_cuda_target_free(t);
 

@@ -41,13 +41,14 @@ static float time_graph(const ddt_qweight *w, const float *x, int n, float *y, i
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
-    OK(ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, x, w->cols, n, y, w->rows, R, TB, s, &err_));
+    OK(ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, x, w->cols, n, y, w->rows, R, TB, NULL, 0, s, &err_));
     CU(cudaStreamSynchronize(s));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < 64; i++)
-        OK(ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, x, w->cols, n, y, w->rows, R, TB, s, &err_));
+        OK(ddt_cuda_matmul_grouped_shape(w, DDT_CUDA_MM_FP32, &g, x, w->cols, n, y, w->rows, R, TB, NULL, 0, s,
+                                         &err_));
     CU(cudaStreamEndCapture(s, &graph));
     CU(cudaGraphInstantiate(&exec, graph, 0));
     CU(cudaGraphLaunch(exec, s));

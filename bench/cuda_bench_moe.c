@@ -234,7 +234,10 @@ int main(int argc, char **argv) {
                  {"INT4 shared-expert-like", DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 4096, 7168},
                  {"bf16 LM head", DDT_Q_DENSE, DDT_DTYPE_BF16, 163840, 7168}};
     float *y;
+    void *mws; /* the tensor path's split activations: 64 tokens of the widest input (8192) */
+    const size_t mws_bytes = ddt_cuda_matmul_workspace_bytes(8192, 1, 64);
     CU(cudaMalloc((void **)&y, sizeof(float) * (size_t)64 * 163840));
+    CU(cudaMalloc(&mws, mws_bytes));
     ddt_qweight xd;
     OK(ddt_cuda_qweight_random(DDT_Q_DENSE, DDT_DTYPE_BF16, 64, 8192, 1.0f, 57, &xd, &err_));
     for (int di = 0; di < 7; di++) {
@@ -258,7 +261,7 @@ int main(int argc, char **argv) {
                 if (only && (mi == 0 || (only_n && n != only_n))) continue;
                 const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
                 float ms, q, cms, cq;
-                TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, NULL, &err_), ms, q);
+                TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, mws, mws_bytes, NULL, &err_), ms, q);
                 TIME_WITH(CB(gemm_bf16(cub, R, n, C, wb.data, xd.data, y, 0)), cms, cq);
                 if (t1 == 0) t1 = ms;
                 const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
@@ -277,6 +280,7 @@ int main(int argc, char **argv) {
     ddt_cuda_qweight_free(&hb);
     CB(cublasDestroy(cub));
     CU(cudaFree(y));
+    CU(cudaFree(mws));
     CU(cudaFree(ws));
     CU(cudaFree(x));
     CU(cudaFree(out));

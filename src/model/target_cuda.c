@@ -88,6 +88,8 @@ struct ddt_cuda_target {
     size_t mla_ws_bytes;
     void *moe_ws;
     size_t moe_ws_bytes;
+    void *mm_ws;         /* tensor cores: the projections' split activations (mm_workspace_bytes) */
+    size_t mm_ws_bytes;
     int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
     float *capture; /* [n_capture][max_tokens][hidden] */
     ddt_cuda_target_probe probe; /* tests (ddt_cuda_target_set_probe); every pointer NULL otherwise */
@@ -255,6 +257,25 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     return stack_front(t, d, err);
 }
 
+/* The tensor-core projections' workspace (qmatmul_cuda.h): the widest input a
+ * forward's tensor-path product reads, for max_tokens tokens.  Inputs: hidden
+ * (q_a, kv_a, q_proj, the shared / dense gate and up, the LM head), q_lora
+ * (q_b), per head nope (W_UK transposed) and rank (W_UV), heads x vdim (o_proj),
+ * an MLP's intermediate (down).  A product left out here is refused at run time
+ * (DDT_ERR_RANGE), not run out of bounds. */
+static size_t mm_workspace_bytes(const ddt_cuda_target *t) {
+    if (t->mm != DDT_CUDA_MM_TENSOR) return 0;
+    const ddt_target_dims *d = &t->dims;
+    const int64_t in[][2] = {{d->hidden, 1}, {d->q_lora, 1}, {d->nope, d->heads}, {d->rank, d->heads},
+                             {(int64_t)d->heads * d->vdim, 1}, {d->inter_max, 1}};
+    size_t b = 0;
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+        const size_t w = ddt_cuda_matmul_workspace_bytes(in[i][0], (int32_t)in[i][1], t->max_tokens);
+        if (w > b) b = w;
+    }
+    return b;
+}
+
 static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     const size_t T = (size_t)t->max_tokens, H = (size_t)t->dims.hidden;
     ddt_status st;
@@ -293,6 +314,9 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
             return st;
     }
     A(t->iota, T, int32_t);
+    t->mm_ws_bytes = mm_workspace_bytes(t);
+    if (t->mm_ws_bytes > 0 && (st = ddt_cuda_malloc_array(&t->mm_ws, t->mm_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK)
+        return st;
     A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
     A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
     if (t->dims.n_experts > 0) {
@@ -608,7 +632,8 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
                     t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits, t->front,
-                    t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->capture, t->q16, t->causal, t->mla_ws};
+                    t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->capture, t->q16, t->causal,
+                    t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     if (t->desc) {
@@ -657,11 +682,13 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
 /* out[n][hidden] = down(silu(g) * u) from gate | up already side by side at gu
  * (row stride ld): ddt_cuda_matmul_silu_mode, one launch on the FP32 path for an
  * ar step (bitwise silu_mul then down), those two for a verify or with the
- * tensor cores, g overwritten. */
+ * tensor cores (whose product splits its activations into mm_ws first), g
+ * overwritten. */
 static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
                            ddt_error *err) {
     const int64_t inter = m->down.cols;
-    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, t->stream, err);
+    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, t->mm_ws,
+                                     t->mm_ws_bytes, t->stream, err);
 }
 
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) */
@@ -669,13 +696,16 @@ static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float 
                               ddt_error *err) {
     const int64_t inter = m->gate_up.data ? m->gate_up.rows / 2 : m->gate.rows;
     if (m->gate_up.data) { /* g | u side by side in t->g */
-        TRY(ddt_cuda_matmul_mode(&m->gate_up, t->mm, in, t->dims.hidden, n, t->g, 2 * inter, t->stream, err));
+        TRY(ddt_cuda_matmul_mode(&m->gate_up, t->mm, in, t->dims.hidden, n, t->g, 2 * inter,
+                                 t->mm_ws, t->mm_ws_bytes, t->stream, err));
         return mlp_down(t, m, t->g, 2 * inter, n, out, err);
     }
-    TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter, t->stream, err));
-    TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter, t->stream, err));
-    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, t->g, inter, t->u, inter, n, out, t->dims.hidden, t->stream,
-                                     err);
+    TRY(ddt_cuda_matmul_mode(&m->gate, t->mm, in, t->dims.hidden, n, t->g, inter,
+                             t->mm_ws, t->mm_ws_bytes, t->stream, err));
+    TRY(ddt_cuda_matmul_mode(&m->up, t->mm, in, t->dims.hidden, n, t->u, inter,
+                             t->mm_ws, t->mm_ws_bytes, t->stream, err));
+    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, t->g, inter, t->u, inter, n, out, t->dims.hidden, t->mm_ws,
+                                     t->mm_ws_bytes, t->stream, err);
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
@@ -721,21 +751,25 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
                 qa_ld = t->dims.q_lora + width;
-                TRY(ddt_cuda_matmul_mode(&L->qkv_a, t->mm, t->xn, H, n, t->qa, qa_ld, s, err));
+                TRY(ddt_cuda_matmul_mode(&L->qkv_a, t->mm, t->xn, H, n, t->qa, qa_ld,
+                                         t->mm_ws, t->mm_ws_bytes, s, err));
                 kva = t->qa + t->dims.q_lora;
                 kva_ld = qa_ld;
             } else {
-                TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, qa_ld, s, err));
+                TRY(ddt_cuda_matmul_mode(&L->q_a, t->mm, t->xn, H, n, t->qa, qa_ld, t->mm_ws, t->mm_ws_bytes, s, err));
             }
-            if (!L->qkv_a.data) TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
+            if (!L->qkv_a.data) TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width,
+                                                         t->mm_ws, t->mm_ws_bytes, s, err));
             /* both latents' norms in one launch (the same bits as two) */
             const ddt_cuda_norm_job jobs[2] = {{t->qa, qa_ld, t->dims.q_lora, L->q_a_norm, t->qa, qa_ld},
                                                {kva, kva_ld, rank, L->kv_a_norm, t->kvn, rank}};
             TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
-            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
+                                     t->mm_ws, t->mm_ws_bytes, s, err));
         } else {
-            TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd, s, err));
-            TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
+                                     t->mm_ws, t->mm_ws_bytes, s, err));
+            TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, t->mm_ws, t->mm_ws_bytes, s, err));
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
@@ -748,7 +782,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         if (L->uk_t.mma) {
             const ddt_row_groups ukt = uk_t_groups(t);
             TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
-                                             (int64_t)heads * rank, s, err));
+                                             (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));
         } else {
             const ddt_row_groups uk = uk_groups(t);
             TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
@@ -780,8 +814,9 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         ddt_row_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
                               .rows = t->dims.vdim, .x_stride = rank, .y_stride = t->dims.vdim};
         TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                                         (int64_t)heads * t->dims.vdim, s, err));
-        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H, s, err));
+                                         (int64_t)heads * t->dims.vdim, t->mm_ws, t->mm_ws_bytes, s, err));
+        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H,
+                                 t->mm_ws, t->mm_ws_bytes, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
         TRY(probe_copy(t, t->probe.x_attn, l, T, sizeof(float) * (size_t)H, t->x, n, err));
@@ -851,7 +886,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     TRY(capture_store(t, t->dims.n_layers - 1, t->xn, n, err));
     if (logits)
         TRY(ddt_cuda_matmul_mode(&t->lm_head, t->mm, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits,
-                                 t->dims.vocab, s, err));
+                                 t->dims.vocab, t->mm_ws, t->mm_ws_bytes, s, err));
     return DDT_OK;
 }
 

@@ -669,8 +669,11 @@ static void concat_case(ddt_qformat fmt, ddt_dtype dtype, const int64_t *rows, i
     float *x = malloc(sizeof(float) * xn), *ysep = malloc(sizeof(float) * yn), *ycat = malloc(sizeof(float) * yn);
     for (size_t i = 0; i < xn; i++) x[i] = rndf();
     float *dx, *dy;
+    void *mws; /* the tensor path's split activations */
+    const size_t mws_bytes = ddt_cuda_matmul_workspace_bytes(cols, 1, n);
     CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
     CU(cudaMalloc((void **)&dy, sizeof(float) * yn));
+    CU(cudaMalloc(&mws, mws_bytes));
     CU(cudaMemcpy(dx, x, sizeof(float) * xn, cudaMemcpyHostToDevice));
     char what[128];
 
@@ -696,12 +699,12 @@ static void concat_case(ddt_qformat fmt, ddt_dtype dtype, const int64_t *rows, i
             bo_poison(dy, sizeof(float) * yn);
             int64_t off = 0;
             for (int32_t i = 0; i < count; i++) {
-                OK(ddt_cuda_matmul_mode(&part[i], mm, dx, cols, n, dy + off, ldy, NULL, &err_));
+                OK(ddt_cuda_matmul_mode(&part[i], mm, dx, cols, n, dy + off, ldy, mws, mws_bytes, NULL, &err_));
                 off += rows[i];
             }
             CU(cudaMemcpy(ysep, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
             bo_poison(dy, sizeof(float) * yn);
-            OK(ddt_cuda_matmul_mode(&whole, mm, dx, cols, n, dy, ldy, NULL, &err_));
+            OK(ddt_cuda_matmul_mode(&whole, mm, dx, cols, n, dy, ldy, mws, mws_bytes, NULL, &err_));
             CU(cudaMemcpy(ycat, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
             snprintf(what, sizeof what, "%s %s stacked vs separate", name, mode ? "tensor" : "fp32");
             const double err = bo_compare(what, ycat, ysep, yn, mode ? (bo_cmp){.bound = 1e-5} : (bo_cmp){.bitwise = true});
@@ -728,7 +731,7 @@ static void concat_case(ddt_qformat fmt, ddt_dtype dtype, const int64_t *rows, i
         ddt_cuda_qweight_free(&whole);
     }
     for (int32_t i = 0; i < count; i++) ddt_cuda_qweight_free(&part[i]);
-    cudaFree(dx), cudaFree(dy);
+    cudaFree(dx), cudaFree(dy), cudaFree(mws);
     free(x), free(ysep), free(ycat);
 }
 

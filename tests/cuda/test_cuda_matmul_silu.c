@@ -20,7 +20,8 @@
  *     overwritten bitwise as ddt_cuda_silu_mul writes them, while F32 / F16 keep
  *     the fused FP32 path;
  *   - refusals: INT4 with 40 columns, no up rows, n = 0, an eligible weight in
- *     tensor mode that was never packed.
+ *     tensor mode that was never packed, or packed with a missing, short or
+ *     misaligned workspace (the gate rows left as they were).
  * Gate values span silu's range: uniform in [-4, 4) plus -100 (exp overflows to
  * inf: -0 out), 100 and -0.
  * --quick: fewer shapes, token counts and layouts (for compute-sanitizer).
@@ -124,14 +125,26 @@ static void run_case(int f, int64_t rows, int64_t K, int n, int layout, ddt_cuda
         CU(cudaMemcpy(db[k], in, sizeof(float) * nb, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dy[k], yf, sizeof(float) * ny, cudaMemcpyHostToDevice));
     }
+    /* tensor mode: the split activations' workspace, exactly the bytes n tokens
+       need (so the sanitizer sees any access past it), NaN-poisoned; F32 / F16
+       take the FP32 path and never read it.  Both products below share it. */
+    void *ws = NULL;
+    size_t wsb = 0;
+    if (mode == DDT_CUDA_MM_TENSOR) {
+        wsb = ddt_cuda_matmul_workspace_bytes(K, 1, n);
+        CU(cudaMalloc(&ws, wsb));
+        CU(cudaMemset(ws, 0xFF, wsb));
+    }
     /* fused into dy[0] from db[0]; the two launches into dy[1] from db[1] */
     if (mode == DDT_CUDA_MM_FP32 && layout != 1)
         OK(ddt_cuda_matmul_silu(&dw, db[0] + og, ldg, db[0] + ou, ldu, n, dy[0], ldy, NULL, &err_));
     else
-        OK(ddt_cuda_matmul_silu_mode(&dw, mode, db[0] + og, ldg, db[0] + ou, ldu, n, dy[0], ldy, NULL, &err_));
+        OK(ddt_cuda_matmul_silu_mode(&dw, mode, db[0] + og, ldg, db[0] + ou, ldu, n, dy[0], ldy, ws, wsb, NULL,
+                                     &err_));
     OK(ddt_cuda_silu_mul(db[1] + og, ldg, db[1] + ou, ldu, n, (int32_t)K, NULL, &err_));
-    OK(ddt_cuda_matmul_mode(&dw, mode, db[1] + og, ldg, n, dy[1], ldy, NULL, &err_));
+    OK(ddt_cuda_matmul_mode(&dw, mode, db[1] + og, ldg, n, dy[1], ldy, ws, wsb, NULL, &err_));
     CU(cudaDeviceSynchronize());
+    if (ws) CU(cudaFree(ws));
     CU(cudaMemcpy(yf, dy[0], sizeof(float) * ny, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(yr, dy[1], sizeof(float) * ny, cudaMemcpyDeviceToHost));
     float *bf = malloc(sizeof(float) * nb), *br = malloc(sizeof(float) * nb);
@@ -201,9 +214,32 @@ static void refusals(void) {
     CHECK(st == DDT_ERR_INVALID, "no up rows: status %d", (int)st);
     st = ddt_cuda_matmul_silu(&dw, dx, 128, dx + 64, 128, 0, dy, 16, NULL, &e);
     CHECK(st == DDT_ERR_INVALID, "n = 0: status %d", (int)st);
-    st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, &e);
+    st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, 0, NULL, &e);
     CHECK(st == DDT_ERR_INVALID && strstr(e.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)", (int)st,
           e.msg);
+    /* packed: the tensor path needs its workspace, refused before the gate rows
+       are overwritten */
+    OK(ddt_cuda_qweight_pack(&dw, &err_));
+    {
+        float gate0[64], gate1[64];
+        for (int j = 0; j < 64; j++) gate0[j] = (float)j - 31.5f;
+        CU(cudaMemcpy(dx, gate0, sizeof gate0, cudaMemcpyHostToDevice));
+        const size_t need = ddt_cuda_matmul_workspace_bytes(64, 1, 1);
+        uint8_t *ws;
+        CU(cudaMalloc((void **)&ws, need + 16));
+        st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, 0, NULL, &e);
+        CHECK(st == DDT_ERR_RANGE, "tensor mode without a workspace: status %d", (int)st);
+        st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, ws, need - 16, NULL,
+                                       &e);
+        CHECK(st == DDT_ERR_RANGE, "tensor mode with a short workspace: status %d", (int)st);
+        st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, ws + 4, need, NULL,
+                                       &e);
+        CHECK(st == DDT_ERR_INVALID, "tensor mode with a misaligned workspace: status %d", (int)st);
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(gate1, dx, sizeof gate1, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(gate0, gate1, sizeof gate0) == 0, "a refused tensor-mode call overwrote the gate rows");
+        CU(cudaFree(ws));
+    }
     ddt_cuda_qweight_free(&dw);
     ct_free_weight(&h);
     CU(cudaFree(dx));

@@ -9,7 +9,9 @@
  *   - the same on the tensor cores (layer mode DDT_CUDA_MM_TENSOR): normalised
  *     error < 5e-5 (the bound of test_cuda_qmatmul.c: exact weights, x as two
  *     bf16 halves, about 4e-6 per product; the down projection adds the error of
- *     h, so the bound is shared, not tightened);
+ *     h, so the bound is shared, not tightened), and bit for bit the expert
+ *     kernels from before x and h were split once per launch (kept verbatim in
+ *     test_cuda_moe_ref.cu / wstream_ref.cuh; odd inter: h's zero padding);
  *   - each token's output bit-identical alone and inside batches of 1, 5, 12, 33
  *     (experts with more tokens than a work item holds are split, and on the
  *     tensor cores experts with more than 16 go to the second item class: both
@@ -33,6 +35,10 @@
 #include "backend/cuda/nn_cuda.h"
 #include "backend_ops.h"
 #include "cuda_test.h"
+
+/* the tensor-core experts before the split (test_cuda_moe_ref.cu): idx, w on the host; a cudaError_t */
+int ref_old_moe_tc(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n, const int32_t *idx,
+                   const float *w, int32_t K, float *out, int64_t ldo);
 
 static uint64_t g_rng = 0xD1B54A32D192ED03ull;
 static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
@@ -388,6 +394,18 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
             for (int d = H; d < ldo; d++) bad_pad += !ct_is_poison(&got[t * ldo + d]);
         CHECK(!isnan(e), "%s: normalised error is NaN", what);
         CHECK(bad_pad == 0, "experts %s%s n=%d: padding written", fname(f), mname, n);
+        int vs_old = 0;
+        if (mode == DDT_CUDA_MM_TENSOR) { /* bit for bit the kernels that split x and h in every block */
+            float *dref, *oldh = malloc(sizeof(float) * (size_t)n * ldo);
+            CU(cudaMalloc((void **)&dref, sizeof(float) * (size_t)n * ldo));
+            bo_poison(dref, sizeof(float) * (size_t)n * ldo);
+            CU((cudaError_t)ref_old_moe_tc(&layer, dx, H, n, idx, wt, K, dref, ldo));
+            CU(cudaMemcpy(oldh, dref, sizeof(float) * (size_t)n * ldo, cudaMemcpyDeviceToHost));
+            for (int t = 0; t < n; t++) vs_old += memcmp(oldh + t * ldo, got + t * ldo, sizeof(float) * (size_t)H) != 0;
+            CHECK(vs_old == 0, "experts %s TC n=%d: %d tokens differ from the old kernels", fname(f), n, vs_old);
+            CU(cudaFree(dref));
+            free(oldh);
+        }
         /* each token alone (from an offset copy of its row) must match bit for bit */
         int mism = 0;
         for (int t = 0; t < n; t++) {
@@ -397,8 +415,9 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
             mism += memcmp(one, got + t * ldo, sizeof(float) * (size_t)H) != 0;
         }
         CHECK(mism == 0, "experts %s%s n=%d: %d tokens differ alone vs in the batch", fname(f), mname, n, mism);
-        printf("experts %-4s%s E=%d hidden %d inter %d top%d n=%2d: err %.2e, alone==batch %s\n", fname(f), mname, E, H,
-               I, K, n, e, mism ? "NO" : "yes");
+        printf("experts %-4s%s E=%d hidden %d inter %d top%d n=%2d: err %.2e, alone==batch %s%s\n", fname(f), mname, E,
+               H, I, K, n, e, mism ? "NO" : "yes",
+               mode != DDT_CUDA_MM_TENSOR ? "" : vs_old ? ", == old kernels NO" : ", == old kernels yes");
         char name[48];
         snprintf(name, sizeof name, "%s%s E=%d [%d, %d]", fname(f), mname, E, H, I);
         for (int v = 0; v < 4; v++) /* with and without a shared expert; register and strided norm paths */

@@ -19,7 +19,16 @@
  *   - the determinism contract: every token of a batch is bit-identical to the same
  *     token computed alone (from a separate, differently aligned buffer);
  *   - output padding (poisoned with NaN) is never written;
- *   - x W and the embedding gather are bit-identical to the CPU (same operations).
+ *   - x W and the embedding gather are bit-identical to the CPU (same operations);
+ *   - the tensor path with its activations split once per product (a pre-pass
+ *     into the caller's workspace) is bit-identical, over the whole output
+ *     buffer, to the kernel that split them in every block (kept verbatim in
+ *     test_cuda_qmatmul_ref.cu / wstream_ref.cuh): BF16, FP8, INT4; n = 1, 2, 5,
+ *     16, 17, 33, 64, 70; rows off 16, columns off 32 and off 4 (BF16, FP8),
+ *     k-split clusters, groups, aligned and unaligned x; the activations'
+ *     padding, the output's and the workspace poisoned with NaN; each token of
+ *     n = 64 bit-identical to the same token alone; a missing, short or
+ *     misaligned workspace refused.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
  */
 #include <cuda_runtime_api.h>
@@ -36,6 +45,9 @@
 /* the x W kernel before the latency rework (test_cuda_qmatmul_ref.cu): a cudaError_t */
 int ref_old_matmul_t_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                              float *y, int64_t ldy);
+/* the tensor-core x W^T before the split pre-pass (test_cuda_qmatmul_ref.cu): a cudaError_t */
+int ref_old_tc_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
+                              float *y, int64_t ldy);
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) { return ct_frand(&g_rng); }
@@ -53,14 +65,35 @@ static const char *fmt_name(int f) {
 
 static ddt_cpu_pool *g_pool;
 
+/* A device workspace of exactly the bytes a tensor-path product of n tokens over
+ * g's groups needs (so the sanitizer sees any access past it), NaN-poisoned
+ * (0xFF bytes: NaN as fp32 and as bf16), or NULL in FP32 mode. */
+static void *mm_workspace(const ddt_qweight *dw, ddt_cuda_mm_mode mode, const ddt_row_groups *g, int n,
+                          size_t *bytes) {
+    *bytes = 0;
+    if (mode != DDT_CUDA_MM_TENSOR) return NULL;
+    *bytes = ddt_cuda_matmul_workspace_bytes(dw->cols, g->count, n);
+    void *ws;
+    CU(cudaMalloc(&ws, *bytes));
+    CU(cudaMemset(ws, 0xFF, *bytes));
+    return ws;
+}
+
 /* kind 0: plain x W^T; 1: grouped x W^T; 2: grouped x W (FP32 only); 3: grouped
  * x W^T whose groups do not start on 16-row tiles (tensor mode: the FP32 path).
  * mode: DDT_CUDA_MM_FP32 or DDT_CUDA_MM_TENSOR for kinds 0, 1 and 3. */
 static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, const ddt_row_groups *g, const float *x,
                     int64_t ldx, int n, float *y, int64_t ldy) {
-    if (kind == 0) OK(ddt_cuda_matmul_mode(dw, mode, x, ldx, n, y, ldy, NULL, &err_));
-    else if (kind == 1 || kind == 3) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, NULL, &err_));
+    size_t wsb;
+    void *ws = kind == 2 ? NULL : mm_workspace(dw, mode, kind == 0 ? &(ddt_row_groups){1, 0, 0, dw->rows, 0, 0} : g,
+                                               n, &wsb);
+    if (kind == 0) OK(ddt_cuda_matmul_mode(dw, mode, x, ldx, n, y, ldy, ws, wsb, NULL, &err_));
+    else if (kind == 1 || kind == 3) OK(ddt_cuda_matmul_grouped_mode(dw, mode, g, x, ldx, n, y, ldy, ws, wsb, NULL, &err_));
     else OK(ddt_cuda_matmul_t_grouped(dw, g, x, ldx, n, y, ldy, NULL, &err_));
+    if (ws) {
+        CU(cudaDeviceSynchronize());
+        CU(cudaFree(ws));
+    }
 }
 
 static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, int xpad, ddt_cuda_mm_mode mode) {
@@ -282,7 +315,11 @@ static void transpose_case(int f, int count, int64_t stride, int64_t off, int64_
     CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dy, ygot, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
     const ddt_row_groups gt = {count, C, 0, C, R + 3, C + 1};
-    OK(ddt_cuda_matmul_grouped_mode(&dt, DDT_CUDA_MM_TENSOR, &gt, dx, ldx, n, dy, ldy, NULL, &err_));
+    size_t wsb;
+    void *ws = mm_workspace(&dt, DDT_CUDA_MM_TENSOR, &gt, n, &wsb);
+    OK(ddt_cuda_matmul_grouped_mode(&dt, DDT_CUDA_MM_TENSOR, &gt, dx, ldx, n, dy, ldy, ws, wsb, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaFree(ws));
     CU(cudaMemcpy(ygot, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
     int64_t bad_pad = 0;
     double num = 0, den = 0;
@@ -303,6 +340,99 @@ static void transpose_case(int f, int count, int64_t stride, int64_t off, int64_
     free(x), free(yref), free(ygot), free(got);
     ddt_cuda_qweight_free(&dt);
     ddt_cuda_qweight_free(&dw);
+    free_weight(&h);
+}
+
+/* The tensor path against the kernel it replaced (test_cuda_qmatmul_ref.cu), whole
+ * output buffers bit for bit: x W^T of n tokens, plain (through
+ * ddt_cuda_matmul_mode) or grouped (3 groups of `rows` rows starting on 16-row
+ * tiles, x groups at stride cols + 1), x's row stride cols + xpad and its base
+ * shifted by xshift floats (unaligned: the split's scalar loads, the old
+ * kernel's 4-byte copies).  Everything in x, y and the workspace that no value
+ * comes from is NaN poison.  Then each token alone (n = 1, from a buffer of its
+ * own, shifted by t % 2) against its row of the batch. */
+static void tc_old_case(int f, int grouped, int64_t rows, int64_t cols, int n, int xpad, int xshift) {
+    ddt_row_groups g = {1, 0, 0, rows, 0, 0};
+    int64_t wrows = rows;
+    if (grouped) {
+        const int64_t st = (rows + 23 + 15) / 16 * 16;
+        g = (ddt_row_groups){3, st, 16, rows, cols + 1, rows + 2};
+        wrows = 3 * st;
+    }
+    const int64_t ldx = (g.count - 1) * g.x_stride + cols + xpad, ldy = (g.count - 1) * g.y_stride + rows + 3;
+    const size_t xn = (size_t)(n * ldx + 2), yn = (size_t)(n * ldy);
+    hw h = make_weight(f, wrows, cols);
+    float *x = malloc(sizeof(float) * xn), *ynew = malloc(sizeof(float) * yn), *yold = malloc(sizeof(float) * yn);
+    float *yone = malloc(sizeof(float) * (size_t)ldy);
+    ct_poison(x, xn);
+    for (int t = 0; t < n; t++)
+        for (int32_t k = 0; k < g.count; k++)
+            for (int64_t j = 0; j < cols; j++) x[xshift + t * ldx + k * g.x_stride + j] = frand();
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    OK(ddt_cuda_qweight_pack(&dw, &err_));
+    float *dx, *dy[2], *dx1, *dy1;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
+    CU(cudaMalloc((void **)&dx1, sizeof(float) * (size_t)(ldx + 2)));
+    CU(cudaMalloc((void **)&dy1, sizeof(float) * (size_t)ldy));
+    CU(cudaMemcpy(dx, x, sizeof(float) * xn, cudaMemcpyHostToDevice));
+    ct_poison(ynew, yn);
+    for (int k = 0; k < 2; k++) {
+        CU(cudaMalloc((void **)&dy[k], sizeof(float) * yn));
+        CU(cudaMemcpy(dy[k], ynew, sizeof(float) * yn, cudaMemcpyHostToDevice));
+    }
+    size_t wsb;
+    void *ws = mm_workspace(&dw, DDT_CUDA_MM_TENSOR, &g, n, &wsb);
+    if (grouped) OK(ddt_cuda_matmul_grouped_mode(&dw, DDT_CUDA_MM_TENSOR, &g, dx + xshift, ldx, n, dy[0], ldy, ws, wsb,
+                                                 NULL, &err_));
+    else OK(ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx + xshift, ldx, n, dy[0], ldy, ws, wsb, NULL, &err_));
+    CU((cudaError_t)ref_old_tc_matmul_grouped(&dw, &g, dx + xshift, ldx, n, dy[1], ldy));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(ynew, dy[0], sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(yold, dy[1], sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    int64_t vs_old = 0, written = 0, nonfinite = 0;
+    for (size_t i = 0; i < yn; i++) {
+        vs_old += memcmp(&ynew[i], &yold[i], 4) != 0;
+        if (!ct_is_poison(&ynew[i])) written++, nonfinite += !isfinite(ynew[i]);
+    }
+    CHECK(vs_old == 0 && written == (int64_t)n * g.count * rows && nonfinite == 0,
+          "%s TC %s [%lld x %lld] n=%d ldx+%d shift %d: %lld floats differ from the old kernel, %lld written "
+          "(of %lld), %lld not finite",
+          fmt_name(f), grouped ? "grouped" : "x W^T", (long long)rows, (long long)cols, n, xpad, xshift,
+          (long long)vs_old, (long long)written, (long long)n * g.count * rows, (long long)nonfinite);
+    /* batch invariance: token t alone is its row of the batch */
+    int64_t mism = 0;
+    for (int t = 0; t < n; t++) {
+        if (n > 17 && t % 5 != 0 && t != n - 1) continue;
+        const int sh = t % 2;
+        float *xr = malloc(sizeof(float) * (size_t)(ldx + 2));
+        ct_poison(xr, (size_t)(ldx + 2));
+        memcpy(xr + sh, x + xshift + t * ldx, sizeof(float) * (size_t)ldx);
+        CU(cudaMemcpy(dx1, xr, sizeof(float) * (size_t)(ldx + 2), cudaMemcpyHostToDevice));
+        ct_poison(yone, (size_t)ldy);
+        CU(cudaMemcpy(dy1, yone, sizeof(float) * (size_t)ldy, cudaMemcpyHostToDevice));
+        free(xr);
+        size_t wsb1;
+        void *ws1 = mm_workspace(&dw, DDT_CUDA_MM_TENSOR, &g, 1, &wsb1);
+        OK(ddt_cuda_matmul_grouped_mode(&dw, DDT_CUDA_MM_TENSOR, &g, dx1 + sh, ldx, 1, dy1, ldy, ws1, wsb1, NULL,
+                                        &err_));
+        CU(cudaMemcpy(yone, dy1, sizeof(float) * (size_t)ldy, cudaMemcpyDeviceToHost));
+        CU(cudaFree(ws1));
+        if (memcmp(yone, ynew + t * ldy, sizeof(float) * (size_t)ldy) != 0) mism++;
+    }
+    CHECK(mism == 0, "%s TC %s [%lld x %lld] n=%d: %lld tokens differ alone vs in the batch", fmt_name(f),
+          grouped ? "grouped" : "x W^T", (long long)rows, (long long)cols, n, (long long)mism);
+    printf("%-4s TC %s [%4lld x %4lld] n=%2d ldx+%d shift %d: == old kernel %s, alone == batch %s\n", fmt_name(f),
+           grouped ? "grpWT" : "xW^T ", (long long)rows, (long long)cols, n, xpad, xshift, vs_old ? "NO" : "yes",
+           mism ? "NO" : "yes");
+    ddt_cuda_qweight_free(&dw);
+    CU(cudaFree(ws));
+    CU(cudaFree(dx));
+    CU(cudaFree(dx1));
+    CU(cudaFree(dy[0]));
+    CU(cudaFree(dy[1]));
+    CU(cudaFree(dy1));
+    free(x), free(ynew), free(yold), free(yone);
     free_weight(&h);
 }
 
@@ -377,8 +507,8 @@ static void shape_case(int f, int64_t rows, int64_t cols, int n) {
         for (int ti = 0; ti < 3; ti++) {
             ct_poison(got, (size_t)(n * ldy));
             CU(cudaMemcpy(dy, got, sizeof(float) * (size_t)(n * ldy), cudaMemcpyHostToDevice));
-            OK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, sh[ri], sh[ti], NULL,
-                                             &err_));
+            OK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, sh[ri], sh[ti], NULL, 0,
+                                             NULL, &err_));
             CU(cudaMemcpy(got, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
             if (memcmp(got, want, sizeof(float) * (size_t)(n * ldy)) != 0) {
                 diff++;
@@ -387,7 +517,7 @@ static void shape_case(int f, int64_t rows, int64_t cols, int n) {
             }
         }
     ddt_error e2;
-    CHECK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, 3, 1, NULL, &e2) ==
+    CHECK(ddt_cuda_matmul_grouped_shape(&dw, DDT_CUDA_MM_FP32, &g, dx, ldx, n, dy, ldy, 3, 1, NULL, 0, NULL, &e2) ==
               DDT_ERR_INVALID,
           "warp shape 3 x 1 not refused");
     printf("%-4s warp shapes [%4lld x %4lld] x3 groups n=%2d: all 9 bitwise the default: %s\n", fmt_name(f),
@@ -459,6 +589,29 @@ int main(int argc, char **argv) {
         for (int fi = 0; fi < 3; fi++)
             for (int n = 1; n <= 3; n += 2) run_case_mode(lf[fi], 0, 40, 2080, n, 0, DDT_CUDA_MM_TENSOR);
     }
+    /* the tensor path (activations split once per product) against the kernel
+       that split them in every block: rows off 16; BF16 / FP8 columns off 32 and
+       off 4; [40 x 2080] runs k-split clusters of 8 (3 row blocks: [131 x 4100]
+       too); n over every n-tile count, odd remainders and two token blocks */
+    {
+        static const int64_t dsh[][2] = {{37, 200}, {131, 257}, {300, 96}, {40, 2080}, {67, 1031}, {131, 4100}};
+        static const int64_t ish[][2] = {{37, 224}, {131, 256}, {300, 96}, {40, 2080}, {35, 1056}, {131, 4096}};
+        static const int tns[] = {1, 2, 5, 16, 17, 33, 64, 70};
+        static const int tf[] = {1, 3, 4};
+        for (int fi = 0; fi < 3; fi++) {
+            const int f = tf[fi];
+            const int64_t(*sh)[2] = f == 4 ? ish : dsh;
+            for (int s = 0; s < (quick ? 2 : 6); s++)
+                for (int i = 0; i < 8; i++) {
+                    if (quick && i != 0 && i != 4 && i != 6) continue; /* n = 1, 17, 64 */
+                    if (s == 5 && i != 0 && i != 6) continue;          /* the big shape at n = 1, 64 */
+                    tc_old_case(f, 0, sh[s][0], sh[s][1], tns[i], (s + i) % 2 ? 3 : 0, i % 3 == 1);
+                    if (s < 2 && (!quick || s == 0))
+                        tc_old_case(f, 1, sh[s][0] / 3 + 1, sh[s][1], tns[i], i % 2 ? 0 : 3, i % 3 == 2);
+                }
+        }
+        printf("tensor path: bitwise == the per-block split kernel on %s\n", g_failures ? "NOT all shapes" : "all shapes");
+    }
     /* x W against the old kernel: the MLA shapes (rank x nope and back), odd
        rows and columns, rows past one staged x pass (256), 1 .. 16 groups, every
        token-block remainder */
@@ -502,6 +655,7 @@ int main(int argc, char **argv) {
         float *dx, *dy;
         CU(cudaMalloc((void **)&dx, 64 * 4));
         CU(cudaMalloc((void **)&dy, 64 * 4));
+        CU(cudaMemset(dx, 0, 64 * 4));
         ddt_error e2;
         ddt_status st = ddt_cuda_matmul(&dw, dx, 40, 1, dy, 8, NULL, &e2);
         CHECK(st == DDT_ERR_UNSUPPORTED, "INT4 with 40 columns: status %d", (int)st);
@@ -509,9 +663,24 @@ int main(int argc, char **argv) {
         /* tensor mode on an eligible weight that was never packed: an error, not a silent slow path */
         hw hb = make_weight(1, 16, 64);
         OK(ddt_cuda_qweight_upload(&hb.w, &dw, &err_));
-        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, NULL, &e2);
+        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, NULL, 0, NULL, &e2);
         CHECK(st == DDT_ERR_INVALID && strstr(e2.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)",
               (int)st, e2.msg);
+        /* packed: the tensor path needs its workspace (the FP32 path none) */
+        OK(ddt_cuda_qweight_pack(&dw, &err_));
+        const size_t need = ddt_cuda_matmul_workspace_bytes(64, 1, 1);
+        CHECK(need == 256, "workspace of one token of 64 columns: %zu bytes, not 2 units of 128", need);
+        uint8_t *ws;
+        CU(cudaMalloc((void **)&ws, need + 16));
+        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, NULL, 0, NULL, &e2);
+        CHECK(st == DDT_ERR_RANGE, "tensor mode without a workspace: status %d", (int)st);
+        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, ws, need - 16, NULL, &e2);
+        CHECK(st == DDT_ERR_RANGE, "tensor mode with a short workspace: status %d", (int)st);
+        st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, ws + 4, need, NULL, &e2);
+        CHECK(st == DDT_ERR_INVALID, "tensor mode with a misaligned workspace: status %d", (int)st);
+        OK(ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_FP32, dx, 64, 1, dy, 16, NULL, 0, NULL, &err_));
+        CU(cudaDeviceSynchronize());
+        CU(cudaFree(ws));
         ddt_cuda_qweight_free(&dw);
         free_weight(&hb);
         CU(cudaFree(dx));

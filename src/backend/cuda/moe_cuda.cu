@@ -26,7 +26,9 @@
  * the same device functions as the launches it replaces, so the same bits.
  * With the layer's mode DDT_CUDA_MM_TENSOR, steps 2 and 3 are wstream.cuh's
  * weight-streaming kernels over the packed experts (ddt_cuda_moe_layer_pack),
- * items of at most 8, 16 or 32 entries by n.
+ * items of at most 8, 16 or 32 entries by n.  They read their activations split
+ * into bf16 hi / lo once (wstream.cuh's split rows), not per block: x by extra
+ * blocks of step 1's launch (no launch more), h by gate/up's epilogue.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -387,14 +389,16 @@ typedef WsItem SlotRec;
 struct MoeWs {
     SlotRec *rec;                                           /* [min(M, E) + M] work items */
     int32_t *sorted_tok, *pos_of;                           /* [M] x 2 */
-    float *h;                                               /* [M][inter] */
+    float *h;                                               /* [M][inter]; tensor path: split rows of
+                                                               ceil(inter / 32) units, as many floats */
     float *o;                                               /* [M][hidden] */
+    uint4 *xs;                                              /* tensor path: x split, [n][ceil(hidden / 32) units] */
     size_t bytes;
 };
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t inter) {
+static MoeWs ws_layout(void *base, int32_t E, int64_t M, int64_t n, int32_t hidden, int32_t inter) {
     MoeWs w;
     uint8_t *p = (uint8_t *)base;
     size_t off = 0;
@@ -405,8 +409,9 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t
     WS_TAKE(rec, SlotRec, (E < M ? E : M) + M)
     WS_TAKE(sorted_tok, int32_t, M)
     WS_TAKE(pos_of, int32_t, M)
-    WS_TAKE(h, float, M * inter)
+    WS_TAKE(h, float, M * ((inter + 31) / 32 * 32))
     WS_TAKE(o, float, M * hidden)
+    WS_TAKE(xs, uint4, n * ((hidden + 31) / 32 * 8))
 #undef WS_TAKE
     w.bytes = off;
     return w;
@@ -414,7 +419,7 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int32_t hidden, int32_t
 
 extern "C" size_t ddt_cuda_moe_workspace_bytes(const ddt_cuda_moe_layer *m, int32_t max_tokens, int32_t top_k) {
     if (!m || max_tokens < 1 || top_k < 1) return 0;
-    return ws_layout(NULL, m->n_experts, (int64_t)max_tokens * top_k, m->hidden, m->inter).bytes;
+    return ws_layout(NULL, m->n_experts, (int64_t)max_tokens * top_k, max_tokens, m->hidden, m->inter).bytes;
 }
 
 /* ------------------------------------------------------------------ sort */
@@ -544,9 +549,30 @@ static __device__ __forceinline__ void sort_entries(const int32_t *idx, const So
     }
 }
 
+/* The tensor path's x split into bf16 hi / lo once for every expert item that
+ * gathers its rows (wstream.cuh's split rows, into ws.xs), by the sort launch's
+ * blocks 1 .. (block 0 sorts; nothing the sort writes is read here).  A launch
+ * of its own would add its fixed cost (~2-5 us) to experts whose one-token
+ * floor is ~47 us (K2.6); the sort block stays the launch's long pole. */
+struct XSplit {
+    const float *x;
+    int64_t ldx, n, cols, nq;
+    bool vec;  /* x and ldx 16-byte aligned */
+    uint4 *out;
+};
+
+static __device__ __forceinline__ void split_x_blocks(const XSplit &p) {
+    ws_presplit([&](int64_t r) { return p.x + r * p.ldx; }, p.n, p.cols, p.nq, p.vec, p.out,
+                (int64_t)(blockIdx.x - 1) * SORT_THREADS + threadIdx.x, (int64_t)(gridDim.x - 1) * SORT_THREADS);
+}
+
 static __global__ void __launch_bounds__(SORT_THREADS)
-moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws) {
+moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws, XSplit xsp) {
     DDT_GRID_DEP_WAIT();
+    if (blockIdx.x > 0) {
+        split_x_blocks(xsp);
+        return;
+    }
     __shared__ SortSmem sm;
     sort_entries(idx, a, ws, sm);
 }
@@ -567,8 +593,12 @@ moe_sort_kernel(const int32_t *__restrict__ idx, SortArgs a, MoeWs ws) {
 
 static __global__ void __launch_bounds__(SORT_THREADS)
 moe_route_sort_kernel(const float *__restrict__ logits, int64_t ld, int n, ddt_moe_route_params p, int32_t *idx,
-                      float *w, SortArgs a, MoeWs ws) {
+                      float *w, SortArgs a, MoeWs ws, XSplit xsp) {
     DDT_GRID_DEP_WAIT();
+    if (blockIdx.x > 0) {
+        split_x_blocks(xsp);
+        return;
+    }
     __shared__ union {
         RouteWarpSmem route[SORT_THREADS / 32];
         SortSmem sort;
@@ -821,9 +851,8 @@ static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x,
  * side by side and share its weights in L2.
  */
 template <int F, int NT>
-static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec,
-                                    const WsItem *items, int slots, int n, const MoeWs &ws, cudaStream_t s,
-                                    ddt_error *err) {
+static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const WsItem *items, int slots, int n,
+                                    const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     constexpr int MT = ws_mt<F>(NT);
     const int H = m->hidden, I = m->inter;
     const ddt_qweight *gw = &m->host_copy[0], *dw = &m->host_copy[2 * m->n_experts];
@@ -838,12 +867,11 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     a.ks = 1;
     a.xcap = n < 8 * NT ? n : 8 * NT; /* a token reaches an expert at most once: an item has <= n entries */
     a.units_per_split = a.nu;
-    a.x = x;
-    a.ldx = ldx;
-    a.xvec = xvec && H % 4 == 0;
+    a.xs = ws.xs; /* x split by the sort launch, rows by token */
+    a.ldxs = a.nu * 8;
     a.items = items;
     a.sorted_tok = ws.sorted_tok;
-    a.y = ws.h;
+    a.hs = (uint4 *)ws.h; /* h out split, rows by entry */
     ws_kernel<F, WS_GATEUP, NT><<<dim3((unsigned)slots, (unsigned)((I + 8 * MT - 1) / (8 * MT))), ws_threads<F>(NT),
                                   ws_smem_bytes<F>(NT, a.xcap), s>>>(a);
     DDT_CUDA_LAUNCHED("moe_gateup (tensor cores)", s, err);
@@ -855,8 +883,9 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
     b.fp8_block = dw->block;
     b.fp8_scols = dw->block > 0 ? (int32_t)((I + dw->block - 1) / dw->block) : 0;
     b.units_per_split = b.nu;
-    b.x = NULL;
-    b.h = ws.h;
+    b.xs = (const uint4 *)ws.h;
+    b.ldxs = b.nu * 8;
+    b.hs = NULL;
     b.y = ws.o;
     ws_kernel<F, WS_DOWN, NT><<<dim3((unsigned)slots, (unsigned)((H + 16 * MT - 1) / (16 * MT))), ws_threads<F>(NT),
                                 ws_smem_bytes<F>(NT, b.xcap), s>>>(b);
@@ -868,14 +897,13 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const float *x,
  * big_slots > 0, the second list's (experts with more than 8 entries, items of at
  * most 32) on the 4-tile kernel. */
 template <int F>
-static ddt_status tc_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots, int nt,
-                             int big_slots, int n, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+static ddt_status tc_experts(const ddt_cuda_moe_layer *m, int slots, int nt, int big_slots, int n, const MoeWs &ws,
+                             cudaStream_t s, ddt_error *err) {
     ddt_status st;
-    if (nt == 1) st = tc_experts_launch<F, 1>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
-    else if (nt == 2) st = tc_experts_launch<F, 2>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
-    else st = tc_experts_launch<F, 4>(m, x, ldx, xvec, ws.rec, slots, n, ws, s, err);
-    if (st == DDT_OK && big_slots > 0)
-        st = tc_experts_launch<F, 4>(m, x, ldx, xvec, ws.rec + slots, big_slots, n, ws, s, err);
+    if (nt == 1) st = tc_experts_launch<F, 1>(m, ws.rec, slots, n, ws, s, err);
+    else if (nt == 2) st = tc_experts_launch<F, 2>(m, ws.rec, slots, n, ws, s, err);
+    else st = tc_experts_launch<F, 4>(m, ws.rec, slots, n, ws, s, err);
+    if (st == DDT_OK && big_slots > 0) st = tc_experts_launch<F, 4>(m, ws.rec + slots, big_slots, n, ws, s, err);
     return st;
 }
 
@@ -948,7 +976,7 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: workspace not 256-byte aligned");
     const int64_t M = (int64_t)n * top_k;
     if (M > 0x7FFFFFFF / 2 || n > 65535) return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
-    MoeWs ws = ws_layout(args->workspace, m->n_experts, M, m->hidden, m->inter);
+    MoeWs ws = ws_layout(args->workspace, m->n_experts, M, n, m->hidden, m->inter);
     if (ws.bytes > args->workspace_bytes)
         return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens need %zu workspace bytes, %zu given", n, ws.bytes,
                         args->workspace_bytes);
@@ -1006,9 +1034,16 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     const bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
     const SortArgs sa = {(int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big, big_min, big_slots,
                          m->gate, m->up, m->down, tc};
+    /* the tensor path's x split: blocks 1 .. split_blocks of the sort launch */
+    const XSplit xsp = {x, ldx, n, m->hidden, (m->hidden + 31) / 32 * 8, xvec, ws.xs};
+    int split_blocks = 0;
+    if (tc) {
+        const int64_t b = (xsp.n * xsp.nq + SORT_THREADS - 1) / SORT_THREADS;
+        split_blocks = b < 256 ? (int)b : 256;
+    }
     if (args->route && n <= MOE_ROUTE_SORT_MAX && args->route->n_experts <= ROUTE_WARP_MAX) {
-        moe_route_sort_kernel<<<1, SORT_THREADS, 0, s>>>(args->logits, args->ld_logits, n, *args->route, args->idx,
-                                                         args->w, sa, ws);
+        moe_route_sort_kernel<<<1 + split_blocks, SORT_THREADS, 0, s>>>(args->logits, args->ld_logits, n, *args->route,
+                                                                        args->idx, args->w, sa, ws, xsp);
         DDT_CUDA_LAUNCHED("moe_route_sort", s, err);
     } else {
         if (args->route) {
@@ -1016,15 +1051,15 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
                                                      stream, err);
             if (st != DDT_OK) return st;
         }
-        moe_sort_kernel<<<1, SORT_THREADS, 0, s>>>(idx, sa, ws);
+        moe_sort_kernel<<<1 + split_blocks, SORT_THREADS, 0, s>>>(idx, sa, ws, xsp);
         DDT_CUDA_LAUNCHED("moe_sort", s, err);
     }
     ddt_status st;
     if (tc) {
         switch (F) {
-        case QF_BF16: st = tc_experts<QF_BF16>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
-        case QF_FP8: st = tc_experts<QF_FP8>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
-        default: st = tc_experts<QF_INT4>(m, x, ldx, xvec, slots, nt, big_slots, n, ws, s, err); break;
+        case QF_BF16: st = tc_experts<QF_BF16>(m, slots, nt, big_slots, n, ws, s, err); break;
+        case QF_FP8: st = tc_experts<QF_FP8>(m, slots, nt, big_slots, n, ws, s, err); break;
+        default: st = tc_experts<QF_INT4>(m, slots, nt, big_slots, n, ws, s, err); break;
         }
     } else {
         switch (F) {

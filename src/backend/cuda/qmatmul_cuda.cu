@@ -17,7 +17,9 @@
  * x W^T on tensor cores (DDT_CUDA_MM_TENSOR): wstream.cuh's weight-streaming
  * kernel over the packed copy ddt_cuda_qweight_pack makes at load, one block per
  * (token block of up to 64, k-split, 16*MT rows, group); n picks the n-tile count
- * NT, which changes the work split only.
+ * NT, which changes the work split only.  A pre-pass (ws_presplit_kernel) splits
+ * the activations into bf16 hi / lo once per product, into the caller's
+ * workspace, instead of every row block splitting them again.
  *
  * x W: one thread per output column (coalesced weight rows), 4 tokens per thread,
  * summing rows in increasing order from 0.0f with the CPU's dequantised values:
@@ -329,8 +331,8 @@ static ddt_status check_groups(const ddt_qweight *w, const ddt_row_groups *g, co
     return DDT_OK;
 }
 
-/* The activation and output side of a grouped product, which both paths'
- * launch arguments (MMArgs, WsArgs) carry under the same names. */
+/* The activation and output side of a grouped product (the FP32 path's MMArgs;
+ * the tensor path reads its activations split, from the workspace). */
 template <class A>
 static void set_io(A &a, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy) {
     a.count = g->count;
@@ -496,6 +498,23 @@ static int32_t ws_ksplit(int64_t rows, int32_t count, int64_t nu) {
     return ks;
 }
 
+#define WS_SPLIT_THREADS 256
+
+/* The tensor path's activations, split once per product (wstream.cuh's split
+ * rows): x's token t, group g -> row t*count + g of out.  Grid-stride over quads. */
+static __global__ void __launch_bounds__(WS_SPLIT_THREADS)
+ws_presplit_kernel(const float *__restrict__ x, int64_t ldx, int64_t x_stride, int32_t count, int64_t nrows,
+                   int64_t cols, int64_t nq, bool vec, uint4 *__restrict__ out) {
+    DDT_GRID_DEP_WAIT();
+    ws_presplit([&](int64_t r) { return x + (r / count) * ldx + (r % count) * x_stride; }, nrows, cols, nq, vec, out,
+                (int64_t)blockIdx.x * WS_SPLIT_THREADS + threadIdx.x, (int64_t)gridDim.x * WS_SPLIT_THREADS);
+}
+
+extern "C" size_t ddt_cuda_matmul_workspace_bytes(int64_t cols, int32_t count, int32_t max_tokens) {
+    if (cols < 1 || count < 1 || max_tokens < 1) return 0;
+    return (size_t)max_tokens * (size_t)count * (size_t)((cols + 31) / 32) * 128u; /* 8 quads of 16 bytes a unit */
+}
+
 template <int F, int NT>
 static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
     constexpr int MT = ws_mt<F>(NT);
@@ -529,8 +548,26 @@ static cudaError_t ws_dense(const WsArgs &a, cudaStream_t s) {
     return ws_dense_launch<F, 8>(a, s);
 }
 
+/* The tensor path's workspace: present, large enough for n tokens of g's groups,
+ * 16-byte aligned. */
+static ddt_status tc_workspace_check(const ddt_qweight *w, const ddt_row_groups *g, int32_t n, const void *workspace,
+                                     size_t workspace_bytes, ddt_error *err) {
+    const size_t need = ddt_cuda_matmul_workspace_bytes(w->cols, g->count, n);
+    if (!workspace || workspace_bytes < need)
+        return ddt_fail(err, DDT_ERR_RANGE,
+                        "matmul (tensor cores): %d tokens x %d groups of %lld columns need %zu workspace bytes "
+                        "(ddt_cuda_matmul_workspace_bytes), %zu given",
+                        n, g->count, (long long)w->cols, need, workspace ? workspace_bytes : (size_t)0);
+    if ((uintptr_t)workspace % 16 != 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul (tensor cores): workspace not 16-byte aligned");
+    return DDT_OK;
+}
+
 static ddt_status tc_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
-                            float *y, int64_t ldy, cudaStream_t s, ddt_error *err) {
+                            float *y, int64_t ldy, void *workspace, size_t workspace_bytes, cudaStream_t s,
+                            ddt_error *err) {
+    const ddt_status st = tc_workspace_check(w, g, n, workspace, workspace_bytes, err);
+    if (st != DDT_OK) return st;
     WsArgs a;
     memset(&a, 0, sizeof a);
     const int F = qfmt_of(*w);
@@ -547,10 +584,24 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     a.wsc = F == QF_INT4 ? w->mma_scale : F == QF_FP8 ? (const void *)w->scale_inv : NULL;
     a.mt_stride = g->w_row_stride / 16;
     a.mt_offset = g->w_row_offset / 16;
-    set_io(a, g, x, ldx, n, y, ldy);
-    a.xvec = a.xvec && w->cols % 4 == 0;
+    a.count = g->count;
+    a.n = n;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+    const int64_t nq = a.nu * 8; /* quads of a split row */
+    a.xs = (const uint4 *)workspace;
+    a.ldxs = g->count * nq;
+    a.xs_stride = nq;
     const int64_t blocks = (g->rows + 31) / 32 * g->count * ((n + 7) / 8) * a.ks;
     if (blocks > 0x7FFFFFFF) return ddt_fail(err, DDT_ERR_RANGE, "matmul: %lld blocks", (long long)blocks);
+    /* the split: every (token, group) row once, for all the row blocks */
+    const int64_t nrows = (int64_t)n * g->count, quads = nrows * nq;
+    const int64_t sblocks = (quads + WS_SPLIT_THREADS - 1) / WS_SPLIT_THREADS;
+    const bool vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && g->x_stride % 4 == 0;
+    ws_presplit_kernel<<<(unsigned)(sblocks < 4096 ? sblocks : 4096), WS_SPLIT_THREADS, 0, s>>>(
+        x, ldx, g->x_stride, g->count, nrows, w->cols, nq, vec, (uint4 *)workspace);
+    DDT_CUDA_LAUNCHED("matmul (tensor cores) activation split", s, err);
     cudaError_t e;
     switch (F) {
     case QF_BF16: e = ws_dense<QF_BF16>(a, s); break;
@@ -575,7 +626,7 @@ static void set_product(MMArgs &a, const ddt_row_groups *g, const float *x, int6
 extern "C" ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
                                               int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                               ddt_error *err) {
-    return ddt_cuda_matmul_grouped_mode(w, DDT_CUDA_MM_FP32, g, x, ldx, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_grouped_mode(w, DDT_CUDA_MM_FP32, g, x, ldx, n, y, ldy, NULL, 0, stream, err);
 }
 
 /* The checks of an x W^T product, and which path takes it: *tc when the
@@ -608,14 +659,17 @@ static ddt_status mm_check(const ddt_qweight *w, ddt_cuda_mm_mode mode, const dd
 
 extern "C" ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode,
                                                    const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
-                                                   float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
-    return ddt_cuda_matmul_grouped_shape(w, mode, g, x, ldx, n, y, ldy, 0, 0, stream, err);
+                                                   float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                                   ddt_cuda_stream stream, ddt_error *err) {
+    return ddt_cuda_matmul_grouped_shape(w, mode, g, x, ldx, n, y, ldy, 0, 0, workspace, workspace_bytes, stream,
+                                         err);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode mode,
                                                     const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                                                     float *y, int64_t ldy, int32_t warp_rows, int32_t warp_tokens,
-                                                    ddt_cuda_stream stream, ddt_error *err) {
+                                                    void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                                    ddt_error *err) {
     bool tc = false;
     ddt_status st = mm_check(w, mode, g, n, x, y, &tc, err);
     if (st != DDT_OK) return st;
@@ -624,7 +678,7 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cu
         return ddt_fail(err, DDT_ERR_INVALID, "matmul: warp shape %d rows x %d tokens (1, 2 or 4 each, or both 0)",
                         warp_rows, warp_tokens);
     cudaStream_t s = (cudaStream_t)stream;
-    if (tc) return tc_matmul(w, g, x, ldx, n, y, ldy, s, err);
+    if (tc) return tc_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, s, err);
     MMArgs a;
     set_product(a, g, x, ldx, n, y, ldy);
     a.u = NULL;
@@ -635,20 +689,22 @@ extern "C" ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cu
 }
 
 extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx,
-                                           int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
+                                           int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                           ddt_cuda_stream stream, ddt_error *err) {
     if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul: no weight");
     ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
-    return ddt_cuda_matmul_grouped_mode(w, mode, &g, x, ldx, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_grouped_mode(w, mode, &g, x, ldx, n, y, ldy, workspace, workspace_bytes, stream, err);
 }
 
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
-    return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
                                                 const float *up, int64_t ldu, int32_t n, float *y, int64_t ldy,
-                                                ddt_cuda_stream stream, ddt_error *err) {
+                                                void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                                ddt_error *err) {
     if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul_silu: no weight");
     if (!up) return ddt_fail(err, DDT_ERR_INVALID, "matmul_silu: no up rows");
     const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
@@ -657,16 +713,21 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
     if (st != DDT_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
     if (tc || n > DDT_CUDA_SILU_FUSE_MAX_N) {
-        /* Two launches, the SiLU written over the gate rows.  Tensor cores: a
-           gated load in wstream.cuh's pipeline would be one more kind of the
-           largest kernel with the SiLU recomputed by every row block.  More
+        /* silu_mul then the product, the SiLU written over the gate rows (two
+           launches; three on tensor cores, whose product splits its activations
+           in a pre-pass first).  Tensor cores: a gated load in wstream.cuh's
+           pipeline would be one more kind of the largest kernel with the SiLU
+           recomputed by every row block (the split pre-pass could compute it
+           instead, one launch fewer: not done, not measured).  More
            tokens: every warp of the fused kernel recomputes the SiLU (expf and a
            division) of all it reads, rows / R times per element, which measured
            on the H200 costs more than the launch it saves (the shipped target's
            shared down at 65 tokens: 10.7 us fused against 3.3 + 2.1 apart). */
         if (w->cols > INT32_MAX) return ddt_fail(err, DDT_ERR_RANGE, "matmul_silu: %lld columns", (long long)w->cols);
+        /* a missing or short workspace is refused before gate is overwritten */
+        if (tc && (st = tc_workspace_check(w, &g, n, workspace, workspace_bytes, err)) != DDT_OK) return st;
         if ((st = ddt_cuda_silu_mul(gate, ldg, up, ldu, n, (int32_t)w->cols, stream, err)) != DDT_OK) return st;
-        if (tc) return tc_matmul(w, &g, gate, ldg, n, y, ldy, s, err);
+        if (tc) return tc_matmul(w, &g, gate, ldg, n, y, ldy, workspace, workspace_bytes, s, err);
     }
     MMArgs a;
     set_product(a, &g, gate, ldg, n, y, ldy);
@@ -687,7 +748,7 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
 extern "C" ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, float *gate, int64_t ldg, const float *up,
                                            int64_t ldu, int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                            ddt_error *err) {
-    return ddt_cuda_matmul_silu_mode(w, DDT_CUDA_MM_FP32, gate, ldg, up, ldu, n, y, ldy, stream, err);
+    return ddt_cuda_matmul_silu_mode(w, DDT_CUDA_MM_FP32, gate, ldg, up, ldu, n, y, ldy, NULL, 0, stream, err);
 }
 
 /* ------------------------------------------------------------------ y = x W */

@@ -19,6 +19,7 @@
 #define DDT_CUDA_QMATMUL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/row_groups.h"
@@ -71,7 +72,9 @@ ddt_status ddt_cuda_ws_prepare(ddt_error *err);
  *                       two bf16 halves (error about 1e-5 relative; wstream.cuh);
  *                       each weight byte is read once for up to 64 tokens.  F32 /
  *                       F16 weights, other FP8 blocks and groups that do not start
- *                       on a multiple of 16 rows take the FP32 path.
+ *                       on a multiple of 16 rows take the FP32 path.  The halves
+ *                       are made once per product into a caller's workspace
+ *                       (ddt_cuda_matmul_workspace_bytes), not by every block.
  * Both keep the determinism contract; they differ from each other in the last bits. */
 typedef enum ddt_cuda_mm_mode { DDT_CUDA_MM_FP32 = 0, DDT_CUDA_MM_TENSOR = 1 } ddt_cuda_mm_mode;
 
@@ -85,21 +88,35 @@ ddt_status ddt_cuda_matmul_grouped(const ddt_qweight *w, const ddt_row_groups *g
                                    int64_t ldx, int32_t n, float *y, int64_t ldy,
                                    ddt_cuda_stream stream, ddt_error *err);
 
-/* The same with the computation chosen by mode (the two above are DDT_CUDA_MM_FP32). */
+/* The same with the computation chosen by mode (the two above are DDT_CUDA_MM_FP32).
+ * workspace: device memory, 16-byte aligned, overlapping neither x nor y, of at
+ * least ddt_cuda_matmul_workspace_bytes(w->cols, groups, n) bytes, needed only
+ * when the product takes the tensor-core path (NULL / 0 otherwise; a tensor-path
+ * product with too little is DDT_ERR_RANGE); its contents on return are
+ * unspecified.  Products on one stream may share one workspace. */
 ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const float *x, int64_t ldx, int32_t n,
-                                float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
+                                float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                ddt_cuda_stream stream, ddt_error *err);
 ddt_status ddt_cuda_matmul_grouped_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
                                         const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
-                                        ddt_cuda_stream stream, ddt_error *err);
+                                        void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                        ddt_error *err);
 /* The same with the FP32 path's warp shape given: each warp computes warp_rows
  * (1, 2 or 4) weight rows for warp_tokens (1, 2 or 4) tokens; 0 and 0 let the
  * library choose (what the two above do).  The results are bitwise the same for
  * every shape (the contract above); benchmarks and tests use this to measure
- * and check that.  The tensor-core path ignores the shape. */
+ * and check that.  The tensor-core path ignores the shape (and needs the
+ * workspace, as above). */
 ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
                                          const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
-                                         int32_t warp_rows, int32_t warp_tokens, ddt_cuda_stream stream,
-                                         ddt_error *err);
+                                         int32_t warp_rows, int32_t warp_tokens, void *workspace,
+                                         size_t workspace_bytes, ddt_cuda_stream stream, ddt_error *err);
+/* Workspace bytes of a tensor-path product of up to max_tokens tokens over
+ * `count` groups of `cols` activations each (the activations split into bf16 hi
+ * and lo, rows padded to whole 32-column units): max_tokens * count *
+ * ceil(cols / 32) * 128, the fp32 activations' bytes up to the padding.  0 for
+ * arguments below 1.  Allocate it at load, sized for the largest product. */
+size_t ddt_cuda_matmul_workspace_bytes(int64_t cols, int32_t count, int32_t max_tokens);
 
 /* A gated MLP's SiLU and down projection (issue 13):
  *   y[t][o] = sum_j a[t][j] * w[o][j],  a[t][j] = silu(gate[t][j]) * up[t][j], j < w->cols
@@ -108,14 +125,19 @@ ddt_status ddt_cuda_matmul_grouped_shape(const ddt_qweight *w, ddt_cuda_mm_mode 
  * ddt_cuda_matmul_mode(w, gate) in every case.  One launch on the FP32 path at
  * n <= DDT_CUDA_SILU_FUSE_MAX_N (the activation computed in the product's load
  * with ddt_cuda_silu_mul's expression, silu_dev.cuh; gate left as it was); else
- * (more tokens, or the tensor-core path) those two launches, the SiLU written
- * over gate's first w->cols columns: callers hand gate over as scratch. */
+ * (more tokens, or the tensor-core path) those two steps, the SiLU written
+ * over gate's first w->cols columns: callers hand gate over as scratch.  The
+ * tensor-core path (silu_mul, the activation split, the product: three
+ * launches) needs a workspace as ddt_cuda_matmul_mode does, of
+ * ddt_cuda_matmul_workspace_bytes(w->cols, 1, n) bytes, checked before gate is
+ * touched; NULL / 0 otherwise.  ddt_cuda_matmul_silu is the FP32 path. */
 #define DDT_CUDA_SILU_FUSE_MAX_N 2
 ddt_status ddt_cuda_matmul_silu(const ddt_qweight *w, float *gate, int64_t ldg, const float *up, int64_t ldu,
                                 int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
 ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
                                      const float *up, int64_t ldu, int32_t n, float *y, int64_t ldy,
-                                     ddt_cuda_stream stream, ddt_error *err);
+                                     void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                     ddt_error *err);
 
 /* The transposed product y = x W (MLA's q_lat = q_nope W_UK):
  * y[t][g*y_stride + j] = sum_{i < rows} x[t][g*x_stride + i] * w[g*w_row_stride + w_row_offset + i][j],

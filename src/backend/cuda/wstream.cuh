@@ -40,18 +40,32 @@
  * BF16 accumulates the whole slice in one fp32 accumulator; FP8 and INT4 start
  * a fresh partial p per unit (one INT4 group, a quarter of an FP8 block) and add
  * acc = fma(scale, p, acc).  Activations enter as x_hi = bf16(x), x_lo =
- * bf16(x - x_hi) (16 mantissa bits of x in two mmas; weights exact).  The k-range
- * is split over KS blocks of a thread-block cluster, KS fixed by the weight's
- * shape (ws_ksplit), and the KW x KS partials are summed in one fixed order
- * (split-major, slice-minor) through distributed shared memory.  None of this
- * depends on n, NT, MT, the stage count or which tokens share a launch, so a
- * token's result has the same bits alone or in any batch (tested bitwise).
+ * bf16(x - x_hi) (ws_split: 16 mantissa bits of x in two mmas; weights exact).
+ * The k-range is split over KS blocks of a thread-block cluster, KS fixed by
+ * the weight's shape (ws_ksplit), and the KW x KS partials are summed in one
+ * fixed order (split-major, slice-minor) through distributed shared memory.
+ * None of this depends on n, NT, MT, the stage count or which tokens share a
+ * launch, so a token's result has the same bits alone or in any batch (tested
+ * bitwise).
+ *
+ * Split activations.  x_hi and x_lo are made once per product, before the
+ * kernel, not by every block: each row block used to re-split the whole staged
+ * fp32 activation, and that made the ALU the busiest pipe at n = 64 (ncu, LM
+ * head and q_b).  Made by a pre-pass for the dense products (qmatmul_cuda.cu),
+ * by extra blocks of the sort launch for the experts' x (moe_cuda.cu) and by
+ * the gate/up epilogue for the down projection's h.  A split row of K columns
+ * holds nu = ceil(K/32) units of 8 quads (16 bytes each, zeros past K); quad
+ * q, columns 4q .. 4q+3, is ws_split of those four values:
+ *   {bf16x2 hi(x0, x1), hi(x2, x3), lo(x0, x1), lo(x2, x3)}
+ * i.e. a lane's B fragments of the hi and the lo mma, one 16-byte shared load,
+ * and as many bytes as the fp32 values, so the stages keep their size.  As u16:
+ * column c's hi at 8 (c / 4) + c % 4, its lo 4 further (ws_store_split).  The
+ * same ws_split as before on the same values: the bits of every output stay.
  *
  * Pipeline.  S stages of (MT m-tiles x KW units of weights, up to NT*8 tokens x
- * KW*32 columns of fp32 activations) in shared memory, filled by cp.async (16-byte
+ * KW units of split activations) in shared memory, filled by cp.async (16-byte
  * chunks, L1 bypassed, zero-filled past the row) S-1 stages ahead; one barrier
- * per stage.  The activations are split to bf16 in registers by the warp that
- * uses them.
+ * per stage.
  */
 #ifndef DDT_CUDA_WSTREAM_CUH
 #define DDT_CUDA_WSTREAM_CUH
@@ -78,7 +92,8 @@ template <> struct WsFmt<QF_INT4> { static constexpr int UB = 256, SB = 32; };
  * by n.  INT4 units are 256 bytes, so INT4 takes 8 slices: twice the warps and
  * bytes per stage for the same instruction overheads. */
 template <int F> static __host__ __device__ constexpr int ws_kw() { return F == QF_INT4 ? 8 : 4; }
-/* shared bytes per token row of a stage: KW*32 fp32 + 64 pad (rows alternate bank halves) */
+/* shared bytes per token row of a stage: KW units of split activations (KW*32
+ * columns, 4 bytes each) + 64 pad (rows alternate bank halves) */
 template <int F> static __host__ __device__ constexpr int ws_xrow() { return ws_kw<F>() * 128 + 64; }
 /* Per n-tile count NT: warps in WN token groups of NT/WN n-tiles each (so a big
  * batch is not one warp per scheduler), m-tiles per block MT (more for the
@@ -132,21 +147,23 @@ struct WsArgs {
     int32_t ks;          /* k-splits = cluster size (dense only; 1 for experts) */
     int32_t xcap;        /* token rows per stage: >= any block's token count, <= NT*8 */
     int64_t units_per_split; /* a multiple of KW */
+    /* split activations (rows of nu*8 quads, see the top): dense: token t, group g
+       at xs + t*ldxs + g*xs_stride; gate/up: x's row of token t at xs + t*ldxs;
+       down: entry e's row of h at xs + e*ldxs */
+    const uint4 *xs;
+    int64_t ldxs, xs_stride;
     /* dense */
     const uint8_t *wd;   /* packed data */
     const void *wsc;     /* INT4 packed scales / FP8 scale_inv */
     int64_t mt_stride, mt_offset; /* group g's rows start at m-tile g*mt_stride + mt_offset */
     int32_t count;
-    const float *x;
-    int64_t ldx, x_stride;
     int32_t n;
-    float *y;
+    float *y;            /* dense: y; down: its output [entries][rows] */
     int64_t ldy, y_stride;
-    bool xvec;           /* every activation row 16-byte aligned with cols % 4 == 0 */
     /* experts */
     const WsItem *items;
     const int32_t *sorted_tok;
-    const float *h;      /* down input [entries][cols] */
+    uint4 *hs;           /* gate/up: h = silu(gate) * up, split, entry e's row at hs + e * 8 ceil(rows / 32) */
 };
 
 static __device__ __forceinline__ uint32_t ws_smem_addr(const void *p) {
@@ -156,10 +173,6 @@ static __device__ __forceinline__ uint32_t ws_smem_addr(const void *p) {
 /* 16 bytes global -> shared, bytes past `valid` zero-filled (valid 0..16). */
 static __device__ __forceinline__ void ws_cp16(void *dst, const void *src, int valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ws_smem_addr(dst)), "l"(src), "r"(valid)
-                 : "memory");
-}
-static __device__ __forceinline__ void ws_cp4(void *dst, const void *src, int valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ws_smem_addr(dst)), "l"(src), "r"(valid)
                  : "memory");
 }
 static __device__ __forceinline__ void ws_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -202,6 +215,47 @@ static __device__ __forceinline__ void ws_split(const float4 v, uint32_t (&b)[4]
     b[3] = ws_bits(__floats2bfloat162_rn(v.z - f23.x, v.w - f23.y));
 }
 
+/* Quad q of a split row (see the top) from the fp32 row r of `cols` values:
+ * columns 4q .. 4q+3, zero past cols (the values the old stage loader's
+ * zero-filling copies gave).  vec: r is 16-byte aligned. */
+static __device__ __forceinline__ uint4 ws_split_quad(const float *r, int64_t q, int64_t cols, bool vec) {
+    const int64_t c = 4 * q;
+    float4 v;
+    if (vec && c + 4 <= cols) {
+        v = *(const float4 *)(r + c);
+    } else {
+        v.x = c < cols ? r[c] : 0.0f;
+        v.y = c + 1 < cols ? r[c + 1] : 0.0f;
+        v.z = c + 2 < cols ? r[c + 2] : 0.0f;
+        v.w = c + 3 < cols ? r[c + 3] : 0.0f;
+    }
+    uint32_t b[4];
+    ws_split(v, b);
+    return make_uint4(b[0], b[1], b[2], b[3]);
+}
+
+/* Split nrows fp32 rows of `cols` values (row i at row_of(i); vec: every row
+ * 16-byte aligned) into out, row i at out + i*nq, nq = 8 ceil(cols / 32) quads.
+ * Thread `tid` of `nth` takes quads tid, tid + nth, ... (one 16-byte store each). */
+template <class RowOf>
+static __device__ __forceinline__ void ws_presplit(RowOf row_of, int64_t nrows, int64_t cols, int64_t nq, bool vec,
+                                                   uint4 *out, int64_t tid, int64_t nth) {
+    for (int64_t i = tid; i < nrows * nq; i += nth) {
+        const int64_t r = i / nq;
+        out[i] = ws_split_quad(row_of(r), i - r * nq, cols, vec);
+    }
+}
+
+/* One value into a split row at hs (its column c): ws_split's bits of v, as the
+ * quad its four columns would give (the split is per element). */
+static __device__ __forceinline__ void ws_store_split(uint4 *hs, int64_t c, float v) {
+    uint32_t b[4];
+    ws_split(make_float4(v, 0.0f, 0.0f, 0.0f), b);
+    uint16_t *p = (uint16_t *)hs + 8 * (c >> 2) + (c & 3);
+    p[0] = (uint16_t)(b[0] & 0xFFFFu); /* hi */
+    p[4] = (uint16_t)(b[2] & 0xFFFFu); /* lo */
+}
+
 /*
  * The kernel.  grid.x: DENSE (k-split, token block, row block, group), the
  * k-split fastest (a cluster = the KS splits of one tile), then the token blocks
@@ -223,8 +277,9 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
     constexpr int NWC = MT * KW * WCH;      /* weight chunks per stage */
     constexpr int NCH = (NWC + NTH - 1) / NTH; /* of them per thread */
     constexpr int NSC = MT * KW * (SB / 16);
+    static_assert(KIND != WS_GATEUP || (MT / 2 * 16) % 32 == 0, "gate/up blocks must cover h's whole units");
     extern __shared__ __align__(16) uint8_t ws_smem[];
-    __shared__ const float *xrows[NTOK];
+    __shared__ const uint4 *xrows[NTOK]; /* the block's split activation rows */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int kw = warp % KW, wn = warp / KW;
 
@@ -247,7 +302,7 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
         u_end = u_begin + a.units_per_split < a.nu ? u_begin + a.units_per_split : a.nu;
         if (threadIdx.x < NTOK)
             xrows[threadIdx.x] = (int)threadIdx.x < ntok
-                                     ? a.x + (int64_t)(t0 + threadIdx.x) * a.ldx + grp * a.x_stride
+                                     ? a.xs + (int64_t)(t0 + threadIdx.x) * a.ldxs + grp * a.xs_stride
                                      : nullptr;
         mt_first = grp * a.mt_stride + a.mt_offset + rb * MT;
     } else {
@@ -256,10 +311,10 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
         ntok = item.cnt;
         rb = blockIdx.y;
         if (threadIdx.x < NTOK) {
-            const float *r = nullptr;
+            const uint4 *r = nullptr;
             if ((int)threadIdx.x < ntok) {
                 const int e = item.off + threadIdx.x;
-                r = KIND == WS_GATEUP ? a.x + (int64_t)a.sorted_tok[e] * a.ldx : a.h + (int64_t)e * a.cols;
+                r = a.xs + (KIND == WS_GATEUP ? (int64_t)a.sorted_tok[e] : (int64_t)e) * a.ldxs;
             }
             xrows[threadIdx.x] = r;
         }
@@ -282,7 +337,6 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
         else return item.s[2];
     };
     const int nta = (ntok + 7) >> 3; /* active n-tiles */
-    const bool xvec = KIND == WS_DOWN ? a.cols % 4 == 0 : a.xvec;
     const int64_t nst = u_end > u_begin ? (u_end - u_begin + KW - 1) / KW : 0; /* a last split may be empty */
 
     /* this thread's weight chunks: chunk c = tid + k*NTH is byte 16c of a stage's
@@ -300,7 +354,7 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
     }
     __syncthreads(); /* xrows */
 
-    /* ---- stage loader: units [u0, u0 + KW) of the MT tiles, columns [32 u0, 32 (u0 + KW)) of the tokens */
+    /* ---- stage loader: units [u0, u0 + KW) of the MT tiles and of the tokens' split rows */
     auto load_stage = [&](int64_t st) {
         if (st >= nst) return;
         uint8_t *sm = ws_smem + (st % S) * STB;
@@ -317,24 +371,13 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
             if (c < NSC && (c % (KW * (SB / 16))) / (SB / 16) < nun)
                 ws_cp16(sm + MT * KW * UB + c * 16, ssrc + u0 * SB, 16);
         }
-        /* activations: ntok rows of KW*32 columns, zero past cols */
+        /* activations: ntok rows of KW units (8 quads each), zero past the row's nu
+           units (a last stage's; no warp reads them: its unit is past u_end) */
         uint8_t *xs = sm + WB;
-        const int64_t c0 = u0 * WS_UNIT;
-        if (xvec) {
-            for (int c = threadIdx.x; c < ntok * (KW * 8); c += NTH) {
-                const int tok = c / (KW * 8), q = c % (KW * 8);
-                const int64_t col = c0 + 4 * q;
-                const int64_t left = (a.cols - col) * 4;
-                const int valid = left >= 16 ? 16 : left > 0 ? (int)left : 0;
-                ws_cp16(xs + tok * XROW + q * 16, xrows[tok] + (valid > 0 ? col : 0), valid);
-            }
-        } else {
-            for (int c = threadIdx.x; c < ntok * (KW * 32); c += NTH) {
-                const int tok = c / (KW * 32), q = c % (KW * 32);
-                const int64_t col = c0 + q;
-                const bool in = col < a.cols;
-                ws_cp4(xs + tok * XROW + q * 4, xrows[tok] + (in ? col : 0), in ? 4 : 0);
-            }
+        for (int c = threadIdx.x; c < ntok * (KW * 8); c += NTH) {
+            const int tok = c / (KW * 8), q = c % (KW * 8);
+            const bool in = u0 + q / 8 < a.nu;
+            ws_cp16(xs + tok * XROW + q * 16, xrows[tok] + (in ? u0 * 8 + q : 0), in ? 16 : 0);
         }
     };
 
@@ -359,15 +402,19 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
         const int64_t u = u_begin + st * KW + kw;
         if (u >= u_end || wn * NTW >= nta) continue;
         const uint8_t *sm = ws_smem + (st % S) * STB;
-        /* B fragments of this warp's n-tiles, both k-steps: columns 4t.. of the unit's halves */
+        /* B fragments of this warp's n-tiles, both k-steps: quads t and t + 4 of the
+           unit, already split (hi b0, hi b1, lo b0, lo b1) */
         uint32_t B[NTW][2][4];
-        const uint8_t *xs = sm + WB + kw * 128 + g * XROW + t * 16; /* this slice's 32 columns */
+        const uint8_t *xs = sm + WB + kw * 128 + g * XROW + t * 16; /* this slice's unit */
 #pragma unroll
         for (int n = 0; n < NTW; n++) {
             if (wn * NTW + n >= nta) break;
             const uint8_t *xr = xs + (wn * NTW + n) * 8 * XROW;
-            ws_split(*(const float4 *)xr, B[n][0]);
-            ws_split(*(const float4 *)(xr + 64), B[n][1]);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint4 v = *(const uint4 *)(xr + 64 * j);
+                B[n][j][0] = v.x, B[n][j][1] = v.y, B[n][j][2] = v.z, B[n][j][3] = v.w;
+            }
         }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
@@ -477,12 +524,19 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
             float v = rg[e * 32 + l];
             for (int w = 1; w < KW; w++) v = v + rg[(w * EW + e) * 32 + l];
             if constexpr (KIND == WS_GATEUP) {
+                /* h goes out split for the down launch: its row's columns past rows
+                   (up to whole units) are zeros; the blocks' 8*MT rows (32 or 64)
+                   cover those units */
                 const int64_t row = (rb * (MT / 2) + i) * 16 + (l >> 2) + 8 * (c >> 1);
-                if (row >= a.rows) continue;
+                uint4 *hrow = a.hs + (int64_t)(item.off + tok) * ((a.rows + 31) / 32 * 8);
+                if (row >= a.rows) {
+                    if (row < (a.rows + 31) / 32 * 32) ws_store_split(hrow, row, 0.0f);
+                    continue;
+                }
                 const int eu = e + (MT / 2) * NTW * 4; /* the up tile of the same rows */
                 float u = rg[eu * 32 + l];
                 for (int w = 1; w < KW; w++) u = u + rg[(w * EW + eu) * 32 + l];
-                a.y[(int64_t)(item.off + tok) * a.rows + row] = v / (1.0f + expf(-v)) * u;
+                ws_store_split(hrow, row, v / (1.0f + expf(-v)) * u);
             } else {
                 const int64_t row = (rb * MT + i) * 16 + (l >> 2) + 8 * (c >> 1);
                 if (row >= a.rows) continue;
