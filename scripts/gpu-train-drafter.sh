@@ -19,6 +19,7 @@
 #   OUT=gpu-out SECONDS_TRAIN=280 EVAL_SECONDS=35 PROMPTS=32768 SAMPLED_FRAC=0.5
 #   HELDOUT=256 VARIANTS="kd hard" SELECT=chain (chain|t1|both|loss, see train_drafter.py)
 #   COMPARE=models/pystdlib-dflash (empty: none)
+#   INIT="" (an exported drafter of the shipped shape to continue from: --init, training runs only)
 #   EXTRA="" (more train_drafter.py arguments for every run; EXTRA=--tiny SECONDS_TRAIN=20 EVAL_SECONDS=10
 #   is a CPU smoke test of this script)
 set -uo pipefail
@@ -33,11 +34,12 @@ VARIANTS=${VARIANTS:-kd hard}
 SELECT=${SELECT:-chain}
 COMPARE=${COMPARE-models/pystdlib-dflash}
 EXTRA=${EXTRA:-}
+INIT=${INIT:-}
 D=/tmp/ddt_seq.pt
 mkdir -p "$OUT"
 A="--target models/pystdlib-target --prompts $N --heldout-prompts $HO --sampled-frac $FRAC --gen-batch 4096
    --feature-batch 512 --data-cache $D --seconds $S --eval-seconds $EV --select $SELECT $EXTRA"
-SHAPE="--layers 4 --intermediate 1024 --target-layers 1,2,3,4"
+SHAPE="--layers 4 --intermediate 1024 --target-layers 1,2,3,4${INIT:+ --init $INIT}"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
 python3 train/train_drafter.py $A --generate-only > "$OUT/gen.out" 2>&1 || { tail -n 30 "$OUT/gen.out"; exit 1; }
