@@ -11,7 +11,7 @@
  *   equal logits and the lowest ids must win), and rows with -inf entries.
  * Every token must be the CPU's (bitwise same logits in: the same arithmetic).
  * Also: a NaN row gives -1; top-p without top-k is refused (UNSUPPORTED); the
- * time of one call at 163840 x 33 is printed.  The token frequencies match by
+ * time of one call at 4352 x 65 (the shipped tree) and 163840 x 33 is printed.  The token frequencies match by
  * construction, so no separate chi-square is needed here (the CPU sampler's own
  * tests check its distribution).
  */
@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
     int32_t *dtok;
     uint64_t *dround;
     CU(cudaMalloc((void **)&dz, sizeof(float) * 163840 * nodes));
-    CU(cudaMalloc((void **)&dtok, sizeof(int32_t) * 64));
+    CU(cudaMalloc((void **)&dtok, sizeof(int32_t) * 128)); /* the timed 65-node call too */
     CU(cudaMalloc((void **)&dround, sizeof(uint64_t) * 8)); /* [0] a round, [1..] a ddt_cuda_sample_params */
     ddt_sampler *smp;
     OK(ddt_sampler_create(163840, &smp, &err_));
@@ -132,22 +132,23 @@ int main(int argc, char **argv) {
         ddt_status st = ddt_cuda_sample_nodes(dz, 4352, 1, 4352, &s, NULL, 0, 0, dtok, NULL, &e2);
         CHECK(st == DDT_ERR_UNSUPPORTED && !ddt_cuda_sample_supported(&s, 4352), "top-p alone: status %d", (int)st);
     }
-    /* time: Kimi's vocabulary, 33 nodes, plain temperature and top-k 40 / top-p 0.9 */
+    /* time: the shipped pair's 4352 ids at a 65-node tree (nodes above 33 reuse rows);
+       Kimi's vocabulary, 33 nodes, plain temperature and top-k 40 / top-p 0.9 */
     {
         cudaEvent_t e0, e1;
         CU(cudaEventCreate(&e0));
         CU(cudaEventCreate(&e1));
-        for (int j = 0; j < 2; j++) {
-            ddt_sampling s = {1.0f, j ? 40 : 0, j ? 0.9f : 1.0f, 1};
-            for (int w = 0; w < 3; w++) OK(ddt_cuda_sample_nodes(dz, 163840, nodes, 163840, &s, NULL, 0, 0, dtok, NULL, &err_));
+        for (int j = 0; j < 3; j++) {
+            const int V = j == 0 ? 4352 : 163840, nn = j == 0 ? 65 : nodes;
+            ddt_sampling s = {1.0f, j == 2 ? 40 : 0, j == 2 ? 0.9f : 1.0f, 1};
+            for (int w = 0; w < 3; w++) OK(ddt_cuda_sample_nodes(dz, V, nn, V, &s, NULL, 0, 0, dtok, NULL, &err_));
             CU(cudaEventRecord(e0, 0));
-            for (int r = 0; r < 20; r++)
-                OK(ddt_cuda_sample_nodes(dz, 163840, nodes, 163840, &s, NULL, (uint64_t)r, 0, dtok, NULL, &err_));
+            for (int r = 0; r < 20; r++) OK(ddt_cuda_sample_nodes(dz, V, nn, V, &s, NULL, (uint64_t)r, 0, dtok, NULL, &err_));
             CU(cudaEventRecord(e1, 0));
             CU(cudaEventSynchronize(e1));
             float ms;
             CU(cudaEventElapsedTime(&ms, e0, e1));
-            printf("sample 33 nodes x 163840 (%s): %.1f us per call\n", j ? "top-k 40, top-p 0.9" : "temperature 1",
+            printf("sample %d nodes x %d (%s): %.1f us per call\n", nn, V, j == 2 ? "top-k 40, top-p 0.9" : "temperature 1",
                    ms * 1e3 / 20);
         }
     }

@@ -5,11 +5,12 @@
  *  1. max m (lowest id on ties) and the NaN / inf checks: a block reduction
  *     (order-free: max is exact).
  *  2. No top-k: the candidates are all ids in ascending order, cut into the CPU's
- *     chunks of 1024; thread c sums chunk c sequentially (weights from
- *     ddt_exp_det, recomputed where needed: the same bits each time; up to 6
- *     chunks they are computed once by all threads into shared memory), thread 0
- *     adds the chunk totals sequentially, and the first position whose
- *     cumulative sum exceeds u * mass is the block minimum of each chunk's first.
+ *     chunks of 1024; warp c sums chunk c sequentially, its lanes computing 32
+ *     weights at a time (ddt_exp_det, recomputed where needed: the same bits each
+ *     time; up to 6 chunks they are computed once into shared memory and replaced
+ *     by the running sums), thread 0 adds the chunk totals sequentially, and the
+ *     first position whose cumulative sum exceeds u * mass is the block minimum
+ *     of each chunk's first.
  *  3. Top-k (k <= 1024): a 4-pass 8-bit radix select on an order-preserving key
  *     (-0.0 folded into +0.0, as the CPU's comparisons see them) finds the k-th
  *     largest logit; the larger ones are gathered in any order, the equal ones in
@@ -163,25 +164,37 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
     const float u = smp_uniform(a.seed, round, node);
 
     if (a.top_k <= 0 || a.top_k >= V) {
-        /* ---- 2. every id, ascending, in chunks of 1024 */
+        /* ---- 2. every id, ascending, in chunks of 1024: one warp a chunk.  The
+           chunk's running sum is one dependent chain of float adds whatever is done
+           (the CPU's order), so the chain is all a warp waits on: its 32 lanes
+           compute (or read) 32 weights at once and every lane adds them in id order
+           through shuffles, lane j keeping the running sum after id j.  One thread
+           a chunk reading each weight before adding it cost ~20 us a pass at 4352
+           ids (the load's latency in every step of the chain). */
         const int nch = (V + SMP_CHUNK - 1) / SMP_CHUNK;
-        /* a vocabulary of at most SMP_SMALL_CHUNKS chunks: every weight computed once, in
-           parallel, into shared memory, and the chunk threads only add (the same values
-           in the same order); one thread computing 1024 weights in a row was the
-           sampler's whole cost at the shipped 4352 ids (~60 cycles a weight) */
+        /* a vocabulary of at most SMP_SMALL_CHUNKS chunks: every weight computed
+           once into shared memory, then overwritten by its chunk's running sum, so
+           the search below is one parallel pass */
         const bool small = nch <= SMP_SMALL_CHUNKS;
         if (small) {
             for (int32_t i = tid; i < V; i += SMP_THREADS) cw[i] = ddt_exp_det((z[i] - m) / T);
             __syncthreads();
         }
-        if (tid < nch) {
+        for (int c = warp; c < nch; c += SMP_THREADS / 32) {
+            const int32_t c0 = c * SMP_CHUNK, c1 = c0 + SMP_CHUNK < V ? c0 + SMP_CHUNK : V;
             float s = 0.0f;
-            const int32_t c1 = (tid + 1) * SMP_CHUNK < V ? (tid + 1) * SMP_CHUNK : V;
-            if (small)
-                for (int32_t i = tid * SMP_CHUNK; i < c1; i++) s += cw[i];
-            else
-                for (int32_t i = tid * SMP_CHUNK; i < c1; i++) s += ddt_exp_det((z[i] - m) / T);
-            ctot[tid] = s;
+            for (int32_t base = c0; base < c1; base += 32) {
+                const int32_t i = base + lane;
+                const float w = i < c1 ? (small ? cw[i] : ddt_exp_det((z[i] - m) / T)) : 0.0f;
+                float mine = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 32; j++) { /* past the chunk's end w = +0.0: s + 0.0 = s (s >= +0) */
+                    s += __shfl_sync(0xffffffffu, w, j);
+                    if (j == lane) mine = s;
+                }
+                if (small && i < c1) cw[i] = mine; /* this lane's weight was read above */
+            }
+            if (lane == 0) ctot[c] = s;
         }
         __syncthreads();
         if (tid == 0) {
@@ -196,14 +209,34 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
         }
         __syncthreads();
         const float target = u * wmax[1];
-        if (tid < nch) {
-            float s = 0.0f;
-            const int32_t c1 = (tid + 1) * SMP_CHUNK < V ? (tid + 1) * SMP_CHUNK : V;
-            for (int32_t i = tid * SMP_CHUNK; i < c1; i++) {
-                s += small ? cw[i] : ddt_exp_det((z[i] - m) / T);
-                if (cpre[tid] + s > target) {
-                    atomicMin(&s_pick, i);
-                    break;
+        /* the first id whose cum = its chunk's prefix + running sum exceeds target */
+        if (small) {
+            int32_t first = 0x7FFFFFFF;
+            for (int32_t i = tid; i < V; i += SMP_THREADS)
+                if (cpre[i / SMP_CHUNK] + cw[i] > target) {
+                    first = i;
+                    break; /* strided ascending: this thread's first */
+                }
+            for (int off = 16; off > 0; off >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, off));
+            if (lane == 0 && first != 0x7FFFFFFF) atomicMin(&s_pick, first);
+        } else {
+            for (int c = warp; c < nch; c += SMP_THREADS / 32) {
+                const int32_t c0 = c * SMP_CHUNK, c1 = c0 + SMP_CHUNK < V ? c0 + SMP_CHUNK : V;
+                float s = 0.0f;
+                for (int32_t base = c0; base < c1; base += 32) {
+                    const int32_t i = base + lane;
+                    const float w = i < c1 ? ddt_exp_det((z[i] - m) / T) : 0.0f;
+                    float mine = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 32; j++) {
+                        s += __shfl_sync(0xffffffffu, w, j);
+                        if (j == lane) mine = s;
+                    }
+                    const uint32_t hit = __ballot_sync(0xffffffffu, i < c1 && cpre[c] + mine > target);
+                    if (hit) {
+                        if (lane == 0) atomicMin(&s_pick, base + __ffs(hit) - 1);
+                        break; /* this chunk's first; a later chunk's can only be larger */
+                    }
                 }
             }
         }
