@@ -5,8 +5,8 @@
  *
  * append (n = max_m or a prefix chunk rows; only the first m are stored):
  *   feat = gather(layers, rows)  ctx = hidden_norm(fc(feat))
- *   per layer: K = k_norm(k_proj(ctx)) per head, V = v_proj(ctx),
- *              cache rows len + k <- RoPE(K) at position len + k, V
+ *   every layer: K = k_norm(k_proj(ctx)) per head, V = v_proj(ctx),
+ *                cache rows len + k <- RoPE(K) at position len + k, V
  *   len += m
  * draft (L rows):
  *   x = embed([bonus, MASK...]); per layer:
@@ -20,14 +20,21 @@
  *
  * The tiny drafters are launch-bound (a few microseconds a kernel whatever its
  * size), so the steps above run fused: the projections that read the same input
- * are one product over row-stacked weights (k, v, q: the append reads the k, v
- * prefix of the same weight; gate, up), the per-head norms, RoPE and the K/V
- * store are one kernel (ddt_dflash_qkv_prep), and every residual add runs with
- * the norm after it (ddt_cuda_add_rmsnorm; the last layer's with the final norm),
- * and the SiLU-gated product goes through ddt_cuda_matmul_silu (one launch at
- * a token or two; the draft's block of 16 takes silu_mul then down, which
- * measured faster than the fused load there).
- * Per layer: draft 9 launches (was 18), append 2 (was 4).
+ * are one product over row-stacked weights (k, v, q; gate, up), the per-head
+ * norms, RoPE and the K/V store are one kernel (ddt_dflash_qkv_prep), and every
+ * residual add runs with the norm after it (ddt_cuda_add_rmsnorm; the last
+ * layer's with the final norm), and the SiLU-gated product goes through
+ * ddt_cuda_matmul_silu (one launch at a token or two; the draft's block of 16
+ * takes silu_mul then down, which measured faster than the fused load there).
+ * The append's layers all read the same ctx, so it runs them together: the
+ * target layers' rows in one gather (ddt_cuda_gather_rows_multi), every layer's
+ * k | v in one product over a second stack of those rows (kv_all, built at
+ * load from each layer's k | v prefix), every layer's K/V store in one
+ * qkv_prep launch (its `layers`).
+ * Draft: 9 launches per layer (was 18).  Append, with up to 8 target layers and
+ * 8 layers: clamp (append_rows only), gather, fc, hidden_norm, k | v, qkv_prep,
+ * advance: 7 launches whatever the layer count (was 4 + 2 per target layer and
+ * layer, 16 for the 4 + 4 of the shipped drafter).
  */
 #include "model/drafter_cuda.h"
 
@@ -87,6 +94,8 @@ struct ddt_cuda_drafter {
     ddt_dflash_attn attn;
 
     ddt_qweight fc;            /* [H][F] */
+    ddt_qweight kv_all;        /* [n_layers * 2 kvd][H]: layer 0's k_proj, v_proj rows, then layer 1's, ...
+                                  (the append's one product); data NULL when the layers' kvq are not stacked */
     float *hidden_norm;        /* [H] */
     float *final_norm;         /* [H] */
     cuda_layer *layers;        /* host array [n_layers] of device weights */
@@ -101,7 +110,8 @@ struct ddt_cuda_drafter {
     int32_t *rows;             /* [DDT_MAX_PATH] clamped rows of append_rows */
     float *feat;               /* [PREFIX_CHUNK][F] */
     float *ctx;                /* [PREFIX_CHUNK][H] */
-    float *kvq;                /* [max(PREFIX_CHUNK, L)][2 kvd + qd]: raw k | v | q projections */
+    float *kvq;                /* [L][2 kvd + qd]: the draft's raw k | v | q projections */
+    float *kv_raw;             /* [PREFIX_CHUNK][n_layers * 2 kvd]: the append's raw k | v of every layer */
     float *x, *xn, *tmp;       /* [L][H] */
     float *q, *o;              /* [L][qd]: normed, rotated queries; attention output */
     float *gu;                 /* [L][2 inter]: gate | up (the down product computes silu(gate) * up) */
@@ -199,13 +209,53 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
     return upload_linear(d, &h->down, "down_proj", l, &Y->down, err);
 }
 
+/* The append's weight for every layer's k | v in one product: each layer's
+ * stacked kvq (k rows, v rows, q rows) cut to its k | v prefix, stacked again
+ * layer after layer (a copy: the draft keeps reading each layer's k | v | q as
+ * one weight).  The same rows in the same format, so on the FP32 path (the
+ * only one the drafter takes) every output element is summed as the layer's own
+ * product sums it (qmatmul_cuda.h: an element's order depends on cols only) and
+ * the one product is bitwise the per-layer ones.  Left empty, for per-layer
+ * products, when a layer's kvq is not stacked (FP8 k / v off whole scale
+ * blocks); the prefixes of stacked ones always concatenate (FP8: they end on a
+ * block edge, as k and v then do). */
+static ddt_status upload_kv_all(ddt_cuda_drafter *d, ddt_error *err) {
+    const int32_t nl = d->dims.n_layers;
+    for (int32_t l = 0; l < nl; l++)
+        if (!d->layers[l].kvq.whole.data) return DDT_OK;
+    ddt_qweight *view = ddt_calloc_array((size_t)nl, sizeof *view);
+    const ddt_qweight **parts = ddt_calloc_array((size_t)nl, sizeof *parts);
+    ddt_status st = DDT_OK;
+    if (!view || !parts) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    } else {
+        for (int32_t l = 0; l < nl; l++) {
+            const cat_linear *c = &d->layers[l].kvq;
+            /* a row-prefix view, as cat_matmul's (the packed copy is not a prefix) */
+            view[l] = c->whole;
+            view[l].rows = c->rows[0] + c->rows[1];
+            view[l].mma = NULL;
+            view[l].mma_scale = NULL;
+            parts[l] = &view[l];
+        }
+        if (ddt_cuda_qweight_concat_ok(parts, nl)) {
+            st = ddt_cuda_qweight_concat_rows(parts, nl, &d->kv_all, err);
+            if (st == DDT_OK) d->weight_bytes += ddt_cuda_qweight_bytes(&d->kv_all);
+            else ddt_error_prefix(err, "k_proj | v_proj of every layer: ");
+        }
+    }
+    free(view);
+    free(parts);
+    return st;
+}
+
 /* Every view of the description, uploaded as stored (bf16 / FP8 / INT4 stay quantised). */
 static ddt_status upload_weights(ddt_cuda_drafter *d, const ddt_drafter_desc *desc, ddt_error *err) {
     TRY(upload_linear(d, &desc->fc, "fc", -1, &d->fc, err));
     TRY(upload_vec(d, &desc->hidden_norm, "hidden_norm", -1, &d->hidden_norm, err));
     TRY(upload_vec(d, &desc->final_norm, "norm", -1, &d->final_norm, err));
     for (int32_t l = 0; l < d->dims.n_layers; l++) TRY(upload_layer(d, &desc->layers[l], l, err));
-    return DDT_OK;
+    return upload_kv_all(d, err);
 }
 
 /* cos/sin of every position 0..cap-1 with the CPU drafter's frequencies and factor
@@ -235,7 +285,8 @@ static ddt_status upload_rope_table(ddt_cuda_drafter *d, ddt_error *err) {
 
 static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     const size_t L = (size_t)d->dims.L, C = DDT_CUDA_DRAFTER_PREFIX_CHUNK, half = (size_t)d->dims.hd / 2;
-    const size_t scr = C > L ? C : L, kvq_w = 2 * (size_t)d->dims.kvd + (size_t)d->dims.qd;
+    const size_t kvq_w = 2 * (size_t)d->dims.kvd + (size_t)d->dims.qd;
+    const size_t kv_raw_w = (size_t)d->dims.n_layers * 2 * (size_t)d->dims.kvd;
     size_t kv_n;
     if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
@@ -250,7 +301,8 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     TRY(ddt_cuda_malloc_array((void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->kvq, scr * kvq_w, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->kvq, L * kvq_w, sizeof(float), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->kv_raw, C * kv_raw_w, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->x, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->xn, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->tmp, L * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
@@ -261,8 +313,9 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
 
     /* NaN in every activation and cache row until written, so a read of a row
      * nothing wrote shows in the logits (the tests rely on it) */
-    float *poison[] = {d->kv, d->feat, d->ctx, d->kvq, d->x, d->xn, d->tmp, d->q, d->o, d->gu, d->attn_scratch};
-    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, scr * kvq_w,
+    float *poison[] = {d->kv, d->feat, d->ctx, d->kvq, d->kv_raw, d->x, d->xn, d->tmp, d->q, d->o, d->gu,
+                       d->attn_scratch};
+    const size_t poison_n[] = {kv_n, C * (size_t)d->dims.F, C * (size_t)d->dims.H, L * kvq_w, C * kv_raw_w,
                                L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.H, L * (size_t)d->dims.qd,
                                L * (size_t)d->dims.qd, L * 2 * (size_t)d->dims.inter, (size_t)attn_n};
     for (size_t i = 0; i < sizeof poison / sizeof poison[0]; i++)
@@ -360,6 +413,7 @@ static void free_weight(ddt_qweight *w) {
 void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
     if (!d) return;
     free_weight(&d->fc);
+    free_weight(&d->kv_all);
     ddt_cuda_free(d->hidden_norm);
     ddt_cuda_free(d->final_norm);
     for (int32_t l = 0; d->layers && l < d->dims.n_layers; l++) {
@@ -373,8 +427,8 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) free_weight(w[i]);
     }
     free(d->layers);
-    void *bufs[] = {d->kv,  d->cos_t, d->sin_t, d->len, d->status, d->ids, d->iota, d->rows, d->feat,
-                    d->ctx, d->kvq,   d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch};
+    void *bufs[] = {d->kv,  d->cos_t, d->sin_t,  d->len, d->status, d->ids, d->iota, d->rows, d->feat, d->ctx,
+                    d->kvq, d->kv_raw, d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     free(d);
@@ -397,6 +451,21 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
 
 /* ------------------------------------------------------------------ append */
 
+/* feat [n][F] = the n rows picked by rows (device) of every target layer,
+ * layers[i] + row0 rows, side by side: one launch per DDT_CUDA_GATHER_MAX_SRC
+ * target layers. */
+static ddt_status gather_feat(ddt_cuda_drafter *d, const float *const *layers, size_t row0, const int32_t *rows,
+                              int32_t n, ddt_cuda_stream s, ddt_error *err) {
+    const int32_t H = d->dims.H;
+    for (int32_t i0 = 0; i0 < d->dims.n_tl; i0 += DDT_CUDA_GATHER_MAX_SRC) {
+        const int32_t count = d->dims.n_tl - i0 < DDT_CUDA_GATHER_MAX_SRC ? d->dims.n_tl - i0 : DDT_CUDA_GATHER_MAX_SRC;
+        const float *src[DDT_CUDA_GATHER_MAX_SRC];
+        for (int32_t i = 0; i < count; i++) src[i] = layers[i0 + i] + row0 * (size_t)H;
+        TRY(ddt_cuda_gather_rows_multi(d->feat + (size_t)i0 * H, d->dims.F, src, count, H, rows, n, H, s, err));
+    }
+    return DDT_OK;
+}
+
 /*
  * The context rows of n gathered tokens (feat [n][F]): the first count of them
  * (count_dev on the device, else count_host; at most max_count) go to cache rows
@@ -404,20 +473,33 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
  */
 static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *count_dev, int32_t count_host,
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
-    const int32_t H = d->dims.H, kvd = d->dims.kvd;
-    const int64_t W = 2 * (int64_t)kvd + d->dims.qd;
+    const int32_t H = d->dims.H, kvd = d->dims.kvd, nl = d->dims.n_layers;
+    const int64_t KV = 2 * (int64_t)kvd, W = nl * KV; /* a layer's k | v; kv_raw's row */
     TRY(ddt_cuda_matmul(&d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
     TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->dims.eps, d->ctx, H, s, err));
-    ddt_dflash_qkv kv = {.k = d->kvq, .ldk = W, .v = d->kvq + kvd, .ldv = W, .kv_heads = d->dims.kv_heads,
-                         .n = n, .hd = d->dims.hd, .eps = d->dims.eps, .count_dev = count_dev,
-                         .count_host = count_host, .max_count = max_count, .len = d->len, .limit = d->max_ctx,
-                         .cos_t = d->cos_t, .sin_t = d->sin_t};
-    for (int32_t l = 0; l < d->dims.n_layers; l++) {
-        const cuda_layer *Y = &d->layers[l];
-        TRY(cat_matmul(&Y->kvq, 2, d->ctx, H, n, d->kvq, W, s, err)); /* k | v */
-        kv.k_norm = Y->k_norm;
-        kv.k_cache = kv_k(d, l);
-        kv.v_cache = kv_v(d, l);
+    /* kv_raw [n][W]: layer l's k | v in columns [l KV, (l + 1) KV), from one
+       product or (kv_all not stacked) one per layer, the same bits either way */
+    if (d->kv_all.data) {
+        TRY(ddt_cuda_matmul(&d->kv_all, d->ctx, H, n, d->kv_raw, W, s, err));
+    } else {
+        for (int32_t l = 0; l < nl; l++)
+            TRY(cat_matmul(&d->layers[l].kvq, 2, d->ctx, H, n, d->kv_raw + l * KV, W, s, err));
+    }
+    /* every layer's K/V store, DDT_DFLASH_MAX_KV_LAYERS layers a launch; all of
+       them read len before the advance below moves it */
+    ddt_dflash_qkv kv = {.ldk = W, .ldv = W, .kv_heads = d->dims.kv_heads, .n = n, .hd = d->dims.hd,
+                         .eps = d->dims.eps, .count_dev = count_dev, .count_host = count_host,
+                         .max_count = max_count, .len = d->len, .limit = d->max_ctx, .cos_t = d->cos_t,
+                         .sin_t = d->sin_t, .layer_cols = KV};
+    for (int32_t l0 = 0; l0 < nl; l0 += DDT_DFLASH_MAX_KV_LAYERS) {
+        kv.layers = nl - l0 < DDT_DFLASH_MAX_KV_LAYERS ? nl - l0 : DDT_DFLASH_MAX_KV_LAYERS;
+        kv.k = d->kv_raw + l0 * KV;
+        kv.v = kv.k + kvd;
+        for (int32_t i = 0; i < kv.layers; i++) {
+            kv.k_norms[i] = d->layers[l0 + i].k_norm;
+            kv.k_caches[i] = kv_k(d, l0 + i);
+            kv.v_caches[i] = kv_v(d, l0 + i);
+        }
         TRY(ddt_dflash_qkv_prep(&kv, s, err));
     }
     return ddt_dflash_advance(d->len, d->status, count_dev, count_host, max_count, d->max_ctx, s, err);
@@ -438,8 +520,7 @@ ddt_status ddt_cuda_drafter_append_rows(ddt_cuda_drafter *d, const float *const 
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: max_m %d outside 1..%d", max_m, DDT_MAX_PATH);
     /* rows past m may hold anything: gather max_m rows that exist, store only m */
     TRY(ddt_dflash_clamp_rows(rows, m, max_m, d->rows, s, err));
-    for (int32_t i = 0; i < d->dims.n_tl; i++)
-        TRY(ddt_cuda_gather_rows(d->feat + (size_t)i * d->dims.H, d->dims.F, layers[i], d->dims.H, d->rows, max_m, d->dims.H, s, err));
+    TRY(gather_feat(d, layers, 0, d->rows, max_m, s, err));
     return append_feat(d, max_m, m, 0, max_m, s, err);
 }
 
@@ -451,9 +532,7 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: %d tokens (context of %d)", m, d->max_ctx);
     for (int32_t i = 0; i < m; i += DDT_CUDA_DRAFTER_PREFIX_CHUNK) {
         const int32_t n = m - i < DDT_CUDA_DRAFTER_PREFIX_CHUNK ? m - i : DDT_CUDA_DRAFTER_PREFIX_CHUNK;
-        for (int32_t k = 0; k < d->dims.n_tl; k++)
-            TRY(ddt_cuda_gather_rows(d->feat + (size_t)k * d->dims.H, d->dims.F, layers[k] + (size_t)i * d->dims.H, d->dims.H, d->iota,
-                                     n, d->dims.H, s, err));
+        TRY(gather_feat(d, layers, (size_t)i, d->iota, n, s, err));
         TRY(append_feat(d, n, NULL, n, n, s, err));
     }
     return DDT_OK;

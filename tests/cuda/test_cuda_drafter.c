@@ -41,6 +41,15 @@
  *     and by max_count, query rows past the limit normed but not rotated):
  *     queries and keys normalised error < 1e-6, values bitwise, every padding
  *     value and every cache row outside the append untouched;
+ *   - the same with several layers' keys / values in one launch (the append's
+ *     `layers`: 1..8 layers, NaN gaps between their slices, counts on the host
+ *     and the device, appends refused) against one launch per layer into
+ *     separate poisoned caches: every cache bitwise equal, exactly the appended
+ *     rows written; refused arguments fail with DDT_ERR_INVALID;
+ *   - the multi-source row gather (ddt_cuda_gather_rows_multi, the append's
+ *     target layers side by side) against one ddt_cuda_gather_rows per source
+ *     and the host's copy, bitwise over a poisoned destination with padding
+ *     columns and a spare row (1..8 sources, odd widths, no rows);
  *   - row-stacked weights (ddt_cuda_qweight_concat_rows) in F32, BF16, FP8 and
  *     INT4: the stacked product bitwise the separate products on the FP32 path
  *     (also through a row-prefix view, as the drafter's append reads k | v),
@@ -59,6 +68,7 @@
 #include <string.h>
 
 #include "backend/cuda/dflash_cuda.h"
+#include "backend/cuda/nn_cuda.h"
 #include "backend/cpu/dflash.h"
 #include "backend/cpu/nn.h"
 #include "backend/cpu/pool.h"
@@ -649,6 +659,253 @@ static void test_qkv_prep_op(void) {
     ddt_cpu_pool_destroy(pool);
 }
 
+/* ------------------------------------------------------------------ several layers' K/V store */
+
+typedef struct prep_layers_case {
+    int32_t layers, n, kv_heads, hd;
+    int32_t gap; /* NaN columns after each layer's k | v (and one after the row) */
+    int32_t len, count, max_count, limit;
+    bool count_on_device;
+} prep_layers_case;
+
+/* Is every float of p[0..n) the poison bits (0xFFFFFFFF)? */
+static bool all_poison(const float *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &p[i], 4);
+        if (u != 0xFFFFFFFFu) return false;
+    }
+    return true;
+}
+
+/* The drafter's append store: raw rows [n][layers * lc + 1] holding layer i's
+ * k | v at columns i * lc (lc = 2 kvd + gap), fresh random values, NaN in the
+ * gaps; each layer its own random k_norm and its own poisoned K and V caches of
+ * limit rows.  One ddt_dflash_qkv_prep with `layers` against one one-layer
+ * launch per layer into a second set of caches: every cache bitwise equal, the
+ * appended rows [len, len + count) written and every other row still poison
+ * (all of them when the append rule refuses). */
+static void prep_layers_run(prep_layers_case c) {
+    const int32_t hd = c.hd, half = hd / 2, kvd = c.kv_heads * hd, L = c.layers;
+    const int64_t lc = 2 * (int64_t)kvd + c.gap, ld = L * lc + 1;
+    const size_t raw_n = (size_t)c.n * ld, cache_n = (size_t)c.limit * kvd, tab_n = (size_t)c.limit * half;
+    float *raw = malloc(sizeof(float) * raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
+    float *cs = malloc(sizeof(float) * tab_n), *sn = malloc(sizeof(float) * tab_n);
+    float *one = malloc(sizeof(float) * cache_n), *many = malloc(sizeof(float) * cache_n);
+    memset(raw, 0xFF, sizeof(float) * raw_n);
+    for (int32_t t = 0; t < c.n; t++)
+        for (int32_t l = 0; l < L; l++)
+            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * ld + l * lc + i] = rndf() * 3.0f;
+    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
+    for (size_t i = 0; i < tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
+
+    float *draw, *dwk, *dcs, *dsn, *dcache; /* dcache: [2 (one, many)][L][2 (K, V)][cache_n] */
+    int32_t *dlen, *dcount;
+    CU(cudaMalloc((void **)&draw, sizeof(float) * raw_n));
+    CU(cudaMalloc((void **)&dwk, sizeof(float) * (size_t)L * hd));
+    CU(cudaMalloc((void **)&dcs, sizeof(float) * tab_n));
+    CU(cudaMalloc((void **)&dsn, sizeof(float) * tab_n));
+    CU(cudaMalloc((void **)&dcache, sizeof(float) * 4 * (size_t)L * cache_n));
+    CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
+    CU(cudaMemcpy(draw, raw, sizeof(float) * raw_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dcs, cs, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dsn, sn, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dlen, &c.len, sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
+    bo_poison(dcache, sizeof(float) * 4 * (size_t)L * cache_n);
+#define CACHE(set, l, kv) (dcache + ((((size_t)(set) * L + (size_t)(l)) * 2 + (kv)) * cache_n))
+
+    const ddt_dflash_qkv base = {.ldk = ld, .ldv = ld, .kv_heads = c.kv_heads, .n = c.n, .hd = hd, .eps = 1e-6f,
+                                 .count_dev = c.count_on_device ? dcount : NULL, .count_host = c.count,
+                                 .max_count = c.max_count, .len = dlen, .limit = c.limit, .cos_t = dcs,
+                                 .sin_t = dsn};
+    for (int32_t l = 0; l < L; l++) { /* the reference: a launch per layer, as the append made them */
+        ddt_dflash_qkv p = base;
+        p.k = draw + l * lc;
+        p.v = p.k + kvd;
+        p.k_norm = dwk + (size_t)l * hd;
+        p.k_cache = CACHE(0, l, 0);
+        p.v_cache = CACHE(0, l, 1);
+        OK(ddt_dflash_qkv_prep(&p, NULL, &err_));
+    }
+    ddt_dflash_qkv p = base;
+    p.k = draw;
+    p.v = draw + kvd;
+    p.layers = L;
+    p.layer_cols = lc;
+    for (int32_t l = 0; l < L; l++) {
+        p.k_norms[l] = dwk + (size_t)l * hd;
+        p.k_caches[l] = CACHE(1, l, 0);
+        p.v_caches[l] = CACHE(1, l, 1);
+    }
+    OK(ddt_dflash_qkv_prep(&p, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+
+    const bool fits = c.count >= 0 && c.count <= c.max_count && c.len + c.count <= c.limit;
+    const int32_t r0 = fits ? c.len : 0, r1 = fits ? c.len + c.count : 0; /* rows the append writes */
+    char what[160];
+    snprintf(what, sizeof what, "qkv_prep %d layers n %d kv heads %d hd %d gap %d len %d count %d%s max %d limit %d",
+             L, c.n, c.kv_heads, hd, c.gap, c.len, c.count, c.count_on_device ? " (device)" : "", c.max_count,
+             c.limit);
+    bool same = true;
+    for (int32_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            CU(cudaMemcpy(one, CACHE(0, l, kv), sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(many, CACHE(1, l, kv), sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+            const bool eq = !memcmp(one, many, sizeof(float) * cache_n);
+            CHECK(eq, "%s: layer %d %c cache differs from the one-layer launch", what, l, kv ? 'V' : 'K');
+            same &= eq;
+            bool written = true;
+            for (int32_t r = r0; r < r1; r++)
+                for (int32_t i = 0; i < kvd; i++) {
+                    uint32_t u;
+                    memcpy(&u, &many[(size_t)r * kvd + i], 4);
+                    written &= u != 0xFFFFFFFFu && !isnan(many[(size_t)r * kvd + i]);
+                }
+            CHECK(written, "%s: layer %d %c cache rows %d..%d not all written", what, l, kv ? 'V' : 'K', r0, r1 - 1);
+            CHECK(all_poison(many, (size_t)r0 * kvd) && all_poison(many + (size_t)r1 * kvd, cache_n - (size_t)r1 * kvd),
+                  "%s: layer %d %c cache rows outside the append written", what, l, kv ? 'V' : 'K');
+        }
+#undef CACHE
+    printf("  %-100s %s%s\n", what, same ? "bitwise the one-layer launches" : "DIFFERS", fits ? "" : " (append refused)");
+
+    cudaFree(draw), cudaFree(dwk), cudaFree(dcs), cudaFree(dsn), cudaFree(dcache), cudaFree(dlen), cudaFree(dcount);
+    free(raw), free(wk), free(cs), free(sn), free(one), free(many);
+}
+
+static void test_qkv_prep_layers_op(void) {
+    printf("several layers' K/V store in one qkv_prep vs a launch per layer:\n");
+    /* the shipped drafter's append: 4 layers of 2 kv heads x 64, a path of 16 (count on the device) */
+    prep_layers_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 100, .count = 13,
+                                       .max_count = 16, .limit = 211, .count_on_device = true});
+    /* odd everything: 5 layers, 3 kv heads of 34, NaN gaps between the layers' slices */
+    prep_layers_run((prep_layers_case){.layers = 5, .n = 7, .kv_heads = 3, .hd = 34, .gap = 3, .len = 4,
+                                       .count = 7, .max_count = 7, .limit = 23});
+    /* the most layers a launch takes, the largest head_dim */
+    prep_layers_run((prep_layers_case){.layers = DDT_DFLASH_MAX_KV_LAYERS, .n = 5, .kv_heads = 1, .hd = 512,
+                                       .gap = 1, .len = 0, .count = 3, .max_count = 5, .limit = 9,
+                                       .count_on_device = true});
+    /* one layer through the arrays, head_dim 6 (register width 1 with lanes idle) */
+    prep_layers_run((prep_layers_case){.layers = 1, .n = 9, .kv_heads = 2, .hd = 6, .gap = 2, .len = 2,
+                                       .count = 9, .max_count = 9, .limit = 13});
+    /* refused by the fit rule, and by max_count: nothing written in any layer */
+    prep_layers_run((prep_layers_case){.layers = 3, .n = 6, .kv_heads = 2, .hd = 128, .len = 20, .count = 6,
+                                       .max_count = 6, .limit = 24});
+    prep_layers_run((prep_layers_case){.layers = 2, .n = 4, .kv_heads = 1, .hd = 80, .gap = 5, .len = 1,
+                                       .count = 4, .max_count = 3, .limit = 30, .count_on_device = true});
+
+    /* arguments it refuses: too many layers, queries with layers, a NULL layer cache */
+    float *dummy;
+    int32_t *dlen;
+    CU(cudaMalloc((void **)&dummy, 64 * sizeof(float)));
+    CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
+    ddt_dflash_qkv p = {.k = dummy, .ldk = 8, .v = dummy, .ldv = 8, .kv_heads = 1, .n = 1, .hd = 2, .eps = 1e-6f,
+                        .count_host = 1, .max_count = 1, .len = dlen, .limit = 4, .cos_t = dummy, .sin_t = dummy,
+                        .layers = 2, .layer_cols = 4};
+    for (int32_t l = 0; l < 2; l++) p.k_norms[l] = dummy, p.k_caches[l] = dummy, p.v_caches[l] = dummy;
+    ddt_error e;
+    ddt_dflash_qkv bad = p;
+    bad.layers = DDT_DFLASH_MAX_KV_LAYERS + 1;
+    CHECK(ddt_dflash_qkv_prep(&bad, NULL, &e) == DDT_ERR_INVALID, "qkv_prep: %d layers accepted", bad.layers);
+    bad = p;
+    bad.q = dummy, bad.qo = dummy, bad.q_norm = dummy, bad.heads = 1, bad.ldq = 8, bad.ldqo = 8;
+    CHECK(ddt_dflash_qkv_prep(&bad, NULL, &e) == DDT_ERR_INVALID, "qkv_prep: queries with 2 layers accepted");
+    bad = p;
+    bad.v_caches[1] = NULL;
+    CHECK(ddt_dflash_qkv_prep(&bad, NULL, &e) == DDT_ERR_INVALID, "qkv_prep: a NULL layer cache accepted");
+    CU(cudaDeviceSynchronize());
+    CU(cudaFree(dummy));
+    CU(cudaFree(dlen));
+    printf("  refused arguments: %s\n", e.msg);
+}
+
+/* ------------------------------------------------------------------ multi-source gather */
+
+/* count random sources [41][cols + 3] (NaN past cols), m random rows (repeats
+ * allowed) into dst [m + 1][count * cols + pad], poisoned: the one
+ * ddt_cuda_gather_rows_multi launch against count ddt_cuda_gather_rows launches
+ * into another poisoned dst, and against the host's copy, bitwise over the
+ * whole buffer (the pad columns and the extra row untouched). */
+static void gather_multi_case(int32_t count, int32_t m, int32_t cols, int32_t pad) {
+    const int32_t src_rows = 41;
+    const int64_t lds = cols + 3, ldd = (int64_t)count * cols + pad;
+    const size_t sn = (size_t)src_rows * lds, dn = (size_t)(m + 1) * ldd;
+    float *h_src[DDT_CUDA_GATHER_MAX_SRC], *d_src[DDT_CUDA_GATHER_MAX_SRC];
+    for (int32_t i = 0; i < count; i++) {
+        h_src[i] = malloc(sizeof(float) * sn);
+        for (size_t j = 0; j < sn; j++) h_src[i][j] = (int64_t)(j % lds) < cols ? rndf() * (float)(i + 1) : NAN;
+        CU(cudaMalloc((void **)&d_src[i], sizeof(float) * sn));
+        CU(cudaMemcpy(d_src[i], h_src[i], sizeof(float) * sn, cudaMemcpyHostToDevice));
+    }
+    int32_t rows[64] = {0}, *drows;
+    for (int32_t k = 0; k < m; k++) rows[k] = (int32_t)(rnd() % (uint32_t)src_rows);
+    CU(cudaMalloc((void **)&drows, sizeof rows));
+    CU(cudaMemcpy(drows, rows, sizeof rows, cudaMemcpyHostToDevice));
+    float *ref = malloc(sizeof(float) * dn), *one = malloc(sizeof(float) * dn), *many = malloc(sizeof(float) * dn);
+    memset(ref, 0xFF, sizeof(float) * dn);
+    for (int32_t k = 0; k < m; k++)
+        for (int32_t i = 0; i < count; i++)
+            memcpy(ref + (size_t)k * ldd + (size_t)i * cols, h_src[i] + (size_t)rows[k] * lds, sizeof(float) * cols);
+    float *done, *dmany;
+    CU(cudaMalloc((void **)&done, sizeof(float) * dn));
+    CU(cudaMalloc((void **)&dmany, sizeof(float) * dn));
+    bo_poison(done, sizeof(float) * dn);
+    bo_poison(dmany, sizeof(float) * dn);
+    for (int32_t i = 0; i < count; i++)
+        OK(ddt_cuda_gather_rows(done + (size_t)i * cols, ldd, d_src[i], lds, drows, m, cols, NULL, &err_));
+    OK(ddt_cuda_gather_rows_multi(dmany, ldd, (const float *const *)d_src, count, lds, drows, m, cols, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(one, done, sizeof(float) * dn, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(many, dmany, sizeof(float) * dn, cudaMemcpyDeviceToHost));
+    const bool vs_one = !memcmp(one, many, sizeof(float) * dn), vs_ref = !memcmp(ref, many, sizeof(float) * dn);
+    printf("  %d sources, %2d rows of %3d, pad %d: %s\n", count, m, cols, pad,
+           vs_one && vs_ref ? "bitwise the single gathers and the host copy" : "DIFFERS");
+    CHECK(vs_one, "gather_rows_multi %d x %d x %d: differs from %d single gathers", count, m, cols, count);
+    CHECK(vs_ref, "gather_rows_multi %d x %d x %d: differs from the host copy (or wrote past it)", count, m, cols);
+    for (int32_t i = 0; i < count; i++) {
+        free(h_src[i]);
+        CU(cudaFree(d_src[i]));
+    }
+    CU(cudaFree(drows));
+    CU(cudaFree(done));
+    CU(cudaFree(dmany));
+    free(ref), free(one), free(many);
+}
+
+static void test_gather_multi_op(void) {
+    printf("multi-source row gather vs single gathers:\n");
+    gather_multi_case(1, 1, 1, 0);
+    gather_multi_case(3, 7, 37, 5);
+    gather_multi_case(4, 32, 256, 0);  /* the shipped drafter's append_rows: 4 target layers of 256 */
+    gather_multi_case(DDT_CUDA_GATHER_MAX_SRC, 29, 300, 3); /* the most sources, rows wider than a block */
+    gather_multi_case(5, 0, 11, 2);    /* no rows: nothing written */
+    /* arguments it refuses */
+    float *d;
+    int32_t *drows;
+    CU(cudaMalloc((void **)&d, 64 * sizeof(float)));
+    CU(cudaMalloc((void **)&drows, sizeof(int32_t)));
+    CU(cudaMemset(drows, 0, sizeof(int32_t)));
+    const float *srcs[DDT_CUDA_GATHER_MAX_SRC + 1];
+    for (int i = 0; i <= DDT_CUDA_GATHER_MAX_SRC; i++) srcs[i] = d;
+    ddt_error e;
+    CHECK(ddt_cuda_gather_rows_multi(d, 64, srcs, 0, 4, drows, 1, 4, NULL, &e) == DDT_ERR_INVALID,
+          "gather_rows_multi: 0 sources accepted");
+    CHECK(ddt_cuda_gather_rows_multi(d, 64, srcs, DDT_CUDA_GATHER_MAX_SRC + 1, 4, drows, 1, 4, NULL, &e) ==
+              DDT_ERR_INVALID,
+          "gather_rows_multi: %d sources accepted", DDT_CUDA_GATHER_MAX_SRC + 1);
+    CHECK(ddt_cuda_gather_rows_multi(d, 7, srcs, 2, 4, drows, 1, 4, NULL, &e) == DDT_ERR_INVALID,
+          "gather_rows_multi: a row stride below count * cols accepted");
+    srcs[1] = NULL;
+    CHECK(ddt_cuda_gather_rows_multi(d, 8, srcs, 2, 4, drows, 1, 4, NULL, &e) == DDT_ERR_INVALID,
+          "gather_rows_multi: a NULL source accepted");
+    CU(cudaDeviceSynchronize());
+    CU(cudaFree(d));
+    CU(cudaFree(drows));
+    printf("  refused arguments: %s\n", e.msg);
+}
+
 /* ------------------------------------------------------------------ stacked weights */
 
 /* n tokens through `count` random parts of one format, separately and stacked. */
@@ -851,6 +1108,8 @@ int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     test_attention_op(quick);
     test_qkv_prep_op();
+    test_qkv_prep_layers_op();
+    test_gather_multi_op();
     test_concat_op();
     printf("GPU DFlash drafter vs CPU drafter:\n");
     test_model("fixture fp32", "tests/fixtures/drafter/fp32", "tests/fixtures/target/fp32");

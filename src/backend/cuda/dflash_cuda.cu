@@ -4,8 +4,9 @@
  * cache (one kernel), the non-causal block attention and the device-side append
  * bookkeeping.
  *
- * The per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep) keeps a head in one
- * warp's registers: lane l holds the pairs (j, j + hd/2), j = l + 32 i, exactly
+ * The per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep; of one layer, or of
+ * several layers' keys / values side by side) keeps a head in one warp's
+ * registers: lane l holds the pairs (j, j + hd/2), j = l + 32 i, exactly
  * the values its rotation needs, so the norm's sum, the scaling and the rotation
  * take one read and one write of the head.  The rotation is the CPU's
  * ddt_cpu_rope_rotate arithmetic (a*c - b*s, b*c + a*s with --fmad=false, so no
@@ -67,9 +68,12 @@ extern "C" ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *
 
 /* ------------------------------------------------------------------ q/k norm + RoPE + K/V store */
 
-/* One warp per (row t = blockIdx.y, head slot): slots [0, nq) are query heads,
- * [nq, nq + kv_heads) key/value heads.  NP = pairs per lane (hd/2 <= 32 NP).
- * Every early return is uniform over the warp (the butterfly needs all 32 lanes). */
+/* One warp per (row t = blockIdx.y, head slot, layer blockIdx.z): slots [0, nq)
+ * are query heads, [nq, nq + kv_heads) key/value heads.  NP = pairs per lane
+ * (hd/2 <= 32 NP).  A layer of a several-layer launch changes only the pointers
+ * its warps read and write, never the arithmetic, so its caches get the bits a
+ * one-layer launch would store.  Every early return is uniform over the warp
+ * (the butterfly needs all 32 lanes). */
 template <int NP>
 static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
     DDT_GRID_DEP_WAIT();
@@ -91,12 +95,22 @@ static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const 
         if (!append_ok(*p.len, count, p.max_count, p.limit) || t >= count) return;
         const int g = slot - nq;
         const int64_t kvd = (int64_t)p.kv_heads * hd;
-        src = p.k + (int64_t)t * p.ldk + (int64_t)g * hd;
-        dst = p.k_cache + pos * kvd + (int64_t)g * hd;
+        /* the layer's slices of k | v, its weights and caches (blockIdx.z is 0 in
+           a one-layer launch, whose pointers are the single fields); picked with
+           constant indices, which read the parameters in place (an index by
+           blockIdx.z copies the arrays to local memory first) */
+        const int l = blockIdx.z;
+        const int64_t lc = (int64_t)l * p.layer_cols;
+        float *k_cache = p.k_cache, *v_cache = p.v_cache;
         w = p.k_norm;
+#pragma unroll
+        for (int i = 0; i < DDT_DFLASH_MAX_KV_LAYERS; i++)
+            if (p.layers && i == l) k_cache = p.k_caches[i], v_cache = p.v_caches[i], w = p.k_norms[i];
+        src = p.k + lc + (int64_t)t * p.ldk + (int64_t)g * hd;
+        dst = k_cache + pos * kvd + (int64_t)g * hd;
         rotate = true; /* the append rule keeps pos < limit */
-        const float *vs = p.v + (int64_t)t * p.ldv + (int64_t)g * hd;
-        float *vd = p.v_cache + pos * kvd + (int64_t)g * hd;
+        const float *vs = p.v + lc + (int64_t)t * p.ldv + (int64_t)g * hd;
+        float *vd = v_cache + pos * kvd + (int64_t)g * hd;
         for (int j = lane; j < hd; j += 32) vd[j] = vs[j];
     }
     float a[NP], b[NP], ss = 0.0f;
@@ -128,9 +142,16 @@ static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const 
 }
 
 extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err) {
-    if (!p || !p->k || !p->v || !p->k_norm || !p->len || !p->cos_t || !p->sin_t || !p->k_cache || !p->v_cache ||
-        (p->q && (!p->qo || !p->q_norm)))
+    if (!p || !p->k || !p->v || !p->len || !p->cos_t || !p->sin_t || (p->q && (!p->qo || !p->q_norm)) ||
+        (!p->layers && (!p->k_norm || !p->k_cache || !p->v_cache)))
         return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: NULL argument");
+    if (p->layers < 0 || p->layers > DDT_DFLASH_MAX_KV_LAYERS || (p->layers && (p->q || p->layer_cols < 0)))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "dflash qkv_prep: %d layers (0..%d, no queries with several) %lld columns apart", p->layers,
+                        DDT_DFLASH_MAX_KV_LAYERS, (long long)p->layer_cols);
+    for (int32_t i = 0; i < p->layers; i++)
+        if (!p->k_norms[i] || !p->k_caches[i] || !p->v_caches[i])
+            return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: layer %d: NULL argument", i);
     const int32_t nq = p->q ? p->heads : 0;
     if (p->n < 1 || p->n > 65535 || p->kv_heads < 1 || (p->q && p->heads < 1) || p->hd < 2 || p->hd % 2 ||
         p->hd > DDT_DFLASH_MAX_HEAD_DIM || p->limit < 0 || p->max_count > p->n)
@@ -142,7 +163,8 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
                         (long long)p->ldq, (long long)p->ldqo, (long long)p->ldk, (long long)p->ldv, (long long)qd,
                         (long long)kvd);
     cudaStream_t s = (cudaStream_t)stream;
-    const dim3 grid((unsigned)((nq + p->kv_heads + PREP_WARPS - 1) / PREP_WARPS), (unsigned)p->n);
+    const dim3 grid((unsigned)((nq + p->kv_heads + PREP_WARPS - 1) / PREP_WARPS), (unsigned)p->n,
+                    (unsigned)(p->layers ? p->layers : 1));
     const int np = (p->hd / 2 + 31) / 32;
     if (np <= 1)
         qkv_prep_kernel<1><<<grid, PREP_WARPS * 32, 0, s>>>(*p);

@@ -4,11 +4,12 @@
  * SiLU and row gathers come from qmatmul_cuda.h / nn_cuda.h):
  *
  *   - the per-head q_norm / k_norm, Qwen3 rotate_half RoPE and K/V store of a
- *     layer in one launch (ddt_dflash_qkv_prep), reading the q / k / v
- *     projections as strided column slices of one fused product, the angles
- *     from a host-precomputed cos/sin table [rows][head_dim/2] (bitwise the
- *     CPU's ddt_cpu_rope_cos_sin values) at positions len + t with len read
- *     from device memory, keys rotated into the drafter's cache rows len + t;
+ *     layer (or the keys / values of several layers) in one launch
+ *     (ddt_dflash_qkv_prep), reading the q / k / v projections as strided
+ *     column slices of one fused product, the angles from a host-precomputed
+ *     cos/sin table [rows][head_dim/2] (bitwise the CPU's ddt_cpu_rope_cos_sin
+ *     values) at positions len + t with len read from device memory, keys
+ *     rotated into the drafter's cache rows len + t;
  *   - non-causal GQA attention of the block's queries over cache rows
  *     [0, len + n_block) (split over rows, combined in a fixed order);
  *   - the bookkeeping of an append whose token count lives on the device.
@@ -67,7 +68,17 @@ ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t 
  * j = lane + 32 i in increasing i, then by a xor butterfly; the scaling is
  * w * (x * inv) and the rotation ddt_cpu_rope_rotate's, so the result is the CPU
  * drafter's (ddt_cpu_dflash_norm_rope) up to the order of that one sum.
+ *
+ * Several layers' keys / values in one launch (layers >= 1; the drafter's
+ * append, whose one product leaves every layer's k | v side by side in a row):
+ * no queries; layer i < layers reads k + i * layer_cols and v + i * layer_cols
+ * (row strides ldk, ldv as above) and stores with k_norms[i] into k_caches[i] /
+ * v_caches[i], under the one append rule (every layer reads the same *len and
+ * count).  Each (row, head, layer) runs the one-layer code on that layer's
+ * pointers, so the caches get bitwise what `layers` one-layer calls store.
+ * layers 0 is the one layer of k_norm / k_cache / v_cache (the arrays unread).
  */
+#define DDT_DFLASH_MAX_KV_LAYERS 8
 typedef struct ddt_dflash_qkv {
     const float *q;        /* [n][ldq]: heads x hd raw q_proj values per row; NULL: no queries */
     int64_t ldq;
@@ -88,6 +99,10 @@ typedef struct ddt_dflash_qkv {
     int32_t limit;         /* cache rows and RoPE table rows available (<= either) */
     const float *cos_t, *sin_t; /* [limit][hd/2] */
     float *k_cache, *v_cache;   /* [limit][kv_heads * hd] */
+    int32_t layers;             /* 0: one layer, the fields above; 1..DDT_DFLASH_MAX_KV_LAYERS: the arrays below */
+    int64_t layer_cols;         /* columns from one layer's k (and v) to the next's */
+    const float *k_norms[DDT_DFLASH_MAX_KV_LAYERS];          /* [hd] each */
+    float *k_caches[DDT_DFLASH_MAX_KV_LAYERS], *v_caches[DDT_DFLASH_MAX_KV_LAYERS]; /* [limit][kv_heads * hd] */
 } ddt_dflash_qkv;
 
 ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err);

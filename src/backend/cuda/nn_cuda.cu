@@ -1,5 +1,5 @@
 /*
- * nn_cuda.cu — RMSNorm, SiLU gate, residual add and row gather on the GPU
+ * nn_cuda.cu — RMSNorm, SiLU gate, residual add and row gathers on the GPU
  * (see nn_cuda.h).  One block per row for the norm, whose arithmetic is
  * norm_dev.cuh's (shared with the MoE layer's fused end in moe_cuda.cu).
  */
@@ -141,5 +141,41 @@ ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64
     if (m == 0) return DDT_OK;
     gather_rows_kernel<<<m, EW_THREADS, 0, (cudaStream_t)stream>>>(dst, ldd, src, lds, rows, cols);
     DDT_CUDA_LAUNCHED("gather_rows", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* ddt_cuda_gather_rows_multi's sources, by value (the launch reads no host array). */
+struct GatherSrcs {
+    const float *src[DDT_CUDA_GATHER_MAX_SRC];
+};
+
+/* blockIdx.x: the row k, blockIdx.y: the source i, whose row goes to column block
+ * i.  The sources are a __grid_constant__ parameter so that indexing them by
+ * blockIdx.y reads the parameter in place (a plain one is copied to local memory
+ * first). */
+static __global__ void gather_rows_multi_kernel(float *dst, int64_t ldd, const __grid_constant__ GatherSrcs srcs,
+                                                int64_t lds, const int32_t *__restrict__ rows, int cols) {
+    DDT_GRID_DEP_WAIT();
+    const float *s = srcs.src[blockIdx.y] + (int64_t)rows[blockIdx.x] * lds;
+    float *d = dst + (int64_t)blockIdx.x * ldd + (int64_t)blockIdx.y * cols;
+    for (int i = threadIdx.x; i < cols; i += EW_THREADS) d[i] = s[i];
+}
+
+extern "C" ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const float *const *src, int32_t count,
+                                                 int64_t lds, const int32_t *rows, int32_t m, int32_t cols,
+                                                 ddt_cuda_stream stream, ddt_error *err) {
+    if (!dst || !src || !rows || m < 0 || cols < 1 || count < 1 || count > DDT_CUDA_GATHER_MAX_SRC ||
+        ldd < (int64_t)count * cols)
+        return ddt_fail(err, DDT_ERR_INVALID, "gather_rows_multi: %d rows of %d sources x %d (row stride %lld)", m,
+                        count, cols, (long long)ldd);
+    GatherSrcs g = {};
+    for (int32_t i = 0; i < count; i++) {
+        if (!src[i]) return ddt_fail(err, DDT_ERR_INVALID, "gather_rows_multi: source %d is NULL", i);
+        g.src[i] = src[i];
+    }
+    if (m == 0) return DDT_OK;
+    gather_rows_multi_kernel<<<dim3((unsigned)m, (unsigned)count), EW_THREADS, 0, (cudaStream_t)stream>>>(
+        dst, ldd, g, lds, rows, cols);
+    DDT_CUDA_LAUNCHED("gather_rows_multi", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -1,6 +1,6 @@
 /*
  * nn_cuda.h — the small element-wise and per-row kernels every model on the
- * GPU needs (RMSNorm, SiLU-gated product, residual add, row gather), each the
+ * GPU needs (RMSNorm, SiLU-gated product, residual add, row gathers), each the
  * twin of backend/cpu/nn.h with the same arithmetic per element, and each
  * independent of how many tokens are processed together (a row's result
  * depends on that row only, with a fixed reduction order).
@@ -61,6 +61,21 @@ ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream
  * the device).  The drafter's context append gathers the accepted path's rows. */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
                                 int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err);
+
+/* Most sources one ddt_cuda_gather_rows_multi launch takes (they travel by value
+ * in the kernel's parameters). */
+#define DDT_CUDA_GATHER_MAX_SRC 8
+
+/* The same rows of `count` sources side by side, in one launch: for i < count
+ * (1..DDT_CUDA_GATHER_MAX_SRC), dst[k][i*cols + j] = src[i][rows[k]][j] for
+ * j < cols, k < m (src a host array of device pointers, all of row stride lds;
+ * dst row stride ldd >= count * cols).  Bitwise the count calls
+ * ddt_cuda_gather_rows(dst + i*cols, ldd, src[i], lds, rows, m, cols) (plain
+ * copies).  The drafter's append puts its target layers' rows next to each
+ * other this way: one launch instead of one per layer. */
+ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const float *const *src, int32_t count, int64_t lds,
+                                      const int32_t *rows, int32_t m, int32_t cols, ddt_cuda_stream stream,
+                                      ddt_error *err);
 
 #ifdef __cplusplus
 }
