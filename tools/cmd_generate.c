@@ -191,10 +191,11 @@ static json_t *utf8_json_string(const char *text, size_t n) {
 }
 
 static json_t *stats_json(const ddt_gen_stats *s, const char *mode, int32_t budget, bool autob) {
-    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:I, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
                      "mode", mode, "budget", budget, "budget_auto", autob, "prompt_tokens", s->prompt_tokens,
                      "tokens", s->tokens, "rounds", s->rounds, "nodes_verified", (json_int_t)s->nodes_verified,
-                     "mean_acceptance", s->mean_acceptance, "tokens_per_s", s->tokens_per_s, "round_kernels",
+                     "mean_acceptance", s->mean_acceptance, "expected_acceptance", s->expected_acceptance,
+                     "tokens_per_s", s->tokens_per_s, "round_kernels",
                      s->round_kernels, "round_pdl_edges", s->round_pdl_edges, "seconds",
                      "prefill", s->t_prefill, "draft", s->t_draft, "build", s->t_build, "verify", s->t_verify,
                      "walk", s->t_walk, "commit", s->t_commit, "total", s->t_total);
