@@ -74,6 +74,12 @@ def test_speculative_equals_ar_and_drafter_is_accepted(index):
         out = gen_json(*base, "--draft", DRAFTER, *extra)
         assert out["ids"] == ar["ids"], extra
         st = out["stats"]
+        if extra[-1] == "auto":  # the cost model the stop rule weighs, as measured at create
+            cm = st["cost_model"]
+            assert cm["draft"] > 0 and len(cm["verify"]) == len(cm["nodes"]) * cm["contexts"] >= 1, cm
+            assert all(b > a for a, b in zip(cm["nodes"], cm["nodes"][1:])), cm
+        else:
+            assert "cost_model" not in st, st
         assert st["tokens"] == N_TOKENS and st["rounds"] >= 1
         if extra[-1] in ("8", "64"):
             tree_acceptance[extra[-1]] = st["mean_acceptance"]
