@@ -200,6 +200,10 @@ struct MMArgs {
     float *y;
     int64_t ldy, y_stride;
     bool xvec;
+    /* >= 0 (ddt_cuda_matmul_swiglu): rows from pair_from on are (gate, up) pairs,
+       written as one silu(gate) * up at column pair_from + (row - pair_from) / 2;
+       -1: every row written as it is */
+    int64_t pair_from;
 };
 
 /* One warp per (R-row block, TB-token block); the token block is the fastest
@@ -246,8 +250,18 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < TB; t++)
-            if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
-                a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+            if (lane == r * TB + t && o0 + r < a.rows && t < ntok) {
+                float *yr = a.y + (int64_t)(t0 + t) * a.ldy + g * a.y_stride;
+                const int64_t o = o0 + r;
+                if (a.pair_from < 0 || o < a.pair_from) {
+                    yr[o] = out[r][t];
+                } else if (((o - a.pair_from) & 1) == 0) {
+                    /* a gate row; its up row is r + 1 of this warp (R even, o0 and
+                       pair_from even: the launcher's conditions), silu_dev.cuh's
+                       arithmetic, as silu_mul and the gated load compute it */
+                    yr[a.pair_from + (o - a.pair_from) / 2] = silu_mul1(out[r][t], out[r + 1 < R ? r + 1 : r][t]);
+                }
+            }
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {
@@ -277,6 +291,7 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
     const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
     for (int r = 4; r >= 1; r /= 2)
         for (int tb = 1; tb <= 4; tb *= 2) {
+            if (a.pair_from >= 0 && r == 1) continue; /* a (gate, up) pair in one warp */
             if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
             if (gated && tb > 1) continue;
             const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
@@ -620,6 +635,7 @@ static void set_product(MMArgs &a, const ddt_row_groups *g, const float *x, int6
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
+    a.pair_from = -1;
     set_io(a, g, x, ldx, n, y, ldy);
 }
 
@@ -699,6 +715,44 @@ extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mod
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t pair_from, const float *x,
+                                                   int64_t ldx, int32_t n, float *y, int64_t ldy, int32_t warp_rows,
+                                                   int32_t warp_tokens, ddt_cuda_stream stream, ddt_error *err) {
+    if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul_swiglu: no weight");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    bool tc = false;
+    ddt_status st = mm_check(w, DDT_CUDA_MM_FP32, &g, n, x, y, &tc, err);
+    if (st != DDT_OK) return st;
+    if (pair_from < 0 || pair_from % 2 != 0 || pair_from >= w->rows || (w->rows - pair_from) % 2 != 0)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul_swiglu: pairs from row %lld of %lld (an even start, an even number of rows after it)",
+                        (long long)pair_from, (long long)w->rows);
+    if ((warp_rows != 0 || warp_tokens != 0) &&
+        !((warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul_swiglu: warp shape %d rows x %d tokens (2 or 4 rows: a pair in one warp; 1, 2 or 4 "
+                        "tokens; or both 0)",
+                        warp_rows, warp_tokens);
+    if (ldy < pair_from + (w->rows - pair_from) / 2)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul_swiglu: row stride %lld < %lld output columns", (long long)ldy,
+                        (long long)(pair_from + (w->rows - pair_from) / 2));
+    cudaStream_t s = (cudaStream_t)stream;
+    MMArgs a;
+    set_product(a, &g, x, ldx, n, y, ldy);
+    a.u = NULL;
+    a.ldu = 0;
+    a.pair_from = pair_from; /* mm_choose then takes R = 2 or 4 */
+    mm_dispatch<false>(w, a, warp_rows, warp_tokens, s);
+    DDT_CUDA_LAUNCHED("matmul_swiglu", s, err);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul_swiglu(const ddt_qweight *w, int64_t pair_from, const float *x, int64_t ldx,
+                                             int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
+                                             ddt_error *err) {
+    return ddt_cuda_matmul_swiglu_shape(w, pair_from, x, ldx, n, y, ldy, 0, 0, stream, err);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
@@ -1039,6 +1093,62 @@ extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *par
     if (packed && (st = ddt_cuda_qweight_pack(&o, err)) != DDT_OK) {
         ddt_cuda_qweight_free(&o);
         return st;
+    }
+    *out = o;
+    return DDT_OK;
+}
+
+extern "C" bool ddt_cuda_qweight_interleave_ok(const ddt_qweight *a, const ddt_qweight *b) {
+    if (!a || !b || !a->data || !b->data || a->rows < 1 || a->cols < 1 || a->rows != b->rows || a->cols != b->cols ||
+        a->format != b->format || a->dtype != b->dtype || a->rows > INT64_MAX / 4)
+        return false;
+    switch (a->format) {
+    case DDT_Q_DENSE: return a->dtype == DDT_DTYPE_F32 || a->dtype == DDT_DTYPE_BF16 || a->dtype == DDT_DTYPE_F16;
+    case DDT_Q_INT4_GROUP: return a->group >= 1 && a->group == b->group && a->scale && b->scale;
+    default: return false; /* FP8: a scale block covers 128 rows of one weight */
+    }
+}
+
+extern "C" ddt_status ddt_cuda_qweight_interleave_rows(const ddt_qweight *a, const ddt_qweight *b, ddt_qweight *out,
+                                                      ddt_error *err) {
+    if (!out) return ddt_fail(err, DDT_ERR_INVALID, "qweight_interleave_rows: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_qweight_interleave_ok(a, b))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "qweight_interleave_rows: two weights that do not interleave by rows (shapes, formats, or FP8 "
+                        "block scales)");
+    ddt_qweight o = *a;
+    o.rows = 2 * a->rows;
+    o.data = NULL;
+    o.scale_inv = NULL;
+    o.scale = NULL;
+    o.mma = NULL;
+    o.mma_scale = NULL;
+    /* row-major data and (INT4) per-row scales: a row's bytes are the total over rows */
+    const size_t rb = (size_t)(data_bytes(a) / (uint64_t)a->rows), sr = (size_t)(scale_bytes(a) / (uint64_t)a->rows);
+    const size_t rows = (size_t)a->rows;
+    void *d = NULL, *sc = NULL;
+    ddt_status st = ddt_cuda_malloc_array(&d, (size_t)data_bytes(&o), 1, NULL, err);
+    if (st != DDT_OK) return st;
+    o.data = d;
+    if (sr > 0) {
+        st = ddt_cuda_malloc_array(&sc, 2 * rows * sr, 1, NULL, err);
+        if (st != DDT_OK) {
+            ddt_cuda_qweight_free(&o);
+            return st;
+        }
+        o.scale = (const uint16_t *)sc;
+    }
+    cudaError_t e = cudaMemcpy2D(d, 2 * rb, a->data, rb, rb, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy2D((uint8_t *)d + rb, 2 * rb, b->data, rb, rb, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess && sr > 0) e = cudaMemcpy2D(sc, 2 * sr, a->scale, sr, sr, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess && sr > 0)
+        e = cudaMemcpy2D((uint8_t *)sc + sr, 2 * sr, b->scale, sr, sr, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        ddt_cuda_qweight_free(&o);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_interleave_rows [%lld, %lld]: %s", (long long)o.rows,
+                        (long long)o.cols, cudaGetErrorString(e));
     }
     *out = o;
     return DDT_OK;
