@@ -10,9 +10,11 @@
 # run: builds A and every ab/*/ in parallel (scripts/gpu-test.sh build in each), then for each
 # tree in turn runs the GPU tests named in AB_TESTS (default: test_cuda_qmatmul test_cuda_target),
 # compute-sanitizer memcheck on their --quick runs, the benchmark commands of AB_BENCH (separated
-# by ';', each with its arguments; default: build-gpu/cuda_bench_mm) and the end-to-end run of AB_E2E (default: ar, chain, tree 32 at T = 0,
-# 5 prompts, no Hugging Face).  Exit status 1 when a build or a test failed.  Writes $OUT/ab-<tree>.md per tree and $OUT/ab-summary.txt (each
-# test's exit status, the e2e table) for the comparison.  Set AB_E2E=none to skip the e2e.
+# by ';', each with its arguments; default: build-gpu/cuda_bench_mm) and the end-to-end run of
+# AB_E2E (default: ar, chain and tree at the budgets AB_BUDGETS (16,32), T = 0, 5 prompts, no
+# Hugging Face; AB_E2E_EXTRA: more generate flags).  Exit status 1 when a build or a test failed.
+# Writes $OUT/ab-<tree>.md per tree and $OUT/ab-summary.txt (each test's exit status, the e2e
+# table) for the comparison.  Set AB_E2E=none to skip the e2e.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cmd=${1:-}
@@ -81,7 +83,8 @@ for t in "${trees[@]}"; do
     IFS=';' read -ra benches <<< "$BENCH"
     for b in "${benches[@]}"; do echo "== $b"; eval "$b" 2>&1; done
     if [ "$E2E" != none ]; then
-      N_PROMPTS=5 BUDGETS=32 TEMPS=0 NO_HF=1 OUT=/tmp/ab-e2e-$n E2E_NAME=e2e bash scripts/gpu-e2e.sh > /dev/null 2>&1
+      N_PROMPTS=5 BUDGETS=${AB_BUDGETS:-16,32} TEMPS=0 NO_HF=1 OUT=/tmp/ab-e2e-$n E2E_NAME=e2e \
+        E2E_EXTRA="${AB_E2E_EXTRA:-}" bash scripts/gpu-e2e.sh > /dev/null 2>&1
       echo "== e2e"; cat /tmp/ab-e2e-$n/e2e.md 2>/dev/null
       { echo "$n e2e:"; grep -E '^\| 0 ' /tmp/ab-e2e-$n/e2e.md 2>/dev/null; } >> "$summary"
     fi

@@ -24,6 +24,8 @@ const char cli_engine_usage[] =
     "                       on the device; the same tokens, for comparison\n"
     "  --no-pdl             cuda: plain kernel-to-kernel edges in chain / tree round graphs instead of\n"
     "                       programmatic dependent launch; the same tokens, for comparison\n"
+    "  --no-phase-times     cuda: no timing events inside the round graph (the per-phase seconds\n"
+    "                       read 0); the same tokens, for measuring what the timing costs\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
     "                       heads and routed experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 32); auto = cost-aware (CaDDTree),\n"
@@ -95,6 +97,10 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--no-pdl")) {
         a->no_pdl = true;
+        return 1;
+    }
+    if (!strcmp(f, "--no-phase-times")) {
+        a->no_phase_times = true;
         return 1;
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
@@ -200,6 +206,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     o->tensor_cores = a->tensor_cores;
     o->cuda_host_sampler = a->host_sampler;
     o->cuda_no_pdl = a->no_pdl;
+    o->cuda_no_phase_times = a->no_phase_times;
     o->gpus = (int32_t)a->gpus;
     o->draft_dir = a->draft;
     o->budget = (int32_t)(a->budget_auto ? a->max_budget : a->budget);

@@ -26,7 +26,7 @@ typedef struct cli_engine_args {
     float top_p;
     unsigned long long seed;
     long long ctx, threads, gpus;
-    bool fast_attention, tensor_cores, host_sampler, no_pdl;
+    bool fast_attention, tensor_cores, host_sampler, no_pdl, no_phase_times;
 } cli_engine_args;
 
 /* The defaults (mode ar, backend cpu, budget 32, auto cap 64, greedy). */

@@ -103,6 +103,8 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_INVALID, "--tensor-cores is a CUDA backend option (add --backend cuda)");
     if (o->cuda_no_pdl && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--no-pdl is a CUDA backend option (add --backend cuda)");
+    if (o->cuda_no_phase_times && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
+        return ddt_fail(err, DDT_ERR_INVALID, "--no-phase-times is a CUDA backend option (add --backend cuda)");
     if (o->cuda_host_sampler && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--host-sampler is a CUDA backend option (add --backend cuda)");
     if (o->gpus < 0 || o->gpus > DDT_ENGINE_MAX_GPUS)

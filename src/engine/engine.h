@@ -92,6 +92,9 @@ typedef struct ddt_engine_options {
                                   instead of programmatic ones (programmatic dependent launch: a
                                   kernel's blocks are scheduled while the kernel before it runs; ar
                                   rounds never use it); for comparison */
+    bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
+                                  programmatic edge crosses); the per-phase seconds then read 0, the
+                                  totals stay; for measuring what the timing costs */
 } ddt_engine_options;
 
 /* The backend an engine created with these options runs on (auto resolved). */

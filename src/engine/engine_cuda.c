@@ -277,6 +277,7 @@ fail:
  * event node, else capture turns it into a mere dependency and the event is
  * never recorded when the graph replays (and timing it is an error). */
 static cudaError_t mark(ddt_engine_cuda *e, int i) {
+    if (e->opts.cuda_no_phase_times) return cudaSuccess; /* the round's phases are not timed */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t ce = cudaStreamIsCapturing(e->s, &cs);
     if (ce != cudaSuccess) return ce;
@@ -870,7 +871,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             bonus = e->emit_h[0];
             if (bonus < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
             n = m = 1;
-            s.t_verify += elapsed(e->ev[0], e->ev[3]);
+            if (!e->opts.cuda_no_phase_times) s.t_verify += elapsed(e->ev[0], e->ev[3]);
             ddt_emitter_push(&em, &bonus, 1);
         } else if (e->opts.mode == DDT_MODE_AR) {
             TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
@@ -906,11 +907,13 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                                 (unsigned long long)round, e->emit_h[1], m);
             if (!e->auto_budget) n = budget + 1;
             else if (on_device && !auto_host(e)) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
-            s.t_draft += elapsed(e->ev[0], e->ev[1]);
-            s.t_build += elapsed(e->ev[1], e->ev[2]);
-            s.t_verify += elapsed(e->ev[2], e->ev[3]);
-            s.t_walk += elapsed(e->ev[3], e->ev[4]);
-            s.t_commit += elapsed(e->ev[4], e->ev[5]);
+            if (!e->opts.cuda_no_phase_times) {
+                s.t_draft += elapsed(e->ev[0], e->ev[1]);
+                s.t_build += elapsed(e->ev[1], e->ev[2]);
+                s.t_verify += elapsed(e->ev[2], e->ev[3]);
+                s.t_walk += elapsed(e->ev[3], e->ev[4]);
+                s.t_commit += elapsed(e->ev[4], e->ev[5]);
+            }
             bonus = e->emit_h[1 + m];
             for (int32_t i = 0; i < m; i++) /* the device sampler's mark of a NaN / infinite logits row */
                 if (e->emit_h[2 + i] < 0)

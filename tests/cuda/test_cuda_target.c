@@ -869,6 +869,7 @@ static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
 static bool g_host_sampler = false;
 static bool g_no_pdl = false; /* run_engine's engines keep plain graph edges (--no-pdl) */
+static bool g_no_phase_times = false; /* run_engine's engines time no phases (--no-phase-times) */
 static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
 static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
 
@@ -885,6 +886,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.sampling = (ddt_sampling){temp, g_top_k, g_top_p, 7};
     o.cuda_host_sampler = g_host_sampler;
     o.cuda_no_pdl = g_no_pdl;
+    o.cuda_no_phase_times = g_no_phase_times;
     o.n_threads = 2;
     o.max_ctx = g_max_ctx;
     o.cost = g_cost;
@@ -947,6 +949,22 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
               "%s: T=1 tree 16 without PDL != with PDL", model);
         printf("  PDL off: tree 64 == ar, T=1 tree 16 == with PDL (tree 64 %.1f tok/s without PDL)\n",
                np_tree.st.tokens_per_s);
+    }
+    /* no timing events in the round graph: the same tokens, no phase seconds */
+    {
+        run_out nt, nar;
+        g_no_phase_times = true;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &nt);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &nar);
+        g_no_phase_times = false;
+        CHECK(nt.n == ar.n && !memcmp(nt.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n) && nar.n == ar.n &&
+                  !memcmp(nar.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+              "%s: tree 16 / ar without phase times != ar", model);
+        CHECK(nt.st.t_draft == 0.0 && nt.st.t_verify == 0.0 && nt.st.t_commit == 0.0 && nar.st.t_verify == 0.0,
+              "%s: phase seconds measured without phase times (draft %g, verify %g)", model, nt.st.t_draft,
+              nt.st.t_verify);
+        printf("  no phase times: tree 16 == ar (%.1f tok/s), ar %.1f tok/s\n", nt.st.tokens_per_s,
+               nar.st.tokens_per_s);
     }
     /* --budget auto: the device's cost-aware build under the measured GPU cost model
        (inside the round's graph), same tokens */

@@ -138,6 +138,8 @@ def test_cli_backend_flag():
     assert hs.returncode == 2 and "--host-sampler" in hs.stderr and "--backend cuda" in hs.stderr
     npdl = run(*base, "--no-pdl")
     assert npdl.returncode == 2 and "--no-pdl" in npdl.stderr and "--backend cuda" in npdl.stderr
+    npt = run(*base, "--no-phase-times")
+    assert npt.returncode == 2 and "--no-phase-times" in npt.stderr and "--backend cuda" in npt.stderr
     bad = run(*base, "--backend", "tpu")
     assert bad.returncode == 2 and "--backend 'tpu'" in bad.stderr
     for mode in (["--mode", "ar"], ["--mode", "tree", "--draft", DRAFT, "--budget", "8"]):
