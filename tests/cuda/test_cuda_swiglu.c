@@ -203,7 +203,9 @@ static void refusals(void) {
     float *dx, *dy;
     CU(cudaMalloc((void **)&dx, sizeof(float) * 64 * 2));
     CU(cudaMalloc((void **)&dy, sizeof(float) * 64 * 2));
-    CU(cudaMemset(dy, 0xFF, sizeof(float) * 64 * 2));
+    float yb[128];
+    ct_poison(yb, 128);
+    CU(cudaMemcpy(dy, yb, sizeof yb, cudaMemcpyHostToDevice));
     struct {
         int64_t pf, ldy;
         int wr, wt;
@@ -226,7 +228,6 @@ static void refusals(void) {
     OK(ddt_cuda_qweight_concat_rows(parts, 2, &odd, &err_));
     CHECK(ddt_cuda_matmul_swiglu(&odd, 0, dx, 64, 2, dy, 32, NULL, &e) == DDT_ERR_INVALID, "19 rows in pairs");
     CHECK(ddt_cuda_matmul_swiglu(NULL, 0, dx, 64, 2, dy, 32, NULL, &e) == DDT_ERR_INVALID, "no weight");
-    float yb[128];
     CU(cudaMemcpy(yb, dy, sizeof yb, cudaMemcpyDeviceToHost));
     int written = 0;
     for (int i = 0; i < 128; i++) written += !ct_is_poison(&yb[i]);
