@@ -32,10 +32,11 @@
  * k | v in one product over a second stack of those rows (kv_all, built at
  * load from each layer's k | v prefix), every layer's K/V store in one
  * qkv_prep launch (its `layers`).
- * Draft: 8 launches per layer (was 18; 9 before the interleaved gate | up).  Append, with up to 8 target layers and
- * 8 layers: clamp (append_rows only), gather, fc, hidden_norm, k | v, qkv_prep,
- * advance: 7 launches whatever the layer count (was 4 + 2 per target layer and
- * layer, 16 for the 4 + 4 of the shipped drafter).
+ * Draft: 8 launches per layer (was 18; 9 before the interleaved gate | up).
+ * Append, with up to 8 target layers and 8 layers: clamp (append_rows only),
+ * gather, fc, hidden_norm, k | v, qkv_prep, advance: 7 launches whatever the
+ * layer count (was 4 + 2 per target layer and layer, 16 for the 4 + 4 of the
+ * shipped drafter).
  */
 #include "model/drafter_cuda.h"
 
@@ -208,16 +209,19 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
     const ddt_qweight *kvq[] = {&h->k_proj, &h->v_proj, &h->q_proj};
     static const char *const kvq_names[] = {"k_proj", "v_proj", "q_proj"};
     TRY(upload_cat(d, kvq, kvq_names, 3, l, &Y->kvq, err));
-    /* gate and up interleaved where the format allows: the product writes silu(gate)
-       * up (ddt_cuda_matmul_swiglu) and down reads it plainly, two launches where
-       the stacked pair takes silu_mul between them at the draft's 16 rows; the same
-       values either way (silu_dev.cuh's arithmetic on the same products) */
+    /* gate and up interleaved where the format allows: the product writes
+       silu(gate) * up (ddt_cuda_matmul_swiglu) and down reads it plainly, two
+       launches where the stacked pair takes silu_mul between them at the draft's
+       16 rows; the same values either way (silu_dev.cuh's arithmetic on the same
+       products) */
     if (ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
         ddt_qweight g, u;
         TRY(upload_linear(d, &h->gate, "gate_proj", l, &g, err));
         ddt_status st = upload_linear(d, &h->up, "up_proj", l, &u, err);
-        if (st == DDT_OK) st = ddt_cuda_qweight_interleave_rows(&g, &u, &Y->gu_pair, err);
-        if (st != DDT_OK) ddt_error_prefix(err, "layer %d gate_proj | up_proj: ", l);
+        if (st == DDT_OK) {
+            st = ddt_cuda_qweight_interleave_rows(&g, &u, &Y->gu_pair, err);
+            if (st != DDT_OK) ddt_error_prefix(err, "layer %d gate_proj | up_proj: ", l);
+        }
         free_weight(&g);
         free_weight(&u);
         TRY(st);
