@@ -738,6 +738,28 @@ static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float 
                                      t->mm_ws_bytes, t->stream, err);
 }
 
+/* rope_write's arguments for layer l's n tokens (kva: kv_a's output, row stride kva_ld). */
+static ddt_cuda_mla_rope_args rope_args(const ddt_cuda_target *t, int32_t l, int32_t n, const int32_t *depth,
+                                        const float *kva, int64_t kva_ld) {
+    char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
+    const ddt_cuda_mla_rope_args ra = {.n = n, .heads = t->dims.heads, .nope = t->dims.nope, .rope = t->dims.rope,
+                                       .rank = t->dims.rank, .qdim = t->dims.qdim,
+                                       .interleave = t->cfg->rope_interleave, .len = t->kv.len, .depth = depth,
+                                       .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx, .q = t->q,
+                                       .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld, .cache = layer_cache,
+                                       .capacity = t->max_ctx, .bf16_cache = t->fast};
+    return ra;
+}
+
+/* Whether rope_write's halves run inside the norms' launch and q_b's product
+ * (ddt_cuda_mla_norm_write, ddt_cuda_matmul_rope): q_b on the FP32 path (the
+ * tensor-core product has no such epilogue), interleaved rope pairs and even
+ * sizes, so that a pair's two rows share a warp. */
+static bool rope_folds(const ddt_cuda_target *t) {
+    return t->mm == DDT_CUDA_MM_FP32 && t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 &&
+           t->dims.rope % 2 == 0 && t->dims.rope >= 2;
+}
+
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
     for (int32_t s = 0; s < t->n_capture; s++)
         if (t->capture_layer[s] == layer)
@@ -777,6 +799,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         /* kv_a's output: its own buffer, or beside q_a's when they run as one product */
         const float *kva = t->kva;
         int64_t kva_ld = width;
+        bool roped = false; /* the queries' rope and the cache row written (rope_folds) */
         if (t->dims.q_lora > 0) {
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
@@ -793,9 +816,19 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             /* both latents' norms in one launch (the same bits as two) */
             const ddt_cuda_norm_job jobs[2] = {{t->qa, qa_ld, t->dims.q_lora, L->q_a_norm, t->qa, qa_ld},
                                                {kva, kva_ld, rank, L->kv_a_norm, t->kvn, rank}};
-            TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
-            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
-                                     t->mm_ws, t->mm_ws_bytes, s, err));
+            if (rope_folds(t)) {
+                /* the cache row written by the norms' launch, the queries' rope by
+                   q_b's epilogue: rope_write's two halves, the same bits, one
+                   launch fewer (mla_cuda.h) */
+                const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+                TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, s, err));
+                TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
+                roped = true;
+            } else {
+                TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
+                TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
+                                         t->mm_ws, t->mm_ws_bytes, s, err));
+            }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
                                      t->mm_ws, t->mm_ws_bytes, s, err));
@@ -803,12 +836,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
-        ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->dims.nope, .rope = rope, .rank = rank,
-                                     .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
-                                     .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
-                                     .q = t->q, .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld,
-                                     .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
-        TRY(ddt_cuda_mla_rope_write(&ra, s, err));
+        if (!roped) {
+            const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+            TRY(ddt_cuda_mla_rope_write(&ra, s, err));
+        }
         if (L->uk_t.mma) {
             const ddt_row_groups ukt = uk_t_groups(t);
             TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,

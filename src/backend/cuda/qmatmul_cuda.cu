@@ -33,6 +33,8 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mla_cuda.h"
+#include "backend/cuda/mla_rope_dev.cuh"
 #include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
@@ -204,6 +206,13 @@ struct MMArgs {
        written as one silu(gate) * up at column pair_from + (row - pair_from) / 2;
        -1: every row written as it is */
     int64_t pair_from;
+    /* qd > 0 (ddt_cuda_matmul_rope): heads of qd rows, rows nope.. of each in rope
+       pairs, rotated at token t's position (mla_rope_dev.cuh); 0: off */
+    struct {
+        const int32_t *len, *depth;
+        const float *cos_t, *sin_t;
+        int32_t max_pos, capacity, qd, nope, half;
+    } rope;
 };
 
 /* One warp per (R-row block, TB-token block); the token block is the fastest
@@ -253,7 +262,28 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
             if (lane == r * TB + t && o0 + r < a.rows && t < ntok) {
                 float *yr = a.y + (int64_t)(t0 + t) * a.ldy + g * a.y_stride;
                 const int64_t o = o0 + r;
-                if (a.pair_from < 0 || o < a.pair_from) {
+                const int64_t j = a.rope.qd > 0 ? o % a.rope.qd : 0;
+                if (a.rope.qd > 0 && j >= a.rope.nope) {
+                    if (((j - a.rope.nope) & 1) == 0) {
+                        /* x0 of a rope pair; x1 is row r + 1 of this warp (R, qd and
+                           nope even: the launcher's conditions) */
+                        const float x0 = out[r][t], x1 = out[r + 1 < R ? r + 1 : r][t];
+                        const int64_t p = (j - a.rope.nope) / 2, h0 = o - j + a.rope.nope;
+                        int pos, row;
+                        bool bad;
+                        if (!mla_rope_where(a.rope.len, a.rope.depth, t0 + t, a.rope.max_pos, a.rope.capacity, &pos,
+                                            &row, &bad)) {
+                            yr[o] = x0; /* rope_write leaves such a token's queries as they are */
+                            yr[o + 1] = x1;
+                        } else {
+                            const int64_t te = (int64_t)(bad ? 0 : pos) * a.rope.half + p;
+                            float r0, r1;
+                            mla_rope_rotate(x0, x1, a.rope.cos_t[te], a.rope.sin_t[te], r0, r1);
+                            yr[h0 + p] = bad ? NAN : r0;
+                            yr[h0 + p + a.rope.half] = bad ? NAN : r1;
+                        }
+                    }
+                } else if (a.pair_from < 0 || o < a.pair_from) {
                     yr[o] = out[r][t];
                 } else if (((o - a.pair_from) & 1) == 0) {
                     /* a gate row; its up row is r + 1 of this warp (R even, o0 and
@@ -291,7 +321,7 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
     const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
     for (int r = 4; r >= 1; r /= 2)
         for (int tb = 1; tb <= 4; tb *= 2) {
-            if (a.pair_from >= 0 && r == 1) continue; /* a (gate, up) pair in one warp */
+            if ((a.pair_from >= 0 || a.rope.qd > 0) && r == 1) continue; /* a pair in one warp */
             if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
             if (gated && tb > 1) continue;
             const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
@@ -636,6 +666,7 @@ static void set_product(MMArgs &a, const ddt_row_groups *g, const float *x, int6
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
     a.pair_from = -1;
+    memset(&a.rope, 0, sizeof a.rope);
     set_io(a, g, x, ldx, n, y, ldy);
 }
 
@@ -717,6 +748,18 @@ extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int6
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);
 }
 
+/* A forced warp shape of a product whose output rows come in pairs (swiglu, rope):
+ * 2 or 4 rows (a pair in one warp) x 1, 2 or 4 tokens, or both 0 to choose. */
+static ddt_status pair_shape_check(const char *what, int32_t warp_rows, int32_t warp_tokens, ddt_error *err) {
+    if ((warp_rows != 0 || warp_tokens != 0) &&
+        !((warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "%s: warp shape %d rows x %d tokens (2 or 4 rows: a pair in one warp; 1, 2 or 4 tokens; or "
+                        "both 0)",
+                        what, warp_rows, warp_tokens);
+    return DDT_OK;
+}
+
 extern "C" ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t pair_from, const float *x,
                                                    int64_t ldx, int32_t n, float *y, int64_t ldy, int32_t warp_rows,
                                                    int32_t warp_tokens, ddt_cuda_stream stream, ddt_error *err) {
@@ -729,12 +772,7 @@ extern "C" ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t
         return ddt_fail(err, DDT_ERR_INVALID,
                         "matmul_swiglu: pairs from row %lld of %lld (an even start, an even number of rows after it)",
                         (long long)pair_from, (long long)w->rows);
-    if ((warp_rows != 0 || warp_tokens != 0) &&
-        !((warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
-        return ddt_fail(err, DDT_ERR_INVALID,
-                        "matmul_swiglu: warp shape %d rows x %d tokens (2 or 4 rows: a pair in one warp; 1, 2 or 4 "
-                        "tokens; or both 0)",
-                        warp_rows, warp_tokens);
+    if ((st = pair_shape_check("matmul_swiglu", warp_rows, warp_tokens, err)) != DDT_OK) return st;
     if (ldy < pair_from + (w->rows - pair_from) / 2)
         return ddt_fail(err, DDT_ERR_INVALID, "matmul_swiglu: row stride %lld < %lld output columns", (long long)ldy,
                         (long long)(pair_from + (w->rows - pair_from) / 2));
@@ -753,6 +791,43 @@ extern "C" ddt_status ddt_cuda_matmul_swiglu(const ddt_qweight *w, int64_t pair_
                                              int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
                                              ddt_error *err) {
     return ddt_cuda_matmul_swiglu_shape(w, pair_from, x, ldx, n, y, ldy, 0, 0, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_rope(const ddt_qweight *w, const float *x, int64_t ldx, float *y, int64_t ldy,
+                                           const ddt_cuda_mla_rope_args *r, int32_t warp_rows, int32_t warp_tokens,
+                                           ddt_cuda_stream stream, ddt_error *err) {
+    if (!w || !r) return ddt_fail(err, DDT_ERR_INVALID, "matmul_rope: NULL argument");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    bool tc = false;
+    ddt_status st = mm_check(w, DDT_CUDA_MM_FP32, &g, r->n, x, y, &tc, err);
+    if (st != DDT_OK) return st;
+    if (!r->interleave || r->heads < 1 || r->nope < 0 || r->nope % 2 != 0 || r->rope < 2 || r->rope % 2 != 0 ||
+        r->qdim != r->nope + r->rope || w->rows != (int64_t)r->heads * r->qdim || !r->len || !r->depth || !r->cos_t ||
+        !r->sin_t)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul_rope: %lld rows for %d heads of %d + %d (interleaved pairs, even sizes, rows = heads "
+                        "x (nope + rope), position and table arrays)",
+                        (long long)w->rows, r->heads, r->nope, r->rope);
+    if (ldy < w->rows) return ddt_fail(err, DDT_ERR_INVALID, "matmul_rope: row stride %lld < %lld", (long long)ldy,
+                                       (long long)w->rows);
+    if ((st = pair_shape_check("matmul_rope", warp_rows, warp_tokens, err)) != DDT_OK) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    MMArgs a;
+    set_product(a, &g, x, ldx, r->n, y, ldy);
+    a.u = NULL;
+    a.ldu = 0;
+    a.rope.len = r->len;
+    a.rope.depth = r->depth;
+    a.rope.cos_t = r->cos_t;
+    a.rope.sin_t = r->sin_t;
+    a.rope.max_pos = r->max_pos;
+    a.rope.capacity = r->capacity;
+    a.rope.qd = r->qdim;
+    a.rope.nope = r->nope;
+    a.rope.half = r->rope / 2;
+    mm_dispatch<false>(w, a, warp_rows, warp_tokens, s);
+    DDT_CUDA_LAUNCHED("matmul_rope", s, err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
