@@ -10,7 +10,7 @@
 # run: builds A and every ab/*/ in parallel (scripts/gpu-test.sh build in each), then for each
 # tree in turn runs the GPU tests named in AB_TESTS (default: test_cuda_qmatmul test_cuda_target),
 # compute-sanitizer memcheck on their --quick runs, the benchmark commands of AB_BENCH (separated
-# by ';', each with its arguments; default: build-gpu/cuda_bench_mm) and the end-to-end run of
+# by ';', each with its arguments; default: build-gpu/cuda_bench_mm; none: no benchmark) and the end-to-end run of
 # AB_E2E (default: ar, chain and tree at the budgets AB_BUDGETS (16,32), T = 0, 5 prompts, no
 # Hugging Face; AB_E2E_EXTRA: more generate flags).  Exit status 1 when a build or a test failed.
 # Writes $OUT/ab-<tree>.md per tree and $OUT/ab-summary.txt (each test's exit status, the e2e
@@ -72,6 +72,7 @@ for t in "${trees[@]}"; do
   (
     cd "$t"
     for x in $TESTS; do
+      [ -x "build-gpu/$x" ] || { echo "$n: $x absent from this tree" >> "$summary"; continue; }
       echo "== $x"
       build-gpu/$x > /tmp/ab-$n-$x.log 2>&1; r=$?
       grep -m 20 FAIL /tmp/ab-$n-$x.log; tail -2 /tmp/ab-$n-$x.log
@@ -80,8 +81,10 @@ for t in "${trees[@]}"; do
       tail -1 /tmp/ab-$n-$x-san.log
       echo "$n: memcheck $x --quick exit $r" >> "$summary"
     done
-    IFS=';' read -ra benches <<< "$BENCH"
-    for b in "${benches[@]}"; do echo "== $b"; eval "$b" 2>&1; done
+    if [ "$BENCH" != none ]; then
+      IFS=';' read -ra benches <<< "$BENCH"
+      for b in "${benches[@]}"; do echo "== $b"; eval "$b" 2>&1; done
+    fi
     if [ "$E2E" != none ]; then
       N_PROMPTS=5 BUDGETS=${AB_BUDGETS:-16,32} TEMPS=0 NO_HF=1 OUT=/tmp/ab-e2e-$n E2E_NAME=e2e \
         E2E_EXTRA="${AB_E2E_EXTRA:-}" bash scripts/gpu-e2e.sh > /dev/null 2>&1

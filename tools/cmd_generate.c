@@ -190,11 +190,22 @@ static json_t *utf8_json_string(const char *text, size_t n) {
     return j;
 }
 
+/* The auto budget's cost model in use (seconds on this machine: what the stop rule
+ * weighs), for comparing it with the measured round times. */
+static json_t *cost_json(const ddt_cost_model *c) {
+    json_t *nodes = json_array(), *verify = json_array();
+    for (int32_t i = 0; i < c->n_nodes; i++) json_array_append_new(nodes, json_real(c->nodes[i]));
+    for (int32_t i = 0; i < c->n_nodes * c->n_contexts; i++) json_array_append_new(verify, json_real(c->verify[i]));
+    return json_pack("{s:f, s:o, s:o, s:i}", "draft", (double)c->draft, "nodes", nodes, "verify", verify,
+                     "contexts", c->n_contexts);
+}
+
 static json_t *stats_json(const ddt_gen_stats *s, const char *mode, int32_t budget, bool autob) {
-    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:I, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
                      "mode", mode, "budget", budget, "budget_auto", autob, "prompt_tokens", s->prompt_tokens,
                      "tokens", s->tokens, "rounds", s->rounds, "nodes_verified", (json_int_t)s->nodes_verified,
-                     "mean_acceptance", s->mean_acceptance, "tokens_per_s", s->tokens_per_s, "round_kernels",
+                     "mean_acceptance", s->mean_acceptance, "expected_acceptance", s->expected_acceptance,
+                     "tokens_per_s", s->tokens_per_s, "round_kernels",
                      s->round_kernels, "round_pdl_edges", s->round_pdl_edges, "seconds",
                      "prefill", s->t_prefill, "draft", s->t_draft, "build", s->t_build, "verify", s->t_verify,
                      "walk", s->t_walk, "commit", s->t_commit, "total", s->t_total);
@@ -294,6 +305,8 @@ int ddt_cmd_generate(int argc, char **argv) {
         if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
         json_t *sj = stats_json(&gs, a.eng.mode, eo.budget, a.eng.budget_auto);
         if (sj) json_object_set_new(sj, "backend", json_string(ddt_backend_name(ddt_engine_backend(&eo))));
+        const ddt_cost_model *cm = ddt_engine_cost(eng);
+        if (sj && cm) json_object_set_new(sj, "cost_model", cost_json(cm));
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);

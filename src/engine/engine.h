@@ -120,6 +120,9 @@ typedef struct ddt_gen_stats {
     int64_t nodes_verified;    /* tree nodes scored, roots included */
     int64_t accepted;          /* tokens emitted by rounds (accepted nodes + bonus) */
     double mean_acceptance;    /* accepted / rounds: tau */
+    double expected_acceptance; /* the drafter's own forecast of tau: the mean over speculative rounds of
+                                   1 + the sum of exp(logw) over the verified nodes (what the auto
+                                   budget's Phi assumes); the CPU backend's host-built trees, else 0 */
     double t_prefill, t_draft, t_build, t_verify, t_walk, t_commit, t_total; /* seconds */
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */

@@ -3,6 +3,7 @@
  * engine.h for the round, backend.h for the interface engine.c calls).
  * Everything a round touches is allocated in create; generate allocates nothing.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -280,6 +281,8 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
     cpu_engine *e = impl;
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
+    double forecast = 0.0; /* sum over speculative rounds of the drafter's expected acceptance */
+    int64_t forecast_rounds = 0;
     ddt_status st = ddt_target_rollback(e->target, 0, err);
     if (st) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
@@ -337,6 +340,10 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
             if (st) return st;
             t2 = ddt_engine_now();
             n = e->tree.n_nodes;
+            double phi = 1.0; /* the bonus, then each node's chance that its whole path is accepted */
+            for (int32_t i = 1; i < n; i++) phi += exp((double)e->tree.logw[i]);
+            forecast += phi;
+            forecast_rounds++;
             st = ddt_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis,
                                    e->tree.vis_words, n, e->logits, err);
             if (st) return st;
@@ -369,6 +376,7 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
     }
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
+    s.expected_acceptance = forecast_rounds ? forecast / (double)forecast_rounds : 0.0;
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;

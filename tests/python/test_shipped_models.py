@@ -65,6 +65,7 @@ def test_speculative_equals_ar_and_drafter_is_accepted(index):
     ar = gen_json(*base)
     assert len(ar["ids"]) == N_TOKENS
     assert ar["stats"]["mean_acceptance"] == pytest.approx(1.0)
+    assert ar["stats"]["expected_acceptance"] == 0.0  # no drafter, no forecast
     # The trained target writes Python: its continuation decodes to text that is not one repeated byte.
     assert len(set(ar["text"])) > 5, ar["text"]
     tree_acceptance = {}
@@ -73,9 +74,22 @@ def test_speculative_equals_ar_and_drafter_is_accepted(index):
         out = gen_json(*base, "--draft", DRAFTER, *extra)
         assert out["ids"] == ar["ids"], extra
         st = out["stats"]
+        if extra[-1] == "auto":  # the cost model the stop rule weighs, as measured at create
+            cm = st["cost_model"]
+            assert cm["draft"] > 0 and len(cm["verify"]) == len(cm["nodes"]) * cm["contexts"] >= 1, cm
+            assert all(b > a for a, b in zip(cm["nodes"], cm["nodes"][1:])), cm
+        else:
+            assert "cost_model" not in st, st
         assert st["tokens"] == N_TOKENS and st["rounds"] >= 1
         if extra[-1] in ("8", "64"):
             tree_acceptance[extra[-1]] = st["mean_acceptance"]
+            # the drafter's forecast: the bonus plus each node's path probability, so above 1 and
+            # below the nodes a round verifies
+            assert 1.0 < st["expected_acceptance"] < int(extra[-1]) + 1, st
+        if extra[-1] == "64":  # more nodes, more forecast acceptance
+            assert st["expected_acceptance"] > forecast_8, (st, forecast_8)
+        if extra[-1] == "8":
+            forecast_8 = st["expected_acceptance"]
     # A trained drafter must get more than the bonus token accepted per round on average.
     assert tree_acceptance["64"] > 1.5, tree_acceptance
     assert tree_acceptance["8"] > 1.5, tree_acceptance

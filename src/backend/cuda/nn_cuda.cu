@@ -127,21 +127,11 @@ ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream
     return DDT_OK;
 }
 
-static __global__ void gather_rows_kernel(float *dst, int64_t ldd, const float *__restrict__ src, int64_t lds,
-                                          const int32_t *__restrict__ rows, int cols) {
-    DDT_GRID_DEP_WAIT();
-    const float *s = src + (int64_t)rows[blockIdx.x] * lds;
-    float *d = dst + (int64_t)blockIdx.x * ldd;
-    for (int i = threadIdx.x; i < cols; i += EW_THREADS) d[i] = s[i];
-}
 
+/* One source: the multi-source gather's launch with count 1 (one kernel for both). */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
                                 int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err) {
-    if (m < 0 || cols < 1) return ddt_fail(err, DDT_ERR_INVALID, "gather_rows: %d rows of %d", m, cols);
-    if (m == 0) return DDT_OK;
-    gather_rows_kernel<<<m, EW_THREADS, 0, (cudaStream_t)stream>>>(dst, ldd, src, lds, rows, cols);
-    DDT_CUDA_LAUNCHED("gather_rows", (cudaStream_t)stream, err);
-    return DDT_OK;
+    return ddt_cuda_gather_rows_multi(dst, ldd, &src, 1, lds, rows, m, cols, stream, err);
 }
 
 /* ddt_cuda_gather_rows_multi's sources, by value (the launch reads no host array). */

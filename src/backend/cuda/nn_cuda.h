@@ -57,8 +57,8 @@ ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu,
 /* x[i] = x[i] + y[i] for i < count (x, y contiguous). */
 ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream stream, ddt_error *err);
 
-/* dst[k][0..cols) = src[rows[k]][0..cols) for k < m (row strides ldd, lds; rows on
- * the device).  The drafter's context append gathers the accepted path's rows. */
+/* dst[k][0..cols) = src[rows[k]][0..cols) for k < m (row strides ldd >= cols, lds;
+ * rows on the device): ddt_cuda_gather_rows_multi with one source. */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
                                 int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err);
 

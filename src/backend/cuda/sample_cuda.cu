@@ -89,6 +89,20 @@ static __device__ __forceinline__ bool smp_before(uint32_t ka, int32_t ia, uint3
     return ia < ib;
 }
 
+/* One step of a chunk's running sum, by the whole warp: lane j holds weight w of
+ * the step's id j; every lane adds the 32 weights to s in id order (the CPU's
+ * chain), and lane j gets back the running sum after id j.  A lane past the
+ * chunk's end holds w = +0.0, and s + 0.0 = s for the running sum (s >= +0). */
+static __device__ __forceinline__ float smp_scan32(float w, int lane, float &s) {
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        s += __shfl_sync(0xffffffffu, w, j);
+        if (j == lane) mine = s;
+    }
+    return mine;
+}
+
 static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a) {
     DDT_GRID_DEP_WAIT();
     if (a.params_dev) {
@@ -186,12 +200,7 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
             for (int32_t base = c0; base < c1; base += 32) {
                 const int32_t i = base + lane;
                 const float w = i < c1 ? (small ? cw[i] : ddt_exp_det((z[i] - m) / T)) : 0.0f;
-                float mine = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 32; j++) { /* past the chunk's end w = +0.0: s + 0.0 = s (s >= +0) */
-                    s += __shfl_sync(0xffffffffu, w, j);
-                    if (j == lane) mine = s;
-                }
+                const float mine = smp_scan32(w, lane, s);
                 if (small && i < c1) cw[i] = mine; /* this lane's weight was read above */
             }
             if (lane == 0) ctot[c] = s;
@@ -226,12 +235,7 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(SampleArgs a
                 for (int32_t base = c0; base < c1; base += 32) {
                     const int32_t i = base + lane;
                     const float w = i < c1 ? ddt_exp_det((z[i] - m) / T) : 0.0f;
-                    float mine = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 32; j++) {
-                        s += __shfl_sync(0xffffffffu, w, j);
-                        if (j == lane) mine = s;
-                    }
+                    const float mine = smp_scan32(w, lane, s);
                     const uint32_t hit = __ballot_sync(0xffffffffu, i < c1 && cpre[c] + mine > target);
                     if (hit) {
                         if (lane == 0) atomicMin(&s_pick, base + __ffs(hit) - 1);
