@@ -55,7 +55,7 @@ static int same(const void *dev_a, const void *dev_b, size_t bytes) {
 static void run_case(int f, int heads, int nope, int rope, int rank, int q_lora, int n, int bf16, int wr, int wt) {
     const int qd = nope + rope, half = rope / 2, max_pos = 48, capacity = 45, len = 7;
     const int64_t qa_ld = q_lora + rank + rope + 3; /* q_a | kv_a side by side, as the target's qkv_a */
-    const int64_t ldq = (int64_t)heads * qd + 2;
+    const int64_t ldq = (int64_t)heads * qd; /* packed query rows: rope_write has no row stride */
     ct_weight wq = ct_make_weight(&g_rng, f, (int64_t)heads * qd, q_lora, &k_values);
     const size_t nqa = (size_t)n * qa_ld, nq = (size_t)n * ldq, nkvn = (size_t)n * rank;
     float *qa = malloc(sizeof(float) * nqa), *q = malloc(sizeof(float) * nq), *kvn = malloc(sizeof(float) * nkvn);

@@ -224,7 +224,13 @@ struct MMArgs {
  * computes the SiLU of the activations it reads, i.e. rows / R times per element
  * instead of once: ALU work the launch it saves pays for while the products are
  * small (the drafter, a decode step); measure before using it on large n. */
-template <int F, int R, int TB, int U, bool GATED>
+/* The output side of mm_kernel: every row as it is (the plain products, whose
+ * code stays free of the others' branches: a richer epilogue in every instance
+ * cost the H200 27-75% on the plain 4-token products), silu(gate) * up of row
+ * pairs (ddt_cuda_matmul_swiglu) or MLA's query rope (ddt_cuda_matmul_rope). */
+enum { MM_EPI_PLAIN = 0, MM_EPI_SWIGLU = 1, MM_EPI_ROPE = 2 };
+
+template <int F, int R, int TB, int U, bool GATED, int EPI>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     DDT_GRID_DEP_WAIT();
     const int lane = threadIdx.x & 31;
@@ -255,53 +261,70 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
     }
     float out[R][TB];
     warp_dot_act<F, R, TB, U, GATED>(a.W, wd, ws, row, xr, ur, ntok, a.xvec, out);
+    if constexpr (EPI == MM_EPI_PLAIN) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < TB; t++)
-            if (lane == r * TB + t && o0 + r < a.rows && t < ntok) {
-                float *yr = a.y + (int64_t)(t0 + t) * a.ldy + g * a.y_stride;
-                const int64_t o = o0 + r;
-                const int64_t j = a.rope.qd > 0 ? o % a.rope.qd : 0;
-                if (a.rope.qd > 0 && j >= a.rope.nope) {
-                    if (((j - a.rope.nope) & 1) == 0) {
-                        /* x0 of a rope pair; x1 is row r + 1 of this warp (R, qd and
-                           nope even: the launcher's conditions) */
-                        const float x0 = out[r][t], x1 = out[r + 1 < R ? r + 1 : r][t];
-                        const int64_t p = (j - a.rope.nope) / 2, h0 = o - j + a.rope.nope;
-                        int pos, row;
-                        bool bad;
-                        if (!mla_rope_where(a.rope.len, a.rope.depth, t0 + t, a.rope.max_pos, a.rope.capacity, &pos,
-                                            &row, &bad)) {
-                            yr[o] = x0; /* rope_write leaves such a token's queries as they are */
-                            yr[o + 1] = x1;
-                        } else {
-                            const int64_t te = (int64_t)(bad ? 0 : pos) * a.rope.half + p;
-                            float r0, r1;
-                            mla_rope_rotate(x0, x1, a.rope.cos_t[te], a.rope.sin_t[te], r0, r1);
-                            yr[h0 + p] = bad ? NAN : r0;
-                            yr[h0 + p + a.rope.half] = bad ? NAN : r1;
-                        }
-                    }
-                } else if (a.pair_from < 0 || o < a.pair_from) {
-                    yr[o] = out[r][t];
-                } else if (((o - a.pair_from) & 1) == 0) {
-                    /* a gate row; its up row is r + 1 of this warp (R even, o0 and
-                       pair_from even: the launcher's conditions), silu_dev.cuh's
-                       arithmetic, as silu_mul and the gated load compute it */
-                    yr[a.pair_from + (o - a.pair_from) / 2] = silu_mul1(out[r][t], out[r + 1 < R ? r + 1 : r][t]);
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
+                    a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+    } else {
+        /* lane r * TB + t writes output (r, t); the butterfly left every output in
+           every lane, so the lane also holds its pair's second row r + 1 (R even,
+           o0 and the pairs' first rows even: the launchers' conditions).  The
+           values are picked by constant indices, then one copy of the epilogue runs. */
+        float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t) {
+                    v0 = out[r][t];
+                    v1 = out[r + 1 < R ? r + 1 : r][t];
+                }
+        const int r = lane / TB, t = lane % TB;
+        if (lane >= R * TB || o0 + r >= a.rows || t >= ntok) return;
+        float *yr = a.y + (int64_t)(t0 + t) * a.ldy + g * a.y_stride;
+        const int64_t o = o0 + r;
+        if constexpr (EPI == MM_EPI_SWIGLU) {
+            if (o < a.pair_from) yr[o] = v0;
+            else if (((o - a.pair_from) & 1) == 0)
+                /* a gate row and its up row: silu_dev.cuh's arithmetic, as
+                   silu_mul and the gated load compute it */
+                yr[a.pair_from + (o - a.pair_from) / 2] = silu_mul1(v0, v1);
+        } else {
+            const int64_t j = o % a.rope.qd;
+            if (j < a.rope.nope) {
+                yr[o] = v0;
+            } else if (((j - a.rope.nope) & 1) == 0) {
+                /* (v0, v1): a rope pair, rotated and de-interleaved as rope_write does */
+                const int64_t p = (j - a.rope.nope) / 2, h0 = o - j + a.rope.nope;
+                int pos, crow;
+                bool bad;
+                if (!mla_rope_where(a.rope.len, a.rope.depth, t0 + t, a.rope.max_pos, a.rope.capacity, &pos, &crow,
+                                    &bad)) {
+                    yr[o] = v0; /* rope_write leaves such a token's queries as they are */
+                    yr[o + 1] = v1;
+                } else {
+                    const int64_t te = (int64_t)(bad ? 0 : pos) * a.rope.half + p;
+                    float r0, r1;
+                    mla_rope_rotate(v0, v1, a.rope.cos_t[te], a.rope.sin_t[te], r0, r1);
+                    yr[h0 + p] = bad ? NAN : r0;
+                    yr[h0 + p + a.rope.half] = bad ? NAN : r1;
                 }
             }
+        }
+    }
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {
     return (a.rows + R - 1) / R * a.count * ((a.n + TB - 1) / TB);
 }
 
-template <int F, int R, int TB, int U, bool GATED>
+template <int F, int R, int TB, int U, bool GATED, int EPI>
 static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
     const unsigned blocks = (unsigned)((mm_warps(a, R, TB) + MM_WARPS - 1) / MM_WARPS);
-    mm_kernel<F, R, TB, U, GATED><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    mm_kernel<F, R, TB, U, GATED, EPI><<<blocks, MM_WARPS * 32, 0, s>>>(a);
 }
 
 /* The warp shape for a product.  These products are latency bound at the few
@@ -332,37 +355,43 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
         }
 }
 
-template <int F, int R, bool GATED>
+template <int F, int R, bool GATED, int EPI>
 static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
     /* fewer tokens per warp leave registers for more loads in flight; the gated
        products have TB = 1 only (mm_choose never picks more for them) */
     if constexpr (GATED) {
-        mm_launch_shape<F, R, 1, 4, true>(a, s);
+        mm_launch_shape<F, R, 1, 4, true, MM_EPI_PLAIN>(a, s);
     } else {
-        if (TB == 1) mm_launch_shape<F, R, 1, 4, false>(a, s);
-        else if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
-        else mm_launch_shape<F, R, 4, 1, false>(a, s);
+        if (TB == 1) mm_launch_shape<F, R, 1, 4, false, EPI>(a, s);
+        else if (TB == 2) mm_launch_shape<F, R, 2, 2, false, EPI>(a, s);
+        else mm_launch_shape<F, R, 4, 1, false, EPI>(a, s);
     }
 }
 
-template <int F, bool GATED>
+template <int F, bool GATED, int EPI>
 static void mm_launch(const MMArgs &a, int R, int TB, cudaStream_t s) {
     if (R == 0) mm_choose(a, GATED, &R, &TB);
-    if (R == 1) mm_launch_r<F, 1, GATED>(a, TB, s);
-    else if (R == 2) mm_launch_r<F, 2, GATED>(a, TB, s);
-    else mm_launch_r<F, 4, GATED>(a, TB, s);
+    if constexpr (EPI == MM_EPI_PLAIN) {
+        if (R == 1) {
+            mm_launch_r<F, 1, GATED, EPI>(a, TB, s);
+            return;
+        }
+    }
+    /* a pair epilogue has R = 2 or 4 (mm_choose and the shape checks) */
+    if (R == 2) mm_launch_r<F, 2, GATED, EPI>(a, TB, s);
+    else mm_launch_r<F, 4, GATED, EPI>(a, TB, s);
 }
 
 /* The FP32 path's launch for the weight's format (R, TB: the warp shape, 0 and
  * 0 to choose). */
-template <bool GATED>
+template <bool GATED, int EPI = MM_EPI_PLAIN>
 static void mm_dispatch(const ddt_qweight *w, MMArgs &a, int R, int TB, cudaStream_t s) {
     switch (qfmt_of(*w)) {
-    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32, GATED>(a, R, TB, s); break;
-    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16, GATED>(a, R, TB, s); break;
-    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16, GATED>(a, R, TB, s); break;
-    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8, GATED>(a, R, TB, s); break;
-    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4, GATED>(a, R, TB, s); break;
+    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32, GATED, EPI>(a, R, TB, s); break;
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16, GATED, EPI>(a, R, TB, s); break;
+    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16, GATED, EPI>(a, R, TB, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8, GATED, EPI>(a, R, TB, s); break;
+    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4, GATED, EPI>(a, R, TB, s); break;
     }
 }
 
@@ -782,7 +811,7 @@ extern "C" ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t
     a.u = NULL;
     a.ldu = 0;
     a.pair_from = pair_from; /* mm_choose then takes R = 2 or 4 */
-    mm_dispatch<false>(w, a, warp_rows, warp_tokens, s);
+    mm_dispatch<false, MM_EPI_SWIGLU>(w, a, warp_rows, warp_tokens, s);
     DDT_CUDA_LAUNCHED("matmul_swiglu", s, err);
     return DDT_OK;
 }
@@ -825,7 +854,7 @@ extern "C" ddt_status ddt_cuda_matmul_rope(const ddt_qweight *w, const float *x,
     a.rope.qd = r->qdim;
     a.rope.nope = r->nope;
     a.rope.half = r->rope / 2;
-    mm_dispatch<false>(w, a, warp_rows, warp_tokens, s);
+    mm_dispatch<false, MM_EPI_ROPE>(w, a, warp_rows, warp_tokens, s);
     DDT_CUDA_LAUNCHED("matmul_rope", s, err);
     return DDT_OK;
 }
