@@ -3,8 +3,9 @@
  * (engine_cuda.h) and several over NCCL (engine_multi_cuda.h).  Both take the
  * same calls on their own engine type (named as their functions' prefix); the
  * adapters are written once, below.
- * Neither switches mode or budget after create, and neither reports its
- * measured cost model (ddt_engine_cost gives NULL, as it always has on CUDA).
+ * Neither switches mode or budget after create.  The one-GPU engine reports the
+ * auto budget's cost model it measured (ddt_engine_cost, the stats' cost_model),
+ * so that it can be set beside measured round times.
  */
 #include "engine/backend.h"
 #include "engine/engine_cuda.h"
@@ -22,6 +23,7 @@
     static int32_t NAME##_vocab(const void *e) { return P##_vocab(e); }                                           \
     static const ddt_model_config *NAME##_model_config(const void *e) { return P##_model_config(e); }             \
     static void NAME##_set_sampling(void *e, const ddt_sampling *s) { P##_set_sampling(e, s); }                   \
+    static const ddt_cost_model *NAME##_cost(const void *e) { return P##_cost(e); }                               \
     static ddt_status NAME##_generate(void *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,          \
                                       const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,          \
                                       ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats,                  \
@@ -36,6 +38,7 @@
         .vocab = NAME##_vocab,                                                                                    \
         .model_config = NAME##_model_config,                                                                      \
         .set_sampling = NAME##_set_sampling,                                                                      \
+        .cost = NAME##_cost,                                                                                      \
         .generate = NAME##_generate,                                                                              \
     };
 

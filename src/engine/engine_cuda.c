@@ -147,6 +147,7 @@ bool ddt_engine_cuda_available(void) {
 }
 
 int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e) { return e->vocab; }
+const ddt_cost_model *ddt_engine_cuda_cost(const ddt_engine_cuda *e) { return e->auto_budget ? &e->cost : NULL; }
 const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
     return ddt_cuda_target_config(e->target);
 }

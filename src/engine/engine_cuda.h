@@ -35,6 +35,9 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
                                        ddt_engine_cuda **out, ddt_error *err);
 void ddt_engine_cuda_free(ddt_engine_cuda *e);
 int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e);
+/* The auto budget's cost model (measured on this GPU at create, or the one the
+ * caller gave); NULL without --budget auto. */
+const ddt_cost_model *ddt_engine_cuda_cost(const ddt_engine_cuda *e);
 const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e);
 void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s);
 ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,

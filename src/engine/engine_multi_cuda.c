@@ -216,6 +216,10 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
 }
 
 int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m) { return ddt_engine_cuda_vocab(m->rank[0]); }
+const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m) {
+    (void)m;
+    return NULL;
+}
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m) {
     return ddt_engine_cuda_model_config(m->rank[0]);
 }

@@ -25,6 +25,8 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
                                    ddt_engine_multi **out, ddt_error *err);
 void ddt_engine_multi_free(ddt_engine_multi *m);
 int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
+/* NULL: the multi-GPU engine has no auto budget. */
+const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m);
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);
 /* As ddt_engine_cuda_generate; emit_fn is called on the caller's thread (rank 0).
