@@ -23,18 +23,20 @@
  * are one product over row-stacked weights (k, v, q; gate, up), the per-head
  * norms, RoPE and the K/V store are one kernel (ddt_dflash_qkv_prep), and every
  * residual add runs with the norm after it (ddt_cuda_add_rmsnorm; the last
- * layer's with the final norm), and the SiLU-gated product goes through
- * ddt_cuda_matmul_silu (one launch at a token or two; the draft's block of 16
- * takes silu_mul then down, which measured faster than the fused load there).
+ * layer's with the final norm), and gate and up, their rows interleaved at load,
+ * are one product that writes silu(gate) * up itself (ddt_cuda_matmul_swiglu),
+ * which down reads plainly (FP8, whose scale blocks do not interleave, keeps the
+ * stacked gate | up, silu_mul and down).
  * The append's layers all read the same ctx, so it runs them together: the
  * target layers' rows in one gather (ddt_cuda_gather_rows_multi), every layer's
  * k | v in one product over a second stack of those rows (kv_all, built at
  * load from each layer's k | v prefix), every layer's K/V store in one
  * qkv_prep launch (its `layers`).
- * Draft: 9 launches per layer (was 18).  Append, with up to 8 target layers and
- * 8 layers: clamp (append_rows only), gather, fc, hidden_norm, k | v, qkv_prep,
- * advance: 7 launches whatever the layer count (was 4 + 2 per target layer and
- * layer, 16 for the 4 + 4 of the shipped drafter).
+ * Draft: 8 launches per layer (was 18; 9 before the interleaved gate | up).
+ * Append, with up to 8 target layers and 8 layers: clamp (append_rows only),
+ * gather, fc, hidden_norm, k | v, qkv_prep, advance: 7 launches whatever the
+ * layer count (was 4 + 2 per target layer and layer, 16 for the 4 + 4 of the
+ * shipped drafter).
  */
 #include "model/drafter_cuda.h"
 
@@ -82,7 +84,10 @@ typedef struct cuda_layer {
     float *attn_norm, *mlp_norm; /* [H] */
     float *q_norm, *k_norm;      /* [hd] */
     cat_linear kvq;              /* k_proj, v_proj, q_proj: [kvd | kvd | qd] outputs */
-    cat_linear gu;               /* gate_proj, up_proj: [inter | inter] outputs */
+    cat_linear gu;               /* gate_proj, up_proj: [inter | inter] outputs (when not paired) */
+    ddt_qweight gu_pair;         /* gate_proj, up_proj rows interleaved (ddt_cuda_qweight_interleave_rows):
+                                    ddt_cuda_matmul_swiglu writes silu(gate) * up; data NULL when the
+                                    format does not interleave (FP8), then gu */
     ddt_qweight o_proj, down;
 } cuda_layer;
 
@@ -192,6 +197,8 @@ static ddt_status cat_matmul(const cat_linear *c, int32_t used, const float *x, 
     return DDT_OK;
 }
 
+static void free_weight(ddt_qweight *w);
+
 static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, int32_t l, ddt_error *err) {
     cuda_layer *Y = &d->layers[l];
     TRY(upload_vec(d, &h->attn_norm, "input_layernorm", l, &Y->attn_norm, err));
@@ -202,9 +209,27 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
     const ddt_qweight *kvq[] = {&h->k_proj, &h->v_proj, &h->q_proj};
     static const char *const kvq_names[] = {"k_proj", "v_proj", "q_proj"};
     TRY(upload_cat(d, kvq, kvq_names, 3, l, &Y->kvq, err));
-    const ddt_qweight *gu[] = {&h->gate, &h->up};
-    static const char *const gu_names[] = {"gate_proj", "up_proj"};
-    TRY(upload_cat(d, gu, gu_names, 2, l, &Y->gu, err));
+    /* gate and up interleaved where the format allows: the product writes
+       silu(gate) * up (ddt_cuda_matmul_swiglu) and down reads it plainly, two
+       launches where the stacked pair takes silu_mul between them at the draft's
+       16 rows; the same values either way (silu_dev.cuh's arithmetic on the same
+       products) */
+    if (ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
+        ddt_qweight g, u;
+        TRY(upload_linear(d, &h->gate, "gate_proj", l, &g, err));
+        ddt_status st = upload_linear(d, &h->up, "up_proj", l, &u, err);
+        if (st == DDT_OK) {
+            st = ddt_cuda_qweight_interleave_rows(&g, &u, &Y->gu_pair, err);
+            if (st != DDT_OK) ddt_error_prefix(err, "layer %d gate_proj | up_proj: ", l);
+        }
+        free_weight(&g);
+        free_weight(&u);
+        TRY(st);
+    } else {
+        const ddt_qweight *gu[] = {&h->gate, &h->up};
+        static const char *const gu_names[] = {"gate_proj", "up_proj"};
+        TRY(upload_cat(d, gu, gu_names, 2, l, &Y->gu, err));
+    }
     TRY(upload_linear(d, &h->o_proj, "o_proj", l, &Y->o_proj, err));
     return upload_linear(d, &h->down, "down_proj", l, &Y->down, err);
 }
@@ -423,7 +448,7 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
         ddt_cuda_free(Y->q_norm);
         ddt_cuda_free(Y->k_norm);
         ddt_qweight *w[] = {&Y->kvq.whole, &Y->kvq.part[0], &Y->kvq.part[1], &Y->kvq.part[2], &Y->gu.whole,
-                            &Y->gu.part[0],  &Y->gu.part[1],   &Y->o_proj,       &Y->down};
+                            &Y->gu.part[0],  &Y->gu.part[1],   &Y->gu_pair,      &Y->o_proj,       &Y->down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) free_weight(w[i]);
     }
     free(d->layers);
@@ -566,8 +591,14 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
         TRY(ddt_dflash_attention(&d->attn, d->q, kv_k(d, l), kv_v(d, l), d->len, d->attn_scratch, d->o, s, err));
         TRY(ddt_cuda_matmul(&Y->o_proj, d->o, qd, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, Y->mlp_norm, eps, d->xn, H, s, err));
-        TRY(cat_matmul(&Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
-        TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s, err));
+        if (Y->gu_pair.data) { /* silu(gate) * up, then a plain down */
+            TRY(ddt_cuda_matmul_swiglu(&Y->gu_pair, 0, d->xn, H, L, d->gu, I, s, err));
+            TRY(ddt_cuda_matmul(&Y->down, d->gu, I, L, d->tmp, H, s, err));
+        } else {
+            TRY(cat_matmul(&Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
+            TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s,
+                                     err));
+        }
         if (l + 1 < d->dims.n_layers) {
             TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, d->layers[l + 1].attn_norm, eps, d->xn, H, s, err));
         } else {

@@ -25,14 +25,16 @@
 
 typedef struct dev_mlp {
     ddt_qweight gate, up, down;
-    ddt_qweight gate_up; /* [gate; up] stacked (stack_pair): one product; gate and up then empty */
+    ddt_qweight gate_up; /* [gate; up] stacked (stack_pair), or with `paired` their rows interleaved
+                            (ddt_cuda_qweight_interleave_rows): one product; gate and up then empty */
+    bool paired;         /* gate_up interleaved: ddt_cuda_matmul_swiglu writes silu(gate) * up */
 } dev_mlp;
 
 typedef struct dev_layer {
     float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
     ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
     ddt_qweight qkv_a; /* [q_a; kv_a] stacked (stack_pair): one product; q_a and kv_a then empty */
-    ddt_qweight front; /* FP32 path, MoE with a shared expert: [router; shared gate; shared up] stacked
+    ddt_qweight front; /* FP32 path, MoE with a shared expert: [router; shared gate_up] stacked
                           (stack_front), one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
@@ -163,11 +165,29 @@ static ddt_status stack_pair(ddt_qweight *a, ddt_qweight *b, ddt_qweight *ab, dd
     return ddt_cuda_qweight_stack_rows(parts, 2, ab, err);
 }
 
+/* A gated MLP's gate and up as one product.  On the FP32 path, where the format
+ * allows, their rows interleaved (paired), so that the product writes silu(gate) *
+ * up itself (ddt_cuda_matmul_swiglu) and the down product reads it as a plain
+ * input: two launches at every n, where the stacked pair takes silu_mul between
+ * them from 3 tokens on (the fused gated load measured slower there); bitwise the
+ * same values either way.  Else stacked (stack_pair) or, failing that, kept. */
+static ddt_status mlp_stack(ddt_cuda_target *t, dev_mlp *m, ddt_error *err) {
+    if (t->mm == DDT_CUDA_MM_FP32 && ddt_cuda_qweight_interleave_ok(&m->gate, &m->up)) {
+        ddt_status st = ddt_cuda_qweight_interleave_rows(&m->gate, &m->up, &m->gate_up, err);
+        if (st != DDT_OK) return st;
+        ddt_cuda_qweight_free(&m->gate);
+        ddt_cuda_qweight_free(&m->up);
+        m->paired = true;
+        return DDT_OK;
+    }
+    return stack_pair(&m->gate, &m->up, &m->gate_up, err);
+}
+
 static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
     ddt_status st;
     if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
     if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;
-    if ((st = stack_pair(&d->gate, &d->up, &d->gate_up, err)) != DDT_OK) return st;
+    if ((st = mlp_stack(t, d, err)) != DDT_OK) return st;
     return up_w(t, &h->down, &d->down, err);
 }
 
@@ -177,6 +197,8 @@ static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, d
  * FP32 path, so with the tensor cores the shared expert keeps its own. */
 static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
     if (t->mm != DDT_CUDA_MM_FP32 || !d->has_shared || !d->shared.gate_up.data) return DDT_OK;
+    /* interleaved pairs must start on an even row (ddt_cuda_matmul_swiglu) */
+    if (d->shared.paired && d->router.rows % 2 != 0) return DDT_OK;
     return stack_pair(&d->router, &d->shared.gate_up, &d->front, err);
 }
 
@@ -501,7 +523,7 @@ static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uin
     ddt_status st;
     if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->gate, err)) != DDT_OK) return st;
     if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->up, err)) != DDT_OK) return st;
-    if ((st = stack_pair(&m->gate, &m->up, &m->gate_up, err)) != DDT_OK) return st;
+    if ((st = mlp_stack(t, m, err)) != DDT_OK) return st;
     return rand_w(t, f, t->dims.hidden, inter, seed, &m->down, err);
 }
 
@@ -679,14 +701,18 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
         if (st_ != DDT_OK) return st_;         \
     } while (0)
 
-/* out[n][hidden] = down(silu(g) * u) from gate | up already side by side at gu
- * (row stride ld): ddt_cuda_matmul_silu_mode, one launch on the FP32 path for an
- * ar step (bitwise silu_mul then down), those two for a verify or with the
+/* out[n][hidden] = down(silu(g) * u).  Paired (m->paired): gu holds silu(g) * u
+ * already (ddt_cuda_matmul_swiglu), a plain product.  Else gate | up side by side
+ * at gu (row stride ld): ddt_cuda_matmul_silu_mode, one launch on the FP32 path
+ * for an ar step (bitwise silu_mul then down), those two for a verify or with the
  * tensor cores (whose product splits its activations into mm_ws first), g
  * overwritten. */
 static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
                            ddt_error *err) {
     const int64_t inter = m->down.cols;
+    if (m->paired)
+        return ddt_cuda_matmul_mode(&m->down, t->mm, gu, ld, n, out, t->dims.hidden, t->mm_ws, t->mm_ws_bytes,
+                                    t->stream, err);
     return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, t->mm_ws,
                                      t->mm_ws_bytes, t->stream, err);
 }
@@ -695,6 +721,10 @@ static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int6
 static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float *in, int32_t n, float *out,
                               ddt_error *err) {
     const int64_t inter = m->gate_up.data ? m->gate_up.rows / 2 : m->gate.rows;
+    if (m->paired) { /* silu(g) * u in t->g */
+        TRY(ddt_cuda_matmul_swiglu(&m->gate_up, 0, in, t->dims.hidden, n, t->g, inter, t->stream, err));
+        return mlp_down(t, m, t->g, inter, n, out, err);
+    }
     if (m->gate_up.data) { /* g | u side by side in t->g */
         TRY(ddt_cuda_matmul_mode(&m->gate_up, t->mm, in, t->dims.hidden, n, t->g, 2 * inter,
                                  t->mm_ws, t->mm_ws_bytes, t->stream, err));
@@ -706,6 +736,28 @@ static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float 
                              t->mm_ws, t->mm_ws_bytes, t->stream, err));
     return ddt_cuda_matmul_silu_mode(&m->down, t->mm, t->g, inter, t->u, inter, n, out, t->dims.hidden, t->mm_ws,
                                      t->mm_ws_bytes, t->stream, err);
+}
+
+/* rope_write's arguments for layer l's n tokens (kva: kv_a's output, row stride kva_ld). */
+static ddt_cuda_mla_rope_args rope_args(const ddt_cuda_target *t, int32_t l, int32_t n, const int32_t *depth,
+                                        const float *kva, int64_t kva_ld) {
+    char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
+    const ddt_cuda_mla_rope_args ra = {.n = n, .heads = t->dims.heads, .nope = t->dims.nope, .rope = t->dims.rope,
+                                       .rank = t->dims.rank, .qdim = t->dims.qdim,
+                                       .interleave = t->cfg->rope_interleave, .len = t->kv.len, .depth = depth,
+                                       .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx, .q = t->q,
+                                       .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld, .cache = layer_cache,
+                                       .capacity = t->max_ctx, .bf16_cache = t->fast};
+    return ra;
+}
+
+/* Whether rope_write's halves run inside the norms' launch and q_b's product
+ * (ddt_cuda_mla_norm_write, ddt_cuda_matmul_rope): q_b on the FP32 path (the
+ * tensor-core product has no such epilogue), interleaved rope pairs and even
+ * sizes, so that a pair's two rows share a warp. */
+static bool rope_folds(const ddt_cuda_target *t) {
+    return t->mm == DDT_CUDA_MM_FP32 && t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 &&
+           t->dims.rope % 2 == 0 && t->dims.rope >= 2;
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
@@ -747,6 +799,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         /* kv_a's output: its own buffer, or beside q_a's when they run as one product */
         const float *kva = t->kva;
         int64_t kva_ld = width;
+        bool roped = false; /* the queries' rope and the cache row written (rope_folds) */
         if (t->dims.q_lora > 0) {
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
@@ -763,9 +816,19 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             /* both latents' norms in one launch (the same bits as two) */
             const ddt_cuda_norm_job jobs[2] = {{t->qa, qa_ld, t->dims.q_lora, L->q_a_norm, t->qa, qa_ld},
                                                {kva, kva_ld, rank, L->kv_a_norm, t->kvn, rank}};
-            TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
-            TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
-                                     t->mm_ws, t->mm_ws_bytes, s, err));
+            if (rope_folds(t)) {
+                /* the cache row written by the norms' launch, the queries' rope by
+                   q_b's epilogue: rope_write's two halves, the same bits, one
+                   launch fewer (mla_cuda.h) */
+                const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+                TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, s, err));
+                TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
+                roped = true;
+            } else {
+                TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
+                TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
+                                         t->mm_ws, t->mm_ws_bytes, s, err));
+            }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
                                      t->mm_ws, t->mm_ws_bytes, s, err));
@@ -773,12 +836,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
         char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
-        ddt_cuda_mla_rope_args ra = {.n = n, .heads = heads, .nope = t->dims.nope, .rope = rope, .rank = rank,
-                                     .qdim = qd, .interleave = t->cfg->rope_interleave, .len = t->kv.len,
-                                     .depth = depth, .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx,
-                                     .q = t->q, .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld,
-                                     .cache = layer_cache, .capacity = t->max_ctx, .bf16_cache = t->fast};
-        TRY(ddt_cuda_mla_rope_write(&ra, s, err));
+        if (!roped) {
+            const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+            TRY(ddt_cuda_mla_rope_write(&ra, s, err));
+        }
         if (L->uk_t.mma) {
             const ddt_row_groups ukt = uk_t_groups(t);
             TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
@@ -829,7 +890,12 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         if (L->moe) {
             const float *rlogits = t->rlogits;
             int64_t ld_rl = t->dims.n_experts;
-            if (L->front.data) { /* router | shared gate | shared up: one product */
+            if (L->front.data && L->shared.paired) { /* router | silu(shared gate) * up: one product */
+                ld_rl = t->dims.n_experts + L->shared.down.cols;
+                TRY(ddt_cuda_matmul_swiglu(&L->front, t->dims.n_experts, t->xn, H, n, t->front, ld_rl, s, err));
+                rlogits = t->front;
+                TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
+            } else if (L->front.data) { /* router | shared gate | shared up: one product */
                 ld_rl = L->front.rows;
                 TRY(ddt_cuda_matmul(&L->front, t->xn, H, n, t->front, ld_rl, s, err));
                 rlogits = t->front;

@@ -47,6 +47,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/mla_cuda.h"
+#include "backend/cuda/mla_rope_dev.cuh"
+#include "backend/cuda/norm_dev.cuh"
 
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / 32)
@@ -64,36 +66,13 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 rope_write_kernel(ddt_cuda_mla_rope_args a) {
     DDT_GRID_DEP_WAIT();
     const int i = blockIdx.x, half = a.rope / 2;
-    const int pos = *a.len + a.depth[i];
-    const int row = *a.len + i;
-    const bool bad = pos < 0 || pos >= a.max_pos || row < 0 || row >= a.capacity;
-    if (row < 0 || row >= a.capacity) return; /* nowhere to write; the caller checked capacity */
+    int pos, row;
+    bool bad;
+    if (!mla_rope_where(a.len, a.depth, i, a.max_pos, a.capacity, &pos, &row, &bad))
+        return; /* nowhere to write; the caller checked capacity */
     const float *cs = a.cos_t + (int64_t)(bad ? 0 : pos) * half;
     const float *sn = a.sin_t + (int64_t)(bad ? 0 : pos) * half;
-    const int64_t base = (int64_t)row * (a.rank + a.rope);
-    float *dst = a.bf16_cache ? NULL : (float *)a.cache + base;
-    __nv_bfloat16 *dst16 = a.bf16_cache ? (__nv_bfloat16 *)a.cache + base : NULL;
-    for (int d = threadIdx.x; d < a.rank; d += ROPE_THREADS) {
-        float v = bad ? NAN : a.kvn[(int64_t)i * a.rank + d];
-        if (dst16) dst16[d] = __float2bfloat16(v);
-        else dst[d] = v;
-    }
-    /* k_rope: one thread per rotation pair */
-    const float *kr = a.kva + (int64_t)i * a.kva_ld + a.rank;
-    for (int p = threadIdx.x; p < half; p += ROPE_THREADS) {
-        float x0, x1;
-        if (a.interleave) { x0 = kr[2 * p]; x1 = kr[2 * p + 1]; }
-        else { x0 = kr[p]; x1 = kr[p + half]; }
-        float c = cs[p], s = sn[p];
-        float r0 = bad ? NAN : x0 * c - x1 * s, r1 = bad ? NAN : x1 * c + x0 * s;
-        if (dst16) {
-            dst16[a.rank + p] = __float2bfloat16(r0);
-            dst16[a.rank + p + half] = __float2bfloat16(r1);
-        } else {
-            dst[a.rank + p] = r0;
-            dst[a.rank + p + half] = r1;
-        }
-    }
+    mla_rope_k_row(a, i, threadIdx.x, ROPE_THREADS);
     /* queries: rotate every (head, pair) into shared memory, then write back;
        interleaved pairs are read from where other pairs are written */
     extern __shared__ float stage[]; /* [heads][rope] */
@@ -103,9 +82,10 @@ rope_write_kernel(ddt_cuda_mla_rope_args a) {
         float x0, x1;
         if (a.interleave) { x0 = qr[2 * p]; x1 = qr[2 * p + 1]; }
         else { x0 = qr[p]; x1 = qr[p + half]; }
-        float c = cs[p], s = sn[p];
-        stage[h * a.rope + p] = bad ? NAN : x0 * c - x1 * s;
-        stage[h * a.rope + p + half] = bad ? NAN : x1 * c + x0 * s;
+        float r0, r1;
+        mla_rope_rotate(x0, x1, cs[p], sn[p], r0, r1);
+        stage[h * a.rope + p] = bad ? NAN : r0;
+        stage[h * a.rope + p + half] = bad ? NAN : r1;
     }
     __syncthreads();
     for (int it = threadIdx.x; it < a.heads * a.rope; it += ROPE_THREADS) {
@@ -122,6 +102,52 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
     if (smem > 48 * 1024) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla rope: %d heads x %d rope dims", a->heads, a->rope);
     rope_write_kernel<<<a->n, ROPE_THREADS, smem, (cudaStream_t)stream>>>(*a);
     DDT_CUDA_LAUNCHED("mla_rope_write", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* ddt_cuda_mla_norm_write: blockIdx.y picks the norm (0: q_a, 1: kv_a), blockIdx.x
+ * the token; the kv_a blocks then write their token's cache row from the row they
+ * normed (visible to the block after the barrier). */
+struct MlaNormPair {
+    ddt_cuda_norm_job job[2];
+    bool vec[2];
+};
+
+static __global__ void __launch_bounds__(NORM_THREADS)
+mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_args a) {
+    DDT_GRID_DEP_WAIT();
+    const ddt_cuda_norm_job &j = p.job[blockIdx.y];
+    norm_row((float *)j.x + (int64_t)blockIdx.x * j.ldx, j.dim, NormNoResid{}, j.w, eps,
+             j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y]);
+    if (blockIdx.y == 1) {
+        __syncthreads();
+        mla_rope_k_row(a, blockIdx.x, threadIdx.x, NORM_THREADS);
+    }
+}
+
+extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], float eps,
+                                              const ddt_cuda_mla_rope_args *a, ddt_cuda_stream stream,
+                                              ddt_error *err) {
+    if (!jobs || !a) return ddt_fail(err, DDT_ERR_INVALID, "mla norm_write: NULL argument");
+    if (a->n < 1 || a->n > 65535 || a->rope < 2 || a->rope % 2 || a->rank < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "mla norm_write: %d tokens, rope dim %d, rank %d", a->n, a->rope,
+                        a->rank);
+    if (jobs[1].out != a->kvn || jobs[1].ldo != a->rank || jobs[1].dim != a->rank)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "mla norm_write: the kv norm must write the rows the cache write reads (kvn, %d wide)",
+                        a->rank);
+    MlaNormPair p;
+    for (int i = 0; i < 2; i++) {
+        const ddt_cuda_norm_job &j = jobs[i];
+        if (j.dim < 1 || !j.x || !j.w || !j.out)
+            return ddt_fail(err, DDT_ERR_INVALID, "mla norm_write: job %d: %d rows of %d", i, a->n, j.dim);
+        p.job[i] = j;
+        const void *ptrs[3] = {j.x, j.w, j.out};
+        const int64_t lds[3] = {j.ldx, 0, j.ldo};
+        p.vec[i] = norm_vec_ok(j.dim, ptrs, lds, 3);
+    }
+    mla_norm_write_kernel<<<dim3((unsigned)a->n, 2), NORM_THREADS, 0, (cudaStream_t)stream>>>(p, eps, *a);
+    DDT_CUDA_LAUNCHED("mla_norm_write", (cudaStream_t)stream, err);
     return DDT_OK;
 }
 

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "ddtree.h"
+#include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 
 #ifdef __cplusplus
@@ -48,6 +49,30 @@ typedef struct ddt_cuda_mla_rope_args {
 
 /* Rotate the queries' rope parts and write cache rows *len + i = [kvn[i], rope(k_rope[i])]. */
 ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, ddt_cuda_stream stream, ddt_error *err);
+
+/*
+ * ddt_cuda_rmsnorm_pair(jobs) (MLA's q_a and kv_a latent norms) and the cache half
+ * of ddt_cuda_mla_rope_write in one launch: cache rows *len + i = [kvn[i],
+ * rope(k_rope[i])], the same bits (the same device functions).  jobs[1] must be
+ * the kv norm writing a->kvn with row stride a->rank; a->q is not touched (the
+ * queries' rope then runs in q_b's epilogue: ddt_cuda_matmul_rope).
+ */
+ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], float eps, const ddt_cuda_mla_rope_args *a,
+                                   ddt_cuda_stream stream, ddt_error *err);
+
+/*
+ * y = x W^T (FP32 path) with the queries' rope applied as ddt_cuda_mla_rope_write
+ * applies it: W's rows are a->heads heads of a->qdim (a->nope plain rows, then
+ * a->rope rows in interleaved rotation pairs), y's rope part of each head gets the
+ * rotated pairs de-interleaved (pair p at nope + p and nope + rope/2 + p), token i
+ * at position *len + depth[i].  Bitwise ddt_cuda_matmul then the query half of
+ * ddt_cuda_mla_rope_write.  Needs a->interleave, even nope and rope, W's rows =
+ * heads * qdim; warp_rows / warp_tokens as ddt_cuda_matmul_swiglu_shape's (2 or 4
+ * rows: a pair in one warp), both 0 to choose.
+ */
+ddt_status ddt_cuda_matmul_rope(const ddt_qweight *w, const float *x, int64_t ldx, float *y, int64_t ldy,
+                                const ddt_cuda_mla_rope_args *a, int32_t warp_rows, int32_t warp_tokens,
+                                ddt_cuda_stream stream, ddt_error *err);
 
 typedef struct ddt_cuda_mla_attn_args {
     int32_t n, heads, rank, rope;

@@ -33,6 +33,8 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mla_cuda.h"
+#include "backend/cuda/mla_rope_dev.cuh"
 #include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
@@ -200,6 +202,17 @@ struct MMArgs {
     float *y;
     int64_t ldy, y_stride;
     bool xvec;
+    /* >= 0 (ddt_cuda_matmul_swiglu): rows from pair_from on are (gate, up) pairs,
+       written as one silu(gate) * up at column pair_from + (row - pair_from) / 2;
+       -1: every row written as it is */
+    int64_t pair_from;
+    /* qd > 0 (ddt_cuda_matmul_rope): heads of qd rows, rows nope.. of each in rope
+       pairs, rotated at token t's position (mla_rope_dev.cuh); 0: off */
+    struct {
+        const int32_t *len, *depth;
+        const float *cos_t, *sin_t;
+        int32_t max_pos, capacity, qd, nope, half;
+    } rope;
 };
 
 /* One warp per (R-row block, TB-token block); the token block is the fastest
@@ -211,7 +224,13 @@ struct MMArgs {
  * computes the SiLU of the activations it reads, i.e. rows / R times per element
  * instead of once: ALU work the launch it saves pays for while the products are
  * small (the drafter, a decode step); measure before using it on large n. */
-template <int F, int R, int TB, int U, bool GATED>
+/* The output side of mm_kernel: every row as it is (the plain products, whose
+ * code stays free of the others' branches: a richer epilogue in every instance
+ * cost the H200 27-75% on the plain 4-token products), silu(gate) * up of row
+ * pairs (ddt_cuda_matmul_swiglu) or MLA's query rope (ddt_cuda_matmul_rope). */
+enum { MM_EPI_PLAIN = 0, MM_EPI_SWIGLU = 1, MM_EPI_ROPE = 2 };
+
+template <int F, int R, int TB, int U, bool GATED, int EPI>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
     DDT_GRID_DEP_WAIT();
     const int lane = threadIdx.x & 31;
@@ -242,22 +261,70 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
     }
     float out[R][TB];
     warp_dot_act<F, R, TB, U, GATED>(a.W, wd, ws, row, xr, ur, ntok, a.xvec, out);
+    if constexpr (EPI == MM_EPI_PLAIN) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < TB; t++)
-            if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
-                a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t && o0 + r < a.rows && t < ntok)
+                    a.y[(int64_t)(t0 + t) * a.ldy + g * a.y_stride + o0 + r] = out[r][t];
+    } else {
+        /* lane r * TB + t writes output (r, t); the butterfly left every output in
+           every lane, so the lane also holds its pair's second row r + 1 (R even,
+           o0 and the pairs' first rows even: the launchers' conditions).  The
+           values are picked by constant indices, then one copy of the epilogue runs. */
+        float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t) {
+                    v0 = out[r][t];
+                    v1 = out[r + 1 < R ? r + 1 : r][t];
+                }
+        const int r = lane / TB, t = lane % TB;
+        if (lane >= R * TB || o0 + r >= a.rows || t >= ntok) return;
+        float *yr = a.y + (int64_t)(t0 + t) * a.ldy + g * a.y_stride;
+        const int64_t o = o0 + r;
+        if constexpr (EPI == MM_EPI_SWIGLU) {
+            if (o < a.pair_from) yr[o] = v0;
+            else if (((o - a.pair_from) & 1) == 0)
+                /* a gate row and its up row: silu_dev.cuh's arithmetic, as
+                   silu_mul and the gated load compute it */
+                yr[a.pair_from + (o - a.pair_from) / 2] = silu_mul1(v0, v1);
+        } else {
+            const int64_t j = o % a.rope.qd;
+            if (j < a.rope.nope) {
+                yr[o] = v0;
+            } else if (((j - a.rope.nope) & 1) == 0) {
+                /* (v0, v1): a rope pair, rotated and de-interleaved as rope_write does */
+                const int64_t p = (j - a.rope.nope) / 2, h0 = o - j + a.rope.nope;
+                int pos, crow;
+                bool bad;
+                if (!mla_rope_where(a.rope.len, a.rope.depth, t0 + t, a.rope.max_pos, a.rope.capacity, &pos, &crow,
+                                    &bad)) {
+                    yr[o] = v0; /* rope_write leaves such a token's queries as they are */
+                    yr[o + 1] = v1;
+                } else {
+                    const int64_t te = (int64_t)(bad ? 0 : pos) * a.rope.half + p;
+                    float r0, r1;
+                    mla_rope_rotate(v0, v1, a.rope.cos_t[te], a.rope.sin_t[te], r0, r1);
+                    yr[h0 + p] = bad ? NAN : r0;
+                    yr[h0 + p + a.rope.half] = bad ? NAN : r1;
+                }
+            }
+        }
+    }
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {
     return (a.rows + R - 1) / R * a.count * ((a.n + TB - 1) / TB);
 }
 
-template <int F, int R, int TB, int U, bool GATED>
+template <int F, int R, int TB, int U, bool GATED, int EPI>
 static void mm_launch_shape(const MMArgs &a, cudaStream_t s) {
     const unsigned blocks = (unsigned)((mm_warps(a, R, TB) + MM_WARPS - 1) / MM_WARPS);
-    mm_kernel<F, R, TB, U, GATED><<<blocks, MM_WARPS * 32, 0, s>>>(a);
+    mm_kernel<F, R, TB, U, GATED, EPI><<<blocks, MM_WARPS * 32, 0, s>>>(a);
 }
 
 /* The warp shape for a product.  These products are latency bound at the few
@@ -277,6 +344,7 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
     const int64_t kc = (a.W.nchunks + 31) / 32; /* chunks a lane sums */
     for (int r = 4; r >= 1; r /= 2)
         for (int tb = 1; tb <= 4; tb *= 2) {
+            if ((a.pair_from >= 0 || a.rope.qd > 0) && r == 1) continue; /* a pair in one warp */
             if (tb > 1 && tb / 2 >= a.n) continue; /* a wider token block than n does nothing */
             if (gated && tb > 1) continue;
             const double rb = (double)((a.rows + r - 1) / r) * a.count, tbl = (double)((a.n + tb - 1) / tb);
@@ -287,37 +355,43 @@ static void mm_choose(const MMArgs &a, bool gated, int *R, int *TB) {
         }
 }
 
-template <int F, int R, bool GATED>
+template <int F, int R, bool GATED, int EPI>
 static void mm_launch_r(const MMArgs &a, int TB, cudaStream_t s) {
     /* fewer tokens per warp leave registers for more loads in flight; the gated
        products have TB = 1 only (mm_choose never picks more for them) */
     if constexpr (GATED) {
-        mm_launch_shape<F, R, 1, 4, true>(a, s);
+        mm_launch_shape<F, R, 1, 4, true, MM_EPI_PLAIN>(a, s);
     } else {
-        if (TB == 1) mm_launch_shape<F, R, 1, 4, false>(a, s);
-        else if (TB == 2) mm_launch_shape<F, R, 2, 2, false>(a, s);
-        else mm_launch_shape<F, R, 4, 1, false>(a, s);
+        if (TB == 1) mm_launch_shape<F, R, 1, 4, false, EPI>(a, s);
+        else if (TB == 2) mm_launch_shape<F, R, 2, 2, false, EPI>(a, s);
+        else mm_launch_shape<F, R, 4, 1, false, EPI>(a, s);
     }
 }
 
-template <int F, bool GATED>
+template <int F, bool GATED, int EPI>
 static void mm_launch(const MMArgs &a, int R, int TB, cudaStream_t s) {
     if (R == 0) mm_choose(a, GATED, &R, &TB);
-    if (R == 1) mm_launch_r<F, 1, GATED>(a, TB, s);
-    else if (R == 2) mm_launch_r<F, 2, GATED>(a, TB, s);
-    else mm_launch_r<F, 4, GATED>(a, TB, s);
+    if constexpr (EPI == MM_EPI_PLAIN) {
+        if (R == 1) {
+            mm_launch_r<F, 1, GATED, EPI>(a, TB, s);
+            return;
+        }
+    }
+    /* a pair epilogue has R = 2 or 4 (mm_choose and the shape checks) */
+    if (R == 2) mm_launch_r<F, 2, GATED, EPI>(a, TB, s);
+    else mm_launch_r<F, 4, GATED, EPI>(a, TB, s);
 }
 
 /* The FP32 path's launch for the weight's format (R, TB: the warp shape, 0 and
  * 0 to choose). */
-template <bool GATED>
+template <bool GATED, int EPI = MM_EPI_PLAIN>
 static void mm_dispatch(const ddt_qweight *w, MMArgs &a, int R, int TB, cudaStream_t s) {
     switch (qfmt_of(*w)) {
-    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32, GATED>(a, R, TB, s); break;
-    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16, GATED>(a, R, TB, s); break;
-    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16, GATED>(a, R, TB, s); break;
-    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8, GATED>(a, R, TB, s); break;
-    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4, GATED>(a, R, TB, s); break;
+    case QF_F32: a.W = qview_make<QF_F32>(*w); mm_launch<QF_F32, GATED, EPI>(a, R, TB, s); break;
+    case QF_BF16: a.W = qview_make<QF_BF16>(*w); mm_launch<QF_BF16, GATED, EPI>(a, R, TB, s); break;
+    case QF_F16: a.W = qview_make<QF_F16>(*w); mm_launch<QF_F16, GATED, EPI>(a, R, TB, s); break;
+    case QF_FP8: a.W = qview_make<QF_FP8>(*w); mm_launch<QF_FP8, GATED, EPI>(a, R, TB, s); break;
+    case QF_INT4: a.W = qview_make<QF_INT4>(*w); mm_launch<QF_INT4, GATED, EPI>(a, R, TB, s); break;
     }
 }
 
@@ -620,6 +694,8 @@ static void set_product(MMArgs &a, const ddt_row_groups *g, const float *x, int6
     a.rows = g->rows;
     a.w_row_stride = g->w_row_stride;
     a.w_row_offset = g->w_row_offset;
+    a.pair_from = -1;
+    memset(&a.rope, 0, sizeof a.rope);
     set_io(a, g, x, ldx, n, y, ldy);
 }
 
@@ -699,6 +775,88 @@ extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mod
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);
+}
+
+/* A forced warp shape of a product whose output rows come in pairs (swiglu, rope):
+ * 2 or 4 rows (a pair in one warp) x 1, 2 or 4 tokens, or both 0 to choose. */
+static ddt_status pair_shape_check(const char *what, int32_t warp_rows, int32_t warp_tokens, ddt_error *err) {
+    if ((warp_rows != 0 || warp_tokens != 0) &&
+        !((warp_rows == 2 || warp_rows == 4) && (warp_tokens == 1 || warp_tokens == 2 || warp_tokens == 4)))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "%s: warp shape %d rows x %d tokens (2 or 4 rows: a pair in one warp; 1, 2 or 4 tokens; or "
+                        "both 0)",
+                        what, warp_rows, warp_tokens);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t pair_from, const float *x,
+                                                   int64_t ldx, int32_t n, float *y, int64_t ldy, int32_t warp_rows,
+                                                   int32_t warp_tokens, ddt_cuda_stream stream, ddt_error *err) {
+    if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul_swiglu: no weight");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    bool tc = false;
+    ddt_status st = mm_check(w, DDT_CUDA_MM_FP32, &g, n, x, y, &tc, err);
+    if (st != DDT_OK) return st;
+    if (pair_from < 0 || pair_from % 2 != 0 || pair_from >= w->rows || (w->rows - pair_from) % 2 != 0)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul_swiglu: pairs from row %lld of %lld (an even start, an even number of rows after it)",
+                        (long long)pair_from, (long long)w->rows);
+    if ((st = pair_shape_check("matmul_swiglu", warp_rows, warp_tokens, err)) != DDT_OK) return st;
+    if (ldy < pair_from + (w->rows - pair_from) / 2)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul_swiglu: row stride %lld < %lld output columns", (long long)ldy,
+                        (long long)(pair_from + (w->rows - pair_from) / 2));
+    cudaStream_t s = (cudaStream_t)stream;
+    MMArgs a;
+    set_product(a, &g, x, ldx, n, y, ldy);
+    a.u = NULL;
+    a.ldu = 0;
+    a.pair_from = pair_from; /* mm_choose then takes R = 2 or 4 */
+    mm_dispatch<false, MM_EPI_SWIGLU>(w, a, warp_rows, warp_tokens, s);
+    DDT_CUDA_LAUNCHED("matmul_swiglu", s, err);
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_matmul_swiglu(const ddt_qweight *w, int64_t pair_from, const float *x, int64_t ldx,
+                                             int32_t n, float *y, int64_t ldy, ddt_cuda_stream stream,
+                                             ddt_error *err) {
+    return ddt_cuda_matmul_swiglu_shape(w, pair_from, x, ldx, n, y, ldy, 0, 0, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_rope(const ddt_qweight *w, const float *x, int64_t ldx, float *y, int64_t ldy,
+                                           const ddt_cuda_mla_rope_args *r, int32_t warp_rows, int32_t warp_tokens,
+                                           ddt_cuda_stream stream, ddt_error *err) {
+    if (!w || !r) return ddt_fail(err, DDT_ERR_INVALID, "matmul_rope: NULL argument");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    bool tc = false;
+    ddt_status st = mm_check(w, DDT_CUDA_MM_FP32, &g, r->n, x, y, &tc, err);
+    if (st != DDT_OK) return st;
+    if (!r->interleave || r->heads < 1 || r->nope < 0 || r->nope % 2 != 0 || r->rope < 2 || r->rope % 2 != 0 ||
+        r->qdim != r->nope + r->rope || w->rows != (int64_t)r->heads * r->qdim || !r->len || !r->depth || !r->cos_t ||
+        !r->sin_t)
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "matmul_rope: %lld rows for %d heads of %d + %d (interleaved pairs, even sizes, rows = heads "
+                        "x (nope + rope), position and table arrays)",
+                        (long long)w->rows, r->heads, r->nope, r->rope);
+    if (ldy < w->rows) return ddt_fail(err, DDT_ERR_INVALID, "matmul_rope: row stride %lld < %lld", (long long)ldy,
+                                       (long long)w->rows);
+    if ((st = pair_shape_check("matmul_rope", warp_rows, warp_tokens, err)) != DDT_OK) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    MMArgs a;
+    set_product(a, &g, x, ldx, r->n, y, ldy);
+    a.u = NULL;
+    a.ldu = 0;
+    a.rope.len = r->len;
+    a.rope.depth = r->depth;
+    a.rope.cos_t = r->cos_t;
+    a.rope.sin_t = r->sin_t;
+    a.rope.max_pos = r->max_pos;
+    a.rope.capacity = r->capacity;
+    a.rope.qd = r->qdim;
+    a.rope.nope = r->nope;
+    a.rope.half = r->rope / 2;
+    mm_dispatch<false, MM_EPI_ROPE>(w, a, warp_rows, warp_tokens, s);
+    DDT_CUDA_LAUNCHED("matmul_rope", s, err);
+    return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
@@ -1039,6 +1197,62 @@ extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *par
     if (packed && (st = ddt_cuda_qweight_pack(&o, err)) != DDT_OK) {
         ddt_cuda_qweight_free(&o);
         return st;
+    }
+    *out = o;
+    return DDT_OK;
+}
+
+extern "C" bool ddt_cuda_qweight_interleave_ok(const ddt_qweight *a, const ddt_qweight *b) {
+    if (!a || !b || !a->data || !b->data || a->rows < 1 || a->cols < 1 || a->rows != b->rows || a->cols != b->cols ||
+        a->format != b->format || a->dtype != b->dtype || a->rows > INT64_MAX / 4)
+        return false;
+    switch (a->format) {
+    case DDT_Q_DENSE: return a->dtype == DDT_DTYPE_F32 || a->dtype == DDT_DTYPE_BF16 || a->dtype == DDT_DTYPE_F16;
+    case DDT_Q_INT4_GROUP: return a->group >= 1 && a->group == b->group && a->scale && b->scale;
+    default: return false; /* FP8: a scale block covers 128 rows of one weight */
+    }
+}
+
+extern "C" ddt_status ddt_cuda_qweight_interleave_rows(const ddt_qweight *a, const ddt_qweight *b, ddt_qweight *out,
+                                                      ddt_error *err) {
+    if (!out) return ddt_fail(err, DDT_ERR_INVALID, "qweight_interleave_rows: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_qweight_interleave_ok(a, b))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                        "qweight_interleave_rows: two weights that do not interleave by rows (shapes, formats, or FP8 "
+                        "block scales)");
+    ddt_qweight o = *a;
+    o.rows = 2 * a->rows;
+    o.data = NULL;
+    o.scale_inv = NULL;
+    o.scale = NULL;
+    o.mma = NULL;
+    o.mma_scale = NULL;
+    /* row-major data and (INT4) per-row scales: a row's bytes are the total over rows */
+    const size_t rb = (size_t)(data_bytes(a) / (uint64_t)a->rows), sr = (size_t)(scale_bytes(a) / (uint64_t)a->rows);
+    const size_t rows = (size_t)a->rows;
+    void *d = NULL, *sc = NULL;
+    ddt_status st = ddt_cuda_malloc_array(&d, (size_t)data_bytes(&o), 1, NULL, err);
+    if (st != DDT_OK) return st;
+    o.data = d;
+    if (sr > 0) {
+        st = ddt_cuda_malloc_array(&sc, 2 * rows * sr, 1, NULL, err);
+        if (st != DDT_OK) {
+            ddt_cuda_qweight_free(&o);
+            return st;
+        }
+        o.scale = (const uint16_t *)sc;
+    }
+    cudaError_t e = cudaMemcpy2D(d, 2 * rb, a->data, rb, rb, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy2D((uint8_t *)d + rb, 2 * rb, b->data, rb, rb, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess && sr > 0) e = cudaMemcpy2D(sc, 2 * sr, a->scale, sr, sr, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess && sr > 0)
+        e = cudaMemcpy2D((uint8_t *)sc + sr, 2 * sr, b->scale, sr, sr, rows, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        ddt_cuda_qweight_free(&o);
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: qweight_interleave_rows [%lld, %lld]: %s", (long long)o.rows,
+                        (long long)o.cols, cudaGetErrorString(e));
     }
     *out = o;
     return DDT_OK;

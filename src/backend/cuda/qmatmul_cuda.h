@@ -177,6 +177,35 @@ bool ddt_cuda_qweight_concat_ok(const ddt_qweight *const *parts, int32_t count);
 ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *parts, int32_t count, ddt_qweight *out,
                                         ddt_error *err);
 
+/* out = the rows of a and b interleaved (a0, b0, a1, b1, ...): the gate and up
+ * projections of a gated MLP as ddt_cuda_matmul_swiglu takes them.  a and b must
+ * share rows, cols, format, dtype and group: dense F32 / BF16 / F16 and INT4
+ * (per-row scales); FP8 is DDT_ERR_UNSUPPORTED (a scale block spans 128 rows of
+ * one weight; ddt_cuda_qweight_interleave_ok says so beforehand).  a and b are
+ * kept.  Load time: allocates and synchronises; free with ddt_cuda_qweight_free. */
+bool ddt_cuda_qweight_interleave_ok(const ddt_qweight *a, const ddt_qweight *b);
+ddt_status ddt_cuda_qweight_interleave_rows(const ddt_qweight *a, const ddt_qweight *b, ddt_qweight *out,
+                                            ddt_error *err);
+
+/*
+ * A gated MLP's first half in one launch (FP32 path): w's rows [0, pair_from)
+ * are plain rows (a router's, say), written to y's columns [0, pair_from) as
+ * ddt_cuda_matmul writes them; rows from pair_from on are (gate, up) pairs
+ * (ddt_cuda_qweight_interleave_rows), pair i written as silu(gate) * up to
+ * column pair_from + i.  Bitwise ddt_cuda_matmul over the un-interleaved rows
+ * then ddt_cuda_silu_mul (the product's elements do not depend on the warp
+ * shape, the SiLU is silu_dev.cuh's), and so also what ddt_cuda_matmul_silu's
+ * gated load computes; the down product then reads y as a plain input.
+ * pair_from even, rows - pair_from even and > 0.  warp_rows / warp_tokens force
+ * the warp shape (2 or 4 rows: a pair stays in one warp; 1, 2 or 4 tokens), both
+ * 0 to choose.
+ */
+ddt_status ddt_cuda_matmul_swiglu(const ddt_qweight *w, int64_t pair_from, const float *x, int64_t ldx, int32_t n,
+                                  float *y, int64_t ldy, ddt_cuda_stream stream, ddt_error *err);
+ddt_status ddt_cuda_matmul_swiglu_shape(const ddt_qweight *w, int64_t pair_from, const float *x, int64_t ldx,
+                                        int32_t n, float *y, int64_t ldy, int32_t warp_rows, int32_t warp_tokens,
+                                        ddt_cuda_stream stream, ddt_error *err);
+
 /* Projections of one input made one product where the format allows: when the
  * parts concatenate (ddt_cuda_qweight_concat_ok), *out = their stacked copy
  * (ddt_cuda_qweight_concat_rows) and every part is freed; when they do not,
