@@ -701,10 +701,15 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     return st;
 }
 
-/* A forward of n tokens from an empty cache: what verifying n - 1 nodes costs. */
+/* A forward of n tokens from an empty cache with the LM head on all n rows and
+ * the argmax launch (its rows run side by side, so one row's count stands for n):
+ * what verifying n - 1 nodes costs.  (Without the LM head the table
+ * was flatter than a round: on the H200 the head is the product that grows most
+ * with n, and the auto budget overshot, picking 32 where 16 was best.) */
 static ddt_status forward_work(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
     TRY(ddt_cuda_target_reset(e->target, err));
-    return ddt_cuda_target_prefill(e->target, e->ids, n, NULL, false, err);
+    TRY(ddt_cuda_target_prefill(e->target, e->ids, n, e->logits, true, err));
+    return ddt_cuda_argmax_rows(e->logits, n, e->one, e->vocab, e->target_next, e->s, err);
 }
 
 /* The rest of a round that grows with nothing: draft, top-K and the build of the

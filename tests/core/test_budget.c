@@ -1,7 +1,8 @@
 /*
  * test_budget.c — the cost-aware ("auto") budget: interpolation of the verify
  * cost table, checks of bad tables, and the stopping rule of the builder
- * (src/core/budget.c, src/core/tree.c).
+ * (src/core/budget.c, src/core/tree.c); and the bound on exp_det that the GPU
+ * build's early stop (src/backend/cuda/tree_cuda.cu, auto_stop) stands on.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -156,12 +157,39 @@ static void test_bucket_cut(void **state) {
     }
 }
 
+/* The GPU auto build stops early on a bound: a node's exp_det term is at most
+ * 1 + 1e-6 times the last built node's, because later nodes weigh no more.
+ * exp_det is not monotone to the ulp (at range-reduction boundaries a lower x
+ * can give one ulp more), so check the bound itself over every float from
+ * -88 (below -87.3 exp_det is 0) up to -0.0, and +0.0: the running maximum of
+ * the values so far is within 1 + 5e-7 of each value (measured: 1 + 8e-8). */
+static void test_exp_det_bound(void **state) {
+    (void)state;
+    float hi = 0.0f;
+    double worst = 1.0;
+    const float lo = -88.0f;
+    uint32_t ulo;
+    memcpy(&ulo, &lo, sizeof ulo);
+    for (uint32_t u = ulo; u >= 0x80000000u; u--) { /* negative floats rise as the bits fall */
+        float x;
+        memcpy(&x, &u, sizeof x);
+        const float e = ddt_exp_det_inline(x); /* the same code, without a call */
+        if (e > hi) hi = e;
+        else if (hi > 0.0f && (double)hi > (double)e * worst) worst = (double)hi / (double)e;
+        if (u == 0x80000000u) break;
+    }
+    const float e0 = ddt_exp_det(0.0f);
+    if ((double)hi > (double)e0 * worst) worst = (double)hi / (double)e0;
+    assert_true(worst < 1.0 + 5e-7);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interpolation),
         cmocka_unit_test(test_bad_models),
         cmocka_unit_test(test_auto_budget_stops_where_theta_peaks),
         cmocka_unit_test(test_bucket_cut),
+        cmocka_unit_test(test_exp_det_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

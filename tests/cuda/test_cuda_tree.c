@@ -11,6 +11,9 @@
  *    visibility rows; a bad table gives the status code and a root-only tree;
  *  - the cost-aware build (auto budget) vs ddt_tree_build under the same random
  *    cost model: the same node count and nodes, padding up to the verify bucket;
+ *    its early stop (it read through ddt_cuda_tree_auto.built): never below the
+ *    kept nodes, never with a positive logq, and at the expected points under
+ *    crafted cost tables (steps, steep, flat, tied buckets);
  *  - argmax per row vs CPU (lowest id on ties, the two zeros equal), float4 and
  *    single-float loads, rows past the device-side count left untouched;
  *  - walk vs ddt_tree_walk; damaged trees and targets give status codes.
@@ -161,8 +164,9 @@ typedef struct build_ctx {
     ddt_builder *b;
     ddt_tree ct;
     float *dq;
-    int32_t *dtok, *dnext;
-    int mismatched, compared, walks, long_walks, cut;
+    int32_t *dtok, *dnext, *dbuilt;
+    int mismatched, compared, walks, long_walks, cut, stopped;
+    int last_built, last_bucket; /* of the latest auto build: nodes built before the stop, bucket index */
 } build_ctx;
 
 /* The buffers of the build comparisons, for the largest budget and table. */
@@ -174,12 +178,14 @@ static void build_ctx_open(build_ctx *c) {
     CU(cudaMalloc((void **)&c->dq, DDT_MAX_DEPTH * DDT_MAX_TOPK * sizeof(float)));
     CU(cudaMalloc((void **)&c->dtok, DDT_MAX_DEPTH * DDT_MAX_TOPK * sizeof(int32_t)));
     CU(cudaMalloc((void **)&c->dnext, DDT_MAX_NODES * 4));
+    CU(cudaMalloc((void **)&c->dbuilt, 4));
 }
 
 static void build_ctx_close(build_ctx *c) {
     CU(cudaFree(c->dq));
     CU(cudaFree(c->dtok));
     CU(cudaFree(c->dnext));
+    CU(cudaFree(c->dbuilt));
     ddt_cuda_tree_free(&c->dt);
     ddt_tree_free(&c->ct);
     ddt_builder_destroy(c->b);
@@ -528,40 +534,41 @@ static void random_cost(int B, float *nodes, float *verify, ddt_cost_model *cm) 
     *cm = (ddt_cost_model){rnd() % 4 ? 0.3f * rndf() : 0.0f, np, nodes, 1, NULL, verify, 0.0f};
 }
 
-/* The device's cost-aware build vs the CPU's: ddt_tree_build at the full budget
- * cut by ddt_cost_bucket_cut under the same cost table and buckets; the node
- * count and every kept node bitwise, then the padding up to the chosen bucket
- * and nothing written past it.  Returns 1 when they differ. */
-static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) {
+/* The device's cost-aware build of g_logq/g_tok vs the CPU's: ddt_tree_build at
+ * the full budget cut by ddt_cost_bucket_cut under the cost table vc[0..B],
+ * a->draft_cost and a->bucket; the node count and every kept node bitwise, then
+ * the padding up to the chosen bucket and nothing written past it.  The nodes
+ * built before the early stop (a->built) lie between the kept ones and the full
+ * tree, and are the full tree when some depth's logq is positive (the stop's
+ * bound needs weights that never rise).  Returns 1 when anything differs. */
+static int check_auto(build_ctx *c, int D, int K, int B, int32_t root, const float *vc, ddt_cuda_tree_auto *a,
+                      float *dvcost) {
     static host_tree h;
-    static float nodes[16], verify[16], vc[DDT_MAX_NODES];
-    ddt_cost_model cm;
-    random_cost(B, nodes, verify, &cm);
-    for (int n = 0; n <= B; n++) vc[n] = ddt_cost_verify(&cm, (float)n);
-    int32_t root = (int32_t)(rnd() % 5000);
     ddt_draft_table tb = {D, K, g_logq, g_tok};
     OK(ddt_tree_build(c->b, &tb, root, B, NULL, 5000, &c->ct, &err_));
     const ddt_tree *ct = &c->ct;
-    /* buckets: random rising sizes below B, then B */
-    ddt_cuda_tree_auto a;
-    memset(&a, 0, sizeof a);
-    a.vcost = dvcost;
-    a.draft_cost = cm.draft;
-    for (int b = (int)(rnd() % 3); b < B && a.n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; b += 1 + (int)(rnd() % 9))
-        a.bucket[a.n_buckets++] = b;
-    a.bucket[a.n_buckets++] = B;
-    int32_t bj = -1;
-    const int keep = ddt_cost_bucket_cut(ct->logw, ct->n_nodes, vc, cm.draft, a.bucket, a.n_buckets, &bj);
+    a->vcost = dvcost;
+    a->built = c->dbuilt;
+    int32_t bj = -1, built = -1;
+    const int keep = ddt_cost_bucket_cut(ct->logw, ct->n_nodes, vc, a->draft_cost, a->bucket, a->n_buckets, &bj);
+    int positive = 0;
+    for (int d = 0; d < D; d++) positive |= g_logq[d * K] > 0.0f;
     poison_tree(&c->dt);
+    CU(cudaMemset(c->dbuilt, 0xff, 4));
     CU(cudaMemcpy(dvcost, vc, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(c->dq, g_logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(c->dtok, g_tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(c->dt.root_token, &root, 4, cudaMemcpyHostToDevice));
-    OK(ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &err_));
+    OK(ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, a, NULL, &err_));
     CU(cudaDeviceSynchronize());
     fetch_tree(&c->dt, &h);
+    CU(cudaMemcpy(&built, c->dbuilt, 4, cudaMemcpyDeviceToHost));
     c->compared++;
+    c->last_built = built;
+    c->last_bucket = bj;
     int bad = h.status != 0 || h.n != keep || bj < 0, first = -1;
+    const int bad_built = built < keep || built > ct->n_nodes || (positive && built != ct->n_nodes);
+    bad |= bad_built;
     for (int i = 0; !bad && i < h.n; i++) {
         bad |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] || h.depth[i] != ct->depth[i] ||
                h.rank[i] != ct->rank[i] || memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
@@ -569,7 +576,7 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
                       (size_t)ct->vis_words * 8) != 0;
         if (bad) first = i;
     }
-    const int rows = bad ? 0 : a.bucket[bj] + 1;
+    const int rows = bad ? 0 : a->bucket[bj] + 1;
     if (!bad && rows < h.n) bad = 1;
     for (int i = h.n; !bad && i < rows; i++) { /* padding: the root's token under the root */
         const uint64_t *v = h.vis + (size_t)i * (size_t)c->dt.vis_words;
@@ -583,12 +590,117 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     if (bad) {
         c->mismatched++;
         if (c->mismatched < 8)
-            fprintf(stderr, "auto build mismatch: D %d K %d B %d: gpu n %d status %d, cpu cut %d of %d, rows %d; node %d\n",
-                    D, K, B, h.n, h.status, keep, ct->n_nodes, rows, first);
+            fprintf(stderr,
+                    "auto build mismatch: D %d K %d B %d: gpu n %d status %d built %d%s, cpu cut %d of %d, rows %d; "
+                    "node %d\n",
+                    D, K, B, h.n, h.status, built, bad_built ? " (WRONG)" : "", keep, ct->n_nodes, rows, first);
         return 1;
     }
     c->cut += keep < ct->n_nodes;
+    c->stopped += built < ct->n_nodes;
     return 0;
+}
+
+/* check_auto under a random cost model and random buckets. */
+static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) {
+    static float nodes[16], verify[16], vc[DDT_MAX_NODES];
+    ddt_cost_model cm;
+    random_cost(B, nodes, verify, &cm);
+    for (int n = 0; n <= B; n++) vc[n] = ddt_cost_verify(&cm, (float)n);
+    int32_t root = (int32_t)(rnd() % 5000);
+    /* buckets: random rising sizes below B, then B */
+    ddt_cuda_tree_auto a;
+    memset(&a, 0, sizeof a);
+    a.draft_cost = cm.draft;
+    for (int b = (int)(rnd() % 3); b < B && a.n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; b += 1 + (int)(rnd() % 9))
+        a.bucket[a.n_buckets++] = b;
+    a.bucket[a.n_buckets++] = B;
+    return check_auto(c, D, K, B, root, vc, &a, dvcost);
+}
+
+/*
+ * The early stop at known points, on tables whose full tree has B = 64 nodes
+ * (the node counts below are for that tree, root included: 65 in full):
+ *  - a step in the verify cost after s nodes (cost 1 up to s, 1000 past it): the
+ *    largest bucket <= s wins, and the build stops in the step that adds node
+ *    s, so with at most 31 nodes a step it has built s + 1 .. s + 31;
+ *  - steep cost: a small bucket wins and the build stops early;
+ *  - flat cost: the largest bucket wins, the whole tree is built;
+ *  - tied buckets: logq -100 past rank 3 makes nodes 5.. weigh exp_det = 0, so
+ *    buckets 4 and 8 at the same cost tie; the first must win, and the stop
+ *    comes in the first step (bucket 64 costs twice as much);
+ *  - the same with a flat cost: 4, 8 and 64 all tie, which the stop's margin
+ *    never calls a loss, so the build runs on; the first still wins.
+ */
+static void test_build_auto_stops(build_ctx *c, float *dvcost) {
+    static float vc[DDT_MAX_NODES];
+    const int B = 64;
+    const int32_t sets[3][8] = {{1, 2, 4, 8, 16, 32, 64}, {0, 4, 8, 16, 32, 48, 64}, {3, 5, 11, 20, 33, 64}};
+    const int nsets[3] = {7, 7, 6};
+    int bad = 0, stops_seen = 0, prev_stop = -1;
+    for (int set = 0; set < 3; set++) {
+        const int steps[4] = {4, 8, 16, 32};
+        for (int si = 0; si < 4; si++) {
+            const int s = steps[si];
+            fill_table(8, 16, FILL_UNIFORM);
+            ddt_cuda_tree_auto a;
+            memset(&a, 0, sizeof a);
+            a.draft_cost = 0.3f;
+            a.n_buckets = nsets[set];
+            memcpy(a.bucket, sets[set], sizeof sets[set]);
+            for (int n = 0; n <= B; n++) vc[n] = n <= s ? 1.0f : 1000.0f;
+            bad += check_auto(c, 8, 16, B, (int32_t)(rnd() % 5000), vc, &a, dvcost);
+            int want_j = 0; /* the largest bucket <= s */
+            for (int j = 0; j < a.n_buckets; j++)
+                if (a.bucket[j] <= s) want_j = j;
+            const int built = c->last_built, end = a.bucket[want_j];
+            const int ok = c->ct.n_nodes == B + 1 && c->last_bucket == want_j && built >= end + 1 &&
+                           built <= end + 31 && built < B + 1;
+            CHECK(ok, "auto stop, bucket set %d, cost step after %d: bucket %d (want %d), built %d of %d (want %d..%d)",
+                  set, s, c->last_bucket, want_j, built, c->ct.n_nodes, end + 1, end + 31);
+            stops_seen += built != prev_stop;
+            prev_stop = built;
+        }
+        for (int steep = 0; steep < 2; steep++) { /* steep, then flat */
+            fill_table(8, 16, FILL_UNIFORM);
+            ddt_cuda_tree_auto a;
+            memset(&a, 0, sizeof a);
+            a.draft_cost = 0.3f;
+            a.n_buckets = nsets[set];
+            memcpy(a.bucket, sets[set], sizeof sets[set]);
+            for (int n = 0; n <= B; n++) vc[n] = steep ? 0.5f + 0.5f * (float)n : 1.0f;
+            bad += check_auto(c, 8, 16, B, (int32_t)(rnd() % 5000), vc, &a, dvcost);
+            if (steep)
+                CHECK(c->last_bucket < a.n_buckets - 1 && c->last_built < B + 1,
+                      "auto stop, bucket set %d, steep cost: bucket %d, built %d: no early stop", set, c->last_bucket,
+                      c->last_built);
+            else
+                CHECK(c->last_bucket == a.n_buckets - 1 && c->last_built == B + 1,
+                      "auto stop, bucket set %d, flat cost: bucket %d, built %d: want the whole tree", set,
+                      c->last_bucket, c->last_built);
+        }
+    }
+    for (int flat = 0; flat < 2; flat++) { /* tied buckets */
+        const int K = 64;
+        for (int r = 0; r < K; r++) g_logq[r] = r < 4 ? -0.1f * (float)(r + 1) : -100.0f;
+        fill_tokens(1, K);
+        ddt_cuda_tree_auto a;
+        memset(&a, 0, sizeof a);
+        a.draft_cost = 0.1f;
+        a.n_buckets = 3;
+        a.bucket[0] = 4;
+        a.bucket[1] = 8;
+        a.bucket[2] = B;
+        for (int n = 0; n <= B; n++) vc[n] = flat || n <= 8 ? 1.0f : 2.0f;
+        bad += check_auto(c, 1, K, B, (int32_t)(rnd() % 5000), vc, &a, dvcost);
+        CHECK(c->last_bucket == 0 && (flat ? c->last_built == B + 1 : c->last_built < B + 1),
+              "auto stop, tied buckets (%s): bucket %d (want 0), built %d", flat ? "all tied" : "4 and 8",
+              c->last_bucket, c->last_built);
+    }
+    CHECK(bad == 0, "%d crafted cost-aware builds differ from the CPU", bad);
+    CHECK(stops_seen >= 4, "the crafted cost steps stopped the build at only %d distinct points", stops_seen);
+    printf("auto build early stop: crafted cost tables, %d differ from the CPU, %d distinct stop points\n", bad,
+           stops_seen);
 }
 
 static void test_build_auto(int iters) {
@@ -607,8 +719,10 @@ static void test_build_auto(int iters) {
     CHECK(bad == 0, "%d of %d cost-aware builds differ from the CPU", bad, iters);
     CHECK(c.cut * 5 >= iters, "only %d of %d cost-aware builds were cut below the full tree: the test misses the cut",
           c.cut, iters);
+    CHECK(c.stopped > 0, "none of %d cost-aware builds stopped early", iters);
     printf("auto build: %d random problems with random cost models, %d differ from the CPU (%d cut below the "
-           "budget)\n", iters, bad, c.cut);
+           "budget, %d stopped early)\n", iters, bad, c.cut, c.stopped);
+    test_build_auto_stops(&c, dvcost);
     /* bad arguments are refused with a message, never launched */
     ddt_error e;
     ddt_cuda_tree_auto a;

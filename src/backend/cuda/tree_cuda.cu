@@ -618,14 +618,95 @@ static __device__ __forceinline__ void lane_merge(uint32_t key, int idx, uint32_
 }
 
 /*
- * Runs the loop in one warp.  sq: the table's logq staged in shared memory,
- * [depth][ld] with ld = min(want + 1, K) (no rank above `want` is ever read).
- * Returns the node count including the root, in every lane.
+ * The auto budget's early stop.  The cut (bucket_cut below) keeps a prefix of
+ * the pop order, so the build may stop as soon as no bucket still short of its
+ * end can win, and the cut over the shorter build is the cut over the full one.
+ * While it builds, the warp keeps phi over nodes 1..n-1 in bucket_cut's order
+ * and doubles, and `best` = bucket_cut's theta over the complete buckets (end
+ * <= n - 1; these come first, as the buckets rise).  Stop when every
+ * incomplete bucket j (end b, den = draft + vcost[b] > 0) has
+ *     (1 + phi + (b - (n - 1)) * w) * (1 + 1e-9) <= best * den,
+ * w = exp_det(logw of the last node) * (1 + 1e-6).  Why that is exact:
+ *  - with logq <= 0 (checked on every depth's rank 0; rows are sorted) the pop
+ *    order's logw never rises: children and next siblings weigh no more than
+ *    the node popped;
+ *  - exp_det is not monotone to the ulp: over every float <= 0 a lower x gives
+ *    at most 1.00000008x the value at a higher one (exhaustive CPU check,
+ *    tests/core/test_budget.c), so w bounds every later node's term;
+ *  - rounding is monotone, and the sequential sum of up to 1024 terms differs
+ *    from the real one by < 2e-13 relative; the 1e-9 margin takes that, so j's
+ *    theta with the full build, and its theta clamped to the n built (what
+ *    bucket_cut computes for it after the stop), are both <= best;
+ *  - a bucket wins only when strictly greater than every earlier one, and best
+ *    belongs to an earlier bucket, so j cannot win, ties included.
+ * Not stopping (a positive logq, den <= 0, NaN) only costs the full build.
  */
-static __device__ int build_warp(const float *sq, int ld, int D, int want, build_node *nd,
-                                 uint2 *cand) {
+typedef struct auto_stop {
+    double phi, best, den; /* den: this lane's bucket's draft + vcost */
+    int bend;              /* this lane's bucket end, INT_MAX past the buckets */
+    int jc, next;          /* first incomplete bucket, and its end */
+    bool on;               /* the stop is allowed at all */
+} auto_stop;
+
+static __device__ void auto_stop_init(auto_stop *s, const ddt_cuda_tree_auto *a, const float *sq,
+                                      int ld, int D) {
     const unsigned full = 0xffffffffu;
     const int lane = (int)(threadIdx.x & 31);
+    const int nb = a->n_buckets;
+    s->bend = lane < nb ? a->bucket[lane] : INT_MAX;
+    s->den = lane < nb ? (double)a->draft_cost + (double)a->vcost[s->bend] : 0.0;
+    s->phi = 0.0;
+    s->best = 0.0;
+    s->jc = 0;
+    s->on = __all_sync(full, lane >= D || sq[(size_t)lane * (size_t)ld] <= 0.0f) && nb > 1;
+    if (__shfl_sync(full, s->bend, 0) == 0) { /* a bucket of the root alone: complete already */
+        s->best = (1.0 + s->phi) / __shfl_sync(full, s->den, 0);
+        s->jc = 1;
+    }
+    s->next = __shfl_sync(full, s->bend, s->jc);
+}
+
+/* After a step that appended nodes n0..n0+m-1, lane l < m holding node n0+l's
+ * logw in w: phi over the new nodes one at a time (bucket_cut's order), the
+ * theta of each bucket this completes, then the test above.  Warp-uniform. */
+static __device__ bool auto_stop_step(auto_stop *s, const ddt_cuda_tree_auto *a, float w, int n0, int m) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31);
+    const float e = lane < m ? ddt_exp_det(w) : 0.0f;
+    for (int i = 0; i < m; i++) {
+        s->phi = s->phi + (double)__shfl_sync(full, e, i);
+        if (n0 + i == s->next) { /* buckets rise: at most one ends at a node */
+            const double th = (1.0 + s->phi) / __shfl_sync(full, s->den, s->jc);
+            if (s->jc == 0 || th > s->best) s->best = th;
+            s->jc++;
+            s->next = __shfl_sync(full, s->bend, s->jc & 31);
+        }
+    }
+    if (s->jc == 0 || s->jc >= a->n_buckets) return false; /* nothing to compare, or nothing left */
+    const int last = n0 + m - 1;
+    const double wl = (double)__shfl_sync(full, e, m - 1) * (1.0 + 1e-6);
+    bool lose = true;
+    if (lane >= s->jc && lane < a->n_buckets) {
+        const double num = 1.0 + s->phi + (double)(s->bend - last) * wl;
+        lose = s->den > 0.0 && num * (1.0 + 1e-9) <= s->best * s->den;
+    }
+    return __all_sync(full, lose);
+}
+
+/*
+ * Runs the loop in one warp.  sq: the table's logq staged in shared memory,
+ * [depth][ld] with ld = min(want + 1, K) (no rank above `want` is ever read).
+ * AUTO (a: the cost table) adds the early stop above; the fixed budget's
+ * instance has none of it.  Returns the node count including the root, in
+ * every lane.
+ */
+template <bool AUTO>
+static __device__ int build_warp(const float *sq, int ld, int D, int want, build_node *nd,
+                                 uint2 *cand, const ddt_cuda_tree_auto *a) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31);
+    auto_stop st;
+    if (AUTO) auto_stop_init(&st, a, sq, ld, D);
     uint32_t bkey = 0u;
     int bidx = -1;
     bool btie = false;
@@ -691,6 +772,7 @@ static __device__ int build_warp(const float *sq, int ld, int D, int want, build
         if (k < m) lane_merge(nkey, n + k, &bkey, &bidx, &btie);
         n += m;
         __syncwarp();
+        if (AUTO && st.on && auto_stop_step(&st, a, w, n - m, m)) break;
     }
     return n;
 }
@@ -748,8 +830,10 @@ static __device__ int bucket_cut(const ddt_cuda_tree_auto *a, const build_node *
 /*
  * One block.  All threads check the table and stage its first `ld` columns of
  * logq in shared memory; warp 0 runs the loop; all threads write the nodes and
- * the visibility rows.
+ * the visibility rows.  AUTO: p.a.vcost is set (the cost-aware cut); two
+ * instances so that the fixed budget's carries none of the auto code.
  */
+template <bool AUTO>
 static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
     DDT_GRID_DEP_WAIT();
     __shared__ int s_bad, s_n, s_rows, s_bucket;
@@ -798,10 +882,13 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
             *p.t.n_nodes = 1;
         }
     } else if (tid < 32) {
-        int n = build_warp(s_logq, ld, p.depth, p.want, s_node, s_cand);
+        int n = build_warp<AUTO>(s_logq, ld, p.depth, p.want, s_node, s_cand, AUTO ? &p.a : NULL);
         /* the candidates are spent: their slots hold the cut's phi (8 bytes each) */
         int bj = 0;
-        if (p.a.vcost) n = bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
+        if (AUTO) {
+            if (p.a.built && tid == 0) *p.a.built = n;
+            n = bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
+        }
         if (tid == 0) {
             s_bucket = bj;
             s_n = n;
@@ -812,7 +899,7 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     __syncthreads();
     if (tid == 0) {
         int rows = s_n;
-        if (p.a.vcost) {
+        if (AUTO) {
             const int j = s_bad ? 0 : s_bucket; /* a bad table: the root alone, in the first bucket */
             rows = p.a.bucket[j] + 1;
             if (p.a.cond) cudaGraphSetConditional((cudaGraphConditionalHandle)p.a.cond, (unsigned)j);
@@ -1044,7 +1131,10 @@ extern "C" ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, 
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path, DDT_MAX_PATH * sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->path_len, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMalloc((void **)&t->bonus, sizeof(int32_t)), err);
-    DDT_CUDA_TRY(cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DDT_CUDA_TRY(cudaFuncSetAttribute(tree_build_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      BUILD_STAGE_BYTES),
+                 err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(tree_build_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       BUILD_STAGE_BYTES),
                  err);
     DDT_CUDA_TRY(cudaMemset(t->n_nodes, 0, sizeof(int32_t)), err);
@@ -1140,7 +1230,10 @@ static ddt_status build_launch(ddt_cuda_tree *t, const float *logq, const int32_
     /* ranks 0..want can be read (the parent's next candidate after a pop of rank want - 1) */
     p.ld = p.want + 1 < k ? p.want + 1 : k;
     const size_t stage = (size_t)depth * (size_t)p.ld * sizeof(float);
-    tree_build_kernel<<<1, BUILD_THREADS, stage, (cudaStream_t)stream>>>(p);
+    if (p.a.vcost)
+        tree_build_kernel<true><<<1, BUILD_THREADS, stage, (cudaStream_t)stream>>>(p);
+    else
+        tree_build_kernel<false><<<1, BUILD_THREADS, stage, (cudaStream_t)stream>>>(p);
     DDT_CUDA_LAUNCHED("tree_build", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -76,11 +76,14 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
 /*
  * The cost-aware budget on the device, for a round that stays inside one CUDA
  * graph.  Verify runs at fixed sizes, the buckets (one verify per size is
- * captured), so the build grows the best-first tree to the budget and cuts it
- * where ddt_cost_bucket_cut (src/core/budget.c) does: at the bucket end of the
- * highest theta = (1 + phi) / (C_draft + C_verify(bucket)), the same doubles,
- * so *n_nodes is the CPU's.  The rows between the kept nodes and the bucket
- * (there are some only when the tree runs out of table first) are padding:
+ * captured), so the build grows the best-first tree towards the budget and
+ * cuts it where ddt_cost_bucket_cut (src/core/budget.c) does: at the bucket end
+ * of the highest theta = (1 + phi) / (C_draft + C_verify(bucket)), the same
+ * doubles, so *n_nodes is the CPU's.  It stops growing once no bucket still
+ * unfilled can beat the best filled one (a bound on its theta; the kept nodes
+ * are a prefix of the full build, so the result is the same to the bit).
+ * The rows between the kept nodes and the bucket (there are some only when
+ * the tree runs out of table first) are padding:
  * the root's token under the root, seeing the root and itself, whose logits
  * nobody reads; a node's logits do not depend on the other rows (batch
  * invariance), so padding changes nothing.  The bucket's index goes to the
@@ -94,6 +97,9 @@ typedef struct ddt_cuda_tree_auto {
     int32_t n_buckets;    /* 1..DDT_CUDA_TREE_MAX_BUCKETS */
     int32_t bucket[DDT_CUDA_TREE_MAX_BUCKETS]; /* verify sizes (nodes after the root), rising, last = budget */
     unsigned long long cond; /* a cudaGraphConditionalHandle of the capturing graph, or 0 */
+    int32_t *built;       /* device [1] or NULL: nodes built (root included) before the early
+                             stop, >= *n_nodes (not written for a bad table); for the tests,
+                             which check that the build stops early */
 } ddt_cuda_tree_auto;
 
 /* ddt_cuda_tree_build with the cost-aware stop and the padding above (the
