@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""t1_ceiling.py — how much a DDTree round can accept at T = 1 on the shipped target, with ANY drafter.
+"""t1_ceiling.py — how much a DDTree round can accept at T = 1 on the shipped target with a perfect DFlash drafter.
 
 A DFlash drafter gives one distribution per depth of the block (conditioned on the context and the
 round's root token, not on the tokens it drafts before that depth), and DDTree builds its tree from
 those per-depth tables: every node at depth d has the same candidate children, the ranks of table d+1.
-The best such tables are the target's own marginals of the token at each depth.  This script estimates
+A DFlash drafter's per-position loss is minimised by the target's own marginals of the token at
+each depth: those are the tables of a perfect drafter (tables tuned to the tree's acceptance rule could
+do a little better; no drafter of this kind is trained so).  This script estimates
 them by sampling: at a context (a held-out prompt, continued at T = 1 by the target for `--offsets`
 tokens, then one more sampled token as the round's root), it draws `--rollouts` continuations of the
 block's depth with `ddtree generate --mode ar --temperature 1` (one seed each), builds the tables from
@@ -144,7 +146,7 @@ def main():
             per_context.append(row)
             print(json.dumps(row), flush=True)
     summary = {(k if k == "chain" else f"budget_{k}"): round(sum(v) / len(v), 3) for k, v in results.items()}
-    print("ceiling of mean acceptance at T = 1 (a perfect per-depth drafter):", json.dumps(summary))
+    print("ceiling of mean acceptance at T = 1 (a perfect DFlash drafter: the target's marginals):", json.dumps(summary))
     ev = os.path.join(MODELS, "eval_results.json")
     if os.path.isfile(ev):
         s = json.load(open(ev)).get("summary", {})
