@@ -46,15 +46,15 @@ def generate_ids(exe, target, ids, n, seed, temperature):
     return json.loads(r.stdout)["ids"]
 
 
-def prompt_ids(target, text):
-    """Token ids of a prompt: the model folder's tiktoken ranks with Kimi's pattern (the C tokenizer
-    gives the same ids: tests/python/test_tokenizer.py)."""
+def encoder(target):
+    """The prompts' tokenizer: the model folder's tiktoken ranks with Kimi's pattern (the C
+    tokenizer gives the same ids: tests/python/test_tokenizer.py)."""
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
     sys.path.insert(0, os.path.join(ROOT, "train"))
     from ddt_common import KIMI_PAT_STR
     ranks = load_tiktoken_bpe(os.path.join(target, "tiktoken.model"))
-    return tiktoken.Encoding("ddt", pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens={}).encode(text)
+    return tiktoken.Encoding("ddt", pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens={})
 
 
 def build_tree(tables, budget):
@@ -112,9 +112,8 @@ def main():
         texts = [p["text"] for p in json.load(f)["prompts"]][:args.prompts]
 
     pool = ThreadPoolExecutor(max_workers=args.jobs)
-    contexts = []
-    for i, text in enumerate(texts):
-        contexts.append((i, prompt_ids(args.target, text)))
+    enc = encoder(args.target)
+    contexts = [(i, enc.encode(text)) for i, text in enumerate(texts)]
     results = {b: [] for b in budgets}
     per_context = []
     for i, base in contexts:
