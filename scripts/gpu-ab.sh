@@ -9,7 +9,7 @@
 #
 # run: builds A and every ab/*/ in parallel (scripts/gpu-test.sh build in each), then for each
 # tree in turn runs the GPU tests named in AB_TESTS (default: test_cuda_qmatmul test_cuda_target),
-# compute-sanitizer memcheck on their --quick runs, the benchmark commands of AB_BENCH (separated
+# compute-sanitizer memcheck on their --quick runs (each under AB_TEST_TIMEOUT seconds, 240), the benchmark commands of AB_BENCH (separated
 # by ';', each with its arguments; default: build-gpu/cuda_bench_mm; none: no benchmark) and the end-to-end run of
 # AB_E2E (default: ar, chain and tree at the budgets AB_BUDGETS (16,32), T = 0, 5 prompts, no
 # Hugging Face; AB_E2E_EXTRA: more generate flags).  Exit status 1 when a build or a test failed.
@@ -41,6 +41,7 @@ OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
 TESTS=${AB_TESTS:-test_cuda_qmatmul test_cuda_target}
 BENCH=${AB_BENCH:-build-gpu/cuda_bench_mm}
 E2E=${AB_E2E:-default}
+TMO=${AB_TEST_TIMEOUT:-240} # a test that hangs (a grid barrier never met) ends as exit 124
 trees=(.)
 for d in ab/*/; do [ -d "$d" ] && trees+=("${d%/}"); done
 name_of() { [ "$1" = . ] && echo A || basename "$1"; }
@@ -74,10 +75,10 @@ for t in "${trees[@]}"; do
     for x in $TESTS; do
       [ -x "build-gpu/$x" ] || { echo "$n: $x absent from this tree" >> "$summary"; continue; }
       echo "== $x"
-      build-gpu/$x > /tmp/ab-$n-$x.log 2>&1; r=$?
+      timeout "$TMO" build-gpu/$x > /tmp/ab-$n-$x.log 2>&1; r=$?
       grep -m 20 FAIL /tmp/ab-$n-$x.log; tail -2 /tmp/ab-$n-$x.log
       echo "$n: $x exit $r" >> "$summary"
-      compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/$x --quick > /tmp/ab-$n-$x-san.log 2>&1; r=$?
+      timeout "$TMO" compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/$x --quick > /tmp/ab-$n-$x-san.log 2>&1; r=$?
       tail -1 /tmp/ab-$n-$x-san.log
       echo "$n: memcheck $x --quick exit $r" >> "$summary"
     done
