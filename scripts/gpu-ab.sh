@@ -9,6 +9,7 @@
 #
 # run: builds A and every ab/*/ in parallel (scripts/gpu-test.sh build in each), then for each
 # tree in turn runs the GPU tests named in AB_TESTS (default: test_cuda_qmatmul test_cuda_target),
+# (only in the trees named in AB_TESTS_ON, e.g. "A next-fuse", when it is set),
 # compute-sanitizer memcheck on their --quick runs (each under AB_TEST_TIMEOUT seconds, 240), the benchmark commands of AB_BENCH (separated
 # by ';', each with its arguments; default: build-gpu/cuda_bench_mm; none: no benchmark) and the end-to-end run of
 # AB_E2E (default: ar, chain and tree at the budgets AB_BUDGETS (16,32), T = 0, 5 prompts, no
@@ -72,7 +73,9 @@ for t in "${trees[@]}"; do
   log=$OUT/ab-$n.md
   (
     cd "$t"
-    for x in $TESTS; do
+    tests=$TESTS
+    [ -n "${AB_TESTS_ON:-}" ] && [[ " $AB_TESTS_ON " != *" $n "* ]] && tests=
+    for x in $tests; do
       [ -x "build-gpu/$x" ] || { echo "$n: $x absent from this tree" >> "$summary"; continue; }
       echo "== $x"
       timeout "$TMO" build-gpu/$x > /tmp/ab-$n-$x.log 2>&1; r=$?
