@@ -110,7 +110,7 @@ struct ddt_cuda_drafter {
     float *kv;                 /* [n_layers][2][cap][kvd]: K (normed, rotated) then V */
     float *cos_t, *sin_t;      /* [cap][hd/2] */
     int32_t *len, *status;     /* [1] each */
-    int32_t *ids;              /* [L]: bonus then MASK */
+    int32_t *ids;              /* [L]: MASK (row 0 read as the bonus) */
     int32_t *iota;             /* [PREFIX_CHUNK] 0, 1, ... */
     int32_t *rows;             /* [DDT_MAX_PATH] clamped rows of append_rows */
     float *feat;               /* [PREFIX_CHUNK][F] */
@@ -348,7 +348,8 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     /* the attention's arrival tickets start at 0 (its partials stay poisoned) */
     TRY(ddt_dflash_attn_prepare(&d->attn, d->attn_scratch, NULL, err));
 
-    /* constant inputs: the block's ids (slot 0 is overwritten by each draft's bonus)
+    /* constant inputs: the block's ids (slot 0 stays the mask: each draft reads its bonus
+     * in place of it, ddt_cuda_embed_rmsnorm's first_id)
      * and the prefix rows 0..C-1; the cache starts empty */
     int32_t host[DDT_CUDA_DRAFTER_PREFIX_CHUNK > DDT_DRAFTER_MAX_BLOCK ? DDT_CUDA_DRAFTER_PREFIX_CHUNK
                                                                        : DDT_DRAFTER_MAX_BLOCK];
@@ -571,10 +572,11 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
     const int32_t H = d->dims.H, L = d->dims.L, kvd = d->dims.kvd, qd = d->dims.qd, I = d->dims.inter;
     const int64_t W = 2 * (int64_t)kvd + qd;
     const float eps = d->dims.eps;
-    DDT_CUDA_TRY(cudaMemcpyAsync(d->ids, bonus, sizeof(int32_t), cudaMemcpyDeviceToDevice, (cudaStream_t)s), err);
-    TRY(ddt_cuda_embed(d->target.embed, d->ids, L, d->x, H, s, err));
-    /* later layers' input norms run with the residual add before them */
-    TRY(ddt_cuda_rmsnorm(d->x, H, L, H, d->layers[0].attn_norm, eps, d->xn, H, s, err));
+    /* the block's embedding (the bonus read in place as row 0, the mask tokens after
+     * it: no copy into d->ids) and layer 0's input norm in one launch; later layers'
+     * input norms run with the residual add before them */
+    TRY(ddt_cuda_embed_rmsnorm(d->target.embed, d->ids, bonus, L, d->x, H, d->layers[0].attn_norm, eps, d->xn, H, s,
+                               err));
     /* the block's K/V go to the cache rows just after the context (scratch, never committed) */
     ddt_dflash_qkv qkv = {.q = d->kvq + 2 * kvd, .ldq = W, .qo = d->q, .ldqo = qd, .heads = d->dims.heads,
                           .k = d->kvq, .ldk = W, .v = d->kvq + kvd, .ldv = W, .kv_heads = d->dims.kv_heads, .n = L,

@@ -790,10 +790,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     const int32_t H = t->dims.hidden, heads = t->dims.heads, qd = t->dims.qdim, rank = t->dims.rank, rope = t->dims.rope;
     const int64_t width = rank + rope;
     cudaStream_t s = t->stream;
-    TRY(ddt_cuda_embed(&t->embed, ids, n, t->x, H, s, err));
-    /* each residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
+    /* the gather and layer 0's attention norm in one launch (bitwise the two); each
+       later residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
        layer l's attention norm comes from the end of layer l - 1 */
-    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s, err));
+    TRY(ddt_cuda_embed_rmsnorm(&t->embed, ids, NULL, n, t->x, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s,
+                               err));
     for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
         /* kv_a's output: its own buffer, or beside q_a's when they run as one product */
