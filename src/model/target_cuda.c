@@ -691,6 +691,12 @@ ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_
     return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
 }
 
+ddt_status ddt_cuda_target_rewind(ddt_cuda_target *t, int32_t len, ddt_error *err) {
+    if (len < 0 || len >= t->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE, "rewind to %d rows in a cache of %d", len, t->max_ctx);
+    return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
+}
+
 ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
     return ddt_cuda_kv_set_len(&t->kv, 0, t->stream, err);
 }
