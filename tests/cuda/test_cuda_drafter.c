@@ -689,43 +689,66 @@ static bool all_poison(const float *p, size_t n) {
     return true;
 }
 
-/* The drafter's append store: raw rows [n][layers * lc + 1] holding layer i's
- * k | v at columns i * lc (lc = 2 kvd + gap), fresh random values, NaN in the
- * gaps; each layer its own random k_norm and its own poisoned K and V caches of
- * limit rows.  One ddt_dflash_qkv_prep with `layers` against one one-layer
+/* What both qkv_prep tests store from, on the device: raw rows [n][layers * lc +
+ * 1] holding layer i's k | v at columns i * lc (lc = 2 kvd + gap), fresh random
+ * values, NaN in the gaps; each layer's random k_norm; rope tables; and a
+ * poisoned cache area dcache [2 sets][layers][2 (K, V)][limit rows x kvd]. */
+typedef struct {
+    int64_t lc, ld;
+    size_t raw_n, cache_n, tab_n;
+    float *draw, *dwk, *dcs, *dsn, *dcache;
+} prep_inputs;
+
+static prep_inputs prep_inputs_make(const prep_layers_case *c) {
+    const int32_t hd = c->hd, half = hd / 2, kvd = c->kv_heads * hd, L = c->layers;
+    prep_inputs in;
+    in.lc = 2 * (int64_t)kvd + c->gap;
+    in.ld = L * in.lc + 1;
+    in.raw_n = (size_t)c->n * in.ld, in.cache_n = (size_t)c->limit * kvd, in.tab_n = (size_t)c->limit * half;
+    float *raw = malloc(sizeof(float) * in.raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
+    float *cs = malloc(sizeof(float) * in.tab_n), *sn = malloc(sizeof(float) * in.tab_n);
+    memset(raw, 0xFF, sizeof(float) * in.raw_n);
+    for (int32_t t = 0; t < c->n; t++)
+        for (int32_t l = 0; l < L; l++)
+            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * in.ld + l * in.lc + i] = rndf() * 3.0f;
+    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
+    for (size_t i = 0; i < in.tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
+    CU(cudaMalloc((void **)&in.draw, sizeof(float) * in.raw_n));
+    CU(cudaMalloc((void **)&in.dwk, sizeof(float) * (size_t)L * hd));
+    CU(cudaMalloc((void **)&in.dcs, sizeof(float) * in.tab_n));
+    CU(cudaMalloc((void **)&in.dsn, sizeof(float) * in.tab_n));
+    CU(cudaMalloc((void **)&in.dcache, sizeof(float) * 4 * (size_t)L * in.cache_n));
+    CU(cudaMemcpy(in.draw, raw, sizeof(float) * in.raw_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dcs, cs, sizeof(float) * in.tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dsn, sn, sizeof(float) * in.tab_n, cudaMemcpyHostToDevice));
+    bo_poison(in.dcache, sizeof(float) * 4 * (size_t)L * in.cache_n);
+    free(raw), free(wk), free(cs), free(sn);
+    return in;
+}
+
+static void prep_inputs_free(prep_inputs *in) {
+    cudaFree(in->draw), cudaFree(in->dwk), cudaFree(in->dcs), cudaFree(in->dsn), cudaFree(in->dcache);
+}
+
+/* The drafter's append store (prep_inputs: each layer its own poisoned K and V
+ * caches of limit rows).  One ddt_dflash_qkv_prep with `layers` against one one-layer
  * launch per layer into a second set of caches: every cache bitwise equal, the
  * appended rows [len, len + count) written and every other row still poison
  * (all of them when the append rule refuses). */
 static void prep_layers_run(prep_layers_case c) {
-    const int32_t hd = c.hd, half = hd / 2, kvd = c.kv_heads * hd, L = c.layers;
-    const int64_t lc = 2 * (int64_t)kvd + c.gap, ld = L * lc + 1;
-    const size_t raw_n = (size_t)c.n * ld, cache_n = (size_t)c.limit * kvd, tab_n = (size_t)c.limit * half;
-    float *raw = malloc(sizeof(float) * raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
-    float *cs = malloc(sizeof(float) * tab_n), *sn = malloc(sizeof(float) * tab_n);
+    const int32_t hd = c.hd, kvd = c.kv_heads * hd, L = c.layers;
+    prep_inputs in = prep_inputs_make(&c);
+    const int64_t lc = in.lc, ld = in.ld;
+    const size_t cache_n = in.cache_n;
+    float *const draw = in.draw, *const dwk = in.dwk, *const dcs = in.dcs, *const dsn = in.dsn;
+    float *const dcache = in.dcache; /* [2 (one, many)][L][2 (K, V)][cache_n] */
     float *one = malloc(sizeof(float) * cache_n), *many = malloc(sizeof(float) * cache_n);
-    memset(raw, 0xFF, sizeof(float) * raw_n);
-    for (int32_t t = 0; t < c.n; t++)
-        for (int32_t l = 0; l < L; l++)
-            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * ld + l * lc + i] = rndf() * 3.0f;
-    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
-    for (size_t i = 0; i < tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
-
-    float *draw, *dwk, *dcs, *dsn, *dcache; /* dcache: [2 (one, many)][L][2 (K, V)][cache_n] */
     int32_t *dlen, *dcount;
-    CU(cudaMalloc((void **)&draw, sizeof(float) * raw_n));
-    CU(cudaMalloc((void **)&dwk, sizeof(float) * (size_t)L * hd));
-    CU(cudaMalloc((void **)&dcs, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dsn, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dcache, sizeof(float) * 4 * (size_t)L * cache_n));
     CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
     CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
-    CU(cudaMemcpy(draw, raw, sizeof(float) * raw_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dcs, cs, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dsn, sn, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dlen, &c.len, sizeof(int32_t), cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
-    bo_poison(dcache, sizeof(float) * 4 * (size_t)L * cache_n);
 #define CACHE(set, l, kv) (dcache + ((((size_t)(set) * L + (size_t)(l)) * 2 + (kv)) * cache_n))
 
     const ddt_dflash_qkv base = {.ldk = ld, .ldv = ld, .kv_heads = c.kv_heads, .n = c.n, .hd = hd, .eps = 1e-6f,
@@ -782,8 +805,9 @@ static void prep_layers_run(prep_layers_case c) {
 #undef CACHE
     printf("  %-100s %s%s\n", what, same ? "bitwise the one-layer launches" : "DIFFERS", fits ? "" : " (append refused)");
 
-    cudaFree(draw), cudaFree(dwk), cudaFree(dcs), cudaFree(dsn), cudaFree(dcache), cudaFree(dlen), cudaFree(dcount);
-    free(raw), free(wk), free(cs), free(sn), free(one), free(many);
+    prep_inputs_free(&in);
+    cudaFree(dlen), cudaFree(dcount);
+    free(one), free(many);
 }
 
 static void test_qkv_prep_layers_op(void) {
@@ -846,39 +870,22 @@ static void test_qkv_prep_layers_op(void) {
  * the ticket back at 0.
  */
 static void prep_advance_run(prep_layers_case c, const int32_t *counts, int steps, int32_t status0, bool graph) {
-    const int32_t hd = c.hd, half = hd / 2, kvd = c.kv_heads * hd, L = c.layers;
-    const int64_t lc = 2 * (int64_t)kvd + c.gap, ld = L * lc + 1;
-    const size_t raw_n = (size_t)c.n * ld, cache_n = (size_t)c.limit * kvd, tab_n = (size_t)c.limit * half;
-    float *raw = malloc(sizeof(float) * raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
-    float *cs = malloc(sizeof(float) * tab_n), *sn = malloc(sizeof(float) * tab_n);
+    const int32_t hd = c.hd, kvd = c.kv_heads * hd, L = c.layers;
+    prep_inputs in = prep_inputs_make(&c);
+    const int64_t lc = in.lc, ld = in.ld;
+    const size_t cache_n = in.cache_n;
+    float *const draw = in.draw, *const dwk = in.dwk, *const dcs = in.dcs, *const dsn = in.dsn;
+    float *const dcache = in.dcache; /* [2 (unfused, fused)][L][2 (K, V)][cache_n] */
     float *one = malloc(sizeof(float) * cache_n), *fused = malloc(sizeof(float) * cache_n);
-    memset(raw, 0xFF, sizeof(float) * raw_n);
-    for (int32_t t = 0; t < c.n; t++)
-        for (int32_t l = 0; l < L; l++)
-            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * ld + l * lc + i] = rndf() * 3.0f;
-    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
-    for (size_t i = 0; i < tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
-
-    float *draw, *dwk, *dcs, *dsn, *dcache; /* dcache: [2 (unfused, fused)][L][2 (K, V)][cache_n] */
     int32_t *dstate, *dcount; /* dstate: len, status of the unfused run, then of the fused one */
     uint32_t *dticket;
-    CU(cudaMalloc((void **)&draw, sizeof(float) * raw_n));
-    CU(cudaMalloc((void **)&dwk, sizeof(float) * (size_t)L * hd));
-    CU(cudaMalloc((void **)&dcs, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dsn, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dcache, sizeof(float) * 4 * (size_t)L * cache_n));
     CU(cudaMalloc((void **)&dstate, 4 * sizeof(int32_t)));
     CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
     CU(cudaMalloc((void **)&dticket, sizeof(uint32_t)));
-    CU(cudaMemcpy(draw, raw, sizeof(float) * raw_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dcs, cs, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dsn, sn, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
     const int32_t state0[4] = {c.len, status0, c.len, status0};
     CU(cudaMemcpy(dstate, state0, sizeof state0, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
     CU(cudaMemset(dticket, 0, sizeof(uint32_t)));
-    bo_poison(dcache, sizeof(float) * 4 * (size_t)L * cache_n);
     CU(cudaDeviceSynchronize()); /* before the non-blocking stream reads any of it */
 #define CACHE(set, l, kv) (dcache + ((((size_t)(set) * L + (size_t)(l)) * 2 + (kv)) * cache_n))
 
@@ -958,9 +965,9 @@ static void prep_advance_run(prep_layers_case c, const int32_t *counts, int step
         CU(cudaGraphDestroy(g));
     }
     CU(cudaStreamDestroy(s));
-    cudaFree(draw), cudaFree(dwk), cudaFree(dcs), cudaFree(dsn), cudaFree(dcache), cudaFree(dstate);
-    cudaFree(dcount), cudaFree(dticket);
-    free(raw), free(wk), free(cs), free(sn), free(one), free(fused);
+    prep_inputs_free(&in);
+    cudaFree(dstate), cudaFree(dcount), cudaFree(dticket);
+    free(one), free(fused);
 }
 
 static void test_qkv_prep_advance_op(void) {
