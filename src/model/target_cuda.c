@@ -746,10 +746,15 @@ static ddt_status mlp_forward(ddt_cuda_target *t, const dev_mlp *m, const float 
                                      t->mm_ws_bytes, t->stream, err);
 }
 
+/* Layer l's rows of the latent cache. */
+static char *layer_cache_of(const ddt_cuda_target *t, int32_t l) {
+    return (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
+}
+
 /* rope_write's arguments for layer l's n tokens (kva: kv_a's output, row stride kva_ld). */
 static ddt_cuda_mla_rope_args rope_args(const ddt_cuda_target *t, int32_t l, int32_t n, const int32_t *depth,
                                         const float *kva, int64_t kva_ld) {
-    char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
+    char *layer_cache = layer_cache_of(t, l);
     const ddt_cuda_mla_rope_args ra = {.n = n, .heads = t->dims.heads, .nope = t->dims.nope, .rope = t->dims.rope,
                                        .rank = t->dims.rank, .qdim = t->dims.qdim,
                                        .interleave = t->cfg->rope_interleave, .len = t->kv.len, .depth = depth,
@@ -844,7 +849,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_matmul_mode(&L->kv_a, t->mm, t->xn, H, n, t->kva, width, t->mm_ws, t->mm_ws_bytes, s, err));
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
-        char *layer_cache = (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
+        char *layer_cache = layer_cache_of(t, l);
         if (!roped) {
             const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
             TRY(ddt_cuda_mla_rope_write(&ra, s, err));

@@ -164,6 +164,15 @@ static inline int ct_report_(const char *name, int failures) {
         }                                                                                 \
     } while (0)
 
+/* A device copy of `bytes` host bytes (a 1-byte allocation for none, so the
+ * pointer is never NULL); the caller cudaFrees it. */
+static inline void *ct_dev_copy(const void *h, size_t bytes) {
+    void *d;
+    CU(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
 /* The device's copy bandwidth in bytes per second (read + written), the
  * benchmarks' roofline: the mean of 5 device-to-device copies of 2 GiB after
  * one warm-up. */

@@ -160,24 +160,17 @@ typedef struct dev_run {
     ddt_cuda_mla_attn_args a;
 } dev_run;
 
-static void *dev_copy(const void *h, size_t bytes) {
-    void *d;
-    CU(cudaMalloc(&d, bytes ? bytes : 1));
-    if (bytes) CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
 /* p on the device with a workspace for max_tokens tokens, NaN-poisoned (every
  * byte 0xFF) and then prepared: the counters zero, the partials NaN. */
 static void dev_setup(dev_run *d, const problem *p, int max_tokens) {
     const size_t width = (size_t)p_width(p);
-    d->cache = dev_copy(p->cache, (size_t)p->capacity * width * 4);
-    d->qlat = dev_copy(p->qlat, (size_t)p->n * p->heads * p->rank * 4);
-    d->q = dev_copy(p->q, (size_t)p->n * p->heads * p_qdim(p) * 4);
-    d->depth = dev_copy(p->depth, (size_t)p->n * 4);
+    d->cache = ct_dev_copy(p->cache, (size_t)p->capacity * width * 4);
+    d->qlat = ct_dev_copy(p->qlat, (size_t)p->n * p->heads * p->rank * 4);
+    d->q = ct_dev_copy(p->q, (size_t)p->n * p->heads * p_qdim(p) * 4);
+    d->depth = ct_dev_copy(p->depth, (size_t)p->n * 4);
     const int32_t len = p->len;
-    d->len = dev_copy(&len, 4);
-    d->vis = p->W ? dev_copy(p->vis, (size_t)p->n * p->W * 8) : NULL;
+    d->len = ct_dev_copy(&len, 4);
+    d->vis = p->W ? ct_dev_copy(p->vis, (size_t)p->n * p->W * 8) : NULL;
     CU(cudaMalloc((void **)&d->out, (p_out_n(p) + PAD) * 4));
     const size_t wsb = ddt_cuda_mla_attn_workspace(max_tokens, p->heads, p->rank, p->rope, p->capacity);
     if (wsb == 0) {

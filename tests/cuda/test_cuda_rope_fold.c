@@ -33,13 +33,6 @@ static uint64_t g_rng = 0xD1B54A32D192ED03ull;
 static float frand(void) { return ct_frand(&g_rng); }
 static const ct_weight_values k_values = {0.2f, 15, 0.005f, 0.02f};
 
-static float *dev_copy(const float *h, size_t n) {
-    float *d;
-    CU(cudaMalloc((void **)&d, sizeof(float) * n));
-    CU(cudaMemcpy(d, h, sizeof(float) * n, cudaMemcpyHostToDevice));
-    return d;
-}
-
 static int same(const void *dev_a, const void *dev_b, size_t bytes) {
     uint8_t *a = malloc(bytes), *b = malloc(bytes);
     CU(cudaMemcpy(a, dev_a, bytes, cudaMemcpyDeviceToHost));
@@ -80,19 +73,16 @@ static void run_case(int f, int heads, int nope, int rope, int rank, int q_lora,
     float *d_qa[2], *d_q[2], *d_kvn[2];
     void *d_cache[2];
     for (int k = 0; k < 2; k++) {
-        d_qa[k] = dev_copy(qa, nqa);
-        d_q[k] = dev_copy(q, nq);
-        d_kvn[k] = dev_copy(kvn, nkvn);
-        CU(cudaMalloc(&d_cache[k], cache_bytes));
-        CU(cudaMemcpy(d_cache[k], cache, cache_bytes, cudaMemcpyHostToDevice));
+        d_qa[k] = ct_dev_copy(qa, sizeof(float) * nqa);
+        d_q[k] = ct_dev_copy(q, sizeof(float) * nq);
+        d_kvn[k] = ct_dev_copy(kvn, sizeof(float) * nkvn);
+        d_cache[k] = ct_dev_copy(cache, cache_bytes);
     }
-    float *d_wq = dev_copy(wn_q, (size_t)q_lora), *d_wkv = dev_copy(wn_kv, (size_t)rank);
-    float *d_cs = dev_copy(cs, (size_t)max_pos * half), *d_sn = dev_copy(sn, (size_t)max_pos * half);
-    int32_t *d_depth, *d_len;
-    CU(cudaMalloc((void **)&d_depth, sizeof(int32_t) * n));
-    CU(cudaMemcpy(d_depth, depth, sizeof(int32_t) * n, cudaMemcpyHostToDevice));
-    CU(cudaMalloc((void **)&d_len, sizeof(int32_t)));
-    CU(cudaMemcpy(d_len, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+    float *d_wq = ct_dev_copy(wn_q, sizeof(float) * (size_t)q_lora);
+    float *d_wkv = ct_dev_copy(wn_kv, sizeof(float) * (size_t)rank);
+    float *d_cs = ct_dev_copy(cs, sizeof(float) * (size_t)max_pos * half);
+    float *d_sn = ct_dev_copy(sn, sizeof(float) * (size_t)max_pos * half);
+    int32_t *d_depth = ct_dev_copy(depth, sizeof(int32_t) * n), *d_len = ct_dev_copy(&len, sizeof(int32_t));
     ddt_qweight dw;
     OK(ddt_cuda_qweight_upload(&wq.w, &dw, &err_));
 

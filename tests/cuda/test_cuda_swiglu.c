@@ -114,13 +114,8 @@ static void run_case(int f, int64_t P, int64_t I, int64_t K, int n, int wr, int 
         for (int64_t j = 0; j < K; j++) x[(size_t)t * ldx + j] = 2.0f * frand();
     ct_poison(y, ny);
     ct_poison(z, nz);
-    float *dx, *dy, *dz;
-    CU(cudaMalloc((void **)&dx, sizeof(float) * nx));
-    CU(cudaMalloc((void **)&dy, sizeof(float) * ny));
-    CU(cudaMalloc((void **)&dz, sizeof(float) * nz));
-    CU(cudaMemcpy(dx, x, sizeof(float) * nx, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dy, y, sizeof(float) * ny, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dz, z, sizeof(float) * nz, cudaMemcpyHostToDevice));
+    float *dx = ct_dev_copy(x, sizeof(float) * nx), *dy = ct_dev_copy(y, sizeof(float) * ny);
+    float *dz = ct_dev_copy(z, sizeof(float) * nz);
     OK(ddt_cuda_matmul_swiglu_shape(&dpaired, P, dx, ldx, n, dy, ldy, wr, wt, NULL, &err_));
     OK(ddt_cuda_matmul(&dstack, dx, ldx, n, dz, ldz, NULL, &err_));
     OK(ddt_cuda_silu_mul(dz + P, ldz, dz + P + I, ldz, n, (int32_t)I, NULL, &err_));

@@ -618,6 +618,17 @@ static int compare_build_auto(build_ctx *c, int D, int K, int B, float *dvcost) 
     return check_auto(c, D, K, B, root, vc, &a, dvcost);
 }
 
+/* An auto-budget description of bucket ends set[0..n) at draft cost 0.3 (the cost
+ * table itself comes with check_auto). */
+static ddt_cuda_tree_auto stop_buckets(const int32_t *set, int n) {
+    ddt_cuda_tree_auto a;
+    memset(&a, 0, sizeof a);
+    a.draft_cost = 0.3f;
+    a.n_buckets = n;
+    memcpy(a.bucket, set, sizeof(int32_t) * (size_t)n);
+    return a;
+}
+
 /*
  * The early stop at known points, on tables whose full tree has B = 64 nodes
  * (the node counts below are for that tree, root included: 65 in full):
@@ -643,11 +654,7 @@ static void test_build_auto_stops(build_ctx *c, float *dvcost) {
         for (int si = 0; si < 4; si++) {
             const int s = steps[si];
             fill_table(8, 16, FILL_UNIFORM);
-            ddt_cuda_tree_auto a;
-            memset(&a, 0, sizeof a);
-            a.draft_cost = 0.3f;
-            a.n_buckets = nsets[set];
-            memcpy(a.bucket, sets[set], sizeof sets[set]);
+            ddt_cuda_tree_auto a = stop_buckets(sets[set], nsets[set]);
             for (int n = 0; n <= B; n++) vc[n] = n <= s ? 1.0f : 1000.0f;
             bad += check_auto(c, 8, 16, B, (int32_t)(rnd() % 5000), vc, &a, dvcost);
             int want_j = 0; /* the largest bucket <= s */
@@ -663,11 +670,7 @@ static void test_build_auto_stops(build_ctx *c, float *dvcost) {
         }
         for (int steep = 0; steep < 2; steep++) { /* steep, then flat */
             fill_table(8, 16, FILL_UNIFORM);
-            ddt_cuda_tree_auto a;
-            memset(&a, 0, sizeof a);
-            a.draft_cost = 0.3f;
-            a.n_buckets = nsets[set];
-            memcpy(a.bucket, sets[set], sizeof sets[set]);
+            ddt_cuda_tree_auto a = stop_buckets(sets[set], nsets[set]);
             for (int n = 0; n <= B; n++) vc[n] = steep ? 0.5f + 0.5f * (float)n : 1.0f;
             bad += check_auto(c, 8, 16, B, (int32_t)(rnd() % 5000), vc, &a, dvcost);
             if (steep)

@@ -1064,6 +1064,19 @@ static ddt_status transpose_launch(uint8_t *dst, const void *src, int es, int64_
     return DDT_OK;
 }
 
+/* A weight's description (format, shape, scale layout) with none of its device
+ * buffers: the start of a weight built from it (transpose, concat, interleave),
+ * which then owns only what it allocates. */
+static ddt_qweight qweight_shape_of(const ddt_qweight *w) {
+    ddt_qweight o = *w;
+    o.data = NULL;
+    o.scale_inv = NULL;
+    o.scale = NULL;
+    o.mma = NULL;
+    o.mma_scale = NULL;
+    return o;
+}
+
 extern "C" bool ddt_cuda_qweight_transpose_ok(const ddt_qweight *w, const ddt_row_groups *g) {
     if (!w || !g || !w->data || g->count < 1 || g->rows < 1 || g->w_row_offset < 0 || g->w_row_stride < 0 ||
         (int64_t)(g->count - 1) * g->w_row_stride + g->w_row_offset + g->rows > w->rows)
@@ -1087,14 +1100,9 @@ extern "C" ddt_status ddt_cuda_qweight_transpose_groups(const ddt_qweight *w, co
                         w ? (long long)w->rows : 0ll, w ? (long long)w->cols : 0ll, w ? (int)w->format : -1);
     const int es = w->format == DDT_Q_FP8_BLOCK ? 1 : w->dtype == DDT_DTYPE_F32 ? 4 : 2;
     const int64_t R = g->rows, C = w->cols, cnt = g->count;
-    ddt_qweight o = *w;
+    ddt_qweight o = qweight_shape_of(w);
     o.rows = cnt * C;
     o.cols = R;
-    o.data = NULL;
-    o.scale_inv = NULL;
-    o.scale = NULL;
-    o.mma = NULL;
-    o.mma_scale = NULL;
     void *d = NULL, *sc = NULL;
     ddt_status st = ddt_cuda_malloc_array(&d, (size_t)(cnt * C * R), (size_t)es, NULL, err);
     if (st != DDT_OK) return st;
@@ -1152,13 +1160,8 @@ extern "C" ddt_status ddt_cuda_qweight_concat_rows(const ddt_qweight *const *par
                         "qweight_concat_rows: %d parts that do not concatenate by rows (formats, columns or an FP8 "
                         "part not on whole scale blocks)",
                         count);
-    ddt_qweight o = *parts[0];
+    ddt_qweight o = qweight_shape_of(parts[0]);
     o.rows = 0;
-    o.data = NULL;
-    o.scale_inv = NULL;
-    o.scale = NULL;
-    o.mma = NULL;
-    o.mma_scale = NULL;
     bool packed = false;
     for (int32_t i = 0; i < count; i++) {
         o.rows += parts[i]->rows;
@@ -1226,13 +1229,8 @@ extern "C" ddt_status ddt_cuda_qweight_interleave_rows(const ddt_qweight *a, con
         return ddt_fail(err, DDT_ERR_UNSUPPORTED,
                         "qweight_interleave_rows: two weights that do not interleave by rows (shapes, formats, or FP8 "
                         "block scales)");
-    ddt_qweight o = *a;
+    ddt_qweight o = qweight_shape_of(a);
     o.rows = 2 * a->rows;
-    o.data = NULL;
-    o.scale_inv = NULL;
-    o.scale = NULL;
-    o.mma = NULL;
-    o.mma_scale = NULL;
     /* row-major data and (INT4) per-row scales: a row's bytes are the total over rows */
     const size_t rb = (size_t)(data_bytes(a) / (uint64_t)a->rows), sr = (size_t)(scale_bytes(a) / (uint64_t)a->rows);
     const size_t rows = (size_t)a->rows;
