@@ -60,6 +60,7 @@ struct ddt_engine_cuda {
     ddt_builder *builder;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
+    int32_t cost_ctx; /* the context the verify costs were measured after */
     float *vcost_d;        /* device [max_nodes]: C_verify(n), n = 0..max budget */
     float *vcost_h;        /* the same on the host (host-sampled rounds) */
     ddt_cuda_tree_auto tauto; /* the full budget's buckets; cond = the graph's switch */
@@ -701,13 +702,15 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     return st;
 }
 
-/* A forward of n tokens from an empty cache with the LM head on all n rows and
- * the argmax launch (its rows run side by side, so one row's count stands for n):
- * what verifying n - 1 nodes costs.  (Without the LM head the table
- * was flatter than a round: on the H200 the head is the product that grows most
- * with n, and the auto budget overshot, picking 32 where 16 was best.) */
+/* A forward of n tokens after a context of e->cost_ctx rows (filled once by
+ * measure_cost), with the LM head on all n rows and the argmax launch (its rows
+ * run side by side, so one row's count stands for n): what verifying n - 1 nodes
+ * costs.  (Without the LM head the table was flatter than a round: on the H200
+ * the head is the product that grows most with n, and the auto budget overshot,
+ * picking 32 where 16 was best; from an empty cache the attention's growth with
+ * n was missing too.) */
 static ddt_status forward_work(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
-    TRY(ddt_cuda_target_reset(e->target, err));
+    TRY(ddt_cuda_target_rewind(e->target, e->cost_ctx, err));
     TRY(ddt_cuda_target_prefill(e->target, e->ids, n, e->logits, true, err));
     return ddt_cuda_argmax_rows(e->logits, n, e->one, e->vocab, e->target_next, e->s, err);
 }
@@ -736,6 +739,11 @@ static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *e
  * around graph replays. */
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
     DDT_CUDA_TRY(cudaMemsetAsync(e->ids, 0, sizeof(int32_t) * (size_t)e->max_nodes, e->s), err);
+    /* verify at a typical context (random cache rows; a round's attention reads
+       them all), never past the room a round needs */
+    const int32_t room = e->max_ctx - e->max_nodes - 1;
+    e->cost_ctx = room < DDT_ENGINE_COST_CONTEXT ? (room > 0 ? room : 0) : DDT_ENGINE_COST_CONTEXT;
+    if (e->cost_ctx > 0) TRY(ddt_cuda_target_fake_context(e->target, e->cost_ctx, 0x5eedc057ull, err));
     ddt_cost_model cost;
     TRY(ddt_engine_measure_cost(e->max_nodes - 1, time_forward, time_draft, e, e->cost_nodes, e->cost_verify, &cost,
                                 err));

@@ -18,6 +18,9 @@
  * most 12 for any budget up to DDT_MAX_BUDGET = 1024 (0, 1, 2, 4, ..., 512 and
  * the budget); tests/engine/test_engine_round.c checks every budget. */
 #define DDT_ENGINE_COST_POINTS 12
+/* The context (rows already in the cache) a GPU measures its verify costs after:
+ * about a short prompt plus a reply so far. */
+#define DDT_ENGINE_COST_CONTEXT 128
 #define DDT_ENGINE_COST_REPS 3 /* a measurement is the best of this many runs, after one warm-up run */
 
 /* Monotonic seconds (the phase timers of ddt_gen_stats). */

@@ -33,10 +33,11 @@
  * load from each layer's k | v prefix), every layer's K/V store in one
  * qkv_prep launch (its `layers`).
  * Draft: 8 launches per layer (was 18; 9 before the interleaved gate | up).
- * Append, with up to 8 target layers and 8 layers: clamp (append_rows only),
- * gather, fc, hidden_norm, k | v, qkv_prep, advance: 7 launches whatever the
- * layer count (was 4 + 2 per target layer and layer, 16 for the 4 + 4 of the
- * shipped drafter).
+ * Append, with up to 8 target layers and 8 layers: gather (append_rows clamps
+ * its path rows inside it), fc, hidden_norm, k | v, qkv_prep (whose last block
+ * advances len): 5 launches whatever the layer count (was 7 with a separate
+ * clamp and advance; 4 + 2 per target layer and layer before that, 16 for the
+ * 4 + 4 of the shipped drafter).
  */
 #include "model/drafter_cuda.h"
 
@@ -110,9 +111,9 @@ struct ddt_cuda_drafter {
     float *kv;                 /* [n_layers][2][cap][kvd]: K (normed, rotated) then V */
     float *cos_t, *sin_t;      /* [cap][hd/2] */
     int32_t *len, *status;     /* [1] each */
-    int32_t *ids;              /* [L]: bonus then MASK */
+    uint32_t *advance_ticket;  /* [1], 0 between launches: the append's qkv_prep advances len (dflash_cuda.h) */
+    int32_t *ids;              /* [L]: MASK (row 0 read as the bonus) */
     int32_t *iota;             /* [PREFIX_CHUNK] 0, 1, ... */
-    int32_t *rows;             /* [DDT_MAX_PATH] clamped rows of append_rows */
     float *feat;               /* [PREFIX_CHUNK][F] */
     float *ctx;                /* [PREFIX_CHUNK][H] */
     float *kvq;                /* [L][2 kvd + qd]: the draft's raw k | v | q projections */
@@ -321,9 +322,9 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     TRY(ddt_cuda_malloc_array((void **)&d->sin_t, (size_t)d->cap * half, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->len, 1, sizeof(int32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->status, 1, sizeof(int32_t), &d->state_bytes, err));
+    TRY(ddt_cuda_malloc_array((void **)&d->advance_ticket, 1, sizeof(uint32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->ids, L, sizeof(int32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->iota, C, sizeof(int32_t), &d->state_bytes, err));
-    TRY(ddt_cuda_malloc_array((void **)&d->rows, DDT_MAX_PATH, sizeof(int32_t), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->feat, C * (size_t)d->dims.F, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->ctx, C * (size_t)d->dims.H, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->kvq, L * kvq_w, sizeof(float), &d->state_bytes, err));
@@ -348,7 +349,8 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     /* the attention's arrival tickets start at 0 (its partials stay poisoned) */
     TRY(ddt_dflash_attn_prepare(&d->attn, d->attn_scratch, NULL, err));
 
-    /* constant inputs: the block's ids (slot 0 is overwritten by each draft's bonus)
+    /* constant inputs: the block's ids (slot 0 stays the mask: each draft reads its bonus
+     * in place of it, ddt_cuda_embed_rmsnorm's first_id)
      * and the prefix rows 0..C-1; the cache starts empty */
     int32_t host[DDT_CUDA_DRAFTER_PREFIX_CHUNK > DDT_DRAFTER_MAX_BLOCK ? DDT_CUDA_DRAFTER_PREFIX_CHUNK
                                                                        : DDT_DRAFTER_MAX_BLOCK];
@@ -358,7 +360,7 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     DDT_CUDA_TRY(cudaMemcpy(d->iota, host, C * sizeof(int32_t), cudaMemcpyHostToDevice), err);
     DDT_CUDA_TRY(cudaMemset(d->len, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(d->status, 0, sizeof(int32_t)), err);
-    DDT_CUDA_TRY(cudaMemset(d->rows, 0, DDT_MAX_PATH * sizeof(int32_t)), err);
+    DDT_CUDA_TRY(cudaMemset(d->advance_ticket, 0, sizeof(uint32_t)), err);
     return DDT_OK;
 }
 
@@ -452,8 +454,9 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) free_weight(w[i]);
     }
     free(d->layers);
-    void *bufs[] = {d->kv,  d->cos_t, d->sin_t,  d->len, d->status, d->ids, d->iota, d->rows, d->feat, d->ctx,
-                    d->kvq, d->kv_raw, d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch};
+    void *bufs[] = {d->kv,  d->cos_t, d->sin_t,  d->len, d->status, d->ids, d->iota, d->feat, d->ctx,
+                    d->kvq, d->kv_raw, d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch,
+                    d->advance_ticket};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     free(d);
@@ -480,13 +483,17 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
  * layers[i] + row0 rows, side by side: one launch per DDT_CUDA_GATHER_MAX_SRC
  * target layers. */
 static ddt_status gather_feat(ddt_cuda_drafter *d, const float *const *layers, size_t row0, const int32_t *rows,
-                              int32_t n, ddt_cuda_stream s, ddt_error *err) {
+                              const int32_t *n_dev, int32_t n, ddt_cuda_stream s, ddt_error *err) {
     const int32_t H = d->dims.H;
     for (int32_t i0 = 0; i0 < d->dims.n_tl; i0 += DDT_CUDA_GATHER_MAX_SRC) {
         const int32_t count = d->dims.n_tl - i0 < DDT_CUDA_GATHER_MAX_SRC ? d->dims.n_tl - i0 : DDT_CUDA_GATHER_MAX_SRC;
         const float *src[DDT_CUDA_GATHER_MAX_SRC];
         for (int32_t i = 0; i < count; i++) src[i] = layers[i0 + i] + row0 * (size_t)H;
-        TRY(ddt_cuda_gather_rows_multi(d->feat + (size_t)i0 * H, d->dims.F, src, count, H, rows, n, H, s, err));
+        if (n_dev)
+            TRY(ddt_cuda_gather_rows_multi_clamped(d->feat + (size_t)i0 * H, d->dims.F, src, count, H, rows, n_dev,
+                                                   n, H, s, err));
+        else
+            TRY(ddt_cuda_gather_rows_multi(d->feat + (size_t)i0 * H, d->dims.F, src, count, H, rows, n, H, s, err));
     }
     return DDT_OK;
 }
@@ -494,7 +501,11 @@ static ddt_status gather_feat(ddt_cuda_drafter *d, const float *const *layers, s
 /*
  * The context rows of n gathered tokens (feat [n][F]): the first count of them
  * (count_dev on the device, else count_host; at most max_count) go to cache rows
- * len.. and len advances, all gated on the device by the same fit rule.
+ * len.. and len advances, all gated on the device by the same fit rule.  The
+ * advance is folded into the last K/V store launch (its last block to finish):
+ * that launch is the last reader of len before the advance (the products and
+ * the norm before it do not read it; earlier store launches of a drafter of more
+ * than DDT_DFLASH_MAX_KV_LAYERS layers finish before it starts).
  */
 static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *count_dev, int32_t count_host,
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
@@ -511,7 +522,7 @@ static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *cou
             TRY(cat_matmul(&d->layers[l].kvq, 2, d->ctx, H, n, d->kv_raw + l * KV, W, s, err));
     }
     /* every layer's K/V store, DDT_DFLASH_MAX_KV_LAYERS layers a launch; all of
-       them read len before the advance below moves it */
+       them read len before the last one's last block moves it */
     ddt_dflash_qkv kv = {.ldk = W, .ldv = W, .kv_heads = d->dims.kv_heads, .n = n, .hd = d->dims.hd,
                          .eps = d->dims.eps, .count_dev = count_dev, .count_host = count_host,
                          .max_count = max_count, .len = d->len, .limit = d->max_ctx, .cos_t = d->cos_t,
@@ -525,9 +536,14 @@ static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *cou
             kv.k_caches[i] = kv_k(d, l0 + i);
             kv.v_caches[i] = kv_v(d, l0 + i);
         }
+        if (l0 + kv.layers == nl) { /* the last launch: len += count, or the status set */
+            kv.advance_ticket = d->advance_ticket;
+            kv.advance_len = d->len;
+            kv.advance_status = d->status;
+        }
         TRY(ddt_dflash_qkv_prep(&kv, s, err));
     }
-    return ddt_dflash_advance(d->len, d->status, count_dev, count_host, max_count, d->max_ctx, s, err);
+    return DDT_OK;
 }
 
 static ddt_status check_layers(const ddt_cuda_drafter *d, const float *const *layers, ddt_error *err) {
@@ -543,9 +559,9 @@ ddt_status ddt_cuda_drafter_append_rows(ddt_cuda_drafter *d, const float *const 
     TRY(check_layers(d, layers, err));
     if (max_m < 1 || max_m > DDT_MAX_PATH)
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: max_m %d outside 1..%d", max_m, DDT_MAX_PATH);
-    /* rows past m may hold anything: gather max_m rows that exist, store only m */
-    TRY(ddt_dflash_clamp_rows(rows, m, max_m, d->rows, s, err));
-    TRY(gather_feat(d, layers, 0, d->rows, max_m, s, err));
+    /* rows past m may hold anything: gather max_m rows that exist (the gather
+       clamps the row indices itself, as ddt_dflash_clamp_rows would), store only m */
+    TRY(gather_feat(d, layers, 0, rows, m, max_m, s, err));
     return append_feat(d, max_m, m, 0, max_m, s, err);
 }
 
@@ -557,7 +573,7 @@ ddt_status ddt_cuda_drafter_append_prefix(ddt_cuda_drafter *d, const float *cons
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: %d tokens (context of %d)", m, d->max_ctx);
     for (int32_t i = 0; i < m; i += DDT_CUDA_DRAFTER_PREFIX_CHUNK) {
         const int32_t n = m - i < DDT_CUDA_DRAFTER_PREFIX_CHUNK ? m - i : DDT_CUDA_DRAFTER_PREFIX_CHUNK;
-        TRY(gather_feat(d, layers, (size_t)i, d->iota, n, s, err));
+        TRY(gather_feat(d, layers, (size_t)i, d->iota, NULL, n, s, err));
         TRY(append_feat(d, n, NULL, n, n, s, err));
     }
     return DDT_OK;
@@ -571,10 +587,11 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
     const int32_t H = d->dims.H, L = d->dims.L, kvd = d->dims.kvd, qd = d->dims.qd, I = d->dims.inter;
     const int64_t W = 2 * (int64_t)kvd + qd;
     const float eps = d->dims.eps;
-    DDT_CUDA_TRY(cudaMemcpyAsync(d->ids, bonus, sizeof(int32_t), cudaMemcpyDeviceToDevice, (cudaStream_t)s), err);
-    TRY(ddt_cuda_embed(d->target.embed, d->ids, L, d->x, H, s, err));
-    /* later layers' input norms run with the residual add before them */
-    TRY(ddt_cuda_rmsnorm(d->x, H, L, H, d->layers[0].attn_norm, eps, d->xn, H, s, err));
+    /* the block's embedding (the bonus read in place as row 0, the mask tokens after
+     * it: no copy into d->ids) and layer 0's input norm in one launch; later layers'
+     * input norms run with the residual add before them */
+    TRY(ddt_cuda_embed_rmsnorm(d->target.embed, d->ids, bonus, L, d->x, H, d->layers[0].attn_norm, eps, d->xn, H, s,
+                               err));
     /* the block's K/V go to the cache rows just after the context (scratch, never committed) */
     ddt_dflash_qkv qkv = {.q = d->kvq + 2 * kvd, .ldq = W, .qo = d->q, .ldqo = qd, .heads = d->dims.heads,
                           .k = d->kvq, .ldk = W, .v = d->kvq + kvd, .ldv = W, .kv_heads = d->dims.kv_heads, .n = L,

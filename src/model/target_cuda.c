@@ -356,12 +356,14 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     if ((st = ddt_cuda_malloc_array(&t->kv.data, (size_t)t->dims.n_layers * (size_t)t->max_ctx * width, elem, &t->state_bytes, err)) != DDT_OK) return st;
     A(t->kv.len, 1, int32_t);
     A(t->kv.status, 1, int32_t);
+    A(t->kv.ticket, 1, uint32_t); /* makes the commit one launch (kv_cuda.h) */
 #undef A
     t->kv.n_layers = t->dims.n_layers;
     t->kv.capacity = t->max_ctx;
     t->kv.row_bytes = (int32_t)(width * elem);
     DDT_CUDA_TRY(cudaMemset(t->kv.len, 0, sizeof(int32_t)), err);
     DDT_CUDA_TRY(cudaMemset(t->kv.status, 0, sizeof(int32_t)), err);
+    DDT_CUDA_TRY(cudaMemset(t->kv.ticket, 0, sizeof(uint32_t)), err);
     /* iota (prefill depths) and the RoPE tables, computed by the CPU code */
     const size_t half = (size_t)(t->dims.rope / 2);
     int32_t *io = malloc(T * sizeof *io);
@@ -652,10 +654,10 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     }
     ddt_cuda_qweight_free(&t->embed);
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
-    void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->x, t->xn, t->qa,
-                    t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u, t->rlogits, t->front,
-                    t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->capture, t->q16, t->causal,
-                    t->mla_ws};
+    void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->kv.ticket, t->x,
+                    t->xn, t->qa, t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u,
+                    t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->capture, t->q16,
+                    t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     if (t->desc) {
@@ -686,6 +688,12 @@ ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_
     ddt_status st = ddt_cuda_mla_cache_fill(t->kv.data, t->dims.n_layers, t->max_ctx, t->dims.rank + t->dims.rope, len, t->fast,
                                             seed, t->stream, err);
     if (st != DDT_OK) return st;
+    return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
+}
+
+ddt_status ddt_cuda_target_rewind(ddt_cuda_target *t, int32_t len, ddt_error *err) {
+    if (len < 0 || len >= t->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE, "rewind to %d rows in a cache of %d", len, t->max_ctx);
     return ddt_cuda_kv_set_len(&t->kv, len, t->stream, err);
 }
 
@@ -795,10 +803,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     const int32_t H = t->dims.hidden, heads = t->dims.heads, qd = t->dims.qdim, rank = t->dims.rank, rope = t->dims.rope;
     const int64_t width = rank + rope;
     cudaStream_t s = t->stream;
-    TRY(ddt_cuda_embed(&t->embed, ids, n, t->x, H, s, err));
-    /* each residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
+    /* the gather and layer 0's attention norm in one launch (bitwise the two); each
+       later residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
        layer l's attention norm comes from the end of layer l - 1 */
-    TRY(ddt_cuda_rmsnorm(t->x, H, n, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s, err));
+    TRY(ddt_cuda_embed_rmsnorm(&t->embed, ids, NULL, n, t->x, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s,
+                               err));
     for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
         /* kv_a's output: its own buffer, or beside q_a's when they run as one product */

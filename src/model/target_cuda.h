@@ -106,6 +106,9 @@ uint64_t ddt_cuda_target_state_bytes(const ddt_cuda_target *t);
 /* Benchmarks: pretend len committed tokens (rows [0, len) filled with random
  * latent values): long contexts without prefilling them. */
 ddt_status ddt_cuda_target_fake_context(ddt_cuda_target *t, int32_t len, uint64_t seed, ddt_error *err);
+/* The committed length back to len (0..max_ctx - 1), on the stream: rows past it
+ * are left as they are (a replayed measurement over a fake context rewinds to it). */
+ddt_status ddt_cuda_target_rewind(ddt_cuda_target *t, int32_t len, ddt_error *err);
 
 /* Forget everything: len = 0. */
 ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err);

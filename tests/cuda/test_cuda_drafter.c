@@ -46,10 +46,21 @@
  *     and the device, appends refused) against one launch per layer into
  *     separate poisoned caches: every cache bitwise equal, exactly the appended
  *     rows written; refused arguments fail with DDT_ERR_INVALID;
+ *   - the append's K/V store with its advance folded in (advance_ticket: the
+ *     last block advances len) against the store then ddt_dflash_advance, each
+ *     on its own caches and len/status: good appends, a count past max_count, a
+ *     negative one, len + count past the limit, an empty append, a sticky
+ *     status, the count on the host and the device, 5 appends in a row and a
+ *     captured graph replayed 3 times; caches bitwise, len and status equal to
+ *     each other and to the rule, the ticket back at 0 after every launch;
+ *     refused arguments fail with DDT_ERR_INVALID;
  *   - the multi-source row gather (ddt_cuda_gather_rows_multi, the append's
  *     target layers side by side) against one ddt_cuda_gather_rows per source
  *     and the host's copy, bitwise over a poisoned destination with padding
- *     columns and a spare row (1..8 sources, odd widths, no rows);
+ *     columns and a spare row (1..8 sources, odd widths, no rows); and its
+ *     clamped form (ddt_cuda_gather_rows_multi_clamped, append_rows' one launch)
+ *     against ddt_dflash_clamp_rows then the plain gather, device lengths below,
+ *     at and past the slots, 0 and negative;
  *   - row-stacked weights (ddt_cuda_qweight_concat_rows) in F32, BF16, FP8 and
  *     INT4: the stacked product bitwise the separate products on the FP32 path
  *     (also through a row-prefix view, as the drafter's append reads k | v),
@@ -678,43 +689,66 @@ static bool all_poison(const float *p, size_t n) {
     return true;
 }
 
-/* The drafter's append store: raw rows [n][layers * lc + 1] holding layer i's
- * k | v at columns i * lc (lc = 2 kvd + gap), fresh random values, NaN in the
- * gaps; each layer its own random k_norm and its own poisoned K and V caches of
- * limit rows.  One ddt_dflash_qkv_prep with `layers` against one one-layer
+/* What both qkv_prep tests store from, on the device: raw rows [n][layers * lc +
+ * 1] holding layer i's k | v at columns i * lc (lc = 2 kvd + gap), fresh random
+ * values, NaN in the gaps; each layer's random k_norm; rope tables; and a
+ * poisoned cache area dcache [2 sets][layers][2 (K, V)][limit rows x kvd]. */
+typedef struct {
+    int64_t lc, ld;
+    size_t raw_n, cache_n, tab_n;
+    float *draw, *dwk, *dcs, *dsn, *dcache;
+} prep_inputs;
+
+static prep_inputs prep_inputs_make(const prep_layers_case *c) {
+    const int32_t hd = c->hd, half = hd / 2, kvd = c->kv_heads * hd, L = c->layers;
+    prep_inputs in;
+    in.lc = 2 * (int64_t)kvd + c->gap;
+    in.ld = L * in.lc + 1;
+    in.raw_n = (size_t)c->n * in.ld, in.cache_n = (size_t)c->limit * kvd, in.tab_n = (size_t)c->limit * half;
+    float *raw = malloc(sizeof(float) * in.raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
+    float *cs = malloc(sizeof(float) * in.tab_n), *sn = malloc(sizeof(float) * in.tab_n);
+    memset(raw, 0xFF, sizeof(float) * in.raw_n);
+    for (int32_t t = 0; t < c->n; t++)
+        for (int32_t l = 0; l < L; l++)
+            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * in.ld + l * in.lc + i] = rndf() * 3.0f;
+    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
+    for (size_t i = 0; i < in.tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
+    CU(cudaMalloc((void **)&in.draw, sizeof(float) * in.raw_n));
+    CU(cudaMalloc((void **)&in.dwk, sizeof(float) * (size_t)L * hd));
+    CU(cudaMalloc((void **)&in.dcs, sizeof(float) * in.tab_n));
+    CU(cudaMalloc((void **)&in.dsn, sizeof(float) * in.tab_n));
+    CU(cudaMalloc((void **)&in.dcache, sizeof(float) * 4 * (size_t)L * in.cache_n));
+    CU(cudaMemcpy(in.draw, raw, sizeof(float) * in.raw_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dcs, cs, sizeof(float) * in.tab_n, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(in.dsn, sn, sizeof(float) * in.tab_n, cudaMemcpyHostToDevice));
+    bo_poison(in.dcache, sizeof(float) * 4 * (size_t)L * in.cache_n);
+    free(raw), free(wk), free(cs), free(sn);
+    return in;
+}
+
+static void prep_inputs_free(prep_inputs *in) {
+    cudaFree(in->draw), cudaFree(in->dwk), cudaFree(in->dcs), cudaFree(in->dsn), cudaFree(in->dcache);
+}
+
+/* The drafter's append store (prep_inputs: each layer its own poisoned K and V
+ * caches of limit rows).  One ddt_dflash_qkv_prep with `layers` against one one-layer
  * launch per layer into a second set of caches: every cache bitwise equal, the
  * appended rows [len, len + count) written and every other row still poison
  * (all of them when the append rule refuses). */
 static void prep_layers_run(prep_layers_case c) {
-    const int32_t hd = c.hd, half = hd / 2, kvd = c.kv_heads * hd, L = c.layers;
-    const int64_t lc = 2 * (int64_t)kvd + c.gap, ld = L * lc + 1;
-    const size_t raw_n = (size_t)c.n * ld, cache_n = (size_t)c.limit * kvd, tab_n = (size_t)c.limit * half;
-    float *raw = malloc(sizeof(float) * raw_n), *wk = malloc(sizeof(float) * (size_t)L * hd);
-    float *cs = malloc(sizeof(float) * tab_n), *sn = malloc(sizeof(float) * tab_n);
+    const int32_t hd = c.hd, kvd = c.kv_heads * hd, L = c.layers;
+    prep_inputs in = prep_inputs_make(&c);
+    const int64_t lc = in.lc, ld = in.ld;
+    const size_t cache_n = in.cache_n;
+    float *const draw = in.draw, *const dwk = in.dwk, *const dcs = in.dcs, *const dsn = in.dsn;
+    float *const dcache = in.dcache; /* [2 (one, many)][L][2 (K, V)][cache_n] */
     float *one = malloc(sizeof(float) * cache_n), *many = malloc(sizeof(float) * cache_n);
-    memset(raw, 0xFF, sizeof(float) * raw_n);
-    for (int32_t t = 0; t < c.n; t++)
-        for (int32_t l = 0; l < L; l++)
-            for (int64_t i = 0; i < 2 * (int64_t)kvd; i++) raw[t * ld + l * lc + i] = rndf() * 3.0f;
-    for (int32_t i = 0; i < L * hd; i++) wk[i] = 1.0f + 0.5f * rndf();
-    for (size_t i = 0; i < tab_n; i++) cs[i] = rndf(), sn[i] = rndf();
-
-    float *draw, *dwk, *dcs, *dsn, *dcache; /* dcache: [2 (one, many)][L][2 (K, V)][cache_n] */
     int32_t *dlen, *dcount;
-    CU(cudaMalloc((void **)&draw, sizeof(float) * raw_n));
-    CU(cudaMalloc((void **)&dwk, sizeof(float) * (size_t)L * hd));
-    CU(cudaMalloc((void **)&dcs, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dsn, sizeof(float) * tab_n));
-    CU(cudaMalloc((void **)&dcache, sizeof(float) * 4 * (size_t)L * cache_n));
     CU(cudaMalloc((void **)&dlen, sizeof(int32_t)));
     CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
-    CU(cudaMemcpy(draw, raw, sizeof(float) * raw_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dwk, wk, sizeof(float) * (size_t)L * hd, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dcs, cs, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dsn, sn, sizeof(float) * tab_n, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dlen, &c.len, sizeof(int32_t), cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
-    bo_poison(dcache, sizeof(float) * 4 * (size_t)L * cache_n);
 #define CACHE(set, l, kv) (dcache + ((((size_t)(set) * L + (size_t)(l)) * 2 + (kv)) * cache_n))
 
     const ddt_dflash_qkv base = {.ldk = ld, .ldv = ld, .kv_heads = c.kv_heads, .n = c.n, .hd = hd, .eps = 1e-6f,
@@ -771,8 +805,9 @@ static void prep_layers_run(prep_layers_case c) {
 #undef CACHE
     printf("  %-100s %s%s\n", what, same ? "bitwise the one-layer launches" : "DIFFERS", fits ? "" : " (append refused)");
 
-    cudaFree(draw), cudaFree(dwk), cudaFree(dcs), cudaFree(dsn), cudaFree(dcache), cudaFree(dlen), cudaFree(dcount);
-    free(raw), free(wk), free(cs), free(sn), free(one), free(many);
+    prep_inputs_free(&in);
+    cudaFree(dlen), cudaFree(dcount);
+    free(one), free(many);
 }
 
 static void test_qkv_prep_layers_op(void) {
@@ -818,6 +853,194 @@ static void test_qkv_prep_layers_op(void) {
     CU(cudaDeviceSynchronize());
     CU(cudaFree(dummy));
     CU(cudaFree(dlen));
+    printf("  refused arguments: %s\n", e.msg);
+}
+
+/* ------------------------------------------------------------------ the append's folded advance */
+
+/*
+ * The append's K/V store with its advance folded in (advance_ticket set: one
+ * launch) against the unfused sequence (the same store without the ticket, then
+ * ddt_dflash_advance), each on its own poisoned caches, len and status word, from
+ * the same state: for `steps` appends in a row (the count on the device, counts[k]
+ * at step k, or c.count from the host), eagerly or as one captured graph replayed
+ * once per step, after every step the caches bitwise equal, len and status equal
+ * to each other and to the host rule (len += count when the append fits, else
+ * the status set, sticky; status0 is the status word before the first append) and
+ * the ticket back at 0.
+ */
+static void prep_advance_run(prep_layers_case c, const int32_t *counts, int steps, int32_t status0, bool graph) {
+    const int32_t hd = c.hd, kvd = c.kv_heads * hd, L = c.layers;
+    prep_inputs in = prep_inputs_make(&c);
+    const int64_t lc = in.lc, ld = in.ld;
+    const size_t cache_n = in.cache_n;
+    float *const draw = in.draw, *const dwk = in.dwk, *const dcs = in.dcs, *const dsn = in.dsn;
+    float *const dcache = in.dcache; /* [2 (unfused, fused)][L][2 (K, V)][cache_n] */
+    float *one = malloc(sizeof(float) * cache_n), *fused = malloc(sizeof(float) * cache_n);
+    int32_t *dstate, *dcount; /* dstate: len, status of the unfused run, then of the fused one */
+    uint32_t *dticket;
+    CU(cudaMalloc((void **)&dstate, 4 * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dcount, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dticket, sizeof(uint32_t)));
+    const int32_t state0[4] = {c.len, status0, c.len, status0};
+    CU(cudaMemcpy(dstate, state0, sizeof state0, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dcount, &c.count, sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU(cudaMemset(dticket, 0, sizeof(uint32_t)));
+    CU(cudaDeviceSynchronize()); /* before the non-blocking stream reads any of it */
+#define CACHE(set, l, kv) (dcache + ((((size_t)(set) * L + (size_t)(l)) * 2 + (kv)) * cache_n))
+
+    ddt_dflash_qkv p[2];
+    for (int set = 0; set < 2; set++) {
+        p[set] = (ddt_dflash_qkv){.k = draw, .ldk = ld, .v = draw + kvd, .ldv = ld, .kv_heads = c.kv_heads,
+                                  .n = c.n, .hd = hd, .eps = 1e-6f, .count_dev = c.count_on_device ? dcount : NULL,
+                                  .count_host = c.count, .max_count = c.max_count, .len = dstate + 2 * set,
+                                  .limit = c.limit, .cos_t = dcs, .sin_t = dsn, .layers = L, .layer_cols = lc};
+        for (int32_t l = 0; l < L; l++) {
+            p[set].k_norms[l] = dwk + (size_t)l * hd;
+            p[set].k_caches[l] = CACHE(set, l, 0);
+            p[set].v_caches[l] = CACHE(set, l, 1);
+        }
+    }
+    p[1].advance_ticket = dticket;
+    p[1].advance_len = dstate + 2;
+    p[1].advance_status = dstate + 3;
+
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (graph) {
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        ddt_error e;
+        const ddt_status st = ddt_dflash_qkv_prep(&p[1], (ddt_cuda_stream)s, &e);
+        CU(cudaStreamEndCapture(s, &g));
+        CHECK(st == DDT_OK, "qkv_prep with its advance under capture: %s", e.msg);
+        if (st != DDT_OK) exit(1);
+        CU(cudaGraphInstantiate(&ge, g, 0));
+    }
+    int32_t len_h = c.len, status_h = status0;
+    bool same = true;
+    for (int step = 0; step < steps; step++) {
+        const int32_t count = c.count_on_device ? counts[step] : c.count;
+        CU(cudaMemcpyAsync(dcount, &count, sizeof count, cudaMemcpyHostToDevice, s));
+        /* the unfused sequence, then the fused launch (or its graph), on one stream */
+        OK(ddt_dflash_qkv_prep(&p[0], (ddt_cuda_stream)s, &err_));
+        OK(ddt_dflash_advance(dstate, dstate + 1, p[0].count_dev, c.count, c.max_count, c.limit, (ddt_cuda_stream)s,
+                              &err_));
+        if (graph) CU(cudaGraphLaunch(ge, s));
+        else OK(ddt_dflash_qkv_prep(&p[1], (ddt_cuda_stream)s, &err_));
+        CU(cudaStreamSynchronize(s));
+        const bool fits = count >= 0 && count <= c.max_count && (int64_t)len_h + count <= c.limit;
+        if (fits) len_h += count;
+        else status_h = DDT_DFLASH_BAD_APPEND;
+
+        int32_t state[4];
+        uint32_t ticket;
+        CU(cudaMemcpy(state, dstate, sizeof state, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&ticket, dticket, sizeof ticket, cudaMemcpyDeviceToHost));
+        char what[200];
+        snprintf(what, sizeof what,
+                 "folded advance %s %d/%d: %d layers n %d kv heads %d hd %d count %d%s max %d limit %d status0 %d",
+                 graph ? "graph replay" : "eager", step + 1, steps, L, c.n, c.kv_heads, hd, count,
+                 c.count_on_device ? " (device)" : "", c.max_count, c.limit, status0);
+        for (int32_t l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                CU(cudaMemcpy(one, CACHE(0, l, kv), sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(fused, CACHE(1, l, kv), sizeof(float) * cache_n, cudaMemcpyDeviceToHost));
+                const bool eq = !memcmp(one, fused, sizeof(float) * cache_n);
+                CHECK(eq, "%s: layer %d %c cache differs from the unfused sequence", what, l, kv ? 'V' : 'K');
+                same &= eq;
+            }
+        CHECK(state[2] == state[0] && state[3] == state[1], "%s: len %d status %d, unfused len %d status %d", what,
+              state[2], state[3], state[0], state[1]);
+        CHECK(state[0] == len_h && state[1] == status_h, "%s: unfused len %d status %d, the rule says %d, %d", what,
+              state[0], state[1], len_h, status_h);
+        CHECK(ticket == 0, "%s: ticket left at %u", what, ticket);
+        same &= state[2] == state[0] && state[3] == state[1] && ticket == 0;
+        printf("  %-118s %s (len %d status %d)\n", what, same ? "equal" : "DIFFERS", state[2], state[3]);
+    }
+#undef CACHE
+    if (graph) {
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+    }
+    CU(cudaStreamDestroy(s));
+    prep_inputs_free(&in);
+    cudaFree(dstate), cudaFree(dcount), cudaFree(dticket);
+    free(one), free(fused);
+}
+
+static void test_qkv_prep_advance_op(void) {
+    printf("the append's qkv_prep with its advance folded in vs qkv_prep + ddt_dflash_advance:\n");
+    /* the shipped drafter's append (4 layers, 2 kv heads x 64, a path slot of 16, the count on the device):
+       good appends, one past max_count, one past the limit; then 5 in a row */
+    const int32_t one13[1] = {13}, over_max[1] = {17}, neg[1] = {-1}, zero[1] = {0};
+    prep_advance_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 100, .count = 13,
+                                        .max_count = 16, .limit = 211, .count_on_device = true},
+                     one13, 1, DDT_DFLASH_OK, false);
+    prep_advance_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 100, .count = 13,
+                                        .max_count = 16, .limit = 211, .count_on_device = true},
+                     over_max, 1, DDT_DFLASH_OK, false);
+    prep_advance_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 200, .count = 13,
+                                        .max_count = 16, .limit = 211, .count_on_device = true},
+                     one13, 1, DDT_DFLASH_OK, false); /* 200 + 13 > 211 */
+    prep_advance_run((prep_layers_case){.layers = 2, .n = 5, .kv_heads = 1, .hd = 6, .len = 3, .count = 0,
+                                        .max_count = 5, .limit = 20, .count_on_device = true},
+                     neg, 1, DDT_DFLASH_OK, false); /* a negative count */
+    prep_advance_run((prep_layers_case){.layers = 2, .n = 5, .kv_heads = 1, .hd = 6, .len = 3, .count = 0,
+                                        .max_count = 5, .limit = 20, .count_on_device = true},
+                     zero, 1, DDT_DFLASH_OK, false); /* an empty append: fits, len stays */
+    /* a sticky status: a good append advances len and leaves the status word set */
+    prep_advance_run((prep_layers_case){.layers = 3, .n = 7, .kv_heads = 3, .hd = 34, .gap = 3, .len = 4,
+                                        .count = 7, .max_count = 7, .limit = 40},
+                     NULL, 1, DDT_DFLASH_BAD_APPEND, false);
+    /* the count on the host: good, then refused by the limit on the third of three */
+    prep_advance_run((prep_layers_case){.layers = 5, .n = 7, .kv_heads = 3, .hd = 34, .gap = 3, .len = 4,
+                                        .count = 7, .max_count = 7, .limit = 23},
+                     NULL, 3, DDT_DFLASH_OK, false);
+    /* 5 appends in a row (the ticket must come back to 0 every time), bad ones among them */
+    const int32_t five[5] = {16, 3, 17, 1, 11};
+    prep_advance_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 0, .count = 0,
+                                        .max_count = 16, .limit = 60, .count_on_device = true},
+                     five, 5, DDT_DFLASH_OK, false);
+    /* the most layers a launch takes, the largest head_dim (the widest grid and register width) */
+    const int32_t small[5] = {3, 5, 0, 2, 4};
+    prep_advance_run((prep_layers_case){.layers = DDT_DFLASH_MAX_KV_LAYERS, .n = 5, .kv_heads = 1, .hd = 512,
+                                        .gap = 1, .len = 0, .count = 0, .max_count = 5, .limit = 14,
+                                        .count_on_device = true},
+                     small, 5, DDT_DFLASH_OK, false);
+    /* a captured graph replayed 3 times, len moving on the device; and one whose second replay is refused */
+    const int32_t three[3] = {13, 16, 9}, three_bad[3] = {13, 20, 9};
+    prep_advance_run((prep_layers_case){.layers = 4, .n = 16, .kv_heads = 2, .hd = 64, .len = 23, .count = 0,
+                                        .max_count = 16, .limit = 100, .count_on_device = true},
+                     three, 3, DDT_DFLASH_OK, true);
+    prep_advance_run((prep_layers_case){.layers = 1, .n = 16, .kv_heads = 4, .hd = 128, .len = 5, .count = 0,
+                                        .max_count = 16, .limit = 50, .count_on_device = true},
+                     three_bad, 3, DDT_DFLASH_OK, true);
+
+    /* arguments it refuses: a ticket without a status word, or with a len other than the one read */
+    float *dummy;
+    int32_t *dlen;
+    uint32_t *dticket;
+    CU(cudaMalloc((void **)&dummy, 64 * sizeof(float)));
+    CU(cudaMalloc((void **)&dlen, 2 * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dticket, sizeof(uint32_t)));
+    ddt_dflash_qkv q = {.k = dummy, .ldk = 8, .v = dummy, .ldv = 8, .kv_heads = 1, .n = 1, .hd = 2, .eps = 1e-6f,
+                        .count_host = 1, .max_count = 1, .len = dlen, .limit = 4, .cos_t = dummy, .sin_t = dummy,
+                        .layers = 1, .layer_cols = 4, .advance_ticket = dticket, .advance_len = dlen,
+                        .advance_status = dlen + 1};
+    q.k_norms[0] = dummy, q.k_caches[0] = dummy, q.v_caches[0] = dummy;
+    ddt_error e;
+    ddt_dflash_qkv bad = q;
+    bad.advance_status = NULL;
+    CHECK(ddt_dflash_qkv_prep(&bad, NULL, &e) == DDT_ERR_INVALID, "qkv_prep: an advance without a status accepted");
+    bad = q;
+    bad.advance_len = dlen + 1;
+    CHECK(ddt_dflash_qkv_prep(&bad, NULL, &e) == DDT_ERR_INVALID, "qkv_prep: an advance of another len accepted");
+    CU(cudaDeviceSynchronize());
+    CU(cudaFree(dummy));
+    CU(cudaFree(dlen));
+    CU(cudaFree(dticket));
     printf("  refused arguments: %s\n", e.msg);
 }
 
@@ -874,6 +1097,57 @@ static void gather_multi_case(int32_t count, int32_t m, int32_t cols, int32_t pa
     free(ref), free(one), free(many);
 }
 
+/* The append_rows gather: ddt_dflash_clamp_rows then ddt_cuda_gather_rows_multi
+ * (the sequence the drafter ran) against ddt_cuda_gather_rows_multi_clamped (the
+ * one launch it runs now), bitwise over poisoned destinations with a spare row
+ * and pad columns, for a device length n below, at and above m, 1, 0 and
+ * negative; the row slots past n hold indices far outside the sources (reading
+ * one would fault or differ). */
+static void gather_clamped_case(int32_t count, int32_t m, int32_t cols, int32_t pad, int32_t n) {
+    const int32_t src_rows = 37;
+    const int64_t lds = cols + 1, ldd = (int64_t)count * cols + pad;
+    const size_t sn = (size_t)src_rows * lds, dn = (size_t)(m + 1) * ldd;
+    float *h, *d_src[DDT_CUDA_GATHER_MAX_SRC];
+    h = malloc(sizeof(float) * sn);
+    for (int32_t i = 0; i < count; i++) {
+        for (size_t j = 0; j < sn; j++) h[j] = rndf() * (float)(i + 1);
+        CU(cudaMalloc((void **)&d_src[i], sizeof(float) * sn));
+        CU(cudaMemcpy(d_src[i], h, sizeof(float) * sn, cudaMemcpyHostToDevice));
+    }
+    int32_t rows[DDT_MAX_PATH], *drows, *dn_dev, *dclamped;
+    for (int32_t k = 0; k < DDT_MAX_PATH; k++)
+        rows[k] = k < n ? (int32_t)(rnd() % (uint32_t)src_rows) : 0x7fffff00 + k;
+    CU(cudaMalloc((void **)&drows, sizeof rows));
+    CU(cudaMalloc((void **)&dn_dev, sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dclamped, sizeof rows));
+    CU(cudaMemcpy(drows, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dn_dev, &n, sizeof n, cudaMemcpyHostToDevice));
+    float *dref, *dgot, *ref = malloc(sizeof(float) * dn), *got = malloc(sizeof(float) * dn);
+    CU(cudaMalloc((void **)&dref, sizeof(float) * dn));
+    CU(cudaMalloc((void **)&dgot, sizeof(float) * dn));
+    bo_poison(dref, sizeof(float) * dn);
+    bo_poison(dgot, sizeof(float) * dn);
+    OK(ddt_dflash_clamp_rows(drows, dn_dev, m, dclamped, NULL, &err_));
+    OK(ddt_cuda_gather_rows_multi(dref, ldd, (const float *const *)d_src, count, lds, dclamped, m, cols, NULL,
+                                  &err_));
+    OK(ddt_cuda_gather_rows_multi_clamped(dgot, ldd, (const float *const *)d_src, count, lds, drows, dn_dev, m, cols,
+                                          NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(ref, dref, sizeof(float) * dn, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(got, dgot, sizeof(float) * dn, cudaMemcpyDeviceToHost));
+    const bool eq = !memcmp(ref, got, sizeof(float) * dn);
+    printf("  %d sources, %2d rows of %3d, pad %d, device length %3d: %s\n", count, m, cols, pad, n,
+           eq ? "bitwise clamp_rows + gather" : "DIFFERS");
+    CHECK(eq, "gather_rows_multi_clamped %d x %d x %d, length %d: differs from clamp_rows + gather", count, m, cols, n);
+    for (int32_t i = 0; i < count; i++) CU(cudaFree(d_src[i]));
+    CU(cudaFree(drows));
+    CU(cudaFree(dn_dev));
+    CU(cudaFree(dclamped));
+    CU(cudaFree(dref));
+    CU(cudaFree(dgot));
+    free(h), free(ref), free(got);
+}
+
 static void test_gather_multi_op(void) {
     printf("multi-source row gather vs single gathers:\n");
     gather_multi_case(1, 1, 1, 0);
@@ -881,6 +1155,13 @@ static void test_gather_multi_op(void) {
     gather_multi_case(4, 32, 256, 0);  /* the shipped drafter's append_rows: 4 target layers of 256 */
     gather_multi_case(DDT_CUDA_GATHER_MAX_SRC, 29, 300, 3); /* the most sources, rows wider than a block */
     gather_multi_case(5, 0, 11, 2);    /* no rows: nothing written */
+    /* the append_rows form: the path's rows clamped to its device length inside the gather */
+    const int32_t lengths[] = {7, 1, 0, -3, 16, 32, 40, 1000};
+    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++)
+        gather_clamped_case(4, 16, 256, 0, lengths[i]); /* the shipped drafter: 4 layers of 256, slots of 16 */
+    gather_clamped_case(3, DDT_MAX_PATH, 37, 5, 19);
+    gather_clamped_case(DDT_CUDA_GATHER_MAX_SRC, DDT_MAX_PATH, 300, 3, DDT_MAX_PATH);
+    gather_clamped_case(1, 1, 5, 1, 3);
     /* arguments it refuses */
     float *d;
     int32_t *drows;
@@ -900,6 +1181,9 @@ static void test_gather_multi_op(void) {
     srcs[1] = NULL;
     CHECK(ddt_cuda_gather_rows_multi(d, 8, srcs, 2, 4, drows, 1, 4, NULL, &e) == DDT_ERR_INVALID,
           "gather_rows_multi: a NULL source accepted");
+    srcs[1] = d;
+    CHECK(ddt_cuda_gather_rows_multi_clamped(d, 8, srcs, 2, 4, drows, NULL, 1, 4, NULL, &e) == DDT_ERR_INVALID,
+          "gather_rows_multi_clamped: a NULL length accepted");
     CU(cudaDeviceSynchronize());
     CU(cudaFree(d));
     CU(cudaFree(drows));
@@ -1109,6 +1393,7 @@ int main(int argc, char **argv) {
     test_attention_op(quick);
     test_qkv_prep_op();
     test_qkv_prep_layers_op();
+    test_qkv_prep_advance_op();
     test_gather_multi_op();
     test_concat_op();
     printf("GPU DFlash drafter vs CPU drafter:\n");

@@ -2,7 +2,8 @@
  * dflash_cuda.cu — the DFlash drafter's own kernels (see dflash_cuda.h): the
  * per-head norms, RoPE from a cos/sin table and the K/V store into the context
  * cache (one kernel), the non-causal block attention and the device-side append
- * bookkeeping.
+ * bookkeeping (its own one-thread launch, or folded into the append's last
+ * qkv_prep launch: the last block to finish advances len).
  *
  * The per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep; of one layer, or of
  * several layers' keys / values side by side) keeps a head in one warp's
@@ -46,6 +47,16 @@ static __device__ __forceinline__ bool append_ok(int len, int count, int max_cou
     return count >= 0 && count <= max_count && len >= 0 && (long long)len + count <= (long long)limit;
 }
 
+/* The append's bookkeeping (ddt_dflash_advance, or the last block of an append's
+ * qkv_prep): len advances when the append is valid, else the status is set. */
+static __device__ __forceinline__ void advance_one(int32_t *len_p, int32_t *status, int len, int count,
+                                                   int max_count, int limit) {
+    if (append_ok(len, count, max_count, limit))
+        *len_p = len + count;
+    else
+        *status = DDT_DFLASH_BAD_APPEND;
+}
+
 /* ------------------------------------------------------------------ rows */
 
 static __global__ void clamp_rows_kernel(const int32_t *__restrict__ rows, const int32_t *__restrict__ m_p,
@@ -73,15 +84,16 @@ extern "C" ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *
  * (hd/2 <= 32 NP).  A layer of a several-layer launch changes only the pointers
  * its warps read and write, never the arithmetic, so its caches get the bits a
  * one-layer launch would store.  Every early return is uniform over the warp
- * (the butterfly needs all 32 lanes). */
+ * (the butterfly needs all 32 lanes); it leaves this function only, so the
+ * kernel's folded advance below still runs.  len is the kernel's one read of
+ * *p.len. */
 template <int NP>
-static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
-    DDT_GRID_DEP_WAIT();
+static __device__ __forceinline__ void qkv_prep_item(const ddt_dflash_qkv &p, int len) {
     const int nq = p.q ? p.heads : 0, t = blockIdx.y;
     const int slot = blockIdx.x * PREP_WARPS + (threadIdx.x >> 5);
     if (slot >= nq + p.kv_heads) return;
     const int lane = threadIdx.x & 31, hd = p.hd, half = hd / 2;
-    const long long pos = (long long)*p.len + t;
+    const long long pos = (long long)len + t;
     const float *src, *w;
     float *dst;
     bool rotate;
@@ -92,7 +104,7 @@ static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const 
         rotate = pos >= 0 && pos < p.limit;
     } else {
         const int count = read_count(p.count_dev, p.count_host);
-        if (!append_ok(*p.len, count, p.max_count, p.limit) || t >= count) return;
+        if (!append_ok(len, count, p.max_count, p.limit) || t >= count) return;
         const int g = slot - nq;
         const int64_t kvd = (int64_t)p.kv_heads * hd;
         /* the layer's slices of k | v, its weights and caches (blockIdx.z is 0 in
@@ -141,6 +153,34 @@ static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const 
     }
 }
 
+/* The item, then (p.advance_ticket set) the append's advance by the last block
+ * to finish: every block counts in once, after a __syncthreads that follows all
+ * of its threads' read of *p.len, so no block can still be reading len when the
+ * last one moves it; len and count are the same in every block, so the last
+ * block decides exactly as ddt_dflash_advance's thread would after the launch. */
+template <int NP>
+static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
+    DDT_GRID_DEP_WAIT();
+    /* *p.len is read once, here: the last block rewrites it.  Thread 0 keeps its
+       copy in shared memory for the advance (no register held across the item) */
+    __shared__ int len0;
+    const int len = *p.len;
+    if (threadIdx.x == 0) len0 = len;
+    qkv_prep_item<NP>(p, len);
+    if (!p.advance_ticket) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence(); /* release: the block's read of len (and stores) before its count */
+        const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+        if (atomicAdd(p.advance_ticket, 1u) == blocks - 1) {
+            __threadfence(); /* acquire: every block's count, hence its read, before the write */
+            advance_one(p.advance_len, p.advance_status, len0, read_count(p.count_dev, p.count_host), p.max_count,
+                        p.limit);
+            *p.advance_ticket = 0u; /* every block has counted: back to 0 for the next launch */
+        }
+    }
+}
+
 extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err) {
     if (!p || !p->k || !p->v || !p->len || !p->cos_t || !p->sin_t || (p->q && (!p->qo || !p->q_norm)) ||
         (!p->layers && (!p->k_norm || !p->k_cache || !p->v_cache)))
@@ -152,6 +192,9 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
     for (int32_t i = 0; i < p->layers; i++)
         if (!p->k_norms[i] || !p->k_caches[i] || !p->v_caches[i])
             return ddt_fail(err, DDT_ERR_INVALID, "dflash qkv_prep: layer %d: NULL argument", i);
+    if (p->advance_ticket && (!p->advance_status || p->advance_len != p->len))
+        return ddt_fail(err, DDT_ERR_INVALID,
+                        "dflash qkv_prep: a folded advance needs a status word and advance_len == len");
     const int32_t nq = p->q ? p->heads : 0;
     if (p->n < 1 || p->n > 65535 || p->kv_heads < 1 || (p->q && p->heads < 1) || p->hd < 2 || p->hd % 2 ||
         p->hd > DDT_DFLASH_MAX_HEAD_DIM || p->limit < 0 || p->max_count > p->n)
@@ -165,6 +208,10 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)((nq + p->kv_heads + PREP_WARPS - 1) / PREP_WARPS), (unsigned)p->n,
                     (unsigned)(p->layers ? p->layers : 1));
+    /* the folded advance counts blocks in an unsigned ticket */
+    if (p->advance_ticket && (uint64_t)grid.x * grid.y * grid.z > 0x7fffffffu)
+        return ddt_fail(err, DDT_ERR_RANGE, "dflash qkv_prep: %u x %u x %u blocks, too many for a folded advance",
+                        grid.x, grid.y, grid.z);
     const int np = (p->hd / 2 + 31) / 32;
     if (np <= 1)
         qkv_prep_kernel<1><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
@@ -183,11 +230,7 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
 static __global__ void advance_kernel(int32_t *len_p, int32_t *status, const int32_t *count_dev, int count_host,
                                       int max_count, int limit) {
     DDT_GRID_DEP_WAIT();
-    const int len = *len_p, count = read_count(count_dev, count_host);
-    if (append_ok(len, count, max_count, limit))
-        *len_p = len + count;
-    else
-        *status = DDT_DFLASH_BAD_APPEND;
+    advance_one(len_p, status, *len_p, read_count(count_dev, count_host), max_count, limit);
 }
 
 extern "C" ddt_status ddt_dflash_advance(int32_t *len, int32_t *status, const int32_t *count_dev, int32_t count_host,

@@ -77,6 +77,15 @@ ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t 
  * count).  Each (row, head, layer) runs the one-layer code on that layer's
  * pointers, so the caches get bitwise what `layers` one-layer calls store.
  * layers 0 is the one layer of k_norm / k_cache / v_cache (the arrays unread).
+ *
+ * The append's advance folded into the launch (advance_ticket not NULL; the
+ * draft's prep, which must not advance, leaves it NULL): after every block has
+ * done its rows, the last block to finish does what ddt_dflash_advance(len,
+ * advance_status, count_dev, count_host, max_count, limit) would do after the
+ * launch (len += count, or the status set to DDT_DFLASH_BAD_APPEND), one launch
+ * fewer.  advance_len must be len (the same word, written); the ticket must be 0
+ * before the launch and is 0 again after it (graph replays included), and is
+ * used by one launch at a time.
  */
 #define DDT_DFLASH_MAX_KV_LAYERS 8
 typedef struct ddt_dflash_qkv {
@@ -103,6 +112,9 @@ typedef struct ddt_dflash_qkv {
     int64_t layer_cols;         /* columns from one layer's k (and v) to the next's */
     const float *k_norms[DDT_DFLASH_MAX_KV_LAYERS];          /* [hd] each */
     float *k_caches[DDT_DFLASH_MAX_KV_LAYERS], *v_caches[DDT_DFLASH_MAX_KV_LAYERS]; /* [limit][kv_heads * hd] */
+    uint32_t *advance_ticket;   /* [1] 0 between launches; NULL: no advance (the fields below unread) */
+    int32_t *advance_len;       /* == len */
+    int32_t *advance_status;    /* [1] the drafter's status word */
 } ddt_dflash_qkv;
 
 ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err);

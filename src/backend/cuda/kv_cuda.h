@@ -26,12 +26,18 @@ typedef struct ddt_cuda_kv {
     int32_t row_bytes;    /* a multiple of 16, <= 8192 */
     int32_t *len;         /* device [1] committed rows */
     int32_t *status;      /* device [1] DDT_CUDA_KV_* of the last commit */
+    /* device [1], 0 between commits, or NULL: the commit's arrival ticket.  With
+     * it the commit is one launch (the last layer block to finish advances len);
+     * NULL keeps the older two launches (copy, then a one-thread advance), so a
+     * cache built without it (a test's) still commits.  Same results either way. */
+    uint32_t *ticket;
 } ddt_cuda_kv;
 
 /*
  * Commit: path[0..*path_len) (device) must start at 0, increase strictly and
  * stay below capacity - len, and *path_len in 1..DDT_MAX_PATH; otherwise nothing
- * moves and *status = DDT_CUDA_KV_BAD_PATH.  Two launches on `stream`.
+ * moves and *status = DDT_CUDA_KV_BAD_PATH.  One launch on `stream` when
+ * kv->ticket is set (it must be 0 before, and is 0 again after), else two.
  */
 ddt_status ddt_cuda_kv_commit(const ddt_cuda_kv *kv, const int32_t *path, const int32_t *path_len,
                               ddt_cuda_stream stream, ddt_error *err);

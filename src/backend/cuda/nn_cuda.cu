@@ -142,18 +142,29 @@ struct GatherSrcs {
 /* blockIdx.x: the row k, blockIdx.y: the source i, whose row goes to column block
  * i.  The sources are a __grid_constant__ parameter so that indexing them by
  * blockIdx.y reads the parameter in place (a plain one is copied to local memory
- * first). */
+ * first).  n_dev not NULL: the row index is clamped first, exactly as
+ * clamp_rows_kernel (dflash_cuda.cu) would have stored it, with max_m = gridDim.x. */
 static __global__ void gather_rows_multi_kernel(float *dst, int64_t ldd, const __grid_constant__ GatherSrcs srcs,
-                                                int64_t lds, const int32_t *__restrict__ rows, int cols) {
+                                                int64_t lds, const int32_t *__restrict__ rows,
+                                                const int32_t *__restrict__ n_dev, int cols) {
     DDT_GRID_DEP_WAIT();
-    const float *s = srcs.src[blockIdx.y] + (int64_t)rows[blockIdx.x] * lds;
-    float *d = dst + (int64_t)blockIdx.x * ldd + (int64_t)blockIdx.y * cols;
+    const int k = (int)blockIdx.x;
+    int r;
+    if (n_dev) {
+        int c = *n_dev;
+        if (c > (int)gridDim.x) c = (int)gridDim.x;
+        r = c >= 1 ? rows[k < c ? k : c - 1] : 0;
+    } else {
+        r = rows[k];
+    }
+    const float *s = srcs.src[blockIdx.y] + (int64_t)r * lds;
+    float *d = dst + (int64_t)k * ldd + (int64_t)blockIdx.y * cols;
     for (int i = threadIdx.x; i < cols; i += EW_THREADS) d[i] = s[i];
 }
 
-extern "C" ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const float *const *src, int32_t count,
-                                                 int64_t lds, const int32_t *rows, int32_t m, int32_t cols,
-                                                 ddt_cuda_stream stream, ddt_error *err) {
+static ddt_status gather_multi(float *dst, int64_t ldd, const float *const *src, int32_t count, int64_t lds,
+                               const int32_t *rows, const int32_t *n_dev, int32_t m, int32_t cols,
+                               ddt_cuda_stream stream, ddt_error *err) {
     if (!dst || !src || !rows || m < 0 || cols < 1 || count < 1 || count > DDT_CUDA_GATHER_MAX_SRC ||
         ldd < (int64_t)count * cols)
         return ddt_fail(err, DDT_ERR_INVALID, "gather_rows_multi: %d rows of %d sources x %d (row stride %lld)", m,
@@ -165,7 +176,21 @@ extern "C" ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const 
     }
     if (m == 0) return DDT_OK;
     gather_rows_multi_kernel<<<dim3((unsigned)m, (unsigned)count), EW_THREADS, 0, (cudaStream_t)stream>>>(
-        dst, ldd, g, lds, rows, cols);
+        dst, ldd, g, lds, rows, n_dev, cols);
     DDT_CUDA_LAUNCHED("gather_rows_multi", (cudaStream_t)stream, err);
     return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const float *const *src, int32_t count,
+                                                 int64_t lds, const int32_t *rows, int32_t m, int32_t cols,
+                                                 ddt_cuda_stream stream, ddt_error *err) {
+    return gather_multi(dst, ldd, src, count, lds, rows, NULL, m, cols, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_gather_rows_multi_clamped(float *dst, int64_t ldd, const float *const *src,
+                                                         int32_t count, int64_t lds, const int32_t *rows,
+                                                         const int32_t *n_dev, int32_t m, int32_t cols,
+                                                         ddt_cuda_stream stream, ddt_error *err) {
+    if (!n_dev) return ddt_fail(err, DDT_ERR_INVALID, "gather_rows_multi_clamped: NULL length");
+    return gather_multi(dst, ldd, src, count, lds, rows, n_dev, m, cols, stream, err);
 }

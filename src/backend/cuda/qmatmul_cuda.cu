@@ -26,6 +26,10 @@
  * the same operations as ddt_cpu_matmul_t_grouped, so results are bit-identical
  * to the CPU; batches of weight loads in flight and x staged in shared memory
  * (see mt_kernel) change the speed only.
+ *
+ * Embedding: embed_kernel gathers dequantised rows; embed_rmsnorm_kernel does the
+ * same gather and the first layer's norm (norm_dev.cuh's norm_row, the rmsnorm
+ * kernel's arithmetic) in one launch, bitwise the two launches.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -36,6 +40,7 @@
 #include "backend/cuda/mla_cuda.h"
 #include "backend/cuda/mla_rope_dev.cuh"
 #include "backend/cuda/nn_cuda.h"
+#include "backend/cuda/norm_dev.cuh"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/qmatmul_dev.cuh"
 #include "backend/cuda/wstream.cuh"
@@ -1269,12 +1274,19 @@ extern "C" ddt_status ddt_cuda_qweight_stack_rows(ddt_qweight *const *parts, int
 
 /* ------------------------------------------------------------------ embedding */
 
+/* Element c of the embedding of id: the dequantised weight, or NaN for an id out of
+ * range.  One expression for embed_kernel and embed_rmsnorm_kernel, so the fused
+ * launch stores the bits the plain gather stores. */
+static __device__ __forceinline__ float embed_elem(const ddt_qweight &w, int32_t id, int64_t c) {
+    return (id >= 0 && id < w.rows) ? qdeq_elem(w, id, c) : __int_as_float(0x7FC00000);
+}
+
 static __global__ void embed_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, float *out, int64_t ldo) {
     DDT_GRID_DEP_WAIT();
     const int32_t id = ids[blockIdx.y];
     float *o = out + (int64_t)blockIdx.y * ldo;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < w.cols; c += (int64_t)gridDim.x * blockDim.x)
-        o[c] = (id >= 0 && id < w.rows) ? qdeq_elem(w, id, c) : __int_as_float(0x7FC00000);
+        o[c] = embed_elem(w, id, c);
 }
 
 extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, int32_t n, float *out, int64_t ldo,
@@ -1286,6 +1298,47 @@ extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, i
     if (bx > 64) bx = 64;
     embed_kernel<<<dim3((unsigned)bx, (unsigned)n), 256, 0, (cudaStream_t)stream>>>(*w, ids, out, ldo);
     DDT_CUDA_LAUNCHED("embed", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* The gather and the first layer's norm in one launch, one block of NORM_THREADS per
+ * row: the block stores its embedding row to x (embed_elem: embed_kernel's bits),
+ * waits at a barrier so every thread sees the whole row in global memory, then runs
+ * norm_row on that row exactly as rmsnorm_kernel does (same block size, same path
+ * flag), so xn holds the bits ddt_cuda_rmsnorm would have written.  Row 0 takes
+ * *first_id instead of ids[0] when first_id is given (the drafter's bonus token,
+ * which saves a copy into its id block every round). */
+static __global__ void __launch_bounds__(NORM_THREADS)
+embed_rmsnorm_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, const int32_t *__restrict__ first_id,
+                     float *x, int64_t ldx, const float *__restrict__ nw, float eps, float *xn, int64_t ldxn,
+                     bool vec) {
+    DDT_GRID_DEP_WAIT();
+    const int32_t id = (first_id && blockIdx.x == 0) ? *first_id : ids[blockIdx.x];
+    float *xr = x + (int64_t)blockIdx.x * ldx;
+    for (int64_t c = threadIdx.x; c < w.cols; c += NORM_THREADS) xr[c] = embed_elem(w, id, c);
+    __syncthreads(); /* the norm's threads read elements other threads stored */
+    norm_row(xr, (int)w.cols, NormNoResid{}, nw, eps, xn + (int64_t)blockIdx.x * ldxn, vec);
+}
+
+extern "C" ddt_status ddt_cuda_embed_rmsnorm(const ddt_qweight *w, const int32_t *ids, const int32_t *first_id,
+                                             int32_t n, float *x, int64_t ldx, const float *norm_w, float eps,
+                                             float *xn, int64_t ldxn, ddt_cuda_stream stream, ddt_error *err) {
+    ddt_status st = check_weight(w, "embed_rmsnorm", err);
+    if (st != DDT_OK) return st;
+    if (n < 1 || n > 65535 || !ids || !x || !norm_w || !xn)
+        return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: %d ids (ids, x, norm weight and xn needed)", n);
+    if (w->cols > INT32_MAX || ldx < w->cols || ldxn < w->cols)
+        return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: rows of %lld with strides %lld, %lld",
+                        (long long)w->cols, (long long)ldx, (long long)ldxn);
+    const int32_t dim = (int32_t)w->cols;
+    /* ddt_cuda_rmsnorm's path choice for (x, ldx, w, xn, ldxn): the register path sums
+     * in another order, so the flag must be the one that launch would compute */
+    const void *ptrs[4] = {x, nullptr, norm_w, xn};
+    const int64_t lds[4] = {ldx, 0, 0, ldxn};
+    const bool vec = norm_vec_ok(dim, ptrs, lds, 4);
+    embed_rmsnorm_kernel<<<(unsigned)n, NORM_THREADS, 0, (cudaStream_t)stream>>>(*w, ids, first_id, x, ldx, norm_w,
+                                                                                  eps, xn, ldxn, vec);
+    DDT_CUDA_LAUNCHED("embed_rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }
 

@@ -218,6 +218,19 @@ ddt_status ddt_cuda_qweight_stack_rows(ddt_qweight *const *parts, int32_t count,
 ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, int32_t n, float *out, int64_t ldo,
                           ddt_cuda_stream stream, ddt_error *err);
 
+/* The gather and the first layer's input norm in one launch (a model's forward
+ * starts with both; one launch fewer per forward): x[t][0..cols) = the embedding of
+ * id t as ddt_cuda_embed stores it (NaN rows for ids out of range), and xn[t] =
+ * rmsnorm(x[t]) * norm_w with eps, the bits ddt_cuda_rmsnorm(x, ldx, n, cols,
+ * norm_w, eps, xn, ldxn) stores after that gather (same block size, same summation
+ * path for the same pointers and strides).  first_id (device, NULL: none) replaces
+ * ids[0] for row 0, so a caller whose first token changes every call (the drafter's
+ * bonus) needs no copy into ids.  Row strides ldx, ldxn >= cols; xn is x itself or
+ * does not overlap it. */
+ddt_status ddt_cuda_embed_rmsnorm(const ddt_qweight *w, const int32_t *ids, const int32_t *first_id, int32_t n,
+                                  float *x, int64_t ldx, const float *norm_w, float eps, float *xn, int64_t ldxn,
+                                  ddt_cuda_stream stream, ddt_error *err);
+
 /* Tests and benchmarks: a device weight of the given format and shape filled on the
  * device with hash-random values (dense: uniform in [-amp, amp); FP8: random
  * non-NaN bytes with scales in [amp/2, amp); INT4: random nibbles with bf16
