@@ -41,11 +41,11 @@ struct ddt_engine_cuda {
     size_t topk_ws_bytes;
     int32_t *target_next;  /* [max_nodes] */
     ddt_cuda_sample_params *sp_d; /* the settings and round the sampled graph reads */
-    int32_t *emit_d;       /* [DDT_CUDA_EMIT_WORDS] */
+    int32_t *emit_d;       /* [DDT_CUDA_EMIT_WORDS + 1]: the emit block, then the auto rule's bucket */
     int32_t *one;          /* [1] = 1 */
     ddt_cuda_tree tree;
     /* host (pinned where copied asynchronously) */
-    int32_t *emit_h;       /* [DDT_CUDA_EMIT_WORDS] */
+    int32_t *emit_h;       /* [DDT_CUDA_EMIT_WORDS + 1] */
     int32_t *walk_h;       /* [DDT_MAX_PATH + 2]: path, length, bonus for the device after a host walk */
     float *logits_h;       /* [max_nodes][vocab] (T > 0) */
     int32_t *tok_h, *par_h;/* [max_nodes] (T > 0) */
@@ -69,6 +69,13 @@ struct ddt_engine_cuda {
     int32_t *dep_h;        /* [max_nodes] */
     uint64_t *vis_h;       /* [max_nodes][vis_words] */
     const float *capture[DDT_DRAFTER_MAX_TARGET_LAYERS];
+    /* --budget auto on the device: one graph per verify bucket (bgraph[j] verifies
+       bucket j's rows, its build cut at the rule's bucket or j), the host picking
+       each round's from the bucket the rule chose in the round before (emit word
+       DDT_CUDA_EMIT_WORDS): no switch node in the round (on the H200 the switch
+       cost ~25 us a round).  DDT_AUTO_SWITCH=1: the one graph with the switch. */
+    cudaGraphExec_t bgraph[DDT_CUDA_TREE_MAX_BUCKETS];
+    int32_t n_bgraphs;
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
     int32_t graph_budget;
@@ -122,6 +129,8 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     if (!e) return;
     if (e->s) cudaStreamSynchronize(e->s);
     if (e->graph) cudaGraphExecDestroy(e->graph);
+    for (int32_t j = 0; j < e->n_bgraphs; j++)
+        if (e->bgraph[j]) cudaGraphExecDestroy(e->bgraph[j]);
     for (int i = 0; i < N_EVENTS; i++)
         if (e->ev[i]) cudaEventDestroy(e->ev[i]);
     ddt_cuda_drafter_free(e->drafter);
@@ -216,7 +225,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         (st = ddt_cuda_malloc_array((void **)&e->logq, drows * (size_t)e->kmax, sizeof(float), NULL, err)) ||
         (st = ddt_cuda_malloc_array((void **)&e->table_tok, drows * (size_t)e->kmax, sizeof(int32_t), NULL, err)) ||
         (st = ddt_cuda_malloc_array((void **)&e->target_next, (size_t)e->max_nodes, sizeof(int32_t), NULL, err)) ||
-        (st = ddt_cuda_malloc_array((void **)&e->emit_d, DDT_CUDA_EMIT_WORDS, sizeof(int32_t), NULL, err)) ||
+        (st = ddt_cuda_malloc_array((void **)&e->emit_d, DDT_CUDA_EMIT_WORDS + 1, sizeof(int32_t), NULL, err)) ||
         (st = ddt_cuda_malloc_array((void **)&e->one, 1, sizeof(int32_t), NULL, err)))
         goto fail;
     e->topk_ws_bytes = ddt_cuda_topk_workspace_bytes((int32_t)drows, e->vocab, e->kmax);
@@ -225,7 +234,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     {
         int32_t one = 1;
         cudaError_t ce = cudaMemcpy(e->one, &one, sizeof one, cudaMemcpyHostToDevice);
-        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->emit_h, DDT_CUDA_EMIT_WORDS * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->emit_h, (DDT_CUDA_EMIT_WORDS + 1) * sizeof(int32_t));
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->walk_h, (DDT_MAX_PATH + 2) * sizeof(int32_t));
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->sp_h, sizeof(ddt_cuda_sample_params));
         if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->sp_d, sizeof(ddt_cuda_sample_params));
@@ -334,6 +343,20 @@ static ddt_status stage_sampling(ddt_engine_cuda *e, uint64_t round, ddt_error *
     *e->sp_h = (ddt_cuda_sample_params){sm->temperature, sm->top_k, sm->top_p, 0u, sm->seed, round};
     DDT_CUDA_TRY(cudaMemcpyAsync(e->sp_d, e->sp_h, sizeof *e->sp_h, cudaMemcpyHostToDevice, e->s), err);
     return DDT_OK;
+}
+
+/* A device round of the auto budget verifying `rows` rows, its build under a
+ * (bgraph's rounds: capped at the bucket whose rows these are). */
+static ddt_status launch_auto_rows(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
+                                   int32_t rows, ddt_error *err) {
+    const int mode = e->graph_next;
+    DDT_CUDA_TRY(mark(e, 0), err);
+    TRY(launch_draft_build(e, budget, k, a, err));
+    TRY(launch_verify(e, rows, err));
+    TRY(launch_next(e, mode, rows, e->tree.n_nodes, e->target_next, err));
+    TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
+    DDT_CUDA_TRY(mark(e, 4), err);
+    return launch_commit(e, err);
 }
 
 /* The whole device round (the graph's body), greedy or with the device sampler
@@ -504,6 +527,50 @@ static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t
     return DDT_OK;
 }
 
+/* Whether the auto budget runs one graph per bucket (the default) or the one
+ * graph with a switch node (DDT_AUTO_SWITCH=1, for measuring the two). */
+static bool auto_switch(void) {
+    const char *v = getenv("DDT_AUTO_SWITCH");
+    return v && v[0] == '1';
+}
+
+/* The auto budget's graphs, one per verify bucket: bgraph[j] builds the
+ * cost-aware tree over every bucket, writes the rule's bucket for the host,
+ * cuts the tree at that bucket or j and verifies bucket j's rows.  graph_kernels:
+ * the largest one's kernels; graph_pdl: its programmatic edges. */
+static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
+    for (int32_t j = 0; j < e->n_bgraphs; j++)
+        if (e->bgraph[j]) {
+            DDT_CUDA_TRY(cudaGraphExecDestroy(e->bgraph[j]), err);
+            e->bgraph[j] = NULL;
+        }
+    e->n_bgraphs = 0;
+    for (int32_t j = 0; j < e->tauto.n_buckets; j++) {
+        ddt_cuda_tree_auto a = e->tauto;
+        a.cond = 0;
+        a.capped = true;
+        a.cap = j;
+        a.choice = e->emit_d + DDT_CUDA_EMIT_WORDS;
+        cudaGraph_t g = NULL;
+        DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+        ddt_status st = launch_auto_rows(e, budget, k, &a, a.bucket[j] + 1, err);
+        cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+        int32_t pdl = 0;
+        if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
+        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &pdl, err);
+        if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&e->bgraph[j], g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (st != DDT_OK) return st;
+        if (ce != cudaSuccess)
+            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph of the auto budget's bucket %d (%d rows): %s", j,
+                            a.bucket[j] + 1, cudaGetErrorString(ce));
+        e->n_bgraphs = j + 1;
+        e->graph_pdl = pdl;
+    }
+    e->graph_budget = budget;
+    return DDT_OK;
+}
+
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     if (e->graph) {
         DDT_CUDA_TRY(cudaGraphExecDestroy(e->graph), err);
@@ -514,6 +581,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     ddt_status st;
     cudaError_t ce = cudaSuccess;
     e->graph_pdl = 0;
+    if (e->auto_budget && !auto_switch()) return capture_bucket_graphs(e, budget, k, err);
     if (e->auto_budget) {
         st = capture_auto_round(e, budget, k, &g, &e->graph_kernels, err);
     } else {
@@ -867,6 +935,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     ddt_emitter_push(&em, &bonus, 1);
     int32_t len = n_prompt;
     const bool lockstep = e->stop_d != NULL; /* several GPUs: every rank ends after the same round */
+    int32_t bucket = e->n_bgraphs - 1; /* the auto budget's first round: every bucket open */
     for (uint64_t round = 1;; round++) {
         float stop_flag;
         if (!ddt_emitter_next_round(&em, lockstep, &stop_flag)) break;
@@ -903,7 +972,9 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
-                if (budget == e->max_nodes - 1) {
+                if (budget == e->max_nodes - 1 && e->n_bgraphs > 0) {
+                    DDT_CUDA_TRY(cudaGraphLaunch(e->bgraph[bucket], e->s), err);
+                } else if (budget == e->max_nodes - 1) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
                     TRY(launch_device_round(e, budget, k, err)); /* the context's last rounds */
@@ -911,8 +982,10 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             } else {
                 TRY(sampled_round(e, budget, k, round, err));
             }
-            DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->emit_d, sizeof(int32_t) * DDT_CUDA_EMIT_WORDS,
-                                         cudaMemcpyDeviceToHost, e->s), err);
+            /* with the bucket graphs, one word more: the bucket the rule chose */
+            const size_t words = DDT_CUDA_EMIT_WORDS + (e->n_bgraphs > 0 ? 1 : 0);
+            DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->emit_d, sizeof(int32_t) * words, cudaMemcpyDeviceToHost, e->s),
+                         err);
             DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
             if (stop_all(e)) break;
             m = e->emit_h[0];
@@ -921,6 +994,13 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                                 (unsigned long long)round, e->emit_h[1], m);
             if (!e->auto_budget) n = budget + 1;
             else if (on_device && !auto_host(e)) n = e->emit_h[DDT_CUDA_EMIT_NODES]; /* the device builder's choice */
+            /* the next round's graph: the bucket this round's rule chose (the tree
+               sizes of consecutive rounds follow each other; a round whose cap was
+               below the rule's choice verified its cap's prefix) */
+            if (e->n_bgraphs > 0 && budget == e->max_nodes - 1) {
+                const int32_t c = e->emit_h[DDT_CUDA_EMIT_WORDS];
+                bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;
+            }
             if (!e->opts.cuda_no_phase_times) {
                 s.t_draft += elapsed(e->ev[0], e->ev[1]);
                 s.t_build += elapsed(e->ev[1], e->ev[2]);

@@ -165,7 +165,7 @@ typedef struct build_ctx {
     ddt_tree ct;
     float *dq;
     int32_t *dtok, *dnext, *dbuilt;
-    int mismatched, compared, walks, long_walks, cut, stopped;
+    int mismatched, compared, walks, long_walks, cut, stopped, capped, capped_below;
     int last_built, last_bucket; /* of the latest auto build: nodes built before the stop, bucket index */
 } build_ctx;
 
@@ -534,6 +534,57 @@ static void random_cost(int B, float *nodes, float *verify, ddt_cost_model *cm) 
     *cm = (ddt_cost_model){rnd() % 4 ? 0.3f * rndf() : 0.0f, np, nodes, 1, NULL, verify, 0.0f};
 }
 
+/* The build of one bucket's graph (capped at bucket j, as the engine's per-bucket
+ * graphs build): *choice = the uncapped rule's bucket bj; the tree is the
+ * uncapped one when j >= bj, else its first min(bucket[j], built - 1) + 1 nodes
+ * (pop order), bitwise the CPU's full tree there; the padding runs to bucket j's
+ * end whatever the cut, and nothing past it is written.  A switch with a cap is
+ * refused.  Returns 1 when anything differs. */
+static int check_capped(build_ctx *c, int D, int K, int B, int32_t root, const ddt_cuda_tree_auto *a0, int j,
+                        int bj, int keep, int built) {
+    static host_tree h;
+    static int32_t *dchoice;
+    if (!dchoice) CU(cudaMalloc((void **)&dchoice, 4));
+    const ddt_tree *ct = &c->ct;
+    ddt_cuda_tree_auto a = *a0;
+    a.built = NULL;
+    a.capped = true;
+    a.cap = j;
+    a.choice = dchoice;
+    poison_tree(&c->dt);
+    CU(cudaMemset(dchoice, 0xff, 4));
+    OK(ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    fetch_tree(&c->dt, &h);
+    int32_t choice = -2;
+    CU(cudaMemcpy(&choice, dchoice, 4, cudaMemcpyDeviceToHost));
+    const int want = j >= bj ? keep : (a.bucket[j] < built - 1 ? a.bucket[j] : built - 1) + 1;
+    const int rows = a.bucket[j] + 1;
+    int bad = h.status != 0 || h.n != want || choice != bj, first = -1;
+    for (int i = 0; !bad && i < h.n; i++) {
+        bad |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] || h.depth[i] != ct->depth[i] ||
+               h.rank[i] != ct->rank[i] || memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
+        if (bad) first = i;
+    }
+    for (int i = h.n; !bad && i < rows; i++) {
+        bad |= h.token[i] != root || h.parent[i] != 0 || h.depth[i] != 1;
+        if (bad) first = i;
+    }
+    for (int i = rows; !bad && i < c->dt.capacity && i < rows + 4; i++) bad |= h.token[i] != -1;
+    if (bad && c->mismatched < 8)
+        fprintf(stderr, "capped auto build mismatch: D %d K %d B %d cap %d (bucket %d): n %d (want %d), choice %d "
+                        "(want %d), rows %d; node %d\n", D, K, B, j, a.bucket[j], h.n, want, choice, bj, rows, first);
+    a.cond = 1;
+    ddt_error e;
+    bad |= ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &e) != DDT_ERR_INVALID;
+    a.cond = 0;
+    a.cap = a.n_buckets;
+    bad |= ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &e) != DDT_ERR_INVALID;
+    c->capped++;
+    c->capped_below += j < bj;
+    return bad;
+}
+
 /* The device's cost-aware build of g_logq/g_tok vs the CPU's: ddt_tree_build at
  * the full budget cut by ddt_cost_bucket_cut under the cost table vc[0..B],
  * a->draft_cost and a->bucket; the node count and every kept node bitwise, then
@@ -598,7 +649,11 @@ static int check_auto(build_ctx *c, int D, int K, int B, int32_t root, const flo
     }
     c->cut += keep < ct->n_nodes;
     c->stopped += built < ct->n_nodes;
-    return 0;
+    /* the per-bucket graphs' capped builds: a random cap and the bucket just below the rule's */
+    int capped_bad = check_capped(c, D, K, B, root, a, (int)(rnd() % (uint32_t)a->n_buckets), bj, keep, built);
+    if (bj > 0) capped_bad |= check_capped(c, D, K, B, root, a, bj - 1, bj, keep, built);
+    if (capped_bad) c->mismatched++;
+    return capped_bad;
 }
 
 /* check_auto under a random cost model and random buckets. */
@@ -723,6 +778,10 @@ static void test_build_auto(int iters) {
     CHECK(c.cut * 5 >= iters, "only %d of %d cost-aware builds were cut below the full tree: the test misses the cut",
           c.cut, iters);
     CHECK(c.stopped > 0, "none of %d cost-aware builds stopped early", iters);
+    CHECK(c.capped_below * 10 >= iters, "only %d of %d capped builds cut below the rule's bucket", c.capped_below,
+          c.capped);
+    printf("capped auto builds (one graph per bucket): %d, %d of them below the rule's bucket\n", c.capped,
+           c.capped_below);
     printf("auto build: %d random problems with random cost models, %d differ from the CPU (%d cut below the "
            "budget, %d stopped early)\n", iters, bad, c.cut, c.stopped);
     test_build_auto_stops(&c, dvcost);

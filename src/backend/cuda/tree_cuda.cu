@@ -887,7 +887,13 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         int bj = 0;
         if (AUTO) {
             if (p.a.built && tid == 0) *p.a.built = n;
+            const int n_built = n;
             n = bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
+            if (p.a.choice && tid == 0) *p.a.choice = bj;
+            if (p.a.capped && bj > p.a.cap) { /* this graph verifies bucket cap: its prefix (pop order) */
+                bj = p.a.cap;
+                n = (p.a.bucket[bj] < n_built - 1 ? p.a.bucket[bj] : n_built - 1) + 1;
+            }
         }
         if (tid == 0) {
             s_bucket = bj;
@@ -901,7 +907,7 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         int rows = s_n;
         if (AUTO) {
             const int j = s_bad ? 0 : s_bucket; /* a bad table: the root alone, in the first bucket */
-            rows = p.a.bucket[j] + 1;
+            rows = p.a.bucket[p.a.capped ? p.a.cap : j] + 1; /* capped: the graph's verify size */
             if (p.a.cond) cudaGraphSetConditional((cudaGraphConditionalHandle)p.a.cond, (unsigned)j);
         }
         s_rows = rows;
@@ -1264,6 +1270,9 @@ extern "C" ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *lo
     if (a->bucket[a->n_buckets - 1] != budget)
         return ddt_fail(err, DDT_ERR_INVALID, "auto build: the last verify bucket %d must be the budget %d",
                         a->bucket[a->n_buckets - 1], budget);
+    if (a->capped && (a->cap < 0 || a->cap >= a->n_buckets || a->cond))
+        return ddt_fail(err, DDT_ERR_INVALID, "auto build: cap at bucket %d of %d%s", a->cap, a->n_buckets,
+                        a->cond ? " with a switch" : "");
     return build_launch(t, logq, token, depth, k, budget, vocab, a, stream, err);
 }
 

@@ -15,6 +15,7 @@
 #define DDT_CUDA_TREE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/cuda/cuda_types.h"
@@ -88,7 +89,8 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
  * nobody reads; a node's logits do not depend on the other rows (batch
  * invariance), so padding changes nothing.  The bucket's index goes to the
  * graph's switch node (cudaGraphSetConditional) when `cond` is set, so the
- * graph runs the verify captured for that bucket.
+ * graph runs the verify captured for that bucket; or, `capped`, the graph is
+ * one bucket's (see the fields).
  */
 #define DDT_CUDA_TREE_MAX_BUCKETS 16
 typedef struct ddt_cuda_tree_auto {
@@ -100,6 +102,14 @@ typedef struct ddt_cuda_tree_auto {
     int32_t *built;       /* device [1] or NULL: nodes built (root included) before the early
                              stop, >= *n_nodes (not written for a bad table); for the tests,
                              which check that the build stops early */
+    /* A graph per bucket instead of a switch (the engine's default): `capped`, the
+       graph verifies bucket[cap]'s rows, so the tree is cut at the bucket the rule
+       picks or at cap if that is smaller, and padded to bucket[cap]; *choice (when
+       not NULL) gets the bucket the rule picked before the cap (not written for a
+       bad table), for the host to pick the next round's graph. */
+    bool capped;
+    int32_t cap;
+    int32_t *choice;
 } ddt_cuda_tree_auto;
 
 /* ddt_cuda_tree_build with the cost-aware stop and the padding above (the
