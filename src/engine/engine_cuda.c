@@ -76,6 +76,8 @@ struct ddt_engine_cuda {
        cost ~25 us a round).  DDT_AUTO_SWITCH=1: the one graph with the switch. */
     cudaGraphExec_t bgraph[DDT_CUDA_TREE_MAX_BUCKETS];
     int32_t n_bgraphs;
+    bool bucket_lag;       /* that policy (not DDT_AUTO_SWITCH), on the host builder's rounds too */
+    int32_t auto_bucket;   /* the bucket this round may verify: the rule's choice the round before */
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
     int32_t graph_budget;
@@ -101,6 +103,13 @@ static int next_mode(const ddt_engine_cuda *e) {
     if (e->opts.sampling.temperature <= 0.0f) return NEXT_ARGMAX;
     if (e->opts.cuda_host_sampler) return NEXT_HOST;
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
+}
+
+/* Whether the auto budget runs one graph per bucket (the default) or the one
+ * graph with a switch node (DDT_AUTO_SWITCH=1, for measuring the two). */
+static bool auto_switch(void) {
+    const char *v = getenv("DDT_AUTO_SWITCH");
+    return v && v[0] == '1';
 }
 
 /* Auto rounds of one rank of several stay on the host path, greedy ones too:
@@ -270,6 +279,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
         if ((st = setup_auto(e, err))) goto fail;
+        e->bucket_lag = !auto_switch();
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
     if (!auto_host(e) &&
@@ -527,13 +537,6 @@ static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t
     return DDT_OK;
 }
 
-/* Whether the auto budget runs one graph per bucket (the default) or the one
- * graph with a switch node (DDT_AUTO_SWITCH=1, for measuring the two). */
-static bool auto_switch(void) {
-    const char *v = getenv("DDT_AUTO_SWITCH");
-    return v && v[0] == '1';
-}
-
 /* The auto budget's graphs, one per verify bucket: bgraph[j] builds the
  * cost-aware tree over every bucket, writes the rule's bucket for the host,
  * cuts the tree at that bucket or j and verifies bucket j's rows.  graph_kernels:
@@ -692,8 +695,15 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     const ddt_cuda_tree_auto a =
         budget == e->tauto.bucket[e->tauto.n_buckets - 1] ? e->tauto : single_bucket(e, budget);
     int32_t j;
-    const int32_t keep =
+    int32_t keep =
         ddt_cost_bucket_cut(e->htree.logw, e->htree.n_nodes, e->vcost_h, a.draft_cost, a.bucket, a.n_buckets, &j);
+    if (e->bucket_lag && a.n_buckets == e->tauto.n_buckets) { /* the bucket graphs' rule, as the device runs it */
+        if (j > e->auto_bucket) {
+            const int32_t b = a.bucket[e->auto_bucket];
+            keep = (b < e->htree.n_nodes - 1 ? b : e->htree.n_nodes - 1) + 1;
+        }
+        e->auto_bucket = j;
+    }
     if (keep < e->htree.n_nodes) { /* the kept prefix as a walkable tree of its own */
         memcpy(e->tok_h, e->htree.token, sizeof(int32_t) * (size_t)keep);
         memcpy(e->par_h, e->htree.parent, sizeof(int32_t) * (size_t)keep);
@@ -935,7 +945,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     ddt_emitter_push(&em, &bonus, 1);
     int32_t len = n_prompt;
     const bool lockstep = e->stop_d != NULL; /* several GPUs: every rank ends after the same round */
-    int32_t bucket = e->n_bgraphs - 1; /* the auto budget's first round: every bucket open */
+    e->auto_bucket = e->tauto.n_buckets - 1; /* the auto budget's first round: every bucket open */
     for (uint64_t round = 1;; round++) {
         float stop_flag;
         if (!ddt_emitter_next_round(&em, lockstep, &stop_flag)) break;
@@ -973,7 +983,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->max_nodes - 1 && e->n_bgraphs > 0) {
-                    DDT_CUDA_TRY(cudaGraphLaunch(e->bgraph[bucket], e->s), err);
+                    DDT_CUDA_TRY(cudaGraphLaunch(e->bgraph[e->auto_bucket], e->s), err);
                 } else if (budget == e->max_nodes - 1) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
@@ -999,7 +1009,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                below the rule's choice verified its cap's prefix) */
             if (e->n_bgraphs > 0 && budget == e->max_nodes - 1) {
                 const int32_t c = e->emit_h[DDT_CUDA_EMIT_WORDS];
-                bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;
+                e->auto_bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;
             }
             if (!e->opts.cuda_no_phase_times) {
                 s.t_draft += elapsed(e->ev[0], e->ev[1]);
