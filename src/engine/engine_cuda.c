@@ -1007,7 +1007,8 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             /* the next round's graph: the bucket this round's rule chose (the tree
                sizes of consecutive rounds follow each other; a round whose cap was
                below the rule's choice verified its cap's prefix) */
-            if (e->n_bgraphs > 0 && budget == e->max_nodes - 1) {
+            if (e->n_bgraphs > 0 && budget == e->max_nodes - 1 && on_device && !auto_host(e)) {
+                /* (a host-built round set auto_bucket itself; the device word is stale then) */
                 const int32_t c = e->emit_h[DDT_CUDA_EMIT_WORDS];
                 e->auto_bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;
             }
