@@ -560,7 +560,7 @@ ddt_status ddt_cuda_drafter_append_rows(ddt_cuda_drafter *d, const float *const 
     if (max_m < 1 || max_m > DDT_MAX_PATH)
         return ddt_fail(err, DDT_ERR_INVALID, "drafter append: max_m %d outside 1..%d", max_m, DDT_MAX_PATH);
     /* rows past m may hold anything: gather max_m rows that exist (the gather
-       clamps the row indices itself, as ddt_dflash_clamp_rows would), store only m */
+       clamps the row indices itself to rows that exist), store only m */
     TRY(gather_feat(d, layers, 0, rows, m, max_m, s, err));
     return append_feat(d, max_m, m, 0, max_m, s, err);
 }

@@ -47,7 +47,8 @@
  *     separate poisoned caches: every cache bitwise equal, exactly the appended
  *     rows written; refused arguments fail with DDT_ERR_INVALID;
  *   - the append's K/V store with its advance folded in (advance_ticket: the
- *     last block advances len) against the store then ddt_dflash_advance, each
+ *     last block advances len) against the store then the one-thread advance
+ *     it replaced (test_cuda_drafter_ref.cu), each
  *     on its own caches and len/status: good appends, a count past max_count, a
  *     negative one, len + count past the limit, an empty append, a sticky
  *     status, the count on the host and the device, 5 appends in a row and a
@@ -59,7 +60,8 @@
  *     and the host's copy, bitwise over a poisoned destination with padding
  *     columns and a spare row (1..8 sources, odd widths, no rows); and its
  *     clamped form (ddt_cuda_gather_rows_multi_clamped, append_rows' one launch)
- *     against ddt_dflash_clamp_rows then the plain gather, device lengths below,
+ *     against the clamp launch it replaced (test_cuda_drafter_ref.cu) then the
+ *     plain gather, device lengths below,
  *     at and past the slots, 0 and negative;
  *   - row-stacked weights (ddt_cuda_qweight_concat_rows) in F32, BF16, FP8 and
  *     INT4: the stacked product bitwise the separate products on the FP32 path
@@ -90,6 +92,11 @@
 #include "model/drafter_cuda.h"
 
 #define TOL 1e-5
+
+/* test_cuda_drafter_ref.cu: the clamp and advance launches the append ran before */
+cudaError_t ref_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t max_m, int32_t *out, cudaStream_t s);
+cudaError_t ref_dflash_advance(int32_t *len, int32_t *status, const int32_t *count_dev, int32_t count_host,
+                               int32_t max_count, int32_t limit, cudaStream_t s);
 #define N_ROWS 67 /* capture rows per target layer (a prefill chunk of 64 plus 3) */
 #define MAX_CTX 211
 
@@ -861,7 +868,7 @@ static void test_qkv_prep_layers_op(void) {
 /*
  * The append's K/V store with its advance folded in (advance_ticket set: one
  * launch) against the unfused sequence (the same store without the ticket, then
- * ddt_dflash_advance), each on its own poisoned caches, len and status word, from
+ * ref_dflash_advance), each on its own poisoned caches, len and status word, from
  * the same state: for `steps` appends in a row (the count on the device, counts[k]
  * at step k, or c.count from the host), eagerly or as one captured graph replayed
  * once per step, after every step the caches bitwise equal, len and status equal
@@ -925,8 +932,7 @@ static void prep_advance_run(prep_layers_case c, const int32_t *counts, int step
         CU(cudaMemcpyAsync(dcount, &count, sizeof count, cudaMemcpyHostToDevice, s));
         /* the unfused sequence, then the fused launch (or its graph), on one stream */
         OK(ddt_dflash_qkv_prep(&p[0], (ddt_cuda_stream)s, &err_));
-        OK(ddt_dflash_advance(dstate, dstate + 1, p[0].count_dev, c.count, c.max_count, c.limit, (ddt_cuda_stream)s,
-                              &err_));
+        CU(ref_dflash_advance(dstate, dstate + 1, p[0].count_dev, c.count, c.max_count, c.limit, s));
         if (graph) CU(cudaGraphLaunch(ge, s));
         else OK(ddt_dflash_qkv_prep(&p[1], (ddt_cuda_stream)s, &err_));
         CU(cudaStreamSynchronize(s));
@@ -971,7 +977,7 @@ static void prep_advance_run(prep_layers_case c, const int32_t *counts, int step
 }
 
 static void test_qkv_prep_advance_op(void) {
-    printf("the append's qkv_prep with its advance folded in vs qkv_prep + ddt_dflash_advance:\n");
+    printf("the append's qkv_prep with its advance folded in vs qkv_prep + the one-thread advance:\n");
     /* the shipped drafter's append (4 layers, 2 kv heads x 64, a path slot of 16, the count on the device):
        good appends, one past max_count, one past the limit; then 5 in a row */
     const int32_t one13[1] = {13}, over_max[1] = {17}, neg[1] = {-1}, zero[1] = {0};
@@ -1097,7 +1103,7 @@ static void gather_multi_case(int32_t count, int32_t m, int32_t cols, int32_t pa
     free(ref), free(one), free(many);
 }
 
-/* The append_rows gather: ddt_dflash_clamp_rows then ddt_cuda_gather_rows_multi
+/* The append_rows gather: the clamp launch (ref_dflash_clamp_rows) then ddt_cuda_gather_rows_multi
  * (the sequence the drafter ran) against ddt_cuda_gather_rows_multi_clamped (the
  * one launch it runs now), bitwise over poisoned destinations with a spare row
  * and pad columns, for a device length n below, at and above m, 1, 0 and
@@ -1127,7 +1133,7 @@ static void gather_clamped_case(int32_t count, int32_t m, int32_t cols, int32_t 
     CU(cudaMalloc((void **)&dgot, sizeof(float) * dn));
     bo_poison(dref, sizeof(float) * dn);
     bo_poison(dgot, sizeof(float) * dn);
-    OK(ddt_dflash_clamp_rows(drows, dn_dev, m, dclamped, NULL, &err_));
+    CU(ref_dflash_clamp_rows(drows, dn_dev, m, dclamped, NULL));
     OK(ddt_cuda_gather_rows_multi(dref, ldd, (const float *const *)d_src, count, lds, dclamped, m, cols, NULL,
                                   &err_));
     OK(ddt_cuda_gather_rows_multi_clamped(dgot, ldd, (const float *const *)d_src, count, lds, drows, dn_dev, m, cols,

@@ -2,8 +2,8 @@
  * dflash_cuda.cu — the DFlash drafter's own kernels (see dflash_cuda.h): the
  * per-head norms, RoPE from a cos/sin table and the K/V store into the context
  * cache (one kernel), the non-causal block attention and the device-side append
- * bookkeeping (its own one-thread launch, or folded into the append's last
- * qkv_prep launch: the last block to finish advances len).
+ * bookkeeping (folded into the append's last qkv_prep launch: the last block to
+ * finish advances len).
  *
  * The per-head norm + RoPE + K/V store (ddt_dflash_qkv_prep; of one layer, or of
  * several layers' keys / values side by side) keeps a head in one warp's
@@ -47,34 +47,14 @@ static __device__ __forceinline__ bool append_ok(int len, int count, int max_cou
     return count >= 0 && count <= max_count && len >= 0 && (long long)len + count <= (long long)limit;
 }
 
-/* The append's bookkeeping (ddt_dflash_advance, or the last block of an append's
- * qkv_prep): len advances when the append is valid, else the status is set. */
+/* The append's bookkeeping (the last block of an append's qkv_prep): len
+ * advances when the append is valid, else the status is set. */
 static __device__ __forceinline__ void advance_one(int32_t *len_p, int32_t *status, int len, int count,
                                                    int max_count, int limit) {
     if (append_ok(len, count, max_count, limit))
         *len_p = len + count;
     else
         *status = DDT_DFLASH_BAD_APPEND;
-}
-
-/* ------------------------------------------------------------------ rows */
-
-static __global__ void clamp_rows_kernel(const int32_t *__restrict__ rows, const int32_t *__restrict__ m_p,
-                                         int max_m, int32_t *__restrict__ out) {
-    DDT_GRID_DEP_WAIT();
-    int m = *m_p;
-    if (m > max_m) m = max_m;
-    for (int k = threadIdx.x; k < max_m; k += blockDim.x) out[k] = m >= 1 ? rows[k < m ? k : m - 1] : 0;
-}
-
-extern "C" ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t max_m, int32_t *out,
-                                            ddt_cuda_stream stream, ddt_error *err) {
-    if (!rows || !m || !out) return ddt_fail(err, DDT_ERR_INVALID, "dflash clamp_rows: NULL argument");
-    if (max_m < 1 || max_m > 1024) return ddt_fail(err, DDT_ERR_RANGE, "dflash clamp_rows: max_m %d", max_m);
-    cudaStream_t s = (cudaStream_t)stream;
-    clamp_rows_kernel<<<1, 64, 0, s>>>(rows, m, max_m, out);
-    DDT_CUDA_LAUNCHED("dflash_clamp_rows", s, err);
-    return DDT_OK;
 }
 
 /* ------------------------------------------------------------------ q/k norm + RoPE + K/V store */
@@ -157,7 +137,7 @@ static __device__ __forceinline__ void qkv_prep_item(const ddt_dflash_qkv &p, in
  * to finish: every block counts in once, after a __syncthreads that follows all
  * of its threads' read of *p.len, so no block can still be reading len when the
  * last one moves it; len and count are the same in every block, so the last
- * block decides exactly as ddt_dflash_advance's thread would after the launch. */
+ * block decides exactly as a one-thread launch after this one would. */
 template <int NP>
 static __global__ void __launch_bounds__(PREP_WARPS * 32) qkv_prep_kernel(const ddt_dflash_qkv p) {
     DDT_GRID_DEP_WAIT();
@@ -222,23 +202,6 @@ extern "C" ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stre
     else
         qkv_prep_kernel<8><<<grid, PREP_WARPS * 32, 0, s>>>(*p);
     DDT_CUDA_LAUNCHED("dflash_qkv_prep", s, err);
-    return DDT_OK;
-}
-
-/* ------------------------------------------------------------------ advance */
-
-static __global__ void advance_kernel(int32_t *len_p, int32_t *status, const int32_t *count_dev, int count_host,
-                                      int max_count, int limit) {
-    DDT_GRID_DEP_WAIT();
-    advance_one(len_p, status, *len_p, read_count(count_dev, count_host), max_count, limit);
-}
-
-extern "C" ddt_status ddt_dflash_advance(int32_t *len, int32_t *status, const int32_t *count_dev, int32_t count_host,
-                                         int32_t max_count, int32_t limit, ddt_cuda_stream stream, ddt_error *err) {
-    if (!len || !status) return ddt_fail(err, DDT_ERR_INVALID, "dflash advance: NULL argument");
-    cudaStream_t s = (cudaStream_t)stream;
-    advance_kernel<<<1, 1, 0, s>>>(len, status, count_dev, count_host, max_count, limit);
-    DDT_CUDA_LAUNCHED("dflash_advance", s, err);
     return DDT_OK;
 }
 

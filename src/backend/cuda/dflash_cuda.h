@@ -47,12 +47,6 @@ enum { DDT_DFLASH_OK = 0, DDT_DFLASH_BAD_APPEND = 1 };
  * count = *count_dev when count_dev is not NULL, else count_host.
  */
 
-/* out[k] = rows[min(k, m - 1)] for k < max_m (0 when m < 1): the accepted path's
- * rows, with the slots past m (whatever the caller left there) replaced by a row
- * that exists, so gathering max_m rows never reads outside the capture. */
-ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t max_m, int32_t *out,
-                                 ddt_cuda_stream stream, ddt_error *err);
-
 /*
  * Everything between a layer's q/k/v projections and its attention, in one
  * launch: Qwen3's per-head RMSNorm (q_norm, k_norm), rotate_half RoPE and the K/V
@@ -80,10 +74,10 @@ ddt_status ddt_dflash_clamp_rows(const int32_t *rows, const int32_t *m, int32_t 
  *
  * The append's advance folded into the launch (advance_ticket not NULL; the
  * draft's prep, which must not advance, leaves it NULL): after every block has
- * done its rows, the last block to finish does what ddt_dflash_advance(len,
- * advance_status, count_dev, count_host, max_count, limit) would do after the
- * launch (len += count, or the status set to DDT_DFLASH_BAD_APPEND), one launch
- * fewer.  advance_len must be len (the same word, written); the ticket must be 0
+ * done its rows, the last block to finish applies the append rule above to len
+ * and count: len += count when the append is valid, else *advance_status =
+ * DDT_DFLASH_BAD_APPEND and len unchanged (what a separate one-thread launch did
+ * after it, one launch fewer; tests/cuda/test_cuda_drafter_ref.cu keeps it).  advance_len must be len (the same word, written); the ticket must be 0
  * before the launch and is 0 again after it (graph replays included), and is
  * used by one launch at a time.
  */
@@ -118,11 +112,6 @@ typedef struct ddt_dflash_qkv {
 } ddt_dflash_qkv;
 
 ddt_status ddt_dflash_qkv_prep(const ddt_dflash_qkv *p, ddt_cuda_stream stream, ddt_error *err);
-
-/* len += count and status stays as it was when the append is valid (rule above);
- * otherwise len is unchanged and *status = DDT_DFLASH_BAD_APPEND.  One thread. */
-ddt_status ddt_dflash_advance(int32_t *len, int32_t *status, const int32_t *count_dev, int32_t count_host,
-                              int32_t max_count, int32_t limit, ddt_cuda_stream stream, ddt_error *err);
 
 /* Geometry of the block attention. */
 typedef struct ddt_dflash_attn {

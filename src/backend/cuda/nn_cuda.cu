@@ -142,8 +142,8 @@ struct GatherSrcs {
 /* blockIdx.x: the row k, blockIdx.y: the source i, whose row goes to column block
  * i.  The sources are a __grid_constant__ parameter so that indexing them by
  * blockIdx.y reads the parameter in place (a plain one is copied to local memory
- * first).  n_dev not NULL: the row index is clamped first, exactly as
- * clamp_rows_kernel (dflash_cuda.cu) would have stored it, with max_m = gridDim.x. */
+ * first).  n_dev not NULL: the row index is clamped first, rows[min(k, c - 1)]
+ * with c = min(*n_dev, gridDim.x), row 0 when c < 1. */
 static __global__ void gather_rows_multi_kernel(float *dst, int64_t ldd, const __grid_constant__ GatherSrcs srcs,
                                                 int64_t lds, const int32_t *__restrict__ rows,
                                                 const int32_t *__restrict__ n_dev, int cols) {

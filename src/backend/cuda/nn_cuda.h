@@ -79,8 +79,9 @@ ddt_status ddt_cuda_gather_rows_multi(float *dst, int64_t ldd, const float *cons
 
 /* ddt_cuda_gather_rows_multi of the rows clamped to a length on the device:
  * row k < m reads rows[min(k, c - 1)], c = min(*n_dev, m), and row 0 of every
- * source when c < 1 -- bitwise ddt_dflash_clamp_rows(rows, n_dev, m, tmp) then
- * the plain gather of tmp, in one launch.  The drafter's append gathers a fixed
+ * source when c < 1 -- bitwise a launch that clamps the indices into a buffer
+ * (tests/cuda/test_cuda_drafter_ref.cu) then the plain gather of it, in one
+ * launch.  The drafter's append gathers a fixed
  * m rows of an accepted path whose length n_dev only the device knows (the
  * slots past it hold anything), so every row read exists. */
 ddt_status ddt_cuda_gather_rows_multi_clamped(float *dst, int64_t ldd, const float *const *src, int32_t count,

@@ -71,6 +71,9 @@ static uint64_t scale_bytes(const ddt_qweight *w) {
 
 extern "C" uint64_t ddt_cuda_qweight_bytes(const ddt_qweight *w) { return data_bytes(w) + scale_bytes(w); }
 
+/* The dense dtypes the kernels read (qfmt_of maps these; anything else is refused). */
+static bool dense_dtype_ok(ddt_dtype t) { return t == DDT_DTYPE_F32 || t == DDT_DTYPE_BF16 || t == DDT_DTYPE_F16; }
+
 static ddt_status check_weight(const ddt_qweight *w, const char *what, ddt_error *err) {
     if (!w || !w->data) return ddt_fail(err, DDT_ERR_INVALID, "%s: no weight data", what);
     if (w->rows < 1 || w->cols < 1)
@@ -78,7 +81,7 @@ static ddt_status check_weight(const ddt_qweight *w, const char *what, ddt_error
                         (long long)w->cols);
     switch (w->format) {
     case DDT_Q_DENSE:
-        if (w->dtype != DDT_DTYPE_F32 && w->dtype != DDT_DTYPE_BF16 && w->dtype != DDT_DTYPE_F16)
+        if (!dense_dtype_ok(w->dtype))
             return ddt_fail(err, DDT_ERR_UNSUPPORTED, "%s: dense weight of dtype %d", what, (int)w->dtype);
         return DDT_OK;
     case DDT_Q_FP8_BLOCK:
@@ -1081,8 +1084,7 @@ extern "C" bool ddt_cuda_qweight_transpose_ok(const ddt_qweight *w, const ddt_ro
     if (!w || !g || !w->data || g->count < 1 || g->rows < 1 || g->w_row_offset < 0 || g->w_row_stride < 0 ||
         (int64_t)(g->count - 1) * g->w_row_stride + g->w_row_offset + g->rows > w->rows)
         return false;
-    if (w->format == DDT_Q_DENSE)
-        return w->dtype == DDT_DTYPE_F32 || w->dtype == DDT_DTYPE_BF16 || w->dtype == DDT_DTYPE_F16;
+    if (w->format == DDT_Q_DENSE) return dense_dtype_ok(w->dtype);
     if (w->format != DDT_Q_FP8_BLOCK || w->block < 1 || !w->scale_inv) return false;
     /* whole scale blocks on both sides: every transposed block is one source block */
     const int64_t B = w->block;
@@ -1215,7 +1217,7 @@ extern "C" bool ddt_cuda_qweight_interleave_ok(const ddt_qweight *a, const ddt_q
         a->format != b->format || a->dtype != b->dtype || a->rows > INT64_MAX / 4)
         return false;
     switch (a->format) {
-    case DDT_Q_DENSE: return a->dtype == DDT_DTYPE_F32 || a->dtype == DDT_DTYPE_BF16 || a->dtype == DDT_DTYPE_F16;
+    case DDT_Q_DENSE: return dense_dtype_ok(a->dtype);
     case DDT_Q_INT4_GROUP: return a->group >= 1 && a->group == b->group && a->scale && b->scale;
     default: return false; /* FP8: a scale block covers 128 rows of one weight */
     }

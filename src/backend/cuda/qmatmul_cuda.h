@@ -214,7 +214,9 @@ ddt_status ddt_cuda_qweight_stack_rows(ddt_qweight *const *parts, int32_t count,
 
 /* Embedding gather: out[t][0..cols) = dequantised row ids[t] of w (ids is a
  * device array of n ids, each checked against rows: an id out of range writes
- * NaN to its row).  out row stride ldo. */
+ * NaN to its row).  out row stride ldo.  The engine's forwards start with
+ * ddt_cuda_embed_rmsnorm instead; this plain gather stays the general op (a
+ * forward without a first norm) and that one's reference in the tests. */
 ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, int32_t n, float *out, int64_t ldo,
                           ddt_cuda_stream stream, ddt_error *err);
 
