@@ -38,6 +38,8 @@ typedef struct dev_layer {
                           (stack_front), one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
+    bool shared_in_moe; /* the shared expert's down runs in the routed experts' down launch
+                           (ddt_cuda_moe_args.shared_down; fuse_shared_down) */
     dev_mlp mlp, shared;
     ddt_cuda_moe_layer experts;
 } dev_layer;
@@ -202,6 +204,17 @@ static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) 
     return stack_pair(&d->router, &d->shared.gate_up, &d->front, err);
 }
 
+/* Unsharded, on the FP32 path, with the front stacked and the shared gate / up
+ * paired (silu(gate) * up written by the front's product): the shared expert's
+ * down projection runs in the routed experts' down launch, one launch less per
+ * MoE layer, bitwise the separate product (moe_cuda.h).  Sharded, the shared
+ * expert's partial sum meets the all-reduce as before; every other layer keeps
+ * its own launch. */
+static void fuse_shared_down(const ddt_cuda_target *t, dev_layer *d) {
+    d->shared_in_moe = t->mm == DDT_CUDA_MM_FP32 && !t->sharded && d->has_shared && d->front.data &&
+                       d->shared.paired && ddt_cuda_moe_shared_down_ok(&d->experts, &d->shared.down);
+}
+
 /* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
 static bool owns_dense(const ddt_cuda_target *t) { return !t->sharded || t->shard.dense; }
 
@@ -276,7 +289,9 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
     d->has_shared = h->has_shared && owns_dense(t);
     if (d->has_shared && (st = up_mlp(t, &h->shared, &d->shared, err)) != DDT_OK) return st;
-    return stack_front(t, d, err);
+    if ((st = stack_front(t, d, err)) != DDT_OK) return st;
+    fuse_shared_down(t, d);
+    return DDT_OK;
 }
 
 /* The tensor-core projections' workspace (qmatmul_cuda.h): the widest input a
@@ -576,7 +591,9 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     if (d->has_shared &&
         (st = rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)))
         return st;
-    return stack_front(t, d, err);
+    if ((st = stack_front(t, d, err)) != DDT_OK) return st;
+    fuse_shared_down(t, d);
+    return DDT_OK;
 }
 
 ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda_target_options *opts,
@@ -908,7 +925,8 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 ld_rl = t->dims.n_experts + L->shared.down.cols;
                 TRY(ddt_cuda_matmul_swiglu(&L->front, t->dims.n_experts, t->xn, H, n, t->front, ld_rl, s, err));
                 rlogits = t->front;
-                TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
+                if (!L->shared_in_moe) /* else in ddt_cuda_moe_run's down launch, below */
+                    TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
             } else if (L->front.data) { /* router | shared gate | shared up: one product */
                 ld_rl = L->front.rows;
                 TRY(ddt_cuda_matmul(&L->front, t->xn, H, n, t->front, ld_rl, s, err));
@@ -930,6 +948,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 ma.shared = L->has_shared ? t->tmp : NULL, ma.ld_shared = H;
                 ma.norm_w = next_norm, ma.eps = t->dims.eps;
                 ended = true;
+            }
+            if (L->shared_in_moe) { /* mlp_down's product on the same rows, into the same buffer */
+                ma.shared_down = &L->shared.down;
+                ma.shared_x = t->front + t->dims.n_experts, ma.ld_shared_x = ld_rl;
+                ma.shared_y = t->tmp, ma.ld_shared_y = H;
             }
             TRY(ddt_cuda_moe_run(&L->experts, &ma, s, err));
             if (t->probe.rlogits)

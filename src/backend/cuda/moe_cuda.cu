@@ -17,6 +17,10 @@
  *      token of its expert and writes silu(g) * u.  Blocks of expert slots past the
  *      number touched leave at once (the grid is sized for min(n*top_k, experts)).
  *   3. down: the same shape over hidden rows, into one output row per entry.
+ *      With a shared expert's down projection (ddt_cuda_moe_args.shared_down, FP32
+ *      path) the grid has more work items in front, items of tokens instead of
+ *      entries, whose warps run that product (shared_down_rows): one launch less
+ *      per MoE layer, and its blocks run beside the routed ones instead of after.
  *   4. combine: per token, its entries sorted by expert index, acc = 0.0f then
  *      acc = acc + w * out, in that order (the CPU's order).
  * ddt_cuda_moe_run fuses the neighbours (issue 13): for n <= 64 the router runs
@@ -645,12 +649,76 @@ moe_gateup_kernel(const QView W, MoeWs ws, const float *__restrict__ x, int64_t 
     }
 }
 
-/* warp: hidden rows o0 .. o0+R-1 of down for every token of the expert */
+/* The shared expert's down projection inside the routed down launch
+ * (ddt_cuda_moe_args.shared_down): y[t] = x[t] W^T for tokens t < n, in items of
+ * per_item tokens, one item per grid row blockIdx.y < items. */
+struct SharedDown {
+    QView W;           /* [hidden][s_inter]: qview_make of the weight, as ddt_cuda_matmul builds it */
+    const float *x;    /* [n][s_inter], row stride ldx */
+    int64_t ldx;
+    float *y;          /* [n][hidden], row stride ldy */
+    int64_t ldy;
+    int n, items, per_item;
+    bool xvec;         /* x and ldx 16-byte aligned: float4 loads (the same values) */
+};
+
+/* No shared down in the launch: the down kernel's instance without that branch. */
+#define SH_NONE (-1)
+
+/* warp: hidden rows o0 .. o0+R-1 of the shared down for the item's tokens, TB at
+ * a time.  Each element is warp_dot of one weight row with one token's row, the
+ * function ddt_cuda_matmul's mm_kernel runs, and warp_dot's order depends on the
+ * weight's columns only (never on R, TB, U, which tokens share a warp or the
+ * alignment path): the bits of the separate product. */
 template <int F, int R, int TB, int U>
+static __device__ __forceinline__ void shared_down_rows(const SharedDown &sd, int hidden) {
+    const int lane = threadIdx.x & 31;
+    const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * R;
+    if (o0 >= hidden) return;
+    const int tok0 = (int)blockIdx.y * sd.per_item;
+    const int cnt = sd.n - tok0 < sd.per_item ? sd.n - tok0 : sd.per_item;
+    const uint8_t *wd[R];
+    const void *wsc[R];
+    int64_t row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wd[r] = sd.W.data;
+        wsc[r] = sd.W.scale;
+        row[r] = o0 + r < hidden ? o0 + r : hidden - 1; /* spare rows recompute the last one, unwritten */
+    }
+    for (int t0 = 0; t0 < cnt; t0 += TB) {
+        const int ntok = cnt - t0 < TB ? cnt - t0 : TB;
+        const float *xr[TB];
+#pragma unroll
+        for (int t = 0; t < TB; t++) xr[t] = sd.x + (int64_t)(tok0 + t0 + (t < ntok ? t : 0)) * sd.ldx;
+        float out[R][TB];
+        warp_dot<F, R, TB, U>(sd.W, wd, wsc, row, xr, ntok, sd.xvec, out);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+                if (lane == r * TB + t && t < ntok && o0 + r < hidden)
+                    sd.y[(int64_t)(tok0 + t0 + t) * sd.ldy + o0 + r] = out[r][t];
+    }
+}
+
+/* warp: hidden rows o0 .. o0+R-1 of down for every token of the expert.  FS: the
+ * shared down's format when grid rows 0 .. sd.items-1 run it (shared_down_rows;
+ * the routed items follow), SH_NONE for the launch without it (no such branch in
+ * the code: an epilogue variant is an instance, not a runtime branch). */
+template <int F, int R, int TB, int U, int FS>
 static __global__ void __launch_bounds__(EX_WARPS * 32)
-moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter) {
+moe_down_kernel(const QView W, MoeWs ws, bool hvec, int hidden, int inter, const SharedDown sd) {
     DDT_GRID_DEP_WAIT();
-    const SlotRec rec = ws.rec[blockIdx.y];
+    unsigned item = blockIdx.y; /* unsigned: without FS, the index arithmetic of the kernel before the fold */
+    if constexpr (FS != SH_NONE) {
+        if (item < (unsigned)sd.items) {
+            shared_down_rows<FS, R, TB, U>(sd, hidden);
+            return;
+        }
+        item -= (unsigned)sd.items;
+    }
+    const SlotRec rec = ws.rec[item];
     if (rec.cnt == 0) return;
     const int lane = threadIdx.x & 31;
     const int o0 = (blockIdx.x * EX_WARPS + (threadIdx.x >> 5)) * R;
@@ -822,28 +890,49 @@ moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict
  * Decode (about one token per expert) wants many loads in flight and no idle
  * token slots; big batches want several tokens per weight load.
  */
-template <int F, int TB, int U, int RD, int UD>
+template <int F, int TB, int U, int RD, int UD, int FS>
 static ddt_status experts_launch(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                                 const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+                                 const MoeWs &ws, const SharedDown &sd, cudaStream_t s, ddt_error *err) {
     const int H = m->hidden, I = m->inter;
     const bool hvec = I % 4 == 0;
     const QView Wgu = qview_make<F>(m->host_copy[0]), Wd = qview_make<F>(m->host_copy[2 * m->n_experts]);
     dim3 g1((unsigned)((I + 2 * EX_WARPS - 1) / (2 * EX_WARPS)), (unsigned)slots);
     moe_gateup_kernel<F, TB, U><<<g1, EX_WARPS * 32, 0, s>>>(Wgu, ws, x, ldx, xvec, I);
     DDT_CUDA_LAUNCHED("moe_gateup", s, err);
-    dim3 g2((unsigned)((H + RD * EX_WARPS - 1) / (RD * EX_WARPS)), (unsigned)slots);
-    moe_down_kernel<F, RD, TB, UD><<<g2, EX_WARPS * 32, 0, s>>>(Wd, ws, hvec, H, I);
-    DDT_CUDA_LAUNCHED("moe_down", s, err);
+    /* the shared down's items (none without it) in front of the routed ones */
+    dim3 g2((unsigned)((H + RD * EX_WARPS - 1) / (RD * EX_WARPS)), (unsigned)(sd.items + slots));
+    moe_down_kernel<F, RD, TB, UD, FS><<<g2, EX_WARPS * 32, 0, s>>>(Wd, ws, hvec, H, I, sd);
+    DDT_CUDA_LAUNCHED(FS == SH_NONE ? "moe_down" : "moe_down + shared down", s, err);
     return DDT_OK;
 }
 
-template <int F>
+template <int F, int FS>
 static ddt_status experts_launch_tb(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
-                                    int TB, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    if (TB == 1) return experts_launch<F, 1, 4, 8, 2>(m, x, ldx, xvec, slots, ws, s, err);
-    if (TB == 2) return experts_launch<F, 2, 2, 8, 1>(m, x, ldx, xvec, slots, ws, s, err);
-    return experts_launch<F, 4, 1, 4, 1>(m, x, ldx, xvec, slots, ws, s, err);
+                                    int TB, const MoeWs &ws, const SharedDown &sd, cudaStream_t s, ddt_error *err) {
+    if (TB == 1) return experts_launch<F, 1, 4, 8, 2, FS>(m, x, ldx, xvec, slots, ws, sd, s, err);
+    if (TB == 2) return experts_launch<F, 2, 2, 8, 1, FS>(m, x, ldx, xvec, slots, ws, sd, s, err);
+    return experts_launch<F, 4, 1, 4, 1, FS>(m, x, ldx, xvec, slots, ws, sd, s, err);
 }
+
+/* The FP32 experts of format F with the shared down of format fs (sd.items > 0)
+ * or without it: the pairs ddt_cuda_moe_shared_down_ok admits (the same format,
+ * or BF16 beside INT4) are the only instances, to keep the build's kernel count
+ * down. */
+template <int F>
+static ddt_status experts_launch_fs(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, bool xvec, int slots,
+                                    int TB, const MoeWs &ws, const SharedDown &sd, int fs, cudaStream_t s,
+                                    ddt_error *err) {
+    if (sd.items == 0) return experts_launch_tb<F, SH_NONE>(m, x, ldx, xvec, slots, TB, ws, sd, s, err);
+    if (fs == F) return experts_launch_tb<F, F>(m, x, ldx, xvec, slots, TB, ws, sd, s, err);
+    if constexpr (F == QF_INT4) {
+        if (fs == QF_BF16) return experts_launch_tb<F, QF_BF16>(m, x, ldx, xvec, slots, TB, ws, sd, s, err);
+    }
+    return ddt_fail(err, DDT_ERR_UNSUPPORTED, "moe_experts: shared down format %d beside experts of format %d", fs,
+                    F);
+}
+
+/* The format pairs experts_launch_fs runs. */
+static bool shared_pair_ok(int f, int fs) { return fs == f || (f == QF_INT4 && fs == QF_BF16); }
 
 /*
  * Tensor-core path (wstream.cuh): work items of at most C = 8*NT entries, grid
@@ -932,6 +1021,36 @@ extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *
     return DDT_OK;
 }
 
+/* A weight ddt_cuda_matmul's FP32 path takes (qmatmul_cuda.cu's check_weight and
+ * mm_check, for a weight read as x W^T), and its format. */
+static bool plain_weight_ok(const ddt_qweight *w) {
+    if (!w || !w->data || w->rows < 1 || w->cols < 1) return false;
+    switch (w->format) {
+    case DDT_Q_DENSE: return w->dtype == DDT_DTYPE_F32 || w->dtype == DDT_DTYPE_BF16 || w->dtype == DDT_DTYPE_F16;
+    case DDT_Q_FP8_BLOCK: return w->block >= 16 && w->block % 16 == 0 && w->scale_inv;
+    case DDT_Q_INT4_GROUP:
+        return w->scale && w->group == 32 && w->cols % 32 == 0 && qview_make<QF_INT4>(*w).wvec;
+    }
+    return false;
+}
+
+extern "C" bool ddt_cuda_moe_shared_down_ok(const ddt_cuda_moe_layer *m, const ddt_qweight *down) {
+    if (!m || !m->host_copy || m->mode != DDT_CUDA_MM_FP32 || !plain_weight_ok(down) || down->rows != m->hidden)
+        return false;
+    return shared_pair_ok(qfmt_of(m->host_copy[0]), qfmt_of(*down));
+}
+
+/* qview_make for a format known at run time. */
+static QView qview_of(const ddt_qweight &w) {
+    switch (qfmt_of(w)) {
+    case QF_F32: return qview_make<QF_F32>(w);
+    case QF_BF16: return qview_make<QF_BF16>(w);
+    case QF_F16: return qview_make<QF_F16>(w);
+    case QF_FP8: return qview_make<QF_FP8>(w);
+    default: return qview_make<QF_INT4>(w);
+    }
+}
+
 extern "C" ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int64_t ldx, int32_t n,
                                            const int32_t *idx, const float *w, int32_t top_k, float *out, int64_t ldo,
                                            void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
@@ -971,6 +1090,19 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         if (!args->resid || args->out == args->resid || (args->shared && (args->out == args->shared ||
                                                                           args->shared == args->resid)))
             return ddt_fail(err, DDT_ERR_INVALID, "moe_run: fused end without a residual, or aliased buffers");
+    }
+    const ddt_qweight *sdw = args->shared_down;
+    if (sdw) {
+        if (!ddt_cuda_moe_shared_down_ok(m, sdw))
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED,
+                            "moe_run: shared down [%lld, %lld] format %d dtype %d beside a layer of hidden %d, mode "
+                            "%d (ddt_cuda_moe_shared_down_ok)",
+                            (long long)sdw->rows, (long long)sdw->cols, (int)sdw->format, (int)sdw->dtype, m->hidden,
+                            (int)m->mode);
+        const float *sy = args->shared_y;
+        if (!args->shared_x || !sy || args->ld_shared_x < sdw->cols || args->ld_shared_y < m->hidden ||
+            sy == args->shared_x || sy == args->out || (args->norm_w && sy == args->resid))
+            return ddt_fail(err, DDT_ERR_INVALID, "moe_run: shared down without its rows, or aliased buffers");
     }
     if ((uintptr_t)args->workspace % 256 != 0) /* ws_layout's alignment: float4 reads of its rows */
         return ddt_fail(err, DDT_ERR_INVALID, "moe_experts: workspace not 256-byte aligned");
@@ -1026,7 +1158,10 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     } else {
         TB = M * 2 <= E ? 1 : M <= 2 * E ? 2 : 4;
         C = TB;
-        while (touched + M / C > 65535) C *= 2; /* grid.y limit: longer items, looped TB at a time */
+        /* grid.y limit: longer items, looped TB at a time; the shared down's items
+           of C tokens share the down launch's grid */
+        const int64_t sh_n = sdw ? n : 0;
+        while (touched + M / C + (sh_n + C - 1) / C > 65535) C *= 2;
     }
     /* first-list slots: one item per touched expert when no expert can exceed C
        entries (n <= C); else ceil(c / C) each, at most touched + M / C */
@@ -1054,6 +1189,23 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         moe_sort_kernel<<<1 + split_blocks, SORT_THREADS, 0, s>>>(idx, sa, ws, xsp);
         DDT_CUDA_LAUNCHED("moe_sort", s, err);
     }
+    /* the shared down's launch arguments (items 0: none): ddt_cuda_matmul's view of
+       the weight and its alignment test of x */
+    SharedDown sd;
+    memset(&sd, 0, sizeof sd);
+    int fs = -1;
+    if (sdw) { /* never tc: ddt_cuda_moe_shared_down_ok took an FP32-mode layer only */
+        fs = qfmt_of(*sdw);
+        sd.W = qview_of(*sdw);
+        sd.x = args->shared_x;
+        sd.ldx = args->ld_shared_x;
+        sd.y = args->shared_y;
+        sd.ldy = args->ld_shared_y;
+        sd.n = n;
+        sd.per_item = C;
+        sd.items = (n + C - 1) / C;
+        sd.xvec = (uintptr_t)sd.x % 16 == 0 && sd.ldx % 4 == 0;
+    }
     ddt_status st;
     if (tc) {
         switch (F) {
@@ -1063,11 +1215,11 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         }
     } else {
         switch (F) {
-        case QF_F32: st = experts_launch_tb<QF_F32>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
-        case QF_BF16: st = experts_launch_tb<QF_BF16>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
-        case QF_F16: st = experts_launch_tb<QF_F16>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
-        case QF_FP8: st = experts_launch_tb<QF_FP8>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
-        default: st = experts_launch_tb<QF_INT4>(m, x, ldx, xvec, slots, TB, ws, s, err); break;
+        case QF_F32: st = experts_launch_fs<QF_F32>(m, x, ldx, xvec, slots, TB, ws, sd, fs, s, err); break;
+        case QF_BF16: st = experts_launch_fs<QF_BF16>(m, x, ldx, xvec, slots, TB, ws, sd, fs, s, err); break;
+        case QF_F16: st = experts_launch_fs<QF_F16>(m, x, ldx, xvec, slots, TB, ws, sd, fs, s, err); break;
+        case QF_FP8: st = experts_launch_fs<QF_FP8>(m, x, ldx, xvec, slots, TB, ws, sd, fs, s, err); break;
+        default: st = experts_launch_fs<QF_INT4>(m, x, ldx, xvec, slots, TB, ws, sd, fs, s, err); break;
         }
     }
     if (st != DDT_OK) return st;

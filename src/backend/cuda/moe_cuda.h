@@ -4,7 +4,8 @@
  * expert so that each touched expert's weights are read once for all the
  * tokens routed to it, with bf16 / FP8-block / INT4 weights dequantised inside
  * the kernels.  The shared expert is a plain MLP the caller runs with
- * qmatmul_cuda.h.
+ * qmatmul_cuda.h, except, on the FP32 path, its down projection, which may run
+ * inside the routed experts' down launch (ddt_cuda_moe_args.shared_down).
  *
  * Determinism contract (as qmatmul_cuda.h): every output value depends only on
  * its own token's inputs, whatever the other tokens and n are; a token's routed
@@ -105,7 +106,18 @@ ddt_status ddt_cuda_moe_experts(const ddt_cuda_moe_layer *m, const float *x, int
  * (or a copy of the buffer without shared) and ddt_cuda_add_rmsnorm(resid, shared)
  * store, when the buffer's rows would be 16-byte aligned with a stride a multiple
  * of 4 like shared's (ddt_cuda_add_rmsnorm's alignment condition).  out may be x
- * (read by earlier launches only) but not resid or shared. */
+ * (read by earlier launches only) but not resid or shared.
+ *
+ * Shared expert's down projection (issue 13: one launch less per MoE layer): with
+ * shared_down set, the routed experts' down launch also computes
+ *     shared_y[t] = shared_down(shared_x[t])   for every token t < n
+ * as more blocks of the same grid, each element by the same device function and
+ * order as ddt_cuda_matmul (qmatmul_dev.cuh's warp_dot: an element's order depends
+ * on the weight's columns only), so shared_y is bitwise that product's output.
+ * The combine runs after that launch, so shared may be shared_y (the fused end
+ * then adds it).  Only where ddt_cuda_moe_shared_down_ok(m, shared_down) holds
+ * (else DDT_ERR_UNSUPPORTED).  shared_y must not overlap shared_x, resid, out
+ * or the workspace. */
 typedef struct ddt_cuda_moe_args {
     const float *x; int64_t ldx;            /* [n][hidden] the experts' input */
     int32_t n, top_k;                       /* n <= the workspace's max_tokens (and <= 65535) */
@@ -117,10 +129,22 @@ typedef struct ddt_cuda_moe_args {
     const float *shared; int64_t ld_shared; /* [n][hidden] with norm_w, or NULL */
     const float *norm_w; float eps;         /* [hidden], or NULL: no fused end */
     void *workspace; size_t workspace_bytes;
+    const ddt_qweight *shared_down;         /* device weight [hidden][s_inter], or NULL: no shared down here */
+    const float *shared_x; int64_t ld_shared_x; /* [n][s_inter] its input, silu(gate) * up */
+    float *shared_y; int64_t ld_shared_y;   /* [n][hidden] its output */
 } ddt_cuda_moe_args;
 
 ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cuda_moe_args *a, ddt_cuda_stream stream,
                             ddt_error *err);
+
+/* Can ddt_cuda_moe_run take `down` (a device weight, a shared expert's down
+ * projection) as its shared_down?  The layer's experts must run the FP32 path
+ * (mode DDT_CUDA_MM_FP32), down must have hidden rows and be a weight
+ * ddt_cuda_matmul takes, in the experts' format (F32, BF16, F16, FP8 blocks, INT4
+ * groups), or BF16 beside INT4 experts (Kimi K2's layout): the pairs the down
+ * kernel is instantiated for.  A property of the weights only (never of n), so a
+ * caller decides once at load. */
+bool ddt_cuda_moe_shared_down_ok(const ddt_cuda_moe_layer *m, const ddt_qweight *down);
 
 /* For benchmarks: the tensor-core path's work items hold at most 8*nt tokens (nt 1, 2
  * or 4; 0 = the default choice by n).  Process-wide; results do not change, only speed. */
