@@ -27,8 +27,10 @@ case $cmd in
       git rev-parse --verify -q "$b^{commit}" > /dev/null || { echo "gpu-ab: no branch or commit '$b'"; exit 2; }
       d="ab/$(echo "$b" | tr -c 'A-Za-z0-9_.\n-' '_')"
       rm -rf "$d" && mkdir -p "$d"
-      # models/ and train/ come from A (linked at run time): the archive stays small
-      git archive --format=tar "$b" -- . ':!models' ':!train' | tar -x -C "$d" || exit 1
+      # models/, train/ and tests/fixtures/ come from A (linked at run time): the archive stays
+      # small (the device tool carries 64 MiB in all); a branch that changes fixtures says so
+      git diff --quiet main "$b" -- tests/fixtures || echo "gpu-ab: warning: $b changes tests/fixtures; A's are used"
+      git archive --format=tar "$b" -- . ':!models' ':!train' ':!tests/fixtures' | tar -x -C "$d" || exit 1
       echo "gpu-ab: $b -> $d ($(du -sh "$d" | cut -f1))"
     done
     exit 0 ;;
@@ -55,6 +57,7 @@ pids=()
 for t in "${trees[@]}"; do
   if [ "$t" != . ]; then
     ln -sfn "$PWD/models" "$t/models"
+    ln -sfn "$PWD/tests/fixtures" "$t/tests/fixtures"
     ln -sfn "$PWD/.gpudeps" "$t/.gpudeps" 2>/dev/null
     sleep 15
   fi
