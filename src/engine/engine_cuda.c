@@ -63,7 +63,7 @@ struct ddt_engine_cuda {
     int32_t cost_ctx; /* the context the verify costs were measured after */
     float *vcost_d;        /* device [max_nodes]: C_verify(n), n = 0..max budget */
     float *vcost_h;        /* the same on the host (host-sampled rounds) */
-    ddt_cuda_tree_auto tauto; /* the full budget's buckets; cond = the graph's switch */
+    ddt_cuda_tree_auto tauto; /* the full budget's buckets */
     float *logq_h;         /* [depth][kmax] */
     int32_t *ttok_h;       /* [depth][kmax] */
     int32_t *dep_h;        /* [max_nodes] */
@@ -72,11 +72,10 @@ struct ddt_engine_cuda {
     /* --budget auto on the device: one graph per verify bucket (bgraph[j] verifies
        bucket j's rows, its build cut at the rule's bucket or j), the host picking
        each round's from the bucket the rule chose in the round before (emit word
-       DDT_CUDA_EMIT_WORDS): no switch node in the round (on the H200 the switch
-       cost ~25 us a round).  DDT_AUTO_SWITCH=1: the one graph with the switch. */
+       DDT_CUDA_EMIT_WORDS): no switch node in the round (on the H200 a switch
+       node cost ~25 us a round: its body's launch, no PDL across it). */
     cudaGraphExec_t bgraph[DDT_CUDA_TREE_MAX_BUCKETS];
     int32_t n_bgraphs;
-    bool bucket_lag;       /* that policy (not DDT_AUTO_SWITCH), on the host builder's rounds too */
     int32_t auto_bucket;   /* the bucket this round may verify: the rule's choice the round before */
     /* the greedy round as a graph, captured on first use for budget graph_budget */
     cudaGraphExec_t graph;
@@ -105,13 +104,6 @@ static int next_mode(const ddt_engine_cuda *e) {
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
 }
 
-/* Whether the auto budget runs one graph per bucket (the default) or the one
- * graph with a switch node (DDT_AUTO_SWITCH=1, for measuring the two). */
-static bool auto_switch(void) {
-    const char *v = getenv("DDT_AUTO_SWITCH");
-    return v && v[0] == '1';
-}
-
 /* Auto rounds of one rank of several stay on the host path, greedy ones too:
  * the multi-GPU engine refuses --budget auto (each GPU would time its own
  * costs), and the emulated ranks of the tests reduce on the host, which no
@@ -122,7 +114,6 @@ static bool auto_host(const ddt_engine_cuda *e) { return e->auto_budget && e->wo
  * budget's (the context's last rounds): the budget alone. */
 static ddt_cuda_tree_auto single_bucket(const ddt_engine_cuda *e, int32_t budget) {
     ddt_cuda_tree_auto a = e->tauto;
-    a.cond = 0;
     a.n_buckets = 1;
     a.bucket[0] = budget;
     return a;
@@ -279,7 +270,6 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
         if ((st = setup_auto(e, err))) goto fail;
-        e->bucket_lag = !auto_switch();
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
     if (!auto_host(e) &&
@@ -391,49 +381,6 @@ static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_
     return launch_commit(e, err);
 }
 
-/*
- * The auto-budget round inside one graph, captured into g (which holds the
- * switch's handle a->cond): draft, top-K and the cost-aware build, then a
- * switch node whose body j verifies bucket j's rows and picks their tokens
- * (the build sets the switch to its bucket), then accept and commit.  Event
- * nodes may not sit in a conditional body, so the verify phase's end mark
- * follows the switch (it includes the argmax or sampling).  bodies: the
- * switch's body graphs, filled by the caller after this capture ends.
- */
-static ddt_status auto_capture_main(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
-                                    cudaGraph_t *bodies, ddt_error *err) {
-    DDT_CUDA_TRY(mark(e, 0), err);
-    TRY(launch_draft_build(e, budget, k, a, err));
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    cudaGraph_t cg = NULL;
-    const cudaGraphNode_t *deps = NULL;
-    size_t nd = 0;
-    DDT_CUDA_TRY(cudaStreamGetCaptureInfo(e->s, &cs, NULL, &cg, &deps, NULL, &nd), err);
-    if (cs != cudaStreamCaptureStatusActive || !cg)
-        return ddt_fail(err, DDT_ERR_INTERNAL, "auto budget graph: the stream is not capturing");
-    struct cudaGraphNodeParams cp;
-    memset(&cp, 0, sizeof cp);
-    cp.type = cudaGraphNodeTypeConditional;
-    cp.conditional.handle = (cudaGraphConditionalHandle)a->cond;
-    cp.conditional.type = cudaGraphCondTypeSwitch;
-    cp.conditional.size = (unsigned)a->n_buckets;
-    cudaGraphNode_t sw = NULL;
-    DDT_CUDA_TRY(cudaGraphAddNode(&sw, cg, deps, NULL, nd, &cp), err);
-    for (int32_t j = 0; j < a->n_buckets; j++) bodies[j] = cp.conditional.phGraph_out[j];
-    DDT_CUDA_TRY(cudaStreamUpdateCaptureDependencies(e->s, &sw, NULL, 1, cudaStreamSetCaptureDependencies), err);
-    DDT_CUDA_TRY(mark(e, 3), err);
-    TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
-    DDT_CUDA_TRY(mark(e, 4), err);
-    return launch_commit(e, err);
-}
-
-/* Switch body j: verify the rows of bucket j and pick each node's token. */
-static ddt_status auto_capture_body(ddt_engine_cuda *e, int32_t rows, ddt_error *err) {
-    TRY(ddt_cuda_target_verify(e->target, e->tree.token, e->tree.depth, e->tree.vis, e->tree.vis_words, rows,
-                               e->logits, err));
-    return launch_next(e, e->graph_next, rows, e->tree.n_nodes, e->target_next, err);
-}
-
 static int32_t count_kernels(cudaGraph_t g) {
     size_t nn = 0;
     int32_t count = 0;
@@ -457,8 +404,7 @@ static int32_t count_kernels(cudaGraph_t g) {
  * because every kernel of the backend opens with griddepcontrol.wait
  * (DDT_GRID_DEP_WAIT, cuda_check.h, checked by tests/python/test_cuda_sources.py),
  * which holds it until every grid it depends on has finished and flushed its
- * writes; edges from or to other nodes (copies, events, the auto budget's switch)
- * stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
+ * writes; edges from or to other nodes (copies, events) stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
  * holds NCCL's kernels, which do not wait.  *converted counts the edges changed. */
 static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_error *err) {
     size_t ne = 0;
@@ -500,43 +446,6 @@ static bool use_pdl(const ddt_engine_cuda *e) {
     return e->opts.mode != DDT_MODE_AR && e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl;
 }
 
-/* Capture the auto-budget round into *out (created here; the caller destroys it
- * on failure too); *kernels: the kernels of a round that takes the largest body. */
-static ddt_status capture_auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, cudaGraph_t *out,
-                                     int32_t *kernels, ddt_error *err) {
-    DDT_CUDA_TRY(cudaGraphCreate(out, 0), err);
-    cudaGraphConditionalHandle h = 0;
-    /* the default applies at every launch: a round whose build never ran verifies nothing */
-    DDT_CUDA_TRY(cudaGraphConditionalHandleCreate(&h, *out, (unsigned)DDT_CUDA_TREE_MAX_BUCKETS,
-                                                  cudaGraphCondAssignDefault), err);
-    ddt_cuda_tree_auto a = e->tauto;
-    a.cond = (unsigned long long)h;
-    cudaGraph_t bodies[DDT_CUDA_TREE_MAX_BUCKETS] = {0};
-    DDT_CUDA_TRY(cudaStreamBeginCaptureToGraph(e->s, *out, NULL, NULL, 0, cudaStreamCaptureModeThreadLocal), err);
-    ddt_status st = auto_capture_main(e, budget, k, &a, bodies, err);
-    cudaGraph_t g2 = NULL;
-    cudaError_t ce = cudaStreamEndCapture(e->s, &g2);
-    if (st != DDT_OK) return st;
-    if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture (auto budget): %s", cudaGetErrorString(ce));
-    int32_t most = 0;
-    for (int32_t j = 0; j < a.n_buckets; j++) {
-        DDT_CUDA_TRY(cudaStreamBeginCaptureToGraph(e->s, bodies[j], NULL, NULL, 0, cudaStreamCaptureModeThreadLocal),
-                     err);
-        st = auto_capture_body(e, a.bucket[j] + 1, err);
-        ce = cudaStreamEndCapture(e->s, &g2);
-        if (st != DDT_OK) return st;
-        if (ce != cudaSuccess)
-            return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph capture (auto budget, verify of %d rows): %s",
-                            a.bucket[j] + 1, cudaGetErrorString(ce));
-        int32_t c = count_kernels(bodies[j]);
-        if (c > most) most = c;
-        if (use_pdl(e)) TRY(programmatic_edges(bodies[j], &e->graph_pdl, err));
-    }
-    *kernels = count_kernels(*out) + most;
-    if (use_pdl(e)) TRY(programmatic_edges(*out, &e->graph_pdl, err));
-    return DDT_OK;
-}
-
 /* The auto budget's graphs, one per verify bucket: bgraph[j] builds the
  * cost-aware tree over every bucket, writes the rule's bucket for the host,
  * cuts the tree at that bucket or j and verifies bucket j's rows.  graph_kernels:
@@ -550,7 +459,6 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
     e->n_bgraphs = 0;
     for (int32_t j = 0; j < e->tauto.n_buckets; j++) {
         ddt_cuda_tree_auto a = e->tauto;
-        a.cond = 0;
         a.capped = true;
         a.cap = j;
         a.choice = e->emit_d + DDT_CUDA_EMIT_WORDS;
@@ -584,17 +492,13 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     ddt_status st;
     cudaError_t ce = cudaSuccess;
     e->graph_pdl = 0;
-    if (e->auto_budget && !auto_switch()) return capture_bucket_graphs(e, budget, k, err);
-    if (e->auto_budget) {
-        st = capture_auto_round(e, budget, k, &g, &e->graph_kernels, err);
-    } else {
-        DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
-        st = launch_device_round(e, budget, k, err);
-        ce = cudaStreamEndCapture(e->s, &g);
-        /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
-        if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
-        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &e->graph_pdl, err);
-    }
+    if (e->auto_budget) return capture_bucket_graphs(e, budget, k, err);
+    DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+    st = launch_device_round(e, budget, k, err);
+    ce = cudaStreamEndCapture(e->s, &g);
+    /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
+    if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &e->graph_pdl, err);
     if (st != DDT_OK) {
         if (g) cudaGraphDestroy(g);
         return st;
@@ -697,7 +601,7 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     int32_t j;
     int32_t keep =
         ddt_cost_bucket_cut(e->htree.logw, e->htree.n_nodes, e->vcost_h, a.draft_cost, a.bucket, a.n_buckets, &j);
-    if (e->bucket_lag && a.n_buckets == e->tauto.n_buckets) { /* the bucket graphs' rule, as the device runs it */
+    if (a.n_buckets == e->tauto.n_buckets) { /* the bucket graphs' rule, as the device runs it */
         if (j > e->auto_bucket) {
             const int32_t b = a.bucket[e->auto_bucket];
             keep = (b < e->htree.n_nodes - 1 ? b : e->htree.n_nodes - 1) + 1;

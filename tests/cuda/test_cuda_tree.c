@@ -574,10 +574,7 @@ static int check_capped(build_ctx *c, int D, int K, int B, int32_t root, const d
     if (bad && c->mismatched < 8)
         fprintf(stderr, "capped auto build mismatch: D %d K %d B %d cap %d (bucket %d): n %d (want %d), choice %d "
                         "(want %d), rows %d; node %d\n", D, K, B, j, a.bucket[j], h.n, want, choice, bj, rows, first);
-    a.cond = 1;
     ddt_error e;
-    bad |= ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &e) != DDT_ERR_INVALID;
-    a.cond = 0;
     a.cap = a.n_buckets;
     bad |= ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D, K, B, 5000, &a, NULL, &e) != DDT_ERR_INVALID;
     c->capped++;

@@ -908,7 +908,6 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
         if (AUTO) {
             const int j = s_bad ? 0 : s_bucket; /* a bad table: the root alone, in the first bucket */
             rows = p.a.bucket[p.a.capped ? p.a.cap : j] + 1; /* capped: the graph's verify size */
-            if (p.a.cond) cudaGraphSetConditional((cudaGraphConditionalHandle)p.a.cond, (unsigned)j);
         }
         s_rows = rows;
     }
@@ -1270,9 +1269,8 @@ extern "C" ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *lo
     if (a->bucket[a->n_buckets - 1] != budget)
         return ddt_fail(err, DDT_ERR_INVALID, "auto build: the last verify bucket %d must be the budget %d",
                         a->bucket[a->n_buckets - 1], budget);
-    if (a->capped && (a->cap < 0 || a->cap >= a->n_buckets || a->cond))
-        return ddt_fail(err, DDT_ERR_INVALID, "auto build: cap at bucket %d of %d%s", a->cap, a->n_buckets,
-                        a->cond ? " with a switch" : "");
+    if (a->capped && (a->cap < 0 || a->cap >= a->n_buckets))
+        return ddt_fail(err, DDT_ERR_INVALID, "auto build: cap at bucket %d of %d", a->cap, a->n_buckets);
     return build_launch(t, logq, token, depth, k, budget, vocab, a, stream, err);
 }
 

@@ -87,10 +87,8 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
  * the tree runs out of table first) are padding:
  * the root's token under the root, seeing the root and itself, whose logits
  * nobody reads; a node's logits do not depend on the other rows (batch
- * invariance), so padding changes nothing.  The bucket's index goes to the
- * graph's switch node (cudaGraphSetConditional) when `cond` is set, so the
- * graph runs the verify captured for that bucket; or, `capped`, the graph is
- * one bucket's (see the fields).
+ * invariance), so padding changes nothing.  Uncapped, the tree is padded to
+ * the picked bucket; `capped`, the graph is one bucket's (see the fields).
  */
 #define DDT_CUDA_TREE_MAX_BUCKETS 16
 typedef struct ddt_cuda_tree_auto {
@@ -98,11 +96,10 @@ typedef struct ddt_cuda_tree_auto {
     float draft_cost;     /* C_draft, same unit */
     int32_t n_buckets;    /* 1..DDT_CUDA_TREE_MAX_BUCKETS */
     int32_t bucket[DDT_CUDA_TREE_MAX_BUCKETS]; /* verify sizes (nodes after the root), rising, last = budget */
-    unsigned long long cond; /* a cudaGraphConditionalHandle of the capturing graph, or 0 */
     int32_t *built;       /* device [1] or NULL: nodes built (root included) before the early
                              stop, >= *n_nodes (not written for a bad table); for the tests,
                              which check that the build stops early */
-    /* A graph per bucket instead of a switch (the engine's default): `capped`, the
+    /* A graph per bucket (the engine's auto rounds; a switch node cost ~25 us): `capped`, the
        graph verifies bucket[cap]'s rows, so the tree is cut at the bucket the rule
        picks or at cap if that is smaller, and padded to bucket[cap]; *choice (when
        not NULL) gets the bucket the rule picked before the cap (not written for a
