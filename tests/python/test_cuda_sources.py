@@ -36,7 +36,7 @@ def kernels_without_wait(src):
         name = re.findall(r"(\w+)\s*\(", head)
         name = [n for n in name if n != "__launch_bounds__"]
         body = code[brace + 1:]
-        if not re.match(r"\s*DDT_GRID_DEP_WAIT\(\)\s*;", body):
+        if not re.match(r"\s*DDT_GRID_DEP_(WAIT|LATER)\(\)\s*;", body):
             bad.append((code.count("\n", 0, m.start()) + 1, name[0] if name else "?"))
     return bad
 

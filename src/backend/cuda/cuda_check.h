@@ -45,6 +45,13 @@
     do {                    \
     } while (0)
 #endif
+/* The first statement of a kernel that waits later, after loads of the model's
+ * weights (which no kernel of a round writes), so those loads overlap the
+ * predecessor: the kernel must still wait before any other global access.  It
+ * marks the kernel for the source check (tests/python/test_cuda_sources.py). */
+#define DDT_GRID_DEP_LATER() \
+    do {                     \
+    } while (0)
 #endif
 
 /* The backend's one checked device allocation: *p = n elements of sz bytes (at

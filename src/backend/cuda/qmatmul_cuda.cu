@@ -240,7 +240,9 @@ enum { MM_EPI_PLAIN = 0, MM_EPI_SWIGLU = 1, MM_EPI_ROPE = 2 };
 
 template <int F, int R, int TB, int U, bool GATED, int EPI>
 static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a) {
-    DDT_GRID_DEP_WAIT();
+    /* griddepcontrol.wait inside warp_dot_act (PRE), after the first weight loads:
+       a warp that leaves here reads and writes nothing */
+    DDT_GRID_DEP_LATER();
     const int lane = threadIdx.x & 31;
     const int64_t rblocks = (a.rows + R - 1) / R;
     const int64_t tblocks = (a.n + TB - 1) / TB;
@@ -268,7 +270,7 @@ static __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const MMArgs a
         ur[t] = GATED ? a.u + tok * a.ldu + g * a.x_stride : xr[t];
     }
     float out[R][TB];
-    warp_dot_act<F, R, TB, U, GATED>(a.W, wd, ws, row, xr, ur, ntok, a.xvec, out);
+    warp_dot_act<F, R, TB, U, GATED, true>(a.W, wd, ws, row, xr, ur, ntok, a.xvec, out);
     if constexpr (EPI == MM_EPI_PLAIN) {
 #pragma unroll
         for (int r = 0; r < R; r++)

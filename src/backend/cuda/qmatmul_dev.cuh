@@ -298,7 +298,11 @@ static __device__ __forceinline__ const void *qscale_row(const QView &W, const v
  * warp_dot_act is the general form (GATED: xr the gate rows, ur the up rows;
  * qchunk), warp_dot the plain product.
  */
-template <int F, int R, int TB, int U, bool GATED>
+/* PRE: the caller has not waited for its grid dependencies yet (griddepcontrol.wait):
+ * the first U chunks of weights and scales are loaded, then the wait, then anything
+ * else.  Only for weights no kernel of the graph writes (the model's); the loads of a
+ * kernel launched early by a programmatic edge then overlap its predecessor. */
+template <int F, int R, int TB, int U, bool GATED, bool PRE = false>
 static __device__ __forceinline__ void warp_dot_act(const QView &W, const uint8_t *const (&wd)[R],
                                                     const void *const (&ws)[R], const int64_t (&row)[R],
                                                     const float *const (&xr)[TB], const float *const (&ur)[TB],
@@ -316,7 +320,7 @@ static __device__ __forceinline__ void warp_dot_act(const QView &W, const uint8_
         rb[r] = wd[r] + row[r] * W.row_bytes;
         sr[r] = qscale_row<F>(W, ws[r], row[r]);
     }
-    for (int64_t cb = lane; cb < W.nchunks; cb += 32 * U) {
+    for (int64_t cb = lane;; cb += 32 * U) {
         QRaw raw[U][R];
         float sc[U][R];
 #pragma unroll
@@ -325,6 +329,8 @@ static __device__ __forceinline__ void warp_dot_act(const QView &W, const uint8_
 #pragma unroll
                 for (int r = 0; r < R; r++) qload<F>(W, rb[r], sr[r], cb + 32 * u, raw[u][r], sc[u][r]);
             }
+        if (PRE && cb == lane) DDT_GRID_DEP_WAIT(); /* every lane, with or without chunks */
+        if (cb >= W.nchunks) break;
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (cb + 32 * u < W.nchunks)
