@@ -84,6 +84,13 @@ struct ddt_engine_cuda {
     int32_t graph_pdl;     /* of its kernel-to-kernel edges, those made programmatic (ddt_gen_stats.round_pdl_edges) */
     int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
     cudaEvent_t ev[N_EVENTS];
+    /* A captured round records its phase events on a side branch (side, forked
+       from s at each mark and joined once before the capture ends), so that an
+       event node never sits between two kernels: an edge through it would be a
+       full dependency, where kernel to kernel is programmatic (PDL). */
+    cudaStream_t side;
+    cudaEvent_t fork_ev, join_ev;
+    bool marks_forked; /* the capture under way has forked the side branch */
     /* one rank of several (engine_multi_cuda.c): the sum over ranks of a stop flag,
        exchanged at the start of every round (emitter.h: ddt_emitter_next_round) */
     int32_t world;
@@ -133,6 +140,9 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
         if (e->bgraph[j]) cudaGraphExecDestroy(e->bgraph[j]);
     for (int i = 0; i < N_EVENTS; i++)
         if (e->ev[i]) cudaEventDestroy(e->ev[i]);
+    if (e->fork_ev) cudaEventDestroy(e->fork_ev);
+    if (e->join_ev) cudaEventDestroy(e->join_ev);
+    if (e->side) cudaStreamDestroy(e->side);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
                    e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d};
@@ -242,6 +252,9 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (ce == cudaSuccess && world > 1) ce = cudaMalloc((void **)&e->stop_d, sizeof(float));
         if (ce == cudaSuccess && world > 1) ce = cudaMallocHost((void **)&e->stop_h, 2 * sizeof(float));
         for (int i = 0; i < N_EVENTS && ce == cudaSuccess; i++) ce = cudaEventCreate(&e->ev[i]);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming);
+        if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking);
         if (ce != cudaSuccess) {
             st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: engine buffers: %s", cudaGetErrorString(ce));
             goto fail;
@@ -292,8 +305,27 @@ static cudaError_t mark(ddt_engine_cuda *e, int i) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t ce = cudaStreamIsCapturing(e->s, &cs);
     if (ce != cudaSuccess) return ce;
-    return cudaEventRecordWithFlags(e->ev[i], e->s,
-                                    cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault);
+    if (cs != cudaStreamCaptureStatusActive) return cudaEventRecord(e->ev[i], e->s);
+    /* captured: the event node on the side branch, after everything s holds so far
+       (the same moment), with nothing on s waiting for it (see `side`) */
+    ce = cudaEventRecord(e->fork_ev, e->s);
+    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(e->side, e->fork_ev, 0);
+    if (ce == cudaSuccess) ce = cudaEventRecordWithFlags(e->ev[i], e->side, cudaEventRecordExternal);
+    if (ce == cudaSuccess) e->marks_forked = true;
+    return ce;
+}
+
+/* The end of a capture on s: the side branch of the phase events joined first
+   (a capture must end with every forked stream joined). */
+static cudaError_t end_capture(ddt_engine_cuda *e, cudaGraph_t *g) {
+    cudaError_t ce = cudaSuccess;
+    if (e->marks_forked) {
+        ce = cudaEventRecord(e->join_ev, e->side);
+        if (ce == cudaSuccess) ce = cudaStreamWaitEvent(e->s, e->join_ev, 0);
+        e->marks_forked = false;
+    }
+    cudaError_t ce2 = cudaStreamEndCapture(e->s, g);
+    return ce != cudaSuccess ? ce : ce2;
 }
 
 /* Draft, top-K and build on the device: the tree of budget nodes (chain: k = 1),
@@ -465,7 +497,7 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
         cudaGraph_t g = NULL;
         DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
         ddt_status st = launch_auto_rows(e, budget, k, &a, a.bucket[j] + 1, err);
-        cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+        cudaError_t ce = end_capture(e, &g);
         int32_t pdl = 0;
         if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
         if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &pdl, err);
@@ -495,7 +527,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     if (e->auto_budget) return capture_bucket_graphs(e, budget, k, err);
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
     st = launch_device_round(e, budget, k, err);
-    ce = cudaStreamEndCapture(e->s, &g);
+    ce = end_capture(e, &g);
     /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
     if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
     if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &e->graph_pdl, err);
@@ -668,7 +700,7 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     cudaGraphExec_t x = NULL;
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
     ddt_status st = fn(e, n, err);
-    cudaError_t ce = cudaStreamEndCapture(e->s, &g);
+    cudaError_t ce = end_capture(e, &g);
     int32_t converted = 0; /* the cost of the round's work as the round's graph runs it */
     if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &converted, err);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
