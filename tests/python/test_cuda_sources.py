@@ -41,6 +41,39 @@ def kernels_without_wait(src):
     return bad
 
 
+def late_kernels_with_restrict(src):
+    """(line, kernel name) of every kernel that opens with DDT_GRID_DEP_LATER() and takes a
+    __restrict__ pointer: ptxas may hoist such a read (ld.global.nc) above the late wait."""
+    code = strip_comments(src)
+    bad = []
+    for m in re.finditer(r"\b__global__\b", code):
+        brace = code.find("{", m.end())
+        semi = code.find(";", m.end())
+        if brace < 0 or (0 <= semi < brace):
+            continue
+        head = code[m.end():brace]
+        if re.match(r"\s*DDT_GRID_DEP_LATER\(\)\s*;", code[brace + 1:]) and "__restrict__" in head:
+            name = [n for n in re.findall(r"(\w+)\s*\(", head) if n != "__launch_bounds__"]
+            bad.append((code.count("\n", 0, m.start()) + 1, name[0] if name else "?"))
+    return bad
+
+
+def test_late_waiting_kernels_take_no_restrict_pointers():
+    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
+    late = 0
+    bad = []
+    for f in files:
+        src = open(f, encoding="utf-8").read()
+        late += len(re.findall(r"DDT_GRID_DEP_LATER\(\)\s*;", strip_comments(src)))
+        bad += [f"{os.path.relpath(f, CUDA_DIR)}:{line} {name}" for line, name in late_kernels_with_restrict(src)]
+    assert late >= 1, "no kernel waits late: is the check still needed?"
+    assert not bad, "late-waiting kernels with __restrict__ pointers:\n" + "\n".join(bad)
+    good = "static __global__ void k(const float *x, float *y) {\n    DDT_GRID_DEP_LATER();\n    y[0] = x[0];\n}\n"
+    worse = "static __global__ void k2(const float *__restrict__ x, float *y) {\n    DDT_GRID_DEP_LATER();\n}\n"
+    assert late_kernels_with_restrict(good) == []
+    assert late_kernels_with_restrict(worse) == [(1, "k2")]
+
+
 def test_every_kernel_waits_for_its_predecessors():
     files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
     assert files, f"no CUDA sources under {CUDA_DIR}"

@@ -48,7 +48,12 @@
 /* The first statement of a kernel that waits later, after loads of the model's
  * weights (which no kernel of a round writes), so those loads overlap the
  * predecessor: the kernel must still wait before any other global access.  It
- * marks the kernel for the source check (tests/python/test_cuda_sources.py). */
+ * marks the kernel for the source check (tests/python/test_cuda_sources.py).
+ * Such a kernel takes no __restrict__ pointer: ptxas reads a restrict const
+ * pointer with ld.global.nc, which it may hoist above griddepcontrol.wait (seen
+ * on sm_90a: a norm's residual row read before the wait), i.e. read a
+ * predecessor's output before it is written.  Its early weight loads go through
+ * __ldg, free to move. */
 #define DDT_GRID_DEP_LATER() \
     do {                     \
     } while (0)
