@@ -24,6 +24,9 @@ const char cli_engine_usage[] =
     "                       on the device; the same tokens, for comparison\n"
     "  --no-pdl             cuda: plain kernel-to-kernel edges in chain / tree round graphs instead of\n"
     "                       programmatic dependent launch; the same tokens, for comparison\n"
+    "  --pdl-edges SET      cuda: which round-graph edges are programmatic: default (chain / tree\n"
+    "                       rounds, not ar), all (ar too) or products (only into the x W products,\n"
+    "                       which load weights before their wait; every mode); the same tokens\n"
     "  --no-phase-times     cuda: no timing events inside the round graph (the per-phase seconds\n"
     "                       read 0); the same tokens, for measuring what the timing costs\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
@@ -105,7 +108,7 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
                                          "--max-budget", "--temperature", "--top-k", "--top-p", "--seed",
-                                         "--ctx", "--threads"};
+                                         "--ctx", "--threads", "--pdl-edges"};
     const char *v = NULL;
     int got = cli_flag_value(a->cmd, valued, sizeof valued / sizeof valued[0], argc, argv, i, &v);
     if (got != 1) return got;
@@ -143,6 +146,11 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     } else if (!strcmp(f, "--gpus")) {
         if (!cli_parse_ll(v, 1, DDT_ENGINE_MAX_GPUS, &a->gpus))
             return cli_usage_error(c, "--gpus '%s': expected an integer in 1..%d", v, DDT_ENGINE_MAX_GPUS);
+    } else if (!strcmp(f, "--pdl-edges")) {
+        if (!strcmp(v, "default")) a->pdl_edges = DDT_PDL_EDGES_DEFAULT;
+        else if (!strcmp(v, "all")) a->pdl_edges = DDT_PDL_EDGES_ALL;
+        else if (!strcmp(v, "products")) a->pdl_edges = DDT_PDL_EDGES_PRODUCTS;
+        else return cli_usage_error(c, "--pdl-edges '%s': expected default, all or products", v);
     } else if (!strcmp(f, "--threads")) {
         if (!cli_parse_ll(v, 1, 256, &a->threads))
             return cli_usage_error(c, "--threads '%s': expected an integer in 1..256", v);
@@ -206,6 +214,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     o->tensor_cores = a->tensor_cores;
     o->cuda_host_sampler = a->host_sampler;
     o->cuda_no_pdl = a->no_pdl;
+    o->cuda_pdl_edges = a->pdl_edges;
     o->cuda_no_phase_times = a->no_phase_times;
     o->gpus = (int32_t)a->gpus;
     o->draft_dir = a->draft;

@@ -26,6 +26,7 @@ typedef struct cli_engine_args {
     float top_p;
     unsigned long long seed;
     long long ctx, threads, gpus;
+    int pdl_edges; /* DDT_PDL_EDGES_* */
     bool fast_attention, tensor_cores, host_sampler, no_pdl, no_phase_times;
 } cli_engine_args;
 

@@ -103,6 +103,11 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_INVALID, "--tensor-cores is a CUDA backend option (add --backend cuda)");
     if (o->cuda_no_pdl && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--no-pdl is a CUDA backend option (add --backend cuda)");
+    if (o->cuda_pdl_edges < DDT_PDL_EDGES_DEFAULT || o->cuda_pdl_edges > DDT_PDL_EDGES_PRODUCTS)
+        return ddt_fail(err, DDT_ERR_INVALID, "pdl edges: %d is none of default (0), all (1), products (2)",
+                        (int)o->cuda_pdl_edges);
+    if (o->cuda_pdl_edges != DDT_PDL_EDGES_DEFAULT && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
+        return ddt_fail(err, DDT_ERR_INVALID, "--pdl-edges is a CUDA backend option (add --backend cuda)");
     if (o->cuda_no_phase_times && ddt_engine_backend(o) != DDT_BACKEND_CUDA)
         return ddt_fail(err, DDT_ERR_INVALID, "--no-phase-times is a CUDA backend option (add --backend cuda)");
     if (o->cuda_host_sampler && ddt_engine_backend(o) != DDT_BACKEND_CUDA)

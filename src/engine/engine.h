@@ -60,6 +60,13 @@ const char *ddt_backend_name(ddt_backend b);
 
 #define DDT_ENGINE_MAX_GPUS 64
 
+/* The programmatic edges of a CUDA engine's round graphs (ddt_engine_options.cuda_pdl_edges):
+ * DEFAULT every kernel-to-kernel edge of a chain / tree round, none in an ar step (measured
+ * fastest on the H200, BENCHMARKS.md); ALL every edge, ar steps too; PRODUCTS only the edges
+ * into kernels that do work before their grid wait (ddt_cuda_kernel_waits_late: the x W
+ * products load weights there), in every mode.  --no-pdl overrides: none. */
+enum { DDT_PDL_EDGES_DEFAULT = 0, DDT_PDL_EDGES_ALL = 1, DDT_PDL_EDGES_PRODUCTS = 2 };
+
 typedef struct ddt_engine_options {
     ddt_mode mode;
     ddt_backend backend;       /* cpu (default) or cuda */
@@ -92,6 +99,8 @@ typedef struct ddt_engine_options {
                                   instead of programmatic ones (programmatic dependent launch: a
                                   kernel's blocks are scheduled while the kernel before it runs; ar
                                   rounds never use it); for comparison */
+    int32_t cuda_pdl_edges;    /* cuda, with PDL: which kernel-to-kernel edges of the round graphs become
+                                  programmatic (DDT_PDL_EDGES_*; default 0); for measuring the choice */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
                                   programmatic edge crosses); the per-phase seconds then read 0, the
                                   totals stay; for measuring what the timing costs */

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_cuda.h"
+#include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/sample_cuda.h"
 #include "backend/cuda/tree_cuda.h"
 #include "core/alloc.h"
@@ -438,7 +439,8 @@ static int32_t count_kernels(cudaGraph_t g) {
  * which holds it until every grid it depends on has finished and flushed its
  * writes; edges from or to other nodes (copies, events) stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
  * holds NCCL's kernels, which do not wait.  *converted counts the edges changed. */
-static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_error *err) {
+static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, int32_t *converted, ddt_error *err) {
+    const bool products_only = e->opts.cuda_pdl_edges == DDT_PDL_EDGES_PRODUCTS;
     size_t ne = 0;
     DDT_CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne), err);
     if (ne == 0) return DDT_OK;
@@ -454,6 +456,12 @@ static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_erro
         if (ce != cudaSuccess || tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel ||
             ed[i].type != cudaGraphDependencyTypeDefault)
             continue;
+        if (products_only) { /* only into a kernel with work before its wait */
+            struct cudaKernelNodeParams kp;
+            ce = cudaGraphKernelNodeGetParams(to[i], &kp);
+            if (ce != cudaSuccess) break;
+            if (!ddt_cuda_kernel_waits_late(kp.func)) continue;
+        }
         ce = cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1);
         cudaGraphEdgeData p;
         memset(&p, 0, sizeof p);
@@ -471,11 +479,14 @@ static ddt_status programmatic_edges(cudaGraph_t g, int32_t *converted, ddt_erro
 }
 
 /* world 0 = the single-GPU engine; a rank (even the one rank of --gpus 1 over
-   NCCL) has an all-reduce whose kernels are not ours.  Chain and tree rounds
-   only: on the H200 PDL made a 65-node round 1.06x faster but the one-token ar
-   step 0.98x (its kernels are a few blocks each; BENCHMARKS.md). */
+   NCCL) has an all-reduce whose kernels are not ours.  By default chain and tree
+   rounds only: on the H200 PDL made a 65-node round 1.06x faster but the one-token
+   ar step 0.98x (its kernels are a few blocks each; BENCHMARKS.md), and again
+   0.98x once the products loaded weights before their wait; ddt_engine_options'
+   cuda_pdl_edges picks other sets (DDT_PDL_EDGES_*) to measure. */
 static bool use_pdl(const ddt_engine_cuda *e) {
-    return e->opts.mode != DDT_MODE_AR && e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl;
+    return (e->opts.mode != DDT_MODE_AR || e->opts.cuda_pdl_edges != DDT_PDL_EDGES_DEFAULT) && e->world <= 1 &&
+           !e->allreduce && !e->opts.cuda_no_pdl;
 }
 
 /* The auto budget's graphs, one per verify bucket: bgraph[j] builds the
@@ -500,7 +511,7 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
         cudaError_t ce = end_capture(e, &g);
         int32_t pdl = 0;
         if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
-        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &pdl, err);
+        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &pdl, err);
         if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&e->bgraph[j], g, 0);
         if (g) cudaGraphDestroy(g);
         if (st != DDT_OK) return st;
@@ -530,7 +541,7 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     ce = end_capture(e, &g);
     /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
     if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
-    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &e->graph_pdl, err);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &e->graph_pdl, err);
     if (st != DDT_OK) {
         if (g) cudaGraphDestroy(g);
         return st;
@@ -702,7 +713,7 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     ddt_status st = fn(e, n, err);
     cudaError_t ce = end_capture(e, &g);
     int32_t converted = 0; /* the cost of the round's work as the round's graph runs it */
-    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(g, &converted, err);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &converted, err);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
     if (g) cudaGraphDestroy(g);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);

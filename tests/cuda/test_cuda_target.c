@@ -869,6 +869,7 @@ static int32_t g_top_k = 0;
 static float g_top_p = 1.0f;
 static bool g_host_sampler = false;
 static bool g_no_pdl = false; /* run_engine's engines keep plain graph edges (--no-pdl) */
+static int32_t g_pdl_edges = DDT_PDL_EDGES_DEFAULT; /* which edges become programmatic (--pdl-edges) */
 static bool g_no_phase_times = false; /* run_engine's engines time no phases (--no-phase-times) */
 static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
 static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
@@ -886,6 +887,7 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.sampling = (ddt_sampling){temp, g_top_k, g_top_p, 7};
     o.cuda_host_sampler = g_host_sampler;
     o.cuda_no_pdl = g_no_pdl;
+    o.cuda_pdl_edges = g_pdl_edges;
     o.cuda_no_phase_times = g_no_phase_times;
     o.n_threads = 2;
     o.max_ctx = g_max_ctx;
@@ -902,9 +904,10 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
               budget, (double)temp, r->st.round_kernels);
     if (graph && r->st.round_kernels > g_max_round_kernels) g_max_round_kernels = r->st.round_kernels;
     /* one GPU: a chain / tree graph's kernel-to-kernel edges are programmatic unless
-       --no-pdl; an ar graph keeps plain edges */
+       --no-pdl; an ar graph keeps plain edges unless another edge set is asked */
     if (graph)
-        CHECK(g_no_pdl || mode == DDT_MODE_AR ? r->st.round_pdl_edges == 0 : r->st.round_pdl_edges > 0,
+        CHECK(g_no_pdl || (mode == DDT_MODE_AR && g_pdl_edges == DDT_PDL_EDGES_DEFAULT) ? r->st.round_pdl_edges == 0
+                                                                                      : r->st.round_pdl_edges > 0,
               "mode %d budget %d: %d programmatic edges (no_pdl %d)", (int)mode, budget, r->st.round_pdl_edges,
               (int)g_no_pdl);
 }
@@ -949,6 +952,36 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
               "%s: T=1 tree 16 without PDL != with PDL", model);
         printf("  PDL off: tree 64 == ar, T=1 tree 16 == with PDL (tree 64 %.1f tok/s without PDL)\n",
                np_tree.st.tokens_per_s);
+    }
+    /* the other edge sets: the same tokens; products-only edges are fewer than all of
+       them (every kernel that is no product loses its incoming edge), and an ar step
+       gets programmatic edges only when asked */
+    {
+        run_out ar_all, ar_prod, tr_def, tr_all, tr_prod;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tr_def);
+        g_pdl_edges = DDT_PDL_EDGES_ALL;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar_all);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tr_all);
+        g_pdl_edges = DDT_PDL_EDGES_PRODUCTS;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &ar_prod);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tr_prod);
+        g_pdl_edges = DDT_PDL_EDGES_DEFAULT;
+        const run_out *all[4] = {&ar_all, &tr_all, &ar_prod, &tr_prod};
+        for (int k = 0; k < 4; k++)
+            CHECK(all[k]->n == ar.n && !memcmp(all[k]->ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
+                  "%s: pdl edge set %d (%s) != ar", model, k, k % 2 ? "tree 16" : "ar");
+        CHECK(tr_all.st.round_pdl_edges == tr_def.st.round_pdl_edges,
+              "%s: tree 16: %d programmatic edges with 'all', %d by default", model, tr_all.st.round_pdl_edges,
+              tr_def.st.round_pdl_edges);
+        CHECK(tr_prod.st.round_pdl_edges > 0 && tr_prod.st.round_pdl_edges < tr_all.st.round_pdl_edges &&
+                  ar_prod.st.round_pdl_edges > 0 && ar_prod.st.round_pdl_edges < ar_all.st.round_pdl_edges,
+              "%s: programmatic edges: products %d / %d (ar / tree 16), all %d / %d", model,
+              ar_prod.st.round_pdl_edges, tr_prod.st.round_pdl_edges, ar_all.st.round_pdl_edges,
+              tr_all.st.round_pdl_edges);
+        printf("  pdl edges: ar all %d (%.1f tok/s), products %d (%.1f); tree 16 all %d (%.1f), products %d (%.1f)\n",
+               ar_all.st.round_pdl_edges, ar_all.st.tokens_per_s, ar_prod.st.round_pdl_edges,
+               ar_prod.st.tokens_per_s, tr_all.st.round_pdl_edges, tr_all.st.tokens_per_s,
+               tr_prod.st.round_pdl_edges, tr_prod.st.tokens_per_s);
     }
     /* no timing events in the round graph: the same tokens, no phase seconds */
     {

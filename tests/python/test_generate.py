@@ -138,6 +138,10 @@ def test_cli_backend_flag():
     assert hs.returncode == 2 and "--host-sampler" in hs.stderr and "--backend cuda" in hs.stderr
     npdl = run(*base, "--no-pdl")
     assert npdl.returncode == 2 and "--no-pdl" in npdl.stderr and "--backend cuda" in npdl.stderr
+    pe = run(*base, "--pdl-edges", "products")
+    assert pe.returncode == 2 and "--pdl-edges" in pe.stderr and "--backend cuda" in pe.stderr
+    pe_bad = run(*base, "--pdl-edges", "some", "--backend", "cuda")
+    assert pe_bad.returncode == 2 and "--pdl-edges 'some'" in pe_bad.stderr
     npt = run(*base, "--no-phase-times")
     assert npt.returncode == 2 and "--no-phase-times" in npt.stderr and "--backend cuda" in npt.stderr
     bad = run(*base, "--backend", "tpu")

@@ -78,6 +78,13 @@ ddt_status ddt_cuda_ws_prepare(ddt_error *err);
  * Both keep the determinism contract; they differ from each other in the last bits. */
 typedef enum ddt_cuda_mm_mode { DDT_CUDA_MM_FP32 = 0, DDT_CUDA_MM_TENSOR = 1 } ddt_cuda_mm_mode;
 
+/* Whether a kernel (a kernel node's function) does work before its grid
+ * wait (DDT_GRID_DEP_LATER: the x W products load their first weights there),
+ * i.e. whether a programmatic edge into it can overlap anything but its launch
+ * (the engine's DDT_PDL_EDGES_PRODUCTS).  By the kernel's name: every instance
+ * of the product kernel. */
+bool ddt_cuda_kernel_waits_late(const void *func);
+
 /* y[t][o] = sum_j x[t][j] * w[o][j]: x [n][w->cols] (row stride ldx), y [n][w->rows]
  * (row stride ldy), device pointers; y must not alias x.  n >= 1. */
 ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
