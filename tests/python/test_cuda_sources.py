@@ -6,7 +6,9 @@ before it still runs.  That is safe only because every kernel opens with DDT_GRI
 (griddepcontrol.wait), which holds it until its predecessors have finished.  A kernel that
 forgets it would read half-written inputs, a race no test on the CPU (and few on the GPU) can
 catch, so this test reads the sources: every __global__ function under src/backend/cuda must
-make the wait its first statement.
+make the wait its first statement, or mark with DDT_GRID_DEP_LATER() that it waits after loading
+the model's weights (mm_kernel); such a kernel may take no __restrict__ pointer, because ptxas
+hoists those reads (ld.global.nc) above the wait.
 """
 
 import glob
@@ -23,49 +25,48 @@ def strip_comments(src):
     return re.sub(r"//[^\n]*", "", src)
 
 
-def kernels_without_wait(src):
-    """(line, kernel name) of every __global__ function whose body does not open with the wait."""
-    code = strip_comments(src)
-    bad = []
+def kernel_definitions(code):
+    """(line, name, parameter text, body from its opening brace on) of every __global__
+    function defined in comment-free code."""
     for m in re.finditer(r"\b__global__\b", code):
         brace = code.find("{", m.end())
         semi = code.find(";", m.end())
         if brace < 0 or (0 <= semi < brace):
             continue  # a declaration, not a definition
         head = code[m.end():brace]
-        name = re.findall(r"(\w+)\s*\(", head)
-        name = [n for n in name if n != "__launch_bounds__"]
-        body = code[brace + 1:]
-        if not re.match(r"\s*DDT_GRID_DEP_(WAIT|LATER)\(\)\s*;", body):
-            bad.append((code.count("\n", 0, m.start()) + 1, name[0] if name else "?"))
-    return bad
+        name = [n for n in re.findall(r"(\w+)\s*\(", head) if n != "__launch_bounds__"]
+        yield code.count("\n", 0, m.start()) + 1, name[0] if name else "?", head, code[brace + 1:]
+
+
+def kernels_without_wait(src):
+    """(line, kernel name) of every __global__ function whose body does not open with the wait
+    (or with DDT_GRID_DEP_LATER(): a kernel that waits after loading the model's weights)."""
+    return [(line, name) for line, name, _, body in kernel_definitions(strip_comments(src))
+            if not re.match(r"\s*DDT_GRID_DEP_(WAIT|LATER)\(\)\s*;", body)]
 
 
 def late_kernels_with_restrict(src):
     """(line, kernel name) of every kernel that opens with DDT_GRID_DEP_LATER() and takes a
     __restrict__ pointer: ptxas may hoist such a read (ld.global.nc) above the late wait."""
-    code = strip_comments(src)
-    bad = []
-    for m in re.finditer(r"\b__global__\b", code):
-        brace = code.find("{", m.end())
-        semi = code.find(";", m.end())
-        if brace < 0 or (0 <= semi < brace):
-            continue
-        head = code[m.end():brace]
-        if re.match(r"\s*DDT_GRID_DEP_LATER\(\)\s*;", code[brace + 1:]) and "__restrict__" in head:
-            name = [n for n in re.findall(r"(\w+)\s*\(", head) if n != "__launch_bounds__"]
-            bad.append((code.count("\n", 0, m.start()) + 1, name[0] if name else "?"))
-    return bad
+    return [(line, name) for line, name, head, body in kernel_definitions(strip_comments(src))
+            if re.match(r"\s*DDT_GRID_DEP_LATER\(\)\s*;", body) and "__restrict__" in head]
+
+
+def scan_backend(pattern, check):
+    """Over every CUDA source of the backend: the count of `pattern` in its comment-free code
+    and the "file:line name" of every kernel `check` reports."""
+    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
+    assert files, f"no CUDA sources under {CUDA_DIR}"
+    count, found = 0, []
+    for f in files:
+        src = open(f, encoding="utf-8").read()
+        count += len(re.findall(pattern, strip_comments(src)))
+        found += [f"{os.path.relpath(f, CUDA_DIR)}:{line} {name}" for line, name in check(src)]
+    return count, found
 
 
 def test_late_waiting_kernels_take_no_restrict_pointers():
-    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
-    late = 0
-    bad = []
-    for f in files:
-        src = open(f, encoding="utf-8").read()
-        late += len(re.findall(r"DDT_GRID_DEP_LATER\(\)\s*;", strip_comments(src)))
-        bad += [f"{os.path.relpath(f, CUDA_DIR)}:{line} {name}" for line, name in late_kernels_with_restrict(src)]
+    late, bad = scan_backend(r"DDT_GRID_DEP_LATER\(\)\s*;", late_kernels_with_restrict)
     assert late >= 1, "no kernel waits late: is the check still needed?"
     assert not bad, "late-waiting kernels with __restrict__ pointers:\n" + "\n".join(bad)
     good = "static __global__ void k(const float *x, float *y) {\n    DDT_GRID_DEP_LATER();\n    y[0] = x[0];\n}\n"
@@ -75,16 +76,9 @@ def test_late_waiting_kernels_take_no_restrict_pointers():
 
 
 def test_every_kernel_waits_for_its_predecessors():
-    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")) + glob.glob(os.path.join(CUDA_DIR, "*.cuh")))
-    assert files, f"no CUDA sources under {CUDA_DIR}"
-    n_kernels = 0
-    missing = []
-    for f in files:
-        src = open(f, encoding="utf-8").read()
-        n_kernels += len(re.findall(r"\b__global__\b", strip_comments(src)))
-        missing += [f"{os.path.relpath(f, CUDA_DIR)}:{line} {name}" for line, name in kernels_without_wait(src)]
+    n_kernels, missing = scan_backend(r"\b__global__\b", kernels_without_wait)
     assert n_kernels >= 30, f"found only {n_kernels} kernels: is {CUDA_DIR} the backend?"
-    assert not missing, "kernels that do not open with DDT_GRID_DEP_WAIT():\n" + "\n".join(missing)
+    assert not missing, "kernels that open with neither DDT_GRID_DEP_WAIT() nor DDT_GRID_DEP_LATER():\n" + "\n".join(missing)
 
 
 def test_the_check_finds_a_kernel_without_the_wait():
