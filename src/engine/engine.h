@@ -61,10 +61,11 @@ const char *ddt_backend_name(ddt_backend b);
 #define DDT_ENGINE_MAX_GPUS 64
 
 /* The programmatic edges of a CUDA engine's round graphs (ddt_engine_options.cuda_pdl_edges):
- * DEFAULT every kernel-to-kernel edge of a chain / tree round, none in an ar step (measured
- * fastest on the H200, BENCHMARKS.md); ALL every edge, ar steps too; PRODUCTS only the edges
- * into kernels that do work before their grid wait (ddt_cuda_kernel_waits_late: the x W
- * products load weights there), in every mode.  --no-pdl overrides: none. */
+ * DEFAULT every kernel-to-kernel edge of a chain / tree round, and in an ar step only the
+ * edges into kernels that do work before their grid wait (ddt_cuda_kernel_waits_late: the
+ * x W products load weights there), each measured fastest on the H200 (BENCHMARKS.md: ar
+ * +12% against plain edges, which every edge programmatic does not beat); ALL every edge in
+ * every mode; PRODUCTS only the edges into those kernels, in every mode.  --no-pdl: none. */
 enum { DDT_PDL_EDGES_DEFAULT = 0, DDT_PDL_EDGES_ALL = 1, DDT_PDL_EDGES_PRODUCTS = 2 };
 
 typedef struct ddt_engine_options {
@@ -95,10 +96,9 @@ typedef struct ddt_engine_options {
                                   drafter even in ar mode); 0 = only the mode and budget above */
     bool cuda_host_sampler;    /* cuda, tests: sample at T > 0 on the host over copied logits even
                                   where the device sampler (sample_cuda.h) takes the settings */
-    bool cuda_no_pdl;          /* cuda: keep the chain / tree round graph's plain kernel-to-kernel edges
-                                  instead of programmatic ones (programmatic dependent launch: a
-                                  kernel's blocks are scheduled while the kernel before it runs; ar
-                                  rounds never use it); for comparison */
+    bool cuda_no_pdl;          /* cuda: keep the round graphs' plain kernel-to-kernel edges instead of
+                                  programmatic ones (programmatic dependent launch: a kernel's blocks
+                                  are scheduled while the kernel before it runs); for comparison */
     int32_t cuda_pdl_edges;    /* cuda, with PDL: which kernel-to-kernel edges of the round graphs become
                                   programmatic (DDT_PDL_EDGES_*; default 0); for measuring the choice */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
@@ -136,7 +136,7 @@ typedef struct ddt_gen_stats {
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
     int32_t round_kernels;     /* kernel launches in one round's CUDA graph (0: the round is no graph) */
-    int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: ar, --no-pdl,
+    int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: --no-pdl,
                                   several GPUs or no graph) */
 } ddt_gen_stats;
 

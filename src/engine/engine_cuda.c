@@ -440,7 +440,8 @@ static int32_t count_kernels(cudaGraph_t g) {
  * writes; edges from or to other nodes (copies, events) stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
  * holds NCCL's kernels, which do not wait.  *converted counts the edges changed. */
 static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, int32_t *converted, ddt_error *err) {
-    const bool products_only = e->opts.cuda_pdl_edges == DDT_PDL_EDGES_PRODUCTS;
+    const bool products_only = e->opts.cuda_pdl_edges == DDT_PDL_EDGES_PRODUCTS ||
+                               (e->opts.cuda_pdl_edges == DDT_PDL_EDGES_DEFAULT && e->opts.mode == DDT_MODE_AR);
     size_t ne = 0;
     DDT_CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne), err);
     if (ne == 0) return DDT_OK;
@@ -479,14 +480,12 @@ static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, in
 }
 
 /* world 0 = the single-GPU engine; a rank (even the one rank of --gpus 1 over
-   NCCL) has an all-reduce whose kernels are not ours.  By default chain and tree
-   rounds only: on the H200 PDL made a 65-node round 1.06x faster but the one-token
-   ar step 0.98x (its kernels are a few blocks each; BENCHMARKS.md), and again
-   0.98x once the products loaded weights before their wait; ddt_engine_options'
-   cuda_pdl_edges picks other sets (DDT_PDL_EDGES_*) to measure. */
+   NCCL) has an all-reduce whose kernels are not ours.  Which edges: see
+   DDT_PDL_EDGES_* (engine.h); an ar step takes only those into the products by
+   default (with every edge programmatic it ran 0.98x plain edges, with those
+   alone 1.12x: the others only add early-resident blocks that wait). */
 static bool use_pdl(const ddt_engine_cuda *e) {
-    return (e->opts.mode != DDT_MODE_AR || e->opts.cuda_pdl_edges != DDT_PDL_EDGES_DEFAULT) && e->world <= 1 &&
-           !e->allreduce && !e->opts.cuda_no_pdl;
+    return e->world <= 1 && !e->allreduce && !e->opts.cuda_no_pdl;
 }
 
 /* The auto budget's graphs, one per verify bucket: bgraph[j] builds the

@@ -903,11 +903,10 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
               "%s mode %d budget %d T %g: %d kernels per round", be == DDT_BACKEND_CUDA ? "cuda" : "cpu", (int)mode,
               budget, (double)temp, r->st.round_kernels);
     if (graph && r->st.round_kernels > g_max_round_kernels) g_max_round_kernels = r->st.round_kernels;
-    /* one GPU: a chain / tree graph's kernel-to-kernel edges are programmatic unless
-       --no-pdl; an ar graph keeps plain edges unless another edge set is asked */
+    /* one GPU: some kernel-to-kernel edges of every round graph are programmatic
+       (an ar step's only into the products by default) unless --no-pdl */
     if (graph)
-        CHECK(g_no_pdl || (mode == DDT_MODE_AR && g_pdl_edges == DDT_PDL_EDGES_DEFAULT) ? r->st.round_pdl_edges == 0
-                                                                                      : r->st.round_pdl_edges > 0,
+        CHECK(g_no_pdl ? r->st.round_pdl_edges == 0 : r->st.round_pdl_edges > 0,
               "mode %d budget %d: %d programmatic edges (no_pdl %d)", (int)mode, budget, r->st.round_pdl_edges,
               (int)g_no_pdl);
 }
@@ -954,8 +953,8 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
                np_tree.st.tokens_per_s);
     }
     /* the other edge sets: the same tokens; products-only edges are fewer than all of
-       them (every kernel that is no product loses its incoming edge), and an ar step
-       gets programmatic edges only when asked */
+       them (every kernel that is no product loses its incoming edge); by default a
+       tree round takes all of them and an ar step the products' */
     {
         run_out ar_all, ar_prod, tr_def, tr_all, tr_prod;
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tr_def);
@@ -973,6 +972,9 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         CHECK(tr_all.st.round_pdl_edges == tr_def.st.round_pdl_edges,
               "%s: tree 16: %d programmatic edges with 'all', %d by default", model, tr_all.st.round_pdl_edges,
               tr_def.st.round_pdl_edges);
+        CHECK(ar.st.round_pdl_edges == ar_prod.st.round_pdl_edges,
+              "%s: ar: %d programmatic edges by default, %d with 'products'", model, ar.st.round_pdl_edges,
+              ar_prod.st.round_pdl_edges);
         CHECK(tr_prod.st.round_pdl_edges > 0 && tr_prod.st.round_pdl_edges < tr_all.st.round_pdl_edges &&
                   ar_prod.st.round_pdl_edges > 0 && ar_prod.st.round_pdl_edges < ar_all.st.round_pdl_edges,
               "%s: programmatic edges: products %d / %d (ar / tree 16), all %d / %d", model,
