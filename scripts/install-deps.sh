@@ -6,7 +6,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libcmocka-dev libmicrohttpd-dev)
 if [[ "${1:-}" == "--tests" ]]; then
-  pkgs+=(clang libclang-rt-dev python3 python3-pip)
+  pkgs+=(clang libclang-rt-dev python3 python3-pip xz-utils) # xz: scripts/gpu-local.sh's test
 fi
 missing=()
 for p in "${pkgs[@]}"; do

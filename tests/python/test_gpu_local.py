@@ -1,0 +1,49 @@
+"""test_gpu_local.py — scripts/gpu-local.sh, the way binaries built on this machine reach the
+GPU machine: `pack` strips and compresses them with the libraries they need, `run` unpacks
+them once and runs a command with DDT_BIN and LD_LIBRARY_PATH set.  Round trip on the CPU
+build's `ddtree` (its --help needs no GPU); a missing binary and a missing pack are usage
+errors.  Needs DDT_BUILD_DIR."""
+
+import os
+import subprocess
+
+from ddt_paths import ddtree_path
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+SCRIPT = os.path.join(ROOT, "scripts", "gpu-local.sh")
+
+
+def sh(*args, env_dir):
+    env = dict(os.environ, GPU_LOCAL_DIR=str(env_dir))
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_pack_and_run_round_trip(tmp_path):
+    build = os.path.dirname(ddtree_path())
+    r = sh("pack", "t", build, "ddtree", env_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = sorted(os.listdir(tmp_path / "t"))
+    assert files == ["ddtree.xz", "lib.tar.xz"], files
+    # compressed and stripped: well under the binary's size
+    assert os.path.getsize(tmp_path / "t" / "ddtree.xz") < os.path.getsize(ddtree_path())
+    r = sh("run", "t", '"$DDT_BIN/ddtree" --help; echo "LD=$LD_LIBRARY_PATH"', env_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "usage: ddtree" in r.stdout
+    assert f"LD={tmp_path}/t/lib" in r.stdout
+    assert os.access(tmp_path / "t" / "bin" / "ddtree", os.X_OK)
+    # no glibc / libstdc++ / NCCL among the carried libraries: the GPU machine has its own
+    libs = os.listdir(tmp_path / "t" / "lib")
+    assert not [l for l in libs if l.startswith(("libc.so", "libstdc++", "libnccl", "ld-linux"))], libs
+    # a second run reuses the unpacked folder; the command's status is the script's
+    r = sh("run", "t", "exit 7", env_dir=tmp_path)
+    assert r.returncode == 7
+
+
+def test_usage_errors(tmp_path):
+    build = os.path.dirname(ddtree_path())
+    r = sh("pack", "t", build, "no-such-binary", env_dir=tmp_path)
+    assert r.returncode == 2 and "no executable" in r.stdout
+    r = sh("run", "missing", "true", env_dir=tmp_path)
+    assert r.returncode == 2 and "no packed build" in r.stdout
+    r = sh("pack", "t", env_dir=tmp_path)
+    assert r.returncode == 2 and "usage" in r.stdout
