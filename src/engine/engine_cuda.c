@@ -378,9 +378,11 @@ static ddt_status stage_sampling(ddt_engine_cuda *e, uint64_t round, ddt_error *
     return DDT_OK;
 }
 
-/* A device round of the auto budget verifying `rows` rows, its build under a
- * (bgraph's rounds: capped at the bucket whose rows these are). */
-static ddt_status launch_auto_rows(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
+/* A chain / tree round on the device verifying `rows` rows: draft, top-K, the
+ * build (under the auto budget's rule a, or NULL for a fixed budget), verify, each
+ * node's token, accept, commit.  The auto budget's graphs verify a bucket's rows
+ * (bgraph: the build capped at that bucket), other rounds budget + 1. */
+static ddt_status launch_tree_rows(ddt_engine_cuda *e, int32_t budget, int32_t k, const ddt_cuda_tree_auto *a,
                                    int32_t rows, ddt_error *err) {
     const int mode = e->graph_next;
     DDT_CUDA_TRY(mark(e, 0), err);
@@ -395,23 +397,17 @@ static ddt_status launch_auto_rows(ddt_engine_cuda *e, int32_t budget, int32_t k
 /* The whole device round (the graph's body), greedy or with the device sampler
  * (mode); AR (budget 0): one target step. */
 static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
-    const int mode = e->graph_next;
-    DDT_CUDA_TRY(mark(e, 0), err);
     if (e->opts.mode == DDT_MODE_AR) {
+        DDT_CUDA_TRY(mark(e, 0), err);
         TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
-        TRY(launch_next(e, mode, 1, e->one, e->tree.root_token, err));
+        TRY(launch_next(e, e->graph_next, 1, e->one, e->tree.root_token, err));
         DDT_CUDA_TRY(mark(e, 3), err);
         return DDT_OK;
     }
     /* the auto budget outside the graph (the context's last rounds): one verify
        bucket, the whole budget, since the host cannot see the device's choice */
     const ddt_cuda_tree_auto one_bucket = single_bucket(e, budget);
-    TRY(launch_draft_build(e, budget, k, e->auto_budget ? &one_bucket : NULL, err));
-    TRY(launch_verify(e, budget + 1, err));
-    TRY(launch_next(e, mode, budget + 1, e->tree.n_nodes, e->target_next, err));
-    TRY(ddt_cuda_tree_accept(&e->tree, e->target_next, e->vocab, e->s, err));
-    DDT_CUDA_TRY(mark(e, 4), err);
-    return launch_commit(e, err);
+    return launch_tree_rows(e, budget, k, e->auto_budget ? &one_bucket : NULL, budget + 1, err);
 }
 
 static int32_t count_kernels(cudaGraph_t g) {
@@ -506,7 +502,7 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
         a.choice = e->emit_d + DDT_CUDA_EMIT_WORDS;
         cudaGraph_t g = NULL;
         DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
-        ddt_status st = launch_auto_rows(e, budget, k, &a, a.bucket[j] + 1, err);
+        ddt_status st = launch_tree_rows(e, budget, k, &a, a.bucket[j] + 1, err);
         cudaError_t ce = end_capture(e, &g);
         int32_t pdl = 0;
         if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
