@@ -862,6 +862,11 @@ typedef struct run_out {
     ddt_gen_stats st;
 } run_out;
 
+/* Whether two runs emitted the same tokens. */
+static bool same_ids(const run_out *a, const run_out *b) {
+    return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n);
+}
+
 static bool g_tensor_cores; /* run_engine's engines use --tensor-cores */
 static int32_t g_max_round_kernels; /* the most kernels a captured round held (printed) */
 /* T > 0 settings and the host-sampler switch of run_engine (the device sampler's checks) */
@@ -927,12 +932,11 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     const int *budgets = quick ? budgets_quick : budgets_full;
     int nb = quick ? 1 : 4;
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_CHAIN, 0, 0.0f, prompt, np, max_new, &x);
-    CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU chain != GPU ar", model);
+    CHECK(same_ids(&x, &ar), "%s: GPU chain != GPU ar", model);
     printf("  chain: tau %.2f, %.1f tok/s\n", x.st.mean_acceptance, x.st.tokens_per_s);
     for (int b = 0; b < nb; b++) {
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, budgets[b], 0.0f, prompt, np, max_new, &x);
-        CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU tree budget %d != GPU ar",
-              model, budgets[b]);
+        CHECK(same_ids(&x, &ar), "%s: GPU tree budget %d != GPU ar", model, budgets[b]);
         printf("  tree budget %d: tau %.2f, %.1f tok/s\n", budgets[b], x.st.mean_acceptance, x.st.tokens_per_s);
     }
     /* programmatic dependent launch (chain and tree rounds) changes when kernels
@@ -945,10 +949,8 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &np1);
         g_no_pdl = false;
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &p1);
-        CHECK(np_tree.n == ar.n && !memcmp(np_tree.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
-              "%s: tree 64 without PDL != ar", model);
-        CHECK(np1.n == p1.n && !memcmp(np1.ids, p1.ids, sizeof(int32_t) * (size_t)p1.n),
-              "%s: T=1 tree 16 without PDL != with PDL", model);
+        CHECK(same_ids(&np_tree, &ar), "%s: tree 64 without PDL != ar", model);
+        CHECK(same_ids(&np1, &p1), "%s: T=1 tree 16 without PDL != with PDL", model);
         printf("  PDL off: tree 64 == ar, T=1 tree 16 == with PDL (tree 64 %.1f tok/s without PDL)\n",
                np_tree.st.tokens_per_s);
     }
@@ -967,8 +969,7 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         g_pdl_edges = DDT_PDL_EDGES_DEFAULT;
         const run_out *all[4] = {&ar_all, &tr_all, &ar_prod, &tr_prod};
         for (int k = 0; k < 4; k++)
-            CHECK(all[k]->n == ar.n && !memcmp(all[k]->ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
-                  "%s: pdl edge set %d (%s) != ar", model, k, k % 2 ? "tree 16" : "ar");
+            CHECK(same_ids(all[k], &ar), "%s: pdl edge set %d (%s) != ar", model, k, k % 2 ? "tree 16" : "ar");
         CHECK(tr_all.st.round_pdl_edges == tr_def.st.round_pdl_edges,
               "%s: tree 16: %d programmatic edges with 'all', %d by default", model, tr_all.st.round_pdl_edges,
               tr_def.st.round_pdl_edges);
@@ -992,9 +993,7 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &nt);
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &nar);
         g_no_phase_times = false;
-        CHECK(nt.n == ar.n && !memcmp(nt.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n) && nar.n == ar.n &&
-                  !memcmp(nar.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
-              "%s: tree 16 / ar without phase times != ar", model);
+        CHECK(same_ids(&nt, &ar) && same_ids(&nar, &ar), "%s: tree 16 / ar without phase times != ar", model);
         CHECK(nt.st.t_draft == 0.0 && nt.st.t_verify == 0.0 && nt.st.t_commit == 0.0 && nar.st.t_verify == 0.0,
               "%s: phase seconds measured without phase times (draft %g, verify %g)", model, nt.st.t_draft,
               nt.st.t_verify);
@@ -1004,8 +1003,7 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     /* --budget auto: the device's cost-aware build under the measured GPU cost model
        (inside the round's graph), same tokens */
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -64, 0.0f, prompt, np, max_new, &x);
-    CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n), "%s: GPU tree budget auto != GPU ar",
-          model);
+    CHECK(same_ids(&x, &ar), "%s: GPU tree budget auto != GPU ar", model);
     printf("  tree budget auto (max 64): tau %.2f, %.1f nodes per round, %.1f tok/s\n", x.st.mean_acceptance,
            x.st.rounds ? (double)x.st.nodes_verified / (double)x.st.rounds : 0.0, x.st.tokens_per_s);
     run_out a1;
@@ -1022,20 +1020,19 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, max_new, &tca);
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tct);
     g_tensor_cores = false;
-    CHECK(tct.n == tca.n && !memcmp(tct.ids, tca.ids, sizeof(int32_t) * (size_t)tca.n),
-          "%s: tensor cores: GPU tree budget 16 != GPU ar", model);
+    CHECK(same_ids(&tct, &tca), "%s: tensor cores: GPU tree budget 16 != GPU ar", model);
     int same = 0;
     while (same < tca.n && same < ar.n && tca.ids[same] == ar.ids[same]) same++;
     printf("  tensor cores: tree 16 == ar: %s (tau %.2f, %.1f tok/s; ar %.1f tok/s); agrees with the fp32 path for "
-           "%d of %d tokens\n", tct.n == tca.n && !memcmp(tct.ids, tca.ids, sizeof(int32_t) * (size_t)tca.n) ? "yes" : "NO",
+           "%d of %d tokens\n", same_ids(&tct, &tca) ? "yes" : "NO",
            tct.st.mean_acceptance, tct.st.tokens_per_s, tca.st.tokens_per_s, same, ar.n);
     /* T = 1: the same seed gives the same tokens; tree and ar are both target samples */
     run_out t1, t2;
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t1);
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t2);
-    CHECK(t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n), "%s: T=1 not reproducible", model);
+    CHECK(same_ids(&t1, &t2), "%s: T=1 not reproducible", model);
     printf("  tree T=1 budget 16: tau %.2f (reproducible: %s)\n", t1.st.mean_acceptance,
-           t1.n == t2.n && !memcmp(t1.ids, t2.ids, sizeof(int32_t) * (size_t)t1.n) ? "yes" : "NO");
+           same_ids(&t1, &t2) ? "yes" : "NO");
     /* the device sampler (inside the round's graph) draws what the host sampler draws
        from the same GPU logits: token for token, plain T and top-k + top-p, ar and tree */
     static const struct {
@@ -1050,7 +1047,7 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         g_host_sampler = true;
         run_engine(model, draft, DDT_BACKEND_CUDA, sc[c].mode, sc[c].budget, 1.0f, prompt, np, max_new, &hs);
         g_host_sampler = false;
-        const bool eq = dv.n == hs.n && !memcmp(dv.ids, hs.ids, sizeof(int32_t) * (size_t)dv.n);
+        const bool eq = same_ids(&dv, &hs);
         CHECK(eq, "%s: T=1 %s top-k %d top-p %g: device sampler != host sampler", model, ddt_mode_name(sc[c].mode),
               sc[c].k, (double)sc[c].p);
         printf("  T=1 %s%s top-k %d top-p %g: device sampler == host sampler: %s (%.1f vs %.1f tok/s, tau %.2f)\n",
@@ -1087,8 +1084,7 @@ static void test_full_context(const char *model, const char *draft, const int32_
                   (double)runs[i].temp, x.n, extra + 1, ddt_stop_reason_name(x.st.stop_reason));
             if (i == 0) ref = x;
             else if (!sampled)
-                CHECK(x.n == ref.n && !memcmp(x.ids, ref.ids, sizeof(int32_t) * (size_t)x.n),
-                      "%s ctx %d: %s %s budget %d: tokens differ from CPU ar", model, g_max_ctx,
+                CHECK(same_ids(&x, &ref), "%s ctx %d: %s %s budget %d: tokens differ from CPU ar", model, g_max_ctx,
                       runs[i].be == DDT_BACKEND_CPU ? "cpu" : "cuda", ddt_mode_name(runs[i].mode), runs[i].budget);
         }
         /* T = 1: both backends draw the same samples from (nearly) the same logits;
@@ -1112,8 +1108,7 @@ static void test_given_cost(const char *model, const char *draft, const int32_t 
         g_cost = &given;
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, 0.0f, prompt, np, max_new, &x);
         g_cost = NULL;
-        CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
-              "%s: given %s cost table: tree auto != GPU ar", model, kind ? "flat" : "steep");
+        CHECK(same_ids(&x, &ar), "%s: given %s cost table: tree auto != GPU ar", model, kind ? "flat" : "steep");
         const long long want = kind ? 9LL * x.st.rounds : (long long)x.st.rounds;
         CHECK((long long)x.st.nodes_verified == want, "%s: given %s cost table: %lld nodes in %lld rounds (want %lld)",
               model, kind ? "flat" : "steep", (long long)x.st.nodes_verified, (long long)x.st.rounds, want);
@@ -1135,8 +1130,7 @@ static void test_auto_convex(const char *model, const char *draft, const int32_t
     const ddt_cost_model convex = {0.15f, 5, cn, 1, NULL, cv, 0.0f};
     g_cost = &convex;
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 0.0f, prompt, np, max_new, &x);
-    CHECK(x.n == ar.n && !memcmp(x.ids, ar.ids, sizeof(int32_t) * (size_t)ar.n),
-          "%s: given convex cost table: tree auto != GPU ar", model);
+    CHECK(same_ids(&x, &ar), "%s: given convex cost table: tree auto != GPU ar", model);
     /* (the fixture's random drafter is too unsure for any node to pay: root only) */
     if (expect_cuts)
         CHECK(x.st.nodes_verified > x.st.rounds && x.st.nodes_verified < 17LL * x.st.rounds,
@@ -1150,7 +1144,7 @@ static void test_auto_convex(const char *model, const char *draft, const int32_t
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 1.0f, prompt, np, max_new, &hs);
     g_host_sampler = false;
     g_cost = NULL;
-    const bool eq = dv.n == hs.n && !memcmp(dv.ids, hs.ids, sizeof(int32_t) * (size_t)dv.n);
+    const bool eq = same_ids(&dv, &hs);
     CHECK(eq && dv.st.nodes_verified == hs.st.nodes_verified,
           "%s: T=1 auto, convex table: device round (%lld nodes) != host round (%lld nodes)", model,
           (long long)dv.st.nodes_verified, (long long)hs.st.nodes_verified);
