@@ -13,5 +13,5 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 bench/e2e.py --build build-gpu --backend cuda --model models/pystdlib-target \
     --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
-    --n-prompts "${N_PROMPTS:-8}" --budgets "${BUDGETS:-8,16,32,64,128,256,auto}" --max-auto-budget "${MAX_AUTO:-128}" --out-md "$OUT/${E2E_NAME:-e2e_gpu}.md" --out-png "$OUT/${E2E_NAME:-e2e_gpu}.png" \
+    --n-prompts "${N_PROMPTS:-8}" --budgets "${BUDGETS:-8,16,32,64,128,256,auto}" --max-auto-budget "${MAX_AUTO:-64}" --out-md "$OUT/${E2E_NAME:-e2e_gpu}.md" --out-png "$OUT/${E2E_NAME:-e2e_gpu}.png" \
     --temperatures "${TEMPS:-0,1}" ${E2E_EXTRA:+"--extra-args=$E2E_EXTRA"} ${NO_HF:+--no-hf}

@@ -4,14 +4,14 @@
 # ~4 minutes; a call with binaries built here took 27 s in the sixth session of 2026-12-04).
 #
 #   here:    scripts/gpu-local.sh pack NAME BUILD_DIR BIN...
-#            each BIN of BUILD_DIR stripped and xz-compressed into $GPU_LOCAL_DIR/NAME/ (default
-#            ab/NAME: untracked, so it travels with the working tree; ~4.6 MB a binary, the device
-#            tool carries 64 MiB in all), with the shared libraries they need that the GPU
-#            machine's image may lack (ldd; not glibc, libstdc++, libgcc or NCCL, which it has)
+#            each BIN of BUILD_DIR stripped, all in one xz archive $GPU_LOCAL_DIR/NAME/pack.tar.xz
+#            (default ab/NAME: untracked, so it travels with the working tree; ~6 MB for all 25
+#            binaries, the device tool carries 64 MiB in all), with the shared libraries they need that the GPU
+#            machine's image may lack (ldd; not glibc, libstdc++, libgcc, NCCL or cuBLAS, which it has)
 #   device:  scripts/gpu-local.sh run NAME 'COMMAND'
 #            unpacks NAME once (into NAME/bin, NAME/lib), then runs COMMAND under bash with
 #            DDT_BIN=that bin folder and LD_LIBRARY_PATH set (NAME/lib, the CUDA toolkit's, the
-#            NCCL wheel's), e.g. 'python3 bench/e2e.py --build $DDT_BIN --backend cuda ...'
+#            NCCL and cuBLAS wheels'), e.g. 'python3 bench/e2e.py --build $DDT_BIN --backend cuda ...'
 #   here:    scripts/gpu-ab.sh clean (or rm -rf ab) afterwards; never commit ab/
 #
 # Exit status: pack 2 on a usage error or a missing binary; run: COMMAND's.
@@ -21,11 +21,12 @@ ROOT=${GPU_LOCAL_DIR:-ab}
 cmd=${1:-}
 shift || true
 
-# the libraries a binary needs that are not glibc's, the compiler runtime's or NCCL's
+# the libraries a binary needs that are not glibc's, the compiler runtime's, NCCL's or cuBLAS's
+# (cuBLAS is ~500 MB; the GPU machine has it as the nvidia-cublas wheel and in its toolkit)
 libs_of() {
   ldd "$1" | awk '/=> \//{print $3}' | while read -r l; do
     case $(basename "$l") in
-      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libgcc_s.so*|libstdc++.so*|ld-linux*|libnccl.so*) ;;
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libgcc_s.so*|libstdc++.so*|ld-linux*|libnccl.so*|libcublas*) ;;
       *) echo "$l" ;;
     esac
   done
@@ -37,14 +38,15 @@ case $cmd in
     name=$1 build=$2
     shift 2
     out=$ROOT/$name
-    rm -rf "$out" && mkdir -p "$out/lib"
+    rm -rf "$out" && mkdir -p "$out/lib" "$out/bin"
     for b in "$@"; do
-      [ -x "$build/$b" ] || { echo "gpu-local: no executable $build/$b"; exit 2; }
-      strip -o "$out/$b" "$build/$b" || exit 2
-      xz -6 -f "$out/$b" || exit 2
+      [ -x "$build/$b" ] || { echo "gpu-local: no executable $build/$b"; rm -rf "$out"; exit 2; }
+      strip -o "$out/bin/$b" "$build/$b" || exit 2
       for l in $(libs_of "$build/$b"); do cp -Ln "$l" "$out/lib/" 2>/dev/null; done
     done
-    (cd "$out" && tar cf - lib | xz -6 > lib.tar.xz) && rm -rf "$out/lib"
+    # one solid archive: the binaries share most of their bytes (the CUDA fatbin), which xz's
+    # 64 MiB dictionary finds across files (25 binaries: 147 MB -> 5.7 MB; one .xz each: ~115)
+    (cd "$out" && tar cf - bin lib | xz -9 -T1 > pack.tar.xz) && rm -rf "$out/lib" "$out/bin"
     echo "gpu-local: $name: $* from $build -> $out ($(du -sh "$out" | cut -f1))"
     exit 0 ;;
   run)
@@ -52,18 +54,11 @@ case $cmd in
     dir=$ROOT/$1
     [ -d "$dir" ] || { echo "gpu-local: no packed build $dir"; exit 2; }
     if [ ! -d "$dir/bin" ]; then
-      # python's lzma and tarfile: no xz binary needed on the GPU machine
+      # python's tarfile: no xz binary needed on the GPU machine
       python3 - "$dir" <<'EOF' || exit 2
-import lzma, os, sys, tarfile
+import os, sys, tarfile
 d = sys.argv[1]
-os.makedirs(os.path.join(d, "bin"), exist_ok=True)
-for f in os.listdir(d):
-    if f.endswith(".xz") and f != "lib.tar.xz":
-        dst = os.path.join(d, "bin", f[:-3])
-        with lzma.open(os.path.join(d, f)) as src, open(dst, "wb") as out:
-            out.write(src.read())
-        os.chmod(dst, 0o755)
-with tarfile.open(os.path.join(d, "lib.tar.xz")) as t:
+with tarfile.open(os.path.join(d, "pack.tar.xz")) as t:
     t.extractall(d)
 EOF
     fi
@@ -74,8 +69,10 @@ EOF
       ch=$(dirname "$(dirname "$(command -v nvcc)")")
       lp=$lp:$ch/lib64:$ch/lib
     fi
-    nc=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)
-    [ -n "$nc" ] && lp=$lp:$nc/lib
+    for w in nccl cublas; do
+      nc=$(python3 -c "import nvidia.$w as m; print(list(m.__path__)[0])" 2>/dev/null)
+      [ -n "$nc" ] && lp=$lp:$nc/lib
+    done
     export LD_LIBRARY_PATH=$lp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     shift
     bash -c "$*"

@@ -21,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
-B=build-gpu
+B=${GPU_TEST_BUILD:-build-gpu}   # gpu-local.sh run: GPU_TEST_BUILD=$DDT_BIN (binaries built here)
 mkdir -p "$OUT" $B/obj
 source scripts/gpu-env.sh
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build test)
