@@ -214,6 +214,10 @@ static void refusals(void) {
     CHECK(st == DDT_ERR_INVALID, "no up rows: status %d", (int)st);
     st = ddt_cuda_matmul_silu(&dw, dx, 128, dx + 64, 128, 0, dy, 16, NULL, &e);
     CHECK(st == DDT_ERR_INVALID, "n = 0: status %d", (int)st);
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    h = make_weight(1, 16, 60); /* 60 columns: the packed stream's (wgmma needs a multiple of 8, no packing) */
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
     st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, 0, NULL, &e);
     CHECK(st == DDT_ERR_INVALID && strstr(e.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)", (int)st,
           e.msg);
@@ -224,7 +228,7 @@ static void refusals(void) {
         float gate0[64], gate1[64];
         for (int j = 0; j < 64; j++) gate0[j] = (float)j - 31.5f;
         CU(cudaMemcpy(dx, gate0, sizeof gate0, cudaMemcpyHostToDevice));
-        const size_t need = ddt_cuda_matmul_workspace_bytes(64, 1, 1);
+        const size_t need = ddt_cuda_matmul_workspace_bytes(60, 1, 1);
         uint8_t *ws;
         CU(cudaMalloc((void **)&ws, need + 16));
         st = ddt_cuda_matmul_silu_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 128, dx + 64, 128, 1, dy, 16, NULL, 0, NULL, &e);

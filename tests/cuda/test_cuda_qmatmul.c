@@ -97,7 +97,9 @@ static void mm_call(const ddt_qweight *dw, ddt_cuda_mm_mode mode, int kind, cons
 }
 
 static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, int xpad, ddt_cuda_mm_mode mode) {
-    const int tc = mode == DDT_CUDA_MM_TENSOR && (f == 1 || f == 3 || f == 4) && kind != 3;
+    /* bf16 with columns a multiple of 8 takes wgmma (any groups); FP8 / INT4 and
+       other bf16 the packed stream, groups on its 16-row tiles */
+    const int tc = mode == DDT_CUDA_MM_TENSOR && ((f == 1 && cols % 8 == 0) || ((f == 1 || f == 3 || f == 4) && kind != 3));
     const double tol = tc ? 5e-5 : 1e-5;
     ddt_row_groups g = {1, 0, 0, rows, 0, 0};
     int64_t wrows = rows, xw, yw;
@@ -390,11 +392,21 @@ static void tc_old_case(int f, int grouped, int64_t rows, int64_t cols, int n, i
     CU(cudaDeviceSynchronize());
     CU(cudaMemcpy(ynew, dy[0], sizeof(float) * yn, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(yold, dy[1], sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    /* bf16 with columns a multiple of 8 now runs wgmma (test_cuda_wgmma_gemm): a
+       different summation, so within the split activations' error of the old
+       kernel (normalised), not bitwise */
+    const int wg = f == 1 && cols % 8 == 0;
     int64_t vs_old = 0, written = 0, nonfinite = 0;
+    double num = 0, den = 0;
     for (size_t i = 0; i < yn; i++) {
-        vs_old += memcmp(&ynew[i], &yold[i], 4) != 0;
+        if (!wg) vs_old += memcmp(&ynew[i], &yold[i], 4) != 0;
         if (!ct_is_poison(&ynew[i])) written++, nonfinite += !isfinite(ynew[i]);
+        if (wg && !ct_is_poison(&yold[i])) {
+            const double d = (double)ynew[i] - yold[i];
+            num += d * d, den += (double)yold[i] * yold[i];
+        }
     }
+    if (wg && !(sqrt(num / (den > 0 ? den : 1)) < 5e-5)) vs_old = 1;
     CHECK(vs_old == 0 && written == (int64_t)n * g.count * rows && nonfinite == 0,
           "%s TC %s [%lld x %lld] n=%d ldx+%d shift %d: %lld floats differ from the old kernel, %lld written "
           "(of %lld), %lld not finite",
@@ -610,7 +622,8 @@ int main(int argc, char **argv) {
                         tc_old_case(f, 1, sh[s][0] / 3 + 1, sh[s][1], tns[i], i % 2 ? 0 : 3, i % 3 == 2);
                 }
         }
-        printf("tensor path: bitwise == the per-block split kernel on %s\n", g_failures ? "NOT all shapes" : "all shapes");
+        printf("tensor path: == the per-block split kernel (bitwise; bf16 on wgmma within 5e-5) on %s\n",
+               g_failures ? "NOT all shapes" : "all shapes");
     }
     /* x W against the old kernel: the MLA shapes (rank x nope and back), odd
        rows and columns, rows past one staged x pass (256), 1 .. 16 groups, every
@@ -660,8 +673,10 @@ int main(int argc, char **argv) {
         ddt_status st = ddt_cuda_matmul(&dw, dx, 40, 1, dy, 8, NULL, &e2);
         CHECK(st == DDT_ERR_UNSUPPORTED, "INT4 with 40 columns: status %d", (int)st);
         ddt_cuda_qweight_free(&dw);
-        /* tensor mode on an eligible weight that was never packed: an error, not a silent slow path */
-        hw hb = make_weight(1, 16, 64);
+        /* tensor mode on a packed-stream weight that was never packed: an error, not a
+           silent slow path (bf16 of 60 columns: not the wgmma path's, which reads the
+           row-major data and needs no packed copy) */
+        hw hb = make_weight(1, 16, 60);
         OK(ddt_cuda_qweight_upload(&hb.w, &dw, &err_));
         st = ddt_cuda_matmul_mode(&dw, DDT_CUDA_MM_TENSOR, dx, 64, 1, dy, 16, NULL, 0, NULL, &e2);
         CHECK(st == DDT_ERR_INVALID && strstr(e2.msg, "packed"), "unpacked bf16 in tensor mode: status %d (%s)",

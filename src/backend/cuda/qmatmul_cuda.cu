@@ -42,6 +42,7 @@
 #include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/norm_dev.cuh"
 #include "backend/cuda/qmatmul_cuda.h"
+#include "backend/cuda/wgmma_gemm.h"
 #include "backend/cuda/qmatmul_dev.cuh"
 #include "backend/cuda/wstream.cuh"
 
@@ -333,8 +334,9 @@ extern "C" bool ddt_cuda_kernel_waits_late(const void *func) {
         cudaGetLastError(); /* a function that is no kernel of ours: not late */
         return false;
     }
-    /* mm_kernel's instances, mangled (_Z9mm_kernelI...) or not */
-    return strstr(name, "mm_kernel") != NULL;
+    /* mm_kernel's instances, mangled (_Z9mm_kernelI...) or not, and the wgmma product
+       (wgmma_gemm.cu's wg_gemm_kernel) */
+    return strstr(name, "mm_kernel") != NULL || strstr(name, "wg_gemm_kernel") != NULL;
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {
@@ -540,7 +542,7 @@ extern "C" ddt_status ddt_cuda_ws_prepare(ddt_error *err) {
     if (e != cudaSuccess)
         return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: tensor-core matmul shared memory attribute: %s",
                         cudaGetErrorString(e));
-    return DDT_OK;
+    return ddt_cuda_wg_prepare(err);
 }
 
 extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
@@ -662,6 +664,9 @@ static ddt_status tc_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
                             ddt_error *err) {
     const ddt_status st = tc_workspace_check(w, g, n, workspace, workspace_bytes, err);
     if (st != DDT_OK) return st;
+    /* dense bf16 on wgmma + TMA (a property of the weight, never of n) */
+    if (ddt_cuda_wg_eligible(w))
+        return ddt_cuda_wg_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, s, err);
     WsArgs a;
     memset(&a, 0, sizeof a);
     const int F = qfmt_of(*w);
@@ -743,9 +748,12 @@ static ddt_status mm_check(const ddt_qweight *w, ddt_cuda_mm_mode mode, const dd
                         "matmul: INT4 weight [%lld, %lld] group %d: the GPU needs group 32, columns a "
                         "multiple of 32 and 16-byte aligned data",
                         (long long)w->rows, (long long)w->cols, w->group);
-    *tc = mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(w) && g->w_row_stride % 16 == 0 &&
-          g->w_row_offset % 16 == 0;
-    if (*tc && !w->mma)
+    /* dense bf16 runs wgmma + TMA from the row-major data (any group offsets); the
+       other formats the packed mma.sync stream (groups on its 16-row tiles) */
+    const bool wg = mode == DDT_CUDA_MM_TENSOR && ddt_cuda_wg_eligible(w);
+    *tc = wg || (mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(w) && g->w_row_stride % 16 == 0 &&
+                 g->w_row_offset % 16 == 0);
+    if (*tc && !wg && !w->mma)
         return ddt_fail(err, DDT_ERR_INVALID,
                         "matmul: tensor-core mode on a weight [%lld, %lld] that was not packed "
                         "(ddt_cuda_qweight_pack)",

@@ -1,0 +1,325 @@
+/*
+ * wgmma_gemm.cu — the bf16 weight-streaming x W^T on wgmma + TMA (wgmma_gemm.h
+ * says why and what it guarantees).
+ *
+ * A CTA (two warpgroups, 256 threads) owns 128 weight rows of one group (64 a
+ * warpgroup), 64 token columns and a k-range of 64-column k-blocks (its split of
+ * the fixed k-split).  Per k-block a stage holds bf16 tiles TMA-loaded with the
+ * 128-byte swizzle wgmma reads: W [128 rows][64 k], x_hi [xr tokens][64 k], x_lo
+ * the same (xr = the launch's token rows rounded to 8, at most 64: a decode
+ * step does not stream 63 rows of zero fill; the rows past xr hold stale bytes
+ * that feed only token columns no output takes).  Both operands are K-major, so
+ * D[row][token] += W x_hi^T then W x_lo^T, 4 k-steps of m64n64k16 each; the two
+ * warpgroups share the x tiles, so x costs half of W's bytes from L2 at n = 64.  A ring of S stages keeps S-1 k-blocks in flight;
+ * thread 0 refills the stage the previous k-block used once every warp has
+ * retired its wgmmas (wait_group 1 keeps one group of tensor work running while
+ * the refill is issued).  Weight tiles of the first S stages are issued before
+ * griddepcontrol.wait: nothing in a round writes weights, so under a
+ * programmatic edge they stream while the predecessor finishes.
+ *
+ * The k-split's CTAs are one thread-block cluster; each puts its 64x64 partial
+ * in its shared memory as [token][row], and after a cluster barrier CTA r adds
+ * the partials of elements r, r + ks, ... in rank order and stores them: rows
+ * are consecutive in y, so the stores coalesce.
+ *
+ * Activations: a split pass writes x's rows as two bf16 planes (x_hi = bf16(x),
+ * x_lo = bf16(x - x_hi), qmatmul's ws_split arithmetic) in group-major order,
+ * row g*n + t, pitch round8(cols) bf16; the x maps cover count*n rows, so the
+ * last tile's rows past the end are TMA zero fill.  A tile's rows past n that
+ * belong to the next group feed only output columns that are never stored.
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/hopper_dev.cuh"
+#include "backend/cuda/wgmma_gemm.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#pragma nv_diag_suppress 177 /* the plain sm_90 pass compiles the kernel body out */
+#endif
+
+namespace {
+
+constexpr int WG_BM = 128, WG_BN = 64, WG_BK = 64; /* weight rows (two warpgroups of 64), tokens, k per stage */
+constexpr int WG_TILE = 8192;                       /* one 64x64 bf16 tile */
+constexpr int WG_OFF_XH = 2 * WG_TILE, WG_OFF_XL = 3 * WG_TILE; /* W [128][64] first, then x_hi, x_lo [<=64][64] */
+constexpr int WG_STAGE = 4 * WG_TILE;
+constexpr int WG_S = 6;                             /* stages: 192 KB, one CTA an SM, 5 k-blocks in flight */
+constexpr int WG_THREADS = 256;
+constexpr int WG_OFF_BAR = WG_S * WG_STAGE;
+constexpr int WG_SMEM = WG_OFF_BAR + WG_S * 8 + 1024; /* + room to align the base to 1024 */
+constexpr int WG_RS = WG_BM + 4;                    /* row stride of the [token][row] partials */
+constexpr int WG_SLOTS = 132;                       /* H200: 132 SMs x 1 CTA; a constant, not the device's */
+constexpr int WG_MAX_KS = 8;                       /* portable cluster size */
+static_assert(WG_BN * WG_RS * 4 <= WG_OFF_BAR, "the partials reuse the stages");
+
+struct WgArgs {
+    int64_t rows;              /* output rows per group */
+    int64_t w_row_stride, w_row_offset;
+    int32_t n, count, ks;
+    int32_t nkb, kb_per_split; /* k-blocks of the row, of a split */
+    int32_t xr;                /* token rows the x boxes carry: min(64, round8(count * n)) */
+    float *y;
+    int64_t ldy, y_stride;
+};
+
+#define WG_SPLIT_THREADS 256
+
+/* x -> the hi / lo planes, row g*n + t, 4 columns a thread (plane pitch xs). */
+__global__ void __launch_bounds__(WG_SPLIT_THREADS)
+    wg_split_kernel(const float *__restrict__ x, int64_t ldx, int64_t x_stride, int32_t n, int32_t count, int64_t cols,
+                    int64_t xs, __nv_bfloat16 *__restrict__ hi, __nv_bfloat16 *__restrict__ lo) {
+    DDT_GRID_DEP_WAIT();
+    const int64_t nq = (cols + 3) / 4, total = (int64_t)n * count * nq;
+    for (int64_t i = (int64_t)blockIdx.x * WG_SPLIT_THREADS + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * WG_SPLIT_THREADS) {
+        const int64_t r = i / nq, c = 4 * (i - r * nq);
+        const int64_t g = r / n, t = r - g * n;
+        const float *src = x + t * ldx + g * x_stride + c;
+        __nv_bfloat16 *h = hi + r * xs + c, *l = lo + r * xs + c;
+        for (int k = 0; k < 4 && c + k < cols; k++) {
+            const float v = src[k];
+            const __nv_bfloat16 b = __float2bfloat16_rn(v);
+            h[k] = b;
+            l[k] = __float2bfloat16_rn(v - __bfloat162float(b)); /* the difference is exact */
+        }
+    }
+}
+
+__device__ __forceinline__ float ld_cluster_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+/* grid: x = row tile * ks + split (a cluster = the ks splits of one tile), y =
+ * token tile, z = group */
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    wg_gemm_kernel(const __grid_constant__ CUtensorMap tmw, const __grid_constant__ CUtensorMap tmxh,
+                   const __grid_constant__ CUtensorMap tmxl, const WgArgs a) {
+    DDT_GRID_DEP_LATER();
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    DDT_GRID_DEP_WAIT();
+    __trap(); /* wgmma needs sm_90a; the launcher refuses other devices */
+#else
+    extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
+    const uint32_t raw = smem_u32(wg_smem_raw);
+    const uint32_t sb = (raw + 1023u) & ~1023u; /* swizzled tiles need 1024-byte alignment */
+    float *const red = (float *)(wg_smem_raw + (sb - raw));
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const uint32_t stage_tx = 2 * WG_TILE + 2u * (uint32_t)a.xr * 128u; /* W + the x boxes' rows */
+    const int split = (int)(blockIdx.x % (unsigned)a.ks);
+    const int64_t rt = blockIdx.x / (unsigned)a.ks;
+    const int tt = blockIdx.y, grp = blockIdx.z;
+    const int kb0 = split * a.kb_per_split;
+    const int nk = kb0 >= a.nkb ? 0 : (a.nkb - kb0 < a.kb_per_split ? a.nkb - kb0 : a.kb_per_split);
+    const int wrow = (int)(grp * a.w_row_stride + a.w_row_offset + rt * WG_BM);
+    const int xrow = grp * a.n + tt * WG_BN;
+    auto bar = [&](int s) { return sb + WG_OFF_BAR + 8 * s; };
+    auto stage = [&](int s) { return sb + s * WG_STAGE; };
+
+    if (tid == 0) {
+        for (int s = 0; s < WG_S; s++) mbar_init(bar(s), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmw) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmxh) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmxl) : "memory");
+    }
+    __syncthreads();
+    const int npre = nk < WG_S ? nk : WG_S;
+    if (tid == 0)
+        for (int s = 0; s < npre; s++) { /* the weights: nothing in a round writes them */
+            mbar_expect_tx(bar(s), stage_tx);
+            tma_load_2d(stage(s), &tmw, (kb0 + s) * WG_BK, wrow, bar(s));
+        }
+    DDT_GRID_DEP_WAIT(); /* x (the split pass's planes) and y are the predecessors' */
+    if (tid == 0)
+        for (int s = 0; s < npre; s++) {
+            tma_load_2d(stage(s) + WG_OFF_XH, &tmxh, (kb0 + s) * WG_BK, xrow, bar(s));
+            tma_load_2d(stage(s) + WG_OFF_XL, &tmxl, (kb0 + s) * WG_BK, xrow, bar(s));
+        }
+
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = 0.f;
+    for (int i = 0; i < nk; i++) {
+        const int s = i % WG_S;
+        mbar_wait(bar(s), (uint32_t)(i / WG_S) & 1u);
+        /* this warpgroup's 64 weight rows; x rows past xr are stale, read only into
+           token columns no output takes */
+        const uint32_t w = stage(s) + wg * WG_TILE, xh = stage(s) + WG_OFF_XH, xl = stage(s) + WG_OFF_XL;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            wgmma_m64n64(acc, kmajor_desc(w + kk * 32), kmajor_desc(xh + kk * 32));
+            wgmma_m64n64(acc, kmajor_desc(w + kk * 32), kmajor_desc(xl + kk * 32));
+        }
+        wgmma_commit();
+        wgmma_wait<1>(); /* k-block i-1's tensor work is done: its stage may be refilled */
+        const int j = i - 1 + WG_S;
+        if (i >= 1 && j < nk) {
+            bar_sync(1, WG_THREADS); /* every warp has retired it */
+            if (tid == 0) {
+                const int sp = (i - 1) % WG_S;
+                mbar_expect_tx(bar(sp), stage_tx);
+                tma_load_2d(stage(sp), &tmw, (kb0 + j) * WG_BK, wrow, bar(sp));
+                tma_load_2d(stage(sp) + WG_OFF_XH, &tmxh, (kb0 + j) * WG_BK, xrow, bar(sp));
+                tma_load_2d(stage(sp) + WG_OFF_XL, &tmxl, (kb0 + j) * WG_BK, xrow, bar(sp));
+            }
+        }
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    __syncthreads(); /* no warp reads a stage any more: the partials take their place */
+
+    /* accumulator i of this thread: row 64 wg + 16 warp + g (+8 for i & 2), token 8 (i / 4) + 2t (+1 for i & 1) */
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int row = wg * 64 + warp * 16 + g + ((i & 2) ? 8 : 0), tok = 8 * (i >> 2) + 2 * t + (i & 1);
+            red[tok * WG_RS + row] = acc[i];
+        }
+    }
+    if (a.ks > 1) cluster_sync();
+    else __syncthreads();
+    const uint32_t red_addr = smem_u32(red);
+    for (int q = split * WG_THREADS + tid; q < WG_BM * WG_BN; q += a.ks * WG_THREADS) {
+        const int tok = q / WG_BM, row = q % WG_BM;
+        const int64_t orow = rt * WG_BM + row;
+        const int otok = tt * WG_BN + tok;
+        if (orow >= a.rows || otok >= a.n) continue;
+        const uint32_t off = (uint32_t)(tok * WG_RS + row) * 4u;
+        float v;
+        if (a.ks > 1) {
+            v = ld_cluster_f32(map_to_cta(red_addr + off, 0));
+            for (int r = 1; r < a.ks; r++) v = v + ld_cluster_f32(map_to_cta(red_addr + off, (uint32_t)r));
+        } else {
+            v = red[tok * WG_RS + row];
+        }
+        a.y[(int64_t)otok * a.ldy + (int64_t)grp * a.y_stride + orow] = v;
+    }
+    if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
+#endif
+}
+
+bool wg_prepared = false;
+
+/* A [rows][cols] bf16 matrix of row pitch `pitch` elements, read in boxes of 64
+ * columns x box_rows rows with the 128-byte swizzle; elements past its edges
+ * read as zero. */
+bool wg_encode(encode_tiled_fn enc, CUtensorMap *map, const void *base, int64_t rows, int64_t cols, int64_t pitch,
+               int box_rows) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)pitch * 2};
+    cuuint32_t box[2] = {WG_BK, (cuuint32_t)box_rows};
+    cuuint32_t estr[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+} /* namespace */
+
+extern "C" bool ddt_cuda_wg_eligible(const ddt_qweight *w) {
+    return w && w->format == DDT_Q_DENSE && w->dtype == DDT_DTYPE_BF16 && w->data && w->cols % 8 == 0 &&
+           (uintptr_t)w->data % 16 == 0 && w->rows > 0 && w->rows <= 0x7FFFFFFF && w->cols <= 0x7FFFFFFF;
+}
+
+extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols) {
+    const int64_t tiles = (rows + WG_BM - 1) / WG_BM * (count > 0 ? count : 1), nkb = (cols + WG_BK - 1) / WG_BK;
+    int32_t best = 1;
+    double best_cost = 0.0;
+    for (int32_t ks = 1; ks <= WG_MAX_KS; ks *= 2) {
+        if (ks > 1 && nkb < 2 * ks) break; /* each split keeps at least two k-blocks */
+        /* waves of one-per-SM CTAs, each 1/ks of a tile's work */
+        const double cost = (double)((tiles * ks + WG_SLOTS - 1) / WG_SLOTS) / ks;
+        if (ks == 1 || cost < 0.95 * best_cost) best = ks, best_cost = cost; /* a split costs its reduction */
+    }
+    return best;
+}
+
+extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
+    if (wg_prepared) return DDT_OK;
+    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    wg_prepared = true;
+    return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx,
+                                         int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                         ddt_cuda_stream stream, ddt_error *err) {
+    cudaStream_t s = (cudaStream_t)stream;
+    if (!ddt_cuda_wg_eligible(w))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (wgmma): weight [%lld, %lld] is not dense bf16 with "
+                        "columns a multiple of 8 and 16-byte aligned data", (long long)w->rows, (long long)w->cols);
+    if (n < 1 || g->count < 1 || (int64_t)g->count * n > 0x7FFFFFFF)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): %d tokens x %d groups", n, g->count);
+    const int64_t xs = (w->cols + 7) / 8 * 8, plane = (int64_t)g->count * n * xs;
+    const size_t need = (size_t)plane * 4;
+    if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16 != 0)
+        return ddt_fail(err, DDT_ERR_RANGE, "matmul (wgmma): %d tokens x %d groups of %lld columns need %zu "
+                        "16-byte aligned workspace bytes, %zu given", n, g->count, (long long)w->cols, need,
+                        workspace ? workspace_bytes : (size_t)0);
+    const int64_t rtiles = (g->rows + WG_BM - 1) / WG_BM, ttiles = (n + WG_BN - 1) / WG_BN;
+    const int32_t ks = ddt_cuda_wg_ksplit(g->rows, g->count, w->cols);
+    if (rtiles * ks > 0x7FFFFFFF || ttiles > 65535 || g->count > 65535)
+        return ddt_fail(err, DDT_ERR_RANGE, "matmul (wgmma): grid %lld x %lld x %d too large",
+                        (long long)(rtiles * ks), (long long)ttiles, g->count);
+    encode_tiled_fn enc = get_encoder();
+    if (!enc) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (wgmma): cuTensorMapEncodeTiled is not available");
+    __nv_bfloat16 *hi = (__nv_bfloat16 *)workspace, *lo = hi + plane;
+    /* the x boxes carry as many rows as there are (rounded to 8, the swizzle's
+       period), not 64: a decode step's boxes are 8 rows, not 63 of zero fill */
+    const int64_t xrows = (int64_t)g->count * n;
+    const int xr = xrows >= WG_BN ? WG_BN : (int)((xrows + 7) / 8 * 8);
+    CUtensorMap tmw, tmxh, tmxl;
+    if (!wg_encode(enc, &tmw, w->data, w->rows, w->cols, w->cols, WG_BM) ||
+        !wg_encode(enc, &tmxh, hi, xrows, w->cols, xs, xr) || !wg_encode(enc, &tmxl, lo, xrows, w->cols, xs, xr))
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): cuTensorMapEncodeTiled refused [%lld, %lld]",
+                        (long long)w->rows, (long long)w->cols);
+    WgArgs a;
+    memset(&a, 0, sizeof a);
+    a.rows = g->rows;
+    a.w_row_stride = g->w_row_stride;
+    a.w_row_offset = g->w_row_offset;
+    a.n = n;
+    a.count = g->count;
+    a.ks = ks;
+    a.nkb = (int32_t)((w->cols + WG_BK - 1) / WG_BK);
+    a.kb_per_split = (a.nkb + ks - 1) / ks;
+    a.xr = xr;
+    a.y = y;
+    a.ldy = ldy;
+    a.y_stride = g->y_stride;
+
+    const int64_t quads = (int64_t)n * g->count * ((w->cols + 3) / 4);
+    const int64_t sblocks = (quads + WG_SPLIT_THREADS - 1) / WG_SPLIT_THREADS;
+    wg_split_kernel<<<(unsigned)(sblocks < 4096 ? sblocks : 4096), WG_SPLIT_THREADS, 0, s>>>(
+        x, ldx, g->x_stride, n, g->count, w->cols, xs, hi, lo);
+    DDT_CUDA_LAUNCHED("matmul (wgmma) activation split", s, err);
+
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(rtiles * ks), (unsigned)ttiles, (unsigned)g->count);
+    cfg.blockDim = dim3(WG_THREADS);
+    cfg.dynamicSmemBytes = WG_SMEM;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    if (ks > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)ks;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, wg_gemm_kernel, tmw, tmxh, tmxl, a);
+    if (e != cudaSuccess)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: matmul (wgmma) launch: %s", cudaGetErrorString(e));
+    DDT_CUDA_LAUNCHED("matmul (wgmma)", s, err);
+    return DDT_OK;
+}

@@ -1,0 +1,243 @@
+/*
+ * test_cuda_wgmma_gemm.c — the bf16 x W^T on wgmma + TMA (backend/cuda/wgmma_gemm.h),
+ * the tensor-core mode's product for dense bf16 weights:
+ *   - against a double-precision reference of the same bf16 weights and fp32
+ *     activations, per element within 3e-5 of sum_j |w_j x_j| (the split
+ *     activations keep ~16 mantissa bits; fp32 accumulation), on odd shapes:
+ *     rows off 64, columns off 64 (a multiple of 8: the TMA's row pitch), k-split
+ *     clusters of 1, 2 and 8, groups (rows of a group inside a larger weight, x
+ *     and y at group strides), n = 1 .. 64 and two token tiles (70, 130);
+ *   - every output element written, nothing else (y's padding poisoned with NaN
+ *     stays poison), the workspace NaN-poisoned before the call;
+ *   - batch invariance, bitwise: each token alone (n = 1, from a buffer of its
+ *     own) and inside n = 17 equals its row of the n = 64 (and 70) batch;
+ *   - through ddt_cuda_matmul_mode (tensor mode routes an eligible bf16 weight
+ *     here): the same bits as the direct call;
+ *   - the k-split rule depends on the shape only, keeps two k-blocks a split;
+ *   - refusals: columns not a multiple of 8, a short or misaligned workspace.
+ * --quick: fewer token counts (the sanitizer's run).
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/qmatmul_cuda.h"
+#include "backend/cuda/wgmma_gemm.h"
+#include "cuda_test.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static const ct_weight_values k_values = {1.0f, 17, 0.01f, 0.05f};
+static bool quick = false;
+
+typedef struct {
+    int64_t rows, cols;
+    ddt_row_groups g;
+    int64_t wrows, ldx, ldy;
+    ct_weight h;
+    ddt_qweight dw;
+    float *x; /* host, [nmax][ldx], padding poisoned */
+    int nmax;
+} problem;
+
+static problem make_problem(int64_t rows, int64_t cols, int count, int nmax) {
+    problem p;
+    memset(&p, 0, sizeof p);
+    p.rows = rows, p.cols = cols, p.nmax = nmax;
+    if (count == 1) {
+        p.g = (ddt_row_groups){1, 0, 0, rows, 0, 0};
+        p.wrows = rows;
+    } else { /* group k's rows at 3 + k * (rows + 5): inside a larger weight, off 64 */
+        p.g = (ddt_row_groups){count, rows + 5, 3, rows, cols + 3, rows + 2};
+        p.wrows = (int64_t)count * (rows + 5) + 3;
+    }
+    p.ldx = (int64_t)(p.g.count - 1) * p.g.x_stride + cols + 1;
+    p.ldy = (int64_t)(p.g.count - 1) * p.g.y_stride + rows + 3;
+    p.h = ct_make_weight(&g_rng, 1, p.wrows, cols, &k_values);
+    OK(ddt_cuda_qweight_upload(&p.h.w, &p.dw, &err_));
+    p.x = malloc(sizeof(float) * (size_t)(nmax * p.ldx));
+    ct_poison(p.x, (size_t)(nmax * p.ldx));
+    for (int t = 0; t < nmax; t++)
+        for (int k = 0; k < p.g.count; k++)
+            for (int64_t j = 0; j < cols; j++) p.x[t * p.ldx + k * p.g.x_stride + j] = ct_frand(&g_rng);
+    return p;
+}
+
+static void free_problem(problem *p) {
+    ddt_cuda_qweight_free(&p->dw);
+    ct_free_weight(&p->h);
+    free(p->x);
+}
+
+/* y (host, [n][ldy]) of tokens t0 .. t0+n-1 through the wgmma path (direct, or via
+ * ddt_cuda_matmul_mode when via_mode), workspace and y poisoned first. */
+static void run(const problem *p, int t0, int n, bool via_mode, float *y) {
+    const size_t xn = (size_t)(n * p->ldx), yn = (size_t)(n * p->ldy);
+    const size_t wsb = ddt_cuda_matmul_workspace_bytes(p->cols, p->g.count, n);
+    float *dx, *dy;
+    void *ws;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * yn));
+    CU(cudaMalloc(&ws, wsb));
+    CU(cudaMemset(ws, 0xFF, wsb)); /* NaN as bf16 and fp32 */
+    CU(cudaMemcpy(dx, p->x + t0 * p->ldx, sizeof(float) * xn, cudaMemcpyHostToDevice));
+    ct_poison(y, yn);
+    CU(cudaMemcpy(dy, y, sizeof(float) * yn, cudaMemcpyHostToDevice));
+    if (via_mode)
+        OK(ddt_cuda_matmul_grouped_mode(&p->dw, DDT_CUDA_MM_TENSOR, &p->g, dx, p->ldx, n, dy, p->ldy, ws, wsb, NULL,
+                                        &err_));
+    else
+        OK(ddt_cuda_wg_matmul(&p->dw, &p->g, dx, p->ldx, n, dy, p->ldy, ws, wsb, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(y, dy, sizeof(float) * yn, cudaMemcpyDeviceToHost));
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    CU(cudaFree(ws));
+}
+
+/* the bf16 weight value of row r, column j */
+static double wval(const problem *p, int64_t r, int64_t j) {
+    const uint16_t b = ((const uint16_t *)p->h.data)[r * p->cols + j];
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* one shape: accuracy and coverage at nmax tokens, then batch invariance */
+static void wg_case(int64_t rows, int64_t cols, int count, int nmax) {
+    problem p = make_problem(rows, cols, count, nmax);
+    const size_t yn = (size_t)(nmax * p.ldy);
+    float *y = malloc(sizeof(float) * yn), *y2 = malloc(sizeof(float) * yn);
+    run(&p, 0, nmax, false, y);
+    int64_t bad = 0, written = 0, stray = 0;
+    double worst = 0;
+    for (int t = 0; t < nmax; t++)
+        for (int64_t c = 0; c < p.ldy; c++) {
+            const float v = y[t * p.ldy + c];
+            int k = -1;
+            for (int kk = 0; kk < p.g.count; kk++)
+                if (c >= kk * p.g.y_stride && c < kk * p.g.y_stride + rows) k = kk;
+            if (k < 0) {
+                stray += !ct_is_poison(&v);
+                continue;
+            }
+            written += !ct_is_poison(&v);
+            const int64_t o = c - k * p.g.y_stride, wr = k * p.g.w_row_stride + p.g.w_row_offset + o;
+            double ref = 0, mag = 0;
+            for (int64_t j = 0; j < cols; j++) {
+                const double prod = wval(&p, wr, j) * (double)p.x[t * p.ldx + k * p.g.x_stride + j];
+                ref += prod;
+                mag += fabs(prod);
+            }
+            const double e = fabs((double)v - ref) / (mag + 1e-30);
+            if (!(e <= 3e-5)) bad++;
+            if (e > worst || e != e) worst = e;
+        }
+    const int32_t ks = ddt_cuda_wg_ksplit(rows, count, cols);
+    CHECK(bad == 0 && written == (int64_t)nmax * count * rows && stray == 0,
+          "wgmma [%lld x %lld] x%d n=%d (ks %d): %lld beyond 3e-5 (worst %.3g), %lld of %lld written, %lld stray",
+          (long long)rows, (long long)cols, count, nmax, ks, (long long)bad, worst, (long long)written,
+          (long long)nmax * count * rows, (long long)stray);
+    /* tensor mode routes this weight here: the same bits */
+    run(&p, 0, nmax, true, y2);
+    CHECK(memcmp(y, y2, sizeof(float) * yn) == 0, "wgmma [%lld x %lld]: ddt_cuda_matmul_mode differs from the direct call",
+          (long long)rows, (long long)cols);
+    /* batch invariance: alone, and in a batch of 17 from token 1 */
+    int64_t mism = 0;
+    float *y1 = malloc(sizeof(float) * (size_t)(17 * p.ldy));
+    for (int t = 0; t < nmax; t++) {
+        if (quick && t % 7 != 0 && t != nmax - 1) continue;
+        run(&p, t, 1, false, y1);
+        mism += memcmp(y1, y + t * p.ldy, sizeof(float) * (size_t)p.ldy) != 0;
+    }
+    if (nmax >= 18) {
+        run(&p, 1, 17, false, y1);
+        mism += memcmp(y1, y + p.ldy, sizeof(float) * (size_t)(17 * p.ldy)) != 0;
+    }
+    CHECK(mism == 0, "wgmma [%lld x %lld] x%d: %lld tokens differ alone or in 17 vs in %d", (long long)rows,
+          (long long)cols, count, (long long)mism, nmax);
+    printf("wgmma [%5lld x %5lld] x%d n=%3d ks %d: worst %.2e of sum|wx|, alone == batch %s\n", (long long)rows,
+           (long long)cols, count, nmax, ks, worst, mism ? "NO" : "yes");
+    free(y), free(y2), free(y1);
+    free_problem(&p);
+}
+
+static void ksplit_rule(void) {
+    /* K2.6's dense products, and small ones: a split keeps >= 2 k-blocks */
+    static const int64_t sh[][3] = {{24576, 1536, 1}, {163840, 7168, 1}, {7168, 8192, 1}, {1536, 7168, 1},
+                                    {576, 7168, 1},   {37, 200, 1},      {40, 2080, 1},  {5, 64, 3}};
+    for (int i = 0; i < 8; i++) {
+        const int32_t ks = ddt_cuda_wg_ksplit(sh[i][0], (int32_t)sh[i][2], sh[i][1]);
+        const int64_t nkb = (sh[i][1] + 63) / 64;
+        CHECK((ks == 1 || ks == 2 || ks == 4 || ks == 8) && (ks == 1 || nkb >= 2 * ks),
+              "k-split of [%lld x %lld]: %d", (long long)sh[i][0], (long long)sh[i][1], ks);
+    }
+    /* the big ones fill the machine: q_b (384 tiles) and o_proj (112 tiles) split, the LM head does not */
+    CHECK(ddt_cuda_wg_ksplit(24576, 1, 1536) > 1 && ddt_cuda_wg_ksplit(7168, 1, 8192) > 1 &&
+              ddt_cuda_wg_ksplit(163840, 1, 7168) == 1 && ddt_cuda_wg_ksplit(1536, 1, 7168) == 8,
+          "k-split of the K2.6 shapes: q_b %d o_proj %d LM head %d q_a %d", ddt_cuda_wg_ksplit(24576, 1, 1536),
+          ddt_cuda_wg_ksplit(7168, 1, 8192), ddt_cuda_wg_ksplit(163840, 1, 7168), ddt_cuda_wg_ksplit(1536, 1, 7168));
+}
+
+static void refusals(void) {
+    ct_weight h = ct_make_weight(&g_rng, 1, 10, 36, &k_values); /* 36 columns: not a multiple of 8 */
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    CHECK(!ddt_cuda_wg_eligible(&dw), "a [10 x 36] bf16 weight is not wgmma-eligible");
+    const ddt_row_groups g = {1, 0, 0, 10, 0, 0};
+    float *dx, *dy;
+    void *ws;
+    CU(cudaMalloc((void **)&dx, 4 * 64));
+    CU(cudaMalloc((void **)&dy, 4 * 64));
+    CU(cudaMalloc(&ws, 4096));
+    ddt_error e;
+    CHECK(ddt_cuda_wg_matmul(&dw, &g, dx, 36, 1, dy, 10, ws, 4096, NULL, &e) == DDT_ERR_UNSUPPORTED,
+          "36 columns accepted");
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    h = ct_make_weight(&g_rng, 1, 10, 40, &k_values);
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    const ddt_row_groups g2 = {1, 0, 0, 10, 0, 0};
+    CHECK(ddt_cuda_wg_matmul(&dw, &g2, dx, 40, 2, dy, 10, ws, 2 * 40 * 4 - 1, NULL, &e) == DDT_ERR_RANGE,
+          "a short workspace accepted");
+    CHECK(ddt_cuda_wg_matmul(&dw, &g2, dx, 40, 2, dy, 10, (char *)ws + 4, 1024, NULL, &e) == DDT_ERR_RANGE,
+          "a misaligned workspace accepted");
+    CHECK(ddt_cuda_wg_matmul(&dw, &g2, dx, 40, 0, dy, 10, ws, 1024, NULL, &e) == DDT_ERR_INVALID, "0 tokens accepted");
+    CHECK(strstr(e.msg, "wgmma") != NULL, "refusal message names the path: %s", e.msg);
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    CU(cudaFree(ws));
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) quick |= strcmp(argv[i], "--quick") == 0;
+    int dev;
+    struct cudaDeviceProp prop;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major != 9) {
+        fprintf(stderr, "test_cuda_wgmma_gemm: needs an sm_90 GPU (found sm_%d%d)\n", prop.major, prop.minor);
+        return 1;
+    }
+    OK(ddt_cuda_ws_prepare(&err_));
+    ksplit_rule();
+    refusals();
+    /* [37 x 200]: one row tile, ks 2, columns off 64; [131 x 1032]: 3 row tiles;
+       [40 x 2080]: ks 8; [300 x 96]: 5 tiles; groups of 21 rows in a larger weight */
+    static const int64_t sh[][3] = {{37, 200, 1}, {131, 1032, 1}, {40, 2080, 1}, {300, 96, 1}, {21, 136, 3}};
+    static const int ns[] = {1, 3, 17, 64, 70, 130};
+    for (int s = 0; s < 5; s++)
+        for (int i = 0; i < 6; i++) {
+            if (quick && (i == 1 || i == 5)) continue;
+            wg_case(sh[s][0], sh[s][1], (int)sh[s][2], ns[i]);
+        }
+    /* every n from 1 to 64 on one shape (bitwise alone == batch for each) */
+    if (!quick)
+        for (int n = 2; n <= 64; n += 5) wg_case(67, 264, 1, n);
+    return ct_report("test_cuda_wgmma_gemm");
+}
