@@ -32,7 +32,9 @@
  * weight-streaming kernels over the packed experts (ddt_cuda_moe_layer_pack),
  * items of at most 8, 16 or 32 entries by n.  They read their activations split
  * into bf16 hi / lo once (wstream.cuh's split rows), not per block: x by extra
- * blocks of step 1's launch (no launch more), h by gate/up's epilogue.
+ * blocks of step 1's launch (no launch more), h by gate/up's epilogue.  INT4
+ * experts (K2.6's) run wgmma_experts.cuh's kernels instead: items of at most 16
+ * entries (the wgmma N), one class, x and h in its wq rows.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -43,6 +45,7 @@
 #include "backend/cuda/moe_cuda.h"
 #include "backend/cuda/norm_dev.cuh"
 #include "backend/cuda/qmatmul_dev.cuh"
+#include "backend/cuda/wgmma_experts.cuh"
 #include "backend/cuda/wstream.cuh"
 
 #define MOE_MAX_EXPERTS 4096
@@ -413,9 +416,9 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int64_t n, int32_t hidd
     WS_TAKE(rec, SlotRec, (E < M ? E : M) + M)
     WS_TAKE(sorted_tok, int32_t, M)
     WS_TAKE(pos_of, int32_t, M)
-    WS_TAKE(h, float, M * ((inter + 31) / 32 * 32))
+    WS_TAKE(h, float, M * ((inter + 63) / 64 * 64))    /* also h's wq rows (wgmma_experts.cuh) */
     WS_TAKE(o, float, M * hidden)
-    WS_TAKE(xs, uint4, n * ((hidden + 31) / 32 * 8))
+    WS_TAKE(xs, uint4, n * ((hidden + 63) / 64 * 16)) /* also x's wq rows: 256 bytes a 64 columns */
 #undef WS_TAKE
     w.bytes = off;
     return w;
@@ -561,11 +564,23 @@ static __device__ __forceinline__ void sort_entries(const int32_t *idx, const So
 struct XSplit {
     const float *x;
     int64_t ldx, n, cols, nq;
+    int64_t wq_row;  /* > 0: wq rows of this many bytes (the INT4 wgmma experts), else split rows */
     bool vec;  /* x and ldx 16-byte aligned */
     uint4 *out;
 };
 
 static __device__ __forceinline__ void split_x_blocks(const XSplit &p) {
+    if (p.wq_row > 0) { /* cols % 32 == 0 (INT4 experts): whole quads */
+        const int64_t nq4 = p.cols / 4;
+        for (int64_t i = (int64_t)(blockIdx.x - 1) * SORT_THREADS + threadIdx.x; i < p.n * nq4;
+             i += (int64_t)(gridDim.x - 1) * SORT_THREADS) {
+            const int64_t r = i / nq4, q = i - r * nq4;
+            const float *src = p.x + r * p.ldx + 4 * q;
+            const float4 v = p.vec ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
+            wx_store_quad((uint8_t *)p.out + r * p.wq_row, q, v);
+        }
+        return;
+    }
     ws_presplit([&](int64_t r) { return p.x + r * p.ldx; }, p.n, p.cols, p.nq, p.vec, p.out,
                 (int64_t)(blockIdx.x - 1) * SORT_THREADS + threadIdx.x, (int64_t)(gridDim.x - 1) * SORT_THREADS);
 }
@@ -982,6 +997,64 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const WsItem *i
     return DDT_OK;
 }
 
+/* grid (items, row blocks x k-split), the k-split's CTAs one cluster */
+template <int KIND>
+static cudaError_t wx_launch(const WxArgs &a, int slots, int64_t row_blocks, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)slots, (unsigned)(row_blocks * a.ks));
+    cfg.blockDim = dim3(WX_THREADS);
+    cfg.dynamicSmemBytes = WX_SMEM;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    if (a.ks > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = (unsigned)a.ks;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, wx_kernel<KIND>, a);
+}
+
+/* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
+ * WX_N entries; gate/up then down, x and h in wq rows. */
+static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    const int H = m->hidden, I = m->inter;
+    WxArgs a;
+    memset(&a, 0, sizeof a);
+    a.items = ws.rec;
+    a.sorted_tok = ws.sorted_tok;
+    a.xs = (const uint8_t *)ws.xs;
+    a.ldxs = wx_row_bytes(H);
+    a.rows = I;
+    a.cols = H;
+    a.nu = (H + 31) / 32;
+    a.mtiles = (I + 15) / 16;
+    a.hs = (uint8_t *)ws.h;
+    a.ldhs = wx_row_bytes(I);
+    a.ks = wx_ksplit(H);
+    a.ups = ((a.nu + a.ks - 1) / a.ks + WX_U - 1) / WX_U * WX_U;
+    cudaError_t e = wx_launch<WX_GATEUP>(a, slots, (I + 63) / 64, s);
+    if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_gateup (wgmma): %s", cudaGetErrorString(e));
+    DDT_CUDA_LAUNCHED("moe_gateup (wgmma)", s, err);
+    WxArgs b = a;
+    b.xs = (const uint8_t *)ws.h;
+    b.ldxs = wx_row_bytes(I);
+    b.rows = H;
+    b.cols = I;
+    b.nu = (I + 31) / 32;
+    b.mtiles = (H + 15) / 16;
+    b.hs = NULL;
+    b.y = ws.o;
+    b.ks = wx_ksplit(I);
+    b.ups = ((b.nu + b.ks - 1) / b.ks + WX_U - 1) / WX_U * WX_U;
+    e = wx_launch<WX_DOWN>(b, slots, (H + 127) / 128, s);
+    if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_down (wgmma): %s", cudaGetErrorString(e));
+    DDT_CUDA_LAUNCHED("moe_down (wgmma)", s, err);
+    return DDT_OK;
+}
+
 /* The first list's items (at most 8*nt entries) on the nt-tile kernel; then, when
  * big_slots > 0, the second list's (experts with more than 8 entries, items of at
  * most 32) on the 4-tile kernel. */
@@ -1005,6 +1078,10 @@ extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *
     if (ddt_cuda_qweight_tc_eligible(&m->host_copy[0]) && ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts])) {
         cudaError_t e = ws_set_smem<WS_GATEUP, 1, 2, 4>();
         if (e == cudaSuccess) e = ws_set_smem<WS_DOWN, 1, 2, 4>();
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(wx_kernel<WX_GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(wx_kernel<WX_DOWN>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
         if (e != cudaSuccess)
             return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: expert kernels' shared memory attribute: %s",
                             cudaGetErrorString(e));
@@ -1153,6 +1230,8 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
             big_slots = (int)(M / 17); /* sum over big experts of ceil(c / 32) <= sum c / 17 */
         }
         if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
+        /* INT4 on wgmma: every item WX_N entries at most (the instruction's N), one class */
+        if (F == QF_INT4) nt = 2, C = WX_N, C_big = 0, big_min = 0, big_slots = 0;
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {
@@ -1170,7 +1249,8 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     const SortArgs sa = {(int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big, big_min, big_slots,
                          m->gate, m->up, m->down, tc};
     /* the tensor path's x split: blocks 1 .. split_blocks of the sort launch */
-    const XSplit xsp = {x, ldx, n, m->hidden, (m->hidden + 31) / 32 * 8, xvec, ws.xs};
+    const XSplit xsp = {x, ldx, n, m->hidden, (m->hidden + 31) / 32 * 8, tc && F == QF_INT4 ? wx_row_bytes(m->hidden) : 0,
+                        xvec, ws.xs};
     int split_blocks = 0;
     if (tc) {
         const int64_t b = (xsp.n * xsp.nq + SORT_THREADS - 1) / SORT_THREADS;
@@ -1211,7 +1291,7 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         switch (F) {
         case QF_BF16: st = tc_experts<QF_BF16>(m, slots, nt, big_slots, n, ws, s, err); break;
         case QF_FP8: st = tc_experts<QF_FP8>(m, slots, nt, big_slots, n, ws, s, err); break;
-        default: st = tc_experts<QF_INT4>(m, slots, nt, big_slots, n, ws, s, err); break;
+        default: st = wx_experts(m, slots, ws, s, err); break;
         }
     } else {
         switch (F) {

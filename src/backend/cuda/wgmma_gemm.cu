@@ -90,12 +90,6 @@ __global__ void __launch_bounds__(WG_SPLIT_THREADS)
     }
 }
 
-__device__ __forceinline__ float ld_cluster_f32(uint32_t a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-
 /* grid: x = row tile * ks + split (a cluster = the ks splits of one tile), y =
  * token tile, z = group */
 __global__ void __launch_bounds__(WG_THREADS, 1)

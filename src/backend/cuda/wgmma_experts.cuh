@@ -1,0 +1,291 @@
+/*
+ * wgmma_experts.cuh — the routed INT4 experts on wgmma (issue 12), device code
+ * included by moe_cuda.cu: the tensor mode's gate/up (SiLU-mul fused) and down
+ * launches for INT4 group-32 experts, over the sort's work items (WsItem: one
+ * expert, at most WX_N of its entries).
+ *
+ * Why.  The mma.sync stream (wstream.cuh) dequantises each INT4 fragment and
+ * issues two mma.sync per fragment and 8-token n-tile; at n >= 16 that issue
+ * rate, not the weight bytes, set the time (25% of copy bandwidth at n = 32).
+ * wgmma takes the dequantised weights straight from registers as its A operand
+ * (the packed layout of wstream.cuh already is the m16 x k16 register fragment:
+ * lane l's 8 bytes of a unit are its two k-steps' A registers), multiplies them
+ * with 16 token columns from shared memory in one instruction per k-step and
+ * half of the split activations, and the tensor work of an item hides under its
+ * weight stream.
+ *
+ * Arithmetic (the determinism contract).  Every item runs the same instruction
+ * shape, m64n16k16, whatever its entry count (rows past it are zero), so a
+ * token's column never depends on which tokens share its item, on n or on the
+ * item split.  Per unit (one INT4 group of 32 columns, two k-steps) a fresh
+ * partial P = W [x_hi | x_lo] (the item's 16 tokens' hi rows and lo rows side by
+ * side as the instruction's 32 columns: m64n32k16, k-step 0 overwriting P, then
+ * k-step 1), and acc = fma(scale, P_hi + P_lo, acc) over the units in increasing
+ * order (other bits than wstream.cuh's four k-slices).
+ *
+ * Activation layout ("wq" rows, written by the sort launch for x and by the
+ * gate/up epilogue for h): a row of K columns is ceil(K / 64) blocks of 256
+ * bytes, a block = 128 bytes of x_hi then 128 of x_lo for its 64 columns, each
+ * 128 = 4 k-steps of 16 bf16 in the k-slot order of the packed weights: slot
+ * 2t + e holds column 4t + e and slot 2t + 8 + e column 4t + 2 + e (t < 4,
+ * e < 2), the order wstream.cuh's A fragments expect.  So a token's 16-byte
+ * chunks go by cp.async straight into the 128-byte-swizzled K-major B tile
+ * wgmma reads (row = token, 64 k-slots = 128 bytes a row).
+ *
+ * A CTA (two warpgroups) = one item x 128 weight rows: down, 8 m-tiles of the
+ * expert's down projection; gate/up, 4 m-tiles of gate and the same 4 of up (a
+ * warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
+ * SiLU-mul of 64 intermediate rows is the CTA's epilogue.  Why 128 rows: a
+ * stage's token rows (16 x hi and lo, 8 KB) are twice a 64-row stage's weights,
+ * and the bytes of weights in flight an SM, not the tensor work, set the time
+ * (64-row CTAs streamed at 37% of copy bandwidth, whatever their wgmma shape).  Stages of 4 units (128 columns): every warp's 4 packed units and
+ * their scales, the item's 16 token rows of 2 blocks (hi and lo), by cp.async,
+ * WX_S stages in flight.
+ */
+#ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
+#define DDT_CUDA_WGMMA_EXPERTS_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "backend/cuda/hopper_dev.cuh"
+#include "backend/cuda/wstream.cuh"
+
+#define WX_N 16        /* tokens of an item (the wgmma N: their hi and lo rows, 32 columns) */
+#define WX_THREADS 256 /* two warpgroups of 64 weight rows */
+#define WX_U 4         /* units (32 columns) a stage */
+#define WX_S 4         /* stages */
+/* stage layout: B (2 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one 32-row
+   K-major tile a block), W (8 warps x 4 units x 256), scales (8 warps x 4 units x 32) */
+#define WX_OFF_W 8192
+#define WX_OFF_SC (WX_OFF_W + 8 * WX_U * 256)
+#define WX_STAGE 17408 /* 8192 + 8192 + 1024 */
+#define WX_SMEM (WX_S * WX_STAGE + 1024)
+#define WX_RS 132      /* row stride of the [token][128 rows] partials */
+
+enum { WX_GATEUP = 0, WX_DOWN = 1 };
+
+/* bytes of a wq row of `cols` columns */
+static __host__ __device__ __forceinline__ int64_t wx_row_bytes(int64_t cols) { return (cols + 63) / 64 * 256; }
+
+/* byte offset of column c's hi value in a wq row (its lo value is 128 further) */
+static __host__ __device__ __forceinline__ int64_t wx_col_offset(int64_t c) {
+    const int c16 = (int)(c & 15), t = c16 >> 2, e = c16 & 3;
+    const int slot = e < 2 ? 2 * t + e : 2 * t + 8 + (e - 2);
+    return (c >> 6) * 256 + ((c >> 4) & 3) * 32 + slot * 2;
+}
+
+/* columns 4q .. 4q+3 of a row (values v, zeros past the row already in v) into a wq row */
+static __device__ __forceinline__ void wx_store_quad(uint8_t *row, int64_t q, float4 v) {
+    uint32_t b[4];
+    ws_split(v, b); /* hi(x0,x1), hi(x2,x3), lo(x0,x1), lo(x2,x3) */
+    const int64_t c = 4 * q;
+    uint8_t *p = row + wx_col_offset(c); /* slot 2t of columns 4t, 4t+1; slot 2t+8 holds 4t+2, 4t+3 */
+    *(uint32_t *)p = b[0];
+    *(uint32_t *)(p + 16) = b[1];
+    *(uint32_t *)(p + 128) = b[2];
+    *(uint32_t *)(p + 128 + 16) = b[3];
+}
+
+/* one value into a wq row */
+static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, float v) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    const __nv_bfloat16 l = __float2bfloat16_rn(v - __bfloat162float(h)); /* exact difference, ws_split's */
+    uint8_t *p = row + wx_col_offset(c);
+    *(__nv_bfloat16 *)p = h;
+    *(__nv_bfloat16 *)(p + 128) = l;
+}
+
+/* D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (K-major smem); scale_d 0 overwrites D */
+static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+/* The k-split of an expert projection over `cols` columns, from the layer's shape
+ * alone (never n): 2 for long rows (K2.6's gate/up, 7168 columns: a decode step
+ * has 8 experts x 32 row blocks, too few CTAs for 132 SMs without it: 134 against
+ * 145 us at n = 1; 4 splits for it and 2 for the down projection measured 2-10%
+ * slower at every n), else 1. */
+static __host__ __device__ __forceinline__ int wx_ksplit(int64_t cols) { return cols >= 4096 ? 2 : 1; }
+
+template <int N>
+static __device__ __forceinline__ void wx_keep(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+struct WxArgs {
+    const WsItem *items;
+    const int32_t *sorted_tok;
+    const uint8_t *xs; /* gate/up: x's wq rows by token; down: h's wq rows by entry */
+    int64_t ldxs;      /* bytes between rows */
+    int64_t rows, cols, nu, mtiles;
+    int32_t ks;        /* k-split: a cluster of ks CTAs along y shares a row block (wx_ksplit) */
+    int64_t ups;       /* units a split streams (a multiple of WX_U) */
+    uint8_t *hs;       /* gate/up: h out, wq rows by entry (ldhs bytes apart) */
+    int64_t ldhs;
+    float *y;          /* down: [entries][rows] */
+};
+
+/* grid (item, row block): gate/up 64 intermediate rows a block, down 128 hidden rows */
+template <int KIND>
+static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
+    DDT_GRID_DEP_WAIT();
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap(); /* wgmma needs sm_90a */
+#else
+    const WsItem item = a.items[blockIdx.x];
+    if (item.cnt == 0) return; /* the whole block, before any barrier */
+    extern __shared__ __align__(1024) uint8_t wx_smem_raw[];
+    const uint32_t raw = smem_u32(wx_smem_raw);
+    const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
+    uint8_t *const sm = wx_smem_raw + pad;
+    const uint32_t sb = raw + pad;
+    const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, w4 = warp & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int rb = blockIdx.y / a.ks, split = blockIdx.y % a.ks, ntok = item.cnt;
+    const int64_t ubeg = split * a.ups, uend = ubeg + a.ups < a.nu ? ubeg + a.ups : a.nu;
+    /* warp's m-tile and weight: gate/up, warpgroup wg holds gate m-tiles rb*4 + 2wg + {0, 1}
+       (warps 0, 1) and the same of up (warps 2, 3); down, m-tile rb*8 + warp.  Spare
+       tiles past the end re-read the last one (never stored) */
+    int64_t mt = KIND == WX_GATEUP ? (int64_t)rb * 4 + 2 * wg + (w4 & 1) : (int64_t)rb * 8 + warp;
+    if (mt >= a.mtiles) mt = a.mtiles - 1;
+    /* constant indices (a runtime index would put the item in local memory) */
+    const uint8_t *wsrc = (KIND == WX_GATEUP ? (w4 < 2 ? item.d[0] : item.d[1]) : item.d[2]) + mt * a.nu * 256;
+    const uint8_t *ssrc =
+        (const uint8_t *)(KIND == WX_GATEUP ? (w4 < 2 ? item.s[0] : item.s[1]) : item.s[2]) + mt * a.nu * 32;
+    const int64_t nst = uend > ubeg ? (uend - ubeg + WX_U - 1) / WX_U : 0;
+    /* the token rows this thread copies (rows warp and warp + 8 of the item), found
+       once: the sort's token index is a dependent global load */
+    const uint8_t *xrow[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int r = warp + 8 * k;
+        xrow[k] = nullptr;
+        if (r < ntok)
+            xrow[k] = a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + r] : (int64_t)(item.off + r)) * a.ldxs;
+    }
+
+    auto load_stage = [&](int64_t st) {
+        if (st >= nst) return;
+        uint8_t *s = sm + (st % WX_S) * WX_STAGE;
+        const int64_t u0 = ubeg + st * WX_U;
+        /* this warp's 4 units (1 KB: 2 chunks a lane) and their scales (128 bytes: lanes 0..7) */
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int c = lane + 32 * k, uu = c >> 4;
+            if (u0 + uu < uend) ws_cp16(s + WX_OFF_W + warp * (WX_U * 256) + c * 16, wsrc + (u0 + uu) * 256 + (c & 15) * 16, 16);
+        }
+        if (lane < 8 && u0 + (lane >> 1) < uend)
+            ws_cp16(s + WX_OFF_SC + warp * (WX_U * 32) + lane * 16, ssrc + u0 * 32 + lane * 16, 16);
+        /* the item's token rows: 2 blocks x 2 planes x 8 chunks a row, swizzled (chunk c
+           of row r at chunk c ^ (r & 7)); block b's tile holds the hi rows as its rows
+           0..15 and the lo rows as 16..31; blocks past the row zero; rows past the item
+           are not copied (stale bytes: they feed only token columns no output takes) */
+        const int64_t blk0 = u0 / 2;
+        const int c = lane & 7, p = (lane >> 3) & 1, b = lane >> 4;
+        const bool bin = (blk0 + b) * 64 < a.cols;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int r = warp + 8 * k;
+            if (r >= ntok) break;
+            ws_cp16(s + b * 4096 + p * 2048 + (r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) * 16),
+                    bin ? xrow[k] + (blk0 + b) * 256 + p * 128 + c * 16 : a.xs, bin ? 16 : 0);
+        }
+    };
+
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < WX_S - 1; s++) {
+        load_stage(s);
+        ws_commit();
+    }
+    for (int64_t st = 0; st < nst; st++) {
+        ws_wait<WX_S - 2>();
+        __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
+        load_stage(st + WX_S - 1);
+        ws_commit();
+        const uint8_t *s = sm + (st % WX_S) * WX_STAGE;
+        const uint32_t bs = sb + (uint32_t)(st % WX_S) * WX_STAGE;
+        /* unit uu: its partial P (hi tokens in columns 0..15, lo in 16..31), then
+           acc = fma(scale, P_hi + P_lo, acc) */
+        for (int uu = 0; uu < WX_U && ubeg + st * WX_U + uu < uend; uu++) {
+            const uint2 v = *(const uint2 *)(s + WX_OFF_W + warp * (WX_U * 256) + uu * 256 + lane * 8);
+            uint32_t A0[4], A1[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                A0[r] = ws_int4_pair(v.x, r);
+                A1[r] = ws_int4_pair(v.y, r);
+            }
+            const uint32_t s2 = *(const uint32_t *)(s + WX_OFF_SC + warp * (WX_U * 32) + uu * 32 + g * 4);
+            const float sc0 = __uint_as_float(s2 << 16), sc1 = __uint_as_float(s2 & 0xFFFF0000u);
+            /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1} */
+            const uint32_t b0 = bs + (uint32_t)(uu >> 1) * 4096 + (uint32_t)(uu & 1) * 64;
+            float P[16];
+            wgmma_fence();
+            wx_mma(P, A0, kmajor_desc(b0), 0);
+            wx_mma(P, A1, kmajor_desc(b0 + 32), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(P);
+            wx_keep(A0);
+            wx_keep(A1);
+            /* P[4j + c]: token 8j + 2t + (c & 1) for j < 2 (hi), its lo at 4(j + 2) + c */
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
+        }
+    }
+    ws_wait<0>();
+    __syncthreads(); /* every warp is done with the stages: the partials take their place */
+
+    /* acc i: CTA row 64 wg + 16 w4 + g (+8 for i & 2), token 8 (i / 4) + 2t (+1 for i & 1) */
+    float *red = (float *)sm; /* [16 tokens][WX_RS] */
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        red[(8 * (i >> 2) + 2 * t + (i & 1)) * WX_RS + warp * 16 + g + ((i & 2) ? 8 : 0)] = acc[i];
+    /* the k-split's partials: this CTA's, or the sum over the cluster's CTAs in rank order */
+    const uint32_t red_addr = smem_u32(red);
+    auto part = [&](int i) -> float {
+        if (a.ks == 1) return red[i];
+        float v = ld_cluster_f32(map_to_cta(red_addr + 4u * (uint32_t)i, 0));
+        for (int r = 1; r < a.ks; r++) v = v + ld_cluster_f32(map_to_cta(red_addr + 4u * (uint32_t)i, (uint32_t)r));
+        return v;
+    };
+    if (a.ks > 1) cluster_sync();
+    else __syncthreads();
+    if constexpr (KIND == WX_GATEUP) {
+        /* h = silu(gate) * up for the 64 rows: row r's gate at CTA row 64 (r / 32) + r % 32, its up 32
+           further; wq rows by entry; the cluster's CTAs take every ks-th output */
+        for (int q = split * WX_THREADS + tid; q < WX_N * 64; q += a.ks * WX_THREADS) {
+            const int tok = q >> 6, r = q & 63;
+            if (tok >= ntok) continue;
+            const int64_t row = (int64_t)rb * 64 + r;
+            const int cr = 64 * (r >> 5) + (r & 31);
+            const float gv = part(tok * WX_RS + cr), uv = part(tok * WX_RS + cr + 32);
+            const float h = row < a.rows ? gv / (1.0f + expf(-gv)) * uv : 0.0f;
+            wx_store_one(a.hs + (int64_t)(item.off + tok) * a.ldhs, row, h);
+        }
+    } else {
+        for (int q = split * WX_THREADS + tid; q < WX_N * 128; q += a.ks * WX_THREADS) {
+            const int tok = q >> 7, r = q & 127;
+            const int64_t row = (int64_t)rb * 128 + r;
+            if (tok >= ntok || row >= a.rows) continue;
+            a.y[(int64_t)(item.off + tok) * a.rows + row] = part(tok * WX_RS + r);
+        }
+    }
+    if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
+#endif
+}
+
+#endif
