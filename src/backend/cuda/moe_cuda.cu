@@ -1035,7 +1035,7 @@ static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs
     a.ldhs = wx_row_bytes(I);
     a.ks = wx_ksplit(H);
     a.ups = ((a.nu + a.ks - 1) / a.ks + WX_U - 1) / WX_U * WX_U;
-    cudaError_t e = wx_launch<WX_GATEUP>(a, slots, (I + 63) / 64, s);
+    cudaError_t e = wx_launch<WX_GATEUP>(a, slots, (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2), s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_gateup (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_gateup (wgmma)", s, err);
     WxArgs b = a;
@@ -1049,7 +1049,7 @@ static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs
     b.y = ws.o;
     b.ks = wx_ksplit(I);
     b.ups = ((b.nu + b.ks - 1) / b.ks + WX_U - 1) / WX_U * WX_U;
-    e = wx_launch<WX_DOWN>(b, slots, (H + 127) / 128, s);
+    e = wx_launch<WX_DOWN>(b, slots, (H + WX_ROWS - 1) / WX_ROWS, s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_down (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_down (wgmma)", s, err);
     return DDT_OK;

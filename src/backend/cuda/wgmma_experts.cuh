@@ -32,13 +32,14 @@
  * chunks go by cp.async straight into the 128-byte-swizzled K-major B tile
  * wgmma reads (row = token, 64 k-slots = 128 bytes a row).
  *
- * A CTA (two warpgroups) = one item x 128 weight rows: down, 8 m-tiles of the
- * expert's down projection; gate/up, 4 m-tiles of gate and the same 4 of up (a
- * warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
- * SiLU-mul of 64 intermediate rows is the CTA's epilogue.  Why 128 rows: a
+ * A CTA (WX_WG = 4 warpgroups) = one item x 256 weight rows: down, 16 m-tiles of
+ * the expert's down projection; gate/up, 8 m-tiles of gate and the same 8 of up
+ * (a warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
+ * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Why so many rows: a
  * stage's token rows (16 x hi and lo, 8 KB) are twice a 64-row stage's weights,
  * and the bytes of weights in flight an SM, not the tensor work, set the time
- * (64-row CTAs streamed at 37% of copy bandwidth, whatever their wgmma shape).  Stages of 4 units (128 columns): every warp's 4 packed units and
+ * (H200, K2.6 experts: 64-row CTAs streamed at 37% of copy bandwidth whatever
+ * their wgmma shape, 128-row CTAs at 45%, 256-row at 47%).  Stages of 4 units (128 columns): every warp's 4 packed units and
  * their scales, the item's 16 token rows of 2 blocks (hi and lo), by cp.async,
  * WX_S stages in flight.
  */
@@ -52,18 +53,23 @@
 #include "backend/cuda/wstream.cuh"
 
 #define WX_N 16        /* tokens of an item (the wgmma N: their hi and lo rows, 32 columns) */
-#define WX_THREADS 256 /* two warpgroups of 64 weight rows */
+#define WX_WG 4        /* warpgroups of 64 weight rows a CTA */
+#define WX_WARPS (4 * WX_WG)
+#define WX_ROWS (64 * WX_WG)
+#define WX_THREADS (128 * WX_WG)
 #define WX_U 4         /* units (32 columns) a stage */
 #define WX_S 4         /* stages */
 /* stage layout: B (2 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one 32-row
-   K-major tile a block), W (8 warps x 4 units x 256), scales (8 warps x 4 units x 32) */
+   K-major tile a block), W (warps x 4 units x 256), scales (warps x 4 units x 32) */
 #define WX_OFF_W 8192
-#define WX_OFF_SC (WX_OFF_W + 8 * WX_U * 256)
-#define WX_STAGE 17408 /* 8192 + 8192 + 1024 */
+#define WX_OFF_SC (WX_OFF_W + WX_WARPS * WX_U * 256)
+#define WX_STAGE ((WX_OFF_SC + WX_WARPS * WX_U * 32 + 1023) / 1024 * 1024)
 #define WX_SMEM (WX_S * WX_STAGE + 1024)
-#define WX_RS 132      /* row stride of the [token][128 rows] partials */
+#define WX_RS (WX_ROWS + 4) /* row stride of the [token][rows] partials */
 
 enum { WX_GATEUP = 0, WX_DOWN = 1 };
+static_assert(WX_N * WX_RS * 4 <= WX_STAGE * WX_S, "the partials reuse the stages");
+static_assert(WX_N % WX_WARPS == 0 || WX_WARPS % WX_N == 0, "token rows split evenly over the warps");
 
 /* bytes of a wq row of `cols` columns */
 static __host__ __device__ __forceinline__ int64_t wx_row_bytes(int64_t cols) { return (cols + 63) / 64 * 256; }
@@ -136,7 +142,7 @@ struct WxArgs {
     float *y;          /* down: [entries][rows] */
 };
 
-/* grid (item, row block): gate/up 64 intermediate rows a block, down 128 hidden rows */
+/* grid (item, row block x k-split): gate/up WX_ROWS / 2 intermediate rows a block, down WX_ROWS hidden rows */
 template <int KIND>
 static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     DDT_GRID_DEP_WAIT();
@@ -154,22 +160,23 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     const int g = lane >> 2, t = lane & 3;
     const int rb = blockIdx.y / a.ks, split = blockIdx.y % a.ks, ntok = item.cnt;
     const int64_t ubeg = split * a.ups, uend = ubeg + a.ups < a.nu ? ubeg + a.ups : a.nu;
-    /* warp's m-tile and weight: gate/up, warpgroup wg holds gate m-tiles rb*4 + 2wg + {0, 1}
-       (warps 0, 1) and the same of up (warps 2, 3); down, m-tile rb*8 + warp.  Spare
+    /* warp's m-tile and weight: gate/up, warpgroup wg holds gate m-tiles rb*2WG + 2wg + {0, 1}
+       (warps 0, 1) and the same of up (warps 2, 3); down, m-tile rb*4WG + warp.  Spare
        tiles past the end re-read the last one (never stored) */
-    int64_t mt = KIND == WX_GATEUP ? (int64_t)rb * 4 + 2 * wg + (w4 & 1) : (int64_t)rb * 8 + warp;
+    int64_t mt = KIND == WX_GATEUP ? (int64_t)rb * (2 * WX_WG) + 2 * wg + (w4 & 1) : (int64_t)rb * WX_WARPS + warp;
     if (mt >= a.mtiles) mt = a.mtiles - 1;
     /* constant indices (a runtime index would put the item in local memory) */
     const uint8_t *wsrc = (KIND == WX_GATEUP ? (w4 < 2 ? item.d[0] : item.d[1]) : item.d[2]) + mt * a.nu * 256;
     const uint8_t *ssrc =
         (const uint8_t *)(KIND == WX_GATEUP ? (w4 < 2 ? item.s[0] : item.s[1]) : item.s[2]) + mt * a.nu * 32;
     const int64_t nst = uend > ubeg ? (uend - ubeg + WX_U - 1) / WX_U : 0;
-    /* the token rows this thread copies (rows warp and warp + 8 of the item), found
-       once: the sort's token index is a dependent global load */
-    const uint8_t *xrow[2];
+    /* the token rows this thread copies (rows warp, warp + WX_WARPS, ... of the
+       item), found once: the sort's token index is a dependent global load */
+    constexpr int XR = WX_N / WX_WARPS > 0 ? WX_N / WX_WARPS : 1;
+    const uint8_t *xrow[XR];
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const int r = warp + 8 * k;
+    for (int k = 0; k < XR; k++) {
+        const int r = warp + WX_WARPS * k;
         xrow[k] = nullptr;
         if (r < ntok)
             xrow[k] = a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + r] : (int64_t)(item.off + r)) * a.ldxs;
@@ -195,8 +202,8 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
         const int c = lane & 7, p = (lane >> 3) & 1, b = lane >> 4;
         const bool bin = (blk0 + b) * 64 < a.cols;
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int r = warp + 8 * k;
+        for (int k = 0; k < XR; k++) {
+            const int r = warp + WX_WARPS * k;
             if (r >= ntok) break;
             ws_cp16(s + b * 4096 + p * 2048 + (r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) * 16),
                     bin ? xrow[k] + (blk0 + b) * 256 + p * 128 + c * 16 : a.xs, bin ? 16 : 0);
@@ -265,21 +272,23 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     if (a.ks > 1) cluster_sync();
     else __syncthreads();
     if constexpr (KIND == WX_GATEUP) {
-        /* h = silu(gate) * up for the 64 rows: row r's gate at CTA row 64 (r / 32) + r % 32, its up 32
-           further; wq rows by entry; the cluster's CTAs take every ks-th output */
-        for (int q = split * WX_THREADS + tid; q < WX_N * 64; q += a.ks * WX_THREADS) {
-            const int tok = q >> 6, r = q & 63;
+        /* h = silu(gate) * up for the WX_ROWS / 2 rows: row r's gate at CTA row 64 (r / 32) + r % 32,
+           its up 32 further; wq rows by entry; the cluster's CTAs take every ks-th output */
+        constexpr int HR = WX_ROWS / 2;
+        for (int q = split * WX_THREADS + tid; q < WX_N * HR; q += a.ks * WX_THREADS) {
+            const int tok = q / HR, r = q % HR;
             if (tok >= ntok) continue;
-            const int64_t row = (int64_t)rb * 64 + r;
+            const int64_t row = (int64_t)rb * HR + r;
+            if (row >= (a.rows + 63) / 64 * 64) continue; /* past h's row (its last block's columns get zeros) */
             const int cr = 64 * (r >> 5) + (r & 31);
             const float gv = part(tok * WX_RS + cr), uv = part(tok * WX_RS + cr + 32);
             const float h = row < a.rows ? gv / (1.0f + expf(-gv)) * uv : 0.0f;
             wx_store_one(a.hs + (int64_t)(item.off + tok) * a.ldhs, row, h);
         }
     } else {
-        for (int q = split * WX_THREADS + tid; q < WX_N * 128; q += a.ks * WX_THREADS) {
-            const int tok = q >> 7, r = q & 127;
-            const int64_t row = (int64_t)rb * 128 + r;
+        for (int q = split * WX_THREADS + tid; q < WX_N * WX_ROWS; q += a.ks * WX_THREADS) {
+            const int tok = q / WX_ROWS, r = q % WX_ROWS;
+            const int64_t row = (int64_t)rb * WX_ROWS + r;
             if (tok >= ntok || row >= a.rows) continue;
             a.y[(int64_t)(item.off + tok) * a.rows + row] = part(tok * WX_RS + r);
         }
