@@ -871,7 +871,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
             TRY(ddt_cuda_mla_rope_write(&ra, s, err));
         }
-        if (L->uk_t.mma) {
+        if (L->uk_t.data) { /* the transposed copy exists (make_uk_t) */
             const ddt_row_groups ukt = uk_t_groups(t);
             TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
                                              (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));

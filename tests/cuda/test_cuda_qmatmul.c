@@ -40,6 +40,7 @@
 
 #include "backend/cpu/qmatmul.h"
 #include "backend/cuda/qmatmul_cuda.h"
+#include "backend/cuda/wgmma_gemm.h"
 #include "cuda_test.h"
 
 /* the x W kernel before the latency rework (test_cuda_qmatmul_ref.cu): a cudaError_t */
@@ -134,8 +135,11 @@ static void run_case_mode(int f, int kind, int64_t rows, int64_t cols, int n, in
     OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
     if (mode == DDT_CUDA_MM_TENSOR) {
         OK(ddt_cuda_qweight_pack(&dw, &err_));
-        CHECK((dw.mma != NULL) == (f == 1 || f == 3 || f == 4), "%s: packed copy %s", fmt_name(f),
-              dw.mma ? "made for a format the tensor cores do not take" : "missing");
+        /* a packed copy for the mma.sync stream's weights only: not for F32 / F16 (FP32
+           path) nor for bf16 the wgmma path takes from its row-major data */
+        const int want = f == 3 || f == 4 || (f == 1 && !ddt_cuda_wg_eligible(&dw));
+        CHECK((dw.mma != NULL) == want, "%s [%lld x %lld]: packed copy %s", fmt_name(f), (long long)wrows,
+              (long long)cols, dw.mma ? "made where no path reads it" : "missing");
     }
     float *dx, *dy, *dx1, *dy1;
     CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(n * ldx)));
@@ -372,7 +376,7 @@ static void tc_old_case(int f, int grouped, int64_t rows, int64_t cols, int n, i
             for (int64_t j = 0; j < cols; j++) x[xshift + t * ldx + k * g.x_stride + j] = frand();
     ddt_qweight dw;
     OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
-    OK(ddt_cuda_qweight_pack(&dw, &err_));
+    OK(ddt_cuda_qweight_pack_stream(&dw, &err_)); /* the old kernel reads the packed copy */
     float *dx, *dy[2], *dx1, *dy1;
     CU(cudaMalloc((void **)&dx, sizeof(float) * xn));
     CU(cudaMalloc((void **)&dx1, sizeof(float) * (size_t)(ldx + 2)));

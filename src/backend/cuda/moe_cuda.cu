@@ -1086,7 +1086,7 @@ extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *
             return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: expert kernels' shared memory attribute: %s",
                             cudaGetErrorString(e));
         for (int32_t i = 0; i < 3 * m->n_experts; i++) {
-            ddt_status st = ddt_cuda_qweight_pack(&m->host_copy[i], err);
+            ddt_status st = ddt_cuda_qweight_pack_stream(&m->host_copy[i], err); /* bf16 experts too */
             if (st != DDT_OK) return st;
         }
         /* the device table of weight structs now carries the packed pointers */

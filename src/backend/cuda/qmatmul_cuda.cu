@@ -548,6 +548,15 @@ extern "C" ddt_status ddt_cuda_ws_prepare(ddt_error *err) {
 extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
     ddt_status st = check_weight(w, "qweight_pack", err);
     if (st != DDT_OK) return st;
+    /* the wgmma path streams the row-major data itself: no second copy (at K2.6 the
+       attention projections and the LM head, ~18 GB a GPU) */
+    if (!w->mma && ddt_cuda_wg_eligible(w)) return ddt_cuda_ws_prepare(err);
+    return ddt_cuda_qweight_pack_stream(w, err);
+}
+
+extern "C" ddt_status ddt_cuda_qweight_pack_stream(ddt_qweight *w, ddt_error *err) {
+    ddt_status st = check_weight(w, "qweight_pack", err);
+    if (st != DDT_OK) return st;
     if (w->mma) return DDT_OK; /* packed already */
     if (!ddt_cuda_qweight_tc_eligible(w)) return DDT_OK; /* this weight takes the FP32 path in every mode */
     if ((st = ddt_cuda_ws_prepare(err)) != DDT_OK) return st;

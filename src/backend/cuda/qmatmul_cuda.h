@@ -52,6 +52,12 @@ void ddt_cuda_free(void *dev);
  * for one packed already.  Run at load: it allocates and synchronises.  Freed by
  * ddt_cuda_qweight_free. */
 ddt_status ddt_cuda_qweight_pack(ddt_qweight *dev, ddt_error *err);
+/* ddt_cuda_qweight_pack makes no packed copy of a weight the tensor mode's
+ * products stream from its row-major data (dense bf16 on wgmma + TMA:
+ * ddt_cuda_wg_eligible, wgmma_gemm.h); it only prepares the kernels.  The
+ * routed experts' kernels (moe_cuda.cu) and tests of the mma.sync stream need the
+ * packed copy of every eligible weight: this makes it whatever the format. */
+ddt_status ddt_cuda_qweight_pack_stream(ddt_qweight *dev, ddt_error *err);
 /* Does the tensor-core path take this weight (bf16; FP8 blocks a multiple of 32;
  * INT4 group 32 with columns a multiple of 32)?  Otherwise it runs the FP32 path in
  * every mode: a property of the weight, never of n. */
