@@ -1019,36 +1019,33 @@ static cudaError_t wx_launch(const WxArgs &a, int slots, int64_t row_blocks, cud
 
 /* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
  * WX_N entries; gate/up then down, x and h in wq rows. */
-static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
-    const int H = m->hidden, I = m->inter;
+/* One projection's arguments: rows x cols weights reading wq rows of x (ldxs apart). */
+static WxArgs wx_args(const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t cols) {
     WxArgs a;
     memset(&a, 0, sizeof a);
     a.items = ws.rec;
     a.sorted_tok = ws.sorted_tok;
-    a.xs = (const uint8_t *)ws.xs;
-    a.ldxs = wx_row_bytes(H);
-    a.rows = I;
-    a.cols = H;
-    a.nu = (H + 31) / 32;
-    a.mtiles = (I + 15) / 16;
+    a.xs = xs;
+    a.ldxs = wx_row_bytes(cols);
+    a.rows = rows;
+    a.cols = cols;
+    a.nu = (cols + 31) / 32;
+    a.mtiles = (rows + 15) / 16;
+    a.ks = wx_ksplit(cols);
+    a.ups = ((a.nu + a.ks - 1) / a.ks + WX_U - 1) / WX_U * WX_U;
+    return a;
+}
+
+static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
+    const int H = m->hidden, I = m->inter;
+    WxArgs a = wx_args(ws, (const uint8_t *)ws.xs, I, H); /* gate/up: x in, h out */
     a.hs = (uint8_t *)ws.h;
     a.ldhs = wx_row_bytes(I);
-    a.ks = wx_ksplit(H);
-    a.ups = ((a.nu + a.ks - 1) / a.ks + WX_U - 1) / WX_U * WX_U;
     cudaError_t e = wx_launch<WX_GATEUP>(a, slots, (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2), s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_gateup (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_gateup (wgmma)", s, err);
-    WxArgs b = a;
-    b.xs = (const uint8_t *)ws.h;
-    b.ldxs = wx_row_bytes(I);
-    b.rows = H;
-    b.cols = I;
-    b.nu = (I + 31) / 32;
-    b.mtiles = (H + 15) / 16;
-    b.hs = NULL;
+    WxArgs b = wx_args(ws, (const uint8_t *)ws.h, H, I); /* down: h in, one output row per entry */
     b.y = ws.o;
-    b.ks = wx_ksplit(I);
-    b.ups = ((b.nu + b.ks - 1) / b.ks + WX_U - 1) / WX_U * WX_U;
     e = wx_launch<WX_DOWN>(b, slots, (H + WX_ROWS - 1) / WX_ROWS, s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_down (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_down (wgmma)", s, err);

@@ -213,16 +213,7 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
-#pragma unroll
-    for (int s = 0; s < WX_S - 1; s++) {
-        load_stage(s);
-        ws_commit();
-    }
-    for (int64_t st = 0; st < nst; st++) {
-        ws_wait<WX_S - 2>();
-        __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
-        load_stage(st + WX_S - 1);
-        ws_commit();
+    ws_pipeline<WX_S>(nst, load_stage, [&](int64_t st) {
         const uint8_t *s = sm + (st % WX_S) * WX_STAGE;
         const uint32_t bs = sb + (uint32_t)(st % WX_S) * WX_STAGE;
         /* unit uu: its partial P (hi tokens in columns 0..15, lo in 16..31), then
@@ -252,7 +243,7 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
 #pragma unroll
             for (int i = 0; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
         }
-    }
+    });
     ws_wait<0>();
     __syncthreads(); /* every warp is done with the stages: the partials take their place */
 

@@ -180,6 +180,26 @@ template <int N> static __device__ __forceinline__ void ws_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* The S-stage cp.async pipeline both weight streams run (ws_kernel, wgmma_experts.cuh's
+ * wx_kernel): stages 0 .. S-2 in flight first; then per stage st, once it has landed
+ * for every thread (whose barrier also frees stage st-1's buffer), stage st+S-1 is
+ * issued and body(st) consumes st.  load(st) must issue nothing for st >= nst. */
+template <int S, class Load, class Body>
+static __device__ __forceinline__ void ws_pipeline(int64_t nst, Load load, Body body) {
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        load(s);
+        ws_commit();
+    }
+    for (int64_t st = 0; st < nst; st++) {
+        ws_wait<S - 2>();
+        __syncthreads();
+        load(st + S - 1);
+        ws_commit();
+        body(st);
+    }
+}
+
 static __device__ __forceinline__ void ws_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
@@ -389,18 +409,9 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][n][c] = 0.0f;
 
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        load_stage(s);
-        ws_commit();
-    }
-    for (int64_t st = 0; st < nst; st++) {
-        ws_wait<S - 2>();
-        __syncthreads(); /* stage st landed for every thread; stage st-1's buffer is free */
-        load_stage(st + S - 1);
-        ws_commit();
+    ws_pipeline<S>(nst, load_stage, [&](int64_t st) {
         const int64_t u = u_begin + st * KW + kw;
-        if (u >= u_end || wn * NTW >= nta) continue;
+        if (u >= u_end || wn * NTW >= nta) return;
         const uint8_t *sm = ws_smem + (st % S) * STB;
         /* B fragments of this warp's n-tiles, both k-steps: quads t and t + 4 of the
            unit, already split (hi b0, hi b1, lo b0, lo b1) */
@@ -472,7 +483,7 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
                 }
             }
         }
-    }
+    });
     ws_wait<0>();
     __syncthreads(); /* every warp is done with the pipeline buffers */
 
