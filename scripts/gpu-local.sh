@@ -5,9 +5,10 @@
 #
 #   here:    scripts/gpu-local.sh pack NAME BUILD_DIR BIN...
 #            each BIN of BUILD_DIR stripped, all in one xz archive $GPU_LOCAL_DIR/NAME/pack.tar.xz
-#            (default ab/NAME: untracked, so it travels with the working tree; ~6 MB for all 25
-#            binaries, the device tool carries 64 MiB in all), with the shared libraries they need that the GPU
-#            machine's image may lack (ldd; not glibc, libstdc++, libgcc, NCCL or cuBLAS, which it has)
+#            (default ab/NAME: untracked, so it travels with the working tree; ~8 MB for all 25
+#            binaries, the device tool carries 64 MiB in all), with the shared libraries they
+#            need that the GPU machine's image may lack (ldd; not glibc, libstdc++, libgcc, NCCL
+#            or cuBLAS, which it has)
 #   device:  scripts/gpu-local.sh run NAME 'COMMAND'
 #            unpacks NAME once (into NAME/bin, NAME/lib), then runs COMMAND under bash with
 #            DDT_BIN=that bin folder and LD_LIBRARY_PATH set (NAME/lib, the CUDA toolkit's, the

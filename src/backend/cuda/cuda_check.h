@@ -59,6 +59,18 @@
     } while (0)
 #endif
 
+/* A cudaLaunchKernelEx configuration's thread-block cluster of x * y * 1 CTAs (the
+ * k-split and split-KV reductions through distributed shared memory): attr is the
+ * caller's storage for the one attribute, alive until the launch. */
+static inline void ddt_cuda_set_cluster(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, unsigned x, unsigned y) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = x;
+    attr->val.clusterDim.y = y;
+    attr->val.clusterDim.z = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
 /* The backend's one checked device allocation: *p = n elements of sz bytes (at
  * least one, so an empty buffer is still a valid pointer), the size product
  * overflow-checked; *counter (when not NULL) grows by the bytes taken. */

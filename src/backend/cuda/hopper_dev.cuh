@@ -82,6 +82,14 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t a) {
     return v;
 }
 
+/* The sum of the float at shared address a over the first ks CTAs of the cluster, in
+ * rank order (0 + 1 + ...): a k-split's fixed reduction order. */
+__device__ __forceinline__ float cluster_sum_f32(uint32_t a, int ks) {
+    float v = ld_cluster_f32(map_to_cta(a, 0));
+    for (int r = 1; r < ks; r++) v = v + ld_cluster_f32(map_to_cta(a, (uint32_t)r));
+    return v;
+}
+
 __device__ __forceinline__ void st_cluster_v2(uint32_t a, float x, float y) {
     asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(x), "f"(y) : "memory");
 }

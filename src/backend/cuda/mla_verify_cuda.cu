@@ -590,16 +590,11 @@ cudaError_t prepare_kernels() {
     if (e != cudaSuccess) return e;
     for (int C = 1; C <= MAX_CLUSTER; C++) {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1;
-        attr[0].val.clusterDim.y = (unsigned)C;
-        attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr;
         cfg.gridDim = dim3(1, (unsigned)C, 1);
         cfg.blockDim = dim3(NTHREADS, 1, 1);
         cfg.dynamicSmemBytes = SMEM_BYTES;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)C);
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, mla_attn_kernel<true>, &cfg) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -713,17 +708,12 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     cudaStream_t s = (cudaStream_t)stream;
     if (cluster) {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1;
-        attr[0].val.clusterDim.y = (unsigned)sgrid;
-        attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr;
         cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)sgrid, 1);
         cfg.blockDim = dim3(NTHREADS, 1, 1);
         cfg.dynamicSmemBytes = SMEM_BYTES;
         cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)sgrid);
         DDT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_attn_kernel<true>, tmq, tmkv, p), err);
         DDT_CUDA_LAUNCHED("mla_attn_cluster", s, err);
     } else {

@@ -1005,20 +1005,11 @@ static cudaError_t wx_launch(const WxArgs &a, int slots, int64_t row_blocks, cud
     cfg.blockDim = dim3(WX_THREADS);
     cfg.dynamicSmemBytes = WX_SMEM;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    if (a.ks > 1) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1;
-        attr[0].val.clusterDim.y = (unsigned)a.ks;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute attr;
+    if (a.ks > 1) ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)a.ks);
     return cudaLaunchKernelEx(&cfg, wx_kernel<KIND>, a);
 }
 
-/* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
- * WX_N entries; gate/up then down, x and h in wq rows. */
 /* One projection's arguments: rows x cols weights reading wq rows of x (ldxs apart). */
 static WxArgs wx_args(const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t cols) {
     WxArgs a;
@@ -1036,6 +1027,8 @@ static WxArgs wx_args(const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t 
     return a;
 }
 
+/* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
+ * WX_N entries; gate/up then down, x and h in wq rows. */
 static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     const int H = m->hidden, I = m->inter;
     WxArgs a = wx_args(ws, (const uint8_t *)ws.xs, I, H); /* gate/up: x in, h out */
@@ -1228,7 +1221,7 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         }
         if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
         /* INT4 on wgmma: every item WX_N entries at most (the instruction's N), one class */
-        if (F == QF_INT4) nt = 2, C = WX_N, C_big = 0, big_min = 0, big_slots = 0;
+        if (F == QF_INT4) C = WX_N, C_big = 0, big_min = 0, big_slots = 0; /* (nt: the mma.sync stream's only) */
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {

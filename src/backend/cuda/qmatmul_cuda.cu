@@ -545,18 +545,9 @@ extern "C" ddt_status ddt_cuda_ws_prepare(ddt_error *err) {
     return ddt_cuda_wg_prepare(err);
 }
 
-extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
-    ddt_status st = check_weight(w, "qweight_pack", err);
-    if (st != DDT_OK) return st;
-    /* the wgmma path streams the row-major data itself: no second copy (at K2.6 the
-       attention projections and the LM head, ~18 GB a GPU) */
-    if (!w->mma && ddt_cuda_wg_eligible(w)) return ddt_cuda_ws_prepare(err);
-    return ddt_cuda_qweight_pack_stream(w, err);
-}
-
-extern "C" ddt_status ddt_cuda_qweight_pack_stream(ddt_qweight *w, ddt_error *err) {
-    ddt_status st = check_weight(w, "qweight_pack", err);
-    if (st != DDT_OK) return st;
+/* The packed copy of a weight check_weight has passed (ddt_cuda_qweight_pack_stream). */
+static ddt_status pack_checked(ddt_qweight *w, ddt_error *err) {
+    ddt_status st;
     if (w->mma) return DDT_OK; /* packed already */
     if (!ddt_cuda_qweight_tc_eligible(w)) return DDT_OK; /* this weight takes the FP32 path in every mode */
     if ((st = ddt_cuda_ws_prepare(err)) != DDT_OK) return st;
@@ -585,6 +576,20 @@ extern "C" ddt_status ddt_cuda_qweight_pack_stream(ddt_qweight *w, ddt_error *er
     w->mma = d;
     w->mma_scale = s;
     return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_qweight_pack(ddt_qweight *w, ddt_error *err) {
+    ddt_status st = check_weight(w, "qweight_pack", err);
+    if (st != DDT_OK) return st;
+    /* the wgmma path streams the row-major data itself: no second copy (at K2.6 the
+       attention projections and the LM head, ~18 GB a GPU) */
+    if (!w->mma && ddt_cuda_wg_eligible(w)) return ddt_cuda_ws_prepare(err);
+    return pack_checked(w, err);
+}
+
+extern "C" ddt_status ddt_cuda_qweight_pack_stream(ddt_qweight *w, ddt_error *err) {
+    const ddt_status st = check_weight(w, "qweight_pack", err);
+    return st != DDT_OK ? st : pack_checked(w, err);
 }
 
 extern "C" uint64_t ddt_cuda_qweight_packed_bytes(const ddt_qweight *w) {
@@ -631,15 +636,8 @@ static cudaError_t ws_dense_launch(const WsArgs &a, cudaStream_t s) {
     b.xcap = a.n < NT * 8 ? a.n : NT * 8;
     cfg.dynamicSmemBytes = ws_smem_bytes<F>(NT, b.xcap);
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    if (a.ks > 1) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = (unsigned)a.ks;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute attr;
+    if (a.ks > 1) ddt_cuda_set_cluster(&cfg, &attr, (unsigned)a.ks, 1);
     return cudaLaunchKernelEx(&cfg, ws_kernel<F, WS_DENSE, NT>, b);
 }
 

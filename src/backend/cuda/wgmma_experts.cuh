@@ -39,9 +39,9 @@
  * stage's token rows (16 x hi and lo, 8 KB) are twice a 64-row stage's weights,
  * and the bytes of weights in flight an SM, not the tensor work, set the time
  * (H200, K2.6 experts: 64-row CTAs streamed at 37% of copy bandwidth whatever
- * their wgmma shape, 128-row CTAs at 45%, 256-row at 47%).  Stages of 4 units (128 columns): every warp's 4 packed units and
- * their scales, the item's 16 token rows of 2 blocks (hi and lo), by cp.async,
- * WX_S stages in flight.
+ * their wgmma shape, 128-row CTAs at 45%, 256-row at 47%).  Stages of 4 units
+ * (128 columns): every warp's 4 packed units and their scales, the item's 16
+ * token rows of 2 blocks (hi and lo), by cp.async, WX_S stages in flight.
  */
 #ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
 #define DDT_CUDA_WGMMA_EXPERTS_CUH
@@ -255,10 +255,7 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     /* the k-split's partials: this CTA's, or the sum over the cluster's CTAs in rank order */
     const uint32_t red_addr = smem_u32(red);
     auto part = [&](int i) -> float {
-        if (a.ks == 1) return red[i];
-        float v = ld_cluster_f32(map_to_cta(red_addr + 4u * (uint32_t)i, 0));
-        for (int r = 1; r < a.ks; r++) v = v + ld_cluster_f32(map_to_cta(red_addr + 4u * (uint32_t)i, (uint32_t)r));
-        return v;
+        return a.ks > 1 ? cluster_sum_f32(red_addr + 4u * (uint32_t)i, a.ks) : red[i];
     };
     if (a.ks > 1) cluster_sync();
     else __syncthreads();

@@ -187,14 +187,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const int64_t orow = rt * WG_BM + row;
         const int otok = tt * WG_BN + tok;
         if (orow >= a.rows || otok >= a.n) continue;
-        const uint32_t off = (uint32_t)(tok * WG_RS + row) * 4u;
-        float v;
-        if (a.ks > 1) {
-            v = ld_cluster_f32(map_to_cta(red_addr + off, 0));
-            for (int r = 1; r < a.ks; r++) v = v + ld_cluster_f32(map_to_cta(red_addr + off, (uint32_t)r));
-        } else {
-            v = red[tok * WG_RS + row];
-        }
+        const int i = tok * WG_RS + row;
+        const float v = a.ks > 1 ? cluster_sum_f32(red_addr + 4u * (uint32_t)i, a.ks) : red[i];
         a.y[(int64_t)otok * a.ldy + (int64_t)grp * a.y_stride + orow] = v;
     }
     if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
@@ -302,15 +296,8 @@ extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_gro
     cfg.blockDim = dim3(WG_THREADS);
     cfg.dynamicSmemBytes = WG_SMEM;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    if (ks > 1) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = (unsigned)ks;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute attr;
+    if (ks > 1) ddt_cuda_set_cluster(&cfg, &attr, (unsigned)ks, 1);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, wg_gemm_kernel, tmw, tmxh, tmxl, a);
     if (e != cudaSuccess)
         return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: matmul (wgmma) launch: %s", cudaGetErrorString(e));
