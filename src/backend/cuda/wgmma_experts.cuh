@@ -18,10 +18,12 @@
  * shape, m64n16k16, whatever its entry count (rows past it are zero), so a
  * token's column never depends on which tokens share its item, on n or on the
  * item split.  Per unit (one INT4 group of 32 columns, two k-steps) a fresh
- * partial P = W [x_hi | x_lo] (the item's 16 tokens' hi rows and lo rows side by
- * side as the instruction's 32 columns: m64n32k16, k-step 0 overwriting P, then
- * k-step 1), and acc = fma(scale, P_hi + P_lo, acc) over the units in increasing
- * order (other bits than wstream.cuh's four k-slices).
+ * partial P = W x_hi + W x_lo accumulated by the tensor core in the order
+ * (k-step 0: hi, lo; k-step 1: hi, lo), the hi and lo rows of the item's 16
+ * tokens being the B tile's rows 0..15 and 16..31 (four m64n16k16, the first
+ * overwriting P), then acc = fma(scale, P, acc) over the units in increasing
+ * order (other bits than wstream.cuh's four k-slices).  Summing hi and lo in the
+ * tensor core, not as two partials, saves 8 FADD a unit.
  *
  * Activation layout ("wq" rows, written by the sort launch for x and by the
  * gate/up epilogue for h): a row of K columns is ceil(K / 64) blocks of 256
@@ -42,6 +44,15 @@
  * their wgmma shape, 128-row CTAs at 45%, 256-row at 47%).  Stages of 4 units
  * (128 columns): every warp's 4 packed units and their scales, the item's 16
  * token rows of 2 blocks (hi and lo), by cp.async, WX_S stages in flight.
+ *
+ * What sets the rate now: instruction issue (ncu, H200, K2.6 experts at n = 16:
+ * 0.76 warps issued a scheduler a cycle, compute 74%, DRAM 45%, with ~98
+ * instructions a unit).  So the loop is trimmed to what a unit needs (~50: two
+ * shared loads, 22 of dequantisation with the mask and exponent in one lop3, the
+ * four wgmmas, 4-8 FFMA): 32-bit shared addresses, stage sources advanced by a
+ * stride, descriptors as constant offsets from the stage's, the FFMAs of tokens
+ * 8..15 skipped for items of at most 8 (a uniform test on the item, the same
+ * arithmetic for every token kept).  59-60% of copy bandwidth at n = 16-32 (47%).
  */
 #ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
 #define DDT_CUDA_WGMMA_EXPERTS_CUH
@@ -102,18 +113,33 @@ static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, flo
     *(__nv_bfloat16 *)(p + 128) = l;
 }
 
-/* D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (K-major smem); scale_d 0 overwrites D */
-static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+/* D[64 x 16] (+)= A[64 x 16] (registers) * B[16 x 16] (K-major smem); scale_d 0 overwrites D */
+static __device__ __forceinline__ void wx_mma(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
+static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+/* nibbles i and i + 4 of w as a bf16 pair (q - 8), exactly (ws_int4_pair's arithmetic), the
+   mask and the exponent bits in one lop3: (w >> 4i) & 0x000F000F | 0x43004300 */
+static __device__ __forceinline__ uint32_t wx_int4_pair(uint32_t w, int i) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
+    const uint32_t k136 = 0x43084308u;
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&v),
+                               *reinterpret_cast<const __nv_bfloat162 *>(&k136));
+    return ws_bits(r);
 }
 
 /* The k-split of an expert projection over `cols` columns, from the layer's shape
@@ -169,79 +195,100 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     const uint8_t *wsrc = (KIND == WX_GATEUP ? (w4 < 2 ? item.d[0] : item.d[1]) : item.d[2]) + mt * a.nu * 256;
     const uint8_t *ssrc =
         (const uint8_t *)(KIND == WX_GATEUP ? (w4 < 2 ? item.s[0] : item.s[1]) : item.s[2]) + mt * a.nu * 32;
-    const int64_t nst = uend > ubeg ? (uend - ubeg + WX_U - 1) / WX_U : 0;
-    /* the token rows this thread copies (rows warp, warp + WX_WARPS, ... of the
-       item), found once: the sort's token index is a dependent global load */
-    constexpr int XR = WX_N / WX_WARPS > 0 ? WX_N / WX_WARPS : 1;
-    const uint8_t *xrow[XR];
-#pragma unroll
-    for (int k = 0; k < XR; k++) {
-        const int r = warp + WX_WARPS * k;
-        xrow[k] = nullptr;
-        if (r < ntok)
-            xrow[k] = a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + r] : (int64_t)(item.off + r)) * a.ldxs;
-    }
+    /* The stream's per-thread costs are what set its rate (issue-bound: H200, ncu, 0.71-0.76
+       warps issued a scheduler a cycle at 37-47% of copy bandwidth), so everything a stage
+       can precompute is: 32-bit unit counts, source pointers advanced by a stride, and the
+       stage's copy destinations and descriptors as offsets from one base. */
+    const int nunits = uend > ubeg ? (int)(uend - ubeg) : 0;
+    const int nst = (nunits + WX_U - 1) / WX_U;
+    /* weights: chunks lane and lane + 32 of the warp's 4 units (chunk c = unit c / 16's 16-byte
+       piece c % 16), so a stage's source is contiguous; scales: lanes 0..7 */
+    const uint8_t *const wp0 = wsrc + ubeg * 256 + lane * 16;
+    const uint8_t *const sp0 = ssrc + ubeg * 32 + lane * 16;
+    const uint32_t wdst = WX_OFF_W + warp * (WX_U * 256) + lane * 16, sdst = WX_OFF_SC + warp * (WX_U * 32) + lane * 16;
+    /* the item's token row this warp copies (row warp of the item: XR is 1), 2 blocks x 2
+       planes x 8 chunks, swizzled (chunk c of row r at chunk c ^ (r & 7)); block b's tile
+       holds the hi rows as its rows 0..15 and the lo rows as 16..31; blocks past the row zero;
+       rows past the item are not copied (stale bytes: they feed only token columns no output
+       takes) */
+    static_assert(WX_N == WX_WARPS, "one token row a warp");
+    const int xc = lane & 7, xp = (lane >> 3) & 1, xb = lane >> 4;
+    const bool xrow_live = warp < ntok;
+    /* the sort's token index is a dependent global load: once */
+    const uint8_t *const xrow =
+        xrow_live ? a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + warp] : (int64_t)(item.off + warp)) * a.ldxs
+                  : a.xs;
+    const uint8_t *const xp0 = xrow_live ? xrow + (ubeg / 2 + xb) * 256 + xp * 128 + xc * 16 : a.xs;
+    /* the lane's block at stage st is ubeg / 2 + xb + 2 st: in the row while 2 st < xlim */
+    const int xlim = (int)((a.cols + 63) / 64 - (ubeg / 2 + xb));
+    const uint32_t xdst = xb * 4096 + xp * 2048 + (warp >> 3) * 1024 + (warp & 7) * 128 + ((xc ^ (warp & 7)) * 16);
 
-    auto load_stage = [&](int64_t st) {
+    auto load_stage = [&](int st) {
         if (st >= nst) return;
-        uint8_t *s = sm + (st % WX_S) * WX_STAGE;
-        const int64_t u0 = ubeg + st * WX_U;
-        /* this warp's 4 units (1 KB: 2 chunks a lane) and their scales (128 bytes: lanes 0..7) */
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int c = lane + 32 * k, uu = c >> 4;
-            if (u0 + uu < uend) ws_cp16(s + WX_OFF_W + warp * (WX_U * 256) + c * 16, wsrc + (u0 + uu) * 256 + (c & 15) * 16, 16);
+        const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE; /* shared addresses: 32 bits */
+        const int left = nunits - st * WX_U; /* units of this stage: WX_U but at the end */
+        const uint8_t *wp = wp0 + (int64_t)st * (WX_U * 256);
+        if (left >= WX_U) {
+            wx_cp16(s + wdst, wp);
+            wx_cp16(s + wdst + 512, wp + 512);
+            if (lane < 8) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+        } else {
+            if ((lane >> 4) < left) wx_cp16(s + wdst, wp);
+            if ((lane >> 4) + 2 < left) wx_cp16(s + wdst + 512, wp + 512);
+            if (lane < 8 && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
         }
-        if (lane < 8 && u0 + (lane >> 1) < uend)
-            ws_cp16(s + WX_OFF_SC + warp * (WX_U * 32) + lane * 16, ssrc + u0 * 32 + lane * 16, 16);
-        /* the item's token rows: 2 blocks x 2 planes x 8 chunks a row, swizzled (chunk c
-           of row r at chunk c ^ (r & 7)); block b's tile holds the hi rows as its rows
-           0..15 and the lo rows as 16..31; blocks past the row zero; rows past the item
-           are not copied (stale bytes: they feed only token columns no output takes) */
-        const int64_t blk0 = u0 / 2;
-        const int c = lane & 7, p = (lane >> 3) & 1, b = lane >> 4;
-        const bool bin = (blk0 + b) * 64 < a.cols;
-#pragma unroll
-        for (int k = 0; k < XR; k++) {
-            const int r = warp + WX_WARPS * k;
-            if (r >= ntok) break;
-            ws_cp16(s + b * 4096 + p * 2048 + (r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) * 16),
-                    bin ? xrow[k] + (blk0 + b) * 256 + p * 128 + c * 16 : a.xs, bin ? 16 : 0);
+        if (xrow_live) {
+            if (2 * st < xlim) wx_cp16(s + xdst, xp0 + (int64_t)st * 512);
+            else st_shared_zero16(s + xdst);
         }
     };
 
+    /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
+    const uint32_t wrd = WX_OFF_W + warp * (WX_U * 256) + lane * 8, srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
+    const bool half = ntok <= 8; /* tokens 8..15 absent: their accumulators are never stored */
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
-    ws_pipeline<WX_S>(nst, load_stage, [&](int64_t st) {
-        const uint8_t *s = sm + (st % WX_S) * WX_STAGE;
-        const uint32_t bs = sb + (uint32_t)(st % WX_S) * WX_STAGE;
-        /* unit uu: its partial P (hi tokens in columns 0..15, lo in 16..31), then
-           acc = fma(scale, P_hi + P_lo, acc) */
-        for (int uu = 0; uu < WX_U && ubeg + st * WX_U + uu < uend; uu++) {
-            const uint2 v = *(const uint2 *)(s + WX_OFF_W + warp * (WX_U * 256) + uu * 256 + lane * 8);
+    ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
+        const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
+        const uint64_t d0 = kmajor_desc(s);
+        const int left = nunits - st * WX_U;
+        /* unit uu: P = W x_hi + W x_lo over its two k-steps (the hi rows and the lo rows are
+           the B tile's rows 0..15 and 16..31, 2048 bytes apart), then acc = fma(scale, P, acc) */
+#pragma unroll
+        for (int uu = 0; uu < WX_U; uu++) {
+            if (uu >= left) break;
+            uint32_t w0, w1, s2;
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w0), "=r"(w1) : "r"(s + wrd + uu * 256) : "memory");
+            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s2) : "r"(s + srd + uu * 32) : "memory");
             uint32_t A0[4], A1[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                A0[r] = ws_int4_pair(v.x, r);
-                A1[r] = ws_int4_pair(v.y, r);
+                A0[r] = wx_int4_pair(w0, r);
+                A1[r] = wx_int4_pair(w1, r);
             }
-            const uint32_t s2 = *(const uint32_t *)(s + WX_OFF_SC + warp * (WX_U * 32) + uu * 32 + g * 4);
             const float sc0 = __uint_as_float(s2 << 16), sc1 = __uint_as_float(s2 & 0xFFFF0000u);
-            /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1} */
-            const uint32_t b0 = bs + (uint32_t)(uu >> 1) * 4096 + (uint32_t)(uu & 1) * 64;
-            float P[16];
+            /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1}; descriptor
+               addresses count 16 bytes */
+            const uint64_t db = d0 + (uint64_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
+            float P[8];
             wgmma_fence();
-            wx_mma(P, A0, kmajor_desc(b0), 0);
-            wx_mma(P, A1, kmajor_desc(b0 + 32), 1);
+            wx_mma(P, A0, db, 0);
+            wx_mma(P, A0, db + (2048 >> 4), 1);
+            wx_mma(P, A1, db + (32 >> 4), 1);
+            wx_mma(P, A1, db + ((2048 + 32) >> 4), 1);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(P);
             wx_keep(A0);
             wx_keep(A1);
-            /* P[4j + c]: token 8j + 2t + (c & 1) for j < 2 (hi), its lo at 4(j + 2) + c */
+            /* P[4j + c]: token 8j + 2t + (c & 1), row g (+8 for c & 2) */
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
+            for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
+            if (!half) {
+#pragma unroll
+                for (int i = 4; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
+            }
         }
     });
     ws_wait<0>();

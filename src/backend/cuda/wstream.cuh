@@ -184,14 +184,14 @@ template <int N> static __device__ __forceinline__ void ws_wait() {
  * wx_kernel): stages 0 .. S-2 in flight first; then per stage st, once it has landed
  * for every thread (whose barrier also frees stage st-1's buffer), stage st+S-1 is
  * issued and body(st) consumes st.  load(st) must issue nothing for st >= nst. */
-template <int S, class Load, class Body>
-static __device__ __forceinline__ void ws_pipeline(int64_t nst, Load load, Body body) {
+template <int S, class I, class Load, class Body>
+static __device__ __forceinline__ void ws_pipeline(I nst, Load load, Body body) {
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        load(s);
+        load((I)s);
         ws_commit();
     }
-    for (int64_t st = 0; st < nst; st++) {
+    for (I st = 0; st < nst; st++) {
         ws_wait<S - 2>();
         __syncthreads();
         load(st + S - 1);
