@@ -558,7 +558,7 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
 }
 
 /* Raise the dynamic shared-memory limit of the instantiations ws_kernel<F, KIND,
- * NT...> for the three formats.  The kernels are static, so each file that
+ * NT...> (bf16 and FP8; INT4 for dense weights only).  The kernels are static, so each file that
  * launches some sets its own (before any launch: at pack time, ahead of capture). */
 template <int KIND, int... NTS> static cudaError_t ws_set_smem() {
     const cudaError_t r[] = {
@@ -566,10 +566,16 @@ template <int KIND, int... NTS> static cudaError_t ws_set_smem() {
                              ws_smem_bytes<QF_BF16>(NTS, NTS * 8))...,
         cudaFuncSetAttribute(ws_kernel<QF_FP8, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              ws_smem_bytes<QF_FP8>(NTS, NTS * 8))...,
-        cudaFuncSetAttribute(ws_kernel<QF_INT4, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             ws_smem_bytes<QF_INT4>(NTS, NTS * 8))...};
+        cudaSuccess};
     for (cudaError_t e : r)
         if (e != cudaSuccess) return e;
+    /* INT4 experts run on wgmma (wgmma_experts.cuh): this stream keeps INT4 for dense weights only */
+    if constexpr (KIND == WS_DENSE) {
+        const cudaError_t q[] = {cudaFuncSetAttribute(ws_kernel<QF_INT4, KIND, NTS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      ws_smem_bytes<QF_INT4>(NTS, NTS * 8))...};
+        for (cudaError_t e : q)
+            if (e != cudaSuccess) return e;
+    }
     return cudaSuccess;
 }
 
