@@ -60,6 +60,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/wstream.cuh"
 
@@ -245,10 +247,14 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
     const uint32_t wrd = WX_OFF_W + warp * (WX_U * 256) + lane * 8, srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
-    const bool half = ntok <= 8; /* tokens 8..15 absent: their accumulators are never stored */
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
+    /* the stream, compiled twice: for items of at most 8 entries the FFMAs of tokens 8..15
+       (accumulators never stored) are left out of the code, not predicated off (a predicated
+       instruction still takes its issue slot, and issue sets this kernel's rate) */
+    auto stream = [&](auto half_tag) {
+    constexpr bool half = decltype(half_tag)::value;
     ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
         const uint64_t d0 = kmajor_desc(s);
@@ -285,12 +291,15 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
             /* P[4j + c]: token 8j + 2t + (c & 1), row g (+8 for c & 2) */
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
-            if (!half) {
+            if constexpr (!half) {
 #pragma unroll
                 for (int i = 4; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
             }
         }
     });
+    };
+    if (ntok <= 8) stream(std::true_type{});
+    else stream(std::false_type{});
     ws_wait<0>();
     __syncthreads(); /* every warp is done with the stages: the partials take their place */
 
