@@ -15,15 +15,16 @@
  * weight stream.
  *
  * Arithmetic (the determinism contract).  Every item runs the same instruction
- * shape, m64n16k16, whatever its entry count (rows past it are zero), so a
+ * shape, m64n32k16, whatever its entry count (rows past it are zero), so a
  * token's column never depends on which tokens share its item, on n or on the
  * item split.  Per unit (one INT4 group of 32 columns, two k-steps) a fresh
- * partial P = W x_hi + W x_lo accumulated by the tensor core in the order
- * (k-step 0: hi, lo; k-step 1: hi, lo), the hi and lo rows of the item's 16
- * tokens being the B tile's rows 0..15 and 16..31 (four m64n16k16, the first
- * overwriting P), then acc = fma(scale, P, acc) over the units in increasing
- * order (other bits than wstream.cuh's four k-slices).  Summing hi and lo in the
- * tensor core, not as two partials, saves 8 FADD a unit.
+ * partial P = W [x_hi | x_lo] (the item's 16 tokens' hi rows and lo rows side by
+ * side as the instruction's 32 columns: m64n32k16, k-step 0 overwriting P, then
+ * k-step 1), and acc = fma(scale, P_hi + P_lo, acc) over the units in increasing
+ * order (other bits than wstream.cuh's four k-slices).  Two m64n32k16 a unit,
+ * not four m64n16k16 with hi and lo summed in the tensor core: the narrow
+ * instructions cost more tensor time than the 8 FADD they save (H200: 0.93x the
+ * time with two).
  *
  * Activation layout ("wq" rows, written by the sort launch for x and by the
  * gate/up epilogue for h): a row of K columns is ceil(K / 64) blocks of 256
@@ -49,10 +50,12 @@
  * 0.76 warps issued a scheduler a cycle, compute 74%, DRAM 45%, with ~98
  * instructions a unit).  So the loop is trimmed to what a unit needs (~50: two
  * shared loads, 22 of dequantisation with the mask and exponent in one lop3, the
- * four wgmmas, 4-8 FFMA): 32-bit shared addresses, stage sources advanced by a
- * stride, descriptors as constant offsets from the stage's, the FFMAs of tokens
- * 8..15 skipped for items of at most 8 (a uniform test on the item, the same
- * arithmetic for every token kept).  59-60% of copy bandwidth at n = 16-32 (47%).
+ * two wgmmas, 4-8 FADD + FFMA): 32-bit shared addresses, stage sources advanced
+ * by a stride, descriptors as constant offsets from the stage's, whole stages
+ * without unit tests, the FFMAs of tokens 8..15 compiled out for items of at
+ * most 8 (the same arithmetic for every token kept).  63-64% of copy bandwidth
+ * at n = 16-32 (47%).  What is left is as much the wgmmas' tensor time (m64n32k16
+ * is a narrow instruction) as issue.
  */
 #ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
 #define DDT_CUDA_WGMMA_EXPERTS_CUH
@@ -115,22 +118,18 @@ static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, flo
     *(__nv_bfloat16 *)(p + 128) = l;
 }
 
-/* D[64 x 16] (+)= A[64 x 16] (registers) * B[16 x 16] (K-major smem); scale_d 0 overwrites D */
-static __device__ __forceinline__ void wx_mma(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+/* D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (K-major smem); scale_d 0 overwrites D */
+static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
-
-/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
-static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 /* nibbles i and i + 4 of w as a bf16 pair (q - 8), exactly (ws_int4_pair's arithmetic), the
@@ -261,9 +260,7 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
         const int left = nunits - st * WX_U;
         /* unit uu: P = W x_hi + W x_lo over its two k-steps (the hi rows and the lo rows are
            the B tile's rows 0..15 and 16..31, 2048 bytes apart), then acc = fma(scale, P, acc) */
-#pragma unroll
-        for (int uu = 0; uu < WX_U; uu++) {
-            if (uu >= left) break;
+        auto unit = [&](int uu) {
             uint32_t w0, w1, s2;
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w0), "=r"(w1) : "r"(s + wrd + uu * 256) : "memory");
             asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s2) : "r"(s + srd + uu * 32) : "memory");
@@ -277,24 +274,32 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
             /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1}; descriptor
                addresses count 16 bytes */
             const uint64_t db = d0 + (uint64_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
-            float P[8];
+            float P[16];
             wgmma_fence();
             wx_mma(P, A0, db, 0);
-            wx_mma(P, A0, db + (2048 >> 4), 1);
             wx_mma(P, A1, db + (32 >> 4), 1);
-            wx_mma(P, A1, db + ((2048 + 32) >> 4), 1);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(P);
             wx_keep(A0);
             wx_keep(A1);
-            /* P[4j + c]: token 8j + 2t + (c & 1), row g (+8 for c & 2) */
+            /* P[4j + c]: column 8j + 2t + (c & 1), row g (+8 for c & 2): token 8j + 2t + (c & 1)'s
+               hi partial for j < 2, its lo partial at j + 2 */
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
+            for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
             if constexpr (!half) {
 #pragma unroll
-                for (int i = 4; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i], acc[i]);
+                for (int i = 4; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
             }
+        };
+        /* every stage but a split's last is whole: no unit test in its code */
+        if (left >= WX_U) {
+#pragma unroll
+            for (int uu = 0; uu < WX_U; uu++) unit(uu);
+        } else {
+#pragma unroll
+            for (int uu = 0; uu < WX_U; uu++)
+                if (uu < left) unit(uu);
         }
     });
     };
