@@ -118,6 +118,11 @@ static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, flo
     *(__nv_bfloat16 *)(p + 128) = l;
 }
 
+/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
+static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 /* D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (K-major smem); scale_d 0 overwrites D */
 static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
