@@ -26,6 +26,20 @@
  * instructions cost more tensor time than the 8 FADD they save (H200: 0.93x the
  * time with two).
  *
+ * Item classes by entry count, one arithmetic.  A wgmma's tensor time grows with
+ * its N, and most items hold few entries (a tree of 16 tokens touches ~57 experts
+ * with 1-3 each), so items of at most 8 entries read their hi rows 0..7 and lo
+ * rows 0..7 as the 16 columns of m64n16k16 (the same tile, the descriptor's 8-row
+ * stride 2048 bytes), and items of at most 4 have their rows interleaved (token
+ * r's hi and lo in rows 2r, 2r + 1 of the first 8-row group) for m64n8k16.  Each
+ * output is the same column dot product, P_hi + P_lo and the same fma chain in
+ * every class: a token's bits do not depend on its item's size.  That rests on
+ * the tensor core computing a column the same way whatever N, which PTX does not
+ * promise: test_cuda_moe checks it bitwise (each token alone, an item of one,
+ * against batches whose experts hold up to 16), on the H200 it holds.  H200,
+ * K2.6 experts: n = 1 / 16 at 53 / 75% of copy bandwidth (46 / 63% with one
+ * class).
+ *
  * Activation layout ("wq" rows, written by the sort launch for x and by the
  * gate/up epilogue for h): a row of K columns is ceil(K / 64) blocks of 256
  * bytes, a block = 128 bytes of x_hi then 128 of x_lo for its 64 columns, each
@@ -118,6 +132,32 @@ static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, flo
     *(__nv_bfloat16 *)(p + 128) = l;
 }
 
+/* D[64 x 8] (+)= A[64 x 16] (registers) * B[16 x 8] (K-major smem); scale_d 0 overwrites D */
+static __device__ __forceinline__ void wx_mma8(float (&d)[4], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+/* D[64 x 16] (+)= A[64 x 16] (registers) * B[16 x 16] (K-major smem); scale_d 0 overwrites D */
+static __device__ __forceinline__ void wx_mma16(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
 /* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
 static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
@@ -176,7 +216,7 @@ struct WxArgs {
 
 /* grid (item, row block x k-split): gate/up WX_ROWS / 2 intermediate rows a block, down WX_ROWS hidden rows */
 template <int KIND>
-static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
+static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a) {
     DDT_GRID_DEP_WAIT();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
@@ -227,7 +267,11 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     const uint8_t *const xp0 = xrow_live ? xrow + (ubeg / 2 + xb) * 256 + xp * 128 + xc * 16 : a.xs;
     /* the lane's block at stage st is ubeg / 2 + xb + 2 st: in the row while 2 st < xlim */
     const int xlim = (int)((a.cols + 63) / 64 - (ubeg / 2 + xb));
-    const uint32_t xdst = xb * 4096 + xp * 2048 + (warp >> 3) * 1024 + (warp & 7) * 128 + ((xc ^ (warp & 7)) * 16);
+    /* the tile row of token `warp`'s plane xp: the hi rows 0..15 and the lo rows 16..31; for items
+       of at most 4 entries hi and lo interleaved in rows 0..7 (token r: 2r, 2r + 1), one 8-row
+       group that m64n8k16 reads whole */
+    const int xrw = ntok <= 4 ? 2 * warp + xp : warp + 16 * xp;
+    const uint32_t xdst = xb * 4096 + (xrw >> 3) * 1024 + (xrw & 7) * 128 + ((xc ^ (xrw & 7)) * 16);
 
     auto load_stage = [&](int st) {
         if (st >= nst) return;
@@ -254,11 +298,11 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
-    /* the stream, compiled twice: for items of at most 8 entries the FFMAs of tokens 8..15
-       (accumulators never stored) are left out of the code, not predicated off (a predicated
-       instruction still takes its issue slot, and issue sets this kernel's rate) */
-    auto stream = [&](auto half_tag) {
-    constexpr bool half = decltype(half_tag)::value;
+    /* the stream, compiled once per item class (see the top): m64n8k16, m64n16k16 or m64n32k16,
+       the FADD / FFMA of absent tokens left out of the code, not predicated off (a predicated
+       instruction still takes its issue slot) */
+    auto stream = [&](auto cls_tag) {
+    constexpr int cls = decltype(cls_tag)::value; /* 0: <= 4 entries, 1: <= 8, 2: <= 16 */
     ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
         const uint64_t d0 = kmajor_desc(s);
@@ -279,22 +323,51 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
             /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1}; descriptor
                addresses count 16 bytes */
             const uint64_t db = d0 + (uint64_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
-            float P[16];
-            wgmma_fence();
-            wx_mma(P, A0, db, 0);
-            wx_mma(P, A1, db + (32 >> 4), 1);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(P);
-            wx_keep(A0);
-            wx_keep(A1);
-            /* P[4j + c]: column 8j + 2t + (c & 1), row g (+8 for c & 2): token 8j + 2t + (c & 1)'s
-               hi partial for j < 2, its lo partial at j + 2 */
+            if constexpr (cls == 0) {
+                /* at most 4 tokens: rows 2r, 2r + 1 of the tile's first 8-row group are token r's hi
+                   and lo, the 8 columns of m64n8k16 (the column dot products of the wider shapes) */
+                float P[4];
+                wgmma_fence();
+                wx_mma8(P, A0, db, 0);
+                wx_mma8(P, A1, db + (32 >> 4), 1);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(P);
+                wx_keep(A0);
+                wx_keep(A1);
+                /* P[c]: column 2t + (c & 1), row g (+8 for c & 2): token t's hi partial, then its lo */
+                acc[0] = __fmaf_rn(sc0, P[0] + P[1], acc[0]);
+                acc[2] = __fmaf_rn(sc1, P[2] + P[3], acc[2]);
+            } else if constexpr (cls == 1) {
+                /* at most 8 tokens: hi rows 0..7 (atom 0 of the block's tile) and lo rows 0..7
+                   (atom 2) as the 16 columns of m64n16k16, the descriptor's 8-row stride 2048
+                   bytes: the same column dot products as m64n32k16's, half its tensor work */
+                float P[8];
+                wgmma_fence();
+                wx_mma16(P, A0, db + ((uint64_t)(2048 - 1024) >> 4 << 32), 0);
+                wx_mma16(P, A1, db + ((uint64_t)(2048 - 1024) >> 4 << 32) + (32 >> 4), 1);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(P);
+                wx_keep(A0);
+                wx_keep(A1);
+                /* P[c]: token 2t + (c & 1)'s hi partial, row g (+8 for c & 2); P[4 + c] its lo */
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
-            if constexpr (!half) {
+                for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 4], acc[i]);
+            } else {
+                float P[16];
+                wgmma_fence();
+                wx_mma(P, A0, db, 0);
+                wx_mma(P, A1, db + (32 >> 4), 1);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(P);
+                wx_keep(A0);
+                wx_keep(A1);
+                /* P[4j + c]: column 8j + 2t + (c & 1), row g (+8 for c & 2): token 8j + 2t + (c & 1)'s
+                   hi partial for j < 2, its lo partial at j + 2 */
 #pragma unroll
-                for (int i = 4; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
+                for (int i = 0; i < 8; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 8], acc[i]);
             }
         };
         /* every stage but a split's last is whole: no unit test in its code */
@@ -308,16 +381,23 @@ static __global__ void __launch_bounds__(WX_THREADS) wx_kernel(const WxArgs a) {
         }
     });
     };
-    if (ntok <= 8) stream(std::true_type{});
-    else stream(std::false_type{});
+    if (ntok <= 4) stream(std::integral_constant<int, 0>{});
+    else if (ntok <= 8) stream(std::integral_constant<int, 1>{});
+    else stream(std::integral_constant<int, 2>{});
     ws_wait<0>();
     __syncthreads(); /* every warp is done with the stages: the partials take their place */
 
-    /* acc i: CTA row 64 wg + 16 w4 + g (+8 for i & 2), token 8 (i / 4) + 2t (+1 for i & 1) */
+    /* acc i: CTA row 64 wg + 16 w4 + g (+8 for i & 2), token 8 (i / 4) + 2t (+1 for i & 1);
+       items of at most 4: acc 0 and 2 (rows g, g + 8) of token t */
     float *red = (float *)sm; /* [16 tokens][WX_RS] */
+    if (ntok <= 4) {
+        red[t * WX_RS + warp * 16 + g] = acc[0];
+        red[t * WX_RS + warp * 16 + g + 8] = acc[2];
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        red[(8 * (i >> 2) + 2 * t + (i & 1)) * WX_RS + warp * 16 + g + ((i & 2) ? 8 : 0)] = acc[i];
+        for (int i = 0; i < 8; i++)
+            red[(8 * (i >> 2) + 2 * t + (i & 1)) * WX_RS + warp * 16 + g + ((i & 2) ? 8 : 0)] = acc[i];
+    }
     /* the k-split's partials: this CTA's, or the sum over the cluster's CTAs in rank order */
     const uint32_t red_addr = smem_u32(red);
     auto part = [&](int i) -> float {
