@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(WG_SPLIT_THREADS)
 
 /* grid: x = row tile * ks + split (a cluster = the ks splits of one tile), y =
  * token tile, z = group */
+template <int NI>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_gemm_kernel(const __grid_constant__ CUtensorMap tmw, const __grid_constant__ CUtensorMap tmxh,
                    const __grid_constant__ CUtensorMap tmxl, const WgArgs a) {
@@ -137,9 +138,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             tma_load_2d(stage(s) + WG_OFF_XL, &tmxl, (kb0 + s) * WG_BK, xrow, bar(s));
         }
 
-    float acc[32];
+    float acc[NI / 2];
 #pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = 0.f;
+    for (int i = 0; i < NI / 2; i++) acc[i] = 0.f;
     for (int i = 0; i < nk; i++) {
         const int s = i % WG_S;
         mbar_wait(bar(s), (uint32_t)(i / WG_S) & 1u);
@@ -149,8 +150,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            wgmma_m64n64(acc, kmajor_desc(w + kk * 32), kmajor_desc(xh + kk * 32));
-            wgmma_m64n64(acc, kmajor_desc(w + kk * 32), kmajor_desc(xl + kk * 32));
+            wgmma_m64nN<NI>(acc, kmajor_desc(w + kk * 32), kmajor_desc(xh + kk * 32));
+            wgmma_m64nN<NI>(acc, kmajor_desc(w + kk * 32), kmajor_desc(xl + kk * 32));
         }
         wgmma_commit();
         wgmma_wait<1>(); /* k-block i-1's tensor work is done: its stage may be refilled */
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     {
         const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < NI / 2; i++) {
             const int row = wg * 64 + warp * 16 + g + ((i & 2) ? 8 : 0), tok = 8 * (i >> 2) + 2 * t + (i & 1);
             red[tok * WG_RS + row] = acc[i];
         }
@@ -233,7 +234,10 @@ extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols)
 
 extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
     if (wg_prepared) return DDT_OK;
-    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
     wg_prepared = true;
     return DDT_OK;
 }
@@ -298,7 +302,14 @@ extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_gro
     cfg.stream = s;
     cudaLaunchAttribute attr;
     if (ks > 1) ddt_cuda_set_cluster(&cfg, &attr, (unsigned)ks, 1);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, wg_gemm_kernel, tmw, tmxh, tmxl, a);
+    /* the instruction's token columns: the fewest of 8, 16, 32, 64 that hold a tile's tokens
+       (a wgmma's tensor time grows with N; the column dot products do not change with it,
+       test_cuda_wgmma_gemm checks a token's bits alone and in batches of 17 / 64 / 70 / 130) */
+    const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
+    const cudaError_t e = ni == 8    ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<8>, tmw, tmxh, tmxl, a)
+                          : ni == 16 ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<16>, tmw, tmxh, tmxl, a)
+                          : ni == 32 ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<32>, tmw, tmxh, tmxl, a)
+                                     : cudaLaunchKernelEx(&cfg, wg_gemm_kernel<64>, tmw, tmxh, tmxl, a);
     if (e != cudaSuccess)
         return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: matmul (wgmma) launch: %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("matmul (wgmma)", s, err);
