@@ -132,8 +132,12 @@ static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, flo
     *(__nv_bfloat16 *)(p + 128) = l;
 }
 
-/* D[64 x 8] (+)= A[64 x 16] (registers) * B[16 x 8] (K-major smem); scale_d 0 overwrites D */
-static __device__ __forceinline__ void wx_mma8(float (&d)[4], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+/* D[64 x N] (+)= A[64 x 16] (registers) * B[16 x N] (K-major smem), N = 8, 16, 32; scale_d 0
+   overwrites D */
+template <int N>
+static __device__ __forceinline__ void wx_mma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void wx_mma<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
@@ -144,9 +148,8 @@ static __device__ __forceinline__ void wx_mma8(float (&d)[4], const uint32_t (&a
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-
-/* D[64 x 16] (+)= A[64 x 16] (registers) * B[16 x 16] (K-major smem); scale_d 0 overwrites D */
-static __device__ __forceinline__ void wx_mma16(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+template <>
+__device__ __forceinline__ void wx_mma<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
@@ -157,14 +160,8 @@ static __device__ __forceinline__ void wx_mma16(float (&d)[8], const uint32_t (&
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-
-/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
-static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-/* D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (K-major smem); scale_d 0 overwrites D */
-static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+template <>
+__device__ __forceinline__ void wx_mma<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
@@ -175,6 +172,11 @@ static __device__ __forceinline__ void wx_mma(float (&d)[16], const uint32_t (&a
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
+static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 /* nibbles i and i + 4 of w as a bf16 pair (q - 8), exactly (ws_int4_pair's arithmetic), the
@@ -199,6 +201,21 @@ template <int N>
 static __device__ __forceinline__ void wx_keep(uint32_t (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/* A unit's partial P over its two k-steps: P = A0 B[k-step 0] (overwriting), then += A1
+   B[k-step 1], the B tile at descriptor db (k-step 1 is 32 bytes further); the wait makes P
+   readable and A0, A1 reusable. */
+template <int N>
+static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&A0)[4], uint32_t (&A1)[4], uint64_t db) {
+    wgmma_fence();
+    wx_mma<N>(P, A0, db, 0);
+    wx_mma<N>(P, A1, db + (32 >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(P);
+    wx_keep(A0);
+    wx_keep(A1);
 }
 
 struct WxArgs {
@@ -327,14 +344,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
                 /* at most 4 tokens: rows 2r, 2r + 1 of the tile's first 8-row group are token r's hi
                    and lo, the 8 columns of m64n8k16 (the column dot products of the wider shapes) */
                 float P[4];
-                wgmma_fence();
-                wx_mma8(P, A0, db, 0);
-                wx_mma8(P, A1, db + (32 >> 4), 1);
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(P);
-                wx_keep(A0);
-                wx_keep(A1);
+                wx_partial<8>(P, A0, A1, db);
                 /* P[c]: column 2t + (c & 1), row g (+8 for c & 2): token t's hi partial, then its lo */
                 acc[0] = __fmaf_rn(sc0, P[0] + P[1], acc[0]);
                 acc[2] = __fmaf_rn(sc1, P[2] + P[3], acc[2]);
@@ -343,27 +353,13 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
                    (atom 2) as the 16 columns of m64n16k16, the descriptor's 8-row stride 2048
                    bytes: the same column dot products as m64n32k16's, half its tensor work */
                 float P[8];
-                wgmma_fence();
-                wx_mma16(P, A0, db + ((uint64_t)(2048 - 1024) >> 4 << 32), 0);
-                wx_mma16(P, A1, db + ((uint64_t)(2048 - 1024) >> 4 << 32) + (32 >> 4), 1);
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(P);
-                wx_keep(A0);
-                wx_keep(A1);
+                wx_partial<16>(P, A0, A1, db + ((uint64_t)(2048 - 1024) >> 4 << 32));
                 /* P[c]: token 2t + (c & 1)'s hi partial, row g (+8 for c & 2); P[4 + c] its lo */
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 4], acc[i]);
             } else {
                 float P[16];
-                wgmma_fence();
-                wx_mma(P, A0, db, 0);
-                wx_mma(P, A1, db + (32 >> 4), 1);
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(P);
-                wx_keep(A0);
-                wx_keep(A1);
+                wx_partial<32>(P, A0, A1, db);
                 /* P[4j + c]: column 8j + 2t + (c & 1), row g (+8 for c & 2): token 8j + 2t + (c & 1)'s
                    hi partial for j < 2, its lo partial at j + 2 */
 #pragma unroll
