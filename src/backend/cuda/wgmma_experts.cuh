@@ -14,31 +14,29 @@
  * half of the split activations, and the tensor work of an item hides under its
  * weight stream.
  *
- * Arithmetic (the determinism contract).  Every item runs the same instruction
- * shape, m64n32k16, whatever its entry count (rows past it are zero), so a
- * token's column never depends on which tokens share its item, on n or on the
- * item split.  Per unit (one INT4 group of 32 columns, two k-steps) a fresh
- * partial P = W [x_hi | x_lo] (the item's 16 tokens' hi rows and lo rows side by
- * side as the instruction's 32 columns: m64n32k16, k-step 0 overwriting P, then
- * k-step 1), and acc = fma(scale, P_hi + P_lo, acc) over the units in increasing
- * order (other bits than wstream.cuh's four k-slices).  Two m64n32k16 a unit,
- * not four m64n16k16 with hi and lo summed in the tensor core: the narrow
- * instructions cost more tensor time than the 8 FADD they save (H200: 0.93x the
- * time with two).
+ * Arithmetic (the determinism contract).  Per unit (one INT4 group of 32
+ * columns, two k-steps) a fresh partial P of the weights times the item's token
+ * columns, a token's hi and lo halves as two columns (k-step 0 overwriting P,
+ * then k-step 1), and acc = fma(scale, P_hi + P_lo, acc) over the units in
+ * increasing order (other bits than wstream.cuh's four k-slices).  A token's
+ * value never depends on which tokens share its item, on n or on the item split.
  *
  * Item classes by entry count, one arithmetic.  A wgmma's tensor time grows with
  * its N, and most items hold few entries (a tree of 16 tokens touches ~57 experts
- * with 1-3 each), so items of at most 8 entries read their hi rows 0..7 and lo
- * rows 0..7 as the 16 columns of m64n16k16 (the same tile, the descriptor's 8-row
- * stride 2048 bytes), and items of at most 4 have their rows interleaved (token
- * r's hi and lo in rows 2r, 2r + 1 of the first 8-row group) for m64n8k16.  Each
- * output is the same column dot product, P_hi + P_lo and the same fma chain in
- * every class: a token's bits do not depend on its item's size.  That rests on
- * the tensor core computing a column the same way whatever N, which PTX does not
+ * with 1-3 each), so the instruction is as narrow as the item allows:
+ *   - at most 16 entries: the 16 hi rows and 16 lo rows side by side as the 32
+ *     columns of m64n32k16;
+ *   - at most 8: hi rows 0..7 and lo rows 0..7 of the same tile as the 16
+ *     columns of m64n16k16 (only the descriptor's 8-row stride changes, 2048);
+ *   - at most 4: token r's hi and lo interleaved in rows 2r, 2r + 1 of the first
+ *     8-row group, the 8 columns of m64n8k16.
+ * Each output is the same column dot product and the same fma chain in every
+ * class, so a token's bits do not depend on its item's size.  That rests on the
+ * tensor core computing a column the same way whatever N, which PTX does not
  * promise: test_cuda_moe checks it bitwise (each token alone, an item of one,
- * against batches whose experts hold up to 16), on the H200 it holds.  H200,
- * K2.6 experts: n = 1 / 16 at 53 / 75% of copy bandwidth (46 / 63% with one
- * class).
+ * against batches whose experts hold up to 16); on the H200 it holds.  Two
+ * m64n32k16 a unit, not four m64n16k16 with hi and lo summed in the tensor core:
+ * the narrow instructions cost more tensor time than the 8 FADD they save.
  *
  * Activation layout ("wq" rows, written by the sort launch for x and by the
  * gate/up epilogue for h): a row of K columns is ceil(K / 64) blocks of 256
@@ -52,24 +50,20 @@
  * A CTA (WX_WG = 4 warpgroups) = one item x 256 weight rows: down, 16 m-tiles of
  * the expert's down projection; gate/up, 8 m-tiles of gate and the same 8 of up
  * (a warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
- * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Why so many rows: a
- * stage's token rows (16 x hi and lo, 8 KB) are twice a 64-row stage's weights,
- * and the bytes of weights in flight an SM, not the tensor work, set the time
- * (H200, K2.6 experts: 64-row CTAs streamed at 37% of copy bandwidth whatever
- * their wgmma shape, 128-row CTAs at 45%, 256-row at 47%).  Stages of 4 units
- * (128 columns): every warp's 4 packed units and their scales, the item's 16
- * token rows of 2 blocks (hi and lo), by cp.async, WX_S stages in flight.
+ * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Stages of 4 units
+ * (128 columns): every warp's 4 packed units and their scales, the item's token
+ * rows of 2 blocks (hi and lo), by cp.async, WX_S stages in flight.
  *
- * What sets the rate now: instruction issue (ncu, H200, K2.6 experts at n = 16:
- * 0.76 warps issued a scheduler a cycle, compute 74%, DRAM 45%, with ~98
- * instructions a unit).  So the loop is trimmed to what a unit needs (~50: two
- * shared loads, 22 of dequantisation with the mask and exponent in one lop3, the
- * two wgmmas, 4-8 FADD + FFMA): 32-bit shared addresses, stage sources advanced
- * by a stride, descriptors as constant offsets from the stage's, whole stages
- * without unit tests, the FFMAs of tokens 8..15 compiled out for items of at
- * most 8 (the same arithmetic for every token kept).  63-64% of copy bandwidth
- * at n = 16-32 (47%).  What is left is as much the wgmmas' tensor time (m64n32k16
- * is a narrow instruction) as issue.
+ * What sets the rate (H200, K2.6 experts; BENCHMARKS has the steps).  Instruction
+ * issue first: ncu found ~98 instructions a 256-byte unit and 0.71-0.76 warps
+ * issued a scheduler a cycle at 37-47% of copy bandwidth.  The loop is trimmed
+ * to what a unit needs (~50: two shared loads, 22 of dequantisation with the
+ * mask and exponent in one lop3, two wgmmas, 4-8 FADD + FFMA): 32-bit shared
+ * addresses, stage sources advanced by a stride, descriptors as constant offsets
+ * from the stage's, whole stages without unit tests, absent tokens' FADD / FFMA
+ * compiled out.  Then the wgmmas' tensor time, which the item classes cut: n = 1
+ * / 16 / 64 at 53 / 75 / 69% of copy bandwidth.  A producer warp with TMA and
+ * mbarriers instead of the per-stage barrier measured no faster.
  */
 #ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
 #define DDT_CUDA_WGMMA_EXPERTS_CUH
