@@ -34,7 +34,8 @@
  * into bf16 hi / lo once (wstream.cuh's split rows), not per block: x by extra
  * blocks of step 1's launch (no launch more), h by gate/up's epilogue.  INT4
  * experts (K2.6's) run wgmma_experts.cuh's kernels instead: items of at most 16
- * entries (the wgmma N), one class, x and h in its wq rows.
+ * entries, the wgmma's N set by the item's entry count (8, 16 or 32 columns, one
+ * arithmetic), x and h in its wq rows.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -1220,7 +1221,8 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
             big_slots = (int)(M / 17); /* sum over big experts of ceil(c / 32) <= sum c / 17 */
         }
         if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
-        /* INT4 on wgmma: every item WX_N entries at most (the instruction's N), one class */
+        /* INT4 on wgmma: one list of items of at most WX_N entries (the kernel picks the
+           instruction's N by the item's count) */
         if (F == QF_INT4) C = WX_N, C_big = 0, big_min = 0, big_slots = 0; /* (nt: the mma.sync stream's only) */
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);

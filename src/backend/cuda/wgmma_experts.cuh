@@ -93,7 +93,7 @@
 
 enum { WX_GATEUP = 0, WX_DOWN = 1 };
 static_assert(WX_N * WX_RS * 4 <= WX_STAGE * WX_S, "the partials reuse the stages");
-static_assert(WX_N % WX_WARPS == 0 || WX_WARPS % WX_N == 0, "token rows split evenly over the warps");
+static_assert(WX_N == WX_WARPS, "one token row a warp: warp r copies the item's row r");
 
 /* bytes of a wq row of `cols` columns */
 static __host__ __device__ __forceinline__ int64_t wx_row_bytes(int64_t cols) { return (cols + 63) / 64 * 256; }
@@ -268,7 +268,6 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        holds the hi rows as its rows 0..15 and the lo rows as 16..31; blocks past the row zero;
        rows past the item are not copied (stale bytes: they feed only token columns no output
        takes) */
-    static_assert(WX_N == WX_WARPS, "one token row a warp");
     const int xc = lane & 7, xp = (lane >> 3) & 1, xb = lane >> 4;
     const bool xrow_live = warp < ntok;
     /* the sort's token index is a dependent global load: once */
