@@ -19,7 +19,9 @@
  * markdown tables.
  *   cuda_bench_moe [iterations [dense-name-substring [tokens]]]
  * (a name skips the experts and runs only the matching dense shapes, in tensor
- * mode at the given token count: for profiling one kernel with ncu)
+ * mode at the given token count: for profiling one kernel with ncu; "experts-nt"
+ * runs only the tensor-core experts, "experts-fp8" the same over FP8 block-128
+ * experts, DeepSeek-V3's format)
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -114,8 +116,11 @@ int main(int argc, char **argv) {
     CU(cudaFree(ca));
     CU(cudaFree(cbuf));
 
+    /* "experts-fp8": the same sweep over FP8 block-128 experts (DeepSeek-V3's format) */
+    const bool fp8 = only && !strcmp(only, "experts-fp8");
     ddt_cuda_moe_layer layer;
-    OK(ddt_cuda_moe_layer_random(E, H, I, DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 0.01f, 12345, &layer, &err_));
+    OK(ddt_cuda_moe_layer_random(E, H, I, fp8 ? DDT_Q_FP8_BLOCK : DDT_Q_INT4_GROUP,
+                                 fp8 ? DDT_DTYPE_F8_E4M3 : DDT_DTYPE_I32, 0.01f, 12345, &layer, &err_));
     const double expert_bytes = 2.0 * (double)ddt_cuda_qweight_bytes(&layer.host_copy[0]) +
                                 (double)ddt_cuda_qweight_bytes(&layer.host_copy[2 * E]);
     size_t wsb = ddt_cuda_moe_workspace_bytes(&layer, MAXN, K);
@@ -137,7 +142,7 @@ int main(int argc, char **argv) {
 
     printf("# MoE experts, K2.6 layer shape (%s)\n\n", prop.name);
     printf("device copy bandwidth (d2d, read+write): %.0f GB/s\n\n", copy_gbs);
-    printf("experts: %d x INT4 [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, I, H, H, I, K,
+    printf("experts: %d x %s [%d, %d] gate/up + [%d, %d] down, top-%d, %.1f MB per expert\n\n", E, fp8 ? "FP8" : "INT4", I, H, H, I, K,
            expert_bytes / 1e6);
     /* cuBLAS bf16 baseline: bf16 copies of as many experts as the largest batch touches */
     cublasHandle_t cub;
@@ -156,10 +161,10 @@ int main(int argc, char **argv) {
     static const int ns[] = {1, 4, 16, 32, 64, 128};
     double ex_us[2][6];
     /* "experts-nt": the tensor-core experts only, once per work-item cap (8*NT tokens) */
-    const bool nt_sweep = only && !strcmp(only, "experts-nt");
+    const bool nt_sweep = only && (!strcmp(only, "experts-nt") || fp8);
     static const int nt_caps[] = {0, 4, 1}; /* 0: the default (two item classes) */
     if (nt_sweep) OK(ddt_cuda_moe_layer_pack(&layer, &err_));
-    for (int mi = nt_sweep ? 1 : 0; mi < (nt_sweep ? 4 : only ? 0 : 3); mi++) {
+    for (int mi = nt_sweep ? 1 : 0; mi < (nt_sweep ? (fp8 ? 2 : 4) : only ? 0 : 3); mi++) {
         if (nt_sweep) {
             ddt_cuda_moe_set_item_ntiles(nt_caps[mi - 1]);
             if (nt_caps[mi - 1]) printf("\n## one class of work items, at most %d tokens\n", 8 * nt_caps[mi - 1]);

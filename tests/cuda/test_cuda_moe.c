@@ -12,7 +12,8 @@
  *     h, so the bound is shared, not tightened), and bit for bit the expert
  *     kernels from before x and h were split once per launch (kept verbatim in
  *     test_cuda_moe_ref.cu / wstream_ref.cuh; odd inter: h's zero padding);
- *     INT4, on wgmma since (wgmma_experts.cuh), within 5e-5 of those kernels;
+ *     INT4 and FP8 of whole 32-column units, on wgmma since (wgmma_experts.cuh),
+ *     within 5e-5 of those kernels;
  *   - each token's output bit-identical alone and inside batches of 1, 5, 12, 33
  *     (experts with more tokens than a work item holds are split, and on the
  *     tensor cores experts with more than 16 go to the second item class: both
@@ -402,8 +403,10 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
             bo_poison(dref, sizeof(float) * (size_t)n * ldo);
             CU((cudaError_t)ref_old_moe_tc(&layer, dx, H, n, idx, wt, K, dref, ldo));
             CU(cudaMemcpy(oldh, dref, sizeof(float) * (size_t)n * ldo, cudaMemcpyDeviceToHost));
-            if (f == 2) { /* INT4 runs on wgmma now (wgmma_experts.cuh): another summation, so within
-                             the tensor path's bound of the old kernels, not bitwise */
+            if (f == 2 || (f == 1 && H % 32 == 0 && I % 32 == 0)) {
+                /* INT4, and FP8 of whole units (blocks of 128 here), run on wgmma now
+                   (wgmma_experts.cuh): another summation, so within the tensor path's bound of the
+                   old kernels, not bitwise */
                 double num = 0, den = 0;
                 for (int t = 0; t < n; t++)
                     for (int j = 0; j < H; j++) {
@@ -411,7 +414,7 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
                         num += d * d, den += (double)oldh[t * ldo + j] * oldh[t * ldo + j];
                     }
                 vs_old = !(sqrt(num / (den > 0 ? den : 1)) < 5e-5);
-                CHECK(vs_old == 0, "experts INT4 TC n=%d: normalised distance to the old kernels %.3g", n,
+                CHECK(vs_old == 0, "experts %s TC n=%d: normalised distance to the old kernels %.3g", fname(f), n,
                       sqrt(num / (den > 0 ? den : 1)));
             } else {
                 for (int t = 0; t < n; t++)
@@ -503,7 +506,9 @@ int main(int argc, char **argv) {
     for (int mi = 0; mi < 2; mi++) {
         const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
         experts_case(0, 12, 200, 75, 4, mode);  /* bf16, odd inter: unaligned rows */
-        experts_case(1, 10, 300, 130, 3, mode); /* FP8 partial 128-blocks */
+        experts_case(1, 10, 300, 130, 3, mode); /* FP8 partial 128-blocks (the mma.sync stream) */
+        experts_case(1, 11, 320, 96, 3, mode);  /* FP8 of whole units: wgmma, partial 128-blocks */
+        experts_case(1, 7, 4224, 64, 2, mode);  /* FP8 on wgmma, gate/up k-split in two */
         experts_case(2, 12, 160, 96, 4, mode);  /* INT4 group 32 */
         experts_case(2, 9, 1024, 64, 3, mode);  /* long rows: every pipeline buffer reused */
         experts_case(2, 6, 4160, 96, 2, mode);  /* hidden >= 4096: gate/up k-split in two (a cluster) on wgmma */

@@ -999,7 +999,7 @@ static ddt_status tc_experts_launch(const ddt_cuda_moe_layer *m, const WsItem *i
 }
 
 /* grid (items, row blocks x k-split), the k-split's CTAs one cluster */
-template <int KIND>
+template <int KIND, int F>
 static cudaError_t wx_launch(const WxArgs &a, int slots, int64_t row_blocks, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)slots, (unsigned)(row_blocks * a.ks));
@@ -1008,11 +1008,11 @@ static cudaError_t wx_launch(const WxArgs &a, int slots, int64_t row_blocks, cud
     cfg.stream = s;
     cudaLaunchAttribute attr;
     if (a.ks > 1) ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)a.ks);
-    return cudaLaunchKernelEx(&cfg, wx_kernel<KIND>, a);
+    return cudaLaunchKernelEx(&cfg, wx_kernel<KIND, F>, a);
 }
 
 /* One projection's arguments: rows x cols weights reading wq rows of x (ldxs apart). */
-static WxArgs wx_args(const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t cols) {
+static WxArgs wx_args(const ddt_cuda_moe_layer *m, const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t cols) {
     WxArgs a;
     memset(&a, 0, sizeof a);
     a.items = ws.rec;
@@ -1025,22 +1025,28 @@ static WxArgs wx_args(const MoeWs &ws, const uint8_t *xs, int64_t rows, int64_t 
     a.mtiles = (rows + 15) / 16;
     a.ks = wx_ksplit(cols);
     a.ups = ((a.nu + a.ks - 1) / a.ks + WX_U - 1) / WX_U * WX_U;
+    const ddt_qweight &q = m->host_copy[rows == m->inter ? 0 : 2 * m->n_experts]; /* gate/up or down */
+    if (q.format == DDT_Q_FP8_BLOCK) {
+        a.fp8_block = q.block;
+        a.fp8_scols = (int32_t)((cols + q.block - 1) / q.block);
+    }
     return a;
 }
 
 /* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
  * WX_N entries; gate/up then down, x and h in wq rows. */
+template <int F>
 static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     const int H = m->hidden, I = m->inter;
-    WxArgs a = wx_args(ws, (const uint8_t *)ws.xs, I, H); /* gate/up: x in, h out */
+    WxArgs a = wx_args(m, ws, (const uint8_t *)ws.xs, I, H); /* gate/up: x in, h out */
     a.hs = (uint8_t *)ws.h;
     a.ldhs = wx_row_bytes(I);
-    cudaError_t e = wx_launch<WX_GATEUP>(a, slots, (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2), s);
+    cudaError_t e = wx_launch<WX_GATEUP, F>(a, slots, (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2), s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_gateup (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_gateup (wgmma)", s, err);
-    WxArgs b = wx_args(ws, (const uint8_t *)ws.h, H, I); /* down: h in, one output row per entry */
+    WxArgs b = wx_args(m, ws, (const uint8_t *)ws.h, H, I); /* down: h in, one output row per entry */
     b.y = ws.o;
-    e = wx_launch<WX_DOWN>(b, slots, (H + WX_ROWS - 1) / WX_ROWS, s);
+    e = wx_launch<WX_DOWN, F>(b, slots, (H + WX_ROWS - 1) / WX_ROWS, s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_down (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_down (wgmma)", s, err);
     return DDT_OK;
@@ -1070,9 +1076,13 @@ extern "C" ddt_status ddt_cuda_moe_layer_pack(ddt_cuda_moe_layer *m, ddt_error *
         cudaError_t e = ws_set_smem<WS_GATEUP, 1, 2, 4>();
         if (e == cudaSuccess) e = ws_set_smem<WS_DOWN, 1, 2, 4>();
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(wx_kernel<WX_GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
+            e = cudaFuncSetAttribute(wx_kernel<WX_GATEUP, QF_INT4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(wx_kernel<WX_DOWN>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
+            e = cudaFuncSetAttribute(wx_kernel<WX_DOWN, QF_INT4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(wx_kernel<WX_GATEUP, QF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(wx_kernel<WX_DOWN, QF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, WX_SMEM);
         if (e != cudaSuccess)
             return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: expert kernels' shared memory attribute: %s",
                             cudaGetErrorString(e));
@@ -1194,6 +1204,11 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     const bool tc = m->mode == DDT_CUDA_MM_TENSOR && ddt_cuda_qweight_tc_eligible(ref) &&
                     ddt_cuda_qweight_tc_eligible(&m->host_copy[2 * m->n_experts]);
     const int64_t E = m->n_experts, touched = M < E ? M : E;
+    /* the wgmma experts (wgmma_experts.cuh): INT4, and FP8 with scale blocks of whole units and
+       sizes of whole units (DeepSeek-V3's 128 blocks, 7168 / 2048); other FP8 layers keep the
+       mma.sync stream.  A property of the layer, never of n */
+    const bool wx = tc && (F == QF_INT4 || (F == QF_FP8 && ref->block % 32 == 0 && m->hidden % 32 == 0 &&
+                                            m->inter % 32 == 0));
     int TB = 0, C, nt = 1, C_big = 0, big_min = 0, big_slots = 0;
     if (tc) {
         if (!ref->mma)
@@ -1221,9 +1236,9 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
             big_slots = (int)(M / 17); /* sum over big experts of ceil(c / 32) <= sum c / 17 */
         }
         if (g_item_nt_cap > 0) nt = g_item_nt_cap, C = 8 * nt, C_big = 0, big_slots = 0; /* one class (benchmarks) */
-        /* INT4 on wgmma: one list of items of at most WX_N entries (the kernel picks the
-           instruction's N by the item's count) */
-        if (F == QF_INT4) C = WX_N, C_big = 0, big_min = 0, big_slots = 0; /* (nt: the mma.sync stream's only) */
+        /* INT4 and FP8 on wgmma: one list of items of at most WX_N entries (the kernel picks
+           the instruction's N by the item's count) */
+        if (wx) C = WX_N, C_big = 0, big_min = 0, big_slots = 0; /* (nt: the mma.sync stream's only) */
         if (touched + M / C > 65535) /* the FP32 path's grid bound, kept here too (never reached for n <= 65535) */
             return ddt_fail(err, DDT_ERR_RANGE, "moe_experts: %d tokens x top %d", n, top_k);
     } else {
@@ -1241,7 +1256,7 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     const SortArgs sa = {(int)M, top_k, m->n_experts, m->first_expert, C, slots, C_big, big_min, big_slots,
                          m->gate, m->up, m->down, tc};
     /* the tensor path's x split: blocks 1 .. split_blocks of the sort launch */
-    const XSplit xsp = {x, ldx, n, m->hidden, (m->hidden + 31) / 32 * 8, tc && F == QF_INT4 ? wx_row_bytes(m->hidden) : 0,
+    const XSplit xsp = {x, ldx, n, m->hidden, (m->hidden + 31) / 32 * 8, wx ? wx_row_bytes(m->hidden) : 0,
                         xvec, ws.xs};
     int split_blocks = 0;
     if (tc) {
@@ -1282,8 +1297,10 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
     if (tc) {
         switch (F) {
         case QF_BF16: st = tc_experts<QF_BF16>(m, slots, nt, big_slots, n, ws, s, err); break;
-        case QF_FP8: st = tc_experts<QF_FP8>(m, slots, nt, big_slots, n, ws, s, err); break;
-        default: st = wx_experts(m, slots, ws, s, err); break;
+        case QF_FP8:
+            st = wx ? wx_experts<QF_FP8>(m, slots, ws, s, err) : tc_experts<QF_FP8>(m, slots, nt, big_slots, n, ws, s, err);
+            break;
+        default: st = wx_experts<QF_INT4>(m, slots, ws, s, err); break;
         }
     } else {
         switch (F) {

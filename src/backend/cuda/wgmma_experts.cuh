@@ -223,11 +223,17 @@ struct WxArgs {
     uint8_t *hs;       /* gate/up: h out, wq rows by entry (ldhs bytes apart) */
     int64_t ldhs;
     float *y;          /* down: [entries][rows] */
+    int32_t fp8_block, fp8_scols; /* FP8: the scale block (a multiple of 32) and scale columns */
 };
 
 /* grid (item, row block x k-split): gate/up WX_ROWS / 2 intermediate rows a block, down WX_ROWS hidden rows */
-template <int KIND>
+template <int KIND, int F>
 static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a) {
+    static_assert(F == QF_INT4 || F == QF_FP8, "INT4 group 32 or FP8 blocks");
+    /* a unit (16 rows x 32 columns a warp): INT4 256 bytes + scales in the stage, FP8 512 bytes
+       (its block scale read per unit, as wstream.cuh's FP8 path); a stage is 1 KB of a warp's
+       weights either way: 4 INT4 units (2 token blocks), 2 FP8 units (1 block) */
+    constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = 1024 / UB, BPS = UPS / 2;
     DDT_GRID_DEP_WAIT();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
@@ -249,18 +255,20 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     int64_t mt = KIND == WX_GATEUP ? (int64_t)rb * (2 * WX_WG) + 2 * wg + (w4 & 1) : (int64_t)rb * WX_WARPS + warp;
     if (mt >= a.mtiles) mt = a.mtiles - 1;
     /* constant indices (a runtime index would put the item in local memory) */
-    const uint8_t *wsrc = (KIND == WX_GATEUP ? (w4 < 2 ? item.d[0] : item.d[1]) : item.d[2]) + mt * a.nu * 256;
+    const uint8_t *wsrc = (KIND == WX_GATEUP ? (w4 < 2 ? item.d[0] : item.d[1]) : item.d[2]) + mt * a.nu * UB;
     const uint8_t *ssrc =
-        (const uint8_t *)(KIND == WX_GATEUP ? (w4 < 2 ? item.s[0] : item.s[1]) : item.s[2]) + mt * a.nu * 32;
+        (const uint8_t *)(KIND == WX_GATEUP ? (w4 < 2 ? item.s[0] : item.s[1]) : item.s[2]) +
+        (F == QF_INT4 ? mt * a.nu * 32 : (mt * 16 / a.fp8_block) * a.fp8_scols * 4); /* FP8: the m-tile's scale row */
     /* The stream's per-thread costs are what set its rate (issue-bound: H200, ncu, 0.71-0.76
        warps issued a scheduler a cycle at 37-47% of copy bandwidth), so everything a stage
        can precompute is: 32-bit unit counts, source pointers advanced by a stride, and the
        stage's copy destinations and descriptors as offsets from one base. */
     const int nunits = uend > ubeg ? (int)(uend - ubeg) : 0;
-    const int nst = (nunits + WX_U - 1) / WX_U;
+    const int u0 = (int)ubeg, upb = F == QF_FP8 ? a.fp8_block / 32 : 1; /* FP8: units a scale block */
+    const int nst = (nunits + UPS - 1) / UPS;
     /* weights: chunks lane and lane + 32 of the warp's 4 units (chunk c = unit c / 16's 16-byte
        piece c % 16), so a stage's source is contiguous; scales: lanes 0..7 */
-    const uint8_t *const wp0 = wsrc + ubeg * 256 + lane * 16;
+    const uint8_t *const wp0 = wsrc + ubeg * UB + lane * 16;
     const uint8_t *const sp0 = ssrc + ubeg * 32 + lane * 16;
     const uint32_t wdst = WX_OFF_W + warp * (WX_U * 256) + lane * 16, sdst = WX_OFF_SC + warp * (WX_U * 32) + lane * 16;
     /* the item's token row this warp copies (row warp of the item: XR is 1), 2 blocks x 2
@@ -275,7 +283,8 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         xrow_live ? a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + warp] : (int64_t)(item.off + warp)) * a.ldxs
                   : a.xs;
     const uint8_t *const xp0 = xrow_live ? xrow + (ubeg / 2 + xb) * 256 + xp * 128 + xc * 16 : a.xs;
-    /* the lane's block at stage st is ubeg / 2 + xb + 2 st: in the row while 2 st < xlim */
+    /* the lane's block at stage st is ubeg / 2 + xb + BPS st: in the row while BPS st < xlim (FP8:
+       one block a stage, lanes 16..31 copy none) */
     const int xlim = (int)((a.cols + 63) / 64 - (ubeg / 2 + xb));
     /* the tile row of token `warp`'s plane xp: the hi rows 0..15 and the lo rows 16..31; for items
        of at most 4 entries hi and lo interleaved in rows 0..7 (token r: 2r, 2r + 1), one 8-row
@@ -286,25 +295,25 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     auto load_stage = [&](int st) {
         if (st >= nst) return;
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE; /* shared addresses: 32 bits */
-        const int left = nunits - st * WX_U; /* units of this stage: WX_U but at the end */
-        const uint8_t *wp = wp0 + (int64_t)st * (WX_U * 256);
-        if (left >= WX_U) {
+        const int left = nunits - st * UPS; /* units of this stage: UPS but at the end */
+        const uint8_t *wp = wp0 + (int64_t)st * 1024;
+        if (left >= UPS) {
             wx_cp16(s + wdst, wp);
             wx_cp16(s + wdst + 512, wp + 512);
-            if (lane < 8) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
-        } else {
-            if ((lane >> 4) < left) wx_cp16(s + wdst, wp);
-            if ((lane >> 4) + 2 < left) wx_cp16(s + wdst + 512, wp + 512);
-            if (lane < 8 && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+            if (F == QF_INT4 && lane < 8) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+        } else { /* chunk c holds unit c / (UB / 16) */
+            if (lane / (UB / 16) < left) wx_cp16(s + wdst, wp);
+            if ((lane + 32) / (UB / 16) < left) wx_cp16(s + wdst + 512, wp + 512);
+            if (F == QF_INT4 && lane < 8 && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
         }
-        if (xrow_live) {
-            if (2 * st < xlim) wx_cp16(s + xdst, xp0 + (int64_t)st * 512);
+        if (xrow_live && (BPS == 2 || xb == 0)) {
+            if (BPS * st < xlim) wx_cp16(s + xdst, xp0 + (int64_t)st * (BPS * 256));
             else st_shared_zero16(s + xdst);
         }
     };
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
-    const uint32_t wrd = WX_OFF_W + warp * (WX_U * 256) + lane * 8, srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
+    const uint32_t wrd = WX_OFF_W + warp * 1024 + lane * (UB / 32), srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
@@ -316,20 +325,37 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
         const uint64_t d0 = kmajor_desc(s);
-        const int left = nunits - st * WX_U;
+        const int left = nunits - st * UPS;
         /* unit uu: P = W x_hi + W x_lo over its two k-steps (the hi rows and the lo rows are
            the B tile's rows 0..15 and 16..31, 2048 bytes apart), then acc = fma(scale, P, acc) */
         auto unit = [&](int uu) {
-            uint32_t w0, w1, s2;
-            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w0), "=r"(w1) : "r"(s + wrd + uu * 256) : "memory");
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s2) : "r"(s + srd + uu * 32) : "memory");
             uint32_t A0[4], A1[4];
+            float sc0, sc1;
+            if constexpr (F == QF_INT4) {
+                uint32_t w0, w1, s2;
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w0), "=r"(w1) : "r"(s + wrd + uu * 256) : "memory");
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s2) : "r"(s + srd + uu * 32) : "memory");
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                A0[r] = wx_int4_pair(w0, r);
-                A1[r] = wx_int4_pair(w1, r);
+                for (int r = 0; r < 4; r++) {
+                    A0[r] = wx_int4_pair(w0, r);
+                    A1[r] = wx_int4_pair(w1, r);
+                }
+                sc0 = __uint_as_float(s2 << 16), sc1 = __uint_as_float(s2 & 0xFFFF0000u);
+            } else {
+                /* 16 bytes a lane: k-step 0's A registers from words 0, 1, k-step 1's from 2, 3 (two
+                   E4M3 bytes a register half, exactly in bf16); the unit's block scale */
+                uint32_t v[4];
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                             : "r"(s + wrd + uu * 512)
+                             : "memory");
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    A0[r] = ws_fp8_pair((r & 1) ? v[r >> 1] >> 16 : v[r >> 1]);
+                    A1[r] = ws_fp8_pair((r & 1) ? v[2 + (r >> 1)] >> 16 : v[2 + (r >> 1)]);
+                }
+                sc0 = sc1 = __ldg((const float *)ssrc + (u0 + st * UPS + uu) / upb);
             }
-            const float sc0 = __uint_as_float(s2 << 16), sc1 = __uint_as_float(s2 & 0xFFFF0000u);
             /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1}; descriptor
                addresses count 16 bytes */
             const uint64_t db = d0 + (uint64_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
@@ -360,12 +386,12 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
             }
         };
         /* every stage but a split's last is whole: no unit test in its code */
-        if (left >= WX_U) {
+        if (left >= UPS) {
 #pragma unroll
-            for (int uu = 0; uu < WX_U; uu++) unit(uu);
+            for (int uu = 0; uu < UPS; uu++) unit(uu);
         } else {
 #pragma unroll
-            for (int uu = 0; uu < WX_U; uu++)
+            for (int uu = 0; uu < UPS; uu++)
                 if (uu < left) unit(uu);
         }
     });
