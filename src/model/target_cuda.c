@@ -34,8 +34,8 @@ typedef struct dev_layer {
     float *attn_norm, *mlp_norm, *q_a_norm, *kv_a_norm, *router_bias;
     ddt_qweight q_proj, q_a, q_b, kv_a, kv_b, o_proj, router;
     ddt_qweight qkv_a; /* [q_a; kv_a] stacked (stack_pair): one product; q_a and kv_a then empty */
-    ddt_qweight front; /* FP32 path, MoE with a shared expert: [router; shared gate_up] stacked
-                          (stack_front), one product; router and shared.gate_up then empty */
+    ddt_qweight front; /* MoE with a shared expert: [router; shared gate_up] stacked (stack_front),
+                          one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
     bool shared_in_moe; /* the shared expert's down runs in the routed experts' down launch
@@ -193,12 +193,17 @@ static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, d
     return up_w(t, &h->down, &d->down, err);
 }
 
-/* A MoE layer's three products of the normed input on the FP32 path, the
- * router's and the shared expert's gate and up, as one (bitwise the three: an
- * element's order depends on the columns only).  The router always runs the
- * FP32 path, so with the tensor cores the shared expert keeps its own. */
+/* A MoE layer's three products of the normed input, the router's and the shared
+ * expert's gate and up, as one.  On the FP32 path bitwise the three (an element's
+ * order depends on the columns only).  With the tensor cores the router then runs
+ * on them too (split-bf16 activations, like every other product of that mode,
+ * ~1e-6 of the FP32 logits) instead of its own FP32 launch, the layer's slowest
+ * small product at K2.6 shapes (13 us at n = 1, 28 at n = 16 on the H200, for
+ * 5.5 MB); only unsharded, because every rank routes for itself and ranks
+ * without the shared expert would keep the FP32 router: all must pick alike. */
 static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
-    if (t->mm != DDT_CUDA_MM_FP32 || !d->has_shared || !d->shared.gate_up.data) return DDT_OK;
+    if (!d->has_shared || !d->shared.gate_up.data) return DDT_OK;
+    if (t->mm != DDT_CUDA_MM_FP32 && t->sharded) return DDT_OK;
     /* interleaved pairs must start on an even row (ddt_cuda_matmul_swiglu) */
     if (d->shared.paired && d->router.rows % 2 != 0) return DDT_OK;
     return stack_pair(&d->router, &d->shared.gate_up, &d->front, err);
@@ -814,6 +819,30 @@ static ddt_status probe_copy(ddt_cuda_target *t, void *dst, int32_t l, size_t ro
     return DDT_OK;
 }
 
+/* The split planes (cuda_types.h) w's product reads at n tokens when its input's
+ * producer writes them (the tensor-core mode's wgmma path), else none (hi NULL). */
+static ddt_cuda_split_planes planes_for(const ddt_cuda_target *t, const ddt_qweight *w, int32_t n) {
+    ddt_cuda_split_planes p;
+    if (!w || !w->data || !ddt_cuda_matmul_split_planes(w, t->mm, n, t->mm_ws, t->mm_ws_bytes, &p))
+        memset(&p, 0, sizeof p);
+    return p;
+}
+
+/* Layer l's one product of its normed input xn (q_a | kv_a stacked), whose split
+ * the norm before it may write; NULL when xn feeds several (q_proj and kv_a). */
+static const ddt_qweight *attn_input_product(const ddt_cuda_target *t, int32_t l) {
+    const dev_layer *L = &t->layers[l];
+    return t->dims.q_lora > 0 && L->qkv_a.data ? &L->qkv_a : NULL;
+}
+
+/* x W^T of the normed input whose split planes the norm wrote for this weight
+ * (planes.hi), or the plain product that splits x itself. */
+static ddt_status product_of_normed(ddt_cuda_target *t, const ddt_qweight *w, const ddt_cuda_split_planes *planes,
+                                    const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_error *err) {
+    if (planes->hi) return ddt_cuda_matmul_presplit(w, t->mm, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
+    return ddt_cuda_matmul_mode(w, t->mm, x, ldx, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
+}
+
 static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
                           const uint64_t *vis, int32_t vis_words, float *logits, int32_t logit_row0,
                           ddt_error *err) {
@@ -823,8 +852,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
     /* the gather and layer 0's attention norm in one launch (bitwise the two); each
        later residual add runs fused with the norm that follows it (ddt_cuda_add_rmsnorm):
        layer l's attention norm comes from the end of layer l - 1 */
-    TRY(ddt_cuda_embed_rmsnorm(&t->embed, ids, NULL, n, t->x, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H, s,
-                               err));
+    /* xn's split planes for the next product of it (tensor-core mode): written by
+       the norm that makes xn, read by that product instead of its own split launch */
+    ddt_cuda_split_planes xn_planes = planes_for(t, attn_input_product(t, 0), n);
+    TRY(ddt_cuda_embed_rmsnorm_split(&t->embed, ids, NULL, n, t->x, H, t->layers[0].attn_norm, t->dims.eps, t->xn, H,
+                                     &xn_planes, s, err));
     for (int32_t l = 0; l < t->dims.n_layers; l++) {
         const dev_layer *L = &t->layers[l];
         /* kv_a's output: its own buffer, or beside q_a's when they run as one product */
@@ -835,8 +867,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
                 qa_ld = t->dims.q_lora + width;
-                TRY(ddt_cuda_matmul_mode(&L->qkv_a, t->mm, t->xn, H, n, t->qa, qa_ld,
-                                         t->mm_ws, t->mm_ws_bytes, s, err));
+                TRY(product_of_normed(t, &L->qkv_a, &xn_planes, t->xn, H, n, t->qa, qa_ld, err));
                 kva = t->qa + t->dims.q_lora;
                 kva_ld = qa_ld;
             } else {
@@ -856,9 +887,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
                 roped = true;
             } else {
-                TRY(ddt_cuda_rmsnorm_pair(jobs, n, LATENT_NORM_EPS, s, err));
-                TRY(ddt_cuda_matmul_mode(&L->q_b, t->mm, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
-                                         t->mm_ws, t->mm_ws_bytes, s, err));
+                /* q_b reads the q latent's split planes written by the norms' launch */
+                const ddt_cuda_split_planes qa_planes = planes_for(t, &L->q_b, n);
+                TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
+                TRY(product_of_normed(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd, err));
             }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
@@ -910,10 +942,17 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H,
                                  t->mm_ws, t->mm_ws_bytes, s, err));
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
-        TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, s, err));
+        /* the front (router | shared gate | up) reads xn's split planes from this norm */
+        const bool front_plain = L->moe && L->front.data && !L->shared.paired;
+        xn_planes = planes_for(t, front_plain ? &L->front : NULL, n);
+        TRY(ddt_cuda_add_rmsnorm_split(t->x, H, t->tmp, H, n, H, L->mlp_norm, t->dims.eps, t->xn, H, &xn_planes, s,
+                                       err));
         TRY(probe_copy(t, t->probe.x_attn, l, T, sizeof(float) * (size_t)H, t->x, n, err));
         const bool last = l == t->dims.n_layers - 1;
         const float *next_norm = last ? t->final_norm : t->layers[l + 1].attn_norm;
+        /* the next layer's attention input product reads the end norm's split planes
+           (the LM head splits its rows itself: it may start past row 0) */
+        const ddt_cuda_split_planes next_planes = planes_for(t, last ? NULL : attn_input_product(t, l + 1), n);
         /* unsharded, a MoE layer's end (shared + routed, the residual add, the next
            norm) runs in the experts' combine (ddt_cuda_moe_run, the same bits);
            sharded, the ranks' partial sums meet in an all-reduce before the add */
@@ -929,7 +968,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                     TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
             } else if (L->front.data) { /* router | shared gate | shared up: one product */
                 ld_rl = L->front.rows;
-                TRY(ddt_cuda_matmul(&L->front, t->xn, H, n, t->front, ld_rl, s, err));
+                TRY(product_of_normed(t, &L->front, &xn_planes, t->xn, H, n, t->front, ld_rl, err));
                 rlogits = t->front;
                 TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
             } else {
@@ -947,6 +986,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 ma.resid = t->x, ma.ld_resid = H;
                 ma.shared = L->has_shared ? t->tmp : NULL, ma.ld_shared = H;
                 ma.norm_w = next_norm, ma.eps = t->dims.eps;
+                ma.norm_split = next_planes;
                 ended = true;
             }
             if (L->shared_in_moe) { /* mlp_down's product on the same rows, into the same buffer */
@@ -981,8 +1021,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
                so at one rank this is bitwise the unsharded forward */
             if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
-            TRY(ddt_cuda_add_rmsnorm(t->x, H, t->tmp, H, n, H, next_norm, t->dims.eps, t->xn, H, s, err));
+            TRY(ddt_cuda_add_rmsnorm_split(t->x, H, t->tmp, H, n, H, next_norm, t->dims.eps, t->xn, H, &next_planes,
+                                           s, err));
         }
+        xn_planes = next_planes;
         TRY(probe_copy(t, t->probe.x, l, T, sizeof(float) * (size_t)H, t->x, n, err));
         if (!last) TRY(capture_store(t, l, t->x, n, err));
     }

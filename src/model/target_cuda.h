@@ -52,9 +52,10 @@ typedef struct ddt_cuda_target_options {
                                       the token count) */
     bool tensor_cores;             /* projections, routed experts and LM head on the tensor cores
                                       (DDT_CUDA_MM_TENSOR, qmatmul_cuda.h): much faster for 8..64
-                                      tokens, relative error ~1e-5 instead of ~1e-7; the router stays
-                                      on the FP32 path.  Tree == AR equality still holds (both use
-                                      the same kernels) */
+                                      tokens, relative error ~1e-5 instead of ~1e-7; the router runs
+                                      with the shared expert's gate / up as one product where they
+                                      stack (unsharded; else on the FP32 path).  Tree == AR equality
+                                      still holds (both use the same kernels) */
     /* Multi-GPU (model/shard.h): shard_world 0 = the whole model on this GPU, no
        reduction (the single-GPU path).  shard_world >= 1: this target is rank
        shard_rank of shard_world; it holds the rank's heads and experts and calls

@@ -172,6 +172,21 @@ static void route_sort_case(int E, int top_k, int G, int keep, int n, int ties, 
 
 /* ------------------------------------------------------------------ fused end */
 
+/* bf16 of f, round to nearest even (__float2bfloat16_rn; NaN stays NaN) */
+static uint16_t bf16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_f(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /*
  * The MoE layer's end in the combine (ddt_cuda_moe_run with norm_w) against the
  * launches it replaces: ddt_cuda_moe_experts into acc, ddt_cuda_add(shared, acc)
@@ -180,7 +195,10 @@ static void route_sort_case(int E, int top_k, int G, int keep, int n, int ties, 
  * poison) untouched.  ld_resid a multiple of 4: the norm's register path; odd:
  * the strided one (both sides take the same).  Then against the CPU twins
  * (ddt_cpu_moe_experts, ddt_cpu_add twice, ddt_cpu_rmsnorm) within tol.  Device
- * inputs: dx [n][H], didx / dw [n][K]; host copies x, idx, wt for the CPU.
+ * inputs: dx [n][H], didx / dw [n][K]; host copies x, idx, wt for the CPU.  With
+ * H a multiple of 8 the fused run also writes the output's split planes for a
+ * tensor-core product (norm_split): each element's bf16 hi and lo, as the product's
+ * split pass would compute them from the output, checked here on the host.
  */
 static void fused_end_check(const ddt_cuda_moe_layer *layer, const ddt_cpu_moe_layer *cpu_layer, const float *dx,
                             const float *x, const int32_t *didx, const int32_t *idx, const float *dw, const float *wt,
@@ -218,10 +236,17 @@ static void fused_end_check(const ddt_cuda_moe_layer *layer, const ddt_cpu_moe_l
     OK(ddt_cuda_add_rmsnorm(d_resid[0], ldr, d_tmp, H, n, H, d_nw, eps, d_out[0], ldo, NULL, &err_));
     /* fused (the workspace poisoned again: nothing may be left from the first run) */
     CU(cudaMemset(dws, 0xFF, wsb));
-    const ddt_cuda_moe_args a = {.x = dx, .ldx = H, .n = n, .top_k = K, .idx = (int32_t *)didx, .w = (float *)dw,
-                                 .out = d_out[1], .ldo = ldo, .resid = d_resid[1], .ld_resid = ldr,
-                                 .shared = with_shared ? d_sh : NULL, .ld_shared = H, .norm_w = d_nw, .eps = eps,
-                                 .workspace = dws, .workspace_bytes = wsb};
+    ddt_cuda_moe_args a = {.x = dx, .ldx = H, .n = n, .top_k = K, .idx = (int32_t *)didx, .w = (float *)dw,
+                           .out = d_out[1], .ldo = ldo, .resid = d_resid[1], .ld_resid = ldr,
+                           .shared = with_shared ? d_sh : NULL, .ld_shared = H, .norm_w = d_nw, .eps = eps,
+                           .workspace = dws, .workspace_bytes = wsb};
+    const bool planes = H % 8 == 0;
+    uint16_t *d_planes = NULL;
+    if (planes) {
+        CU(cudaMalloc((void **)&d_planes, sizeof(uint16_t) * 2 * nh));
+        CU(cudaMemset(d_planes, 0xFF, sizeof(uint16_t) * 2 * nh));
+        a.norm_split = (ddt_cuda_split_planes){d_planes, d_planes + nh, H};
+    }
     OK(ddt_cuda_moe_run(layer, &a, NULL, &err_));
     CU(cudaDeviceSynchronize());
     float *g_resid[2], *g_out[2];
@@ -238,6 +263,25 @@ static void fused_end_check(const ddt_cuda_moe_layer *layer, const ddt_cpu_moe_l
     CHECK(bad_pad == 0, "%s: %d padding floats written", what, bad_pad);
     CHECK(memcmp(g_resid[1], g_resid[0], sizeof(float) * nr) == 0, "%s: residual not bitwise the launches'", what);
     CHECK(memcmp(g_out[1], g_out[0], sizeof(float) * no) == 0, "%s: output not bitwise the launches'", what);
+    if (planes) {
+        uint16_t *hp = malloc(sizeof(uint16_t) * 2 * nh);
+        CU(cudaMemcpy(hp, d_planes, sizeof(uint16_t) * 2 * nh, cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int t = 0; t < n; t++)
+            for (int d = 0; d < H; d++) {
+                const float v = g_out[0][t * ldo + d];
+                const uint16_t gh = hp[(size_t)t * H + d], gl = hp[nh + (size_t)t * H + d];
+                if (isnan(v)) { /* a bad token's row: any NaN (the device's is canonical) */
+                    bad += !isnan(bf16_f(gh)) || !isnan(bf16_f(gl));
+                    continue;
+                }
+                const uint16_t h = bf16_rn(v), l = bf16_rn(v - bf16_f(h));
+                bad += gh != h || gl != l;
+            }
+        CHECK(bad == 0, "%s: %d split-plane elements are not the output's bf16 hi / lo", what, bad);
+        free(hp);
+        CU(cudaFree(d_planes));
+    }
     /* the CPU twins: routed sum, + shared, residual add, norm */
     float *c_acc = malloc(sizeof(float) * nh), *c_out = malloc(sizeof(float) * no);
     void *cws = malloc(ddt_cpu_moe_workspace_bytes(cpu_layer, n, K));

@@ -14,7 +14,14 @@
  *   - through ddt_cuda_matmul_mode (tensor mode routes an eligible bf16 weight
  *     here): the same bits as the direct call;
  *   - the k-split rule depends on the shape only, keeps two k-blocks a split;
- *   - refusals: columns not a multiple of 8, a short or misaligned workspace.
+ *   - refusals: columns not a multiple of 8, a short or misaligned workspace;
+ *   - the norms that write their output's split planes for the next product
+ *     (ddt_cuda_add_rmsnorm_split, ddt_cuda_rmsnorm_pair_split,
+ *     ddt_cuda_embed_rmsnorm_split) then ddt_cuda_matmul_presplit: bitwise the
+ *     plain norm then ddt_cuda_matmul_mode (norm output, residual sum and product),
+ *     rows of 200 / 1032 / 2080 (256 and 1024 norm threads), both summation paths
+ *     (aligned rows and a stride off 4), n = 1, 5, 17, workspace NaN-poisoned;
+ *     refusals of planes a product does not read.
  * --quick: fewer token counts (the sanitizer's run).
  */
 #include <cuda_runtime_api.h>
@@ -24,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/nn_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/wgmma_gemm.h"
 #include "cuda_test.h"
@@ -214,6 +222,128 @@ static void refusals(void) {
     CU(cudaFree(ws));
 }
 
+/* host [rows][ld] -> device, and back */
+static float *dev_of(const float *h, size_t count) { return (float *)ct_dev_copy(h, sizeof(float) * count); }
+static void host_of(float *h, const float *d, size_t count) {
+    CU(cudaMemcpy(h, d, sizeof(float) * count, cudaMemcpyDeviceToHost));
+}
+static bool same_bits(const float *a, const float *b, size_t count) { return memcmp(a, b, sizeof(float) * count) == 0; }
+
+/* One norm kind (0 add_rmsnorm, 1 rmsnorm_pair job 0, 2 embed_rmsnorm) over n rows of
+ * dim, output then product of a [37 x dim] bf16 weight: plain vs split planes. */
+static void presplit_case(int kind, int dim, int n, bool aligned) {
+    const int64_t ld = aligned ? dim + 4 : dim + 1, rows = 37;
+    ct_weight hw = ct_make_weight(&g_rng, 1, rows, dim, &k_values);
+    ddt_qweight w;
+    OK(ddt_cuda_qweight_upload(&hw.w, &w, &err_));
+    const int V = 23; /* embedding rows (kind 2) */
+    ct_weight he = ct_make_weight(&g_rng, 1, V, dim, &k_values);
+    ddt_qweight emb;
+    OK(ddt_cuda_qweight_upload(&he.w, &emb, &err_));
+    const size_t xc = (size_t)n * (size_t)ld;
+    float *hx = malloc(sizeof(float) * xc), *hr = malloc(sizeof(float) * xc), *hn = malloc(sizeof(float) * dim);
+    float *k1 = malloc(sizeof(float) * 64 * (size_t)n), *hx2 = malloc(sizeof(float) * xc);
+    for (size_t i = 0; i < xc; i++) hx[i] = ct_frand(&g_rng), hr[i] = ct_frand(&g_rng);
+    for (int i = 0; i < dim; i++) hn[i] = 0.5f + ct_frand(&g_rng);
+    for (int i = 0; i < 64 * n; i++) k1[i] = ct_frand(&g_rng);
+    int32_t ids[32];
+    for (int t = 0; t < n; t++) ids[t] = (t * 7 + 3) % V;
+    int32_t *dids = ct_dev_copy(ids, sizeof(int32_t) * (size_t)n);
+    float *dnw = dev_of(hn, (size_t)dim), *dr = dev_of(hr, xc);
+    const size_t wsb = ddt_cuda_matmul_workspace_bytes(dim, 1, n);
+    const size_t yc = (size_t)n * (size_t)rows;
+    float *out[2], *xs[2], *ys[2], *kv[2];
+    for (int v = 0; v < 2; v++) { /* v = 0: plain, 1: split planes */
+        float *dx = dev_of(hx, xc), *dout, *dy, *dk = dev_of(k1, 64 * (size_t)n);
+        void *ws;
+        CU(cudaMalloc((void **)&dout, sizeof(float) * xc));
+        CU(cudaMalloc((void **)&dy, sizeof(float) * yc));
+        CU(cudaMalloc(&ws, wsb));
+        CU(cudaMemset(ws, 0xFF, wsb)); /* NaN as bf16 */
+        CU(cudaMemset(dout, 0xFF, sizeof(float) * xc));
+        ddt_cuda_split_planes p;
+        memset(&p, 0, sizeof p);
+        if (v == 1) CHECK(ddt_cuda_matmul_split_planes(&w, DDT_CUDA_MM_TENSOR, n, ws, wsb, &p) && p.hi && p.lo,
+                          "no split planes for a bf16 [%lld x %d] product", (long long)rows, dim);
+        const ddt_cuda_norm_job jobs[2] = {{dx, ld, dim, dnw, dout, ld}, {dk, 64, 64, dnw, dk, 64}};
+        if (kind == 0) OK(ddt_cuda_add_rmsnorm_split(dx, ld, dr, ld, n, dim, dnw, 1e-6f, dout, ld, v ? &p : NULL, NULL,
+                                                    &err_));
+        else if (kind == 1) OK(ddt_cuda_rmsnorm_pair_split(jobs, n, 1e-6f, v ? &p : NULL, NULL, &err_));
+        else OK(ddt_cuda_embed_rmsnorm_split(&emb, dids, NULL, n, dx, ld, dnw, 1e-6f, dout, ld, v ? &p : NULL, NULL,
+                                             &err_));
+        if (v == 1) OK(ddt_cuda_matmul_presplit(&w, DDT_CUDA_MM_TENSOR, n, dy, rows, ws, wsb, NULL, &err_));
+        else OK(ddt_cuda_matmul_mode(&w, DDT_CUDA_MM_TENSOR, dout, ld, n, dy, rows, ws, wsb, NULL, &err_));
+        CU(cudaDeviceSynchronize());
+        out[v] = malloc(sizeof(float) * xc), xs[v] = malloc(sizeof(float) * xc), ys[v] = malloc(sizeof(float) * yc);
+        kv[v] = malloc(sizeof(float) * 64 * (size_t)n);
+        host_of(out[v], dout, xc);
+        host_of(xs[v], dx, xc);
+        host_of(ys[v], dy, yc);
+        host_of(kv[v], dk, 64 * (size_t)n);
+        CU(cudaFree(dx));
+        CU(cudaFree(dout));
+        CU(cudaFree(dy));
+        CU(cudaFree(ws));
+        CU(cudaFree(dk));
+    }
+    static const char *names[] = {"add_rmsnorm", "rmsnorm_pair", "embed_rmsnorm"};
+    bool finite = true;
+    for (size_t i = 0; i < yc; i++) finite &= isfinite(ys[1][i]) != 0;
+    CHECK(finite, "%s dim %d n %d: a product of the split planes is not finite", names[kind], dim, n);
+    CHECK(same_bits(out[0], out[1], xc), "%s dim %d n %d %s: output differs with split planes", names[kind], dim, n,
+          aligned ? "aligned" : "ld off 4");
+    CHECK(same_bits(xs[0], xs[1], xc), "%s dim %d n %d: residual rows differ", names[kind], dim, n);
+    CHECK(same_bits(ys[0], ys[1], yc), "%s dim %d n %d %s: presplit product differs from the plain one", names[kind],
+          dim, n, aligned ? "aligned" : "ld off 4");
+    CHECK(same_bits(kv[0], kv[1], 64 * (size_t)n), "%s dim %d n %d: the second job differs", names[kind], dim, n);
+    for (int v = 0; v < 2; v++) free(out[v]), free(xs[v]), free(ys[v]), free(kv[v]);
+    free(hx), free(hr), free(hn), free(k1), free(hx2);
+    CU(cudaFree(dids));
+    CU(cudaFree(dnw));
+    CU(cudaFree(dr));
+    ddt_cuda_qweight_free(&w), ddt_cuda_qweight_free(&emb);
+    ct_free_weight(&hw), ct_free_weight(&he);
+}
+
+static void presplit_refusals(void) {
+    ct_weight h = ct_make_weight(&g_rng, 1, 10, 36, &k_values); /* not wgmma-eligible */
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    void *ws;
+    CU(cudaMalloc(&ws, 1 << 16));
+    ddt_cuda_split_planes p;
+    ddt_error e;
+    CHECK(!ddt_cuda_matmul_split_planes(&dw, DDT_CUDA_MM_TENSOR, 2, ws, 1 << 16, &p) && !p.hi,
+          "split planes for a weight the wgmma path does not take");
+    float *dy;
+    CU(cudaMalloc((void **)&dy, 4 * 64));
+    CHECK(ddt_cuda_matmul_presplit(&dw, DDT_CUDA_MM_TENSOR, 2, dy, 10, ws, 1 << 16, NULL, &e) == DDT_ERR_UNSUPPORTED,
+          "a presplit product of an ineligible weight accepted");
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    h = ct_make_weight(&g_rng, 1, 10, 40, &k_values);
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    CHECK(!ddt_cuda_matmul_split_planes(&dw, DDT_CUDA_MM_FP32, 2, ws, 1 << 16, &p), "split planes in FP32 mode");
+    CHECK(!ddt_cuda_matmul_split_planes(&dw, DDT_CUDA_MM_TENSOR, 2, ws, 2 * 40 * 4 - 1, &p),
+          "split planes in a short workspace");
+    CHECK(ddt_cuda_matmul_split_planes(&dw, DDT_CUDA_MM_TENSOR, 2, ws, 1 << 16, &p), "no split planes for [10 x 40]");
+    /* a norm refuses planes narrower than its rows */
+    ddt_cuda_split_planes bad = p;
+    bad.pitch = 32;
+    float *dx, *dn;
+    CU(cudaMalloc((void **)&dx, 4 * 2 * 40));
+    CU(cudaMalloc((void **)&dn, 4 * 40));
+    CHECK(ddt_cuda_add_rmsnorm_split(dx, 40, dx, 40, 2, 40, dn, 1e-6f, dy, 40, &bad, NULL, &e) == DDT_ERR_INVALID,
+          "planes of pitch 32 for rows of 40 accepted");
+    CHECK(strstr(e.msg, "pitch") != NULL, "refusal names the pitch: %s", e.msg);
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    CU(cudaFree(ws));
+    CU(cudaFree(dy));
+    CU(cudaFree(dx));
+    CU(cudaFree(dn));
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) quick |= strcmp(argv[i], "--quick") == 0;
     int dev;
@@ -227,6 +357,15 @@ int main(int argc, char **argv) {
     OK(ddt_cuda_ws_prepare(&err_));
     ksplit_rule();
     refusals();
+    presplit_refusals();
+    static const int dims[] = {200, 1032, 2080}, pns[] = {1, 5, 17};
+    for (int kind = 0; kind < 3; kind++)
+        for (int d = 0; d < 3; d++)
+            for (int i = 0; i < 3; i++)
+                for (int al = 0; al < 2; al++) {
+                    if (quick && i == 1) continue;
+                    presplit_case(kind, dims[d], pns[i], al == 1);
+                }
     /* [37 x 200]: one row tile, ks 2, columns off 64; [131 x 1032]: 3 row tiles;
        [40 x 2080]: ks 8; [300 x 96]: 5 tiles; groups of 21 rows in a larger weight */
     static const int64_t sh[][3] = {{37, 200, 1}, {131, 1032, 1}, {40, 2080, 1}, {300, 96, 1}, {21, 136, 3}};

@@ -6,6 +6,18 @@
 #ifndef DDT_CUDA_TYPES_H
 #define DDT_CUDA_TYPES_H
 
+#include <stdint.h>
+
 typedef struct CUstream_st *ddt_cuda_stream; /* cudaStream_t without including CUDA */
+
+/* The bf16 hi / lo planes of a tensor-core product's activations (x_hi = bf16(x),
+ * x_lo = bf16(x - x_hi), round to nearest), row t at hi + t * pitch and lo + t *
+ * pitch: where ddt_cuda_matmul_split_planes says the product reads them, written by
+ * the kernel that produces x (a norm), so that the product needs no split launch of
+ * its own.  hi == NULL: none. */
+typedef struct {
+    uint16_t *hi, *lo;
+    int64_t pitch; /* elements */
+} ddt_cuda_split_planes;
 
 #endif

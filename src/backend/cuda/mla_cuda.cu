@@ -60,7 +60,10 @@
 #define RED_FLOATS 32       /* >= ATTN_WARPS + 1: the warps' maxima and the slice sum */
 #define MERGE_CHUNK ATTN_THREADS /* slices whose merge weights are staged at once (a thread each) */
 #define ATTN_GRID_TARGET 512 /* blocks a launch aims at: two waves of two blocks on each of 132 SMs */
-#define ROPE_THREADS 128
+/* 512: K2.6's 64 heads x 32 rope pairs are 4 pairs a thread, and the cache row's
+   512 latents one; at 128 threads the launch waited ~20 dependent loads (6.8 us
+   for one token on the H200) */
+#define ROPE_THREADS 512
 
 static __global__ void __launch_bounds__(ROPE_THREADS)
 rope_write_kernel(ddt_cuda_mla_rope_args a) {
@@ -76,6 +79,7 @@ rope_write_kernel(ddt_cuda_mla_rope_args a) {
     /* queries: rotate every (head, pair) into shared memory, then write back;
        interleaved pairs are read from where other pairs are written */
     extern __shared__ float stage[]; /* [heads][rope] */
+#pragma unroll 4
     for (int it = threadIdx.x; it < a.heads * half; it += ROPE_THREADS) {
         const int h = it / half, p = it % half;
         const float *qr = a.q + ((int64_t)i * a.heads + h) * a.qdim + a.nope;
@@ -113,15 +117,17 @@ struct MlaNormPair {
     bool vec[2];
 };
 
-static __global__ void __launch_bounds__(NORM_THREADS)
+/* NT: norm_threads of the longer row; each row is normed by its own count */
+template <int NT>
+static __global__ void __launch_bounds__(NT)
 mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_args a) {
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];
-    norm_row((float *)j.x + (int64_t)blockIdx.x * j.ldx, j.dim, NormNoResid{}, j.w, eps,
+    norm_row<NT>((float *)j.x + (int64_t)blockIdx.x * j.ldx, j.dim, NormNoResid{}, j.w, eps,
              j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y]);
     if (blockIdx.y == 1) {
         __syncthreads();
-        mla_rope_k_row(a, blockIdx.x, threadIdx.x, NORM_THREADS);
+        mla_rope_k_row(a, blockIdx.x, threadIdx.x, NT);
     }
 }
 
@@ -146,7 +152,12 @@ extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], f
         const int64_t lds[3] = {j.ldx, 0, j.ldo};
         p.vec[i] = norm_vec_ok(j.dim, ptrs, lds, 3);
     }
-    mla_norm_write_kernel<<<dim3((unsigned)a->n, 2), NORM_THREADS, 0, (cudaStream_t)stream>>>(p, eps, *a);
+    if (norm_threads(jobs[0].dim) == NORM_THREADS_LONG || norm_threads(jobs[1].dim) == NORM_THREADS_LONG)
+        mla_norm_write_kernel<NORM_THREADS_LONG><<<dim3((unsigned)a->n, 2), NORM_THREADS_LONG, 0,
+                                                   (cudaStream_t)stream>>>(p, eps, *a);
+    else
+        mla_norm_write_kernel<NORM_THREADS_SHORT><<<dim3((unsigned)a->n, 2), NORM_THREADS_SHORT, 0,
+                                                    (cudaStream_t)stream>>>(p, eps, *a);
     DDT_CUDA_LAUNCHED("mla_norm_write", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -776,7 +776,10 @@ struct TokenEntries {
 };
 
 /* Token t's entries into te (shared), by the calling block (>= K threads; it holds
- * block barriers). */
+ * block barriers).  The order is the CPU's: by expert index, ties by k (a stable
+ * sort); each of K threads computes its entry's rank in that order, so no thread
+ * walks the list (thread 0's insertion sort kept its order array in local memory,
+ * ~1 us a token on the H200). */
 static __device__ __forceinline__ void token_entries(const int32_t *__restrict__ idx, const float *__restrict__ w,
                                                      int K, int E_total, const MoeWs &ws, int t, TokenEntries &te) {
     /* the token's K entries in parallel first: one thread reading them in its
@@ -786,26 +789,18 @@ static __device__ __forceinline__ void token_entries(const int32_t *__restrict__
         te.rw[threadIdx.x] = w[(int64_t)t * K + threadIdx.x];
         te.rpos[threadIdx.x] = ws.pos_of[(int64_t)t * K + threadIdx.x];
     }
+    if (threadIdx.x == 0) te.bad = 0;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int ord[MOE_MAX_TOPK];
-        int b = 0;
-        for (int k = 0; k < K; k++) {
-            const int e = te.ridx[k];
-            if (e < 0 || e >= E_total) b = 1;
-            /* insertion by (expert, k): increasing expert index, the CPU's order */
-            int j = k;
-            while (j > 0 && te.ridx[ord[j - 1]] > e) {
-                ord[j] = ord[j - 1];
-                j--;
-            }
-            ord[j] = k;
+    if ((int)threadIdx.x < K) {
+        const int k = threadIdx.x, e = te.ridx[k];
+        int rank = 0;
+        for (int j = 0; j < K; j++) {
+            const int ej = te.ridx[j];
+            rank += (ej < e || (ej == e && j < k)) ? 1 : 0;
         }
-        for (int k = 0; k < K; k++) {
-            te.spos[k] = te.rpos[ord[k]];
-            te.sw[k] = te.rw[ord[k]];
-        }
-        te.bad = b;
+        te.spos[rank] = te.rpos[k];
+        te.sw[rank] = te.rw[k];
+        if (e < 0 || e >= E_total) te.bad = 1;
     }
     __syncthreads();
 }
@@ -824,25 +819,36 @@ static __device__ __forceinline__ float combine_at(const TokenEntries &te, int K
     return acc;
 }
 
+#define COMBINE_BATCH 8 /* K2.6's top-8 in one batch */
 static __device__ __forceinline__ float4 combine_at4(const TokenEntries &te, int K, const float *o, int hidden, int i) {
     const float nan = __int_as_float(0x7FC00000);
     float4 acc = make_float4(nan, nan, nan, nan);
     if (!te.bad) {
-        /* every row's load issued before the first add (a loop over a runtime K
-           waited a memory latency per expert: 34 us for one K2.6 token); the adds
+        /* COMBINE_BATCH rows' loads issued before their adds (a loop over a
+           runtime K waited a memory latency per expert: 34 us for one K2.6 token);
+           not all MOE_MAX_TOPK at once: 16 float4 are the whole register budget of
+           a thread of a 1024-thread block, which spilled (25.7 us a token).  The adds
            keep their order, so the same bits */
-        float4 v[MOE_MAX_TOPK];
-#pragma unroll
-        for (int k = 0; k < MOE_MAX_TOPK; k++)
-            if (k < K && te.spos[k] >= 0) v[k] = ((const float4 *)(o + (int64_t)te.spos[k] * hidden))[i];
         acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int k = 0; k < MOE_MAX_TOPK; k++)
-            if (k < K && te.spos[k] >= 0) {
-                const float g = te.sw[k];
-                acc.x = acc.x + g * v[k].x, acc.y = acc.y + g * v[k].y, acc.z = acc.z + g * v[k].z,
-                acc.w = acc.w + g * v[k].w;
+        for (int k0 = 0; k0 < MOE_MAX_TOPK; k0 += COMBINE_BATCH) {
+            if (k0 >= K) break;
+            float4 v[COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                const int k = k0 + u;
+                if (k < K && te.spos[k] >= 0) v[u] = ((const float4 *)(o + (int64_t)te.spos[k] * hidden))[i];
             }
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                const int k = k0 + u;
+                if (k < K && te.spos[k] >= 0) {
+                    const float g = te.sw[k];
+                    acc.x = acc.x + g * v[u].x, acc.y = acc.y + g * v[u].y, acc.z = acc.z + g * v[u].z,
+                    acc.w = acc.w + g * v[u].w;
+                }
+            }
+        }
     }
     return acc;
 }
@@ -860,42 +866,59 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
 }
 
 /*
- * The layer's end in the combine's launch (ddt_cuda_moe_run with norm_w): the
- * residual of norm_row (norm_dev.cuh) is sh + routed, the bits ddt_cuda_add(sh,
- * routed) stored before (sh + acc: the add kernel's x + y with x the shared
- * expert's row), or the routed sum alone without a shared expert (the copy it
- * replaces).  Then x = x + that, and the next norm: ddt_cuda_add_rmsnorm's
- * arithmetic, the same function.
+ * The layer's end in the combine's launch (ddt_cuda_moe_run with norm_w): x = x +
+ * (sh + routed), the bits ddt_cuda_add(sh, routed) then ddt_cuda_add_rmsnorm's
+ * residual add stored before (sh + acc: the add kernel's x + y with x the shared
+ * expert's row; the routed sum alone without a shared expert, the copy it
+ * replaces), then the next norm of that row: norm_row without a residual reads
+ * back exactly the sums add_rmsnorm's register path would have squared, in the
+ * same thread order, so the same bits.
+ *
+ * Why two phases.  With the residual inside norm_row every thread held its
+ * float4s' K + 2 source rows at once, more than a thread's registers: it spilled
+ * to local memory, and the launch took 17.7 us for one K2.6 token on the H200.
+ * Here each float4 is one round of K + 2 loads, and the norm reads the stored row
+ * back from L1 / L2.
  */
-struct MoeNormResid {
-    static constexpr bool on = true;
-    const TokenEntries *te;
-    int K, hidden;
-    const float *o;  /* ws.o */
-    const float *sh; /* the token's shared-expert row, or NULL */
-    __device__ float one(int d) const {
-        const float acc = combine_at(*te, K, o, hidden, d);
-        return sh ? sh[d] + acc : acc;
+template <int NT>
+static __device__ __forceinline__ void combine_resid_row(const TokenEntries &te, int K, const float *o, int hidden,
+                                                         const float *sh, float *xr, bool vec) {
+    if (vec) {
+        const int nv = hidden / 4;
+#pragma unroll 1
+        for (int i = threadIdx.x; i < nv; i += NT) {
+            const float4 acc = combine_at4(te, K, o, hidden, i);
+            const float4 a = sh ? ((const float4 *)sh)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 v = ((float4 *)xr)[i];
+            const float4 r = sh ? make_float4(a.x + acc.x, a.y + acc.y, a.z + acc.z, a.w + acc.w) : acc;
+            v.x = v.x + r.x, v.y = v.y + r.y, v.z = v.z + r.z, v.w = v.w + r.w;
+            ((float4 *)xr)[i] = v;
+        }
+        return;
     }
-    __device__ float4 vec(int i) const {
-        const float4 acc = combine_at4(*te, K, o, hidden, i);
-        if (!sh) return acc;
-        const float4 a = ((const float4 *)sh)[i];
-        return make_float4(a.x + acc.x, a.y + acc.y, a.z + acc.z, a.w + acc.w);
+#pragma unroll 1
+    for (int d = threadIdx.x; d < hidden; d += NT) {
+        const float acc = combine_at(te, K, o, hidden, d);
+        xr[d] = xr[d] + (sh ? sh[d] + acc : acc);
     }
-};
+}
 
-/* One block of NORM_THREADS per token (grid n): its entries, then norm_row. */
-static __global__ void __launch_bounds__(NORM_THREADS)
+/* One block of NT = norm_threads(hidden) per token (grid n): its entries, the
+ * residual add, then norm_row. */
+template <int NT>
+static __global__ void __launch_bounds__(NT)
 moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws,
                         int hidden, float *x, int64_t ldx, const float *__restrict__ sh, int64_t ldsh,
-                        const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec) {
+                        const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec,
+                        const ddt_cuda_split_planes sp) {
     DDT_GRID_DEP_WAIT();
     __shared__ TokenEntries te;
     const int t = blockIdx.x;
     token_entries(idx, w, K, E_total, ws, t, te);
-    const MoeNormResid r = {&te, K, hidden, ws.o, sh ? sh + (int64_t)t * ldsh : nullptr};
-    norm_row(x + (int64_t)t * ldx, hidden, r, norm_w, eps, out + (int64_t)t * ldo, vec);
+    float *xr = x + (int64_t)t * ldx;
+    combine_resid_row<NT>(te, K, ws.o, hidden, sh ? sh + (int64_t)t * ldsh : nullptr, xr, vec);
+    __syncthreads(); /* the norm's threads read sums other threads stored */
+    norm_row<NT>(xr, hidden, NormNoResid{}, norm_w, eps, out + (int64_t)t * ldo, vec, norm_split_row(sp, t));
 }
 
 /* ------------------------------------------------------------------ experts */
@@ -1316,10 +1339,19 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         const void *ptrs[4] = {args->resid, args->shared, args->norm_w, args->out};
         const int64_t lds[4] = {args->ld_resid, args->ld_shared, 0, args->ldo};
         const bool vec = norm_vec_ok(m->hidden, ptrs, lds, 4);
-        moe_combine_norm_kernel<<<(unsigned)n, NORM_THREADS, 0, s>>>(idx, w, top_k, m->total_experts, ws, m->hidden,
-                                                                    args->resid, args->ld_resid, args->shared,
-                                                                    args->ld_shared, args->norm_w, args->eps,
-                                                                    args->out, args->ldo, vec);
+        const ddt_cuda_split_planes &sp = args->norm_split;
+        if (sp.hi && (!sp.lo || sp.pitch < m->hidden || sp.pitch % 8 != 0 || (uintptr_t)sp.hi % 16 != 0 ||
+                      (uintptr_t)sp.lo % 16 != 0))
+            return ddt_fail(err, DDT_ERR_INVALID, "moe_run: split planes of pitch %lld for rows of %d (16-byte "
+                            "aligned planes, a pitch of whole 8s needed)", (long long)sp.pitch, m->hidden);
+        if (norm_threads(m->hidden) == NORM_THREADS_LONG)
+            moe_combine_norm_kernel<NORM_THREADS_LONG><<<(unsigned)n, NORM_THREADS_LONG, 0, s>>>(
+                idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,
+                args->ld_shared, args->norm_w, args->eps, args->out, args->ldo, vec, sp);
+        else
+            moe_combine_norm_kernel<NORM_THREADS_SHORT><<<(unsigned)n, NORM_THREADS_SHORT, 0, s>>>(
+                idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,
+                args->ld_shared, args->norm_w, args->eps, args->out, args->ldo, vec, sp);
         DDT_CUDA_LAUNCHED("moe_combine_norm", s, err);
         return DDT_OK;
     }

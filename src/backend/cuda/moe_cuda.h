@@ -132,6 +132,8 @@ typedef struct ddt_cuda_moe_args {
     const ddt_qweight *shared_down;         /* device weight [hidden][s_inter], or NULL: no shared down here */
     const float *shared_x; int64_t ld_shared_x; /* [n][s_inter] its input, silu(gate) * up */
     float *shared_y; int64_t ld_shared_y;   /* [n][hidden] its output */
+    ddt_cuda_split_planes norm_split;       /* with norm_w: out's split planes for the next product too
+                                               (ddt_cuda_add_rmsnorm_split's sp; hi NULL: none) */
 } ddt_cuda_moe_args;
 
 ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cuda_moe_args *a, ddt_cuda_stream stream,

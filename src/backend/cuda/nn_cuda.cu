@@ -23,15 +23,16 @@ struct NormRowResid {
 
 /* One block per row (norm_dev.cuh).  RESID: x = x + r first (stored back: the
  * residual add of the layer), then the norm of the sum. */
-template <bool RESID>
-static __global__ void __launch_bounds__(NORM_THREADS)
+template <bool RESID, int NT>
+static __global__ void __launch_bounds__(NT)
 rmsnorm_kernel(float *x, int64_t ldx, const float *__restrict__ r, int64_t ldr, int dim, const float *__restrict__ w,
-               float eps, float *out, int64_t ldo, bool vec) {
+               float eps, float *out, int64_t ldo, bool vec, const ddt_cuda_split_planes sp) {
     DDT_GRID_DEP_WAIT();
     float *xr = x + (int64_t)blockIdx.x * ldx;
     float *orow = out + (int64_t)blockIdx.x * ldo;
-    if (RESID) norm_row(xr, dim, NormRowResid{r + (int64_t)blockIdx.x * ldr}, w, eps, orow, vec);
-    else norm_row(xr, dim, NormNoResid{}, w, eps, orow, vec);
+    const NormSplitRow spr = norm_split_row(sp, blockIdx.x);
+    if (RESID) norm_row<NT>(xr, dim, NormRowResid{r + (int64_t)blockIdx.x * ldr}, w, eps, orow, vec, spr);
+    else norm_row<NT>(xr, dim, NormNoResid{}, w, eps, orow, vec, spr);
 }
 
 static bool norm_vec(const void *x, int64_t ldx, const void *r, int64_t ldr, const float *w, const void *out,
@@ -45,19 +46,52 @@ extern "C" ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, i
                             float *out, int64_t ldo, ddt_cuda_stream stream, ddt_error *err) {
     if (n < 1 || dim < 1) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm: %d rows of %d", n, dim);
     const bool vec = norm_vec(x, ldx, nullptr, 0, w, out, ldo, dim);
-    rmsnorm_kernel<false><<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>((float *)x, ldx, nullptr, 0, dim, w, eps, out,
-                                                                        ldo, vec);
+    const ddt_cuda_split_planes none = {NULL, NULL, 0};
+    if (norm_threads(dim) == NORM_THREADS_LONG)
+        rmsnorm_kernel<false, NORM_THREADS_LONG><<<n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
+            (float *)x, ldx, nullptr, 0, dim, w, eps, out, ldo, vec, none);
+    else
+        rmsnorm_kernel<false, NORM_THREADS_SHORT><<<n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
+            (float *)x, ldx, nullptr, 0, dim, w, eps, out, ldo, vec, none);
     DDT_CUDA_LAUNCHED("rmsnorm", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
+/* The split planes' check: present planes hold dim columns a row, 8-byte aligned
+ * for the register path's 4-element stores (the products' pitch, a multiple of 8). */
+static ddt_status split_check(const char *what, const ddt_cuda_split_planes *sp, int32_t dim,
+                              ddt_cuda_split_planes *out, ddt_error *err) {
+    *out = ddt_cuda_split_planes{NULL, NULL, 0};
+    if (!sp || !sp->hi) return DDT_OK;
+    if (!sp->lo || sp->pitch < dim || sp->pitch % 8 != 0 || (uintptr_t)sp->hi % 16 != 0 || (uintptr_t)sp->lo % 16 != 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "%s: split planes of pitch %lld for rows of %d (16-byte aligned "
+                        "planes, a pitch of whole 8s needed)", what, (long long)sp->pitch, dim);
+    *out = *sp;
     return DDT_OK;
 }
 
 extern "C" ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n, int32_t dim,
                                            const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
                                            ddt_error *err) {
+    return ddt_cuda_add_rmsnorm_split(x, ldx, r, ldr, n, dim, w, eps, out, ldo, NULL, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_add_rmsnorm_split(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n,
+                                                 int32_t dim, const float *w, float eps, float *out, int64_t ldo,
+                                                 const ddt_cuda_split_planes *sp, ddt_cuda_stream stream,
+                                                 ddt_error *err) {
     if (n < 1 || dim < 1 || !x || !r || !w || !out)
         return ddt_fail(err, DDT_ERR_INVALID, "add_rmsnorm: %d rows of %d", n, dim);
+    ddt_cuda_split_planes p;
+    const ddt_status st = split_check("add_rmsnorm", sp, dim, &p, err);
+    if (st != DDT_OK) return st;
     const bool vec = norm_vec(x, ldx, r, ldr, w, out, ldo, dim);
-    rmsnorm_kernel<true><<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, r, ldr, dim, w, eps, out, ldo, vec);
+    if (norm_threads(dim) == NORM_THREADS_LONG)
+        rmsnorm_kernel<true, NORM_THREADS_LONG><<<n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
+            x, ldx, r, ldr, dim, w, eps, out, ldo, vec, p);
+    else
+        rmsnorm_kernel<true, NORM_THREADS_SHORT><<<n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
+            x, ldx, r, ldr, dim, w, eps, out, ldo, vec, p);
     DDT_CUDA_LAUNCHED("add_rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }
@@ -66,18 +100,31 @@ extern "C" ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r
 struct NormPair {
     ddt_cuda_norm_job job[2];
     bool vec[2];
+    ddt_cuda_split_planes sp0; /* job 0's output planes, or none */
 };
 
-static __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_pair_kernel(const NormPair p, float eps) {
+/* NT: norm_threads of the longer row; each row is normed by its own count */
+template <int NT>
+static __global__ void __launch_bounds__(NT) rmsnorm_pair_kernel(const NormPair p, float eps) {
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];
     float *xr = (float *)j.x + (int64_t)blockIdx.x * j.ldx;
-    norm_row(xr, j.dim, NormNoResid{}, j.w, eps, j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y]);
+    norm_row<NT>(xr, j.dim, NormNoResid{}, j.w, eps, j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y],
+                 blockIdx.y == 0 ? norm_split_row(p.sp0, blockIdx.x) : NormSplitRow{nullptr, nullptr});
 }
 
 extern "C" ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int32_t n, float eps,
                                             ddt_cuda_stream stream, ddt_error *err) {
+    return ddt_cuda_rmsnorm_pair_split(jobs, n, eps, NULL, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_rmsnorm_pair_split(const ddt_cuda_norm_job jobs[2], int32_t n, float eps,
+                                                  const ddt_cuda_split_planes *sp0, ddt_cuda_stream stream,
+                                                  ddt_error *err) {
     NormPair p;
+    if (!jobs) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm_pair: no jobs");
+    ddt_status st = split_check("rmsnorm_pair", sp0, jobs[0].dim, &p.sp0, err);
+    if (st != DDT_OK) return st;
     for (int i = 0; i < 2; i++) {
         const ddt_cuda_norm_job &j = jobs[i];
         if (n < 1 || j.dim < 1 || !j.x || !j.w || !j.out)
@@ -85,7 +132,12 @@ extern "C" ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int
         p.job[i] = j;
         p.vec[i] = norm_vec(j.x, j.ldx, nullptr, 0, j.w, j.out, j.ldo, j.dim);
     }
-    rmsnorm_pair_kernel<<<dim3((unsigned)n, 2), NORM_THREADS, 0, (cudaStream_t)stream>>>(p, eps);
+    if (norm_threads(jobs[0].dim) == NORM_THREADS_LONG || norm_threads(jobs[1].dim) == NORM_THREADS_LONG)
+        rmsnorm_pair_kernel<NORM_THREADS_LONG><<<dim3((unsigned)n, 2), NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
+            p, eps);
+    else
+        rmsnorm_pair_kernel<NORM_THREADS_SHORT><<<dim3((unsigned)n, 2), NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
+            p, eps);
     DDT_CUDA_LAUNCHED("rmsnorm_pair", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -33,6 +33,14 @@ ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t l
                                 const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
                                 ddt_error *err);
 
+/* ddt_cuda_add_rmsnorm that also writes out's split planes (sp: from
+ * ddt_cuda_matmul_split_planes for the product that reads out next; NULL or
+ * sp->hi NULL: none), so that product skips its split launch.  The same bits in
+ * out. */
+ddt_status ddt_cuda_add_rmsnorm_split(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n, int32_t dim,
+                                      const float *w, float eps, float *out, int64_t ldo,
+                                      const ddt_cuda_split_planes *sp, ddt_cuda_stream stream, ddt_error *err);
+
 /* One RMSNorm of ddt_cuda_rmsnorm_pair: out[t] = rmsnorm(x[t][0..dim)) * w (row
  * strides ldx, ldo; out may equal x). */
 typedef struct ddt_cuda_norm_job {
@@ -49,6 +57,11 @@ typedef struct ddt_cuda_norm_job {
  * jobs must not overlap in memory. */
 ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int32_t n, float eps, ddt_cuda_stream stream,
                                  ddt_error *err);
+
+/* ddt_cuda_rmsnorm_pair that also writes the split planes of jobs[0]'s output (sp0,
+ * as ddt_cuda_add_rmsnorm_split's sp). */
+ddt_status ddt_cuda_rmsnorm_pair_split(const ddt_cuda_norm_job jobs[2], int32_t n, float eps,
+                                       const ddt_cuda_split_planes *sp0, ddt_cuda_stream stream, ddt_error *err);
 
 /* g[t][i] = silu(g[t][i]) * u[t][i] for i < dim, t < n (row strides ldg, ldu). */
 ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu, int32_t n, int32_t dim,

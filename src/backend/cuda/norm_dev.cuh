@@ -1,38 +1,95 @@
 /*
- * norm_dev.cuh — one RMSNorm row on one block of NORM_THREADS threads, with an
- * optional residual added first, for the kernels that end in a norm: nn_cuda.cu's
- * rmsnorm / add_rmsnorm and moe_cuda.cu's expert combine fused with the layer's
- * residual add and the next norm.  One copy of the arithmetic, so a fused kernel
- * gives the bits of the launches it replaces as long as its residual source
- * returns the bits those launches would have stored (issue 13).
+ * norm_dev.cuh — one RMSNorm row on one block, with an optional residual added
+ * first, for the kernels that end in a norm: nn_cuda.cu's rmsnorm / add_rmsnorm,
+ * moe_cuda.cu's expert combine fused with the layer's residual add and the next
+ * norm, the embedding gather's and MLA's latent norms.  One copy of the
+ * arithmetic, so a fused kernel gives the bits of the launches it replaces as long
+ * as its residual source returns the bits those launches would have stored (issue
+ * 13).
  *
- * The row's result never depends on the other rows: 256 threads each sum a fixed
- * slice of squares, then a fixed butterfly and the 8 warp sums in order.
+ * The row's result never depends on the other rows: NT threads (norm_threads of
+ * the row's length: 256, or 512 past 2048 elements) each sum a fixed slice of
+ * squares, then a fixed butterfly and the NT / 32 warp sums in order.  NT is a
+ * function of the length only, so every kernel that norms a row of that length
+ * sums in the same order.  Why more threads for long rows: a row of K2.6 (7168) at
+ * 256 threads is 7 float4 a thread, each a dependent round of loads in the MoE
+ * combine (8 expert rows a float4); 512, not 1024: at 1024 a thread has 64
+ * registers and the combine's batch of rows spilled (25.7 us a token on the H200).
  */
 #ifndef DDT_CUDA_NORM_DEV_CUH
 #define DDT_CUDA_NORM_DEV_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
-#define NORM_THREADS 256
-/* Rows of a multiple of 4 floats, 16-byte aligned and at most NORM_VMAX float4 per
- * thread (hidden sizes up to 8192) stay in registers between the sum of squares and
- * the scaling (one read of x); other rows take the strided loop. */
-#define NORM_VMAX 8
+#include "backend/cuda/cuda_types.h"
 
-/* Sum of one value per thread over the block, in a fixed order (xor butterfly in
- * each warp, then the 8 warp sums in index order by every thread): the result is
- * a function of the row only. */
+/* The threads that norm a row of dim elements (see the top). */
+#define NORM_THREADS_SHORT 256
+#define NORM_THREADS_LONG 512
+#define NORM_LONG_FROM 2049
+static __host__ __device__ inline int norm_threads(int dim) {
+    return dim >= NORM_LONG_FROM ? NORM_THREADS_LONG : NORM_THREADS_SHORT;
+}
+/* Rows of a multiple of 4 floats, 16-byte aligned and at most norm_vmax<NT> float4
+ * per thread (8192 elements at 256 or 512 threads) stay in registers
+ * between the sum of squares and the scaling (one read of x); other rows take the
+ * strided loop. */
+template <int NT> struct NormVmax { static constexpr int v = NT >= NORM_THREADS_LONG ? 4 : 8; };
+static __host__ __device__ inline int norm_vmax(int nt) { return nt >= NORM_THREADS_LONG ? 4 : 8; }
+
+/* Sum of one value per thread over threads 0..NT-1 of the block (threads past NT
+ * pass 0 and are not counted), in a fixed order (xor butterfly in each warp, then
+ * the NT / 32 warp sums in index order by every thread): the result is a function
+ * of the row only. */
+template <int NT>
 static __device__ float norm_block_sum(float v, float *wsum) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < NT) wsum[threadIdx.x >> 5] = v;
     __syncthreads();
     float s = wsum[0];
 #pragma unroll
-    for (int w = 1; w < NORM_THREADS / 32; w++) s += wsum[w];
+    for (int w = 1; w < NT / 32; w++) s += wsum[w];
     return s;
+}
+
+/* x -> (bf16(x), bf16(x - bf16(x))), round to nearest: the split of the tensor-core
+ * products' activations (wgmma_gemm.cu's split pass computes the same two values). */
+static __device__ __forceinline__ void norm_split1(float v, __nv_bfloat16 &h, __nv_bfloat16 &l) {
+    h = __float2bfloat16_rn(v);
+    l = __float2bfloat16_rn(v - __bfloat162float(h)); /* the difference is exact */
+}
+
+/* The output row's split planes (ddt_cuda_split_planes, resolved to the row), or
+ * none (hi == NULL). */
+struct NormSplitRow {
+    __nv_bfloat16 *hi, *lo;
+    __device__ void store4(int i, float4 o) const {
+        if (!hi) return;
+        __nv_bfloat16 h[4], l[4];
+        norm_split1(o.x, h[0], l[0]);
+        norm_split1(o.y, h[1], l[1]);
+        norm_split1(o.z, h[2], l[2]);
+        norm_split1(o.w, h[3], l[3]);
+        __nv_bfloat162 h01 = {h[0], h[1]}, h23 = {h[2], h[3]}, l01 = {l[0], l[1]}, l23 = {l[2], l[3]};
+        uint2 hv, lv;
+        hv.x = *(const uint32_t *)&h01, hv.y = *(const uint32_t *)&h23;
+        lv.x = *(const uint32_t *)&l01, lv.y = *(const uint32_t *)&l23;
+        ((uint2 *)hi)[i] = hv; /* elements 4i..4i+3: 8-byte aligned (the pitch is a multiple of 8) */
+        ((uint2 *)lo)[i] = lv;
+    }
+    __device__ void store1(int i, float o) const {
+        if (!hi) return;
+        norm_split1(o, hi[i], lo[i]);
+    }
+};
+
+/* The row's planes from ddt_cuda_split_planes p (none when p.hi is NULL). */
+static __device__ __forceinline__ NormSplitRow norm_split_row(const ddt_cuda_split_planes &p, int64_t row) {
+    if (!p.hi) return NormSplitRow{nullptr, nullptr};
+    return NormSplitRow{(__nv_bfloat16 *)p.hi + row * p.pitch, (__nv_bfloat16 *)p.lo + row * p.pitch};
 }
 
 /* The residual source of norm_row when there is none. */
@@ -43,25 +100,30 @@ struct NormNoResid {
 };
 
 /*
- * One row, the calling block's: with R::on, x[i] = x[i] + r(i) first (stored back:
+ * One row, the calling block's, normed by its first NT threads (NT =
+ * norm_threads(dim); a block of more threads may call it, the rest hold no
+ * elements): with R::on, x[i] = x[i] + r(i) first (stored back:
  * the layer's residual add), then orow[i] = w[i] * (x[i] * inv) with inv = 1 /
  * sqrt(mean of squares + eps).  r.vec(j) returns elements 4j..4j+3 (vec rows),
  * r.one(i) element i; each is called once per element, by the thread that owns it.
- * vec: the row qualifies for the register path (see NORM_VMAX; the caller checks the
+ * vec: the row qualifies for the register path (see NormVmax; the caller checks the
  * alignment of every pointer it reads).  orow may equal xr only without a residual.
+ * sp: the output's split planes for a tensor-core product that reads them (or none).
  * Every thread of the block must call it (it holds a barrier).
  */
-template <class R>
-static __device__ __forceinline__ void norm_row(float *xr, int dim, const R &r, const float *__restrict__ w,
-                                                float eps, float *orow, bool vec) {
-    __shared__ float wsum[NORM_THREADS / 32];
+template <int NT, class R>
+static __device__ __forceinline__ void norm_row_nt(float *xr, int dim, const R &r, const float *__restrict__ w,
+                                                   float eps, float *orow, bool vec, const NormSplitRow &sp) {
+    constexpr int VMAX = NormVmax<NT>::v;
+    __shared__ float wsum[NT / 32];
     float s = 0.0f;
+    const bool mine = threadIdx.x < NT; /* threads past NT hold no elements */
     if (vec) {
-        float4 v[NORM_VMAX];
-        const int nv = dim / 4;
+        float4 v[VMAX];
+        const int nv = mine ? dim / 4 : 0;
 #pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++) {
-            const int i = threadIdx.x + k * NORM_THREADS;
+        for (int k = 0; k < VMAX; k++) {
+            const int i = threadIdx.x + k * NT;
             if (i < nv) {
                 v[k] = ((const float4 *)xr)[i];
                 if (R::on) {
@@ -71,27 +133,30 @@ static __device__ __forceinline__ void norm_row(float *xr, int dim, const R &r, 
             }
         }
 #pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++)
-            if (threadIdx.x + k * NORM_THREADS < nv) {
+        for (int k = 0; k < VMAX; k++)
+            if (threadIdx.x + k * NT < nv) {
                 s += v[k].x * v[k].x;
                 s += v[k].y * v[k].y;
                 s += v[k].z * v[k].z;
                 s += v[k].w * v[k].w;
             }
-        const float inv = 1.0f / sqrtf(norm_block_sum(s, wsum) / (float)dim + eps);
+        const float inv = 1.0f / sqrtf(norm_block_sum<NT>(s, wsum) / (float)dim + eps);
 #pragma unroll
-        for (int k = 0; k < NORM_VMAX; k++) {
-            const int i = threadIdx.x + k * NORM_THREADS;
+        for (int k = 0; k < VMAX; k++) {
+            const int i = threadIdx.x + k * NT;
             if (i < nv) {
                 if (R::on) ((float4 *)xr)[i] = v[k];
                 const float4 g = ((const float4 *)w)[i];
-                ((float4 *)orow)[i] = make_float4(g.x * (v[k].x * inv), g.y * (v[k].y * inv), g.z * (v[k].z * inv),
-                                                  g.w * (v[k].w * inv));
+                const float4 o = make_float4(g.x * (v[k].x * inv), g.y * (v[k].y * inv), g.z * (v[k].z * inv),
+                                             g.w * (v[k].w * inv));
+                ((float4 *)orow)[i] = o;
+                sp.store4(i, o);
             }
         }
         return;
     }
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) {
+    const int end = mine ? dim : 0;
+    for (int i = threadIdx.x; i < end; i += NT) {
         float v = xr[i];
         if (R::on) {
             v = v + r.one(i);
@@ -99,16 +164,36 @@ static __device__ __forceinline__ void norm_row(float *xr, int dim, const R &r, 
         }
         s += v * v;
     }
-    const float inv = 1.0f / sqrtf(norm_block_sum(s, wsum) / (float)dim + eps);
+    const float inv = 1.0f / sqrtf(norm_block_sum<NT>(s, wsum) / (float)dim + eps);
     /* out may alias x: each element is read then written by the same thread */
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = w[i] * (xr[i] * inv);
+    for (int i = threadIdx.x; i < end; i += NT) {
+        const float o = w[i] * (xr[i] * inv);
+        orow[i] = o;
+        sp.store1(i, o);
+    }
+}
+
+/* norm_row_nt with NT = norm_threads(dim), by a block of NTB >= that many threads
+ * (a kernel launched with norm_threads of its longest row). */
+template <int NTB, class R>
+static __device__ __forceinline__ void norm_row(float *xr, int dim, const R &r, const float *__restrict__ w,
+                                                float eps, float *orow, bool vec,
+                                                const NormSplitRow &sp = NormSplitRow{nullptr, nullptr}) {
+    if constexpr (NTB >= NORM_THREADS_LONG) {
+        if (norm_threads(dim) == NORM_THREADS_LONG) {
+            norm_row_nt<NORM_THREADS_LONG>(xr, dim, r, w, eps, orow, vec, sp);
+            return;
+        }
+    }
+    norm_row_nt<NORM_THREADS_SHORT>(xr, dim, r, w, eps, orow, vec, sp);
 }
 
 /* Whether a row set takes norm_row's register path: every pointer the kernel reads
  * or writes by float4 (NULL: not used) 16-byte aligned with a row stride (in floats)
- * a multiple of 4, and dim a multiple of 4 within NORM_VMAX float4 per thread. */
+ * a multiple of 4, and dim a multiple of 4 within norm_vmax float4 per thread. */
 static inline bool norm_vec_ok(int32_t dim, const void *const *ptrs, const int64_t *lds, int count) {
-    if (dim % 4 != 0 || dim / 4 > NORM_VMAX * NORM_THREADS) return false;
+    const int nt = norm_threads(dim);
+    if (dim % 4 != 0 || dim / 4 > norm_vmax(nt) * nt) return false;
     for (int k = 0; k < count; k++)
         if (ptrs[k] && ((uintptr_t)ptrs[k] % 16 != 0 || lds[k] % 4 != 0)) return false;
     return true;

@@ -807,6 +807,28 @@ extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mod
     return ddt_cuda_matmul_grouped_mode(w, mode, &g, x, ldx, n, y, ldy, workspace, workspace_bytes, stream, err);
 }
 
+extern "C" bool ddt_cuda_matmul_split_planes(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, void *workspace,
+                                             size_t workspace_bytes, ddt_cuda_split_planes *out) {
+    if (!out) return false;
+    memset(out, 0, sizeof *out);
+    /* the wgmma path only: the mma.sync stream reads another layout (ws_presplit's) */
+    if (!w || mode != DDT_CUDA_MM_TENSOR) return false;
+    return ddt_cuda_wg_split_planes(w, n, workspace, workspace_bytes, out);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_presplit(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, float *y,
+                                               int64_t ldy, void *workspace, size_t workspace_bytes,
+                                               ddt_cuda_stream stream, ddt_error *err) {
+    ddt_cuda_split_planes p;
+    if (!ddt_cuda_matmul_split_planes(w, mode, n, workspace, workspace_bytes, &p))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (presplit): weight [%lld, %lld] in mode %d for %d tokens "
+                        "reads no split planes (ddt_cuda_matmul_split_planes)", w ? (long long)w->rows : 0LL,
+                        w ? (long long)w->cols : 0LL, (int)mode, n);
+    if (!y || ldy < w->rows) return ddt_fail(err, DDT_ERR_INVALID, "matmul (presplit): output stride %lld < %lld rows",
+                                             (long long)ldy, (long long)w->rows);
+    return ddt_cuda_wg_matmul_presplit(w, n, y, ldy, workspace, workspace_bytes, stream, err);
+}
+
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);
@@ -1330,30 +1352,67 @@ extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, i
     return DDT_OK;
 }
 
-/* The gather and the first layer's norm in one launch, one block of NORM_THREADS per
+/* The gather and the first layer's norm in one launch, one block of norm_threads per
  * row: the block stores its embedding row to x (embed_elem: embed_kernel's bits),
  * waits at a barrier so every thread sees the whole row in global memory, then runs
  * norm_row on that row exactly as rmsnorm_kernel does (same block size, same path
  * flag), so xn holds the bits ddt_cuda_rmsnorm would have written.  Row 0 takes
  * *first_id instead of ids[0] when first_id is given (the drafter's bonus token,
  * which saves a copy into its id block every round). */
-static __global__ void __launch_bounds__(NORM_THREADS)
+/* a K2.6 row (7168 at 512 threads) in one batch of 14, up to 2048 at 256 threads in
+   one of 8: 16 covers both */
+#define EMBED_BATCH 16
+
+template <int NT>
+static __global__ void __launch_bounds__(NT)
 embed_rmsnorm_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, const int32_t *__restrict__ first_id,
                      float *x, int64_t ldx, const float *__restrict__ nw, float eps, float *xn, int64_t ldxn,
-                     bool vec) {
+                     bool vec, const ddt_cuda_split_planes sp) {
     DDT_GRID_DEP_WAIT();
     const int32_t id = (first_id && blockIdx.x == 0) ? *first_id : ids[blockIdx.x];
     float *xr = x + (int64_t)blockIdx.x * ldx;
-    for (int64_t c = threadIdx.x; c < w.cols; c += NORM_THREADS) xr[c] = embed_elem(w, id, c);
+    /* EMBED_BATCH elements a thread loaded before any is stored: x may alias the
+       weight for all the compiler knows, so a load-store loop waited a memory
+       latency per element (17.5 us for one K2.6 row of 7168 on the H200) */
+    for (int64_t c0 = threadIdx.x; c0 < w.cols; c0 += (int64_t)EMBED_BATCH * NT) {
+        float v[EMBED_BATCH];
+#pragma unroll
+        for (int u = 0; u < EMBED_BATCH; u++) {
+            const int64_t c = c0 + (int64_t)u * NT;
+            v[u] = c < w.cols ? embed_elem(w, id, c) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < EMBED_BATCH; u++) {
+            const int64_t c = c0 + (int64_t)u * NT;
+            if (c < w.cols) xr[c] = v[u];
+        }
+    }
     __syncthreads(); /* the norm's threads read elements other threads stored */
-    norm_row(xr, (int)w.cols, NormNoResid{}, nw, eps, xn + (int64_t)blockIdx.x * ldxn, vec);
+    norm_row<NT>(xr, (int)w.cols, NormNoResid{}, nw, eps, xn + (int64_t)blockIdx.x * ldxn, vec,
+                 norm_split_row(sp, blockIdx.x));
 }
 
 extern "C" ddt_status ddt_cuda_embed_rmsnorm(const ddt_qweight *w, const int32_t *ids, const int32_t *first_id,
                                              int32_t n, float *x, int64_t ldx, const float *norm_w, float eps,
                                              float *xn, int64_t ldxn, ddt_cuda_stream stream, ddt_error *err) {
+    return ddt_cuda_embed_rmsnorm_split(w, ids, first_id, n, x, ldx, norm_w, eps, xn, ldxn, NULL, stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_embed_rmsnorm_split(const ddt_qweight *w, const int32_t *ids, const int32_t *first_id,
+                                                   int32_t n, float *x, int64_t ldx, const float *norm_w, float eps,
+                                                   float *xn, int64_t ldxn, const ddt_cuda_split_planes *sp,
+                                                   ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "embed_rmsnorm", err);
     if (st != DDT_OK) return st;
+    ddt_cuda_split_planes p = {NULL, NULL, 0};
+    if (sp && sp->hi) {
+        if (!sp->lo || sp->pitch < w->cols || sp->pitch % 8 != 0 || (uintptr_t)sp->hi % 16 != 0 ||
+            (uintptr_t)sp->lo % 16 != 0)
+            return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: split planes of pitch %lld for rows of %lld "
+                            "(16-byte aligned planes, a pitch of whole 8s needed)", (long long)sp->pitch,
+                            (long long)w->cols);
+        p = *sp;
+    }
     if (n < 1 || n > 65535 || !ids || !x || !norm_w || !xn)
         return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: %d ids (ids, x, norm weight and xn needed)", n);
     if (w->cols > INT32_MAX || ldx < w->cols || ldxn < w->cols)
@@ -1365,8 +1424,12 @@ extern "C" ddt_status ddt_cuda_embed_rmsnorm(const ddt_qweight *w, const int32_t
     const void *ptrs[4] = {x, nullptr, norm_w, xn};
     const int64_t lds[4] = {ldx, 0, 0, ldxn};
     const bool vec = norm_vec_ok(dim, ptrs, lds, 4);
-    embed_rmsnorm_kernel<<<(unsigned)n, NORM_THREADS, 0, (cudaStream_t)stream>>>(*w, ids, first_id, x, ldx, norm_w,
-                                                                                  eps, xn, ldxn, vec);
+    if (norm_threads(dim) == NORM_THREADS_LONG)
+        embed_rmsnorm_kernel<NORM_THREADS_LONG><<<(unsigned)n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
+            *w, ids, first_id, x, ldx, norm_w, eps, xn, ldxn, vec, p);
+    else
+        embed_rmsnorm_kernel<NORM_THREADS_SHORT><<<(unsigned)n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
+            *w, ids, first_id, x, ldx, norm_w, eps, xn, ldxn, vec, p);
     DDT_CUDA_LAUNCHED("embed_rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }

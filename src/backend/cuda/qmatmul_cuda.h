@@ -246,6 +246,27 @@ ddt_status ddt_cuda_embed_rmsnorm(const ddt_qweight *w, const int32_t *ids, cons
                                   float *x, int64_t ldx, const float *norm_w, float eps, float *xn, int64_t ldxn,
                                   ddt_cuda_stream stream, ddt_error *err);
 
+/* ddt_cuda_embed_rmsnorm that also writes xn's split planes (sp, as
+ * ddt_cuda_add_rmsnorm_split's; NULL or sp->hi NULL: none). */
+ddt_status ddt_cuda_embed_rmsnorm_split(const ddt_qweight *w, const int32_t *ids, const int32_t *first_id, int32_t n,
+                                        float *x, int64_t ldx, const float *norm_w, float eps, float *xn, int64_t ldxn,
+                                        const ddt_cuda_split_planes *sp, ddt_cuda_stream stream, ddt_error *err);
+
+/* The split planes the tensor-core product of w at mode reads for n tokens
+ * (count-1 groups), inside workspace: true and *out set when that product takes
+ * pre-split activations (ddt_cuda_matmul_presplit: the wgmma path, dense bf16),
+ * false (and *out zero) otherwise, or when the workspace is missing or short.  A
+ * property of the weight, the mode and n only. */
+bool ddt_cuda_matmul_split_planes(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, void *workspace,
+                                  size_t workspace_bytes, ddt_cuda_split_planes *out);
+
+/* y = x W^T with x already in the split planes ddt_cuda_matmul_split_planes gave
+ * for (w, mode, n, workspace): the product ddt_cuda_matmul_mode runs, without its
+ * split launch, so bitwise its result when a producer wrote the planes (x is not
+ * read).  DDT_ERR_UNSUPPORTED where ddt_cuda_matmul_split_planes is false. */
+ddt_status ddt_cuda_matmul_presplit(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, float *y, int64_t ldy,
+                                    void *workspace, size_t workspace_bytes, ddt_cuda_stream stream, ddt_error *err);
+
 /* Tests and benchmarks: a device weight of the given format and shape filled on the
  * device with hash-random values (dense: uniform in [-amp, amp); FP8: random
  * non-NaN bytes with scales in [amp/2, amp); INT4: random nibbles with bf16

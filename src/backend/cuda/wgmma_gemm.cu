@@ -242,10 +242,10 @@ extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
     return DDT_OK;
 }
 
-extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx,
-                                         int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
-                                         ddt_cuda_stream stream, ddt_error *err) {
-    cudaStream_t s = (cudaStream_t)stream;
+/* The product; x NULL: the planes are already in the workspace (presplit). */
+static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
+                            float *y, int64_t ldy, void *workspace, size_t workspace_bytes, cudaStream_t s,
+                            ddt_error *err) {
     if (!ddt_cuda_wg_eligible(w))
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (wgmma): weight [%lld, %lld] is not dense bf16 with "
                         "columns a multiple of 8 and 16-byte aligned data", (long long)w->rows, (long long)w->cols);
@@ -289,11 +289,13 @@ extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_gro
     a.ldy = ldy;
     a.y_stride = g->y_stride;
 
-    const int64_t quads = (int64_t)n * g->count * ((w->cols + 3) / 4);
-    const int64_t sblocks = (quads + WG_SPLIT_THREADS - 1) / WG_SPLIT_THREADS;
-    wg_split_kernel<<<(unsigned)(sblocks < 4096 ? sblocks : 4096), WG_SPLIT_THREADS, 0, s>>>(
-        x, ldx, g->x_stride, n, g->count, w->cols, xs, hi, lo);
-    DDT_CUDA_LAUNCHED("matmul (wgmma) activation split", s, err);
+    if (x) {
+        const int64_t quads = (int64_t)n * g->count * ((w->cols + 3) / 4);
+        const int64_t sblocks = (quads + WG_SPLIT_THREADS - 1) / WG_SPLIT_THREADS;
+        wg_split_kernel<<<(unsigned)(sblocks < 4096 ? sblocks : 4096), WG_SPLIT_THREADS, 0, s>>>(
+            x, ldx, g->x_stride, n, g->count, w->cols, xs, hi, lo);
+        DDT_CUDA_LAUNCHED("matmul (wgmma) activation split", s, err);
+    }
 
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(rtiles * ks), (unsigned)ttiles, (unsigned)g->count);
@@ -314,4 +316,31 @@ extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_gro
         return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: matmul (wgmma) launch: %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("matmul (wgmma)", s, err);
     return DDT_OK;
+}
+
+extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx,
+                                         int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                         ddt_cuda_stream stream, ddt_error *err) {
+    if (!x) return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): no activations");
+    return wg_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, (cudaStream_t)stream, err);
+}
+
+extern "C" bool ddt_cuda_wg_split_planes(const ddt_qweight *w, int32_t n, void *workspace, size_t workspace_bytes,
+                                         ddt_cuda_split_planes *out) {
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_wg_eligible(w) || n < 1 || !workspace || (uintptr_t)workspace % 16 != 0) return false;
+    const int64_t xs = (w->cols + 7) / 8 * 8, plane = (int64_t)n * xs; /* wg_matmul's layout, one group */
+    if (workspace_bytes < (size_t)plane * 4) return false;
+    out->hi = (uint16_t *)workspace;
+    out->lo = out->hi + plane;
+    out->pitch = xs;
+    return true;
+}
+
+extern "C" ddt_status ddt_cuda_wg_matmul_presplit(const ddt_qweight *w, int32_t n, float *y, int64_t ldy,
+                                                  void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
+                                                  ddt_error *err) {
+    if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma, presplit): no weight");
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    return wg_matmul(w, &g, NULL, 0, n, y, ldy, workspace, workspace_bytes, (cudaStream_t)stream, err);
 }

@@ -56,6 +56,19 @@ ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, con
                               float *y, int64_t ldy, void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
                               ddt_error *err);
 
+/* Where ddt_cuda_wg_matmul_presplit reads the split planes of n tokens of an
+ * eligible weight's product (one group): hi at the workspace's start, lo after
+ * it, rows of round8(cols) bf16.  false when w is not eligible or the workspace
+ * is missing, misaligned or short. */
+bool ddt_cuda_wg_split_planes(const ddt_qweight *w, int32_t n, void *workspace, size_t workspace_bytes,
+                              ddt_cuda_split_planes *out);
+
+/* ddt_cuda_wg_matmul of one group with the split planes already written (by the
+ * activations' producer, at ddt_cuda_wg_split_planes): the product launch alone,
+ * bitwise the same result. */
+ddt_status ddt_cuda_wg_matmul_presplit(const ddt_qweight *w, int32_t n, float *y, int64_t ldy, void *workspace,
+                                       size_t workspace_bytes, ddt_cuda_stream stream, ddt_error *err);
+
 /* Raise the wgmma kernel's shared-memory limit (ddt_cuda_ws_prepare calls it at
  * load, outside any capture; idempotent).  The kernel (wg_gemm_kernel) loads its
  * first weight tiles before its grid wait: ddt_cuda_kernel_waits_late counts it
