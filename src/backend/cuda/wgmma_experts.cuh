@@ -229,12 +229,12 @@ struct WxArgs {
 /* grid (item, row block x k-split): gate/up WX_ROWS / 2 intermediate rows a block, down WX_ROWS hidden rows */
 template <int KIND, int F>
 static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a) {
+    DDT_GRID_DEP_WAIT();
     static_assert(F == QF_INT4 || F == QF_FP8, "INT4 group 32 or FP8 blocks");
     /* a unit (16 rows x 32 columns a warp): INT4 256 bytes + scales in the stage, FP8 512 bytes
        (its block scale read per unit, as wstream.cuh's FP8 path); a stage is 1 KB of a warp's
        weights either way: 4 INT4 units (2 token blocks), 2 FP8 units (1 block) */
     constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = 1024 / UB, BPS = UPS / 2;
-    DDT_GRID_DEP_WAIT();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
 #else
