@@ -1339,11 +1339,9 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         const void *ptrs[4] = {args->resid, args->shared, args->norm_w, args->out};
         const int64_t lds[4] = {args->ld_resid, args->ld_shared, 0, args->ldo};
         const bool vec = norm_vec_ok(m->hidden, ptrs, lds, 4);
-        const ddt_cuda_split_planes &sp = args->norm_split;
-        if (sp.hi && (!sp.lo || sp.pitch < m->hidden || sp.pitch % 8 != 0 || (uintptr_t)sp.hi % 16 != 0 ||
-                      (uintptr_t)sp.lo % 16 != 0))
-            return ddt_fail(err, DDT_ERR_INVALID, "moe_run: split planes of pitch %lld for rows of %d (16-byte "
-                            "aligned planes, a pitch of whole 8s needed)", (long long)sp.pitch, m->hidden);
+        ddt_cuda_split_planes sp;
+        const ddt_status sst = norm_split_check("moe_run", &args->norm_split, m->hidden, &sp, err);
+        if (sst != DDT_OK) return sst;
         if (norm_threads(m->hidden) == NORM_THREADS_LONG)
             moe_combine_norm_kernel<NORM_THREADS_LONG><<<(unsigned)n, NORM_THREADS_LONG, 0, s>>>(
                 idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,

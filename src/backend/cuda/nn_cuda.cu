@@ -57,19 +57,6 @@ extern "C" ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, i
     return DDT_OK;
 }
 
-/* The split planes' check: present planes hold dim columns a row, 8-byte aligned
- * for the register path's 4-element stores (the products' pitch, a multiple of 8). */
-static ddt_status split_check(const char *what, const ddt_cuda_split_planes *sp, int32_t dim,
-                              ddt_cuda_split_planes *out, ddt_error *err) {
-    *out = ddt_cuda_split_planes{NULL, NULL, 0};
-    if (!sp || !sp->hi) return DDT_OK;
-    if (!sp->lo || sp->pitch < dim || sp->pitch % 8 != 0 || (uintptr_t)sp->hi % 16 != 0 || (uintptr_t)sp->lo % 16 != 0)
-        return ddt_fail(err, DDT_ERR_INVALID, "%s: split planes of pitch %lld for rows of %d (16-byte aligned "
-                        "planes, a pitch of whole 8s needed)", what, (long long)sp->pitch, dim);
-    *out = *sp;
-    return DDT_OK;
-}
-
 extern "C" ddt_status ddt_cuda_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int32_t n, int32_t dim,
                                            const float *w, float eps, float *out, int64_t ldo, ddt_cuda_stream stream,
                                            ddt_error *err) {
@@ -83,7 +70,7 @@ extern "C" ddt_status ddt_cuda_add_rmsnorm_split(float *x, int64_t ldx, const fl
     if (n < 1 || dim < 1 || !x || !r || !w || !out)
         return ddt_fail(err, DDT_ERR_INVALID, "add_rmsnorm: %d rows of %d", n, dim);
     ddt_cuda_split_planes p;
-    const ddt_status st = split_check("add_rmsnorm", sp, dim, &p, err);
+    const ddt_status st = norm_split_check("add_rmsnorm", sp, dim, &p, err);
     if (st != DDT_OK) return st;
     const bool vec = norm_vec(x, ldx, r, ldr, w, out, ldo, dim);
     if (norm_threads(dim) == NORM_THREADS_LONG)
@@ -123,7 +110,7 @@ extern "C" ddt_status ddt_cuda_rmsnorm_pair_split(const ddt_cuda_norm_job jobs[2
                                                   ddt_error *err) {
     NormPair p;
     if (!jobs) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm_pair: no jobs");
-    ddt_status st = split_check("rmsnorm_pair", sp0, jobs[0].dim, &p.sp0, err);
+    ddt_status st = norm_split_check("rmsnorm_pair", sp0, jobs[0].dim, &p.sp0, err);
     if (st != DDT_OK) return st;
     for (int i = 0; i < 2; i++) {
         const ddt_cuda_norm_job &j = jobs[i];

@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_types.h"
+#include "ddtree.h"
 
 /* The threads that norm a row of dim elements (see the top). */
 #define NORM_THREADS_SHORT 256
@@ -90,6 +91,20 @@ struct NormSplitRow {
 static __device__ __forceinline__ NormSplitRow norm_split_row(const ddt_cuda_split_planes &p, int64_t row) {
     if (!p.hi) return NormSplitRow{nullptr, nullptr};
     return NormSplitRow{(__nv_bfloat16 *)p.hi + row * p.pitch, (__nv_bfloat16 *)p.lo + row * p.pitch};
+}
+
+/* A norm launch's check of the split planes it was given (sp NULL or sp->hi NULL:
+ * none, *out zero): present planes hold dim columns a row, 16-byte aligned with a
+ * pitch of whole 8s (the register path's 8-byte stores; the products' layout). */
+static inline ddt_status norm_split_check(const char *what, const ddt_cuda_split_planes *sp, int64_t dim,
+                                          ddt_cuda_split_planes *out, ddt_error *err) {
+    *out = ddt_cuda_split_planes{NULL, NULL, 0};
+    if (!sp || !sp->hi) return DDT_OK;
+    if (!sp->lo || sp->pitch < dim || sp->pitch % 8 != 0 || (uintptr_t)sp->hi % 16 != 0 || (uintptr_t)sp->lo % 16 != 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "%s: split planes of pitch %lld for rows of %lld (16-byte aligned "
+                        "planes, a pitch of whole 8s needed)", what, (long long)sp->pitch, (long long)dim);
+    *out = *sp;
+    return DDT_OK;
 }
 
 /* The residual source of norm_row when there is none. */

@@ -1404,15 +1404,8 @@ extern "C" ddt_status ddt_cuda_embed_rmsnorm_split(const ddt_qweight *w, const i
                                                    ddt_cuda_stream stream, ddt_error *err) {
     ddt_status st = check_weight(w, "embed_rmsnorm", err);
     if (st != DDT_OK) return st;
-    ddt_cuda_split_planes p = {NULL, NULL, 0};
-    if (sp && sp->hi) {
-        if (!sp->lo || sp->pitch < w->cols || sp->pitch % 8 != 0 || (uintptr_t)sp->hi % 16 != 0 ||
-            (uintptr_t)sp->lo % 16 != 0)
-            return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: split planes of pitch %lld for rows of %lld "
-                            "(16-byte aligned planes, a pitch of whole 8s needed)", (long long)sp->pitch,
-                            (long long)w->cols);
-        p = *sp;
-    }
+    ddt_cuda_split_planes p;
+    if ((st = norm_split_check("embed_rmsnorm", sp, w->cols, &p, err)) != DDT_OK) return st;
     if (n < 1 || n > 65535 || !ids || !x || !norm_w || !xn)
         return ddt_fail(err, DDT_ERR_INVALID, "embed_rmsnorm: %d ids (ids, x, norm weight and xn needed)", n);
     if (w->cols > INT32_MAX || ldx < w->cols || ldxn < w->cols)
