@@ -14,7 +14,8 @@
 #   expert kernels by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
 #   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
 #   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
-#   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv); ncu-round = every kernel's time in
+#   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv, listed in launch order in
+#   ncu-layer-N.md: scripts/ncu-sum.py --launches); ncu-round = every kernel's time in
 #   a short generate of the shipped pair (ar, tree 64, tree 64 at T = 1: $OUT/ncu-round-*.csv.gz,
 #   summed per kernel by scripts/ncu-sum.py into $OUT/ncu-round-sum.md).
 # Exit status: non-zero when any test fails.
@@ -126,8 +127,11 @@ for s in "${steps[@]}"; do
     ncu-dense) ncu_dense > "$OUT/ncu-dense.txt" 2>&1; tail -5 "$OUT/ncu-dense.txt" ;;
     k26) $B/cuda_bench_k26 --tc 2>&1 | tee -a "$OUT/k26.md" ;;
     ncu-layer) for n in 1 32; do
-        ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-            $B/cuda_bench_k26 --profile $n > "$OUT/ncu-layer-$n.csv" 2>&1; tail -2 "$OUT/ncu-layer-$n.csv"
+        # caches not flushed between kernels (the layer's activations stay in L2, as they do
+        # when it runs; its weights are far larger than L2 either way)
+        ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum \
+            --csv $B/cuda_bench_k26 --profile $n > "$OUT/ncu-layer-$n.csv" 2>&1
+        python3 scripts/ncu-sum.py --launches "$OUT/ncu-layer-$n.csv" | tee "$OUT/ncu-layer-$n.md"
       done ;;
     ncu-round) for m in "ar" "tree --budget 64" "tree --budget 64 --temperature 1"; do
         echo "== ncu-round: $m"

@@ -4,8 +4,12 @@ CSV, one row per kernel launch with gpu__time_duration.sum, optionally gzipped) 
 that two builds' rounds can be compared kernel by kernel without copying the raw CSV back.
 
     python3 scripts/ncu-sum.py FILE.csv[.gz]... [--top N]
+    python3 scripts/ncu-sum.py --launches FILE.csv [BEFORE.csv]
 
 Prints, per file, a table: kernel (template arguments cut), launches, total us, mean us, share.
+--launches: every launch in order instead (kernel, grid, us: one layer's verify from
+`gpu-test.sh ncu-layer`), with a second file's launch times beside it when given (a build
+before a change; the rows pair by position, so the kernel names of both are printed).
 """
 import csv
 import gzip
@@ -38,15 +42,47 @@ def short_name(name):
     return "".join(out)[:90]
 
 
+def to_us(r):
+    unit = r.get("Metric Unit", "ns")
+    v = float(r["Metric Value"].replace(",", ""))
+    return v / 1000.0 if unit in ("ns", "nsecond") else v * 1000.0 if unit in ("ms", "msecond") else v
+
+
+def launches(path):
+    """(kernel, grid, us) of every launch, in order."""
+    return [(short_name(r["Kernel Name"]), r.get("Grid Size", ""), to_us(r)) for r in read_rows(path)
+            if r.get("Metric Name") == "gpu__time_duration.sum"]
+
+
+def list_launches(path, before=None):
+    now = launches(path)
+    old = launches(before) if before else []
+    if before:
+        print(f"## {path} against {before}: {len(now)} launches, {sum(u for _, _, u in now):.1f} us "
+              f"(before: {len(old)}, {sum(u for _, _, u in old):.1f} us)")
+        print("| # | kernel | grid | us | before: kernel | us |")
+        print("|---:|---|---|---:|---|---:|")
+    else:
+        print(f"## {path}: {len(now)} launches, {sum(u for _, _, u in now):.1f} us")
+        print("| # | kernel | grid | us |")
+        print("|---:|---|---|---:|")
+    for i in range(max(len(now), len(old))):
+        k, g, u = now[i] if i < len(now) else ("", "", None)
+        row = f"| {i} | {k} | {g} | {'' if u is None else f'{u:.1f}'} |"
+        if before:
+            ok, _, ou = old[i] if i < len(old) else ("", "", None)
+            row += f" {ok} | {'' if ou is None else f'{ou:.1f}'} |"
+        print(row)
+    print()
+
+
 def summarise(path, top):
     rows = read_rows(path)
     per = {}
     for r in rows:
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        unit = r.get("Metric Unit", "ns")
-        v = float(r["Metric Value"].replace(",", ""))
-        us = v / 1000.0 if unit == "ns" else v * 1000.0 if unit == "ms" else v
+        us = to_us(r)
         k = short_name(r["Kernel Name"])
         n, t = per.get(k, (0, 0.0))
         per[k] = (n + 1, t + us)
@@ -63,14 +99,20 @@ def summarise(path, top):
 def main(argv):
     top = 40
     files = []
+    listing = False
     it = iter(argv)
     for a in it:
         if a == "--top":
             top = int(next(it))
+        elif a == "--launches":
+            listing = True
         else:
             files.append(a)
-    if not files:
+    if not files or (listing and len(files) > 2):
         raise SystemExit(__doc__)
+    if listing:
+        list_launches(files[0], files[1] if len(files) > 1 else None)
+        return
     for f in files:
         summarise(f, top)
 
