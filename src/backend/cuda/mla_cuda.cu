@@ -152,12 +152,10 @@ extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], f
         const int64_t lds[3] = {j.ldx, 0, j.ldo};
         p.vec[i] = norm_vec_ok(j.dim, ptrs, lds, 3);
     }
-    if (norm_threads(jobs[0].dim) == NORM_THREADS_LONG || norm_threads(jobs[1].dim) == NORM_THREADS_LONG)
-        mla_norm_write_kernel<NORM_THREADS_LONG><<<dim3((unsigned)a->n, 2), NORM_THREADS_LONG, 0,
-                                                   (cudaStream_t)stream>>>(p, eps, *a);
-    else
-        mla_norm_write_kernel<NORM_THREADS_SHORT><<<dim3((unsigned)a->n, 2), NORM_THREADS_SHORT, 0,
-                                                    (cudaStream_t)stream>>>(p, eps, *a);
+    norm_launch(max(norm_threads(jobs[0].dim), norm_threads(jobs[1].dim)), [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        mla_norm_write_kernel<NT><<<dim3((unsigned)a->n, 2), NT, 0, (cudaStream_t)stream>>>(p, eps, *a);
+    });
     DDT_CUDA_LAUNCHED("mla_norm_write", (cudaStream_t)stream, err);
     return DDT_OK;
 }

@@ -1342,14 +1342,12 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         ddt_cuda_split_planes sp;
         const ddt_status sst = norm_split_check("moe_run", &args->norm_split, m->hidden, &sp, err);
         if (sst != DDT_OK) return sst;
-        if (norm_threads(m->hidden) == NORM_THREADS_LONG)
-            moe_combine_norm_kernel<NORM_THREADS_LONG><<<(unsigned)n, NORM_THREADS_LONG, 0, s>>>(
+        norm_launch(norm_threads(m->hidden), [&](auto nt) {
+            constexpr int NT = decltype(nt)::value;
+            moe_combine_norm_kernel<NT><<<(unsigned)n, NT, 0, s>>>(
                 idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,
                 args->ld_shared, args->norm_w, args->eps, args->out, args->ldo, vec, sp);
-        else
-            moe_combine_norm_kernel<NORM_THREADS_SHORT><<<(unsigned)n, NORM_THREADS_SHORT, 0, s>>>(
-                idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,
-                args->ld_shared, args->norm_w, args->eps, args->out, args->ldo, vec, sp);
+        });
         DDT_CUDA_LAUNCHED("moe_combine_norm", s, err);
         return DDT_OK;
     }

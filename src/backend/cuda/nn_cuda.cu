@@ -47,12 +47,11 @@ extern "C" ddt_status ddt_cuda_rmsnorm(const float *x, int64_t ldx, int32_t n, i
     if (n < 1 || dim < 1) return ddt_fail(err, DDT_ERR_INVALID, "rmsnorm: %d rows of %d", n, dim);
     const bool vec = norm_vec(x, ldx, nullptr, 0, w, out, ldo, dim);
     const ddt_cuda_split_planes none = {NULL, NULL, 0};
-    if (norm_threads(dim) == NORM_THREADS_LONG)
-        rmsnorm_kernel<false, NORM_THREADS_LONG><<<n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
-            (float *)x, ldx, nullptr, 0, dim, w, eps, out, ldo, vec, none);
-    else
-        rmsnorm_kernel<false, NORM_THREADS_SHORT><<<n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
-            (float *)x, ldx, nullptr, 0, dim, w, eps, out, ldo, vec, none);
+    norm_launch(norm_threads(dim), [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        rmsnorm_kernel<false, NT><<<n, NT, 0, (cudaStream_t)stream>>>((float *)x, ldx, nullptr, 0, dim, w, eps, out, ldo,
+                                                                       vec, none);
+    });
     DDT_CUDA_LAUNCHED("rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }
@@ -73,12 +72,10 @@ extern "C" ddt_status ddt_cuda_add_rmsnorm_split(float *x, int64_t ldx, const fl
     const ddt_status st = norm_split_check("add_rmsnorm", sp, dim, &p, err);
     if (st != DDT_OK) return st;
     const bool vec = norm_vec(x, ldx, r, ldr, w, out, ldo, dim);
-    if (norm_threads(dim) == NORM_THREADS_LONG)
-        rmsnorm_kernel<true, NORM_THREADS_LONG><<<n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
-            x, ldx, r, ldr, dim, w, eps, out, ldo, vec, p);
-    else
-        rmsnorm_kernel<true, NORM_THREADS_SHORT><<<n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
-            x, ldx, r, ldr, dim, w, eps, out, ldo, vec, p);
+    norm_launch(norm_threads(dim), [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        rmsnorm_kernel<true, NT><<<n, NT, 0, (cudaStream_t)stream>>>(x, ldx, r, ldr, dim, w, eps, out, ldo, vec, p);
+    });
     DDT_CUDA_LAUNCHED("add_rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }
@@ -119,12 +116,10 @@ extern "C" ddt_status ddt_cuda_rmsnorm_pair_split(const ddt_cuda_norm_job jobs[2
         p.job[i] = j;
         p.vec[i] = norm_vec(j.x, j.ldx, nullptr, 0, j.w, j.out, j.ldo, j.dim);
     }
-    if (norm_threads(jobs[0].dim) == NORM_THREADS_LONG || norm_threads(jobs[1].dim) == NORM_THREADS_LONG)
-        rmsnorm_pair_kernel<NORM_THREADS_LONG><<<dim3((unsigned)n, 2), NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
-            p, eps);
-    else
-        rmsnorm_pair_kernel<NORM_THREADS_SHORT><<<dim3((unsigned)n, 2), NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
-            p, eps);
+    norm_launch(max(norm_threads(jobs[0].dim), norm_threads(jobs[1].dim)), [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        rmsnorm_pair_kernel<NT><<<dim3((unsigned)n, 2), NT, 0, (cudaStream_t)stream>>>(p, eps);
+    });
     DDT_CUDA_LAUNCHED("rmsnorm_pair", (cudaStream_t)stream, err);
     return DDT_OK;
 }

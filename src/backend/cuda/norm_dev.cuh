@@ -23,6 +23,9 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include <type_traits>
+
+#include "backend/cuda/bf16_split_dev.cuh"
 #include "backend/cuda/cuda_types.h"
 #include "ddtree.h"
 
@@ -33,6 +36,14 @@
 static __host__ __device__ inline int norm_threads(int dim) {
     return dim >= NORM_LONG_FROM ? NORM_THREADS_LONG : NORM_THREADS_SHORT;
 }
+/* f(std::integral_constant<int, NT>{}) for nt (norm_threads of a launch's longest
+ * row): the one place a launcher turns that count into its kernel's instance. */
+template <class F>
+static inline void norm_launch(int nt, F &&f) {
+    if (nt == NORM_THREADS_LONG) f(std::integral_constant<int, NORM_THREADS_LONG>{});
+    else f(std::integral_constant<int, NORM_THREADS_SHORT>{});
+}
+
 /* Rows of a multiple of 4 floats, 16-byte aligned and at most norm_vmax<NT> float4
  * per thread (8192 elements at 256 or 512 threads) stay in registers
  * between the sum of squares and the scaling (one read of x); other rows take the
@@ -56,24 +67,18 @@ static __device__ float norm_block_sum(float v, float *wsum) {
     return s;
 }
 
-/* x -> (bf16(x), bf16(x - bf16(x))), round to nearest: the split of the tensor-core
- * products' activations (wgmma_gemm.cu's split pass computes the same two values). */
-static __device__ __forceinline__ void norm_split1(float v, __nv_bfloat16 &h, __nv_bfloat16 &l) {
-    h = __float2bfloat16_rn(v);
-    l = __float2bfloat16_rn(v - __bfloat162float(h)); /* the difference is exact */
-}
-
-/* The output row's split planes (ddt_cuda_split_planes, resolved to the row), or
- * none (hi == NULL). */
+/* The output row's split planes (ddt_cuda_split_planes, resolved to the row; each
+ * value by bf16_split, as the wgmma product's split pass writes it), or none (hi ==
+ * NULL). */
 struct NormSplitRow {
     __nv_bfloat16 *hi, *lo;
     __device__ void store4(int i, float4 o) const {
         if (!hi) return;
         __nv_bfloat16 h[4], l[4];
-        norm_split1(o.x, h[0], l[0]);
-        norm_split1(o.y, h[1], l[1]);
-        norm_split1(o.z, h[2], l[2]);
-        norm_split1(o.w, h[3], l[3]);
+        bf16_split(o.x, h[0], l[0]);
+        bf16_split(o.y, h[1], l[1]);
+        bf16_split(o.z, h[2], l[2]);
+        bf16_split(o.w, h[3], l[3]);
         __nv_bfloat162 h01 = {h[0], h[1]}, h23 = {h[2], h[3]}, l01 = {l[0], l[1]}, l23 = {l[2], l[3]};
         uint2 hv, lv;
         hv.x = *(const uint32_t *)&h01, hv.y = *(const uint32_t *)&h23;
@@ -83,7 +88,7 @@ struct NormSplitRow {
     }
     __device__ void store1(int i, float o) const {
         if (!hi) return;
-        norm_split1(o, hi[i], lo[i]);
+        bf16_split(o, hi[i], lo[i]);
     }
 };
 

@@ -1417,12 +1417,11 @@ extern "C" ddt_status ddt_cuda_embed_rmsnorm_split(const ddt_qweight *w, const i
     const void *ptrs[4] = {x, nullptr, norm_w, xn};
     const int64_t lds[4] = {ldx, 0, 0, ldxn};
     const bool vec = norm_vec_ok(dim, ptrs, lds, 4);
-    if (norm_threads(dim) == NORM_THREADS_LONG)
-        embed_rmsnorm_kernel<NORM_THREADS_LONG><<<(unsigned)n, NORM_THREADS_LONG, 0, (cudaStream_t)stream>>>(
-            *w, ids, first_id, x, ldx, norm_w, eps, xn, ldxn, vec, p);
-    else
-        embed_rmsnorm_kernel<NORM_THREADS_SHORT><<<(unsigned)n, NORM_THREADS_SHORT, 0, (cudaStream_t)stream>>>(
-            *w, ids, first_id, x, ldx, norm_w, eps, xn, ldxn, vec, p);
+    norm_launch(norm_threads(dim), [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        embed_rmsnorm_kernel<NT><<<(unsigned)n, NT, 0, (cudaStream_t)stream>>>(*w, ids, first_id, x, ldx, norm_w, eps, xn,
+                                                                               ldxn, vec, p);
+    });
     DDT_CUDA_LAUNCHED("embed_rmsnorm", (cudaStream_t)stream, err);
     return DDT_OK;
 }

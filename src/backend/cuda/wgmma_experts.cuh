@@ -73,6 +73,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/bf16_split_dev.cuh"
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/wstream.cuh"
 
@@ -119,8 +120,8 @@ static __device__ __forceinline__ void wx_store_quad(uint8_t *row, int64_t q, fl
 
 /* one value into a wq row */
 static __device__ __forceinline__ void wx_store_one(uint8_t *row, int64_t c, float v) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    const __nv_bfloat16 l = __float2bfloat16_rn(v - __bfloat162float(h)); /* exact difference, ws_split's */
+    __nv_bfloat16 h, l;
+    bf16_split(v, h, l); /* ws_split's values */
     uint8_t *p = row + wx_col_offset(c);
     *(__nv_bfloat16 *)p = h;
     *(__nv_bfloat16 *)(p + 128) = l;

@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/cuda/bf16_split_dev.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/wgmma_gemm.h"
@@ -81,12 +82,7 @@ __global__ void __launch_bounds__(WG_SPLIT_THREADS)
         const int64_t g = r / n, t = r - g * n;
         const float *src = x + t * ldx + g * x_stride + c;
         __nv_bfloat16 *h = hi + r * xs + c, *l = lo + r * xs + c;
-        for (int k = 0; k < 4 && c + k < cols; k++) {
-            const float v = src[k];
-            const __nv_bfloat16 b = __float2bfloat16_rn(v);
-            h[k] = b;
-            l[k] = __float2bfloat16_rn(v - __bfloat162float(b)); /* the difference is exact */
-        }
+        for (int k = 0; k < 4 && c + k < cols; k++) bf16_split(src[k], h[k], l[k]);
     }
 }
 
@@ -242,6 +238,23 @@ extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
     return DDT_OK;
 }
 
+/* The split planes of `rows` activation rows of `cols` columns in the workspace:
+ * hi at its start, lo after it, pitch round8(cols) (the TMA's 16-byte row pitch).
+ * The split pass writes them there, the product's x maps read them, and a
+ * producer that writes them itself (ddt_cuda_wg_split_planes) finds them here. */
+struct WgPlanes {
+    int64_t pitch, plane; /* elements: a row, a plane */
+    __nv_bfloat16 *hi, *lo;
+};
+static WgPlanes wg_planes(int64_t cols, int64_t rows, void *workspace) {
+    WgPlanes p;
+    p.pitch = (cols + 7) / 8 * 8;
+    p.plane = rows * p.pitch;
+    p.hi = (__nv_bfloat16 *)workspace;
+    p.lo = p.hi + p.plane;
+    return p;
+}
+
 /* The product; x NULL: the planes are already in the workspace (presplit). */
 static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
                             float *y, int64_t ldy, void *workspace, size_t workspace_bytes, cudaStream_t s,
@@ -251,8 +264,9 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
                         "columns a multiple of 8 and 16-byte aligned data", (long long)w->rows, (long long)w->cols);
     if (n < 1 || g->count < 1 || (int64_t)g->count * n > 0x7FFFFFFF)
         return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): %d tokens x %d groups", n, g->count);
-    const int64_t xs = (w->cols + 7) / 8 * 8, plane = (int64_t)g->count * n * xs;
-    const size_t need = (size_t)plane * 4;
+    const WgPlanes pl = wg_planes(w->cols, (int64_t)g->count * n, workspace);
+    const int64_t xs = pl.pitch;
+    const size_t need = (size_t)pl.plane * 4;
     if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16 != 0)
         return ddt_fail(err, DDT_ERR_RANGE, "matmul (wgmma): %d tokens x %d groups of %lld columns need %zu "
                         "16-byte aligned workspace bytes, %zu given", n, g->count, (long long)w->cols, need,
@@ -264,7 +278,7 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
                         (long long)(rtiles * ks), (long long)ttiles, g->count);
     encode_tiled_fn enc = get_encoder();
     if (!enc) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (wgmma): cuTensorMapEncodeTiled is not available");
-    __nv_bfloat16 *hi = (__nv_bfloat16 *)workspace, *lo = hi + plane;
+    __nv_bfloat16 *hi = pl.hi, *lo = pl.lo;
     /* the x boxes carry as many rows as there are (rounded to 8, the swizzle's
        period), not 64: a decode step's boxes are 8 rows, not 63 of zero fill */
     const int64_t xrows = (int64_t)g->count * n;
@@ -329,11 +343,11 @@ extern "C" bool ddt_cuda_wg_split_planes(const ddt_qweight *w, int32_t n, void *
                                          ddt_cuda_split_planes *out) {
     memset(out, 0, sizeof *out);
     if (!ddt_cuda_wg_eligible(w) || n < 1 || !workspace || (uintptr_t)workspace % 16 != 0) return false;
-    const int64_t xs = (w->cols + 7) / 8 * 8, plane = (int64_t)n * xs; /* wg_matmul's layout, one group */
-    if (workspace_bytes < (size_t)plane * 4) return false;
-    out->hi = (uint16_t *)workspace;
-    out->lo = out->hi + plane;
-    out->pitch = xs;
+    const WgPlanes pl = wg_planes(w->cols, n, workspace); /* wg_matmul's layout, one group */
+    if (workspace_bytes < (size_t)pl.plane * 4) return false;
+    out->hi = (uint16_t *)pl.hi;
+    out->lo = (uint16_t *)pl.lo;
+    out->pitch = pl.pitch;
     return true;
 }
 
