@@ -242,7 +242,7 @@ static void presplit_case(int kind, int dim, int n, bool aligned) {
     OK(ddt_cuda_qweight_upload(&he.w, &emb, &err_));
     const size_t xc = (size_t)n * (size_t)ld;
     float *hx = malloc(sizeof(float) * xc), *hr = malloc(sizeof(float) * xc), *hn = malloc(sizeof(float) * dim);
-    float *k1 = malloc(sizeof(float) * 64 * (size_t)n), *hx2 = malloc(sizeof(float) * xc);
+    float *k1 = malloc(sizeof(float) * 64 * (size_t)n);
     for (size_t i = 0; i < xc; i++) hx[i] = ct_frand(&g_rng), hr[i] = ct_frand(&g_rng);
     for (int i = 0; i < dim; i++) hn[i] = 0.5f + ct_frand(&g_rng);
     for (int i = 0; i < 64 * n; i++) k1[i] = ct_frand(&g_rng);
@@ -297,7 +297,7 @@ static void presplit_case(int kind, int dim, int n, bool aligned) {
           dim, n, aligned ? "aligned" : "ld off 4");
     CHECK(same_bits(kv[0], kv[1], 64 * (size_t)n), "%s dim %d n %d: the second job differs", names[kind], dim, n);
     for (int v = 0; v < 2; v++) free(out[v]), free(xs[v]), free(ys[v]), free(kv[v]);
-    free(hx), free(hr), free(hn), free(k1), free(hx2);
+    free(hx), free(hr), free(hn), free(k1);
     CU(cudaFree(dids));
     CU(cudaFree(dnw));
     CU(cudaFree(dr));

@@ -1352,6 +1352,10 @@ extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, i
     return DDT_OK;
 }
 
+/* a K2.6 row (7168 at 512 threads) in one batch of 14, up to 2048 at 256 threads in
+   one of 8: 16 covers both */
+#define EMBED_BATCH 16
+
 /* The gather and the first layer's norm in one launch, one block of norm_threads per
  * row: the block stores its embedding row to x (embed_elem: embed_kernel's bits),
  * waits at a barrier so every thread sees the whole row in global memory, then runs
@@ -1359,10 +1363,6 @@ extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, i
  * flag), so xn holds the bits ddt_cuda_rmsnorm would have written.  Row 0 takes
  * *first_id instead of ids[0] when first_id is given (the drafter's bonus token,
  * which saves a copy into its id block every round). */
-/* a K2.6 row (7168 at 512 threads) in one batch of 14, up to 2048 at 256 threads in
-   one of 8: 16 covers both */
-#define EMBED_BATCH 16
-
 template <int NT>
 static __global__ void __launch_bounds__(NT)
 embed_rmsnorm_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, const int32_t *__restrict__ first_id,
