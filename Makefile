@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo tree-demo test deps deps-test build build-asan build-fuzz unit pytest asan fuzz bench clean
+.PHONY: demo tree-demo test deps deps-test build build-asan build-tsan build-fuzz unit pytest asan tsan fuzz bench clean
 
 # The main job: DDTree decoding with the shipped pair (models/README.md) on a held-out prompt,
 # on the GPU when the build has CUDA and one is present, else on the CPU.
@@ -17,7 +17,7 @@ demo: deps build
 tree-demo: build
 	./$(BUILD)/ddtree tree --draw < examples/tree_problem.json
 
-test: deps-test build unit pytest asan fuzz
+test: deps-test build unit pytest asan tsan fuzz
 	@echo "make test: all tests passed"
 
 deps:
@@ -43,6 +43,15 @@ asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	DDT_BUILD_DIR=$(abspath build-asan) DDT_PYTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=0 python3 -m pytest -q tests/python -k "cli"
 
+# ThreadSanitizer over the tests that run the CPU pool and the engine on several threads
+TSAN_TESTS = test_cpu_ops test_engine
+build-tsan:
+	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDT_TSAN=ON -DDDT_CUDA=OFF >/dev/null
+	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
+
+tsan: build-tsan
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R '^($(subst $() ,|,$(TSAN_TESTS)))$$'
+
 build-fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDDT_FUZZ=ON -DDDT_CUDA=OFF >/dev/null
 	cmake --build build-fuzz -j $(JOBS)
@@ -54,4 +63,4 @@ bench: build
 	./$(BUILD)/bench_tree
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -10,10 +10,12 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -771,6 +773,60 @@ static void test_pool(void **state) {
     ddt_cpu_pool_destroy(pool);
 }
 
+/* Both sleeping hand-offs: a job posted after the workers gave up polling and
+ * slept, and a job whose worker slices outlast the caller's polling, so that the
+ * caller sleeps and the last worker must wake it.  Then a burst of short jobs
+ * (the polling path) in which no item may run twice or be lost. */
+static void sleep_us(long us) {
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+typedef struct slow_ctx {
+    atomic_int *count;
+    int32_t slow_thread; /* this thread's slice sleeps past the spin */
+} slow_ctx;
+
+static void slow_task(void *p, int64_t b, int64_t e, int32_t thread) {
+    slow_ctx *c = p;
+    if (thread == c->slow_thread) sleep_us(3 * DDT_CPU_SPIN_US);
+    for (int64_t i = b; i < e; i++) atomic_fetch_add(&c->count[i], 1);
+}
+
+static void test_pool_hand_offs(void **state) {
+    (void)state;
+    for (int32_t threads = 2; threads <= 4; threads++) {
+        ddt_cpu_pool *pool = NULL;
+        ddt_error err;
+        assert_int_equal(ddt_cpu_pool_create(threads, &pool, &err), DDT_OK);
+        atomic_int count[64];
+        for (int rep = 0; rep < 4; rep++) {
+            for (int i = 0; i < 64; i++) atomic_init(&count[i], 0);
+            /* the workers are asleep by now (or never polled: the first job) */
+            sleep_us(4 * DDT_CPU_SPIN_US);
+            slow_ctx c = {.count = count, .slow_thread = rep % threads == 0 ? 1 : rep % threads};
+            ddt_cpu_pool_run(pool, slow_task, &c, 64);
+            for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&count[i]), 1);
+            /* the caller's own slice slow: the workers finish first, and poll */
+            c.slow_thread = 0;
+            ddt_cpu_pool_run(pool, slow_task, &c, 64);
+            for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&count[i]), 2);
+        }
+        int plain[64] = {0};
+        for (int job = 0; job < 20000; job++) {
+            mark_ctx m = {.count = plain};
+            ddt_cpu_pool_run(pool, mark_task, &m, 1 + job % 64);
+        }
+        for (int i = 0; i < 64; i++) {
+            int expect = 0; /* jobs of n > i items */
+            for (int job = 0; job < 20000; job++) expect += 1 + job % 64 > i;
+            assert_int_equal(plain[i], expect);
+        }
+        ddt_cpu_pool_destroy(pool);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalar_decoders),
@@ -785,6 +841,7 @@ int main(void) {
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_pool_hand_offs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

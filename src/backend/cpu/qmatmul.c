@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define MM_RB 4    /* weight rows per work item */
-#define MM_TB 8    /* activation rows per tile */
+#define MM_TB 64   /* activation rows per tile */
 #define MM_CH 256  /* columns dequantised per chunk (multiple of 8) */
 #define MT_CH 64   /* output columns per work item of the transposed product */
 
