@@ -35,6 +35,10 @@ static const char k_usage_tail[] =
     "  --served-model-name NAME  the model id of /v1/models and responses (default: the folder's name)\n"
     "  --max-body-bytes N   request body limit (default 1048576; 413 above)\n"
     "  --max-queue N        requests waiting for the engine (default 64; 503 above)\n"
+    "  --no-prefix-cache    start every request from an empty context (by default the CPU engine\n"
+    "                       reuses the previous request's context up to the first token where the\n"
+    "                       prompts differ: the same output, less prefill; usage reports it as\n"
+    "                       prompt_tokens_details.cached_tokens)\n"
     "  --help               this text\n"
     "Stops on SIGINT / SIGTERM.  Exit status: 0 stopped by a signal, 2 bad arguments, model or\n"
     "address, 1 other failure.\n";
@@ -43,6 +47,7 @@ typedef struct serve_args {
     cli_engine_args eng;
     const char *host, *api_key, *name;
     long long port, max_body, max_queue;
+    bool no_prefix_cache;
 } serve_args;
 
 static int parse_args(int argc, char **argv, serve_args *a) {
@@ -55,6 +60,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
         if (common == 0 || common == 2) return common;
         if (common == 1) continue;
+        if (!strcmp(f, "--no-prefix-cache")) {
+            a->no_prefix_cache = true;
+            continue;
+        }
         static const char *const valued[] = {"--host", "--port", "--api-key", "--served-model-name",
                                              "--max-body-bytes", "--max-queue"};
         const char *v = NULL;
@@ -112,6 +121,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
     ddt_engine_options eo;
     cli_engine_options(&a.eng, &eo);
+    eo.prefix_cache = !a.no_prefix_cache;
     const bool cpu = ddt_engine_backend(&eo) == DDT_BACKEND_CPU;
     int32_t reserve = eo.budget > a.eng.max_budget ? eo.budget : (int32_t)a.eng.max_budget;
     /* on the CPU, room for every request's mode and budget up to --max-budget */

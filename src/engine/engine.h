@@ -101,6 +101,12 @@ typedef struct ddt_engine_options {
                                   are scheduled while the kernel before it runs); for comparison */
     int32_t cuda_pdl_edges;    /* cuda, with PDL: which kernel-to-kernel edges of the round graphs become
                                   programmatic (DDT_PDL_EDGES_*; default 0); for measuring the choice */
+    bool prefix_cache;         /* cpu: keep the context of the last generation and start the next from
+                                  its longest common prefix with the new prompt instead of an empty
+                                  one (multi-turn chat re-sends the conversation): the same output
+                                  bit for bit, since every cached row is what a prefill of its token
+                                  computes (batch invariance).  The CUDA engines start fresh (0
+                                  cached tokens) whatever this says. */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
                                   programmatic edge crosses); the per-phase seconds then read 0, the
                                   totals stay; for measuring what the timing costs */
@@ -124,6 +130,8 @@ const char *ddt_stop_reason_name(ddt_stop_reason r);
 
 typedef struct ddt_gen_stats {
     int32_t prompt_tokens;
+    int32_t cached_tokens;     /* of those, the leading ones whose context rows were reused from the
+                                  previous generation (options.prefix_cache), not recomputed */
     int32_t tokens;            /* emitted */
     int32_t rounds;            /* verify forwards after the prompt (AR: one per token) */
     int64_t nodes_verified;    /* tree nodes scored, roots included */
@@ -176,7 +184,9 @@ const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
 
 /*
  * Generate up to max_new tokens after prompt[0..n_prompt) (n_prompt >= 1) from a
- * fresh context; stops early after any id in stop[0..n_stop) (which is emitted)
+ * fresh context (with options.prefix_cache, from the previous generation's
+ * context cut to its longest common prefix with the prompt, which gives the same
+ * tokens; stats->cached_tokens says how many were reused); stops early after any id in stop[0..n_stop) (which is emitted)
  * or when the context is full.  out [max_new] receives the emitted ids;
  * stats->stop_reason says which of these ended it.
  */

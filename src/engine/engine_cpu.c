@@ -34,6 +34,10 @@ typedef struct cpu_engine {
     bool have_cost;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
+    /* options.prefix_cache: the token of each of the target's context rows, kv_ids[0..n_kv)
+       (n_kv = the target's length while it is valid, 0 after anything that lost track) */
+    int32_t *kv_ids; /* [max_ctx] */
+    int32_t n_kv;
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -49,6 +53,7 @@ static void cpu_free(void *impl) {
     free(e->table_tok);
     free(e->pairs);
     free(e->rows);
+    free(e->kv_ids);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
     ddt_sampler_destroy(e->sampler);
@@ -92,6 +97,7 @@ static ddt_status time_draft(void *ctx, int32_t n, double *seconds, ddt_error *e
 /* Measure C_verify(n) on this machine (round.h): verify of 1 + n nodes after one
  * committed token, and the drafter's draft. */
 static ddt_status measure_cost(cpu_engine *e, ddt_error *err) {
+    e->n_kv = 0; /* the timing forwards replace the context */
     int32_t zero = 0;
     ddt_status st = ddt_target_prefill(e->target, &zero, 1, NULL, false, err);
     if (st) return st;
@@ -160,7 +166,8 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
     e->table_tok = ddt_malloc_array(depth_rows * (size_t)e->kmax, sizeof(int32_t));
     e->pairs = ddt_malloc_array((size_t)e->vocab, sizeof(ddt_zid));
     e->rows = ddt_malloc_array(DDT_ENGINE_PREFILL_CHUNK, sizeof(int32_t));
-    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs || !e->rows) {
+    e->kv_ids = ddt_malloc_array((size_t)e->max_ctx, sizeof(int32_t));
+    if (!e->logits || !e->draft_logits || !e->logq || !e->table_tok || !e->pairs || !e->rows || !e->kv_ids) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for the engine's buffers (vocab %d, %d nodes)",
                       e->vocab, e->max_nodes);
         goto fail;
@@ -275,27 +282,45 @@ static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error
     return DDT_OK;
 }
 
-static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
-                               const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
-                               void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
-    cpu_engine *e = impl;
+/* The context rows of the last generation that this prompt may start from
+ * (options.prefix_cache): their longest common prefix, less the prompt's last
+ * token (its logits give the first new token, so it is always computed), and no
+ * longer than the drafter's context, which must cover the same rows (ar rounds do
+ * not feed the drafter: after an ar generation it holds only that prompt). */
+static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32_t n_prompt) {
+    if (!e->opts.prefix_cache || e->n_kv != ddt_target_len(e->target)) return 0;
+    int32_t lim = e->n_kv < n_prompt - 1 ? e->n_kv : n_prompt - 1;
+    if (e->drafter && ddt_drafter_len(e->drafter) < lim) lim = ddt_drafter_len(e->drafter);
+    int32_t keep = 0;
+    while (keep < lim && e->kv_ids[keep] == prompt[keep]) keep++;
+    return keep;
+}
+
+static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
+                                void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
     double forecast = 0.0; /* sum over speculative rounds of the drafter's expected acceptance */
     int64_t forecast_rounds = 0;
-    ddt_status st = ddt_target_rollback(e->target, 0, err);
+    const int32_t keep = reusable_prefix(e, prompt, n_prompt);
+    ddt_status st = ddt_target_rollback(e->target, keep, err);
     if (st) return st;
-    if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
+    if (e->drafter && (st = ddt_drafter_rollback(e->drafter, keep, err))) return st;
+    e->n_kv = keep;
 
     ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
     const ddt_sampling *samp = &e->opts.sampling;
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
-    /* prompt, in chunks; the drafter gets every chunk's features */
-    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+    s.cached_tokens = keep;
+    /* the rest of the prompt, in chunks; the drafter gets every chunk's features */
+    for (int32_t i = keep; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
         int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
         st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
         if (st) return st;
+        memcpy(e->kv_ids + e->n_kv, prompt + i, sizeof(int32_t) * (size_t)c);
+        e->n_kv += c;
         st = feed_drafter(e, e->rows, c, err);
         if (st) return st;
     }
@@ -316,6 +341,7 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
             t1 = t2 = ddt_engine_now();
             st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err);
             if (st) return st;
+            e->kv_ids[e->n_kv++] = bonus;
             t3 = ddt_engine_now();
             st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, round, 0, &bonus, err);
             if (st) return st;
@@ -356,6 +382,7 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
             t4 = ddt_engine_now();
             st = ddt_target_commit(e->target, w.path, w.length, err);
             if (st) return st;
+            for (int32_t i = 0; i < w.length; i++) e->kv_ids[e->n_kv++] = e->tree.token[w.path[i]];
             st = feed_drafter(e, w.path, w.length, err);
             if (st) return st;
             int32_t ids[DDT_MAX_PATH];
@@ -380,6 +407,16 @@ static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prom
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;
+}
+
+static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                               const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
+                               void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
+    cpu_engine *e = impl;
+    ddt_status st = generate_body(e, prompt, n_prompt, max_new, stop, n_stop, out, n_out, emit_fn, emit_ctx, stats, err);
+    /* a failed generation leaves a context nobody tracked: the next starts empty */
+    if (st || e->n_kv != ddt_target_len(e->target)) e->n_kv = 0;
+    return st;
 }
 
 const ddt_engine_backend_ops ddt_engine_cpu_backend = {

@@ -50,9 +50,12 @@ static json_t *head(const ddt_api_ids *r, bool chunk) {
                      "model", r->model);
 }
 
-static json_t *usage(int64_t prompt, int64_t completion) {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
-                     (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
+/* usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens whose
+ * context the engine reused from the previous request (engine.h prefix_cache) */
+static json_t *usage(int64_t prompt, int64_t completion, int64_t cached) {
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                     (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
@@ -79,11 +82,12 @@ char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, siz
     return dump(o, true, len);
 }
 
-char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens, size_t *len) {
+char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens,
+                          int64_t cached_tokens, size_t *len) {
     json_t *o = head(r, true);
     if (!o) return NULL;
     json_object_set_new(o, "choices", json_array());
-    json_object_set_new(o, "usage", usage(prompt_tokens, completion_tokens));
+    json_object_set_new(o, "usage", usage(prompt_tokens, completion_tokens, cached_tokens));
     return dump(o, true, len);
 }
 
@@ -110,7 +114,7 @@ char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, siz
         json_object_set_new(choice, "token_ids", a);
     }
     json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage(res->prompt_tokens, res->completion_tokens));
+    json_object_set_new(o, "usage", usage(res->prompt_tokens, res->completion_tokens, res->cached_tokens));
     if (res->stats) {
         const ddt_gen_stats *s = res->stats;
         json_object_set_new(o, "ddtree", json_pack("{s:s, s:i, s:I, s:f, s:f, s:f}", "mode", ddt_mode_name(res->mode),

@@ -31,8 +31,9 @@ char *ddt_api_error_body(const char *message, const char *type, const char *para
  * delta when role is true), or the closing chunk when finish_reason is given. */
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
                           const char *finish_reason, size_t *len);
-/* The usage event (choices: []) and the terminating "data: [DONE]". */
-char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens, size_t *len);
+/* The usage event (choices: []); cached_tokens: the prompt tokens whose context was reused. */
+char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens,
+                          int64_t cached_tokens, size_t *len);
 /* An error inside a stream that already answered 200. */
 char *ddt_api_error_event(const char *message, size_t *len);
 
@@ -43,6 +44,7 @@ typedef struct ddt_api_result {
     size_t text_len;
     const char *finish_reason;
     int64_t prompt_tokens, completion_tokens;
+    int64_t cached_tokens; /* of the prompt's, reused from the previous request's context */
     const int32_t *ids;
     int32_t n_ids;
     const ddt_gen_stats *stats;

@@ -22,6 +22,7 @@ void ddt_metrics_add_generation(ddt_metrics *m, ddt_mode mode, const ddt_gen_sta
     ddt_metrics_mode *x = &m->mode[mode];
     x->requests++;
     x->prompt_tokens += (uint64_t)s->prompt_tokens;
+    x->cached_tokens += (uint64_t)s->cached_tokens;
     x->generation_tokens += (uint64_t)s->tokens;
     if (mode != DDT_MODE_AR) {
         /* a round verifies one root plus its draft nodes and emits the accepted ones plus a bonus */
@@ -107,6 +108,7 @@ static void family(out_buf *o, const ddt_metrics_mode *x, const char *name, cons
 
 static double g_requests(const ddt_metrics_mode *x) { return (double)x->requests; }
 static double g_prompt(const ddt_metrics_mode *x) { return (double)x->prompt_tokens; }
+static double g_cached(const ddt_metrics_mode *x) { return (double)x->cached_tokens; }
 static double g_gen(const ddt_metrics_mode *x) { return (double)x->generation_tokens; }
 static double g_decode_s(const ddt_metrics_mode *x) { return x->decode_seconds; }
 static double g_req_s(const ddt_metrics_mode *x) { return x->request_seconds; }
@@ -139,6 +141,8 @@ char *ddt_metrics_render(ddt_metrics *m, size_t *len) {
 
     family(&o, x, "ddtree_requests_total", "counter", "Generations finished.", g_requests);
     family(&o, x, "ddtree_prompt_tokens_total", "counter", "Prompt tokens processed.", g_prompt);
+    family(&o, x, "ddtree_prompt_cached_tokens_total", "counter",
+           "Prompt tokens whose context was reused from the previous request.", g_cached);
     family(&o, x, "ddtree_generation_tokens_total", "counter", "Tokens generated.", g_gen);
     family(&o, x, "ddtree_decode_seconds_total", "counter", "Decode time (after the prompt pass).", g_decode_s);
     family(&o, x, "ddtree_request_seconds_total", "counter", "Time from arrival to the last token.", g_req_s);

@@ -349,7 +349,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         snprintf(msg, sizeof msg, "%s", j->error);
         const char *finish = ddt_job_finish_reason(j);
         bool cancelled = j->cancel;
-        int64_t prompt = j->n_prompt, completion = j->n_counted;
+        int64_t prompt = j->n_prompt, completion = j->n_counted, cached = j->stats.cached_tokens;
         pthread_mutex_unlock(&j->mu);
         if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (delta && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, NULL, &n), &n)) {
@@ -365,7 +365,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         } else {
             if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, finish, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, &n), &n))
+            if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, cached, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         static const char done_ev[] = "data: [DONE]\n\n";
@@ -469,7 +469,7 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         size_t tlen = 0;
         bool ok = ddt_textstream_take(&j->text, true, &text, &tlen, &err) == DDT_OK;
         ddt_api_result out = {text ? text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
-                              want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode};
+                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode};
         size_t len = 0;
         char *body = ok ? ddt_api_response_body(&ids, &out, &len) : NULL;
         pthread_mutex_unlock(&j->mu);

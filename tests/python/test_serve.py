@@ -232,6 +232,37 @@ def test_greedy_http_equals_generate(server):
     assert got["usage"]["prompt_tokens"] == ref["stats"]["prompt_tokens"]
 
 
+def test_prefix_cache_multi_turn(server):
+    """A conversation re-sends what came before: the server reuses the previous request's context
+    up to the first token where the prompts differ (usage.prompt_tokens_details.cached_tokens), and
+    the tokens are those of a fresh `ddtree generate` of the whole prompt."""
+    base = generate_json("--prompt", PROMPTS[1], "--max-tokens", "40")["ids"]
+    p1 = base[:30]
+    r1 = complete(server, p1, max_tokens=16, return_token_ids=True)
+    o1 = r1["choices"][0]["token_ids"]
+    # the next turn: the first prompt, part of its answer, then new text
+    p2 = p1 + o1[:10] + base[30:36]
+    r2 = complete(server, p2, max_tokens=16, return_token_ids=True)
+    cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len(p1) <= cached <= len(p2) - 1, r2["usage"]
+    ref = generate_json("--prompt-ids", ",".join(map(str, p2)), "--max-tokens", "16")
+    assert r2["choices"][0]["token_ids"] == ref["ids"]
+    # the same prompt again: all but its last token reused, the same tokens (streamed too)
+    st, ev = server.request("POST", "/v1/completions", {"prompt": p2, "max_tokens": 16, "stream": True,
+                                                        "stream_options": {"include_usage": True}})
+    assert st == 200
+    usage = [json.loads(e[6:]) for e in ev.split("\n\n") if e.startswith("data: {")][-1]["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == len(p2) - 1
+    r3 = complete(server, p2, max_tokens=16, return_token_ids=True)
+    assert r3["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p2) - 1
+    assert r3["choices"][0]["token_ids"] == ref["ids"]
+    # an unrelated prompt reuses nothing it does not share
+    r4 = complete(server, [p2[0] ^ 1, 8, 9], max_tokens=4)
+    assert r4["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    text = server.request("GET", "/metrics")[1]
+    assert metric(text, "ddtree_prompt_cached_tokens_total", "tree") >= cached + 2 * (len(p2) - 1)
+
+
 def test_sampling_seeded_and_prompt_ids(server):
     a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
