@@ -43,6 +43,9 @@ typedef struct ddt_engine_backend_ops {
     /* NULL: the backend runs only the mode it was created for.  Called with a
      * known mode, budget_auto only in tree mode, and a change. */
     ddt_status (*set_speculation)(void *impl, ddt_mode mode, int32_t budget, bool budget_auto, ddt_error *err);
+    /* NULL: the backend cannot report log-probabilities (engine.h ddt_engine_set_logprobs;
+     * checked there) */
+    void (*set_logprobs)(void *impl, ddt_token_logprobs *out, int32_t capacity, int32_t n_top);
     /* the cost model of the auto budget in use; NULL (the entry or its result): none to report */
     const ddt_cost_model *(*cost)(const void *impl);
     /* arguments checked by engine.c (prompt ids in the vocabulary and shorter than

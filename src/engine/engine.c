@@ -211,6 +211,21 @@ ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_err
     return DDT_OK;
 }
 
+ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top,
+                                   ddt_error *err) {
+    if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_logprobs: engine is NULL");
+    if (out && (capacity < 0 || n_top < 0 || n_top > DDT_MAX_TOP_LOGPROBS))
+        return ddt_fail(err, DDT_ERR_RANGE, "logprobs: %d alternatives (0..%d) for %d tokens", n_top,
+                        DDT_MAX_TOP_LOGPROBS, capacity);
+    if (!e->be->set_logprobs) {
+        if (!out) return DDT_OK;
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "log-probabilities need the CPU backend; the %s engine keeps "
+                        "its logits on the device", e->be->name);
+    }
+    e->be->set_logprobs(e->impl, out, out ? capacity : 0, out ? n_top : 0);
+    return DDT_OK;
+}
+
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->be->cost ? e->be->cost(e->impl) : NULL; }
 
 void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto) {

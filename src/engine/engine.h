@@ -182,6 +182,29 @@ int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points)
 /* The cost model in use for the auto budget (measured or given), NULL otherwise. */
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e);
 
+/* Per emitted token: its log-probability under the target's distribution at that
+ * position, the log-softmax of the raw logits (before temperature, top-k and
+ * top-p, as vLLM reports them), and the n_top most likely tokens with theirs,
+ * most likely first (ties: the lower id first). */
+#define DDT_MAX_TOP_LOGPROBS 20
+typedef struct ddt_token_logprobs {
+    float logprob;
+    int32_t n_top;
+    int32_t top_id[DDT_MAX_TOP_LOGPROBS];
+    float top_logprob[DDT_MAX_TOP_LOGPROBS];
+} ddt_token_logprobs;
+
+/*
+ * Later generations write out[i] for their emitted token i < capacity, each
+ * before the emit callback that hands over that token; n_top alternatives
+ * (0..DDT_MAX_TOP_LOGPROBS).  out NULL turns it off (the default).  A tree round
+ * reads the verify logits of the accepted path, which are bitwise the logits of
+ * a one-token-at-a-time decode, so every mode gives ar's values.  CPU engines;
+ * the CUDA engines keep their logits on the device and give DDT_ERR_UNSUPPORTED.
+ */
+ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top,
+                                   ddt_error *err);
+
 /*
  * Generate up to max_new tokens after prompt[0..n_prompt) (n_prompt >= 1) from a
  * fresh context (with options.prefix_cache, from the previous generation's

@@ -13,6 +13,7 @@
 #include "core/zsort.h"
 #include "engine/backend.h"
 #include "engine/emitter.h"
+#include "engine/logprobs.h"
 #include "engine/round.h"
 #include "model/drafter.h"
 #include "model/target.h"
@@ -38,6 +39,9 @@ typedef struct cpu_engine {
        (n_kv = the target's length while it is valid, 0 after anything that lost track) */
     int32_t *kv_ids; /* [max_ctx] */
     int32_t n_kv;
+    /* ddt_engine_set_logprobs: where emitted token i's values go (i < lp_cap), NULL = off */
+    ddt_token_logprobs *lp_out;
+    int32_t lp_cap, lp_top;
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -203,6 +207,19 @@ static const ddt_model_config *cpu_model_config(const void *impl) {
 
 static void cpu_set_sampling(void *impl, const ddt_sampling *s) { ((cpu_engine *)impl)->opts.sampling = *s; }
 
+static void cpu_set_logprobs(void *impl, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
+    cpu_engine *e = impl;
+    e->lp_out = out;
+    e->lp_cap = capacity;
+    e->lp_top = n_top;
+}
+
+/* The values of the token about to be emitted as output index `index`, from the
+ * logits row it was chosen from. */
+static void record_logprobs(const cpu_engine *e, const float *row, int32_t token, int32_t index) {
+    if (e->lp_out && index < e->lp_cap) ddt_logprobs_of_row(row, e->vocab, token, e->lp_top, &e->lp_out[index]);
+}
+
 static const ddt_cost_model *cpu_cost(const void *impl) {
     const cpu_engine *e = impl;
     return e->have_cost && e->opts.budget_auto ? &e->cost : NULL;
@@ -329,6 +346,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     if (st) return st;
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
+    record_logprobs(e, e->logits, bonus, em.n);
     ddt_emitter_push(&em, &bonus, 1);
 
     for (uint64_t round = 1; !em.done; round++) {
@@ -348,6 +366,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             t4 = ddt_engine_now();
             n = 1;
             s.accepted += 1;
+            record_logprobs(e, e->logits, bonus, em.n);
             ddt_emitter_push(&em, &bonus, 1);
         } else {
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
@@ -388,6 +407,9 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             int32_t ids[DDT_MAX_PATH];
             for (int32_t i = 1; i < w.length; i++) ids[i - 1] = e->tree.token[w.path[i]];
             ids[w.length - 1] = w.bonus;
+            /* emitted token i was chosen from the logits of path node i (its parent) */
+            for (int32_t i = 0; i < w.length; i++)
+                record_logprobs(e, e->logits + (size_t)w.path[i] * (size_t)e->vocab, ids[i], em.n + i);
             bonus = w.bonus;
             s.accepted += w.length;
             ddt_emitter_push(&em, ids, w.length);
@@ -427,6 +449,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .model_config = cpu_model_config,
     .set_sampling = cpu_set_sampling,
     .set_speculation = cpu_set_speculation,
+    .set_logprobs = cpu_set_logprobs,
     .cost = cpu_cost,
     .generate = cpu_generate,
 };
