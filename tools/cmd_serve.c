@@ -143,6 +143,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.sampling = eo.sampling;
     so.has_draft = a.eng.draft != NULL;
     so.can_switch = cpu;
+    so.can_logprobs = cpu;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
     if ((st = ddt_server_start(eng, tok, &so, &srv, &err)) != DDT_OK) {

@@ -4,8 +4,11 @@
 #include "server/api.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "text/utf8.h"
 
 /* s (freed here) as one "data: ...\n\n" event. */
 static char *sse_event(char *s, size_t *len) {
@@ -43,6 +46,93 @@ char *ddt_api_error_body(const char *message, const char *type, const char *para
                 false, len);
 }
 
+/* ------------------------------------------------------------------ logprobs */
+
+static json_t *logprob_value(float v) {
+    if (isnan(v)) return json_null();
+    if (isinf(v) && v < 0) return json_real(-9999.0);
+    return json_real((double)v);
+}
+
+/* A token's text (json string, invalid UTF-8 replaced) and, for chat, its bytes. */
+static json_t *token_text(const ddt_tokenizer *tok, int32_t id, json_t **bytes) {
+    const uint8_t *b = NULL;
+    size_t n = 0;
+    if (!tok || ddt_tokenizer_token_bytes(tok, id, &b, &n, NULL) != DDT_OK) n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n && *bytes; i++) json_array_append_new(*bytes, json_integer(b[i]));
+    }
+    if (n == 0) return json_string(""); /* an id the tokenizer does not have (or an empty token) */
+    size_t len = 0;
+    char *s = ddt_utf8_sanitize((const char *)b, n, &len);
+    json_t *t = s ? json_stringn(s, len) : NULL;
+    free(s);
+    return t;
+}
+
+/* Characters of text a token adds to a completion (special tokens add none). */
+static int64_t token_chars(const ddt_tokenizer *tok, int32_t id) {
+    const uint8_t *b = NULL;
+    size_t n = 0;
+    if (!tok || ddt_tokenizer_is_special(tok, id) || ddt_tokenizer_token_bytes(tok, id, &b, &n, NULL) != DDT_OK) return 0;
+    int64_t c = 0;
+    for (size_t i = 0; i < n; i++) c += (b[i] & 0xC0) != 0x80; /* every byte that starts a character */
+    return c;
+}
+
+static json_t *chat_logprobs(const ddt_api_logprobs *a) {
+    json_t *content = json_array();
+    for (int32_t k = a->first; content && k < a->first + a->n; k++) {
+        const ddt_token_logprobs *p = &a->lp[k];
+        /* token_text sets the bytes: called before json_pack, whose arguments have no order */
+        json_t *bytes = NULL, *tops = json_array(), *tt = token_text(a->tok, a->ids[k], &bytes);
+        json_t *e = json_pack("{s:o, s:o, s:o, s:o}", "token", tt, "logprob", logprob_value(p->logprob), "bytes",
+                              bytes, "top_logprobs", tops);
+        for (int32_t j = 0; e && j < p->n_top; j++) {
+            json_t *tb = NULL, *t = token_text(a->tok, p->top_id[j], &tb);
+            json_array_append_new(tops, json_pack("{s:o, s:o, s:o}", "token", t, "logprob",
+                                                  logprob_value(p->top_logprob[j]), "bytes", tb));
+        }
+        if (!e || json_array_append_new(content, e)) {
+            json_decref(content);
+            return NULL;
+        }
+    }
+    return content ? json_pack("{s:o}", "content", content) : NULL;
+}
+
+static json_t *completion_logprobs(const ddt_api_logprobs *a) {
+    json_t *tokens = json_array(), *values = json_array(), *tops = json_array(), *offsets = json_array();
+    int64_t off = a->offset ? *a->offset : 0;
+    for (int32_t k = a->first; k < a->first + a->n; k++) {
+        const ddt_token_logprobs *p = &a->lp[k];
+        json_array_append_new(tokens, token_text(a->tok, a->ids[k], NULL));
+        json_array_append_new(values, logprob_value(p->logprob));
+        json_t *d = json_object();
+        for (int32_t j = 0; j < p->n_top; j++) {
+            /* keyed by text: two ids with the same text keep the likelier (listed first) */
+            json_t *t = token_text(a->tok, p->top_id[j], NULL);
+            if (t && d && !json_object_get(d, json_string_value(t)))
+                json_object_set_new(d, json_string_value(t), logprob_value(p->top_logprob[j]));
+            json_decref(t);
+        }
+        json_array_append_new(tops, d);
+        json_array_append_new(offsets, json_integer(off));
+        off += token_chars(a->tok, a->ids[k]);
+    }
+    if (a->offset) *a->offset = off;
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values, "top_logprobs", tops,
+                     "text_offset", offsets);
+}
+
+static json_t *logprobs_json(ddt_api_kind kind, const ddt_api_logprobs *a) {
+    if (!a) return json_null();
+    return kind == DDT_API_CHAT ? chat_logprobs(a) : completion_logprobs(a);
+}
+
+/* ------------------------------------------------------------------ bodies */
+
 static json_t *head(const ddt_api_ids *r, bool chunk) {
     const char *object = r->kind == DDT_API_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                  : "text_completion";
@@ -59,9 +149,10 @@ static json_t *usage(int64_t prompt, int64_t completion, int64_t cached) {
 }
 
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
-                          const char *finish_reason, size_t *len) {
+                          const char *finish_reason, const ddt_api_logprobs *lp, size_t *len) {
     json_t *o = head(r, true);
-    json_t *choice = json_pack("{s:i, s:o}", "index", 0, "finish_reason", str_or_null(finish_reason));
+    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, "finish_reason", str_or_null(finish_reason),
+                               "logprobs", logprobs_json(r->kind, lp));
     json_t *t = text ? json_stringn(text, text_len) : NULL;
     if (!o || !choice || (text && !t)) {
         json_decref(o);
@@ -76,7 +167,6 @@ char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, siz
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", t ? t : json_string(""));
-        json_object_set_new(choice, "logprobs", json_null());
     }
     json_object_set_new(o, "choices", json_pack("[o]", choice));
     return dump(o, true, len);
@@ -98,7 +188,8 @@ char *ddt_api_error_event(const char *message, size_t *len) {
 char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, size_t *len) {
     json_t *o = head(r, false);
     json_t *t = json_stringn(res->text ? res->text : "", res->text ? res->text_len : 0);
-    json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", res->finish_reason, "logprobs");
+    json_t *choice = json_pack("{s:i, s:s, s:o}", "index", 0, "finish_reason", res->finish_reason, "logprobs",
+                               logprobs_json(r->kind, res->logprobs));
     if (!o || !t || !choice) {
         json_decref(o);
         json_decref(t);

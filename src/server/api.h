@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "server/request.h"
+#include "text/tokenizer.h"
 
 /* What every body of one response repeats. */
 typedef struct ddt_api_ids {
@@ -24,13 +25,30 @@ typedef struct ddt_api_ids {
     const char *model;
 } ddt_api_ids;
 
+/* The log-probabilities of tokens [first, first + n) of a response (engine.h
+ * ddt_token_logprobs), rendered in OpenAI's shape for the response kind:
+ *   chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+ *   completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+ * A token's "token" is its bytes as text (invalid UTF-8 replaced by U+FFFD; "bytes"
+ * keeps them exact); a logprob of -inf reads -9999.0, as OpenAI sends it, a NaN null.
+ * text_offset counts characters of the completion's text before each token, from
+ * `offset` (the characters before token `first`); *offset advances past the chunk. */
+typedef struct ddt_api_logprobs {
+    const ddt_token_logprobs *lp; /* lp[first .. first + n) */
+    const int32_t *ids;           /* the emitted tokens, ids[first .. first + n) */
+    int32_t first, n;
+    const ddt_tokenizer *tok;     /* NULL: tokens as "" without bytes */
+    int64_t *offset;              /* completions' text_offset; may be NULL for chat */
+} ddt_api_logprobs;
+
 /* {"error": {"message", "type", "param", "code"}} (param, code: NULL = null). */
 char *ddt_api_error_body(const char *message, const char *type, const char *param, const char *code, size_t *len);
 
 /* One SSE event with a chunk: a text delta (chat: after a first role-only
- * delta when role is true), or the closing chunk when finish_reason is given. */
+ * delta when role is true), or the closing chunk when finish_reason is given;
+ * lp (NULL: none asked) the log-probabilities of the tokens since the last chunk. */
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
-                          const char *finish_reason, size_t *len);
+                          const char *finish_reason, const ddt_api_logprobs *lp, size_t *len);
 /* The usage event (choices: []); cached_tokens: the prompt tokens whose context was reused. */
 char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens,
                           int64_t cached_tokens, size_t *len);
@@ -49,6 +67,7 @@ typedef struct ddt_api_result {
     int32_t n_ids;
     const ddt_gen_stats *stats;
     ddt_mode mode;
+    const ddt_api_logprobs *logprobs; /* NULL: not asked for */
 } ddt_api_result;
 char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, size_t *len);
 

@@ -28,6 +28,7 @@ ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->t_first = -1.0;
+    j->logprobs = -1;
     return j;
 }
 
@@ -48,6 +49,7 @@ void ddt_job_release(ddt_job *j) {
     ddt_textstream_free(&j->text);
     free(j->prompt);
     free(j->out);
+    free(j->lp);
     free(j);
 }
 
@@ -122,6 +124,12 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
         j->out = malloc((size_t)(j->max_new > 0 ? j->max_new : 1) * sizeof(int32_t));
         if (!j->out) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d output tokens", j->max_new);
     }
+    /* log-probabilities: written by the engine before each round's callback */
+    if (st == DDT_OK && j->logprobs >= 0) {
+        j->lp = malloc((size_t)(j->max_new > 0 ? j->max_new : 1) * sizeof *j->lp);
+        if (!j->lp) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d tokens' log-probabilities", j->max_new);
+    }
+    if (st == DDT_OK) st = ddt_engine_set_logprobs(q->eng, j->lp, j->lp ? j->max_new : 0, j->lp ? j->logprobs : 0, &err);
     ddt_gen_stats stats;
     memset(&stats, 0, sizeof stats);
     int32_t n_out = 0;
@@ -130,6 +138,7 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
         st = ddt_engine_generate(q->eng, j->prompt, j->n_prompt, j->max_new, j->stop_ids, j->n_stop_ids, j->out,
                                  &n_out, on_tokens, j, &stats, &err);
     }
+    if (j->lp) ddt_engine_set_logprobs(q->eng, NULL, 0, 0, NULL); /* the job's buffer outlives no request */
     pthread_mutex_lock(&j->mu);
     j->stats = stats;
     bool cancelled = j->cancel && j->status == DDT_OK;

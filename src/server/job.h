@@ -35,6 +35,7 @@ typedef struct ddt_job {
     bool budget_auto;
     double t_arrival;        /* monotonic seconds */
     const ddt_tokenizer *tok;/* the worker's, for the text (NULL: ids only) */
+    int32_t logprobs;        /* -1: none; else alternatives per token (ddt_engine_set_logprobs) */
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -44,6 +45,8 @@ typedef struct ddt_job {
     uint64_t version;        /* bumped on every change the waiters may care about */
     ddt_textstream text;
     int32_t *out;            /* [max_new] the engine's output */
+    ddt_token_logprobs *lp;  /* [max_new] their log-probabilities when asked (logprobs >= 0), else NULL;
+                                entries below n_counted are final once counted */
     int32_t n_out;           /* tokens emitted (the engine's count once done) */
     int32_t n_counted;       /* completion tokens up to and with the one that ended the text */
     bool stop_hit;           /* a stop token or stop string ended the text */

@@ -260,11 +260,20 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     if (have && ll != 1)
         return FAIL(r, DDT_ERR_UNSUPPORTED, "n", "'n': only n = 1 is supported (one choice per request)");
     bool flag = false;
-    if ((st = get_bool(r, root, "logprobs", &flag, err))) return st;
-    if (flag) return FAIL(r, DDT_ERR_UNSUPPORTED, "logprobs", "'logprobs' is not supported");
-    json_t *lp = json_object_get(root, "logprobs");
-    if (r->kind == DDT_API_COMPLETION && lp && json_is_integer(lp)) /* completions' logprobs is a count */
-        return FAIL(r, DDT_ERR_UNSUPPORTED, "logprobs", "'logprobs' is not supported");
+    r->logprobs = -1;
+    if (r->kind == DDT_API_CHAT) {
+        /* chat: "logprobs": true, and "top_logprobs": N alternatives (which needs it) */
+        if ((st = get_bool(r, root, "logprobs", &flag, err))) return st;
+        if ((st = get_int(r, root, "top_logprobs", 0, DDT_API_MAX_TOP_LOGPROBS, &have, &ll, err))) return st;
+        if (have && !flag)
+            return FAIL(r, DDT_ERR_INVALID, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (flag) r->logprobs = have ? (int32_t)ll : 0;
+    } else {
+        /* completions: "logprobs": N, the alternatives per token (OpenAI allows 5; vLLM, like this, 20) */
+        if ((st = get_int(r, root, "logprobs", 0, DDT_API_MAX_TOP_LOGPROBS, &have, &ll, err))) return st;
+        if (have) r->logprobs = (int32_t)ll;
+    }
+    flag = false;
     if ((st = get_bool(r, root, "echo", &flag, err))) return st;
     if (flag) return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' is not supported");
     json_t *tools = json_object_get(root, "tools");

@@ -24,6 +24,7 @@
 #define DDT_API_MAX_STOP_LEN 512    /* bytes per stop string */
 #define DDT_API_MAX_TOKENS 1000000  /* max_tokens sanity bound; the context bounds it further */
 #define DDT_API_MAX_PROMPT_IDS (1 << 20)
+#define DDT_API_MAX_TOP_LOGPROBS 20 /* = DDT_MAX_TOP_LOGPROBS (engine.h) */
 
 typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
 
@@ -49,6 +50,8 @@ typedef struct ddt_api_request {
     int n_stop;
     bool stream, include_usage;
     bool return_token_ids; /* extension: the choice carries the generated token ids */
+    int32_t logprobs;      /* -1: none; else log-probabilities with this many alternatives a token
+                              (chat: "logprobs": true + "top_logprobs"; completions: "logprobs": N) */
     /* extension "speculative": {"mode": "ar"|"chain"|"tree", "budget": N|"auto"} */
     bool have_mode, have_budget, budget_auto;
     ddt_mode mode;

@@ -264,6 +264,13 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         j->budget = s->budget;
         j->budget_auto = false;
     }
+    if (rq->logprobs >= 0 && !s->o.can_logprobs) {
+        prep_fail(p, 400, "logprobs", "log-probabilities need the CPU backend (this server's engine keeps its "
+                  "logits on the GPU)");
+        ddt_job_release(j);
+        return;
+    }
+    j->logprobs = rq->logprobs;
     bool same = j->mode == s->mode && (j->mode != DDT_MODE_TREE || (j->budget == s->budget &&
                                                                      j->budget_auto == s->budget_auto));
     const char *why = NULL;
@@ -293,6 +300,9 @@ typedef struct sse {
     int fd;
     uint64_t seen;
     bool role_sent, ended;
+    int32_t logprobs;    /* -1: none asked; else entries go with the chunks */
+    int32_t lp_sent;     /* tokens whose log-probabilities went out */
+    int64_t lp_offset;   /* completions' text_offset: characters of text before token lp_sent */
     char *pending;       /* prepared event bytes not yet given to libmicrohttpd */
     size_t plen, poff;
 } sse;
@@ -330,7 +340,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (!x->role_sent && x->ids.kind == DDT_API_CHAT) {
             /* OpenAI's first chat chunk carries the role and no text */
             x->role_sent = true;
-            if (!sse_append(x, ddt_api_chunk_event(&x->ids, true, "", 0, NULL, &n), &n))
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, true, "", 0, NULL, NULL, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
@@ -350,12 +360,20 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         const char *finish = ddt_job_finish_reason(j);
         bool cancelled = j->cancel;
         int64_t prompt = j->n_prompt, completion = j->n_counted, cached = j->stats.cached_tokens;
+        const ddt_token_logprobs *lp = j->lp;
+        const int32_t *out_ids = j->out;
         pthread_mutex_unlock(&j->mu);
         if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (delta && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, NULL, &n), &n)) {
+        /* the counted tokens' entries not sent yet go with this chunk (they and the
+           ids below the count no longer change) */
+        ddt_api_logprobs lpa = {lp, out_ids, x->lp_sent, (int32_t)completion - x->lp_sent, x->srv->tok,
+                                &x->lp_offset};
+        const ddt_api_logprobs *lpp = x->logprobs >= 0 && lp ? &lpa : NULL;
+        if (delta && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, NULL, lpp, &n), &n)) {
             free(delta);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
+        if (delta && lpp) x->lp_sent = (int32_t)completion;
         free(delta);
         if (!done) continue;
         if (st != DDT_OK || cancelled) {
@@ -363,8 +381,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             if (!sse_append(x, ddt_api_error_event(st != DDT_OK ? msg : "the server is shutting down", &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
         } else {
-            if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, finish, &n), &n))
+            /* the closing chunk carries the entries no text delta took */
+            lpa.first = x->lp_sent;
+            lpa.n = (int32_t)completion - x->lp_sent;
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, finish, lpp, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
+            x->lp_sent = (int32_t)completion;
             if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, cached, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -406,6 +428,7 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
     prepared p;
     prepare(s, &rq, &p);
     bool stream = rq.stream, include_usage = rq.include_usage, want_ids = rq.return_token_ids;
+    const int32_t want_lp = rq.logprobs;
     ddt_api_request_free(&rq);
     if (p.code) return send_error(s, c, p.code, p.msg, p.param);
     ddt_job *j = p.job;
@@ -431,6 +454,7 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         x->ids = ids;
         x->ids.id = x->id;
         x->include_usage = include_usage;
+        x->logprobs = want_lp;
         x->fd = fd;
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, x, sse_free);
         if (!r) {
@@ -468,8 +492,11 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         char *text = NULL;
         size_t tlen = 0;
         bool ok = ddt_textstream_take(&j->text, true, &text, &tlen, &err) == DDT_OK;
+        int64_t offset = 0;
+        const ddt_api_logprobs lpa = {j->lp, j->out, 0, j->n_counted, s->tok, &offset};
         ddt_api_result out = {text ? text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
-                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode};
+                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode,
+                              want_lp >= 0 && j->lp ? &lpa : NULL};
         size_t len = 0;
         char *body = ok ? ddt_api_response_body(&ids, &out, &len) : NULL;
         pthread_mutex_unlock(&j->mu);

@@ -39,6 +39,7 @@ typedef struct ddt_server_options {
     ddt_sampling sampling;   /* defaults for fields a request leaves out */
     bool has_draft;          /* a drafter is loaded: chain and tree may be asked for */
     bool can_switch;         /* the engine takes per-request mode / budget (CPU backend) */
+    bool can_logprobs;       /* the engine reports log-probabilities (CPU backend) */
     int32_t max_budget;      /* the largest per-request tree budget (the engine's reserve) */
     int32_t default_budget;  /* tree budget for a request asking for tree without one */
 } ddt_server_options;

@@ -263,6 +263,52 @@ def test_prefix_cache_multi_turn(server):
     assert metric(text, "ddtree_prompt_cached_tokens_total", "tree") >= cached + 2 * (len(p2) - 1)
 
 
+def test_logprobs(server):
+    """Log-probabilities in OpenAI's shapes: chat (logprobs + top_logprobs, also streamed), completions
+    (logprobs: N with text_offset); greedy, the emitted token is the most likely; the same values in
+    every decoding mode."""
+    c = server.client()
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=12, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    text = b""
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob  # greedy
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token or "\ufffd" in e.token
+        if not (e.token.startswith("<|") and e.token.endswith("|>")):
+            text += bytes(e.bytes)
+    assert text.decode() == r.choices[0].message.content
+    # streamed: the chunks' entries, in order, are the whole response's
+    chunks = list(c.chat.completions.create(model="m", messages=msgs, max_tokens=12, logprobs=True, top_logprobs=3,
+                                            stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    # without top_logprobs: the token's own value, no alternatives; without logprobs: none
+    r0 = c.chat.completions.create(model="m", messages=msgs, max_tokens=4, logprobs=True)
+    assert all(e.top_logprobs == [] for e in r0.choices[0].logprobs.content)
+    assert c.chat.completions.create(model="m", messages=msgs, max_tokens=4).choices[0].logprobs is None
+    # completions: tokens, token_logprobs, top_logprobs {text: logprob}, text_offset
+    outs = []
+    for spec in ({"mode": "ar"}, {"mode": "tree", "budget": 8}, {"mode": "chain"}):
+        b = complete(server, PROMPTS[0], max_tokens=20, logprobs=2, speculative=spec)
+        lp = b["choices"][0]["logprobs"]
+        n = b["usage"]["completion_tokens"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+        assert all(len(d) <= 2 for d in lp["top_logprobs"])
+        text = b["choices"][0]["text"]
+        for i, t in enumerate(lp["tokens"]):
+            assert lp["text_offset"][i] == len("".join(lp["tokens"][:i]))
+            assert max(lp["top_logprobs"][i].values()) == lp["token_logprobs"][i]
+        assert "".join(lp["tokens"]) == text
+        outs.append(lp)
+    assert outs[0] == outs[1] == outs[2]  # tree and chain verify rows are ar's, bit for bit
+    st, body = server.request("POST", "/v1/chat/completions", {"messages": msgs, "top_logprobs": 2})
+    assert st == 400 and body["error"]["param"] == "top_logprobs"
+
+
 def test_sampling_seeded_and_prompt_ids(server):
     a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)

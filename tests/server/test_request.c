@@ -48,6 +48,22 @@ static void test_chat_fields(void **state) {
     assert_true(r.stream && r.include_usage);
     assert_true(r.have_mode && r.mode == DDT_MODE_TREE && r.have_budget && r.budget == 12 && !r.budget_auto);
     assert_string_equal(r.model, "m");
+    assert_int_equal(r.logprobs, -1);
+    ddt_api_request_free(&r);
+    /* log-probabilities: chat's flag and alternatives */
+    const char *lp = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true%s}";
+    const char *tails[] = {"", ", \"top_logprobs\": 5", ", \"top_logprobs\": null"};
+    const int32_t want[] = {0, 5, 0};
+    for (int k = 0; k < 3; k++) {
+        char b[256];
+        snprintf(b, sizeof b, lp, tails[k]);
+        assert_int_equal(parse(DDT_API_CHAT, b, &r, &err), DDT_OK);
+        assert_int_equal(r.logprobs, want[k]);
+        ddt_api_request_free(&r);
+    }
+    assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                         "\"logprobs\": false, \"top_logprobs\": null}", &r, &err), DDT_OK);
+    assert_int_equal(r.logprobs, -1);
     ddt_api_request_free(&r);
 }
 
@@ -69,6 +85,14 @@ static void test_completion_prompts(void **state) {
     assert_int_equal(r.n_prompt_ids, 3);
     assert_int_equal(r.prompt_ids[2], 7);
     assert_true(r.have_budget && r.budget_auto && !r.have_mode);
+    assert_int_equal(r.logprobs, -1);
+    ddt_api_request_free(&r);
+    /* completions' logprobs is the count of alternatives */
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 3}", &r, &err), DDT_OK);
+    assert_int_equal(r.logprobs, 3);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r, &err), DDT_OK);
+    assert_int_equal(r.logprobs, 0);
     ddt_api_request_free(&r);
 }
 
@@ -118,7 +142,15 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": 5}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", "stop"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"}, /* a count there */
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": -1}", "logprobs"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 2}", "logprobs"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+         "top_logprobs"}, /* needs logprobs: true */
+        {DDT_API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 21}",
+         "top_logprobs"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true}", "echo"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": 3}", "speculative"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"mode\": \"beam\"}}", "speculative.mode"},
