@@ -4,8 +4,10 @@
  * give a request whose fields are within their documented bounds.  An accepted
  * request's stop strings and text then go through the text stream (pushed in
  * pieces the input decides) and the response JSON, whose deltas must be valid
- * UTF-8 and join to the whole text.
+ * UTF-8 and join to the whole text.  Log-probabilities made of the input's bytes
+ * (any float: NaN, infinities, denormals; any ids) must render in both shapes.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,25 @@
 #include "text/utf8.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Log-probability entries made of the input's bytes. */
+#define FZ_LP 6
+static int32_t fuzz_logprobs(const uint8_t *d, size_t n, ddt_token_logprobs *lp, int32_t *ids) {
+    size_t at = 0;
+    int32_t k = 0;
+    for (; k < FZ_LP && at + 9 <= n; k++) {
+        memcpy(&lp[k].logprob, d + at, 4);
+        memcpy(&ids[k], d + at + 4, 4);
+        lp[k].n_top = d[at + 8] % (DDT_MAX_TOP_LOGPROBS + 1);
+        at += 9;
+        for (int32_t j = 0; j < lp[k].n_top; j++) {
+            lp[k].top_id[j] = at < n ? (int32_t)d[at] - 3 : j; /* negative ids too */
+            lp[k].top_logprob[j] = at + 1 < n ? (float)(int8_t)d[at + 1] / (d[at] % 5 ? 7.0f : 0.0f) : -INFINITY;
+            at += 2;
+        }
+    }
+    return k;
+}
 
 /* Stream text through a textstream with the request's stop strings. */
 static void check_stream(const ddt_api_request *r, const uint8_t *text, size_t n, uint8_t seed) {
@@ -46,12 +67,20 @@ static void check_stream(const ddt_api_request *r, const uint8_t *text, size_t n
     if (ddt_textstream_take(&b, true, &whole, &wl, &err) != DDT_OK) __builtin_trap();
     if (wl != jl || (wl && memcmp(whole, joined, wl))) __builtin_trap();
     ddt_api_ids ids = {r->kind, "id-1", 1, "m"};
-    ddt_api_result res = {whole ? whole : "", wl, "stop", 1, 2, NULL, 0, NULL, DDT_MODE_AR};
+    ddt_token_logprobs lp[FZ_LP];
+    int32_t lp_ids[FZ_LP];
+    int64_t offset = 0;
+    ddt_api_logprobs lpa = {lp, lp_ids, 0, fuzz_logprobs(text, n, lp, lp_ids), NULL, &offset};
+    ddt_api_result res = {whole ? whole : "", wl, "stop", 1, 2, 1, NULL, 0, NULL, DDT_MODE_AR,
+                          r->logprobs >= 0 ? &lpa : NULL};
     size_t len;
     char *body = ddt_api_response_body(&ids, &res, &len);
     if (!body) __builtin_trap();
     free(body);
-    char *ev = ddt_api_chunk_event(&ids, true, whole ? whole : "", wl, NULL, &len);
+    char *ev = ddt_api_chunk_event(&ids, true, whole ? whole : "", wl, NULL, r->logprobs >= 0 ? &lpa : NULL, &len);
+    if (!ev) __builtin_trap();
+    free(ev);
+    ev = ddt_api_usage_event(&ids, 3, 4, 2, &len);
     if (!ev) __builtin_trap();
     free(ev);
     free(whole);
@@ -79,6 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < r.n_stop; i++)
         if (r.stop_len[i] == 0 || r.stop_len[i] > DDT_API_MAX_STOP_LEN) __builtin_trap();
     if (r.have_budget && !r.budget_auto && (r.budget < 1 || r.budget > DDT_MAX_BUDGET)) __builtin_trap();
+    if (r.logprobs < -1 || r.logprobs > DDT_API_MAX_TOP_LOGPROBS) __builtin_trap();
     /* the text the request carries stands in for generated text */
     const uint8_t *text = kind == DDT_API_CHAT ? (const uint8_t *)r.msgs[r.n_msgs - 1].content
                                                : (const uint8_t *)(r.prompt ? r.prompt : "");
