@@ -16,6 +16,7 @@ static const subcommand k_commands[] = {
     {"tree", ddt_cmd_tree, "build and walk a DDTree draft tree from a JSON problem on stdin"},
     {"generate", ddt_cmd_generate, "decode with a target model from a prompt (CPU or GPU)"},
     {"serve", ddt_cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
+    {"perplexity", ddt_cmd_perplexity, "the target model's perplexity on a text (checks a checkpoint)"},
 };
 
 static void usage(FILE *f) {

@@ -46,6 +46,9 @@ typedef struct ddt_engine_backend_ops {
     /* NULL: the backend cannot report log-probabilities (engine.h ddt_engine_set_logprobs;
      * checked there) */
     void (*set_logprobs)(void *impl, ddt_token_logprobs *out, int32_t capacity, int32_t n_top);
+    /* NULL: no scoring (ddt_engine_score; arguments checked there) */
+    ddt_status (*score)(void *impl, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                        ddt_error *err);
     /* the cost model of the auto budget in use; NULL (the entry or its result): none to report */
     const ddt_cost_model *(*cost)(const void *impl);
     /* arguments checked by engine.c (prompt ids in the vocabulary and shorter than

@@ -254,6 +254,24 @@ ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budg
     return DDT_OK;
 }
 
+ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                            ddt_error *err) {
+    if (!e || !ids || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_score: NULL argument");
+    if (n < 2) return ddt_fail(err, DDT_ERR_INVALID, "scoring needs at least 2 tokens, %d given", n);
+    if (n > e->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE, "%d tokens to score, more than the context of %d", n, e->max_ctx);
+    if (n_top < 0 || n_top > DDT_MAX_TOP_LOGPROBS)
+        return ddt_fail(err, DDT_ERR_RANGE, "%d alternatives asked, 0..%d allowed", n_top, DDT_MAX_TOP_LOGPROBS);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= e->vocab)
+            return ddt_fail(err, DDT_ERR_INVALID, "token %d (position %d) outside the vocabulary [0, %d)", ids[i], i,
+                            e->vocab);
+    if (!e->be->score)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "scoring needs the CPU backend; the %s engine keeps its logits on "
+                        "the device", e->be->name);
+    return e->be->score(e->impl, ids, n, n_top, out, err);
+}
+
 /* ------------------------------------------------------------------ generate */
 
 ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_prompt,

@@ -206,6 +206,18 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
                                    ddt_error *err);
 
 /*
+ * Score a text: out[i] for 1 <= i < n = ids[i]'s log-probability after ids[0..i)
+ * (and n_top alternatives), from prefill forwards over an empty context, the
+ * values a generation reports for the same tokens (bit for bit: the rows do not
+ * depend on how many go through a forward).  out[0] gets a NaN logprob and no
+ * alternatives (nothing predicts the first token).  2 <= n <= the context.  The
+ * prefix cache is cleared.  CPU engines (the first call allocates a logits buffer
+ * of DDT_ENGINE_PREFILL_CHUNK rows); the CUDA engines give DDT_ERR_UNSUPPORTED.
+ */
+ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                            ddt_error *err);
+
+/*
  * Generate up to max_new tokens after prompt[0..n_prompt) (n_prompt >= 1) from a
  * fresh context (with options.prefix_cache, from the previous generation's
  * context cut to its longest common prefix with the prompt, which gives the same

@@ -42,6 +42,7 @@ typedef struct cpu_engine {
     /* ddt_engine_set_logprobs: where emitted token i's values go (i < lp_cap), NULL = off */
     ddt_token_logprobs *lp_out;
     int32_t lp_cap, lp_top;
+    float *score_logits; /* [DDT_ENGINE_PREFILL_CHUNK][vocab], made by the first ddt_engine_score */
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -58,6 +59,7 @@ static void cpu_free(void *impl) {
     free(e->pairs);
     free(e->rows);
     free(e->kv_ids);
+    free(e->score_logits);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
     ddt_sampler_destroy(e->sampler);
@@ -431,6 +433,31 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     return DDT_OK;
 }
 
+static ddt_status cpu_score(void *impl, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                            ddt_error *err) {
+    cpu_engine *e = impl;
+    if (!e->score_logits) {
+        e->score_logits = ddt_malloc_array((size_t)DDT_ENGINE_PREFILL_CHUNK * (size_t)e->vocab, sizeof(float));
+        if (!e->score_logits)
+            return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d rows of %d logits", DDT_ENGINE_PREFILL_CHUNK,
+                            e->vocab);
+    }
+    e->n_kv = 0; /* the context becomes the scored text, which the drafter has not seen */
+    ddt_status st = ddt_target_rollback(e->target, 0, err);
+    if (st) return st;
+    out[0].logprob = NAN;
+    out[0].n_top = 0;
+    /* row r of a chunk starting at i predicts token i + r + 1 */
+    for (int32_t i = 0; i < n - 1; i += DDT_ENGINE_PREFILL_CHUNK) {
+        const int32_t c = n - 1 - i < DDT_ENGINE_PREFILL_CHUNK ? n - 1 - i : DDT_ENGINE_PREFILL_CHUNK;
+        if ((st = ddt_target_prefill(e->target, ids + i, c, e->score_logits, true, err))) return st;
+        for (int32_t r = 0; r < c; r++)
+            ddt_logprobs_of_row(e->score_logits + (size_t)r * (size_t)e->vocab, e->vocab, ids[i + r + 1], n_top,
+                                &out[i + r + 1]);
+    }
+    return DDT_OK;
+}
+
 static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
@@ -450,6 +477,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .set_sampling = cpu_set_sampling,
     .set_speculation = cpu_set_speculation,
     .set_logprobs = cpu_set_logprobs,
+    .score = cpu_score,
     .cost = cpu_cost,
     .generate = cpu_generate,
 };

@@ -10,7 +10,10 @@
  *    verify rows are its path's prefill rows), on the shipped pair, whose rounds
  *    accept several tokens (checked), so rows past the root are read;
  *  - entries past the capacity stay untouched (NaN-poisoned), and turning it
- *    off stops the writes; bad arguments are refused.
+ *    off stops the writes; bad arguments are refused;
+ *  - ddt_engine_score of prompt + output gives bitwise the generation's values
+ *    for the output's tokens (its chunks cut the sequence elsewhere), the
+ *    target's for the prompt's, clears the prefix cache, and refuses bad input.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -222,11 +225,83 @@ static void test_capacity_and_off(void **state) {
     ddt_engine_free(e);
 }
 
+static void test_score(void **state) {
+    (void)state;
+    paths();
+    ddt_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.mode = DDT_MODE_TREE;
+    o.budget = 16;
+    o.draft_dir = g_draft;
+    o.sampling.top_p = 1.0f;
+    o.n_threads = 2;
+    o.prefix_cache = true;
+    o.max_ctx = 160;
+    ddt_engine *e;
+    ddt_error err = {0};
+    if (ddt_engine_create(g_target, &o, &e, &err) != DDT_OK) fail_msg("create: %s", err.msg);
+    run g;
+    generate(e, N_GEN, 4, &g);
+    /* the sequence, long enough for three of the scorer's chunks */
+    enum { N_SEQ = N_PROMPT + N_GEN };
+    int32_t seq[N_SEQ];
+    memcpy(seq, k_prompt, sizeof k_prompt);
+    memcpy(seq + N_PROMPT, g.ids, sizeof g.ids);
+    static ddt_token_logprobs sc[N_SEQ];
+    assert_int_equal(ddt_engine_score(e, seq, N_SEQ, 4, sc, &err), DDT_OK);
+    assert_true(isnan(sc[0].logprob) && sc[0].n_top == 0);
+    for (int32_t i = 0; i < N_GEN; i++)
+        if (!same_values(&sc[N_PROMPT + i], &g.lp[i]))
+            fail_msg("output token %d: the score's values differ from the generation's", i);
+    /* the prompt's tokens against a double log-softmax of the target's own logits (one prefill, every row) */
+    {
+        ddt_target_options to = {.max_ctx = 64, .max_tokens = N_PROMPT, .n_threads = 1};
+        ddt_target *t;
+        if (ddt_target_load(g_target, &to, &t, &err) != DDT_OK) fail_msg("target: %s", err.msg);
+        const int32_t V = ddt_target_vocab(t);
+        float *rows = malloc(sizeof(float) * (size_t)V * N_PROMPT);
+        assert_non_null(rows);
+        assert_int_equal(ddt_target_prefill(t, k_prompt, N_PROMPT, rows, true, &err), DDT_OK);
+        for (int32_t i = 0; i + 1 < N_PROMPT; i++) {
+            const float *row = rows + (size_t)i * V;
+            double mx = -INFINITY, z = 0;
+            for (int32_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int32_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
+            const double want = (double)row[k_prompt[i + 1]] - mx - log(z);
+            if (fabs(sc[i + 1].logprob - want) > 1e-5)
+                fail_msg("prompt token %d: score %g, the target's %g", i + 1, sc[i + 1].logprob, want);
+        }
+        free(rows);
+        ddt_target_free(t);
+    }
+    /* a longer sequence scored in one piece vs in a smaller engine context: refused */
+    static ddt_token_logprobs big[200];
+    static int32_t long_ids[200];
+    for (int i = 0; i < 200; i++) long_ids[i] = seq[i % N_SEQ];
+    assert_int_equal(ddt_engine_score(e, long_ids, 200, 0, big, &err), DDT_ERR_RANGE);
+    assert_int_equal(ddt_engine_score(e, seq, 1, 0, sc, &err), DDT_ERR_INVALID);
+    assert_int_equal(ddt_engine_score(e, seq, 4, 21, sc, &err), DDT_ERR_RANGE);
+    int32_t bad[3] = {1, 2, 1 << 20};
+    assert_int_equal(ddt_engine_score(e, bad, 3, 0, sc, &err), DDT_ERR_INVALID);
+    /* the scored text replaced the context: the next generation reuses nothing, and is unchanged */
+    assert_int_equal(ddt_engine_score(e, seq, N_SEQ, 0, sc, &err), DDT_OK);
+    run again;
+    ddt_gen_stats s;
+    poison(&again);
+    assert_int_equal(ddt_engine_set_logprobs(e, again.lp, N_GEN, 4, &err), DDT_OK);
+    assert_int_equal(ddt_engine_generate(e, k_prompt, N_PROMPT, N_GEN, NULL, 0, again.ids, &again.n, NULL, NULL, &s,
+                                         &err), DDT_OK);
+    assert_int_equal(s.cached_tokens, 0);
+    assert_memory_equal(again.ids, g.ids, sizeof g.ids);
+    ddt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_row),
         cmocka_unit_test(test_against_target_and_modes),
         cmocka_unit_test(test_capacity_and_off),
+        cmocka_unit_test(test_score),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

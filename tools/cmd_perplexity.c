@@ -1,0 +1,277 @@
+/*
+ * cmd_perplexity.c — `ddtree perplexity`: the target's perplexity on a text, the
+ * first check of a checkpoint (a wrong dequantisation or a broken conversion
+ * shows here before it shows anywhere else).  The text's tokens are cut into
+ * consecutive windows of the context length; each window is scored from an
+ * empty context (ddt_engine_score), every token after its window's first one
+ * counting.  Perplexity = exp(mean negative log-likelihood).  --json adds each
+ * token's log-probability (null for a window's first token).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_engine.h"
+#include "commands.h"
+#include "ddtree.h"
+#include "engine/engine.h"
+#include "engine/round.h"
+#include "text/tokenizer.h"
+
+#define MAX_FILE_BYTES (64u << 20)
+#define MAX_IDS (1 << 24)
+
+static const char k_usage_head[] =
+    "usage: ddtree perplexity --model DIR (--file PATH | --text TEXT | --ids ID,...) [options]\n"
+    "\n"
+    "The target model's perplexity on a text: its tokens in consecutive windows of --ctx tokens\n"
+    "(default: the model's context, at most 8192), each scored from an empty context; every token\n"
+    "after a window's first counts.  CPU backend.\n"
+    "Options:\n";
+static const char k_usage_tail[] =
+    "  --file PATH          the text (UTF-8, at most 64 MiB; needs the model's tokenizer)\n"
+    "  --text TEXT          the text itself\n"
+    "  --ids LIST           comma-separated token ids instead of text\n"
+    "  --max-tokens N       score only the first N tokens of the text\n"
+    "  --json               print {\"tokens\", \"scored\", \"windows\", \"nll\", \"perplexity\", \"seconds\",\n"
+    "                       \"logprobs\": [null or each token's log-probability]} instead\n"
+    "  --help               this text\n"
+    "Exit status: 0 done, 2 bad arguments, model or text, 1 other failure.\n";
+
+typedef struct ppl_args {
+    cli_engine_args eng;
+    const char *file, *text, *ids_arg;
+    long long max_tokens;
+    bool json;
+} ppl_args;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static int usage_error(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return cli_usage_error("perplexity", "%s", msg);
+}
+
+static int parse_args(int argc, char **argv, ppl_args *a) {
+    cli_engine_defaults(&a->eng, "perplexity");
+    a->max_tokens = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
+        if (common == 0 || common == 2) return common;
+        if (common == 1) continue;
+        if (!strcmp(f, "--json")) {
+            a->json = true;
+            continue;
+        }
+        static const char *const valued[] = {"--file", "--text", "--ids", "--max-tokens"};
+        const char *v = NULL;
+        int has = cli_flag_value("perplexity", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
+        if (has == 2) return 2;
+        if (!has) return usage_error("unknown option '%s'", f);
+        if (!strcmp(f, "--file")) a->file = v;
+        else if (!strcmp(f, "--text")) a->text = v;
+        else if (!strcmp(f, "--ids")) a->ids_arg = v;
+        else if (!cli_parse_ll(v, 2, MAX_IDS, &a->max_tokens))
+            return usage_error("--max-tokens '%s': expected an integer in 2..%d", v, MAX_IDS);
+    }
+    if (!a->eng.model) return usage_error("--model is required");
+    int sources = (a->file != NULL) + (a->text != NULL) + (a->ids_arg != NULL);
+    if (sources == 0) return usage_error("a text is required: --file PATH, --text TEXT or --ids LIST");
+    if (sources > 1) return usage_error("give one of --file, --text and --ids");
+    if (strcmp(a->eng.backend, "cpu") && strcmp(a->eng.backend, "auto"))
+        return usage_error("--backend %s: scoring runs on the CPU backend only", a->eng.backend);
+    return cli_engine_check(&a->eng);
+}
+
+/* The file's bytes, NUL-terminated; NULL after a message. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ddtree perplexity: --file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(MAX_FILE_BYTES + 1);
+    size_t got = buf ? fread(buf, 1, MAX_FILE_BYTES + 1, f) : 0;
+    bool rerr = ferror(f) != 0;
+    fclose(f);
+    const char *why = !buf ? "out of memory" : rerr ? "read error" : got > MAX_FILE_BYTES ? "larger than 64 MiB"
+                    : memchr(buf, '\0', got) ? "holds a NUL byte" : NULL;
+    if (why) {
+        fprintf(stderr, "ddtree perplexity: --file %s: %s\n", path, why);
+        free(buf);
+        return NULL;
+    }
+    buf[got] = '\0';
+    *len = got;
+    return buf;
+}
+
+static bool parse_ids(const char *s, int32_t **out, int32_t *n_out) {
+    size_t n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    if (n > MAX_IDS) return false;
+    int32_t *ids = malloc(n * sizeof(int32_t));
+    if (!ids) return false;
+    const char *p = s;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < INT32_MIN || v > INT32_MAX || (*end != ',' && *end != '\0')) {
+            free(ids);
+            return false;
+        }
+        ids[i] = (int32_t)v;
+        p = end + (*end == ',');
+    }
+    *out = ids;
+    *n_out = (int32_t)n;
+    return true;
+}
+
+int ddt_cmd_perplexity(int argc, char **argv) {
+    ppl_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    ddt_error err = {0};
+    ddt_tokenizer *tok = NULL;
+    ddt_engine *eng = NULL;
+    int32_t *ids = NULL, n = 0;
+    char *text = NULL;
+    ddt_token_logprobs *lp = NULL;
+    double *nll_of = NULL;
+    json_t *o = NULL;
+    ddt_status st;
+    if (a.ids_arg) {
+        if (!parse_ids(a.ids_arg, &ids, &n)) {
+            rc = usage_error("--ids '%s': expected comma-separated integers", a.ids_arg);
+            goto done;
+        }
+    } else {
+        if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
+        if (!tok) {
+            fprintf(stderr, "ddtree perplexity: text needs a tokenizer: %s has no tiktoken.model (use --ids)\n",
+                    a.eng.model);
+            rc = 2;
+            goto done;
+        }
+        size_t len = 0;
+        const char *t = a.text;
+        if (a.file) {
+            if (!(text = read_file(a.file, &len))) {
+                rc = 2;
+                goto done;
+            }
+            t = text;
+        } else {
+            len = strlen(t);
+        }
+        size_t cap = len + 64, got = 0;
+        ids = malloc(cap * sizeof(int32_t));
+        if (!ids) {
+            fprintf(stderr, "ddtree perplexity: out of memory for %zu tokens\n", cap);
+            rc = 1;
+            goto done;
+        }
+        if ((st = ddt_tokenizer_encode(tok, t, len, 0, ids, cap, &got, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree perplexity: text: %s\n", err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+        if (got > MAX_IDS) {
+            fprintf(stderr, "ddtree perplexity: the text has %zu tokens, more than %d\n", got, MAX_IDS);
+            rc = 2;
+            goto done;
+        }
+        n = (int32_t)got;
+    }
+    if (a.max_tokens > 0 && n > a.max_tokens) n = (int32_t)a.max_tokens;
+    if (n < 2) {
+        fprintf(stderr, "ddtree perplexity: the text has %d token%s: at least 2 are needed\n", n, n == 1 ? "" : "s");
+        rc = 2;
+        goto done;
+    }
+    ddt_engine_options eo;
+    cli_engine_options(&a.eng, &eo);
+    eo.backend = DDT_BACKEND_CPU;
+    eo.mode = DDT_MODE_AR;
+    eo.draft_dir = NULL;
+    if ((st = ddt_engine_create(a.eng.model, &eo, &eng, &err)) != DDT_OK) {
+        fprintf(stderr, "ddtree perplexity: %s\n", err.msg);
+        rc = cli_status_exit(st);
+        goto done;
+    }
+    const int32_t window = ddt_engine_max_ctx(eng);
+    lp = malloc((size_t)(n < window ? n : window) * sizeof *lp);
+    nll_of = a.json ? malloc((size_t)n * sizeof *nll_of) : NULL;
+    if (!lp || (a.json && !nll_of)) {
+        fprintf(stderr, "ddtree perplexity: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    double nll = 0.0, t0 = ddt_engine_now();
+    int64_t scored = 0;
+    int32_t windows = 0;
+    for (int32_t i = 0; i < n; i += window) {
+        const int32_t w = n - i < window ? n - i : window;
+        windows++;
+        if (a.json) nll_of[i] = NAN;
+        if (w < 2) break; /* a last window of one token: nothing predicts it */
+        if ((st = ddt_engine_score(eng, ids + i, w, 0, lp, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree perplexity: tokens %d..%d: %s\n", i, i + w - 1, err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+        for (int32_t k = 1; k < w; k++) {
+            nll -= (double)lp[k].logprob;
+            if (a.json) nll_of[i + k] = (double)lp[k].logprob;
+        }
+        scored += w - 1;
+    }
+    const double seconds = ddt_engine_now() - t0, mean = nll / (double)scored, ppl = exp(mean);
+    if (a.json) {
+        json_t *arr = json_array();
+        for (int32_t i = 0; arr && i < n; i++)
+            json_array_append_new(arr, isfinite(nll_of[i]) ? json_real(nll_of[i]) : json_null());
+        o = json_pack("{s:i, s:I, s:i, s:i, s:f, s:f, s:f, s:o}", "tokens", n, "scored", (json_int_t)scored,
+                      "windows", windows, "window", window, "nll", mean, "perplexity", ppl, "seconds", seconds,
+                      "logprobs", arr);
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (!s) {
+            fprintf(stderr, "ddtree perplexity: out of memory (or a non-finite value) for the JSON\n");
+            rc = 1;
+            goto done;
+        }
+        puts(s);
+        free(s);
+    } else {
+        printf("perplexity %.4f\n", ppl);
+    }
+    fprintf(stderr,
+            "ddtree perplexity: %d tokens in %d window%s of up to %d (%lld scored): perplexity %.4f (mean negative "
+            "log-likelihood %.4f nats), %.1f tokens/s\n",
+            n, windows, windows == 1 ? "" : "s", window, (long long)scored, ppl, mean,
+            seconds > 0 ? (double)scored / seconds : 0.0);
+    rc = 0;
+done:
+    json_decref(o);
+    ddt_engine_free(eng);
+    ddt_tokenizer_free(tok);
+    free(ids);
+    free(text);
+    free(lp);
+    free(nll_of);
+    return rc;
+}
