@@ -101,7 +101,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (kind == DDT_API_CHAT && (r.n_msgs < 1 || r.n_msgs > DDT_API_MAX_MESSAGES)) __builtin_trap();
     if (kind == DDT_API_COMPLETION && !r.prompt_ids && (!r.prompt || r.prompt_len == 0)) __builtin_trap();
-    if (r.have_max_tokens && (r.max_tokens < 1 || r.max_tokens > DDT_API_MAX_TOKENS)) __builtin_trap();
+    if (r.have_max_tokens && (r.max_tokens < (r.echo ? 0 : 1) || r.max_tokens > DDT_API_MAX_TOKENS)) __builtin_trap();
+    if (r.echo && (kind == DDT_API_CHAT || r.stream)) __builtin_trap();
     if (r.have_temperature && !(r.temperature >= 0.0f && r.temperature <= 2.0f)) __builtin_trap();
     if (r.have_top_p && !(r.top_p > 0.0f && r.top_p <= 1.0f)) __builtin_trap();
     if (r.n_stop < 0 || r.n_stop > DDT_API_MAX_STOP) __builtin_trap();

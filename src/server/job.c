@@ -3,6 +3,7 @@
  */
 #include "server/job.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,8 @@ void ddt_job_release(ddt_job *j) {
     free(j->prompt);
     free(j->out);
     free(j->lp);
+    free(j->prompt_lp);
+    free(j->echo_text);
     free(j);
 }
 
@@ -130,15 +133,26 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
         if (!j->lp) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d tokens' log-probabilities", j->max_new);
     }
     if (st == DDT_OK) st = ddt_engine_set_logprobs(q->eng, j->lp, j->lp ? j->max_new : 0, j->lp ? j->logprobs : 0, &err);
+    /* echo with logprobs: the prompt's own tokens scored first (a one-token prompt has nothing to score) */
+    if (st == DDT_OK && j->echo && j->logprobs >= 0) {
+        j->prompt_lp = malloc((size_t)j->n_prompt * sizeof *j->prompt_lp);
+        if (!j->prompt_lp) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for the prompt's log-probabilities");
+        else if (j->n_prompt >= 2) st = ddt_engine_score(q->eng, j->prompt, j->n_prompt, j->logprobs, j->prompt_lp, &err);
+        else j->prompt_lp[0] = (ddt_token_logprobs){.logprob = NAN, .n_top = 0};
+    }
     ddt_gen_stats stats;
     memset(&stats, 0, sizeof stats);
     int32_t n_out = 0;
-    if (st == DDT_OK) {
+    if (st == DDT_OK && j->max_new > 0) { /* echo may ask for none */
         j->tok = q->tok;
         st = ddt_engine_generate(q->eng, j->prompt, j->n_prompt, j->max_new, j->stop_ids, j->n_stop_ids, j->out,
                                  &n_out, on_tokens, j, &stats, &err);
     }
     if (j->lp) ddt_engine_set_logprobs(q->eng, NULL, 0, 0, NULL); /* the job's buffer outlives no request */
+    if (st == DDT_OK && j->max_new == 0) { /* echo alone: the prompt, scored or not */
+        stats.prompt_tokens = j->n_prompt;
+        stats.stop_reason = DDT_STOP_MAX_TOKENS;
+    }
     pthread_mutex_lock(&j->mu);
     j->stats = stats;
     bool cancelled = j->cancel && j->status == DDT_OK;

@@ -36,6 +36,9 @@ typedef struct ddt_job {
     double t_arrival;        /* monotonic seconds */
     const ddt_tokenizer *tok;/* the worker's, for the text (NULL: ids only) */
     int32_t logprobs;        /* -1: none; else alternatives per token (ddt_engine_set_logprobs) */
+    bool echo;               /* completions' echo: with logprobs, the prompt is scored first (prompt_lp) */
+    char *echo_text;         /* owned: the prompt as the response repeats it (echo) */
+    size_t echo_len;
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -47,6 +50,7 @@ typedef struct ddt_job {
     int32_t *out;            /* [max_new] the engine's output */
     ddt_token_logprobs *lp;  /* [max_new] their log-probabilities when asked (logprobs >= 0), else NULL;
                                 entries below n_counted are final once counted */
+    ddt_token_logprobs *prompt_lp; /* [n_prompt] echo + logprobs: the prompt's (entry 0 has none) */
     int32_t n_out;           /* tokens emitted (the engine's count once done) */
     int32_t n_counted;       /* completion tokens up to and with the one that ended the text */
     bool stop_hit;           /* a stop token or stop string ended the text */

@@ -234,7 +234,8 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     /* max_completion_tokens is the newer chat name; it wins when both are given */
     const char *names[2] = {"max_tokens", "max_completion_tokens"};
     for (int k = 0; k < 2; k++) {
-        if ((st = get_int(r, root, names[k], 1, DDT_API_MAX_TOKENS, &have, &ll, err))) return st;
+        /* 0 only with echo (scoring a prompt), checked below */
+        if ((st = get_int(r, root, names[k], 0, DDT_API_MAX_TOKENS, &have, &ll, err))) return st;
         if (have) {
             r->have_max_tokens = true;
             r->max_tokens = ll;
@@ -273,14 +274,19 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
         if ((st = get_int(r, root, "logprobs", 0, DDT_API_MAX_TOP_LOGPROBS, &have, &ll, err))) return st;
         if (have) r->logprobs = (int32_t)ll;
     }
-    flag = false;
-    if ((st = get_bool(r, root, "echo", &flag, err))) return st;
-    if (flag) return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' is not supported");
+    if ((st = get_bool(r, root, "echo", &r->echo, err))) return st;
+    if (r->echo && r->kind == DDT_API_CHAT)
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' is a completions field (chat has none)");
+    if (r->have_max_tokens && r->max_tokens == 0 && !r->echo)
+        return FAIL(r, DDT_ERR_RANGE, "max_tokens", "'max_tokens' is 0: at least 1 (0 only with 'echo', to score "
+                    "the prompt)");
     json_t *tools = json_object_get(root, "tools");
     if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
         return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' (function calling) is not supported");
     if ((st = parse_stop(r, root, err))) return st;
     if ((st = get_bool(r, root, "stream", &r->stream, err))) return st;
+    if (r->stream && r->echo)
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' with 'stream' is not supported (ask without stream)");
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so))

@@ -50,6 +50,8 @@ typedef struct ddt_api_request {
     int n_stop;
     bool stream, include_usage;
     bool return_token_ids; /* extension: the choice carries the generated token ids */
+    bool echo;             /* completions: the prompt comes back before the completion, and with
+                              logprobs the prompt's tokens are scored too (max_tokens may be 0) */
     int32_t logprobs;      /* -1: none; else log-probabilities with this many alternatives a token
                               (chat: "logprobs": true + "top_logprobs"; completions: "logprobs": N) */
     /* extension "speculative": {"mode": "ar"|"chain"|"tree", "budget": N|"auto"} */

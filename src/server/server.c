@@ -29,6 +29,7 @@
 #include "server/metrics.h"
 #include "server/request.h"
 #include "text/chat.h"
+#include "text/utf8.h"
 
 #define WAIT_SLICE_MS 50
 #define CONNECTION_TIMEOUT_S 120 /* idle or stalled connections (a body that never ends) */
@@ -271,6 +272,49 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         return;
     }
     j->logprobs = rq->logprobs;
+    j->echo = rq->echo;
+    if (j->echo) {
+        /* the text as sent, or the ids' text (special tokens are not text, as in a completion) */
+        size_t cap = 1, len = 0;
+        if (rq->prompt) cap += rq->prompt_len;
+        else
+            for (int32_t i = 0; s->tok && i < j->n_prompt; i++) {
+                const uint8_t *b;
+                size_t bl;
+                if (!ddt_tokenizer_is_special(s->tok, j->prompt[i]) &&
+                    ddt_tokenizer_token_bytes(s->tok, j->prompt[i], &b, &bl, NULL) == DDT_OK)
+                    cap += bl;
+            }
+        j->echo_text = malloc(cap);
+        bool ok = j->echo_text != NULL;
+        if (ok && rq->prompt) {
+            memcpy(j->echo_text, rq->prompt, rq->prompt_len);
+            len = rq->prompt_len;
+        } else if (ok) {
+            for (int32_t i = 0; s->tok && i < j->n_prompt; i++) {
+                const uint8_t *b;
+                size_t bl;
+                if (ddt_tokenizer_is_special(s->tok, j->prompt[i]) ||
+                    ddt_tokenizer_token_bytes(s->tok, j->prompt[i], &b, &bl, NULL) != DDT_OK)
+                    continue;
+                memcpy(j->echo_text + len, b, bl);
+                len += bl;
+            }
+        }
+        if (!ok) {
+            prep_fail(p, 500, NULL, "out of memory");
+            ddt_job_release(j);
+            return;
+        }
+        char *clean = ddt_utf8_sanitize(j->echo_text, len, &j->echo_len); /* ids may cut a character */
+        free(j->echo_text);
+        j->echo_text = clean;
+        if (!clean) {
+            prep_fail(p, 500, NULL, "out of memory");
+            ddt_job_release(j);
+            return;
+        }
+    }
     bool same = j->mode == s->mode && (j->mode != DDT_MODE_TREE || (j->budget == s->budget &&
                                                                      j->budget_auto == s->budget_auto));
     const char *why = NULL;
@@ -492,15 +536,47 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         char *text = NULL;
         size_t tlen = 0;
         bool ok = ddt_textstream_take(&j->text, true, &text, &tlen, &err) == DDT_OK;
+        /* echo: the prompt's text and tokens come first */
+        ddt_token_logprobs *lp_all = NULL;
+        int32_t *ids_all = NULL;
+        const int32_t n_all = j->echo ? j->n_prompt + j->n_counted : j->n_counted;
+        if (ok && j->echo) {
+            char *both = malloc(j->echo_len + tlen + 1);
+            ok = both != NULL;
+            if (ok) {
+                memcpy(both, j->echo_text, j->echo_len);
+                if (tlen) memcpy(both + j->echo_len, text, tlen);
+                tlen += j->echo_len;
+                both[tlen] = '\0';
+                free(text);
+                text = both;
+            }
+            if (ok && j->prompt_lp) {
+                lp_all = malloc((size_t)n_all * sizeof *lp_all);
+                ids_all = malloc((size_t)n_all * sizeof *ids_all);
+                ok = lp_all && ids_all;
+                if (ok) {
+                    memcpy(lp_all, j->prompt_lp, (size_t)j->n_prompt * sizeof *lp_all);
+                    memcpy(ids_all, j->prompt, (size_t)j->n_prompt * sizeof *ids_all);
+                    if (j->n_counted) {
+                        memcpy(lp_all + j->n_prompt, j->lp, (size_t)j->n_counted * sizeof *lp_all);
+                        memcpy(ids_all + j->n_prompt, j->out, (size_t)j->n_counted * sizeof *ids_all);
+                    }
+                }
+            }
+        }
         int64_t offset = 0;
-        const ddt_api_logprobs lpa = {j->lp, j->out, 0, j->n_counted, s->tok, &offset};
+        const ddt_api_logprobs lpa = {lp_all ? lp_all : j->lp, ids_all ? ids_all : j->out, 0, n_all, s->tok, &offset};
+        const bool with_lp = want_lp >= 0 && (j->echo ? lp_all != NULL : j->lp != NULL);
         ddt_api_result out = {text ? text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
                               j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode,
-                              want_lp >= 0 && j->lp ? &lpa : NULL};
+                              with_lp ? &lpa : NULL};
         size_t len = 0;
         char *body = ok ? ddt_api_response_body(&ids, &out, &len) : NULL;
         pthread_mutex_unlock(&j->mu);
         free(text);
+        free(lp_all);
+        free(ids_all);
         res = send_body(s, c, 200, body, len, "application/json");
     }
     ddt_job_release(j);

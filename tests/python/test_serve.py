@@ -309,6 +309,46 @@ def test_logprobs(server):
     assert st == 400 and body["error"]["param"] == "top_logprobs"
 
 
+def test_echo_scores_the_prompt(server):
+    """Completions' echo (what lm-eval's loglikelihood requests send): the prompt comes back before
+    the completion, and with logprobs its tokens are scored (the first has none), with the values
+    `ddtree perplexity` gives; max_tokens 0 scores the prompt alone."""
+    prompt = PROMPTS[1]
+    r = subprocess.run([ddtree_path(), "perplexity", "--model", TARGET, "--text", prompt, "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ppl = json.loads(r.stdout)
+    n = ppl["tokens"]
+    b = complete(server, prompt, max_tokens=0, echo=True, logprobs=1)
+    lp = b["choices"][0]["logprobs"]
+    assert b["choices"][0]["text"] == prompt and b["usage"]["completion_tokens"] == 0
+    assert "".join(lp["tokens"]) == prompt and len(lp["tokens"]) == n == b["usage"]["prompt_tokens"]
+    assert lp["token_logprobs"] == ppl["logprobs"]  # None first, then bit-for-bit the same values
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(n)]
+    # with a completion: the prompt's entries, then the completion's as without echo
+    plain = complete(server, prompt, max_tokens=6, logprobs=1)
+    both = complete(server, prompt, max_tokens=6, logprobs=1, echo=True)
+    assert both["choices"][0]["text"] == prompt + plain["choices"][0]["text"]
+    bl, pl = both["choices"][0]["logprobs"], plain["choices"][0]["logprobs"]
+    assert bl["token_logprobs"] == ppl["logprobs"] + pl["token_logprobs"]
+    assert bl["tokens"][n:] == pl["tokens"] and bl["top_logprobs"][n:] == pl["top_logprobs"]
+    assert bl["text_offset"][n:] == [len(prompt) + o for o in pl["text_offset"]]
+    # echo without logprobs: the text only; token-id prompts (as lm-eval sends them) work too
+    e = complete(server, prompt, max_tokens=3, echo=True)
+    assert e["choices"][0]["text"].startswith(prompt) and e["choices"][0]["logprobs"] is None
+    ids = generate_json("--prompt", prompt, "--max-tokens", "8")["ids"]
+    t = complete(server, ids, max_tokens=1, echo=True, logprobs=1)
+    assert len(t["choices"][0]["logprobs"]["tokens"]) == len(ids) + 1
+    assert t["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    for body, param in (({"prompt": prompt, "echo": True, "stream": True}, "echo"),
+                        ({"prompt": prompt, "max_tokens": 0}, "max_tokens")):
+        st, err = server.request("POST", "/v1/completions", body)
+        assert st == 400 and err["error"]["param"] == param, err
+    st, err = server.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                              "echo": True})
+    assert st == 400 and err["error"]["param"] == "echo"
+
+
 def test_sampling_seeded_and_prompt_ids(server):
     a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)

@@ -93,6 +93,12 @@ static void test_completion_prompts(void **state) {
     ddt_api_request_free(&r);
     assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r, &err), DDT_OK);
     assert_int_equal(r.logprobs, 0);
+    assert_false(r.echo);
+    ddt_api_request_free(&r);
+    /* echo: the prompt scored, max_tokens may be 0 */
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 1}",
+                           &r, &err), DDT_OK);
+    assert_true(r.echo && r.have_max_tokens && r.max_tokens == 0 && r.logprobs == 1);
     ddt_api_request_free(&r);
 }
 
@@ -151,7 +157,11 @@ static void test_bad_bodies(void **state) {
         {DDT_API_CHAT,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 21}",
          "top_logprobs"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true}", "echo"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true, \"stream\": true}", "echo"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": 1}", "echo"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", "echo"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0}",
+         "max_tokens"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": 3}", "speculative"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"mode\": \"beam\"}}", "speculative.mode"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"speculative\": {\"budget\": 0}}", "speculative.budget"},
