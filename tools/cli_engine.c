@@ -52,6 +52,29 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return 2;
 }
 
+bool cli_parse_ids(const char *s, size_t max, int32_t **out, int32_t *n) {
+    size_t count = 1;
+    for (const char *p = s; *p; p++) count += *p == ',';
+    if (count > max || count > INT32_MAX) return false;
+    int32_t *ids = malloc(count * sizeof(int32_t));
+    if (!ids) return false;
+    const char *p = s;
+    for (size_t i = 0; i < count; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < INT32_MIN || v > INT32_MAX || (*end != ',' && *end != '\0')) {
+            free(ids);
+            return false;
+        }
+        ids[i] = (int32_t)v;
+        p = end + (*end == ',');
+    }
+    *out = ids;
+    *n = (int32_t)count;
+    return true;
+}
+
 bool cli_parse_ll(const char *s, long long lo, long long hi, long long *out) {
     if (!s || !*s) return false;
     char *end;

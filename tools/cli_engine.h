@@ -64,6 +64,11 @@ __attribute__((format(printf, 2, 3)))
 #endif
 int cli_usage_error(const char *cmd, const char *fmt, ...);
 
+/* A comma-separated list of integers (token ids; range checks are the caller's),
+ * at most max of them: a malloc'd array in *out, its length in *n; false when
+ * malformed, too long or out of memory. */
+bool cli_parse_ids(const char *s, size_t max, int32_t **out, int32_t *n);
+
 /* Strict number parsing: the whole string, within [lo, hi]. */
 bool cli_parse_ll(const char *s, long long lo, long long hi, long long *out);
 bool cli_parse_float(const char *s, float *out);

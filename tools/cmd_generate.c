@@ -71,25 +71,6 @@ static int usage_error(const char *fmt, ...) {
     return cli_usage_error("generate", "%s", msg);
 }
 
-static bool parse_ids(const char *s, gen_args *a) {
-    size_t n = 1;
-    for (const char *p = s; *p; p++) n += *p == ',';
-    if (n > MAX_PROMPT_IDS) return false;
-    a->prompt = malloc(n * sizeof(int32_t));
-    if (!a->prompt) return false;
-    const char *p = s;
-    for (size_t i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < INT32_MIN || v > INT32_MAX || (*end != ',' && *end != '\0')) return false;
-        a->prompt[i] = (int32_t)v;
-        p = end + (*end == ',');
-    }
-    a->n_prompt = (int32_t)n;
-    return true;
-}
-
 /* Parse argv; returns -1 to continue, else an exit status. */
 static int parse_args(int argc, char **argv, gen_args *a) {
     cli_engine_defaults(&a->eng, "generate");
@@ -137,7 +118,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         } else if (!strcmp(f, "--prompt-ids")) {
             free(a->prompt);
             a->prompt = NULL;
-            if (!parse_ids(v, a)) return usage_error("--prompt-ids '%s': expected comma-separated integers", v);
+            if (!cli_parse_ids(v, MAX_PROMPT_IDS, &a->prompt, &a->n_prompt))
+                return usage_error("--prompt-ids '%s': expected comma-separated integers", v);
         } else if (!strcmp(f, "--max-tokens")) {
             if (!cli_parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
                 return usage_error("--max-tokens '%s': expected an integer in 0..1000000", v);

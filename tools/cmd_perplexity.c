@@ -51,18 +51,6 @@ typedef struct ppl_args {
     bool json;
 } ppl_args;
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static int usage_error(const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return cli_usage_error("perplexity", "%s", msg);
-}
-
 static int parse_args(int argc, char **argv, ppl_args *a) {
     cli_engine_defaults(&a->eng, "perplexity");
     a->max_tokens = -1;
@@ -79,19 +67,19 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
         const char *v = NULL;
         int has = cli_flag_value("perplexity", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
         if (has == 2) return 2;
-        if (!has) return usage_error("unknown option '%s'", f);
+        if (!has) return cli_usage_error("perplexity", "unknown option '%s'", f);
         if (!strcmp(f, "--file")) a->file = v;
         else if (!strcmp(f, "--text")) a->text = v;
         else if (!strcmp(f, "--ids")) a->ids_arg = v;
         else if (!cli_parse_ll(v, 2, MAX_IDS, &a->max_tokens))
-            return usage_error("--max-tokens '%s': expected an integer in 2..%d", v, MAX_IDS);
+            return cli_usage_error("perplexity", "--max-tokens '%s': expected an integer in 2..%d", v, MAX_IDS);
     }
-    if (!a->eng.model) return usage_error("--model is required");
+    if (!a->eng.model) return cli_usage_error("perplexity", "--model is required");
     int sources = (a->file != NULL) + (a->text != NULL) + (a->ids_arg != NULL);
-    if (sources == 0) return usage_error("a text is required: --file PATH, --text TEXT or --ids LIST");
-    if (sources > 1) return usage_error("give one of --file, --text and --ids");
+    if (sources == 0) return cli_usage_error("perplexity", "a text is required: --file PATH, --text TEXT or --ids LIST");
+    if (sources > 1) return cli_usage_error("perplexity", "give one of --file, --text and --ids");
     if (strcmp(a->eng.backend, "cpu") && strcmp(a->eng.backend, "auto"))
-        return usage_error("--backend %s: scoring runs on the CPU backend only", a->eng.backend);
+        return cli_usage_error("perplexity", "--backend %s: scoring runs on the CPU backend only", a->eng.backend);
     return cli_engine_check(&a->eng);
 }
 
@@ -118,29 +106,6 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-static bool parse_ids(const char *s, int32_t **out, int32_t *n_out) {
-    size_t n = 1;
-    for (const char *p = s; *p; p++) n += *p == ',';
-    if (n > MAX_IDS) return false;
-    int32_t *ids = malloc(n * sizeof(int32_t));
-    if (!ids) return false;
-    const char *p = s;
-    for (size_t i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < INT32_MIN || v > INT32_MAX || (*end != ',' && *end != '\0')) {
-            free(ids);
-            return false;
-        }
-        ids[i] = (int32_t)v;
-        p = end + (*end == ',');
-    }
-    *out = ids;
-    *n_out = (int32_t)n;
-    return true;
-}
-
 int ddt_cmd_perplexity(int argc, char **argv) {
     ppl_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -155,8 +120,8 @@ int ddt_cmd_perplexity(int argc, char **argv) {
     json_t *o = NULL;
     ddt_status st;
     if (a.ids_arg) {
-        if (!parse_ids(a.ids_arg, &ids, &n)) {
-            rc = usage_error("--ids '%s': expected comma-separated integers", a.ids_arg);
+        if (!cli_parse_ids(a.ids_arg, MAX_IDS, &ids, &n)) {
+            rc = cli_usage_error("perplexity", "--ids '%s': expected comma-separated integers", a.ids_arg);
             goto done;
         }
     } else {
