@@ -280,6 +280,32 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     if (r->have_max_tokens && r->max_tokens == 0 && !r->echo)
         return FAIL(r, DDT_ERR_RANGE, "max_tokens", "'max_tokens' is 0: at least 1 (0 only with 'echo', to score "
                     "the prompt)");
+    /* what would change the output but is not applied here: refused, not dropped */
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (int k = 0; k < 2; k++) {
+        if ((st = get_number(r, root, penalties[k], -2.0, 2.0, &have, &x, err))) return st;
+        if (have && x != 0.0)
+            return FAIL(r, DDT_ERR_UNSUPPORTED, penalties[k], "'%s' is not supported (only 0)", penalties[k]);
+    }
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "logit_bias", "'logit_bias' is not supported");
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text"))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "response_format",
+                        "'response_format': only {\"type\": \"text\"} is supported (no JSON mode)");
+    }
+    if ((st = get_int(r, root, "best_of", 1, 1000000, &have, &ll, err))) {
+        if (st != DDT_ERR_RANGE) return st;
+        ll = 0;
+        have = true;
+    }
+    if (have && ll != 1) return FAIL(r, DDT_ERR_UNSUPPORTED, "best_of", "'best_of': only 1 is supported");
+    json_t *suffix = json_object_get(root, "suffix");
+    if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "suffix", "'suffix' (insertion) is not supported");
     json_t *tools = json_object_get(root, "tools");
     if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
         return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' (function calling) is not supported");

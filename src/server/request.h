@@ -5,8 +5,11 @@
  * a field of the wrong type or out of range, a feature this server lacks such
  * as n > 1) gives DDT_ERR_INVALID / DDT_ERR_RANGE / DDT_ERR_UNSUPPORTED with a
  * message naming the field, and `param` set to it, for an HTTP 400 body.
- * Fields this server does not use (user, frequency_penalty, ...) are ignored,
- * as OpenAI-compatible servers do.  This is the server's fuzzed parser.
+ * Fields that do not change the output (user, metadata, store, ...) are ignored,
+ * as OpenAI-compatible servers do; a field that would change it and that this
+ * server does not apply (a non-zero presence / frequency penalty, a logit bias,
+ * a JSON response format, best_of > 1, a suffix) is refused rather than
+ * silently dropped.  This is the server's fuzzed parser.
  */
 #ifndef DDT_SERVER_REQUEST_H
 #define DDT_SERVER_REQUEST_H

@@ -50,6 +50,12 @@ static void test_chat_fields(void **state) {
     assert_string_equal(r.model, "m");
     assert_int_equal(r.logprobs, -1);
     ddt_api_request_free(&r);
+    /* what does not change the output is accepted: zero penalties, an empty bias, text format */
+    assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                         "\"frequency_penalty\": 0, \"presence_penalty\": 0.0, \"logit_bias\": {}, "
+                                         "\"response_format\": {\"type\": \"text\"}, \"user\": \"u\", \"best_of\": 1}",
+                           &r, &err), DDT_OK);
+    ddt_api_request_free(&r);
     /* log-probabilities: chat's flag and alternatives */
     const char *lp = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true%s}";
     const char *tails[] = {"", ", \"top_logprobs\": 5", ", \"top_logprobs\": null"};
@@ -149,6 +155,17 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"}, /* a count there */
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": 0.5}", "frequency_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": -1}", "presence_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": 3}", "presence_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": \"x\"}", "frequency_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 100}}", "logit_bias"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+                       "{\"type\": \"json_object\"}}", "response_format"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": 1}",
+         "response_format"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"best_of\": 3}", "best_of"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"suffix\": \"z\"}", "suffix"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": -1}", "logprobs"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 2}", "logprobs"},
