@@ -318,7 +318,9 @@ static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32
 /* --budget auto's fallback: when a speculative round's tokens per cost (smoothed)
  * fall below an ar step's, the next `hold` rounds are plain ar steps (the drafter
  * still fed, so a later round can draft), then one speculative round probes
- * again; a probe that still loses doubles the hold, one that wins resets it.
+ * again; a probe that still loses doubles the hold, one that wins resets it.  The
+ * hold is also scaled by how far speculation is from paying (ar rate over its
+ * rate): a probe costs a draft, which on a CPU is several ar steps.
  * Costs are the auto budget's measured table, so the choice is deterministic for
  * an engine; tokens are the target's either way (greedy: equal; sampled: each a
  * target sample). */
@@ -441,7 +443,8 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
                 const double spec = tau_avg / ((double)e->cost.draft + (double)ddt_cost_verify(&e->cost, (float)(n - 1)));
                 const double plain = 1.0 / (double)ddt_cost_verify(&e->cost, 0.0f);
                 if (spec < plain) {
-                    hold = backoff;
+                    const double scaled = (double)backoff * ceil(plain / spec);
+                    hold = scaled > AR_HOLD_MAX ? AR_HOLD_MAX : (int32_t)scaled;
                     backoff = backoff * 2 > AR_HOLD_MAX ? AR_HOLD_MAX : backoff * 2;
                 } else {
                     backoff = AR_HOLD_MIN;
