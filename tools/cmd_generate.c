@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,6 +44,9 @@ static const char k_usage_tail[] =
     "  --max-tokens N       tokens to generate, 0..1000000 (required)\n"
     "  --stop-at-eos        stop after the config's eos_token_id (and <|im_end|> with --chat)\n"
     "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
+    "  --logprobs N         with --json: each token's log-probability under the target and its N most\n"
+    "                       likely alternatives, 0..20 (\"logprobs\": [{\"id\", \"logprob\", \"top\": [[id, lp]]}];\n"
+    "                       the CPU backend and one GPU)\n"
     "  --help               this text\n"
     "Exit status: 0 done, 2 bad arguments, model or prompt, 1 other failure.\n";
 
@@ -55,6 +59,7 @@ typedef struct gen_args {
     int32_t n_prompt;
     long long max_new;
     bool have_max_new;
+    long long logprobs; /* -1: none */
     bool json;
     bool stop_eos;
 } gen_args;
@@ -74,6 +79,7 @@ static int usage_error(const char *fmt, ...) {
 /* Parse argv; returns -1 to continue, else an exit status. */
 static int parse_args(int argc, char **argv, gen_args *a) {
     cli_engine_defaults(&a->eng, "generate");
+    a->logprobs = -1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         int common = cli_engine_common_flag(&a->eng, k_usage_head, k_usage_tail, argc, argv, &i);
@@ -88,7 +94,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             continue;
         }
         static const char *const valued[] = {"--prompt-ids", "--max-tokens", "--prompt", "--chat", "--system",
-                                             "--prompt-file"};
+                                             "--prompt-file", "--logprobs"};
         const char *v = NULL;
         int has = cli_flag_value("generate", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
         if (has == 2) return 2;
@@ -120,6 +126,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->prompt = NULL;
             if (!cli_parse_ids(v, MAX_PROMPT_IDS, &a->prompt, &a->n_prompt))
                 return usage_error("--prompt-ids '%s': expected comma-separated integers", v);
+        } else if (!strcmp(f, "--logprobs")) {
+            if (!cli_parse_ll(v, 0, DDT_MAX_TOP_LOGPROBS, &a->logprobs))
+                return usage_error("--logprobs '%s': expected an integer in 0..%d", v, DDT_MAX_TOP_LOGPROBS);
         } else if (!strcmp(f, "--max-tokens")) {
             if (!cli_parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
                 return usage_error("--max-tokens '%s': expected an integer in 0..1000000", v);
@@ -133,6 +142,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (sources > 1 || a->n_text > 1)
         return usage_error("give one of --prompt, --prompt-file, --chat and --prompt-ids");
     if (!a->have_max_new) return usage_error("--max-tokens is required");
+    if (a->logprobs >= 0 && !a->json) return usage_error("--logprobs prints with --json only");
     return cli_engine_check(&a->eng);
 }
 
@@ -206,6 +216,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_tokenizer *tok = NULL;
     ddt_engine *eng = NULL;
     int32_t *out = NULL;
+    ddt_token_logprobs *lp = NULL;
     char *text = NULL;
     ddt_status st;
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
@@ -259,6 +270,19 @@ int ddt_cmd_generate(int argc, char **argv) {
         rc = 1;
         goto done;
     }
+    if (a.logprobs >= 0) {
+        lp = malloc((size_t)(a.max_new > 0 ? a.max_new : 1) * sizeof *lp);
+        if (!lp) {
+            fprintf(stderr, "ddtree generate: out of memory\n");
+            rc = 1;
+            goto done;
+        }
+        if ((st = ddt_engine_set_logprobs(eng, lp, (int32_t)a.max_new, (int32_t)a.logprobs, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree generate: --logprobs: %s\n", err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+    }
     stream_ctx sc = {tok, tok != NULL, a.json, 0};
     ddt_gen_stats gs;
     int32_t n_out = 0;
@@ -292,6 +316,19 @@ int ddt_cmd_generate(int argc, char **argv) {
         if (sj && cm) json_object_set_new(sj, "cost_model", cost_json(cm));
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
+        if (lp) {
+            json_t *arr = json_array();
+            for (int32_t i = 0; i < n_out; i++) {
+                json_t *top = json_array();
+                for (int32_t j = 0; j < lp[i].n_top; j++)
+                    json_array_append_new(top, json_pack("[i, f]", lp[i].top_id[j], (double)lp[i].top_logprob[j]));
+                /* a -inf (or NaN) value has no JSON number: null */
+                json_array_append_new(arr, json_pack("{s:i, s:o, s:o}", "id", out[i], "logprob",
+                                                     isfinite(lp[i].logprob) ? json_real(lp[i].logprob) : json_null(),
+                                                     "top", top));
+            }
+            json_object_set_new(o, "logprobs", arr);
+        }
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         json_decref(o);
         if (!s) {
@@ -319,6 +356,7 @@ done:
     ddt_engine_free(eng);
     ddt_tokenizer_free(tok);
     free(out);
+    free(lp);
     free(text);
     free(a.prompt);
     free(a.file_text);

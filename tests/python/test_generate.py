@@ -49,6 +49,27 @@ def test_cli_tree_and_chain_equal_ar(prompt):
             assert st["seconds"][phase] >= 0.0
 
 
+def test_cli_logprobs():
+    """--logprobs N with --json: each emitted token's log-probability and N alternatives, the same in
+    every mode (tree verify rows are ar's, bit for bit); greedy, the token is the top one."""
+    base = ["--model", TARGET, "--prompt-ids", PROMPTS[1], "--max-tokens", "20", "--logprobs", "3"]
+    ar = gen_json(*base)
+    lp = ar["logprobs"]
+    assert [e["id"] for e in lp] == ar["ids"]
+    for e in lp:
+        assert e["logprob"] <= 0 and len(e["top"]) == 3
+        assert e["top"][0] == [e["id"], e["logprob"]]
+        assert e["top"][0][1] >= e["top"][1][1] >= e["top"][2][1]
+    for extra in (["--mode", "tree", "--budget", "8"], ["--mode", "chain"]):
+        assert gen_json(*base, "--draft", DRAFT, *extra)["logprobs"] == lp, extra
+    assert "logprobs" not in gen_json("--model", TARGET, "--prompt-ids", PROMPTS[1], "--max-tokens", "4")
+    for bad, msg in ((["--logprobs", "21"], "0..20"), (["--logprobs", "x"], "0..20")):
+        r = run(*base[:-2], *bad, "--json")
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+    r = run("--model", TARGET, "--prompt-ids", PROMPTS[1], "--max-tokens", "4", "--logprobs", "2")
+    assert r.returncode == 2 and "--json" in r.stderr
+
+
 def test_cli_stop_reason():
     """--json's stop_reason is the engine's: max tokens, or a full context (also in tree mode)."""
     base = ["--model", TARGET, "--prompt-ids", "100,3,250,17,42,9,1,77"]
