@@ -2,7 +2,9 @@
  * test_no_alloc.c — "nothing allocates inside a decoding round", checked: this
  * test is linked with --wrap for malloc, calloc, realloc and free, counts every
  * call, and requires that generating 40 tokens makes exactly as many
- * allocations as generating 1 (the prompt pass), in every mode and at T > 0.
+ * allocations as generating 1 (the prompt pass), in every mode and at T > 0,
+ * and with what the server turns on: the prefix cache, log-probabilities, the
+ * auto budget's fallback to ar steps (a cost table that makes the draft dear).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,7 +44,8 @@ static long allocs_for(ddt_engine *e, int32_t max_new) {
     return g_allocs - before;
 }
 
-static void check_mode(ddt_mode mode, int32_t budget, bool autob, float temperature) {
+static void check_mode_with(ddt_mode mode, int32_t budget, bool autob, float temperature, bool serving,
+                            const ddt_cost_model *cost) {
     char model[1024], draft[1024];
     snprintf(model, sizeof model, "%s/tests/fixtures/target/fp32", DDT_SOURCE_DIR);
     snprintf(draft, sizeof draft, "%s/tests/fixtures/drafter/fp32", DDT_SOURCE_DIR);
@@ -53,14 +56,23 @@ static void check_mode(ddt_mode mode, int32_t budget, bool autob, float temperat
     o.budget_auto = autob;
     o.sampling = (ddt_sampling){temperature, temperature > 0 ? 20 : 0, temperature > 0 ? 0.9f : 1.0f, 3};
     o.n_threads = 2;
+    o.prefix_cache = serving;
+    o.cost = cost;
     ddt_engine *e;
     ddt_error err;
     if (ddt_engine_create(model, &o, &e, &err)) fail_msg("create: %s", err.msg);
+    static ddt_token_logprobs lp[64];
+    if (serving && ddt_engine_set_logprobs(e, lp, 64, 5, &err)) fail_msg("logprobs: %s", err.msg);
     long one = allocs_for(e, 1), many = allocs_for(e, 40);
-    printf("  %s budget %d%s T=%g: %ld allocations for 1 token, %ld for 40\n", ddt_mode_name(mode), budget,
-           autob ? " auto" : "", (double)temperature, one, many);
+    printf("  %s budget %d%s T=%g%s%s: %ld allocations for 1 token, %ld for 40\n", ddt_mode_name(mode), budget,
+           autob ? " auto" : "", (double)temperature, serving ? " (prefix cache, logprobs)" : "",
+           cost ? " (dear draft)" : "", one, many);
     assert_int_equal(many, one);
     ddt_engine_free(e);
+}
+
+static void check_mode(ddt_mode mode, int32_t budget, bool autob, float temperature) {
+    check_mode_with(mode, budget, autob, temperature, false, NULL);
 }
 
 static void test_rounds_do_not_allocate(void **state) {
@@ -70,6 +82,11 @@ static void test_rounds_do_not_allocate(void **state) {
     check_mode(DDT_MODE_TREE, 32, false, 0.0f);
     check_mode(DDT_MODE_TREE, 32, true, 0.0f);
     check_mode(DDT_MODE_TREE, 16, false, 1.0f);
+    check_mode_with(DDT_MODE_TREE, 16, false, 0.0f, true, NULL);
+    check_mode_with(DDT_MODE_AR, 0, false, 1.0f, true, NULL);
+    static const float nodes[2] = {0.0f, 8.0f}, verify[2] = {1e-3f, 2e-3f};
+    static const ddt_cost_model dear = {0.1f, 2, nodes, 1, NULL, verify, 0.0f};
+    check_mode_with(DDT_MODE_TREE, 8, true, 0.0f, true, &dear);
 }
 
 /* The counter is live: the engine's setup does allocate. */
