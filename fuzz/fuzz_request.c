@@ -74,7 +74,8 @@ static void check_stream(const ddt_api_request *r, const uint8_t *text, size_t n
     ddt_api_result res = {whole ? whole : "", wl, "stop", 1, 2, 1, NULL, 0, NULL, DDT_MODE_AR,
                           r->logprobs >= 0 ? &lpa : NULL};
     size_t len;
-    char *body = ddt_api_response_body(&ids, &res, &len);
+    const ddt_api_result two[2] = {res, res};
+    char *body = ddt_api_response_body(&ids, two, r->n > 1 ? 2 : 1, &len);
     if (!body) __builtin_trap();
     free(body);
     char *ev = ddt_api_chunk_event(&ids, true, whole ? whole : "", wl, NULL, r->logprobs >= 0 ? &lpa : NULL, &len);
@@ -110,6 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r.stop_len[i] == 0 || r.stop_len[i] > DDT_API_MAX_STOP_LEN) __builtin_trap();
     if (r.have_budget && !r.budget_auto && (r.budget < 1 || r.budget > DDT_MAX_BUDGET)) __builtin_trap();
     if (r.logprobs < -1 || r.logprobs > DDT_API_MAX_TOP_LOGPROBS) __builtin_trap();
+    if (r.n < 1 || r.n > DDT_API_MAX_N || (r.n > 1 && r.stream)) __builtin_trap();
     /* the text the request carries stands in for generated text */
     const uint8_t *text = kind == DDT_API_CHAT ? (const uint8_t *)r.msgs[r.n_msgs - 1].content
                                                : (const uint8_t *)(r.prompt ? r.prompt : "");

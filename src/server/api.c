@@ -185,13 +185,12 @@ char *ddt_api_error_event(const char *message, size_t *len) {
     return sse_event(ddt_api_error_body(message, "internal_error", NULL, NULL, NULL), len);
 }
 
-char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, size_t *len) {
-    json_t *o = head(r, false);
+/* One choice of a whole response. */
+static json_t *choice_json(const ddt_api_ids *r, const ddt_api_result *res, int index) {
     json_t *t = json_stringn(res->text ? res->text : "", res->text ? res->text_len : 0);
-    json_t *choice = json_pack("{s:i, s:s, s:o}", "index", 0, "finish_reason", res->finish_reason, "logprobs",
+    json_t *choice = json_pack("{s:i, s:s, s:o}", "index", index, "finish_reason", res->finish_reason, "logprobs",
                                logprobs_json(r->kind, res->logprobs));
-    if (!o || !t || !choice) {
-        json_decref(o);
+    if (!t || !choice) {
         json_decref(t);
         json_decref(choice);
         return NULL;
@@ -204,15 +203,41 @@ char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, siz
         for (int32_t i = 0; i < res->n_ids; i++) json_array_append_new(a, json_integer(res->ids[i]));
         json_object_set_new(choice, "token_ids", a);
     }
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage(res->prompt_tokens, res->completion_tokens, res->cached_tokens));
-    if (res->stats) {
-        const ddt_gen_stats *s = res->stats;
-        json_object_set_new(o, "ddtree", json_pack("{s:s, s:i, s:I, s:f, s:f, s:f}", "mode", ddt_mode_name(res->mode),
-                                                   "rounds", s->rounds, "nodes_verified",
-                                                   (json_int_t)s->nodes_verified, "mean_acceptance",
-                                                   s->mean_acceptance, "tokens_per_s", s->tokens_per_s,
-                                                   "seconds", s->t_total));
+    return choice;
+}
+
+char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int n, size_t *len) {
+    json_t *o = head(r, false), *choices = json_array();
+    if (!o || !choices || n < 1) {
+        json_decref(o);
+        json_decref(choices);
+        return NULL;
     }
+    /* usage as OpenAI counts n choices: the prompt once, every choice's completion */
+    int64_t completion = 0, rounds = 0, accepted = 0, tokens = 0;
+    int64_t nodes = 0;
+    double seconds = 0.0, decode = 0.0;
+    for (int k = 0; k < n; k++) {
+        json_t *ch = choice_json(r, &res[k], k);
+        if (!ch || json_array_append_new(choices, ch)) {
+            json_decref(o);
+            json_decref(choices);
+            return NULL;
+        }
+        completion += res[k].completion_tokens;
+        if (res[k].stats) {
+            const ddt_gen_stats *s = res[k].stats;
+            rounds += s->rounds, accepted += s->accepted, nodes += s->nodes_verified, tokens += s->tokens;
+            seconds += s->t_total, decode += s->t_total - s->t_prefill;
+        }
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage(res[0].prompt_tokens, completion, res[0].cached_tokens));
+    if (res[0].stats)
+        json_object_set_new(o, "ddtree", json_pack("{s:s, s:I, s:I, s:f, s:f, s:f}", "mode", ddt_mode_name(res[0].mode),
+                                                   "rounds", (json_int_t)rounds, "nodes_verified", (json_int_t)nodes,
+                                                   "mean_acceptance", rounds ? (double)accepted / (double)rounds : 0.0,
+                                                   "tokens_per_s", decode > 0 ? (double)tokens / decode : 0.0,
+                                                   "seconds", seconds));
     return dump(o, false, len);
 }

@@ -69,6 +69,8 @@ typedef struct ddt_api_result {
     ddt_mode mode;
     const ddt_api_logprobs *logprobs; /* NULL: not asked for */
 } ddt_api_result;
-char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, size_t *len);
+/* n >= 1 choices (res[0..n)), choice k with index k; usage counts the prompt once
+ * (res[0]'s) and every choice's completion; the ddtree object sums the rounds. */
+char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int n, size_t *len);
 
 #endif

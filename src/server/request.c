@@ -253,13 +253,8 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     if (r->have_top_k) r->top_k = ll < 0 ? 0 : (int32_t)ll;
     if ((st = get_int(r, root, "seed", INT64_MIN, INT64_MAX, &r->have_seed, &ll, err))) return st;
     if (r->have_seed) r->seed = (uint64_t)ll;
-    if ((st = get_int(r, root, "n", 1, 1000000, &have, &ll, err))) {
-        if (st != DDT_ERR_RANGE) return st;
-        ll = 0;
-        have = true;
-    }
-    if (have && ll != 1)
-        return FAIL(r, DDT_ERR_UNSUPPORTED, "n", "'n': only n = 1 is supported (one choice per request)");
+    if ((st = get_int(r, root, "n", 1, DDT_API_MAX_N, &have, &ll, err))) return st;
+    r->n = have ? (int32_t)ll : 1;
     bool flag = false;
     r->logprobs = -1;
     if (r->kind == DDT_API_CHAT) {
@@ -311,6 +306,8 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
         return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' (function calling) is not supported");
     if ((st = parse_stop(r, root, err))) return st;
     if ((st = get_bool(r, root, "stream", &r->stream, err))) return st;
+    if (r->stream && r->n > 1)
+        return FAIL(r, DDT_ERR_UNSUPPORTED, "n", "'n' > 1 with 'stream' is not supported (ask without stream)");
     if (r->stream && r->echo)
         return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' with 'stream' is not supported (ask without stream)");
     json_t *so = json_object_get(root, "stream_options");

@@ -28,6 +28,7 @@
 #define DDT_API_MAX_TOKENS 1000000  /* max_tokens sanity bound; the context bounds it further */
 #define DDT_API_MAX_PROMPT_IDS (1 << 20)
 #define DDT_API_MAX_TOP_LOGPROBS 20 /* = DDT_MAX_TOP_LOGPROBS (engine.h) */
+#define DDT_API_MAX_N 16            /* choices per request (each decoded in turn) */
 
 typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
 
@@ -53,6 +54,8 @@ typedef struct ddt_api_request {
     int n_stop;
     bool stream, include_usage;
     bool return_token_ids; /* extension: the choice carries the generated token ids */
+    int32_t n;             /* choices, 1..DDT_API_MAX_N (not with stream): decoded one after the
+                              other, choice k sampled with the seed + k */
     bool echo;             /* completions: the prompt comes back before the completion, and with
                               logprobs the prompt's tokens are scored too (max_tokens may be 0) */
     int32_t logprobs;      /* -1: none; else log-probabilities with this many alternatives a token

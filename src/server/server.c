@@ -463,33 +463,118 @@ static void make_id(ddt_server *s, ddt_api_kind kind, char *buf, size_t n) {
     snprintf(buf, n, "%s-%llx%06llx", kind == DDT_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL), k);
 }
 
+/* One finished job's choice, ready to render: what ddt_api_result points to that
+ * is not the job's own (echo's joined text and arrays). */
+typedef struct choice_out {
+    ddt_api_result res;
+    ddt_api_logprobs lpa;
+    int64_t offset;
+    char *text;
+    ddt_token_logprobs *lp_all;
+    int32_t *ids_all;
+} choice_out;
+
+static void choice_free(choice_out *o) {
+    free(o->text);
+    free(o->lp_all);
+    free(o->ids_all);
+}
+
+/* Fill o from a job that is done and ended well (read after its done flag, so
+ * nothing changes it any more); false when out of memory. */
+static bool choice_of(ddt_server *s, ddt_job *j, bool want_ids, int32_t want_lp, choice_out *o) {
+    memset(o, 0, sizeof *o);
+    size_t tlen = 0;
+    ddt_error err;
+    bool ok = ddt_textstream_take(&j->text, true, &o->text, &tlen, &err) == DDT_OK;
+    /* echo: the prompt's text and tokens come first */
+    const int32_t n_all = j->echo ? j->n_prompt + j->n_counted : j->n_counted;
+    if (ok && j->echo) {
+        char *both = malloc(j->echo_len + tlen + 1);
+        ok = both != NULL;
+        if (ok) {
+            memcpy(both, j->echo_text, j->echo_len);
+            if (tlen) memcpy(both + j->echo_len, o->text, tlen);
+            tlen += j->echo_len;
+            both[tlen] = '\0';
+            free(o->text);
+            o->text = both;
+        }
+        if (ok && j->prompt_lp) {
+            o->lp_all = malloc((size_t)n_all * sizeof *o->lp_all);
+            o->ids_all = malloc((size_t)n_all * sizeof *o->ids_all);
+            ok = o->lp_all && o->ids_all;
+            if (ok) {
+                memcpy(o->lp_all, j->prompt_lp, (size_t)j->n_prompt * sizeof *o->lp_all);
+                memcpy(o->ids_all, j->prompt, (size_t)j->n_prompt * sizeof *o->ids_all);
+                if (j->n_counted) {
+                    memcpy(o->lp_all + j->n_prompt, j->lp, (size_t)j->n_counted * sizeof *o->lp_all);
+                    memcpy(o->ids_all + j->n_prompt, j->out, (size_t)j->n_counted * sizeof *o->ids_all);
+                }
+            }
+        }
+    }
+    o->lpa = (ddt_api_logprobs){o->lp_all ? o->lp_all : j->lp, o->ids_all ? o->ids_all : j->out, 0, n_all, s->tok,
+                                &o->offset};
+    const bool with_lp = want_lp >= 0 && (j->echo ? o->lp_all != NULL : j->lp != NULL);
+    o->res = (ddt_api_result){o->text ? o->text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
+                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode,
+                              with_lp ? &o->lpa : NULL};
+    return ok;
+}
+
+static void release_jobs(ddt_job **jobs, int n, bool cancel) {
+    for (int k = 0; k < n; k++) {
+        if (cancel) {
+            pthread_mutex_lock(&jobs[k]->mu);
+            jobs[k]->cancel = true;
+            pthread_mutex_unlock(&jobs[k]->mu);
+        }
+        ddt_job_release(jobs[k]);
+    }
+}
+
 static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c, conn *cn) {
     ddt_api_kind kind = cn->route == ROUTE_CHAT ? DDT_API_CHAT : DDT_API_COMPLETION;
     ddt_api_request rq;
     ddt_error err = {0};
     ddt_status st = ddt_api_request_parse(kind, cn->body, cn->len, &rq, &err);
     if (st != DDT_OK) return send_error(s, c, st == DDT_ERR_NOMEM ? 500 : 400, err.msg, rq.param);
+    /* n choices: n jobs of the same request, choice k sampled with the seed + k (the
+       prefix cache gives the later ones the prompt's context) */
+    ddt_job *jobs[DDT_API_MAX_N];
+    const int nc = rq.n;
     prepared p;
-    prepare(s, &rq, &p);
+    memset(&p, 0, sizeof p);
+    int made = 0;
+    for (; made < nc; made++) {
+        prepare(s, &rq, &p);
+        if (p.code) break;
+        jobs[made] = p.job;
+        jobs[made]->sampling.seed += (uint64_t)made;
+    }
     bool stream = rq.stream, include_usage = rq.include_usage, want_ids = rq.return_token_ids;
     const int32_t want_lp = rq.logprobs;
     ddt_api_request_free(&rq);
-    if (p.code) return send_error(s, c, p.code, p.msg, p.param);
-    ddt_job *j = p.job;
-    st = ddt_job_queue_push(&s->q, j, &err);
-    if (st != DDT_OK) {
-        ddt_job_release(j);
-        return send_error(s, c, 503, err.msg, NULL);
+    if (p.code) {
+        release_jobs(jobs, made, false);
+        return send_error(s, c, p.code, p.msg, p.param);
     }
+    for (int k = 0; k < nc; k++) {
+        st = ddt_job_queue_push(&s->q, jobs[k], &err);
+        if (st != DDT_OK) {
+            release_jobs(jobs, k, true); /* the queued ones end unstarted */
+            release_jobs(jobs + k, nc - k, false);
+            return send_error(s, c, 503, err.msg, NULL);
+        }
+    }
+    ddt_job *j = jobs[0];
     ddt_api_ids ids = {kind, NULL, (long long)time(NULL), s->model_name};
     int fd = conn_fd(c);
-    if (stream) {
+    if (stream) { /* n is 1 (the parser refuses more with stream) */
         sse *x = calloc(1, sizeof *x);
         if (!x) {
-            pthread_mutex_lock(&j->mu);
-            j->cancel = true;
-            pthread_mutex_unlock(&j->mu);
-            ddt_job_release(j);
+            release_jobs(jobs, nc, true);
             return send_error(s, c, 500, "out of memory", NULL);
         }
         x->srv = s;
@@ -515,71 +600,46 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
     char id[64];
     make_id(s, kind, id, sizeof id);
     ids.id = id;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&j->mu);
-    bool present = true;
-    while (!j->done && (present = wait_change(j, &seen, fd))) {
-    }
-    if (!present) {
-        pthread_mutex_unlock(&j->mu);
-        ddt_job_release(j);
-        return MHD_NO; /* the client left: close the connection */
-    }
-    enum MHD_Result res;
-    if (j->status != DDT_OK || j->cancel) {
-        char msg[DDT_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", j->status != DDT_OK ? j->error : "the server is shutting down");
-        unsigned code = j->status != DDT_OK ? 500 : 503;
-        pthread_mutex_unlock(&j->mu);
-        res = send_error(s, c, code, msg, NULL);
-    } else {
-        char *text = NULL;
-        size_t tlen = 0;
-        bool ok = ddt_textstream_take(&j->text, true, &text, &tlen, &err) == DDT_OK;
-        /* echo: the prompt's text and tokens come first */
-        ddt_token_logprobs *lp_all = NULL;
-        int32_t *ids_all = NULL;
-        const int32_t n_all = j->echo ? j->n_prompt + j->n_counted : j->n_counted;
-        if (ok && j->echo) {
-            char *both = malloc(j->echo_len + tlen + 1);
-            ok = both != NULL;
-            if (ok) {
-                memcpy(both, j->echo_text, j->echo_len);
-                if (tlen) memcpy(both + j->echo_len, text, tlen);
-                tlen += j->echo_len;
-                both[tlen] = '\0';
-                free(text);
-                text = both;
-            }
-            if (ok && j->prompt_lp) {
-                lp_all = malloc((size_t)n_all * sizeof *lp_all);
-                ids_all = malloc((size_t)n_all * sizeof *ids_all);
-                ok = lp_all && ids_all;
-                if (ok) {
-                    memcpy(lp_all, j->prompt_lp, (size_t)j->n_prompt * sizeof *lp_all);
-                    memcpy(ids_all, j->prompt, (size_t)j->n_prompt * sizeof *ids_all);
-                    if (j->n_counted) {
-                        memcpy(lp_all + j->n_prompt, j->lp, (size_t)j->n_counted * sizeof *lp_all);
-                        memcpy(ids_all + j->n_prompt, j->out, (size_t)j->n_counted * sizeof *ids_all);
-                    }
-                }
-            }
+    /* every choice in order; the first that fails answers for all */
+    choice_out outs[DDT_API_MAX_N];
+    int done = 0;
+    for (; done < nc; done++) {
+        ddt_job *jk = jobs[done];
+        uint64_t seen = 0;
+        pthread_mutex_lock(&jk->mu);
+        bool present = true;
+        while (!jk->done && (present = wait_change(jk, &seen, fd))) {
         }
-        int64_t offset = 0;
-        const ddt_api_logprobs lpa = {lp_all ? lp_all : j->lp, ids_all ? ids_all : j->out, 0, n_all, s->tok, &offset};
-        const bool with_lp = want_lp >= 0 && (j->echo ? lp_all != NULL : j->lp != NULL);
-        ddt_api_result out = {text ? text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
-                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode,
-                              with_lp ? &lpa : NULL};
-        size_t len = 0;
-        char *body = ok ? ddt_api_response_body(&ids, &out, &len) : NULL;
-        pthread_mutex_unlock(&j->mu);
-        free(text);
-        free(lp_all);
-        free(ids_all);
-        res = send_body(s, c, 200, body, len, "application/json");
+        if (!present) {
+            pthread_mutex_unlock(&jk->mu);
+            for (int k = 0; k < done; k++) choice_free(&outs[k]);
+            release_jobs(jobs, nc, true);
+            return MHD_NO; /* the client left: close the connection */
+        }
+        if (jk->status != DDT_OK || jk->cancel) {
+            char msg[DDT_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", jk->status != DDT_OK ? jk->error : "the server is shutting down");
+            unsigned code = jk->status != DDT_OK ? 500 : 503;
+            pthread_mutex_unlock(&jk->mu);
+            for (int k = 0; k < done; k++) choice_free(&outs[k]);
+            release_jobs(jobs, nc, true);
+            return send_error(s, c, code, msg, NULL);
+        }
+        pthread_mutex_unlock(&jk->mu);
+        if (!choice_of(s, jk, want_ids, want_lp, &outs[done])) {
+            choice_free(&outs[done]);
+            for (int k = 0; k < done; k++) choice_free(&outs[k]);
+            release_jobs(jobs, nc, true);
+            return send_error(s, c, 500, "out of memory", NULL);
+        }
     }
-    ddt_job_release(j);
+    ddt_api_result res_all[DDT_API_MAX_N];
+    for (int k = 0; k < nc; k++) res_all[k] = outs[k].res;
+    size_t len = 0;
+    char *body = ddt_api_response_body(&ids, res_all, nc, &len);
+    for (int k = 0; k < nc; k++) choice_free(&outs[k]);
+    enum MHD_Result res = send_body(s, c, 200, body, len, "application/json");
+    release_jobs(jobs, nc, false);
     return res;
 }
 

@@ -2,7 +2,7 @@
 prints): the official `openai` client for chat, completion, streaming and usage; greedy output over
 HTTP == `ddtree generate --json`; per-request speculative settings; concurrent clients all getting
 the answers they get alone; bad requests (malformed, truncated, wrong types, huge numbers, invalid
-UTF-8, over the context, over the body limit, n > 1, missing or wrong API key) getting their status
+UTF-8, over the context, over the body limit, n > 16, missing or wrong API key) getting their status
 codes while the server keeps serving; a disconnecting client cancelling its request; /metrics;
 a clean exit on SIGTERM.  Needs DDT_BUILD_DIR.  test_cli_serve_smoke also runs in the sanitizer
 pass (its name has "cli")."""
@@ -349,6 +349,28 @@ def test_echo_scores_the_prompt(server):
     assert st == 400 and err["error"]["param"] == "echo"
 
 
+def test_n_choices(server):
+    """n choices: decoded one after the other, choice k with the seed + k, so each is the single
+    request with that seed; usage counts the prompt once and every completion; greedy choices are
+    equal; chat through the openai client."""
+    kw = {"max_tokens": 12, "temperature": 1.0, "seed": 40}
+    b = complete(server, PROMPTS[3], n=3, return_token_ids=True, **kw)
+    ch = b["choices"]
+    assert [c["index"] for c in ch] == [0, 1, 2]
+    for k in range(3):
+        one = complete(server, PROMPTS[3], return_token_ids=True, **{**kw, "seed": 40 + k})
+        assert ch[k]["token_ids"] == one["choices"][0]["token_ids"], k
+        assert ch[k]["text"] == one["choices"][0]["text"]
+    assert len({tuple(c["token_ids"]) for c in ch}) > 1  # different seeds, different samples
+    assert b["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in ch)
+    assert b["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    g = complete(server, PROMPTS[3], n=2, max_tokens=8)
+    assert g["choices"][0]["text"] == g["choices"][1]["text"]
+    r = server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x = "}], n=2,
+                                                max_tokens=6, temperature=1.0, seed=3)
+    assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
+
+
 def test_sampling_seeded_and_prompt_ids(server):
     a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
@@ -446,7 +468,8 @@ BAD = [
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 9223372036854775807}', 400, "max_tokens"),
     ("/v1/completions", b'{"prompt": "a", "seed": 1e308}', 400, "seed"),
     ("/v1/completions", b'{"prompt": "\xff\xfe\xfd"}', 400, None),  # invalid UTF-8
-    ("/v1/completions", b'{"prompt": "a", "n": 2}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "a", "n": 17}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "a", "n": 2, "stream": true}', 400, "n"),
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 5000}', 400, "max_tokens"),  # over the context
     ("/v1/completions", json.dumps({"prompt": [7] * 1100}).encode(), 400, "prompt"),  # prompt over the context
     ("/v1/completions", b'{"prompt": [999999]}', 400, "prompt"),  # outside the vocabulary

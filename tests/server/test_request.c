@@ -49,6 +49,7 @@ static void test_chat_fields(void **state) {
     assert_true(r.have_mode && r.mode == DDT_MODE_TREE && r.have_budget && r.budget == 12 && !r.budget_auto);
     assert_string_equal(r.model, "m");
     assert_int_equal(r.logprobs, -1);
+    assert_int_equal(r.n, 1);
     ddt_api_request_free(&r);
     /* what does not change the output is accepted: zero penalties, an empty bias, text format */
     assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
@@ -94,8 +95,9 @@ static void test_completion_prompts(void **state) {
     assert_int_equal(r.logprobs, -1);
     ddt_api_request_free(&r);
     /* completions' logprobs is the count of alternatives */
-    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 3}", &r, &err), DDT_OK);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 3, \"n\": 16}", &r, &err), DDT_OK);
     assert_int_equal(r.logprobs, 3);
+    assert_int_equal(r.n, 16);
     ddt_api_request_free(&r);
     assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r, &err), DDT_OK);
     assert_int_equal(r.logprobs, 0);
@@ -145,8 +147,10 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", "temperature"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"top_p\": 0}", "top_p"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"seed\": 1.5}", "seed"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 17}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 0}", "n"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 100000000}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2, \"stream\": true}", "n"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}", "stream"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": 1}", "stream_options"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": 1}}",
