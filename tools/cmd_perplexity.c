@@ -4,8 +4,11 @@
  * shows here before it shows anywhere else).  The text's tokens are cut into
  * consecutive windows of the context length; each window is scored from an
  * empty context (ddt_engine_score), every token after its window's first one
- * counting.  Perplexity = exp(mean negative log-likelihood).  --json adds each
- * token's log-probability (null for a window's first token).
+ * counting.  With --stride S < the window, windows start every S tokens and each
+ * counts only the tokens the window before it did not reach (the sliding window
+ * of Hugging Face's perplexity guide: every token but the first counts, most with
+ * a long context).  Perplexity = exp(mean negative log-likelihood).  --json adds
+ * each token's log-probability (null where none counts).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -39,15 +42,18 @@ static const char k_usage_tail[] =
     "  --text TEXT          the text itself\n"
     "  --ids LIST           comma-separated token ids instead of text\n"
     "  --max-tokens N       score only the first N tokens of the text\n"
-    "  --json               print {\"tokens\", \"scored\", \"windows\", \"nll\", \"perplexity\", \"seconds\",\n"
-    "                       \"logprobs\": [null or each token's log-probability]} instead\n"
+    "  --stride S           start a window every S tokens (1..the window; default: the window), each\n"
+    "                       counting the tokens the one before did not reach\n"
+    "  --json               print {\"tokens\", \"scored\", \"windows\", \"window\", \"stride\", \"nll\",\n"
+    "                       \"perplexity\", \"seconds\", \"ids\", \"logprobs\": [null or each token's\n"
+    "                       log-probability]} instead\n"
     "  --help               this text\n"
     "Exit status: 0 done, 2 bad arguments, model or text, 1 other failure.\n";
 
 typedef struct ppl_args {
     cli_engine_args eng;
     const char *file, *text, *ids_arg;
-    long long max_tokens;
+    long long max_tokens, stride;
     bool json;
 } ppl_args;
 
@@ -63,7 +69,7 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
             a->json = true;
             continue;
         }
-        static const char *const valued[] = {"--file", "--text", "--ids", "--max-tokens"};
+        static const char *const valued[] = {"--file", "--text", "--ids", "--max-tokens", "--stride"};
         const char *v = NULL;
         int has = cli_flag_value("perplexity", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
         if (has == 2) return 2;
@@ -71,7 +77,10 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
         if (!strcmp(f, "--file")) a->file = v;
         else if (!strcmp(f, "--text")) a->text = v;
         else if (!strcmp(f, "--ids")) a->ids_arg = v;
-        else if (!cli_parse_ll(v, 2, MAX_IDS, &a->max_tokens))
+        else if (!strcmp(f, "--stride")) {
+            if (!cli_parse_ll(v, 1, MAX_IDS, &a->stride))
+                return cli_usage_error("perplexity", "--stride '%s': expected a positive integer", v);
+        } else if (!cli_parse_ll(v, 2, MAX_IDS, &a->max_tokens))
             return cli_usage_error("perplexity", "--max-tokens '%s': expected an integer in 2..%d", v, MAX_IDS);
     }
     if (!a->eng.model) return cli_usage_error("perplexity", "--model is required");
@@ -179,6 +188,12 @@ int ddt_cmd_perplexity(int argc, char **argv) {
         goto done;
     }
     const int32_t window = ddt_engine_max_ctx(eng);
+    if (a.stride > window) {
+        fprintf(stderr, "ddtree perplexity: --stride %lld is longer than the window of %d tokens\n", a.stride, window);
+        rc = 2;
+        goto done;
+    }
+    const int32_t stride = a.stride > 0 ? (int32_t)a.stride : window;
     lp = malloc((size_t)(n < window ? n : window) * sizeof *lp);
     nll_of = a.json ? malloc((size_t)n * sizeof *nll_of) : NULL;
     if (!lp || (a.json && !nll_of)) {
@@ -189,30 +204,37 @@ int ddt_cmd_perplexity(int argc, char **argv) {
     double nll = 0.0, t0 = ddt_engine_now();
     int64_t scored = 0;
     int32_t windows = 0;
-    for (int32_t i = 0; i < n; i += window) {
+    if (a.json)
+        for (int32_t i = 0; i < n; i++) nll_of[i] = NAN;
+    /* window at i covers [i, i + w); it counts from `reached` (the end of the window
+       before it) on, and never its own first token, which nothing in it predicts */
+    for (int32_t i = 0, reached = 0; reached < n; i += stride) {
         const int32_t w = n - i < window ? n - i : window;
         windows++;
-        if (a.json) nll_of[i] = NAN;
-        if (w < 2) break; /* a last window of one token: nothing predicts it */
+        const int32_t from = reached > i + 1 ? reached : i + 1;
+        reached = i + w;
+        if (from >= i + w) continue; /* a last window of one token: nothing predicts it */
         if ((st = ddt_engine_score(eng, ids + i, w, 0, lp, &err)) != DDT_OK) {
             fprintf(stderr, "ddtree perplexity: tokens %d..%d: %s\n", i, i + w - 1, err.msg);
             rc = cli_status_exit(st);
             goto done;
         }
-        for (int32_t k = 1; k < w; k++) {
+        for (int32_t k = from - i; k < w; k++) {
             nll -= (double)lp[k].logprob;
             if (a.json) nll_of[i + k] = (double)lp[k].logprob;
         }
-        scored += w - 1;
+        scored += i + w - from;
     }
     const double seconds = ddt_engine_now() - t0, mean = nll / (double)scored, ppl = exp(mean);
     if (a.json) {
         json_t *arr = json_array();
         for (int32_t i = 0; arr && i < n; i++)
             json_array_append_new(arr, isfinite(nll_of[i]) ? json_real(nll_of[i]) : json_null());
-        o = json_pack("{s:i, s:I, s:i, s:i, s:f, s:f, s:f, s:o}", "tokens", n, "scored", (json_int_t)scored,
-                      "windows", windows, "window", window, "nll", mean, "perplexity", ppl, "seconds", seconds,
-                      "logprobs", arr);
+        json_t *id_arr = json_array();
+        for (int32_t i = 0; id_arr && i < n; i++) json_array_append_new(id_arr, json_integer(ids[i]));
+        o = json_pack("{s:i, s:I, s:i, s:i, s:i, s:f, s:f, s:f, s:o, s:o}", "tokens", n, "scored", (json_int_t)scored,
+                      "windows", windows, "window", window, "stride", stride, "nll", mean, "perplexity", ppl,
+                      "seconds", seconds, "ids", id_arr, "logprobs", arr);
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         if (!s) {
             fprintf(stderr, "ddtree perplexity: out of memory (or a non-finite value) for the JSON\n");

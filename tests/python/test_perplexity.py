@@ -63,6 +63,24 @@ def test_windows_and_text():
     assert w["logprobs"][1:16] == lp[1:16]
     assert all(w["logprobs"][i] is None for i in range(0, n, 16))
     assert w["scored"] == sum(min(16, n - i) - 1 for i in range(0, n, 16))
+    # --stride: the window's length is a stride of windows that each count what the one before did
+    # not reach; stride = the window is the default; a shorter one counts every token but the first
+    s16 = run_json("--model", TARGET, "--text", text, "--ctx", "16", "--stride", "16")
+    assert s16["logprobs"] == w["logprobs"] and s16["scored"] == w["scored"] and s16["stride"] == 16
+    s5 = run_json("--model", TARGET, "--text", text, "--ctx", "16", "--stride", "5")
+    assert s5["scored"] == n - 1 and s5["logprobs"][0] is None and None not in s5["logprobs"][1:]
+    assert s5["logprobs"][1:16] == lp[1:16]  # the first window is the whole text's start
+    # token 16 counts in the window [5, 21) (the one at 0 reached 16): that window scored alone gives
+    # the same value, and so does token 22 in [10, 26)
+    ids = s5["ids"]
+    assert ids == whole["ids"] and len(ids) == n
+    for p, begin in ((16, 5), (22, 10)):
+        alone = run_json("--model", TARGET, "--ids", ",".join(map(str, ids[begin:begin + 16])), "--ctx", "16")
+        assert alone["logprobs"][p - begin] == s5["logprobs"][p], p
+    assert s5["perplexity"] < w["perplexity"]  # longer contexts predict better, on this text
+    for bad in (["--stride", "0"], ["--stride", "17"], ["--stride", "x"]):
+        r = run("--model", TARGET, "--text", text, "--ctx", "16", *bad)
+        assert r.returncode == 2 and "--stride" in r.stderr, (bad, r.stderr)
     # --file gives the same as --text; --max-tokens cuts the text
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
