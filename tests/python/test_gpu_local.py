@@ -47,3 +47,12 @@ def test_usage_errors(tmp_path):
     assert r.returncode == 2 and "no packed build" in r.stdout
     r = sh("pack", "t", env_dir=tmp_path)
     assert r.returncode == 2 and "usage" in r.stdout
+
+
+def test_no_packs_committed():
+    """ab/ (the packs gpu-local.sh, gpu-ab.sh and gpu-patches.sh make) travels to the GPU machine as
+    untracked files and must never be committed: 8 MB binaries a pack (it happened once, in the tenth
+    session of 2026-12-04, through a `git add -A`)."""
+    r = subprocess.run(["git", "-C", ROOT, "ls-files", "--", "ab"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "", "committed packs under ab/:\n" + r.stdout
