@@ -422,6 +422,24 @@ static void test_bad_input(void **state) {
     ddt_engine_free(e);
 }
 
+/* A tree engine (budget 8, auto) on the fp32 fixture pair with the given cost table. */
+static ddt_engine *auto_engine(const ddt_cost_model *cost, float temperature, uint64_t seed) {
+    char draft[1024];
+    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
+    ddt_engine_options o = {0};
+    o.mode = DDT_MODE_TREE;
+    o.budget = 8;
+    o.budget_auto = true;
+    o.cost = cost;
+    o.draft_dir = draft;
+    o.sampling = (ddt_sampling){temperature, 0, 1.0f, seed};
+    o.n_threads = 2;
+    ddt_engine *e;
+    ddt_error err;
+    if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+    return e;
+}
+
 /* A cost table given in the options is the one the auto budget uses (the CPU
  * took it before; CUDA does now, test_cuda_target checks it there): a verify
  * cost that jumps after the root gives root-only rounds, a flat one full trees;
@@ -432,22 +450,11 @@ static void test_given_cost(void **state) {
     load_prompts("fp32", &ps);
     int32_t ar[MAX_GEN], out[MAX_GEN], n;
     ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
-    char draft[1024];
-    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
     static const float nodes[2] = {0.0f, 1.0f}, steep[2] = {1e-3f, 1.0f}, flat[2] = {1e-3f, 1e-3f};
     for (int kind = 0; kind < 2; kind++) {
         const ddt_cost_model given = {0.0f, 2, nodes, 1, NULL, kind ? flat : steep, 0.0f};
-        ddt_engine_options o = {0};
-        o.mode = DDT_MODE_TREE;
-        o.budget = 8;
-        o.budget_auto = true;
-        o.cost = &given;
-        o.draft_dir = draft;
-        o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
-        o.n_threads = 2;
-        ddt_engine *e;
+        ddt_engine *e = auto_engine(&given, 0.0f, 0);
         ddt_error err;
-        if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
         const ddt_cost_model *c = ddt_engine_cost(e);
         assert_non_null(c);
         assert_int_equal(c->n_nodes, 2);
@@ -475,22 +482,11 @@ static void test_auto_falls_back_to_ar(void **state) {
     load_prompts("fp32", &ps);
     int32_t ar[MAX_GEN], out[MAX_GEN], again[MAX_GEN], n;
     ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
-    char draft[1024];
-    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
     static const float nodes[2] = {0.0f, 8.0f}, verify[2] = {1e-3f, 2e-3f};
     const ddt_cost_model dear = {0.1f, 2, nodes, 1, NULL, verify, 0.0f};
     for (int t = 0; t < 2; t++) {
-        ddt_engine_options o = {0};
-        o.mode = DDT_MODE_TREE;
-        o.budget = 8;
-        o.budget_auto = true;
-        o.cost = &dear;
-        o.draft_dir = draft;
-        o.sampling = (ddt_sampling){t ? 1.0f : 0.0f, 0, 1.0f, 9};
-        o.n_threads = 2;
-        ddt_engine *e;
+        ddt_engine *e = auto_engine(&dear, t ? 1.0f : 0.0f, 9);
         ddt_error err;
-        if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
         ddt_gen_stats st;
         if (ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, out, &n, NULL, NULL, &st, &err))
             fail_msg("generate: %s", err.msg);
