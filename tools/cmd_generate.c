@@ -160,9 +160,7 @@ static bool on_emit(void *ctx, const int32_t *ids, int32_t n) {
         if (s->text) {
             const uint8_t *b;
             size_t len;
-            if (!ddt_tokenizer_is_special(s->tok, ids[i]) &&
-                ddt_tokenizer_token_bytes(s->tok, ids[i], &b, &len, NULL) == DDT_OK)
-                fwrite(b, 1, len, stdout);
+            if (ddt_tokenizer_text_bytes(s->tok, ids[i], &b, &len)) fwrite(b, 1, len, stdout);
         } else {
             printf("%s%d", s->printed ? " " : "", ids[i]);
         }

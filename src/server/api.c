@@ -73,9 +73,9 @@ static json_t *token_text(const ddt_tokenizer *tok, int32_t id, json_t **bytes) 
 
 /* Characters of text a token adds to a completion (special tokens add none). */
 static int64_t token_chars(const ddt_tokenizer *tok, int32_t id) {
-    const uint8_t *b = NULL;
-    size_t n = 0;
-    if (!tok || ddt_tokenizer_is_special(tok, id) || ddt_tokenizer_token_bytes(tok, id, &b, &n, NULL) != DDT_OK) return 0;
+    const uint8_t *b;
+    size_t n;
+    if (!ddt_tokenizer_text_bytes(tok, id, &b, &n)) return 0;
     int64_t c = 0;
     for (size_t i = 0; i < n; i++) c += (b[i] & 0xC0) != 0x80; /* every byte that starts a character */
     return c;

@@ -78,8 +78,7 @@ static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {
         }
         const uint8_t *b;
         size_t len;
-        if (tok && !ddt_tokenizer_is_special(tok, ids[i]) &&
-            ddt_tokenizer_token_bytes(tok, ids[i], &b, &len, NULL) == DDT_OK) {
+        if (ddt_tokenizer_text_bytes(tok, ids[i], &b, &len)) {
             ddt_error err;
             if (ddt_textstream_push(&j->text, b, len, &err) != DDT_OK) {
                 j->cancel = true; /* out of memory: end the request rather than lose text silently */

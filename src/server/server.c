@@ -212,6 +212,25 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     return true;
 }
 
+/* echo's prompt: the text as sent, or the ids' text (special tokens are not text,
+ * as in a completion), valid UTF-8 (ids may cut a character); NULL when out of
+ * memory. */
+static char *echo_text(const ddt_server *s, const ddt_api_request *rq, const int32_t *ids, int32_t n, size_t *len) {
+    if (rq->prompt) return ddt_utf8_sanitize(rq->prompt, rq->prompt_len, len);
+    size_t cap = 0, used = 0;
+    const uint8_t *b;
+    size_t bl;
+    for (int32_t i = 0; i < n; i++)
+        if (ddt_tokenizer_text_bytes(s->tok, ids[i], &b, &bl)) cap += bl;
+    char *raw = malloc(cap + 1);
+    if (!raw) return NULL;
+    for (int32_t i = 0; i < n; i++)
+        if (ddt_tokenizer_text_bytes(s->tok, ids[i], &b, &bl)) memcpy(raw + used, b, bl), used += bl;
+    char *clean = ddt_utf8_sanitize(raw, used, len);
+    free(raw);
+    return clean;
+}
+
 /* Check a parsed request against this server and make its job. */
 static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
     memset(p, 0, sizeof *p);
@@ -273,47 +292,10 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
     }
     j->logprobs = rq->logprobs;
     j->echo = rq->echo;
-    if (j->echo) {
-        /* the text as sent, or the ids' text (special tokens are not text, as in a completion) */
-        size_t cap = 1, len = 0;
-        if (rq->prompt) cap += rq->prompt_len;
-        else
-            for (int32_t i = 0; s->tok && i < j->n_prompt; i++) {
-                const uint8_t *b;
-                size_t bl;
-                if (!ddt_tokenizer_is_special(s->tok, j->prompt[i]) &&
-                    ddt_tokenizer_token_bytes(s->tok, j->prompt[i], &b, &bl, NULL) == DDT_OK)
-                    cap += bl;
-            }
-        j->echo_text = malloc(cap);
-        bool ok = j->echo_text != NULL;
-        if (ok && rq->prompt) {
-            memcpy(j->echo_text, rq->prompt, rq->prompt_len);
-            len = rq->prompt_len;
-        } else if (ok) {
-            for (int32_t i = 0; s->tok && i < j->n_prompt; i++) {
-                const uint8_t *b;
-                size_t bl;
-                if (ddt_tokenizer_is_special(s->tok, j->prompt[i]) ||
-                    ddt_tokenizer_token_bytes(s->tok, j->prompt[i], &b, &bl, NULL) != DDT_OK)
-                    continue;
-                memcpy(j->echo_text + len, b, bl);
-                len += bl;
-            }
-        }
-        if (!ok) {
-            prep_fail(p, 500, NULL, "out of memory");
-            ddt_job_release(j);
-            return;
-        }
-        char *clean = ddt_utf8_sanitize(j->echo_text, len, &j->echo_len); /* ids may cut a character */
-        free(j->echo_text);
-        j->echo_text = clean;
-        if (!clean) {
-            prep_fail(p, 500, NULL, "out of memory");
-            ddt_job_release(j);
-            return;
-        }
+    if (j->echo && !(j->echo_text = echo_text(s, rq, j->prompt, j->n_prompt, &j->echo_len))) {
+        prep_fail(p, 500, NULL, "out of memory");
+        ddt_job_release(j);
+        return;
     }
     bool same = j->mode == s->mode && (j->mode != DDT_MODE_TREE || (j->budget == s->budget &&
                                                                      j->budget_auto == s->budget_auto));

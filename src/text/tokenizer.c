@@ -962,3 +962,10 @@ int32_t ddt_tokenizer_n_special(const ddt_tokenizer *tok) { return tok ? tok->n_
 bool ddt_tokenizer_is_special(const ddt_tokenizer *tok, int32_t id) {
     return tok && id >= 0 && id < tok->vocab_size && tok->id_kind[id] == TOK_SPECIAL;
 }
+
+bool ddt_tokenizer_text_bytes(const ddt_tokenizer *tok, int32_t id, const uint8_t **bytes, size_t *len) {
+    *bytes = NULL;
+    *len = 0;
+    if (!tok || ddt_tokenizer_is_special(tok, id)) return false;
+    return ddt_tokenizer_token_bytes(tok, id, bytes, len, NULL) == DDT_OK;
+}

@@ -124,5 +124,8 @@ int32_t ddt_tokenizer_n_ranks(const ddt_tokenizer *tok);
 int32_t ddt_tokenizer_n_special(const ddt_tokenizer *tok);
 /* True when id is a special token. */
 bool ddt_tokenizer_is_special(const ddt_tokenizer *tok, int32_t id);
+/* The bytes id adds to a generation's text (borrowed): true for an ordinary token;
+ * false, with none, for a special token (not text), an unknown id or a NULL tok. */
+bool ddt_tokenizer_text_bytes(const ddt_tokenizer *tok, int32_t id, const uint8_t **bytes, size_t *len);
 
 #endif

@@ -258,6 +258,18 @@ static void test_special_tokens_from_config(void **state) {
     assert_int_equal(ddt_tokenizer_token_id(tok, "<|reserved_token_268|>"), -1);
     assert_true(ddt_tokenizer_is_special(tok, 12));
     assert_false(ddt_tokenizer_is_special(tok, 11));
+    /* a generation's text: an ordinary token's bytes; none for a special, an unknown id, no tokenizer */
+    const uint8_t *tb;
+    size_t tl, ol;
+    const uint8_t *ob;
+    assert_int_equal(ddt_tokenizer_token_bytes(tok, 4, &ob, &ol, NULL), DDT_OK);
+    assert_true(ddt_tokenizer_text_bytes(tok, 4, &tb, &tl));
+    assert_true(tb == ob && tl == ol && tl > 0);
+    assert_false(ddt_tokenizer_text_bytes(tok, 12, &tb, &tl));
+    assert_true(tb == NULL && tl == 0);
+    assert_false(ddt_tokenizer_text_bytes(tok, 12 + 256, &tb, &tl));
+    assert_false(ddt_tokenizer_text_bytes(tok, -1, &tb, &tl));
+    assert_false(ddt_tokenizer_text_bytes(NULL, 4, &tb, &tl));
     int32_t ids[32];
     /* With the flag, special text is its id; without, it would need bytes the vocabulary lacks. */
     size_t n = enc(tok, "ab<|im_end|>[X]abc", DDT_TOKENIZE_SPECIAL, ids, 32);
