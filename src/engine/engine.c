@@ -254,6 +254,15 @@ ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budg
     return DDT_OK;
 }
 
+/* Every id of a prompt or text within the vocabulary; what names the sequence. */
+static ddt_status check_ids(const ddt_engine *e, const int32_t *ids, int32_t n, const char *what, ddt_error *err) {
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= e->vocab)
+            return ddt_fail(err, DDT_ERR_INVALID, "%s token %d (position %d) outside the vocabulary [0, %d)", what,
+                            ids[i], i, e->vocab);
+    return DDT_OK;
+}
+
 ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                             ddt_error *err) {
     if (!e || !ids || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_score: NULL argument");
@@ -262,10 +271,8 @@ ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_
         return ddt_fail(err, DDT_ERR_RANGE, "%d tokens to score, more than the context of %d", n, e->max_ctx);
     if (n_top < 0 || n_top > DDT_MAX_TOP_LOGPROBS)
         return ddt_fail(err, DDT_ERR_RANGE, "%d alternatives asked, 0..%d allowed", n_top, DDT_MAX_TOP_LOGPROBS);
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= e->vocab)
-            return ddt_fail(err, DDT_ERR_INVALID, "token %d (position %d) outside the vocabulary [0, %d)", ids[i], i,
-                            e->vocab);
+    ddt_status st = check_ids(e, ids, n, "scored", err);
+    if (st) return st;
     if (!e->be->score)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "scoring needs the CPU backend; the %s engine keeps its logits on "
                         "the device", e->be->name);
@@ -284,10 +291,8 @@ ddt_status ddt_engine_generate(ddt_engine *e, const int32_t *prompt, int32_t n_p
     if (n_prompt < 1) return ddt_fail(err, DDT_ERR_INVALID, "the prompt is empty");
     if (max_new < 0) return ddt_fail(err, DDT_ERR_RANGE, "max new tokens %d is negative", max_new);
     if (n_stop < 0 || (n_stop > 0 && !stop)) return ddt_fail(err, DDT_ERR_INVALID, "bad stop-token list");
-    for (int32_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->vocab)
-            return ddt_fail(err, DDT_ERR_INVALID, "prompt token %d (position %d) outside the vocabulary [0, %d)",
-                            prompt[i], i, e->vocab);
+    ddt_status st = check_ids(e, prompt, n_prompt, "prompt", err);
+    if (st) return st;
     if (n_prompt >= e->max_ctx)
         return ddt_fail(err, DDT_ERR_RANGE,
                         "the prompt of %d tokens is longer than the context of %d tokens (which must "
