@@ -52,6 +52,29 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return 2;
 }
 
+const char *cli_read_text_file(const char *path, size_t max, const char *limit, char **out, size_t *len, char *buf) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return strerror(errno);
+    char *text = malloc(max + 1);
+    size_t got = text ? fread(text, 1, max + 1, f) : 0;
+    bool rerr = ferror(f) != 0;
+    fclose(f);
+    const char *why = NULL;
+    if (!text) why = "out of memory";
+    else if (rerr) why = "read error";
+    else if (got > max) why = (snprintf(buf, 64, "larger than %s", limit), buf);
+    else if (memchr(text, '\0', got)) why = "holds a NUL byte";
+    if (why) {
+        free(text);
+        return why;
+    }
+    text[got] = '\0';
+    *out = text;
+    *len = got;
+    return NULL;
+}
+
 bool cli_parse_ids(const char *s, size_t max, int32_t **out, int32_t *n) {
     size_t count = 1;
     for (const char *p = s; *p; p++) count += *p == ',';

@@ -69,6 +69,12 @@ int cli_usage_error(const char *cmd, const char *fmt, ...);
  * malformed, too long or out of memory. */
 bool cli_parse_ids(const char *s, size_t max, int32_t **out, int32_t *n);
 
+/* Read a text file of at most max bytes (limit names max in a message, e.g. "1 MiB")
+ * into a malloc'd NUL-terminated *out of *len bytes.  NULL when done; else why not,
+ * in words (the system's error, "read error", "larger than <limit>", "holds a NUL
+ * byte", "out of memory"), with nothing allocated.  buf, [64]: room for the words. */
+const char *cli_read_text_file(const char *path, size_t max, const char *limit, char **out, size_t *len, char *buf);
+
 /* Strict number parsing: the whole string, within [lo, hi]. */
 bool cli_parse_ll(const char *s, long long lo, long long hi, long long *out);
 bool cli_parse_float(const char *s, float *out);

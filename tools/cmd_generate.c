@@ -103,18 +103,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->prompt_text = v;
             a->n_text++;
         } else if (!strcmp(f, "--prompt-file")) {
-            FILE *pf = fopen(v, "rb");
-            if (!pf) return usage_error("--prompt-file %s: %s", v, strerror(errno));
             free(a->file_text);
-            a->file_text = malloc((1 << 20) + 1);
-            size_t got = a->file_text ? fread(a->file_text, 1, (1 << 20) + 1, pf) : 0;
-            bool too_big = got > (1 << 20), rerr = ferror(pf) != 0;
-            fclose(pf);
-            if (!a->file_text) return usage_error("--prompt-file %s: out of memory", v);
-            if (rerr) return usage_error("--prompt-file %s: read error", v);
-            if (too_big) return usage_error("--prompt-file %s: larger than 1 MiB", v);
-            if (memchr(a->file_text, '\0', got)) return usage_error("--prompt-file %s: holds a NUL byte", v);
-            a->file_text[got] = '\0';
+            size_t got;
+            char why_buf[64];
+            const char *why = cli_read_text_file(v, 1 << 20, "1 MiB", &a->file_text, &got, why_buf);
+            if (why) return usage_error("--prompt-file %s: %s", v, why);
             a->prompt_text = a->file_text;
             a->n_text++;
         } else if (!strcmp(f, "--chat")) {

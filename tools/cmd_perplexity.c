@@ -92,29 +92,6 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
     return cli_engine_check(&a->eng);
 }
 
-/* The file's bytes, NUL-terminated; NULL after a message. */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "ddtree perplexity: --file %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(MAX_FILE_BYTES + 1);
-    size_t got = buf ? fread(buf, 1, MAX_FILE_BYTES + 1, f) : 0;
-    bool rerr = ferror(f) != 0;
-    fclose(f);
-    const char *why = !buf ? "out of memory" : rerr ? "read error" : got > MAX_FILE_BYTES ? "larger than 64 MiB"
-                    : memchr(buf, '\0', got) ? "holds a NUL byte" : NULL;
-    if (why) {
-        fprintf(stderr, "ddtree perplexity: --file %s: %s\n", path, why);
-        free(buf);
-        return NULL;
-    }
-    buf[got] = '\0';
-    *len = got;
-    return buf;
-}
-
 int ddt_cmd_perplexity(int argc, char **argv) {
     ppl_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -144,7 +121,10 @@ int ddt_cmd_perplexity(int argc, char **argv) {
         size_t len = 0;
         const char *t = a.text;
         if (a.file) {
-            if (!(text = read_file(a.file, &len))) {
+            char why_buf[64];
+            const char *why = cli_read_text_file(a.file, MAX_FILE_BYTES, "64 MiB", &text, &len, why_buf);
+            if (why) {
+                fprintf(stderr, "ddtree perplexity: --file %s: %s\n", a.file, why);
                 rc = 2;
                 goto done;
             }
