@@ -582,46 +582,45 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
     char id[64];
     make_id(s, kind, id, sizeof id);
     ids.id = id;
-    /* every choice in order; the first that fails answers for all */
+    /* every choice in order; the first that fails answers for all (code, msg: 0 when
+       the client left, the connection then closed without an answer) */
     choice_out outs[DDT_API_MAX_N];
-    int done = 0;
-    for (; done < nc; done++) {
-        ddt_job *jk = jobs[done];
+    int filled = 0;
+    unsigned code = 200;
+    char msg[DDT_ERROR_MSG_MAX] = "";
+    for (; filled < nc && code == 200; filled++) {
+        ddt_job *jk = jobs[filled];
         uint64_t seen = 0;
         pthread_mutex_lock(&jk->mu);
         bool present = true;
         while (!jk->done && (present = wait_change(jk, &seen, fd))) {
         }
         if (!present) {
-            pthread_mutex_unlock(&jk->mu);
-            for (int k = 0; k < done; k++) choice_free(&outs[k]);
-            release_jobs(jobs, nc, true);
-            return MHD_NO; /* the client left: close the connection */
-        }
-        if (jk->status != DDT_OK || jk->cancel) {
-            char msg[DDT_ERROR_MSG_MAX];
+            code = 0;
+        } else if (jk->status != DDT_OK || jk->cancel) {
             snprintf(msg, sizeof msg, "%s", jk->status != DDT_OK ? jk->error : "the server is shutting down");
-            unsigned code = jk->status != DDT_OK ? 500 : 503;
-            pthread_mutex_unlock(&jk->mu);
-            for (int k = 0; k < done; k++) choice_free(&outs[k]);
-            release_jobs(jobs, nc, true);
-            return send_error(s, c, code, msg, NULL);
+            code = jk->status != DDT_OK ? 500 : 503;
         }
         pthread_mutex_unlock(&jk->mu);
-        if (!choice_of(s, jk, want_ids, want_lp, &outs[done])) {
-            choice_free(&outs[done]);
-            for (int k = 0; k < done; k++) choice_free(&outs[k]);
-            release_jobs(jobs, nc, true);
-            return send_error(s, c, 500, "out of memory", NULL);
+        if (code == 200 && !choice_of(s, jk, want_ids, want_lp, &outs[filled])) {
+            snprintf(msg, sizeof msg, "out of memory");
+            code = 500;
+        } else if (code != 200) {
+            memset(&outs[filled], 0, sizeof outs[filled]); /* nothing to free */
         }
     }
-    ddt_api_result res_all[DDT_API_MAX_N];
-    for (int k = 0; k < nc; k++) res_all[k] = outs[k].res;
-    size_t len = 0;
-    char *body = ddt_api_response_body(&ids, res_all, nc, &len);
-    for (int k = 0; k < nc; k++) choice_free(&outs[k]);
-    enum MHD_Result res = send_body(s, c, 200, body, len, "application/json");
-    release_jobs(jobs, nc, false);
+    enum MHD_Result res;
+    if (code == 200) {
+        ddt_api_result res_all[DDT_API_MAX_N];
+        for (int k = 0; k < nc; k++) res_all[k] = outs[k].res;
+        size_t len = 0;
+        char *body = ddt_api_response_body(&ids, res_all, nc, &len);
+        res = send_body(s, c, 200, body, len, "application/json");
+    } else {
+        res = code ? send_error(s, c, code, msg, NULL) : MHD_NO; /* MHD_NO: the client left, close */
+    }
+    for (int k = 0; k < filled; k++) choice_free(&outs[k]);
+    release_jobs(jobs, nc, code != 200);
     return res;
 }
 
