@@ -5,7 +5,9 @@
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
  * attention with causal and tree masks, the DFlash drafter's per-head norm + RoPE, the MoE router and routed experts, the
  * residual add and row gather, and the thread pool.
- * Results must also be identical for any thread count and any batch size.
+ * Results must also be identical for any thread count and any batch size (the
+ * matmul: bitwise per row for every batch size and position, and between its
+ * SIMD and portable kernels).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -124,7 +126,8 @@ static void make_weight(test_weight *tw, ddt_qformat fmt, ddt_dtype dt, int64_t 
         tw->q.block = block;
     } else {
         int32_t group = block;
-        int64_t words = cols / 8, groups = cols / group;
+        /* a partial last word and group when cols is not a multiple of 8 / group */
+        int64_t words = (cols + 7) / 8, groups = (cols + group - 1) / group;
         uint32_t *d = malloc(4 * rows * words);
         uint16_t *s = malloc(2 * rows * groups);
         for (int64_t i = 0; i < rows * words; i++) d[i] = rnd_u32() ^ (rnd_u32() << 16);
@@ -234,6 +237,144 @@ static void test_matmul_formats(void **state) {
             free(yc);
         }
         free_weight(&tw);
+    }
+    ddt_cpu_pool_destroy(pool);
+}
+
+/* Odd shapes for the invariance tests: rows not a multiple of the 4-row block,
+ * columns not a multiple of the 16 lanes; FP8 and INT4 with a partial last
+ * block / group (and INT4 word); the second shape of each dense dtype spans
+ * several column chunks (the SIMD kernels read 1024 in place, the buffer 256). */
+static const fmt_case k_odd_cases[] = {
+    {DDT_Q_DENSE, DDT_DTYPE_F32, 0, 37, 203},        {DDT_Q_DENSE, DDT_DTYPE_BF16, 0, 37, 203},
+    {DDT_Q_DENSE, DDT_DTYPE_F16, 0, 37, 203},        {DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, 128, 37, 203},
+    {DDT_Q_FP8_BLOCK, DDT_DTYPE_F8_E4M3, 16, 19, 83}, {DDT_Q_INT4_GROUP, DDT_DTYPE_I32, 32, 37, 203},
+    {DDT_Q_DENSE, DDT_DTYPE_BF16, 0, 9, 1043},       {DDT_Q_DENSE, DDT_DTYPE_F32, 0, 6, 1043},
+    {DDT_Q_DENSE, DDT_DTYPE_F16, 0, 5, 1031},
+};
+
+#define INV_MAXN 70
+
+/* y [n + 1][ldy] filled with NaN, so that a write outside [n][rows] shows. */
+static float *nan_rows(int64_t n, int64_t ldy) {
+    float *y = malloc(sizeof(float) * (n + 1) * ldy);
+    for (int64_t i = 0; i < (n + 1) * ldy; i++) y[i] = NAN;
+    return y;
+}
+
+static void check_nan_outside(const float *y, int64_t n, int64_t rows, int64_t ldy, const char *what) {
+    for (int64_t t = 0; t <= n; t++)
+        for (int64_t o = t < n ? rows : 0; o < ldy; o++)
+            if (!isnan(y[t * ldy + o]))
+                fail_msg("%s: n %lld wrote y[%lld][%lld] outside the output", what, (long long)n, (long long)t,
+                         (long long)o);
+}
+
+/* Row t of y = x W^T is bitwise the same whatever the batch around it: computed
+ * alone (n = 1), inside batches of every odd n up to past the 64-row tile, at
+ * two positions in the batch, on 1 or 3 threads.  Also close to a double
+ * reference, and nothing is written past the rows or columns of y. */
+static void test_matmul_batch_invariance(void **state) {
+    (void)state;
+    ddt_cpu_pool *pool = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(3, &pool, &err), DDT_OK);
+    g_rng = 0xD1B54A32D192ED03ull; /* fresh inputs, independent of the tests before */
+    for (size_t c = 0; c < sizeof k_odd_cases / sizeof k_odd_cases[0]; c++) {
+        const fmt_case *fc = &k_odd_cases[c];
+        const int64_t rows = fc->rows, cols = fc->cols, ldx = cols + 5, ldy = rows + 3;
+        test_weight tw;
+        make_weight(&tw, fc->fmt, fc->dt, rows, cols, fc->block);
+        float *x = malloc(sizeof(float) * INV_MAXN * ldx);
+        fill(x, INV_MAXN * ldx);
+        /* every row alone, and its distance to the double reference */
+        float *alone = malloc(sizeof(float) * INV_MAXN * rows);
+        double *ref = malloc(sizeof(double) * INV_MAXN * rows);
+        for (int64_t t = 0; t < INV_MAXN; t++) {
+            float *y1 = nan_rows(1, ldy);
+            ddt_cpu_matmul(t % 2 ? pool : NULL, &tw.q, x + t * ldx, ldx, 1, y1, ldy);
+            check_nan_outside(y1, 1, rows, ldy, "alone");
+            memcpy(alone + t * rows, y1, sizeof(float) * rows);
+            free(y1);
+            for (int64_t o = 0; o < rows; o++) {
+                double s = 0;
+                for (int64_t j = 0; j < cols; j++) s += (double)x[t * ldx + j] * tw.dense[o * cols + j];
+                ref[t * rows + o] = s;
+            }
+        }
+        double e = norm_err(alone, ref, INV_MAXN * rows);
+        if (e > 1e-6) fail_msg("odd case %zu: normalised error %g", c, e);
+        for (int64_t n = 1; n <= INV_MAXN; n += 2) {
+            /* the batch at the start of x, then the one ending at its last row: a
+             * row of x sits at position t, then at t - (INV_MAXN - n) */
+            for (int pass = 0; pass < 2; pass++) {
+                int64_t off = pass == 0 ? 0 : INV_MAXN - n;
+                float *y = nan_rows(n, ldy);
+                ddt_cpu_matmul(pass ? pool : NULL, &tw.q, x + off * ldx, ldx, n, y, ldy);
+                check_nan_outside(y, n, rows, ldy, "batch");
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t o = 0; o < rows; o++)
+                        if (memcmp(&y[t * ldy + o], &alone[(off + t) * rows + o], sizeof(float)) != 0)
+                            fail_msg("odd case %zu n %lld: row %lld at position %lld output %lld differs from "
+                                     "the row alone (%.9g vs %.9g)",
+                                     c, (long long)n, (long long)(off + t), (long long)t, (long long)o,
+                                     y[t * ldy + o], alone[(off + t) * rows + o]);
+                free(y);
+            }
+        }
+        free(x);
+        free(alone);
+        free(ref);
+        free_weight(&tw);
+    }
+    ddt_cpu_pool_destroy(pool);
+}
+
+/* The SIMD kernels (where this build has them) and the portable C kernel follow
+ * the same arithmetic order: bitwise the same products, for every format and
+ * batch sizes around the register blocks and the tile. */
+static void test_matmul_simd_vs_portable(void **state) {
+    (void)state;
+    ddt_cpu_pool *pool = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(2, &pool, &err), DDT_OK);
+    g_rng = 0x94D049BB133111EBull;
+    const int64_t ns[] = {1, 2, 3, 5, 6, 7, 12, 13, 33, 64, 65, 70};
+    for (size_t c = 0; c < sizeof k_odd_cases / sizeof k_odd_cases[0]; c++) {
+        const fmt_case *fc = &k_odd_cases[c];
+        const int64_t rows = fc->rows, cols = fc->cols, ldx = cols + 1, ldy = rows + 2;
+        test_weight tw;
+        make_weight(&tw, fc->fmt, fc->dt, rows, cols, fc->block);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int64_t n = ns[k];
+            float *x = malloc(sizeof(float) * n * ldx);
+            fill(x, n * ldx);
+            float *ys = nan_rows(n, ldy), *yp = nan_rows(n, ldy);
+            ddt_cpu_matmul(pool, &tw.q, x, ldx, n, ys, ldy);
+            ddt_cpu_matmul_portable(pool, &tw.q, x, ldx, n, yp, ldy);
+            check_nan_outside(yp, n, rows, ldy, "portable");
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t o = 0; o < rows; o++)
+                    if (memcmp(&ys[t * ldy + o], &yp[t * ldy + o], sizeof(float)) != 0)
+                        fail_msg("odd case %zu n %lld: y[%lld][%lld] SIMD %.9g portable %.9g", c, (long long)n,
+                                 (long long)t, (long long)o, ys[t * ldy + o], yp[t * ldy + o]);
+            free(x);
+            free(ys);
+            free(yp);
+        }
+        free_weight(&tw);
+    }
+    /* no columns: both kernels write the empty sum, +0 */
+    float dummy = 1.0f, xz = 1.0f;
+    ddt_qweight wz = {.format = DDT_Q_DENSE, .dtype = DDT_DTYPE_BF16, .rows = 6, .cols = 0, .data = &dummy};
+    for (int k = 0; k < 2; k++) {
+        float *yz = nan_rows(3, 8);
+        if (k) ddt_cpu_matmul_portable(pool, &wz, &xz, 0, 3, yz, 8);
+        else ddt_cpu_matmul(pool, &wz, &xz, 0, 3, yz, 8);
+        for (int t = 0; t < 3; t++)
+            for (int o = 0; o < 6; o++) assert_true(yz[t * 8 + o] == 0.0f && !signbit(yz[t * 8 + o]));
+        check_nan_outside(yz, 3, 6, 8, "no columns");
+        free(yz);
     }
     ddt_cpu_pool_destroy(pool);
 }
@@ -831,6 +972,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalar_decoders),
         cmocka_unit_test(test_matmul_formats),
+        cmocka_unit_test(test_matmul_batch_invariance),
+        cmocka_unit_test(test_matmul_simd_vs_portable),
         cmocka_unit_test(test_matmul_grouped_and_transposed),
         cmocka_unit_test(test_rmsnorm_and_silu),
         cmocka_unit_test(test_add_and_gather),

@@ -1,13 +1,38 @@
 /*
  * qmatmul.c — y = x W^T and y = x W over borrowed weights in any checkpoint format
- * (see qmatmul.h).  Work is split over blocks of output rows (x W^T) or output
- * column chunks (x W); each block dequantises its weight chunk once per tile of
- * up to MM_TB activation rows and reuses it for the whole tile, so a decode step
- * (one row) reads every weight byte exactly once.
+ * (see qmatmul.h).  Work is split over blocks of MM_RB output rows (x W^T) or
+ * output column chunks (x W), so a decode step (one row of x) reads every weight
+ * byte exactly once.
  *
- * Accumulation for x W^T uses 8 interleaved fp32 partial sums per output (lane =
- * column mod 8) reduced in a fixed tree at the end: this lets the compiler use
- * SIMD without -ffast-math while keeping a fixed, documented order.
+ * The arithmetic order of y = x W^T, which is the batch-invariance contract of
+ * qmatmul.h: output y[t][o] keeps 16 fp32 partial sums, lane = column mod 16,
+ * each starting at +0 and updated in increasing column order by a fused
+ * multiply-add (one rounding, as C's fmaf), then reduced by the fixed tree
+ *     s8[i] = l[i] + l[i+8],  s4[i] = s8[i] + s8[i+4],  s2[i] = s4[i] + s4[i+2],
+ *     y = s2[0] + s2[1].
+ * That order depends on the column count only.  Which rows of x are computed
+ * together (register blocks of tokens, tiles of MM_TB rows), the column chunks
+ * and the thread change nothing: every accumulator sees the same operations.
+ * Why this order: a fused multiply-add is one instruction where a multiply then
+ * an add is two on the same ports, so the compute-bound multi-token products
+ * (tree verify, the drafter) run up to twice as fast, and it rounds once; 16
+ * lanes are one AVX-512 register per output.
+ *
+ * Three kernels implement it and give the same bits:
+ *  - AVX-512F + FMA: one zmm per output, blocks of 4 weight rows x up to 6 tokens
+ *    (24 accumulators); BF16 and F16 weights are widened in registers from the
+ *    checkpoint, F32 read in place; the reduction of 4 rows of one token is done
+ *    across registers (the same tree, lane for lane).
+ *  - AVX2 + FMA: two ymm per output, blocks of 2 rows x 2 tokens.
+ *  - portable C (no intrinsics; also ddt_cpu_matmul_portable, which the tests
+ *    compare bitwise with the SIMD kernels): fmaf, which C11 7.12.13.1 defines
+ *    as one correctly rounded operation, so it gives the SIMD kernels' bits.  A
+ *    build without hardware FMA therefore calls libm per term: slower, but the
+ *    same results on every machine and build, which a separate multiply and add
+ *    would not give.
+ * FP8 and INT4 weights (and every format in the portable kernel) are first
+ * dequantised a chunk of MM_CH columns at a time into a stack buffer that serves
+ * all the tokens of the tile.
  */
 #include "backend/cpu/qmatmul.h"
 
@@ -15,10 +40,41 @@
 #include <pthread.h>
 #include <string.h>
 
-#define MM_RB 4    /* weight rows per work item */
-#define MM_TB 64   /* activation rows per tile */
-#define MM_CH 256  /* columns dequantised per chunk (multiple of 8) */
-#define MT_CH 64   /* output columns per work item of the transposed product */
+#if defined(__AVX512F__) && defined(__FMA__)
+#include <immintrin.h>
+#define MM_SIMD 512
+#define MM_RK 4   /* weight rows per register block */
+#define MM_TK 6   /* tokens per register block: 4 x 6 accumulators + 4 weights + x < 32 zmm */
+#define MM_F16 1  /* F16 widened in registers (vcvtph2ps is AVX-512F) */
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MM_SIMD 256
+#define MM_RK 2   /* 2 x 2 outputs of two ymm each + 4 weights + 2 x: 14 of 16 ymm */
+#define MM_TK 2
+#if defined(__F16C__)
+#define MM_F16 1
+#else
+#define MM_F16 0
+#endif
+#else
+#define MM_SIMD 0
+#endif
+
+#define MM_RB 4     /* weight rows per work item */
+#define MM_TB 64    /* activation rows per tile (bounds the in-memory sums) */
+#define MM_L 16     /* partial sums per output: lane = column mod 16 */
+#define MM_CH 256   /* columns dequantised per chunk into the buffer (multiple of MM_L) */
+#define MM_CHF 1024 /* columns per chunk read in place by the SIMD kernels (multiple of MM_L) */
+#define MT_CH 64    /* output columns per work item of the transposed product */
+
+/* The SIMD kernels are written once over a small vector vocabulary and expanded
+ * for every (rows, tokens, weight kind); they only fit the register file when
+ * the compiler inlines them with these as constants. */
+#if defined(__GNUC__)
+#define MM_INLINE static inline __attribute__((always_inline))
+#else
+#define MM_INLINE static inline
+#endif
 
 /* ------------------------------------------------------------------ scalars */
 
@@ -96,6 +152,242 @@ void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len,
 
 /* ------------------------------------------------------------------ y = x W^T */
 
+/* The fixed reduction of one output's 16 partial sums (see the head comment). */
+static float red16(const float *l) {
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++) s8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* How the SIMD kernels read a weight row: in place as F32, BF16 or F16, or
+ * (WK_BUF) not at all: dequantised into the float buffer, read as F32. */
+enum { WK_F32 = 0, WK_BF16 = 1, WK_F16 = 2, WK_BUF = 3 };
+
+static int weight_kind(const ddt_qweight *w) {
+    if (w->format != DDT_Q_DENSE) return WK_BUF;
+    if (w->dtype == DDT_DTYPE_F32) return WK_F32;
+    if (w->dtype == DDT_DTYPE_BF16) return WK_BF16;
+#if MM_SIMD && MM_F16
+    if (w->dtype == DDT_DTYPE_F16) return WK_F16;
+#endif
+    return WK_BUF;
+}
+
+/* The portable kernel on one chunk: rows [0, R) of a block over tokens [0, tc),
+ * weights already fp32 (wf[r][0 .. len)).  acc is [tc][MM_RB][MM_L], zeroed here
+ * on the first chunk; on the last the sums are reduced into y[t * ldy + r]. */
+static void mm_chunk_portable(int64_t R, const float *const *wf, const float *x, int64_t ldx, int64_t tc,
+                              int64_t len, float *acc, int first, int last, float *y, int64_t ldy) {
+    for (int64_t t = 0; t < tc; t++) {
+        const float *xr = x + t * ldx;
+        for (int64_t r = 0; r < R; r++) {
+            float *a = acc + (t * MM_RB + r) * MM_L;
+            const float *wr = wf[r];
+            if (first) memset(a, 0, MM_L * sizeof(float));
+            int64_t j = 0;
+            for (; j + MM_L <= len; j += MM_L)
+                for (int l = 0; l < MM_L; l++) a[l] = fmaf(wr[j + l], xr[j + l], a[l]);
+            for (; j < len; j++) a[j & (MM_L - 1)] = fmaf(wr[j], xr[j], a[j & (MM_L - 1)]);
+            if (last) y[t * ldy + r] = red16(a);
+        }
+    }
+}
+
+#if MM_SIMD
+
+#if MM_SIMD == 512
+typedef __m512 v16;
+typedef __mmask16 v16m;
+MM_INLINE v16 v_zero(void) { return _mm512_setzero_ps(); }
+MM_INLINE v16 v_ld(const float *p) { return _mm512_loadu_ps(p); }
+MM_INLINE void v_st(float *p, v16 v) { _mm512_storeu_ps(p, v); }
+/* lanes [0, k) of a column tail, 0 < k < 16 */
+MM_INLINE v16m v_mask(int64_t k) { return (__mmask16)((1u << k) - 1u); }
+MM_INLINE v16 v_ld_m(const float *p, v16m m) { return _mm512_maskz_loadu_ps(m, p); }
+MM_INLINE v16 v_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+/* masked-off lanes keep c untouched: a tail adds nothing, not even +0 */
+MM_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) { return _mm512_mask3_fmadd_ps(a, b, c, m); }
+MM_INLINE v16 v_bf16(const uint16_t *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+MM_INLINE v16 v_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+/* The reduction tree of four outputs at once, lane for lane that of red16:
+ * returns {red16(a), red16(b), red16(c), red16(d)}. */
+MM_INLINE __m128 v_reduce4(v16 a, v16 b, v16 c, v16 d) {
+    /* s8: lanes 0-7 of ab are a[i] + a[i+8], lanes 8-15 those of b */
+    v16 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    v16 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    /* s4: quarter q of v holds s8[i] + s8[i+4] of output q */
+    v16 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    /* s2 in lanes 0-1 of each quarter, then s2[0] + s2[1] in lane 0 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+    v = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v);
+    return _mm512_castps512_ps128(v);
+}
+#else
+typedef struct v16 {
+    __m256 lo, hi;
+} v16;
+typedef struct v16m {
+    __m256i lo, hi;
+} v16m;
+MM_INLINE v16 v_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+MM_INLINE v16 v_ld(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+MM_INLINE void v_st(float *p, v16 v) {
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
+MM_INLINE v16m v_mask(int64_t k) {
+    __m256i kk = _mm256_set1_epi32((int)k);
+    return (v16m){_mm256_cmpgt_epi32(kk, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                  _mm256_cmpgt_epi32(kk, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15))};
+}
+MM_INLINE v16 v_ld_m(const float *p, v16m m) {
+    return (v16){_mm256_maskload_ps(p, m.lo), _mm256_maskload_ps(p + 8, m.hi)};
+}
+MM_INLINE v16 v_fma(v16 a, v16 b, v16 c) {
+    return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+MM_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) {
+    v16 f = v_fma(a, b, c);
+    return (v16){_mm256_blendv_ps(c.lo, f.lo, _mm256_castsi256_ps(m.lo)),
+                 _mm256_blendv_ps(c.hi, f.hi, _mm256_castsi256_ps(m.hi))};
+}
+MM_INLINE v16 v_bf16(const uint16_t *p) {
+    __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
+    return (v16){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+}
+#if MM_F16
+MM_INLINE v16 v_f16(const uint16_t *p) {
+    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
+                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)))};
+}
+#endif
+#endif
+
+MM_INLINE v16 v_wload(const int kind, const void *p, int64_t j) {
+    if (kind == WK_BF16) return v_bf16((const uint16_t *)p + j);
+#if MM_F16
+    if (kind == WK_F16) return v_f16((const uint16_t *)p + j);
+#endif
+    return v_ld((const float *)p + j);
+}
+
+/*
+ * One register block: weight rows [0, R) x tokens [0, T) over the chunk's
+ * columns [0, len).  wp[r]: row r's chunk as `kind`; wt[r]: the fp32 weights of
+ * its column tail [len & ~15, len) (read only when len is not a multiple of 16).
+ * x[t * ldx + j]: the activations.  acc[(t * MM_RB + r) * MM_L]: the running
+ * sums, read unless first, written unless last; on the last chunk they are
+ * reduced into y[t * ldy + r] instead.
+ */
+MM_INLINE void mm_block(const int R, const int T, const int kind, const void *const *wp,
+                        const float *const *wt, const float *x, int64_t ldx, int64_t len, float *acc,
+                        int first, int last, float *y, int64_t ldy) {
+    v16 a[MM_RK][MM_TK];
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) a[r][t] = first ? v_zero() : v_ld(acc + ((int64_t)t * MM_RB + r) * MM_L);
+    const int64_t len16 = len & ~(int64_t)(MM_L - 1);
+    for (int64_t j = 0; j < len16; j += MM_L) {
+        v16 w[MM_RK];
+        for (int r = 0; r < R; r++) w[r] = v_wload(kind, wp[r], j);
+        for (int t = 0; t < T; t++) {
+            v16 xv = v_ld(x + t * ldx + j);
+            for (int r = 0; r < R; r++) a[r][t] = v_fma(w[r], xv, a[r][t]);
+        }
+    }
+    if (len16 < len) {
+        v16m m = v_mask(len - len16);
+        v16 w[MM_RK];
+        for (int r = 0; r < R; r++) w[r] = v_ld_m(wt[r], m);
+        for (int t = 0; t < T; t++) {
+            v16 xv = v_ld_m(x + t * ldx + len16, m);
+            for (int r = 0; r < R; r++) a[r][t] = v_fma_m(w[r], xv, a[r][t], m);
+        }
+    }
+    if (!last) {
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) v_st(acc + ((int64_t)t * MM_RB + r) * MM_L, a[r][t]);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+#if MM_SIMD == 512
+        if (R == 4) {
+            _mm_storeu_ps(y + t * ldy, v_reduce4(a[0][t], a[1][t], a[2][t], a[3][t]));
+            continue;
+        }
+#endif
+        for (int r = 0; r < R; r++) {
+            float l[MM_L];
+            v_st(l, a[r][t]);
+            y[t * ldy + r] = red16(l);
+        }
+    }
+}
+
+/* mm_block with (R, T, kind) as constants, so that each expansion keeps its
+ * accumulators in registers. */
+#define MM_BLOCK(R_, T_, K_) mm_block(R_, T_, K_, wp, wt, x, ldx, len, acc, first, last, y, ldy)
+#if MM_TK == 6
+#define MM_TCASES(R_, K_)                                                                                  \
+    switch (T) {                                                                                           \
+    case 1: MM_BLOCK(R_, 1, K_); break;                                                                    \
+    case 2: MM_BLOCK(R_, 2, K_); break;                                                                    \
+    case 3: MM_BLOCK(R_, 3, K_); break;                                                                    \
+    case 4: MM_BLOCK(R_, 4, K_); break;                                                                    \
+    case 5: MM_BLOCK(R_, 5, K_); break;                                                                    \
+    default: MM_BLOCK(R_, 6, K_); break;                                                                   \
+    }
+#else
+#define MM_TCASES(R_, K_)                                                                                  \
+    switch (T) {                                                                                           \
+    case 1: MM_BLOCK(R_, 1, K_); break;                                                                    \
+    default: MM_BLOCK(R_, 2, K_); break;                                                                   \
+    }
+#endif
+#define MM_KCASES(R_)                                                                                      \
+    switch (kind) {                                                                                        \
+    case WK_BF16: MM_TCASES(R_, WK_BF16) break;                                                            \
+    case WK_F16: MM_TCASES(R_, WK_F16) break;                                                              \
+    default: MM_TCASES(R_, WK_F32) break;                                                                  \
+    }
+
+/* The register block for R (MM_RK or 1) rows and T (1 .. MM_TK) tokens. */
+static void mm_block_any(int R, int T, int kind, const void *const *wp, const float *const *wt, const float *x,
+                         int64_t ldx, int64_t len, float *acc, int first, int last, float *y, int64_t ldy) {
+    if (R == MM_RK) {
+        MM_KCASES(MM_RK)
+    } else {
+        MM_KCASES(1)
+    }
+}
+
+/* The SIMD kernel on one chunk: rows [0, R) of a block over tokens [0, tc), in
+ * register blocks; arguments as mm_chunk_portable's, weights as mm_block's. */
+static void mm_chunk_simd(int64_t R, int kind, const void *const *wp, const float *const *wt, const float *x,
+                          int64_t ldx, int64_t tc, int64_t len, float *acc, int first, int last, float *y,
+                          int64_t ldy) {
+    for (int64_t r = 0; r < R;) {
+        int rk = R - r >= MM_RK ? MM_RK : 1;
+        for (int64_t t = 0; t < tc;) {
+            int tk = tc - t < MM_TK ? (int)(tc - t) : MM_TK;
+            mm_block_any(rk, tk, kind, wp + r, wt + r, x + t * ldx, ldx, len, acc + (t * MM_RB + r) * MM_L, first,
+                         last, y + t * ldy + r, ldy);
+            t += tk;
+        }
+        r += rk;
+    }
+}
+#endif /* MM_SIMD */
+
 typedef struct mm_job {
     const ddt_qweight *w;
     ddt_row_groups g;
@@ -104,6 +396,7 @@ typedef struct mm_job {
     float *y;
     int64_t ldy;
     int64_t row_blocks; /* per group */
+    int portable;       /* the portable kernel even where a SIMD one is compiled */
 } mm_job;
 
 static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
@@ -111,9 +404,15 @@ static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
     const mm_job *jb = p;
     const ddt_qweight *w = jb->w;
     const int64_t cols = w->cols;
-    const int direct = w->format == DDT_Q_DENSE && w->dtype == DDT_DTYPE_F32;
-    float wbuf[MM_RB][MM_CH];
-    float acc[MM_TB][MM_RB][8];
+    const int simd = MM_SIMD && !jb->portable;
+    const int kind = simd ? weight_kind(w) : WK_BUF;
+    const int in_place = kind != WK_BUF;
+    const int64_t esize = kind == WK_F32 ? 4 : 2; /* bytes per weight read in place */
+    const int64_t chunk = in_place ? MM_CHF : MM_CH;
+    /* the sums between chunks: [MM_TB][MM_RB][MM_L] */
+    _Alignas(64) float acc[MM_TB * MM_RB * MM_L];
+    _Alignas(64) float wbuf[MM_RB][MM_CH];
+    float wtail[MM_RB][MM_L];
     for (int64_t item = begin; item < end; item++) {
         int64_t g = item / jb->row_blocks;
         int64_t r0 = (item % jb->row_blocks) * MM_RB;
@@ -121,92 +420,74 @@ static void mm_task(void *p, int64_t begin, int64_t end, int32_t thread) {
         int64_t wrow0 = g * jb->g.w_row_stride + jb->g.w_row_offset + r0;
         for (int64_t t0 = 0; t0 < jb->n; t0 += MM_TB) {
             int64_t tc = jb->n - t0 < MM_TB ? jb->n - t0 : MM_TB;
-            memset(acc, 0, (size_t)tc * sizeof acc[0]); /* only the rows in use */
-            for (int64_t c0 = 0; c0 < cols; c0 += MM_CH) {
-                int64_t len = cols - c0 < MM_CH ? cols - c0 : MM_CH;
-                const float *wr[MM_RB];
+            const float *xt = jb->x + t0 * jb->ldx + g * jb->g.x_stride;
+            float *yt = jb->y + t0 * jb->ldy + g * jb->g.y_stride + r0;
+            if (cols <= 0) /* no columns: the empty sum, which the chunk loop below never writes */
+                for (int64_t t = 0; t < tc; t++)
+                    for (int64_t r = 0; r < rc; r++) yt[t * jb->ldy + r] = 0.0f;
+            for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+                int64_t len = cols - c0 < chunk ? cols - c0 : chunk;
+                int64_t len16 = len & ~(int64_t)(MM_L - 1);
+                int first = c0 == 0, last = c0 + len == cols;
+                const void *wp[MM_RB];
+                const float *wf[MM_RB], *wt[MM_RB];
                 for (int64_t r = 0; r < rc; r++) {
-                    if (direct) {
-                        wr[r] = (const float *)w->data + (wrow0 + r) * cols + c0;
+                    if (in_place) {
+                        const char *row = (const char *)w->data + ((wrow0 + r) * cols + c0) * esize;
+                        wp[r] = row;
+                        if (kind == WK_F32) {
+                            wt[r] = (const float *)(const void *)row + len16;
+                        } else {
+                            if (len16 < len) ddt_cpu_dequant(w, wrow0 + r, c0 + len16, len - len16, wtail[r]);
+                            wt[r] = wtail[r];
+                        }
                     } else {
                         ddt_cpu_dequant(w, wrow0 + r, c0, len, wbuf[r]);
-                        wr[r] = wbuf[r];
+                        wp[r] = wf[r] = wbuf[r];
+                        wt[r] = wbuf[r] + len16;
                     }
                 }
-                int64_t t = 0;
-                /* Two tokens x four rows per pass: each weight and activation vector
-                 * loaded once feeds several products (the plain loop loads two vectors
-                 * per product).  Every accumulator still adds its terms in the same
-                 * order, lane by lane, so results are bit-identical to the plain loop. */
-                if (rc == MM_RB) {
-                    const int64_t len8 = len & ~(int64_t)7;
-                    for (; t + 2 <= tc; t += 2) {
-                        const float *xa = jb->x + (t0 + t) * jb->ldx + g * jb->g.x_stride + c0;
-                        const float *xb = xa + jb->ldx;
-                        float *a0 = acc[t][0], *a1 = acc[t][1], *a2 = acc[t][2], *a3 = acc[t][3];
-                        float *b0 = acc[t + 1][0], *b1 = acc[t + 1][1], *b2 = acc[t + 1][2],
-                              *b3 = acc[t + 1][3];
-                        const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];
-                        float ra0[8], ra1[8], ra2[8], ra3[8], rb0[8], rb1[8], rb2[8], rb3[8];
-                        for (int l = 0; l < 8; l++) {
-                            ra0[l] = a0[l], ra1[l] = a1[l], ra2[l] = a2[l], ra3[l] = a3[l];
-                            rb0[l] = b0[l], rb1[l] = b1[l], rb2[l] = b2[l], rb3[l] = b3[l];
-                        }
-                        for (int64_t j = 0; j < len8; j += 8)
-                            for (int l = 0; l < 8; l++) {
-                                float x1 = xa[j + l], x2 = xb[j + l];
-                                float v0 = w0[j + l], v1 = w1[j + l], v2 = w2[j + l], v3 = w3[j + l];
-                                ra0[l] += v0 * x1, ra1[l] += v1 * x1, ra2[l] += v2 * x1, ra3[l] += v3 * x1;
-                                rb0[l] += v0 * x2, rb1[l] += v1 * x2, rb2[l] += v2 * x2, rb3[l] += v3 * x2;
-                            }
-                        for (int64_t j = len8; j < len; j++) {
-                            ra0[j & 7] += w0[j] * xa[j], ra1[j & 7] += w1[j] * xa[j];
-                            ra2[j & 7] += w2[j] * xa[j], ra3[j & 7] += w3[j] * xa[j];
-                            rb0[j & 7] += w0[j] * xb[j], rb1[j & 7] += w1[j] * xb[j];
-                            rb2[j & 7] += w2[j] * xb[j], rb3[j & 7] += w3[j] * xb[j];
-                        }
-                        for (int l = 0; l < 8; l++) {
-                            a0[l] = ra0[l], a1[l] = ra1[l], a2[l] = ra2[l], a3[l] = ra3[l];
-                            b0[l] = rb0[l], b1[l] = rb1[l], b2[l] = rb2[l], b3[l] = rb3[l];
-                        }
-                    }
+#if MM_SIMD
+                if (simd) {
+                    mm_chunk_simd(rc, in_place ? kind : WK_F32, wp, wt, xt + c0, jb->ldx, tc, len, acc, first, last,
+                                  yt, jb->ldy);
+                    continue;
                 }
-                for (; t < tc; t++) {
-                    const float *xr = jb->x + (t0 + t) * jb->ldx + g * jb->g.x_stride + c0;
-                    for (int64_t r = 0; r < rc; r++) {
-                        const float *ww = wr[r];
-                        float *a = acc[t][r];
-                        int64_t j = 0;
-                        for (; j + 8 <= len; j += 8)
-                            for (int l = 0; l < 8; l++) a[l] += ww[j + l] * xr[j + l];
-                        for (; j < len; j++) a[j & 7] += ww[j] * xr[j];
-                    }
-                }
-            }
-            for (int64_t t = 0; t < tc; t++) {
-                float *yr = jb->y + (t0 + t) * jb->ldy + g * jb->g.y_stride + r0;
-                for (int64_t r = 0; r < rc; r++) {
-                    const float *a = acc[t][r];
-                    yr[r] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-                }
+#else
+                (void)wp; /* the weights read in place, for the SIMD kernels only */
+                (void)wt;
+#endif
+                mm_chunk_portable(rc, wf, xt + c0, jb->ldx, tc, len, acc, first, last, yt, jb->ldy);
             }
         }
     }
 }
 
-void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
-                            const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+static void matmul_run(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g, const float *x,
+                       int64_t ldx, int64_t n, float *y, int64_t ldy, int portable) {
     if (n <= 0 || g->rows <= 0 || g->count <= 0) return;
-    mm_job jb = {.w = w, .g = *g, .x = x, .ldx = ldx, .n = n, .y = y, .ldy = ldy};
+    mm_job jb = {.w = w, .g = *g, .x = x, .ldx = ldx, .n = n, .y = y, .ldy = ldy, .portable = portable};
     jb.row_blocks = (g->rows + MM_RB - 1) / MM_RB;
     ddt_cpu_pool_run(pool, mm_task, &jb, jb.row_blocks * g->count);
+}
+
+void ddt_cpu_matmul_grouped(ddt_cpu_pool *pool, const ddt_qweight *w, const ddt_row_groups *g,
+                            const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+    matmul_run(pool, w, g, x, ldx, n, y, ldy, 0);
 }
 
 void ddt_cpu_matmul(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, int64_t ldx, int64_t n,
                     float *y, int64_t ldy) {
     ddt_row_groups g = {.count = 1, .w_row_stride = 0, .w_row_offset = 0, .rows = w->rows,
                         .x_stride = 0, .y_stride = 0};
-    ddt_cpu_matmul_grouped(pool, w, &g, x, ldx, n, y, ldy);
+    matmul_run(pool, w, &g, x, ldx, n, y, ldy, 0);
+}
+
+void ddt_cpu_matmul_portable(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, int64_t ldx, int64_t n,
+                             float *y, int64_t ldy) {
+    ddt_row_groups g = {.count = 1, .w_row_stride = 0, .w_row_offset = 0, .rows = w->rows,
+                        .x_stride = 0, .y_stride = 0};
+    matmul_run(pool, w, &g, x, ldx, n, y, ldy, 1);
 }
 
 /* ------------------------------------------------------------------ y = x W */

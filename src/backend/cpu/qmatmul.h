@@ -2,13 +2,16 @@
  * qmatmul.h — matrix products of fp32 activations with borrowed weights in every
  * checkpoint format (dense F32/BF16/F16, FP8 E4M3 with 128x128 block scales,
  * INT4 group-32 compressed-tensors).  Weights are read where they lie (the
- * checkpoint mapping) and dequantised a chunk at a time on the stack inside the
- * inner loop; products are accumulated in fp32.  Nothing allocates.
+ * checkpoint mapping): dense ones widened in registers, FP8 and INT4 dequantised
+ * a chunk at a time on the stack; products are accumulated in fp32.  Nothing
+ * allocates.
  *
  * Every output element is computed by one thread with an arithmetic order that
  * depends only on the weight's column count, never on the number of rows of x
  * processed together or the thread count: the same token gives bit-identical
- * results alone or inside a batch (prefill vs tree verify).
+ * results alone or inside a batch (prefill vs tree verify).  For x W^T that
+ * order (16 fused multiply-add lanes, then a fixed tree; qmatmul.c) is also the
+ * same with or without SIMD, so results do not depend on the build either.
  */
 #ifndef DDT_BACKEND_CPU_QMATMUL_H
 #define DDT_BACKEND_CPU_QMATMUL_H
@@ -27,6 +30,11 @@ void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len,
  * y [n][w->rows] (row stride ldy).  y must not alias x. */
 void ddt_cpu_matmul(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, int64_t ldx, int64_t n,
                     float *y, int64_t ldy);
+
+/* ddt_cpu_matmul through the portable C kernel (no intrinsics): bitwise the same
+ * results, much slower; the tests compare the two. */
+void ddt_cpu_matmul_portable(ddt_cpu_pool *pool, const ddt_qweight *w, const float *x, int64_t ldx, int64_t n,
+                             float *y, int64_t ldy);
 
 /* y[t][g*y_stride + o] = sum_{j < w->cols} x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j]
  * for o < rows. */
