@@ -286,3 +286,13 @@ int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {
     }
     return -1;
 }
+
+int cli_engine_load_chat_template(const cli_engine_args *a, ddt_chat_template **t) {
+    ddt_error err = {0};
+    ddt_status st = ddt_chat_template_load(a->model, t, &err);
+    if (st != DDT_OK) {
+        fprintf(stderr, "ddtree %s: chat template: %s\n", a->cmd, err.msg);
+        return cli_status_exit(st);
+    }
+    return -1;
+}

@@ -11,6 +11,7 @@
 
 #include "ddtree.h"
 #include "engine/engine.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 
 /* The usage lines of the shared options, for a command's --help. */
@@ -57,6 +58,9 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o);
 /* The model folder's tokenizer when it has tiktoken.model (*tok NULL when it
  * has none): -1 when fine, else an exit status after a message. */
 int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok);
+/* The model folder's chat template (chat.h: its own, else the built-in Kimi K2
+ * one): -1 when loaded, else the exit code after printing the error. */
+int cli_engine_load_chat_template(const cli_engine_args *a, ddt_chat_template **t);
 
 /* Print "ddtree CMD: <message>" and the --help hint to stderr; returns 2. */
 #if defined(__GNUC__)

@@ -1,7 +1,7 @@
 /*
  * cmd_generate.c — `ddtree generate`: decode with a target (and a DFlash drafter
  * for the chain and tree modes) on the CPU.  The prompt is text (--prompt), a
- * chat message in the Kimi template (--chat), or token ids (--prompt-ids).
+ * chat message in the model's chat template (--chat; text/chat.h), or token ids (--prompt-ids).
  * Text streams to stdout as rounds accept it (ids when the model has no
  * tokenizer); a summary goes to stderr; --json prints {"ids", "text", "stats"}
  * at the end instead.  Bad flags, files or prompts: a message and exit 2.
@@ -38,8 +38,8 @@ static const char k_usage_head[] =
 static const char k_usage_tail[] =
     "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
     "  --prompt-file PATH   prompt text read from a file (at most 1 MiB)\n"
-    "  --chat TEXT          a user message in the Kimi chat template (needs the tokenizer)\n"
-    "  --system TEXT        system message for --chat (default: Kimi's)\n"
+    "  --chat TEXT          a user message in the model's chat template (its own, else Kimi K2's)\n"
+    "  --system TEXT        system message for --chat (default: the template's)\n"
     "  --prompt-ids LIST    comma-separated prompt token ids\n"
     "  --max-tokens N       tokens to generate, 0..1000000 (required)\n"
     "  --stop-at-eos        stop after the config's eos_token_id (and <|im_end|> with --chat)\n"
@@ -205,6 +205,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     }
     ddt_error err = {0};
     ddt_tokenizer *tok = NULL;
+    ddt_chat_template *chat = NULL;
     ddt_engine *eng = NULL;
     int32_t *out = NULL;
     ddt_token_logprobs *lp = NULL;
@@ -217,8 +218,10 @@ int ddt_cmd_generate(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    if (a.chat && (rc = cli_engine_load_chat_template(&a.eng, &chat)) >= 0) goto done;
     if (a.prompt_text || a.chat) {
-        size_t cap = (a.prompt_text ? strlen(a.prompt_text) : strlen(a.chat) + 4096) + 64, n = 0;
+        size_t cap = (a.prompt_text ? strlen(a.prompt_text) : strlen(a.chat) + (a.system ? strlen(a.system) : 0) +
+                      (1u << 16)) + 64, n = 0;
         a.prompt = malloc(cap * sizeof(int32_t));
         if (!a.prompt) {
             fprintf(stderr, "ddtree generate: out of memory\n");
@@ -226,7 +229,7 @@ int ddt_cmd_generate(int argc, char **argv) {
             goto done;
         }
         st = a.prompt_text ? ddt_tokenizer_encode(tok, a.prompt_text, strlen(a.prompt_text), 0, a.prompt, cap, &n, &err)
-                           : ddt_chat_encode_prompt(tok, a.system, a.chat, a.prompt, cap, &n, &err);
+                           : ddt_chat_encode_prompt(chat, tok, a.system, a.chat, a.prompt, cap, &n, &err);
         if (st != DDT_OK) {
             fprintf(stderr, "ddtree generate: prompt: %s\n", err.msg);
             rc = cli_status_exit(st);
@@ -346,6 +349,7 @@ int ddt_cmd_generate(int argc, char **argv) {
 done:
     ddt_engine_free(eng);
     ddt_tokenizer_free(tok);
+    ddt_chat_template_free(chat);
     free(out);
     free(lp);
     free(text);

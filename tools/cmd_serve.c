@@ -115,10 +115,12 @@ int ddt_cmd_serve(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
     ddt_tokenizer *tok = NULL;
+    ddt_chat_template *chat = NULL;
     ddt_engine *eng = NULL;
     ddt_server *srv = NULL;
     ddt_error err = {0};
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
+    if (tok && (rc = cli_engine_load_chat_template(&a.eng, &chat)) >= 0) goto done;
     ddt_engine_options eo;
     cli_engine_options(&a.eng, &eo);
     eo.prefix_cache = !a.no_prefix_cache;
@@ -146,6 +148,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.can_logprobs = cpu;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
+    so.chat_template = chat;
     if ((st = ddt_server_start(eng, tok, &so, &srv, &err)) != DDT_OK) {
         fprintf(stderr, "ddtree serve: %s\n", err.msg);
         rc = cli_status_exit(st);
@@ -154,6 +157,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "ddtree serve: model %s (mode %s%s, %s backend, context %d) listening on http://%s:%d\n",
             so.model_name, a.eng.mode, a.eng.budget_auto ? ", auto budget" : "", ddt_backend_name(ddt_engine_backend(&eo)),
             ddt_engine_max_ctx(eng), a.host ? a.host : "127.0.0.1", ddt_server_port(srv));
+    if (chat) fprintf(stderr, "ddtree serve: chat template: %s\n", ddt_chat_template_origin(chat));
     int sig = 0;
     sigwait(&stop, &sig);
     fprintf(stderr, "ddtree serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -162,6 +166,7 @@ done:
     ddt_server_stop(srv);
     ddt_engine_free(eng);
     ddt_tokenizer_free(tok);
+    ddt_chat_template_free(chat);
     return rc;
 }
 

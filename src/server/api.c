@@ -148,8 +148,35 @@ static json_t *usage(int64_t prompt, int64_t completion, int64_t cached) {
                      "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
+/* OpenAI's tool_calls array; with_index: a streamed delta's entries carry their index. */
+static json_t *tool_calls_json(const ddt_api_extra *ex, bool with_index) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < ex->n_calls; k++) {
+        const ddt_chat_tool_call *c = &ex->calls[k];
+        /* a model's bytes may be invalid UTF-8: json_string would refuse them, so they are sanitised */
+        size_t il, nl, al;
+        char *id = ddt_utf8_sanitize(c->id, strlen(c->id), &il);
+        char *name = ddt_utf8_sanitize(c->name, strlen(c->name), &nl);
+        char *args = ddt_utf8_sanitize(c->arguments, strlen(c->arguments), &al);
+        json_t *o = id && name && args
+                        ? json_pack("{s:s%, s:s, s:{s:s%, s:s%}}", "id", id, il, "type", "function", "function", "name",
+                                    name, nl, "arguments", args, al)
+                        : NULL;
+        free(id);
+        free(name);
+        free(args);
+        if (o && with_index) json_object_set_new(o, "index", json_integer(ex->first_call + k));
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
-                          const char *finish_reason, const ddt_api_logprobs *lp, size_t *len) {
+                          const ddt_api_extra *ex, const char *finish_reason, const ddt_api_logprobs *lp,
+                          size_t *len) {
     json_t *o = head(r, true);
     json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, "finish_reason", str_or_null(finish_reason),
                                "logprobs", logprobs_json(r->kind, lp));
@@ -164,6 +191,9 @@ char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, siz
         json_t *delta = json_object();
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (t) json_object_set_new(delta, "content", t);
+        if (ex && ex->reasoning_len)
+            json_object_set_new(delta, "reasoning_content", json_stringn(ex->reasoning, ex->reasoning_len));
+        if (ex && ex->n_calls) json_object_set_new(delta, "tool_calls", tool_calls_json(ex, true));
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", t ? t : json_string(""));
@@ -195,9 +225,21 @@ static json_t *choice_json(const ddt_api_ids *r, const ddt_api_result *res, int 
         json_decref(choice);
         return NULL;
     }
-    if (r->kind == DDT_API_CHAT) json_object_set_new(choice, "message", json_pack("{s:s, s:o}", "role", "assistant",
-                                                                                  "content", t));
-    else json_object_set_new(choice, "text", t);
+    if (r->kind == DDT_API_CHAT) {
+        const ddt_api_extra *ex = &res->extra;
+        /* an answer that is only tool calls has null content, as OpenAI sends it */
+        if (ex->n_calls && json_string_length(t) == 0) {
+            json_decref(t);
+            t = json_null();
+        }
+        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
+        if (msg && ex->reasoning_len)
+            json_object_set_new(msg, "reasoning_content", json_stringn(ex->reasoning, ex->reasoning_len));
+        if (msg && ex->n_calls) json_object_set_new(msg, "tool_calls", tool_calls_json(ex, false));
+        json_object_set_new(choice, "message", msg);
+    } else {
+        json_object_set_new(choice, "text", t);
+    }
     if (res->ids) {
         json_t *a = json_array();
         for (int32_t i = 0; i < res->n_ids; i++) json_array_append_new(a, json_integer(res->ids[i]));
@@ -232,6 +274,11 @@ char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int
         }
     }
     json_object_set_new(o, "choices", choices);
+    if (res[0].ids && res[0].prompt_ids) {
+        json_t *a = json_array();
+        for (int32_t i = 0; a && i < res[0].n_prompt_ids; i++) json_array_append_new(a, json_integer(res[0].prompt_ids[i]));
+        json_object_set_new(o, "prompt_token_ids", a);
+    }
     json_object_set_new(o, "usage", usage(res[0].prompt_tokens, completion, res[0].cached_tokens));
     if (res[0].stats)
         json_object_set_new(o, "ddtree", json_pack("{s:s, s:I, s:I, s:f, s:f, s:f}", "mode", ddt_mode_name(res[0].mode),

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "server/request.h"
+#include "text/chat_output.h"
 #include "text/tokenizer.h"
 
 /* What every body of one response repeats. */
@@ -44,11 +45,23 @@ typedef struct ddt_api_logprobs {
 /* {"error": {"message", "type", "param", "code"}} (param, code: NULL = null). */
 char *ddt_api_error_body(const char *message, const char *type, const char *param, const char *code, size_t *len);
 
+/* What a chat chunk adds beside its content text: a thinking model's reasoning
+ * (delta.reasoning_content) and finished tool calls calls[0..n_calls), which are
+ * the response's tool calls first_call .. first_call + n_calls - 1 (their "index"). */
+typedef struct ddt_api_extra {
+    const char *reasoning;
+    size_t reasoning_len;
+    const ddt_chat_tool_call *calls;
+    int first_call, n_calls;
+} ddt_api_extra;
+
 /* One SSE event with a chunk: a text delta (chat: after a first role-only
- * delta when role is true), or the closing chunk when finish_reason is given;
+ * delta when role is true; text NULL: none), or the closing chunk when
+ * finish_reason is given; ex (NULL: none) chat's reasoning and tool calls;
  * lp (NULL: none asked) the log-probabilities of the tokens since the last chunk. */
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
-                          const char *finish_reason, const ddt_api_logprobs *lp, size_t *len);
+                          const ddt_api_extra *ex, const char *finish_reason, const ddt_api_logprobs *lp,
+                          size_t *len);
 /* The usage event (choices: []); cached_tokens: the prompt tokens whose context was reused. */
 char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t completion_tokens,
                           int64_t cached_tokens, size_t *len);
@@ -56,7 +69,8 @@ char *ddt_api_usage_event(const ddt_api_ids *r, int64_t prompt_tokens, int64_t c
 char *ddt_api_error_event(const char *message, size_t *len);
 
 /* The whole (non-streamed) response.  ids: the generated token ids, when the
- * request asked for them (return_token_ids), else NULL. */
+ * request asked for them (return_token_ids), else NULL; then res[0]'s prompt_ids
+ * become the body's prompt_token_ids. */
 typedef struct ddt_api_result {
     const char *text;
     size_t text_len;
@@ -65,9 +79,13 @@ typedef struct ddt_api_result {
     int64_t cached_tokens; /* of the prompt's, reused from the previous request's context */
     const int32_t *ids;
     int32_t n_ids;
+    const int32_t *prompt_ids; /* with ids: the prompt's (as vLLM: top-level prompt_token_ids) */
+    int32_t n_prompt_ids;
     const ddt_gen_stats *stats;
     ddt_mode mode;
     const ddt_api_logprobs *logprobs; /* NULL: not asked for */
+    ddt_api_extra extra;     /* chat: reasoning_content and tool_calls (message.content is null
+                                when there is no text but there are calls) */
 } ddt_api_result;
 /* n >= 1 choices (res[0..n)), choice k with index k; usage counts the prompt once
  * (res[0]'s) and every choice's completion; the ddtree object sums the rounds. */

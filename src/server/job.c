@@ -25,6 +25,8 @@ ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop
         free(j);
         return NULL;
     }
+    ddt_textstream_init(&j->reasoning, NULL, NULL, 0, &err); /* no stop strings: cannot fail */
+    ddt_chat_router_init(&j->router, NULL, false);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
@@ -48,6 +50,8 @@ void ddt_job_release(ddt_job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     ddt_textstream_free(&j->text);
+    ddt_textstream_free(&j->reasoning);
+    ddt_chat_router_free(&j->router);
     free(j->prompt);
     free(j->out);
     free(j->lp);
@@ -59,12 +63,12 @@ void ddt_job_release(ddt_job *j) {
 /* "stop" when a stop token ended the generation (the engine says so) or a stop
  * string the text (only the server knows those: it cancelled the engine for it). */
 const char *ddt_job_finish_reason(const ddt_job *j) {
-    return j->stats.stop_reason == DDT_STOP_TOKEN || j->text.stopped ? "stop" : "length";
+    bool stopped = j->stats.stop_reason == DDT_STOP_TOKEN || j->text.stopped;
+    if (stopped && j->chat && j->router.n_calls > 0 && !j->text.stopped) return "tool_calls";
+    return stopped ? "stop" : "length";
 }
 
-/* The engine's per-round callback: text for the client, and whether to go on. */
-static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {
-    ddt_job *j = ctx;
+bool ddt_job_take_tokens(ddt_job *j, const int32_t *ids, int32_t n) {
     const ddt_tokenizer *tok = j->tok;
     pthread_mutex_lock(&j->mu);
     if (j->t_first < 0) j->t_first = ddt_job_now() - j->t_arrival;
@@ -76,11 +80,24 @@ static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {
             j->stop_hit = true; /* the stop token itself is not text */
             break;
         }
+        ddt_textstream *to = &j->text;
+        ddt_error err;
+        if (j->chat) {
+            ddt_chat_channel ch;
+            bool call_done;
+            if (ddt_chat_route(&j->router, ids[i], &ch, &call_done, &err) != DDT_OK) {
+                j->cancel = true; /* out of memory: end the request rather than lose a call silently */
+                snprintf(j->error, sizeof j->error, "%s", err.msg);
+                j->status = DDT_ERR_NOMEM;
+                break;
+            }
+            if (ch != DDT_CHAT_CH_CONTENT && ch != DDT_CHAT_CH_REASONING) continue;
+            if (ch == DDT_CHAT_CH_REASONING) to = &j->reasoning;
+        }
         const uint8_t *b;
         size_t len;
         if (ddt_tokenizer_text_bytes(tok, ids[i], &b, &len)) {
-            ddt_error err;
-            if (ddt_textstream_push(&j->text, b, len, &err) != DDT_OK) {
+            if (ddt_textstream_push(to, b, len, &err) != DDT_OK) {
                 j->cancel = true; /* out of memory: end the request rather than lose text silently */
                 snprintf(j->error, sizeof j->error, "%s", err.msg);
                 j->status = DDT_ERR_NOMEM;
@@ -95,6 +112,9 @@ static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) {
     pthread_mutex_unlock(&j->mu);
     return go_on;
 }
+
+/* The engine's per-round callback. */
+static bool on_tokens(void *ctx, const int32_t *ids, int32_t n) { return ddt_job_take_tokens(ctx, ids, n); }
 
 static void finish_job(ddt_job *j, ddt_status st, const char *msg) {
     pthread_mutex_lock(&j->mu);

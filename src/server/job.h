@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/textstream.h"
+#include "text/chat_output.h"
 #include "text/tokenizer.h"
 
 typedef struct ddt_job {
@@ -39,6 +40,7 @@ typedef struct ddt_job {
     bool echo;               /* completions' echo: with logprobs, the prompt is scored first (prompt_lp) */
     char *echo_text;         /* owned: the prompt as the response repeats it (echo) */
     size_t echo_len;
+    bool chat;               /* chat: the output is routed (router) into content, reasoning, tool calls */
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -46,7 +48,9 @@ typedef struct ddt_job {
     bool cancel;             /* the client went away (or the server stops) */
     bool started, done;
     uint64_t version;        /* bumped on every change the waiters may care about */
-    ddt_textstream text;
+    ddt_textstream text;     /* the content (chat) or the completion's text */
+    ddt_textstream reasoning;/* chat: a thinking model's reasoning_content (no stop strings) */
+    ddt_chat_router router;  /* chat: set up by the server before queueing; calls[0..n_calls) final */
     int32_t *out;            /* [max_new] the engine's output */
     ddt_token_logprobs *lp;  /* [max_new] their log-probabilities when asked (logprobs >= 0), else NULL;
                                 entries below n_counted are final once counted */
@@ -65,9 +69,14 @@ typedef struct ddt_job {
 ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop);
 void ddt_job_retain(ddt_job *j);
 void ddt_job_release(ddt_job *j);
-/* "stop" or "length" for a finished job (call under its mutex): from the
- * engine's stop reason, and the stop strings the text matched. */
+/* "stop", "length" or "tool_calls" for a finished job (call under its mutex):
+ * from the engine's stop reason, the stop strings the text matched, and the
+ * tool calls a chat answer made (which end a turn that stopped by itself). */
 const char *ddt_job_finish_reason(const ddt_job *j);
+/* One round's emitted ids into the job (the engine's callback; takes the job's
+ * mutex): stop ids, then the text (chat: routed into content, reasoning and
+ * tool calls), counts, and a broadcast.  Returns whether to go on. */
+bool ddt_job_take_tokens(ddt_job *j, const int32_t *ids, int32_t n);
 
 typedef struct ddt_job_queue {
     pthread_mutex_t mu;

@@ -51,32 +51,18 @@ static ddt_status get_bool(ddt_api_request *r, json_t *obj, const char *name, bo
     return DDT_OK;
 }
 
-/* Keep a malloc'd string alive as long as the request. */
-static ddt_status own_part(ddt_api_request *r, char *s, ddt_error *err) {
-    char **p = realloc(r->parts_, (r->n_parts_ + 1) * sizeof *p);
-    if (!p) {
-        free(s);
-        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    }
-    r->parts_ = p;
-    r->parts_[r->n_parts_++] = s;
-    return DDT_OK;
-}
-
-/* A message's content: a string, null (an empty assistant turn), or an array
- * of {"type": "text", "text": ...} parts, joined. */
-static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, const char **out, size_t *len,
-                                  ddt_error *err) {
+/* A message's content for the template: a string, null (an assistant turn with
+ * only tool calls), or an array of {"type": "text", "text": ...} parts, joined. */
+static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, json_t **out, ddt_error *err) {
     char name[48];
     snprintf(name, sizeof name, "messages[%zu].content", i);
     if (!c || json_is_null(c)) {
-        *out = "";
-        *len = 0;
+        *out = json_null();
         return DDT_OK;
     }
     if (json_is_string(c)) {
-        *out = json_string_value(c);
-        *len = json_string_length(c);
+        r->content_bytes += json_string_length(c);
+        *out = json_incref(c);
         return DDT_OK;
     }
     if (!json_is_array(c))
@@ -99,11 +85,77 @@ static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, const
         memcpy(buf + o, json_string_value(text), json_string_length(text));
         o += json_string_length(text);
     }
-    buf[o] = '\0';
-    ddt_status st = own_part(r, buf, err);
+    *out = json_stringn_nocheck(buf, o); /* parts of valid JSON strings: valid UTF-8 */
+    free(buf);
+    if (!*out) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    r->content_bytes += o;
+    return DDT_OK;
+}
+
+/* Copy an optional string field of a message (absent or null: left out). */
+static ddt_status copy_string(ddt_api_request *r, json_t *msg, json_t *dst, const char *field, size_t i, bool required,
+                              ddt_error *err) {
+    json_t *v = json_object_get(msg, field);
+    char name[64];
+    snprintf(name, sizeof name, "messages[%zu].%s", i, field);
+    if (!v || json_is_null(v)) {
+        if (required) return FAIL(r, DDT_ERR_INVALID, name, "'%s' is required", name);
+        return DDT_OK;
+    }
+    if (!json_is_string(v)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string", name);
+    r->content_bytes += json_string_length(v);
+    if (json_object_set(dst, field, v)) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    return DDT_OK;
+}
+
+/* An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}]. */
+static ddt_status copy_tool_calls(ddt_api_request *r, json_t *msg, json_t *dst, size_t i, ddt_error *err) {
+    json_t *tc = json_object_get(msg, "tool_calls");
+    char name[64];
+    snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
+    if (!tc || json_is_null(tc)) return DDT_OK;
+    if (!json_is_array(tc)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be an array", name);
+    for (size_t k = 0; k < json_array_size(tc); k++) {
+        json_t *c = json_array_get(tc, k), *fn = json_object_get(c, "function");
+        json_t *type = json_object_get(c, "type"), *args = json_object_get(fn, "arguments");
+        if (!json_is_object(c) || !json_is_string(json_object_get(c, "id")) ||
+            (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function"))) || !json_is_object(fn) ||
+            !json_is_string(json_object_get(fn, "name")) || !(json_is_string(args) || json_is_object(args)))
+            return FAIL(r, DDT_ERR_INVALID, name,
+                        "'%s'[%zu] must be {\"id\": string, \"type\": \"function\", \"function\": {\"name\": string, "
+                        "\"arguments\": string}}", name, k);
+        if (json_is_string(args)) r->content_bytes += json_string_length(args);
+        r->content_bytes += 64;
+    }
+    if (json_object_set(dst, "tool_calls", tc)) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    return DDT_OK;
+}
+
+static ddt_status parse_message(ddt_api_request *r, json_t *msg, size_t i, json_t *out, ddt_error *err) {
+    char name[48];
+    snprintf(name, sizeof name, "messages[%zu]", i);
+    if (!json_is_object(msg)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be an object", name);
+    json_t *role = json_object_get(msg, "role");
+    snprintf(name, sizeof name, "messages[%zu].role", i);
+    if (!json_is_string(role)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string", name);
+    const char *rs = json_string_value(role);
+    /* "developer" is OpenAI's newer name for the system role, which chat templates know */
+    bool sys = !strcmp(rs, "system") || !strcmp(rs, "developer"), user = !strcmp(rs, "user");
+    bool asst = !strcmp(rs, "assistant"), tool = !strcmp(rs, "tool");
+    if (!sys && !user && !asst && !tool)
+        return FAIL(r, DDT_ERR_UNSUPPORTED, name,
+                    "'%s': role '%.32s' is not supported (system, developer, user, assistant, tool)", name, rs);
+    json_t *content = NULL;
+    ddt_status st = message_content(r, json_object_get(msg, "content"), i, &content, err);
     if (st) return st;
-    *out = buf;
-    *len = o;
+    if (json_object_set_new(out, "role", json_string(sys ? "system" : rs)) ||
+        json_object_set_new(out, "content", content))
+        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    if ((st = copy_string(r, msg, out, "name", i, false, err))) return st;
+    if (asst && (st = copy_tool_calls(r, msg, out, i, err))) return st;
+    if (asst && (st = copy_string(r, msg, out, "reasoning_content", i, false, err))) return st;
+    if (tool && (st = copy_string(r, msg, out, "tool_call_id", i, true, err))) return st;
+    r->content_bytes += 16; /* the template's markers */
     return DDT_OK;
 }
 
@@ -115,29 +167,58 @@ static ddt_status parse_messages(ddt_api_request *r, json_t *root, ddt_error *er
     if (n == 0) return FAIL(r, DDT_ERR_INVALID, "messages", "'messages' is empty");
     if (n > DDT_API_MAX_MESSAGES)
         return FAIL(r, DDT_ERR_RANGE, "messages", "'messages' has %zu entries, more than %d", n, DDT_API_MAX_MESSAGES);
-    r->msgs = calloc(n, sizeof *r->msgs);
-    if (!r->msgs) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+    if (!(r->messages = json_array())) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        json_t *msg = json_array_get(m, i);
-        char name[48];
-        snprintf(name, sizeof name, "messages[%zu]", i);
-        if (!json_is_object(msg)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be an object", name);
-        json_t *role = json_object_get(msg, "role");
-        snprintf(name, sizeof name, "messages[%zu].role", i);
-        if (!json_is_string(role)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string", name);
-        const char *rs = json_string_value(role);
-        /* "developer" is OpenAI's newer name for the system role */
-        if (!strcmp(rs, "system") || !strcmp(rs, "developer")) r->msgs[i].role = DDT_CHAT_SYSTEM;
-        else if (!strcmp(rs, "user")) r->msgs[i].role = DDT_CHAT_USER;
-        else if (!strcmp(rs, "assistant")) r->msgs[i].role = DDT_CHAT_ASSISTANT;
-        else
-            return FAIL(r, DDT_ERR_UNSUPPORTED, name, "'%s': role '%.32s' is not supported (system, user, assistant)",
-                        name, rs);
-        ddt_status st = message_content(r, json_object_get(msg, "content"), i, &r->msgs[i].content, &r->msgs[i].len,
-                                        err);
+        json_t *out = json_object();
+        if (!out || json_array_append_new(r->messages, out)) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
+        ddt_status st = parse_message(r, json_array_get(m, i), i, out, err);
         if (st) return st;
     }
     r->n_msgs = n;
+    return DDT_OK;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}], with
+ * tool_choice "auto" (the default) or "none"; forcing a call needs constrained decoding. */
+static ddt_status parse_tools(ddt_api_request *r, json_t *root, ddt_error *err) {
+    json_t *choice = json_object_get(root, "tool_choice");
+    bool none = false;
+    if (choice && !json_is_null(choice)) {
+        if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) none = true;
+        else if (!json_is_string(choice) || strcmp(json_string_value(choice), "auto"))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "tool_choice",
+                        "'tool_choice': only \"auto\" and \"none\" are supported (forcing a call needs constrained "
+                        "decoding)");
+    }
+    bool par = true, have_par = false;
+    json_t *pv = json_object_get(root, "parallel_tool_calls");
+    if (pv && !json_is_null(pv)) {
+        ddt_status st = get_bool(r, root, "parallel_tool_calls", &par, err);
+        if (st) return st;
+        have_par = true;
+    }
+    json_t *tools = json_object_get(root, "tools");
+    if (!tools || json_is_null(tools)) return DDT_OK;
+    if (!json_is_array(tools)) return FAIL(r, DDT_ERR_INVALID, "tools", "'tools' must be an array");
+    if (json_array_size(tools) > DDT_API_MAX_TOOLS)
+        return FAIL(r, DDT_ERR_RANGE, "tools", "'tools' has %zu entries, more than %d", json_array_size(tools),
+                    DDT_API_MAX_TOOLS);
+    for (size_t k = 0; k < json_array_size(tools); k++) {
+        json_t *t = json_array_get(tools, k), *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        json_t *params = json_object_get(fn, "parameters"), *desc = json_object_get(fn, "description");
+        char name[32];
+        snprintf(name, sizeof name, "tools[%zu]", k);
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+            !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
+            (params && !json_is_null(params) && !json_is_object(params)) || (desc && !json_is_null(desc) && !json_is_string(desc)))
+            return FAIL(r, DDT_ERR_INVALID, name,
+                        "'%s' must be {\"type\": \"function\", \"function\": {\"name\": string, \"description\": "
+                        "string, \"parameters\": object}}", name);
+    }
+    (void)have_par; /* a hint about the model's choice, as elsewhere: not enforced */
+    (void)par;
+    if (!none && json_array_size(tools) > 0) r->tools = json_incref(tools);
+    r->content_bytes += json_dumpb(tools, NULL, 0, JSON_COMPACT);
     return DDT_OK;
 }
 
@@ -301,9 +382,29 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return FAIL(r, DDT_ERR_UNSUPPORTED, "suffix", "'suffix' (insertion) is not supported");
-    json_t *tools = json_object_get(root, "tools");
-    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
-        return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' (function calling) is not supported");
+    if (r->kind == DDT_API_CHAT) {
+        if ((st = parse_tools(r, root, err))) return st;
+        json_t *kw = json_object_get(root, "chat_template_kwargs");
+        if (kw && !json_is_null(kw)) {
+            if (!json_is_object(kw))
+                return FAIL(r, DDT_ERR_INVALID, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            r->template_kwargs = json_incref(kw);
+        }
+        json_t *ct = json_object_get(root, "chat_template");
+        if (ct && !json_is_null(ct))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "chat_template",
+                        "'chat_template': a per-request template is not supported (the model folder's is used)");
+        r->add_generation_prompt = true;
+        if ((st = get_bool(r, root, "add_generation_prompt", &r->add_generation_prompt, err))) return st;
+        bool cont = false;
+        if ((st = get_bool(r, root, "continue_final_message", &cont, err))) return st;
+        if (cont)
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "continue_final_message", "'continue_final_message' is not supported");
+    } else {
+        json_t *tools = json_object_get(root, "tools");
+        if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, "tools", "'tools' is a chat field (completions have none)");
+    }
     if ((st = parse_stop(r, root, err))) return st;
     if ((st = get_bool(r, root, "stream", &r->stream, err))) return st;
     if (r->stream && r->n > 1)
@@ -353,10 +454,10 @@ ddt_status ddt_api_request_parse(ddt_api_kind kind, const char *body, size_t len
 
 void ddt_api_request_free(ddt_api_request *req) {
     if (!req) return;
-    free(req->msgs);
+    if (req->messages) json_decref(req->messages);
+    if (req->tools) json_decref(req->tools);
+    if (req->template_kwargs) json_decref(req->template_kwargs);
     free(req->prompt_ids);
-    for (size_t i = 0; i < req->n_parts_; i++) free(req->parts_[i]);
-    free(req->parts_);
     if (req->owned_) json_decref((json_t *)req->owned_);
     memset(req, 0, sizeof *req);
 }

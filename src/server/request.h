@@ -3,24 +3,28 @@
  * /v1/completions, parsed and checked into a plain struct before anything
  * reaches the engine.  Every way a body can be wrong (not JSON, not UTF-8,
  * a field of the wrong type or out of range, a feature this server lacks such
- * as n > 1) gives DDT_ERR_INVALID / DDT_ERR_RANGE / DDT_ERR_UNSUPPORTED with a
+ * as n > 16) gives DDT_ERR_INVALID / DDT_ERR_RANGE / DDT_ERR_UNSUPPORTED with a
  * message naming the field, and `param` set to it, for an HTTP 400 body.
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
  * a JSON response format, best_of > 1, a suffix) is refused rather than
- * silently dropped.  This is the server's fuzzed parser.
+ * silently dropped (so is a tool_choice that forces a call, and a per-request
+ * chat_template).  Chat messages are checked and normalised for the chat
+ * template (text parts joined, "developer" read as "system", tool calls and
+ * tool results kept); tools are checked for OpenAI's function shape.  This is
+ * the server's fuzzed parser.
  */
 #ifndef DDT_SERVER_REQUEST_H
 #define DDT_SERVER_REQUEST_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ddtree.h"
 #include "engine/engine.h"
-#include "text/chat.h"
 
 #define DDT_API_MAX_MESSAGES 1024
 #define DDT_API_MAX_STOP 4          /* as OpenAI */
@@ -28,15 +32,22 @@
 #define DDT_API_MAX_TOKENS 1000000  /* max_tokens sanity bound; the context bounds it further */
 #define DDT_API_MAX_PROMPT_IDS (1 << 20)
 #define DDT_API_MAX_TOP_LOGPROBS 20 /* = DDT_MAX_TOP_LOGPROBS (engine.h) */
+#define DDT_API_MAX_TOOLS 256
 #define DDT_API_MAX_N 16            /* choices per request (each decoded in turn) */
 
 typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
 
 typedef struct ddt_api_request {
     ddt_api_kind kind;
-    /* chat: the conversation (contents point into the request's own storage) */
-    ddt_chat_message *msgs;
+    /* chat: the conversation, checked and normalised for the chat template (chat.h):
+     * roles system (also "developer"), user, assistant, tool; content a string or
+     * null (text parts joined); name, tool_calls, tool_call_id, reasoning_content kept */
+    json_t *messages;
     size_t n_msgs;
+    size_t content_bytes;  /* the messages' text, for sizing */
+    json_t *tools;         /* the declared functions (NULL: none, or tool_choice "none") */
+    json_t *template_kwargs; /* chat_template_kwargs (NULL: none) */
+    bool add_generation_prompt; /* extension, default true */
     /* completion: a text prompt, or token ids */
     const char *prompt;
     size_t prompt_len;
@@ -67,8 +78,6 @@ typedef struct ddt_api_request {
     const char *model; /* as sent, NULL when absent */
     char param[64];    /* on failure: the offending field ("" for the body as a whole) */
     void *owned_;      /* the parsed JSON, which owns the strings */
-    char **parts_;     /* joined content-part texts */
-    size_t n_parts_;
 } ddt_api_request;
 
 /* Parse body[0..len) as a request of this kind.  On failure the request holds

@@ -39,6 +39,9 @@ struct ddt_server {
     ddt_engine *eng;
     ddt_tokenizer *tok;
     pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
+    const ddt_chat_template *chat; /* the options' or own_chat */
+    ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
+    int32_t think;          /* <think>: a prompt ending in it starts the answer as reasoning */
     ddt_server_options o;
     char *host, *api_key, *model_name;
     struct MHD_Daemon *d;
@@ -187,27 +190,29 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
                   "this model folder has no tokenizer (tiktoken.model): send 'prompt' as token ids");
         return false;
     }
-    size_t bytes = 0;
-    if (rq->kind == DDT_API_CHAT)
-        for (size_t i = 0; i < rq->n_msgs; i++) bytes += rq->msgs[i].len;
-    else
-        bytes = rq->prompt_len;
-    /* BPE gives at most one token per byte; the template adds a few per message */
-    size_t cap = bytes + 16 * (rq->n_msgs + 2) + 128;
-    j->prompt = malloc(cap * sizeof(int32_t));
-    if (!j->prompt) return prep_fail(p, 500, NULL, "out of memory"), false;
     size_t n = 0;
     ddt_error err = {0};
-    pthread_mutex_lock(&s->tok_mu);
-    ddt_status st = rq->kind == DDT_API_CHAT
-                        ? ddt_chat_encode(s->tok, rq->msgs, rq->n_msgs, true, j->prompt, cap, &n, &err)
-                        : ddt_tokenizer_encode(s->tok, rq->prompt, rq->prompt_len, 0, j->prompt, cap, &n, &err);
-    pthread_mutex_unlock(&s->tok_mu);
+    ddt_status st;
+    if (rq->kind == DDT_API_CHAT) {
+        ddt_chat_input in = {rq->messages, rq->tools, rq->template_kwargs, rq->add_generation_prompt};
+        pthread_mutex_lock(&s->tok_mu);
+        st = ddt_chat_encode(s->chat, s->tok, &in, &j->prompt, &n, &err);
+        pthread_mutex_unlock(&s->tok_mu);
+    } else {
+        /* BPE gives at most one token per byte */
+        size_t cap = rq->prompt_len + 1;
+        j->prompt = malloc(cap * sizeof(int32_t));
+        if (!j->prompt) return prep_fail(p, 500, NULL, "out of memory"), false;
+        pthread_mutex_lock(&s->tok_mu);
+        st = ddt_tokenizer_encode(s->tok, rq->prompt, rq->prompt_len, 0, j->prompt, cap, &n, &err);
+        pthread_mutex_unlock(&s->tok_mu);
+    }
     if (st != DDT_OK) {
         prep_fail(p, st == DDT_ERR_NOMEM ? 500 : 400, rq->kind == DDT_API_CHAT ? "messages" : "prompt", "%s", err.msg);
         return false;
     }
     if (n == 0) return prep_fail(p, 400, "prompt", "the prompt is empty"), false;
+    if (n > (size_t)INT32_MAX) return prep_fail(p, 400, "prompt", "the prompt has %zu tokens", n), false;
     j->n_prompt = (int32_t)n;
     return true;
 }
@@ -261,6 +266,11 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         return;
     }
     j->max_new = (int32_t)(rq->have_max_tokens ? rq->max_tokens : room);
+    if (rq->kind == DDT_API_CHAT) {
+        /* content, reasoning and tool calls come apart on the marker ids (chat_output.h) */
+        j->chat = true;
+        ddt_chat_router_init(&j->router, s->tok, s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think);
+    }
     /* stop tokens: end of sequence, and the end of the assistant's turn in chat */
     if (s->eos >= 0) j->stop_ids[j->n_stop_ids++] = s->eos;
     if (rq->kind == DDT_API_CHAT && s->im_end >= 0 && s->im_end != s->eos) j->stop_ids[j->n_stop_ids++] = s->im_end;
@@ -329,6 +339,7 @@ typedef struct sse {
     int32_t logprobs;    /* -1: none asked; else entries go with the chunks */
     int32_t lp_sent;     /* tokens whose log-probabilities went out */
     int64_t lp_offset;   /* completions' text_offset: characters of text before token lp_sent */
+    int calls_sent;      /* chat: tool calls already streamed */
     char *pending;       /* prepared event bytes not yet given to libmicrohttpd */
     size_t plen, poff;
 } sse;
@@ -366,7 +377,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (!x->role_sent && x->ids.kind == DDT_API_CHAT) {
             /* OpenAI's first chat chunk carries the role and no text */
             x->role_sent = true;
-            if (!sse_append(x, ddt_api_chunk_event(&x->ids, true, "", 0, NULL, NULL, &n), &n))
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, true, "", 0, NULL, NULL, NULL, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
@@ -380,6 +391,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t dlen = 0;
         ddt_error err;
         bool done = j->done, ok = ddt_textstream_take(&j->text, done, &delta, &dlen, &err) == DDT_OK;
+        char *rdelta = NULL;
+        size_t rlen = 0;
+        ok = ok && ddt_textstream_take(&j->reasoning, done, &rdelta, &rlen, &err) == DDT_OK;
+        /* finished calls never change: read their entries after unlocking */
+        ddt_api_extra ex = {rdelta, rlen, j->router.calls + x->calls_sent, x->calls_sent,
+                            j->router.n_calls - x->calls_sent};
         ddt_status st = j->status;
         char msg[DDT_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", j->error);
@@ -389,18 +406,26 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         const ddt_token_logprobs *lp = j->lp;
         const int32_t *out_ids = j->out;
         pthread_mutex_unlock(&j->mu);
-        if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (!ok) {
+            free(delta);
+            free(rdelta);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
         /* the counted tokens' entries not sent yet go with this chunk (they and the
            ids below the count no longer change) */
         ddt_api_logprobs lpa = {lp, out_ids, x->lp_sent, (int32_t)completion - x->lp_sent, x->srv->tok,
                                 &x->lp_offset};
         const ddt_api_logprobs *lpp = x->logprobs >= 0 && lp ? &lpa : NULL;
-        if (delta && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, NULL, lpp, &n), &n)) {
+        bool any = delta || ex.reasoning_len || ex.n_calls;
+        if (any && !sse_append(x, ddt_api_chunk_event(&x->ids, false, delta, dlen, &ex, NULL, lpp, &n), &n)) {
             free(delta);
+            free(rdelta);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (delta && lpp) x->lp_sent = (int32_t)completion;
+        if (any && lpp) x->lp_sent = (int32_t)completion;
+        x->calls_sent += ex.n_calls;
         free(delta);
+        free(rdelta);
         if (!done) continue;
         if (st != DDT_OK || cancelled) {
             /* the server stops, or the engine failed: say so, then end the stream */
@@ -410,7 +435,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             /* the closing chunk carries the entries no text delta took */
             lpa.first = x->lp_sent;
             lpa.n = (int32_t)completion - x->lp_sent;
-            if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, finish, lpp, &n), &n))
+            if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, NULL, finish, lpp, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             x->lp_sent = (int32_t)completion;
             if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, cached, &n), &n))
@@ -452,12 +477,14 @@ typedef struct choice_out {
     ddt_api_logprobs lpa;
     int64_t offset;
     char *text;
+    char *reasoning;
     ddt_token_logprobs *lp_all;
     int32_t *ids_all;
 } choice_out;
 
 static void choice_free(choice_out *o) {
     free(o->text);
+    free(o->reasoning);
     free(o->lp_all);
     free(o->ids_all);
 }
@@ -469,6 +496,8 @@ static bool choice_of(ddt_server *s, ddt_job *j, bool want_ids, int32_t want_lp,
     size_t tlen = 0;
     ddt_error err;
     bool ok = ddt_textstream_take(&j->text, true, &o->text, &tlen, &err) == DDT_OK;
+    size_t rlen = 0;
+    ok = ok && ddt_textstream_take(&j->reasoning, true, &o->reasoning, &rlen, &err) == DDT_OK;
     /* echo: the prompt's text and tokens come first */
     const int32_t n_all = j->echo ? j->n_prompt + j->n_counted : j->n_counted;
     if (ok && j->echo) {
@@ -500,8 +529,10 @@ static bool choice_of(ddt_server *s, ddt_job *j, bool want_ids, int32_t want_lp,
                                 &o->offset};
     const bool with_lp = want_lp >= 0 && (j->echo ? o->lp_all != NULL : j->lp != NULL);
     o->res = (ddt_api_result){o->text ? o->text : "", tlen, ddt_job_finish_reason(j), j->n_prompt, j->n_counted,
-                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, &j->stats, j->ran_mode,
-                              with_lp ? &o->lpa : NULL};
+                              j->stats.cached_tokens, want_ids ? j->out : NULL, j->n_counted, j->prompt, j->n_prompt,
+                              &j->stats, j->ran_mode,
+                              with_lp ? &o->lpa : NULL,
+                              {o->reasoning, rlen, j->router.calls, 0, j->router.n_calls}};
     return ok;
 }
 
@@ -740,6 +771,7 @@ static void server_free(ddt_server *s) {
     ddt_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->tok_mu);
     pthread_mutex_destroy(&s->id_mu);
+    ddt_chat_template_free(s->own_chat);
     free(s);
 }
 
@@ -770,6 +802,21 @@ ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_serve
     s->max_ctx = ddt_engine_max_ctx(eng);
     s->eos = ddt_engine_model_config(eng)->eos_token_id;
     s->im_end = tok ? ddt_tokenizer_token_id(tok, "<|im_end|>") : -1;
+    s->think = -1;
+    if (tok) {
+        ddt_chat_markers m;
+        ddt_chat_markers_find(tok, &m);
+        s->think = m.think_end >= 0 ? m.think : -1;
+    }
+    s->chat = o->chat_template;
+    if (!s->chat) {
+        ddt_status cst = ddt_chat_template_create(NULL, 0, NULL, NULL, 0, &s->own_chat, err);
+        if (cst != DDT_OK) {
+            server_free(s);
+            return cst;
+        }
+        s->chat = s->own_chat;
+    }
     ddt_engine_speculation(eng, &s->mode, &s->budget, &s->budget_auto);
 
     struct sockaddr_in a4;

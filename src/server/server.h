@@ -2,7 +2,8 @@
  * server.h — `ddtree serve`'s HTTP side: an OpenAI-compatible API over one
  * engine, on libmicrohttpd (one thread per connection).
  *
- *   POST /v1/chat/completions   messages in the Kimi chat template
+ *   POST /v1/chat/completions   messages through the model's chat template (chat.h),
+ *                               tools declared and tool calls / reasoning parsed back
  *   POST /v1/completions        a text prompt or token ids
  *   GET  /v1/models, /health, /metrics (Prometheus text)
  *
@@ -22,6 +23,7 @@
 
 #include "ddtree.h"
 #include "engine/engine.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 
 #define DDT_SERVER_DEFAULT_MAX_BODY (1u << 20)
@@ -42,6 +44,7 @@ typedef struct ddt_server_options {
     bool can_logprobs;       /* the engine reports log-probabilities (CPU backend) */
     int32_t max_budget;      /* the largest per-request tree budget (the engine's reserve) */
     int32_t default_budget;  /* tree budget for a request asking for tree without one */
+    const ddt_chat_template *chat_template; /* the model's (chat.h); NULL: the built-in Kimi K2 one */
 } ddt_server_options;
 
 typedef struct ddt_server ddt_server;

@@ -23,6 +23,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/file.h"
 
 /* Files larger than these are refused before reading: no real vocabulary comes close. */
 #define TOK_MAX_MODEL_BYTES ((size_t)1 << 30)
@@ -542,50 +543,6 @@ ddt_status ddt_tokenizer_create(const ddt_tokenizer_source *src, ddt_tokenizer *
     return DDT_OK;
 }
 
-/* Read a whole file; *data NULL and DDT_OK when optional and absent. */
-static ddt_status read_file(const char *path, size_t limit, bool optional, char **data, size_t *len, ddt_error *err) {
-    *data = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (optional && errno == ENOENT) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    ddt_status st = DDT_OK;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            if (cap > limit) {
-                st = ddt_fail(err, DDT_ERR_RANGE, "%s: larger than the limit %zu bytes", path, limit);
-                break;
-            }
-            cap = cap * 2 > limit ? limit + 1 : cap * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) break;
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) st = ddt_fail(err, DDT_ERR_IO, "%s: read error", path);
-            else if (n > limit) st = ddt_fail(err, DDT_ERR_RANGE, "%s: larger than the limit %zu bytes", path, limit);
-            fclose(f);
-            if (st != DDT_OK) {
-                free(buf);
-                return st;
-            }
-            *data = buf;
-            *len = n;
-            return DDT_OK;
-        }
-    }
-    fclose(f);
-    free(buf);
-    if (st != DDT_OK) return st;
-    return ddt_fail(err, DDT_ERR_NOMEM, "%s: out of memory reading the file", path);
-}
-
 ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *err) {
     if (!path || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_load: NULL argument");
     *out = NULL;
@@ -604,9 +561,9 @@ ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *
     }
     char *model = NULL, *config = NULL, *pattern = NULL;
     size_t model_len = 0, config_len = 0, pattern_len = 0;
-    ddt_status st = read_file(model_path, TOK_MAX_MODEL_BYTES, false, &model, &model_len, err);
-    if (st == DDT_OK && is_dir) st = read_file(config_path, TOK_MAX_CONFIG_BYTES, true, &config, &config_len, err);
-    if (st == DDT_OK && is_dir) st = read_file(pattern_path, TOK_MAX_PATTERN_BYTES, true, &pattern, &pattern_len, err);
+    ddt_status st = ddt_read_file(model_path, TOK_MAX_MODEL_BYTES, false, &model, &model_len, err);
+    if (st == DDT_OK && is_dir) st = ddt_read_file(config_path, TOK_MAX_CONFIG_BYTES, true, &config, &config_len, err);
+    if (st == DDT_OK && is_dir) st = ddt_read_file(pattern_path, TOK_MAX_PATTERN_BYTES, true, &pattern, &pattern_len, err);
     if (st == DDT_OK) {
         ddt_tokenizer_source src = {
             .model_name = model_path, .model = (const uint8_t *)model, .model_len = model_len,
@@ -626,6 +583,7 @@ ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *
 typedef struct tok_encoder {
     ddt_tokenizer *tok;
     const uint8_t *base; /* the caller's text, for offsets in messages */
+    const uint8_t *data; /* NULL, or [len of base] marks: a special token only where all are 0 */
     int32_t *ids;        /* [max_ids] output */
     size_t max_ids;
     size_t count;        /* ids produced, may exceed max_ids */
@@ -799,13 +757,20 @@ static int32_t special_at(const ddt_tokenizer *tok, const uint8_t *s, size_t ava
     return -1;
 }
 
+/* True when any of the n marks is set (the bytes came from data, not the template). */
+static bool marked(const uint8_t *data, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (data[k]) return true;
+    return false;
+}
+
 static ddt_status encode_segment(tok_encoder *e, const uint8_t *s, size_t n, uint32_t flags) {
     if (!(flags & DDT_TOKENIZE_SPECIAL) || e->tok->n_special == 0) return encode_ordinary(e, s, n);
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         size_t len;
         int32_t id = special_at(e->tok, s + i, n - i, &len);
-        if (id < 0) continue;
+        if (id < 0 || (e->data && marked(e->data + (s + i - e->base), len))) continue;
         ddt_status st = encode_ordinary(e, s + start, i - start);
         if (st != DDT_OK) return st;
         emit(e, id);
@@ -890,13 +855,9 @@ static ddt_status encode_kimi_chunks(tok_encoder *e, const uint8_t *s, size_t n,
     return DDT_OK;
 }
 
-ddt_status ddt_tokenizer_encode(ddt_tokenizer *tok, const char *text, size_t len, uint32_t flags, int32_t *ids,
-                                size_t max_ids, size_t *n_ids, ddt_error *err) {
-    if (!tok || (!text && len) || (!ids && max_ids) || !n_ids)
-        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode: NULL argument");
-    if (flags & ~(uint32_t)(DDT_TOKENIZE_SPECIAL | DDT_TOKENIZE_KIMI_CHUNKS))
-        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode: unknown flags 0x%x", flags);
-    tok_encoder e = {tok, (const uint8_t *)text, ids, max_ids, 0, err};
+static ddt_status encode_with(ddt_tokenizer *tok, const char *text, const uint8_t *data, size_t len, uint32_t flags,
+                              int32_t *ids, size_t max_ids, size_t *n_ids, ddt_error *err) {
+    tok_encoder e = {tok, (const uint8_t *)text, data, ids, max_ids, 0, err};
     ddt_status st = DDT_OK;
     if (len > 0) {
         const uint8_t *s = (const uint8_t *)text;
@@ -908,6 +869,25 @@ ddt_status ddt_tokenizer_encode(ddt_tokenizer *tok, const char *text, size_t len
         return ddt_fail(err, DDT_ERR_RANGE, "tokenizer: the text needs %zu ids, the buffer holds %zu", e.count, max_ids);
     ddt_error_clear(err);
     return DDT_OK;
+}
+
+ddt_status ddt_tokenizer_encode(ddt_tokenizer *tok, const char *text, size_t len, uint32_t flags, int32_t *ids,
+                                size_t max_ids, size_t *n_ids, ddt_error *err) {
+    if (!tok || (!text && len) || (!ids && max_ids) || !n_ids)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode: NULL argument");
+    if (flags & ~(uint32_t)(DDT_TOKENIZE_SPECIAL | DDT_TOKENIZE_KIMI_CHUNKS))
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode: unknown flags 0x%x", flags);
+    return encode_with(tok, text, NULL, len, flags, ids, max_ids, n_ids, err);
+}
+
+ddt_status ddt_tokenizer_encode_marked(ddt_tokenizer *tok, const char *text, const uint8_t *data, size_t len,
+                                       uint32_t flags, int32_t *ids, size_t max_ids, size_t *n_ids,
+                                       ddt_error *err) {
+    if (!tok || (!text && len) || (!ids && max_ids) || !n_ids)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode_marked: NULL argument");
+    if (flags & ~(uint32_t)(DDT_TOKENIZE_SPECIAL | DDT_TOKENIZE_KIMI_CHUNKS))
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_encode_marked: unknown flags 0x%x", flags);
+    return encode_with(tok, text, data, len, flags | DDT_TOKENIZE_SPECIAL, ids, max_ids, n_ids, err);
 }
 
 /* ------------------------------------------------------------------ decode and look-ups */

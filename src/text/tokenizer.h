@@ -101,6 +101,21 @@ ddt_status ddt_tokenizer_encode(ddt_tokenizer *tok, const char *text, size_t len
                                 int32_t *ids, size_t max_ids, size_t *n_ids, ddt_error *err);
 
 /*
+ * As ddt_tokenizer_encode with DDT_TOKENIZE_SPECIAL, except that special-token
+ * text is recognised only where every one of its bytes has data[i] == 0: a chat
+ * template's rendered text (jinja.h), where data[i] == 1 marks bytes that came
+ * from a message, so "<|im_end|>" typed by a user stays ordinary text while the
+ * template's own markers become their ids.  The text between special tokens is
+ * encoded as one piece whatever its marks, so for text without special-token
+ * strings in the data the ids equal encoding the whole string with specials
+ * recognised (what apply_chat_template does).  flags: DDT_TOKENIZE_KIMI_CHUNKS
+ * or 0 (DDT_TOKENIZE_SPECIAL is implied).  data may be NULL (all template).
+ */
+ddt_status ddt_tokenizer_encode_marked(ddt_tokenizer *tok, const char *text, const uint8_t *data, size_t len,
+                                       uint32_t flags, int32_t *ids, size_t max_ids, size_t *n_ids,
+                                       ddt_error *err);
+
+/*
  * Decode n ids into bytes (special ids give their text).  Writes
  * min(length, cap) bytes, sets *len to the full length, DDT_ERR_RANGE when it
  * exceeds cap; DDT_ERR_INVALID naming the first id not in the vocabulary.

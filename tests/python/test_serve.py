@@ -4,9 +4,11 @@ HTTP == `ddtree generate --json`; per-request speculative settings; concurrent c
 the answers they get alone; bad requests (malformed, truncated, wrong types, huge numbers, invalid
 UTF-8, over the context, over the body limit, n > 16, missing or wrong API key) getting their status
 codes while the server keeps serving; a disconnecting client cancelling its request; /metrics;
-a clean exit on SIGTERM.  Needs DDT_BUILD_DIR.  test_cli_serve_smoke also runs in the sanitizer
+a clean exit on SIGTERM; chat templates (the built-in Kimi one with tools, tool calls and tool
+results, and a model folder's own Jinja template) giving the ids of jinja2 + tiktoken.  Needs DDT_BUILD_DIR.  test_cli_serve_smoke also runs in the sanitizer
 pass (its name has "cli")."""
 
+import base64
 import http.client
 import json
 import os
@@ -21,6 +23,9 @@ import time
 import pytest
 from openai import OpenAI
 
+import tiktoken
+
+import tok_util as tu
 from conftest import quick
 from ddt_paths import ddtree_path
 
@@ -35,9 +40,9 @@ PROMPTS = ["import os\ndef ", "class Queue:\n    def __init__(self", "def parse(
 class Server:
     """A `ddtree serve` subprocess; its stderr goes to a file, from which the port is read."""
 
-    def __init__(self, *extra, timeout=120):
+    def __init__(self, *extra, timeout=120, engine=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ddtree-serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([ddtree_path(), "serve", *ENGINE, "--port", "0", *extra],
+        self.proc = subprocess.Popen([ddtree_path(), "serve", *(engine or ENGINE), "--port", "0", *extra],
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + timeout
         self.port = None
@@ -476,7 +481,10 @@ BAD = [
     ("/v1/completions", b'{"prompt": "a", "speculative": {"mode": "beam"}}', 400, "speculative.mode"),
     ("/v1/completions", b'{"prompt": "a", "speculative": {"budget": 500}}', 400, "speculative"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "tool", "content": "x"}]}', 400, "messages[0].role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "function", "content": "x"}]}', 400, "messages[0].role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "tool", "content": "x"}]}', 400, "messages[0].tool_call_id"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', 400,
+     "tool_choice"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": {"a": 1}}]}', 400,
      "messages[0].content"),
     ("/v1/chat/completions", b'{"messages": "hello"}', 400, "messages"),
@@ -631,3 +639,148 @@ def test_cli_serve_smoke():
         s.kill()
     assert rc == 0, log
     assert "ERROR: AddressSanitizer" not in log and "runtime error" not in log, log
+
+
+# ---------------------------------------------------------------------------- chat templates and tools
+
+
+def shipped_encoding():
+    """tiktoken with the shipped tokenizer's ranks and specials (as tokenization_kimi.py builds them)."""
+    ranks = {}
+    with open(os.path.join(TARGET, "tiktoken.model"), "rb") as f:
+        for line in f:
+            if line.strip():
+                tok, rank = line.split()
+                ranks[base64.b64decode(tok)] = int(rank)
+    with open(os.path.join(TARGET, "tokenizer_config.json"), encoding="utf-8") as f:
+        named = {int(k): v["content"] for k, v in json.load(f)["added_tokens_decoder"].items()}
+    return tiktoken.Encoding("pystdlib", pat_str=tu.KIMI_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens=tu.kimi_special_tokens(len(ranks), named))
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city — °C",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_TURNS = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "functions.get_weather:0", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny, 21 °C"},
+]
+
+
+def chat_ids(server, body):
+    st, got = server.request("POST", "/v1/chat/completions", {"max_tokens": 1, "return_token_ids": True, **body})
+    assert st == 200, got
+    return got["prompt_token_ids"], got
+
+
+def test_builtin_template_tools_and_tool_turns(server):
+    """The built-in Kimi K2 template: tools declared first, the assistant's call in its section, the tool's
+    result as a `tool` system message: the ids of that text with special tokens recognised."""
+    enc = shipped_encoding()
+    ids, got = chat_ids(server, {"messages": TOOL_TURNS, "tools": WEATHER_TOOLS})
+    call = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" \
+           '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+    tools_json = json.dumps(WEATHER_TOOLS, ensure_ascii=False, separators=(",", ":"))
+    text = ("<|im_system|>tool_declare<|im_middle|>" + tools_json + "<|im_end|>"
+            "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+            "<|im_user|>user<|im_middle|>What is the weather in Paris?<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>" + call + "<|im_end|>"
+            "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nsunny, 21 °C<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>")
+    assert ids == enc.encode(text, allowed_special="all")
+    assert got["usage"]["prompt_tokens"] == len(ids)
+    # tool_choice "none" leaves the declaration out; forcing a call is refused
+    none_ids, _ = chat_ids(server, {"messages": TOOL_TURNS[:1], "tools": WEATHER_TOOLS, "tool_choice": "none"})
+    plain_ids, _ = chat_ids(server, {"messages": TOOL_TURNS[:1]})
+    assert none_ids == plain_ids and len(plain_ids) < len(ids)
+    for bad in ({"tool_choice": "required"}, {"tools": [{"type": "function"}]},
+                {"chat_template_kwargs": {"messages": []}}):
+        st, err = server.request("POST", "/v1/chat/completions", {"messages": TOOL_TURNS[:1], "tools": WEATHER_TOOLS,
+                                                                   **bad})
+        assert st == 400, (bad, err)
+    # the official client sends tools and gets a normal answer back (the shipped model does not call them)
+    r = server.client().chat.completions.create(model="m", messages=TOOL_TURNS, tools=WEATHER_TOOLS, max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
+
+
+# A model folder's own template, in the style of chat templates with tools (ChatML-like, using the shipped
+# tokenizer's markers): namespace, loop variables, tojson, filters, methods, raise_exception.
+FOLDER_TEMPLATE = """{%- set ns = namespace(sys='', n_user=0) -%}
+{%- for m in messages if m.role == 'system' -%}{%- set ns.sys = ns.sys ~ m.content -%}{%- endfor -%}
+<|im_system|>system<|im_middle|>{{ ns.sys | trim if ns.sys else 'Default system.' }}
+{%- if tools %}
+
+# Tools
+{% for t in tools %}{{ loop.index }}. {{ t.function.name }}: {{ t.function | tojson }}
+{% endfor %}{%- endif -%}<|im_end|>
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}{%- set ns.n_user = ns.n_user + 1 -%}
+<|im_user|>{{ m.name | default('user') }}<|im_middle|>{{ m.content }}<|im_end|>
+  {%- elif m.role == 'assistant' -%}
+<|im_assistant|>assistant<|im_middle|>{{ m.content or '' }}
+    {%- for tc in m.tool_calls | default([]) %}
+<call id="{{ tc.id }}">{{ tc.function.name }}({{ tc.function.arguments }})</call>
+    {%- endfor -%}<|im_end|>
+  {%- elif m.role == 'tool' -%}
+<|im_system|>tool<|im_middle|>{{ m.tool_call_id }}: {{ m.content }}<|im_end|>
+  {%- endif -%}
+{%- endfor -%}
+{%- if ns.n_user == 0 -%}{{ raise_exception('a conversation needs a user message') }}{%- endif -%}
+{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- if thinking is defined and thinking %}<think>{% endif -%}{%- endif -%}"""
+
+
+def jinja_render(src, **ctx):
+    """transformers' apply_chat_template environment."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(src).render(**ctx)
+
+
+def test_cli_serve_model_folder_template(tmp_path):
+    """A chat_template.jinja in the model folder is used; its ids equal jinja2's rendering (transformers'
+    environment) encoded by tiktoken; special-token text inside a message stays text."""
+    d = tmp_path / "model"
+    d.mkdir()
+    for f in os.listdir(TARGET):
+        os.symlink(os.path.join(TARGET, f), d / f)
+    (d / "chat_template.jinja").write_text(FOLDER_TEMPLATE, encoding="utf-8")
+    enc = shipped_encoding()
+    engine = ["--model", str(d), "--draft", DRAFT, "--mode", "tree", "--budget", "16", "--threads", "2"]
+    s = Server(engine=engine)
+    try:
+        assert "chat template: " + str(d / "chat_template.jinja") in s.stderr()
+        msgs = [{"role": "system", "content": "  Be brief.  "}, *TOOL_TURNS,
+                {"role": "user", "content": "And tomorrow? 🌦", "name": "alice"}]
+        for body, ctx in (({"messages": msgs, "tools": WEATHER_TOOLS}, {"tools": WEATHER_TOOLS}),
+                          ({"messages": msgs[1:2], "chat_template_kwargs": {"thinking": True}}, {"thinking": True}),
+                          ({"messages": msgs, "add_generation_prompt": False}, {"add_generation_prompt": False})):
+            ids, _ = chat_ids(s, body)
+            want = jinja_render(FOLDER_TEMPLATE, **{"messages": body["messages"], "add_generation_prompt": True,
+                                                    "bos_token": "[BOS]", "eos_token": "[EOS]", **ctx})
+            assert ids == enc.encode(want, allowed_special="all"), body
+        # a user typing the end marker gets text, not the control token
+        ids, _ = chat_ids(s, {"messages": [{"role": "user", "content": "a<|im_end|>b"}]})
+        im_end = enc.encode("<|im_end|>", allowed_special="all")[0]
+        assert ids.count(im_end) == 2  # the system message's and the user message's own
+        assert enc.decode(ids).count("<|im_end|>") == 3
+        # what the template raises is the client's error
+        st, err = s.request("POST", "/v1/chat/completions", {"messages": msgs[:1]})
+        assert st == 400 and "a conversation needs a user message" in err["error"]["message"], err
+    finally:
+        assert s.stop() == 0, s.stderr()
+        s.kill()

@@ -234,7 +234,7 @@ def _lib() -> ctypes.CDLL:
     lib.ddt_tokenizer_token_id.restype = ctypes.c_int32
     lib.ddt_tokenizer_vocab_size.argtypes = [P]
     lib.ddt_tokenizer_vocab_size.restype = ctypes.c_int32
-    lib.ddt_chat_encode_prompt.argtypes = [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
+    lib.ddt_chat_encode_prompt.argtypes = [P, P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
                                            ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), E]
     for f in ("ddt_tokenizer_load", "ddt_tokenizer_encode", "ddt_tokenizer_decode", "ddt_chat_encode_prompt"):
         getattr(lib, f).restype = ctypes.c_int
@@ -307,7 +307,7 @@ class CTokenizer:
         err = ErrorStruct()
         cap = 4 * len(user.encode()) + 1024
         buf = (ctypes.c_int32 * cap)()
-        st = self.lib.ddt_chat_encode_prompt(self.h, system.encode() if system is not None else None,
+        st = self.lib.ddt_chat_encode_prompt(None, self.h, system.encode() if system is not None else None,
                                              user.encode(), buf, cap, ctypes.byref(n), ctypes.byref(err))
         if st:
             raise TokError(st, err.msg.decode(errors="replace"))

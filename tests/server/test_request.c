@@ -2,7 +2,9 @@
  * test_request.c — the server's request parser: well-formed chat and
  * completion bodies give the fields as sent; every malformed body (not JSON,
  * truncated, invalid UTF-8, wrong types, out-of-range or huge numbers, n > 1,
- * too many stop strings, unknown roles) is refused with the field named.
+ * too many stop strings, unknown roles, malformed tools and tool calls) is
+ * refused with the field named; chat messages come out normalised for the
+ * chat template.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
+#include <jansson.h>
+#include <stdlib.h>
 
 #include "server/request.h"
 
@@ -31,13 +35,14 @@ static void test_chat_fields(void **state) {
     ddt_error err = {0};
     assert_int_equal(parse(DDT_API_CHAT, body, &r, &err), DDT_OK);
     assert_int_equal(r.n_msgs, 4);
-    assert_int_equal(r.msgs[0].role, DDT_CHAT_SYSTEM);
-    assert_int_equal(r.msgs[1].role, DDT_CHAT_USER);
-    assert_int_equal(r.msgs[1].len, 2);
-    assert_memory_equal(r.msgs[1].content, "ab", 2);
-    assert_int_equal(r.msgs[2].role, DDT_CHAT_ASSISTANT);
-    assert_int_equal(r.msgs[2].len, 0);
-    assert_int_equal(r.msgs[3].role, DDT_CHAT_SYSTEM);
+    /* normalised for the template: text parts joined, null kept, developer -> system */
+    char *norm = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(norm, "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"ab\"},"
+                              "{\"role\":\"assistant\",\"content\":null},{\"role\":\"system\",\"content\":\"D\"}]");
+    free(norm);
+    assert_null(r.tools);
+    assert_null(r.template_kwargs);
+    assert_true(r.add_generation_prompt);
     assert_true(r.have_max_tokens);
     assert_int_equal(r.max_tokens, 7);
     assert_true(r.have_temperature && r.temperature == 0.5f);
@@ -71,6 +76,40 @@ static void test_chat_fields(void **state) {
     assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                          "\"logprobs\": false, \"top_logprobs\": null}", &r, &err), DDT_OK);
     assert_int_equal(r.logprobs, -1);
+    ddt_api_request_free(&r);
+}
+
+/* Tools: declared functions, assistant tool calls and tool results pass through to the template;
+ * tool_choice "none" leaves the tools out; chat_template_kwargs and add_generation_prompt are kept. */
+static void test_chat_tools(void **state) {
+    (void)state;
+    const char *body =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"weather?\", \"name\": \"bob\", \"extra\": 1},"
+        "{\"role\": \"assistant\", \"content\": null, \"reasoning_content\": \"think\", \"tool_calls\": [{\"id\": "
+        "\"functions.w:0\", \"type\": \"function\", \"function\": {\"name\": \"w\", \"arguments\": \"{\\\"c\\\": 1}\"}}]},"
+        "{\"role\": \"tool\", \"tool_call_id\": \"functions.w:0\", \"content\": \"sunny\"}],"
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"w\", \"description\": \"d\","
+        " \"parameters\": {\"type\": \"object\"}}}], \"tool_choice\": \"auto\", \"parallel_tool_calls\": false,"
+        "\"chat_template_kwargs\": {\"thinking\": true}, \"add_generation_prompt\": false}";
+    ddt_api_request r;
+    ddt_error err = {0};
+    assert_int_equal(parse(DDT_API_CHAT, body, &r, &err), DDT_OK);
+    char *m = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(m, "[{\"role\":\"user\",\"content\":\"weather?\",\"name\":\"bob\"},"
+                           "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"functions.w:0\","
+                           "\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":\"{\\\"c\\\": 1}\"}}],"
+                           "\"reasoning_content\":\"think\"},"
+                           "{\"role\":\"tool\",\"content\":\"sunny\",\"tool_call_id\":\"functions.w:0\"}]");
+    free(m);
+    assert_non_null(r.tools);
+    assert_int_equal(json_array_size(r.tools), 1);
+    assert_true(json_is_true(json_object_get(r.template_kwargs, "thinking")));
+    assert_false(r.add_generation_prompt);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                                         "[{\"type\": \"function\", \"function\": {\"name\": \"w\"}}], \"tool_choice\": \"none\"}",
+                           &r, &err), DDT_OK);
+    assert_null(r.tools);
     ddt_api_request_free(&r);
 }
 
@@ -127,7 +166,34 @@ static void test_bad_bodies(void **state) {
         {DDT_API_CHAT, "{\"messages\": []}", "messages"},
         {DDT_API_CHAT, "{\"messages\": [3]}", "messages[0]"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": 1}]}", "messages[0].role"},
-        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages[0].role"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", "messages[0].role"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages[0].tool_call_id"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\", \"tool_call_id\": 3}]}",
+         "messages[0].tool_call_id"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"name\": []}]}", "messages[0].name"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": {}}]}", "messages[0].tool_calls"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"a\", \"function\": "
+                       "{\"name\": \"f\"}}]}]}", "messages[0].tool_calls"}, /* no arguments */
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"a\", \"type\": \"x\","
+                       " \"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}]}", "messages[0].tool_calls"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", "tools"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+                       "\"function\"}]}", "tools[0]"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+                       "\"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]}", "tools[0]"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}",
+         "tool_choice"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": {\"type\": "
+                       "\"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"parallel_tool_calls\": 1}",
+         "parallel_tool_calls"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template_kwargs\": 1}",
+         "chat_template_kwargs"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template\": \"{{x}}\"}",
+         "chat_template"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"continue_final_message\": true}",
+         "continue_final_message"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"tools\": [{}]}", "tools"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
          "messages[0].content"},
@@ -221,6 +287,7 @@ static void test_nesting_and_nul(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_chat_tools),
         cmocka_unit_test(test_completion_prompts),
         cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_nesting_and_nul),

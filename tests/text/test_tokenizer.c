@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -295,6 +297,41 @@ static void test_special_tokens_from_config(void **state) {
     ddt_tokenizer_free(tok);
 }
 
+/* Special text counts only where the template wrote it: bytes marked as data stay ordinary text,
+ * and the text around them is one piece (merged across the mark boundary). */
+static void test_encode_marked(void **state) {
+    (void)state;
+    char *model = byte_model(); /* every byte, and "he" = 258 */
+    ddt_tokenizer *tok = make_tok(model, "{\"added_tokens_decoder\": {\"259\": {\"content\": \"<|e|>\"}}}", NULL);
+    free(model);
+    const char *text = "h<|e|>he<|e|>e";
+    const uint8_t data[14] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}; /* "e<|e|>e" after "h": data */
+    int32_t ids[32];
+    size_t n = 0;
+    ddt_error err;
+    assert_int_equal(ddt_tokenizer_encode_marked(tok, text, data, 14, 0, ids, 32, &n, &err), DDT_OK);
+    /* h, <|e|>, then "he<|e|>e" as ordinary text: "he" merges across the template/data boundary */
+    const int32_t want[] = {'h', 259, 258, '<', '|', 'e', '|', '>', 'e'};
+    assert_int_equal(n, sizeof want / sizeof want[0]);
+    assert_memory_equal(ids, want, sizeof want);
+    /* Unmarked (NULL, or all zero): the same as encoding with DDT_TOKENIZE_SPECIAL. */
+    int32_t plain[32];
+    size_t pn = enc(tok, text, DDT_TOKENIZE_SPECIAL, plain, 32);
+    assert_int_equal(ddt_tokenizer_encode_marked(tok, text, NULL, 14, 0, ids, 32, &n, &err), DDT_OK);
+    assert_int_equal(n, pn);
+    assert_memory_equal(ids, plain, n * sizeof ids[0]);
+    /* A special token straddling a mark boundary is text too. */
+    const uint8_t half[14] = {0, 0, 0, 0, 1};
+    assert_int_equal(ddt_tokenizer_encode_marked(tok, text, half, 14, 0, ids, 32, &n, &err), DDT_OK);
+    assert_int_equal(ids[1], '<');
+    assert_int_equal(ids[n - 2], 259); /* the second marker is template text */
+    /* The count is exact when the buffer is short; bad flags refused. */
+    assert_int_equal(ddt_tokenizer_encode_marked(tok, text, data, 14, 0, ids, 2, &n, &err), DDT_ERR_RANGE);
+    assert_int_equal(n, sizeof want / sizeof want[0]);
+    assert_int_equal(ddt_tokenizer_encode_marked(tok, text, data, 14, 1u << 7, ids, 32, &n, &err), DDT_ERR_INVALID);
+    ddt_tokenizer_free(tok);
+}
+
 static void test_kimi_builtin_specials_and_chat(void **state) {
     (void)state;
     /* 163584 ranks: the 256 bytes, then distinct 3-byte strings. */
@@ -325,7 +362,7 @@ static void test_kimi_builtin_specials_and_chat(void **state) {
     int32_t ids[512];
     size_t n = 0;
     ddt_error err;
-    assert_int_equal(ddt_chat_encode_prompt(tok, NULL, "hi", ids, 512, &n, &err), DDT_OK);
+    assert_int_equal(ddt_chat_encode_prompt(NULL, tok, NULL, "hi", ids, 512, &n, &err), DDT_OK);
     const char *rendered = "<|im_system|>system<|im_middle|>" DDT_CHAT_KIMI_DEFAULT_SYSTEM
                            "<|im_end|><|im_user|>user<|im_middle|>hi<|im_end|>"
                            "<|im_assistant|>assistant<|im_middle|>";
@@ -336,25 +373,39 @@ static void test_kimi_builtin_specials_and_chat(void **state) {
     assert_int_equal(ids[0], 163594);
     assert_int_equal(ids[n - 1], 163601);
 
-    /* Multi-turn with an explicit system message, no generation prompt. */
-    ddt_chat_message msgs[3] = {{DDT_CHAT_SYSTEM, "sys", 3}, {DDT_CHAT_USER, "q", 1}, {DDT_CHAT_ASSISTANT, "a", 1}};
-    assert_int_equal(ddt_chat_encode(tok, msgs, 3, false, ids, 512, &n, &err), DDT_OK);
+    /* Multi-turn with an explicit system message, no generation prompt (the built-in template). */
+    ddt_chat_template *t = NULL;
+    assert_int_equal(ddt_chat_template_create(NULL, 0, NULL, NULL, 0, &t, &err), DDT_OK);
+    assert_string_equal(ddt_chat_template_origin(t), "built-in Kimi K2");
+    json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"sys\"}, {\"role\": \"user\", \"content\": \"q\"},"
+                              " {\"role\": \"assistant\", \"content\": \"a\"}]", 0, NULL);
+    assert_non_null(msgs);
+    ddt_chat_input in = {.messages = msgs, .add_generation_prompt = false};
+    int32_t *all = NULL;
+    assert_int_equal(ddt_chat_encode(t, tok, &in, &all, &n, &err), DDT_OK);
     wn = enc(tok,
              "<|im_system|>system<|im_middle|>sys<|im_end|><|im_user|>user<|im_middle|>q<|im_end|>"
              "<|im_assistant|>assistant<|im_middle|>a<|im_end|>",
              DDT_TOKENIZE_SPECIAL, want, 512);
     assert_int_equal(n, wn);
-    assert_memory_equal(ids, want, n * sizeof ids[0]);
+    assert_memory_equal(all, want, n * sizeof all[0]);
+    free(all);
+    json_decref(msgs);
     /* Too small a buffer: the count is still right. */
-    assert_int_equal(ddt_chat_encode(tok, msgs, 3, false, ids, 5, &n, &err), DDT_ERR_RANGE);
-    assert_int_equal(n, wn);
-    ddt_chat_message bad = {(ddt_chat_role)7, "x", 1};
-    assert_int_equal(ddt_chat_encode(tok, &bad, 1, true, ids, 512, &n, &err), DDT_ERR_INVALID);
+    assert_int_equal(ddt_chat_encode_prompt(t, tok, "sys", "q", ids, 5, &n, &err), DDT_ERR_RANGE);
+    assert_true(n > 5);
+    /* A message that is not an object with a role is refused. */
+    msgs = json_loads("[{\"content\": \"x\"}]", 0, NULL);
+    in.messages = msgs;
+    assert_int_equal(ddt_chat_encode(t, tok, &in, &all, &n, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "messages[0]"));
+    json_decref(msgs);
+    ddt_chat_template_free(t);
     ddt_tokenizer_free(tok);
 
-    /* Without the markers the chat template refuses. */
+    /* Without the markers the built-in chat template refuses. */
     tok = make_tok(small_model, NULL, NULL);
-    assert_int_equal(ddt_chat_encode_prompt(tok, NULL, "hi", ids, 512, &n, &err), DDT_ERR_INVALID);
+    assert_int_equal(ddt_chat_encode_prompt(NULL, tok, NULL, "hi", ids, 512, &n, &err), DDT_ERR_INVALID);
     assert_non_null(strstr(err.msg, "<|im_system|>"));
     ddt_tokenizer_free(tok);
 }
@@ -521,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_round_trip),
         cmocka_unit_test(test_special_tokens_from_config),
         cmocka_unit_test(test_kimi_builtin_specials_and_chat),
+        cmocka_unit_test(test_encode_marked),
         cmocka_unit_test(test_model_errors),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_pattern_file),
