@@ -3,8 +3,13 @@
  * reference written independently here, on random odd sizes: the quantised
  * matmuls in all formats (plain, grouped, transposed), RMSNorm, SiLU gate, RoPE
  * and YaRN (plus golden inv_freq values from transformers), absorbed MLA
- * attention with causal and tree masks, the DFlash drafter's per-head norm + RoPE, the MoE router and routed experts, the
- * residual add and row gather, and the thread pool.
+ * attention with causal and tree masks, the DFlash drafter's block attention
+ * and per-head norm + RoPE, the attention's exp (against double exp), the MoE
+ * router and routed experts, the residual add and row gather, and the thread
+ * pool.  The exp and both attentions are also checked SIMD == portable
+ * bitwise, and a query row's attention output bitwise the same alone, in a
+ * batch, under a chain or tree mask (against a prefill of its path) and on any
+ * thread count.
  * Results must also be identical for any thread count and any batch size (the
  * matmul: bitwise per row for every batch size and position, and between its
  * SIMD and portable kernels).
@@ -15,12 +20,14 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <cmocka.h>
 
+#include "backend/cpu/attn.h"
 #include "backend/cpu/dflash.h"
 #include "backend/cpu/mla.h"
 #include "backend/cpu/moe.h"
@@ -722,6 +729,316 @@ static void test_mla_attention(void **state) {
     ddt_cpu_pool_destroy(pool);
 }
 
+/* ------------------------------------------------------------------ attention exp */
+
+/* Error of y in units of the last place of the float nearest to e (2^-149 for
+ * subnormal results). */
+static double ulp_err(float y, double e) {
+    double ae = fabs(e);
+    int ex;
+    frexp(ae, &ex); /* ae = f 2^ex, f in [0.5, 1) */
+    double ulp = ae < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ex - 24);
+    return fabs((double)y - e) / ulp;
+}
+
+static void test_attn_exp(void **state) {
+    (void)state;
+    g_rng = 0xD1B54A32D192ED03ull;
+    const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-30f, -1e-30f, 0x1p-149f, -0x1p-149f,
+                          0x1.62e430p-2f, -0x1.62e430p-2f, 0.34657359f, -0.34657359f, 1.0f, -1.0f, 0.5f,
+                          -87.33654f, -87.3366f, -88.0f, -100.0f, -103.27893f, -103.97208f, -103.9721f, -104.0f,
+                          -104.5f, -200.0f, -3.4028235e38f, 88.0f, 88.37626f, 88.7f, 88.72283f, 88.722839f,
+                          88.72284f, 88.8f, 89.0f, 100.0f, 3.4028235e38f};
+    const int64_t n_edge = (int64_t)(sizeof edge / sizeof edge[0]);
+    /* an odd count, so the SIMD tail is exercised too */
+    const int64_t n = n_edge + 3 * 400001;
+    float *x = malloc(sizeof(float) * n), *ys = malloc(sizeof(float) * n), *yp = malloc(sizeof(float) * n);
+    memcpy(x, edge, sizeof edge);
+    int64_t i = n_edge;
+    for (int64_t k = 0; k < 400001; k++) x[i++] = (float)(-104.0 + 192.72 * ((rnd_u32() & 0xFFFFFF) / 16777216.0));
+    for (int64_t k = 0; k < 400001; k++) x[i++] = (float)(-20.0 * ((rnd_u32() & 0xFFFFFF) / 16777216.0));
+    for (int64_t k = 0; k < 400001; k++) { /* any bit pattern: NaNs, infinities, subnormals */
+        uint32_t u = rnd_u32() ^ (rnd_u32() << 21);
+        memcpy(&x[i++], &u, 4);
+    }
+    ddt_cpu_exp_n(x, ys, n, false);
+    ddt_cpu_exp_n(x, yp, n, true);
+    double worst = 0, worst_x = 0;
+    for (i = 0; i < n; i++) {
+        float y1 = ddt_cpu_expf(x[i]);
+        if (isnan(x[i])) {
+            if (!isnan(ys[i]) || !isnan(yp[i]) || !isnan(y1)) fail_msg("exp(NaN) at %lld not NaN", (long long)i);
+            continue;
+        }
+        if (memcmp(&ys[i], &yp[i], 4) != 0 || memcmp(&y1, &yp[i], 4) != 0)
+            fail_msg("exp(%a): SIMD %a, portable %a, scalar %a", x[i], ys[i], yp[i], y1);
+        double e = exp((double)x[i]);
+        if (isinf((float)e)) { /* past FLT_MAX once rounded */
+            if (!(isinf(yp[i]) && yp[i] > 0)) fail_msg("exp(%a) = %a, want +inf", x[i], yp[i]);
+        } else if (x[i] < -104.0f) {
+            if (!(yp[i] == 0.0f && !signbit(yp[i]))) fail_msg("exp(%a) = %a, want +0", x[i], yp[i]);
+        } else {
+            double u = ulp_err(yp[i], e);
+            if (u > worst) {
+                worst = u;
+                worst_x = x[i];
+            }
+        }
+    }
+    printf("  attention exp: max error %.3f ulp (at x = %a) over [-104, ln FLT_MAX]\n", worst, worst_x);
+    if (worst > 2.0) fail_msg("exp: %.3f ulp at %a", worst, worst_x);
+    assert_true(ddt_cpu_expf(0.0f) == 1.0f && ddt_cpu_expf(-0.0f) == 1.0f);
+    assert_true(ddt_cpu_expf(-INFINITY) == 0.0f && !signbit(ddt_cpu_expf(-INFINITY)));
+    assert_true(isinf(ddt_cpu_expf(INFINITY)));
+    free(x);
+    free(ys);
+    free(yp);
+}
+
+/* ------------------------------------------------------------------ attention invariance */
+
+static bool same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* A poisoned output: [n][H][ld] with ld > rank, every float NaN. */
+static float *nan_out(size_t count) {
+    float *o = malloc(sizeof(float) * count);
+    for (size_t i = 0; i < count; i++) o[i] = NAN;
+    return o;
+}
+
+/* Every written float finite, every padding float of [n][H][ld] still NaN. */
+static void check_written(const float *o, int32_t n, int32_t H, int32_t w, int32_t ld, const char *what) {
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < H; h++)
+            for (int32_t k = 0; k < ld; k++) {
+                float v = o[((size_t)t * H + h) * ld + k];
+                if (k < w ? !isfinite(v) : !isnan(v))
+                    fail_msg("%s: out[%d][%d][%d] = %g", what, t, h, k, v);
+            }
+}
+
+typedef struct mla_case {
+    int32_t n, H, rank, rd;
+    int64_t n_prefix;
+    float scale;
+} mla_case;
+
+/* Run the MLA attention of queries [n] (rows ql / qr with the given strides)
+ * over kv with the given prefix and mask into a fresh poisoned [n][H][ld]. */
+static float *run_mla(ddt_cpu_pool *pool, bool portable, int32_t n, int32_t H, int32_t rank, int32_t rd,
+                      const float *ql, const float *qr, const float *kv, int64_t n_prefix, const uint64_t *vis,
+                      int32_t words, float scale, int32_t ld) {
+    float *out = nan_out((size_t)n * H * ld);
+    ddt_mla_attn a = {.n = n, .n_heads = H, .rank = rank, .rope_dim = rd, .q_lat = ql,
+                      .q_lat_ld_t = (int64_t)H * rank, .q_lat_ld_h = rank, .q_rope = qr,
+                      .q_rope_ld_t = (int64_t)H * rd, .q_rope_ld_h = rd, .kv = kv, .kv_ld = rank + rd,
+                      .n_prefix = n_prefix, .vis = vis, .vis_words = words, .scale = scale, .out = out,
+                      .out_ld_t = (int64_t)H * ld, .out_ld_h = ld};
+    if (portable) ddt_cpu_mla_attention_portable(pool, &a);
+    else ddt_cpu_mla_attention(pool, &a);
+    return out;
+}
+
+static void check_mla_invariance(const mla_case *mc, ddt_cpu_pool *const *pools, int n_pools) {
+    const int32_t n = mc->n, H = mc->H, rank = mc->rank, rd = mc->rd, ld = rank + 3;
+    const int64_t kvw = rank + rd, rows = mc->n_prefix + n;
+    const int32_t words = (n + 63) / 64;
+    float *kv = malloc(sizeof(float) * rows * kvw), *ql = malloc(sizeof(float) * n * H * rank),
+          *qr = malloc(sizeof(float) * n * H * rd);
+    fill(kv, (size_t)(rows * kvw));
+    fill(ql, (size_t)n * H * rank);
+    fill(qr, (size_t)n * H * rd);
+    /* the causal batch on each pool, SIMD and portable: all the same bits */
+    float *ref = run_mla(pools[0], false, n, H, rank, rd, ql, qr, kv, mc->n_prefix, NULL, words, mc->scale, ld);
+    check_written(ref, n, H, rank, ld, "causal batch");
+    for (int pi = 0; pi < n_pools; pi++)
+        for (int port = 0; port < 2; port++) {
+            float *o = run_mla(pools[pi], port, n, H, rank, rd, ql, qr, kv, mc->n_prefix, NULL, words, mc->scale, ld);
+            check_written(o, n, H, rank, ld, "causal batch");
+            for (int32_t t = 0; t < n; t++)
+                for (int32_t h = 0; h < H; h++)
+                    if (!same_bits(o + ((size_t)t * H + h) * ld, ref + ((size_t)t * H + h) * ld, (size_t)rank))
+                        fail_msg("MLA n %d rank %d: token %d head %d differs on pool %d portable %d", n, rank, t, h, pi,
+                                 port);
+            free(o);
+        }
+    /* each query alone (a decode step over the prefix and the tokens before it) */
+    for (int32_t t = 0; t < n; t++) {
+        float *o = run_mla(pools[t % n_pools], false, 1, H, rank, rd, ql + (size_t)t * H * rank,
+                           qr + (size_t)t * H * rd, kv, mc->n_prefix + t, NULL, 1, mc->scale, ld);
+        check_written(o, 1, H, rank, ld, "alone");
+        if (!same_bits(o, ref + (size_t)t * H * ld, (size_t)H * ld - 3))
+            fail_msg("MLA n %d rank %d: token %d alone differs from the batch", n, rank, t);
+        free(o);
+    }
+    /* a causal mask given as a tree mask (a chain): the same bits */
+    uint64_t *vis = calloc((size_t)n * words, 8);
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t j = 0; j <= t; j++) vis[t * words + j / 64] |= 1ull << (j % 64);
+    float *o = run_mla(pools[n_pools - 1], false, n, H, rank, rd, ql, qr, kv, mc->n_prefix, vis, words, mc->scale, ld);
+    if (!same_bits(o, ref, (size_t)n * H * ld - 3)) fail_msg("MLA n %d rank %d: chain mask differs", n, rank);
+    free(o);
+    /* a random tree: node t's output == a prefill of its path (prefix, then its
+     * ancestors' rows and its own, compacted, causal) */
+    memset(vis, 0, (size_t)n * words * 8);
+    int32_t *parent = malloc(sizeof(int32_t) * n);
+    for (int32_t i = 0; i < n; i++) {
+        parent[i] = i > 0 ? (int32_t)(rnd_u32() % i) : -1;
+        if (i > 0) memcpy(vis + i * words, vis + parent[i] * words, 8 * words);
+        vis[i * words + i / 64] |= 1ull << (i % 64);
+    }
+    float *tree = run_mla(pools[0], false, n, H, rank, rd, ql, qr, kv, mc->n_prefix, vis, words, mc->scale, ld);
+    check_written(tree, n, H, rank, ld, "tree");
+    float *path = malloc(sizeof(float) * rows * kvw);
+    for (int32_t t = 0; t < n; t++) {
+        memcpy(path, kv, sizeof(float) * mc->n_prefix * kvw);
+        int64_t len = mc->n_prefix;
+        for (int32_t j = 0; j < n; j++)
+            if ((vis[t * words + j / 64] >> (j % 64)) & 1)
+                memcpy(path + len++ * kvw, kv + (mc->n_prefix + j) * kvw, sizeof(float) * kvw);
+        /* the path's last row is t's own: a one-token prefill after len - 1 rows */
+        for (int port = 0; port < 2; port++) {
+            float *p1 = run_mla(pools[(t + port) % n_pools], port, 1, H, rank, rd, ql + (size_t)t * H * rank,
+                                qr + (size_t)t * H * rd, path, len - 1, NULL, 1, mc->scale, ld);
+            if (!same_bits(p1, tree + (size_t)t * H * ld, (size_t)H * ld - 3))
+                fail_msg("MLA n %d rank %d: tree node %d differs from a prefill of its path (portable %d)", n, rank,
+                         t, port);
+            free(p1);
+        }
+    }
+    /* and the whole path as a causal prefill gives node t's output as its last token */
+    for (int32_t t = n - 1; t >= 0 && t >= n - 3; t--) {
+        int32_t depth = 0;
+        for (int32_t j = t; j >= 0; j = parent[j]) depth++;
+        int32_t *ids = malloc(sizeof(int32_t) * depth);
+        for (int32_t j = t, d = depth - 1; j >= 0; j = parent[j]) ids[d--] = j;
+        float *pl = malloc(sizeof(float) * depth * H * rank), *pr = malloc(sizeof(float) * depth * H * rd);
+        memcpy(path, kv, sizeof(float) * mc->n_prefix * kvw);
+        for (int32_t d = 0; d < depth; d++) {
+            memcpy(path + (mc->n_prefix + d) * kvw, kv + (mc->n_prefix + ids[d]) * kvw, sizeof(float) * kvw);
+            memcpy(pl + (size_t)d * H * rank, ql + (size_t)ids[d] * H * rank, sizeof(float) * H * rank);
+            memcpy(pr + (size_t)d * H * rd, qr + (size_t)ids[d] * H * rd, sizeof(float) * H * rd);
+        }
+        float *pf = run_mla(pools[1 % n_pools], false, depth, H, rank, rd, pl, pr, path, mc->n_prefix, NULL,
+                            (depth + 63) / 64, mc->scale, ld);
+        for (int32_t d = 0; d < depth; d++)
+            if (!same_bits(pf + (size_t)d * H * ld, tree + (size_t)ids[d] * H * ld, (size_t)H * ld - 3))
+                fail_msg("MLA n %d rank %d: prefill of node %d's path differs at depth %d", n, rank, t, d);
+        free(ids);
+        free(pl);
+        free(pr);
+        free(pf);
+    }
+    free(path);
+    free(parent);
+    free(tree);
+    free(vis);
+    free(ref);
+    free(kv);
+    free(ql);
+    free(qr);
+}
+
+static void test_mla_attention_invariance(void **state) {
+    (void)state;
+    g_rng = 0xA0761D6478BD642Full;
+    ddt_cpu_pool *p2 = NULL, *p3 = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(2, &p2, &err), DDT_OK);
+    assert_int_equal(ddt_cpu_pool_create(3, &p3, &err), DDT_OK);
+    ddt_cpu_pool *pools[] = {NULL, p2, p3};
+    const mla_case cases[] = {
+        {.n = 21, .H = 3, .rank = 37, .rd = 7, .n_prefix = 45, .scale = 0.41f},
+        {.n = 1, .H = 5, .rank = 64, .rd = 16, .n_prefix = 33, .scale = 0.125f},
+        {.n = 33, .H = 4, .rank = 64, .rd = 16, .n_prefix = 70, .scale = 0.125f},
+        {.n = 17, .H = 9, .rank = 19, .rd = 6, .n_prefix = 0, .scale = 0.9f},
+        {.n = 70, .H = 2, .rank = 131, .rd = 5, .n_prefix = 16, .scale = 3.0f}, /* big scores: underflowing p */
+        {.n = 5, .H = 1, .rank = 16, .rd = 0, .n_prefix = 11, .scale = 0.3f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) check_mla_invariance(&cases[c], pools, 3);
+    ddt_cpu_pool_destroy(p2);
+    ddt_cpu_pool_destroy(p3);
+}
+
+/* DFlash block attention: against a double reference, SIMD == portable, every
+ * query row bitwise the same alone as in the block, on any pool. */
+static void check_dflash(int32_t nb, int32_t heads, int32_t kvh, int32_t hd, int64_t n_rows, float scale,
+                         ddt_cpu_pool *const *pools, int n_pools) {
+    const int64_t qd = (int64_t)heads * hd, kvd = (int64_t)kvh * hd;
+    float *q = malloc(sizeof(float) * nb * qd), *k = malloc(sizeof(float) * n_rows * kvd),
+          *v = malloc(sizeof(float) * n_rows * kvd);
+    fill(q, (size_t)(nb * qd));
+    fill(k, (size_t)(n_rows * kvd));
+    fill(v, (size_t)(n_rows * kvd));
+    float *ref = NULL;
+    for (int pi = 0; pi < n_pools; pi++)
+        for (int port = 0; port < 2; port++) {
+            float *o = nan_out((size_t)(nb * qd));
+            ddt_cpu_dflash_attn a = {.n_block = nb, .heads = heads, .kv_heads = kvh, .hd = hd, .scale = scale,
+                                     .q = q, .k = k, .v = v, .n_rows = n_rows, .o = o};
+            if (port) ddt_cpu_dflash_attention_portable(pools[pi], &a);
+            else ddt_cpu_dflash_attention(pools[pi], &a);
+            check_written(o, nb, heads, hd, hd, "dflash");
+            if (!ref) {
+                ref = o;
+                continue;
+            }
+            if (!same_bits(o, ref, (size_t)(nb * qd)))
+                fail_msg("dflash nb %d hd %d: pool %d portable %d differs", nb, hd, pi, port);
+            free(o);
+        }
+    for (int32_t t = 0; t < nb; t++) {
+        float *o = nan_out((size_t)qd);
+        ddt_cpu_dflash_attn a = {.n_block = 1, .heads = heads, .kv_heads = kvh, .hd = hd, .scale = scale,
+                                 .q = q + t * qd, .k = k, .v = v, .n_rows = n_rows, .o = o};
+        ddt_cpu_dflash_attention(pools[t % n_pools], &a);
+        if (!same_bits(o, ref + t * qd, (size_t)qd)) fail_msg("dflash nb %d hd %d: row %d alone differs", nb, hd, t);
+        free(o);
+    }
+    double *dr = malloc(sizeof(double) * nb * qd), *sc = malloc(sizeof(double) * n_rows);
+    for (int32_t t = 0; t < nb; t++)
+        for (int32_t h = 0; h < heads; h++) {
+            int32_t g = h / (heads / kvh);
+            double mx = -INFINITY, z = 0;
+            for (int64_t r = 0; r < n_rows; r++) {
+                double s = 0;
+                for (int32_t j = 0; j < hd; j++) s += (double)q[t * qd + h * hd + j] * k[r * kvd + g * hd + j];
+                sc[r] = s * scale;
+                if (sc[r] > mx) mx = sc[r];
+            }
+            for (int64_t r = 0; r < n_rows; r++) z += exp(sc[r] - mx);
+            for (int32_t j = 0; j < hd; j++) {
+                double o = 0;
+                for (int64_t r = 0; r < n_rows; r++) o += exp(sc[r] - mx) / z * v[r * kvd + g * hd + j];
+                dr[t * qd + h * hd + j] = o;
+            }
+        }
+    double e = norm_err(ref, dr, (size_t)(nb * qd));
+    if (e > 1e-5) fail_msg("dflash nb %d hd %d rows %lld: error %g", nb, hd, (long long)n_rows, e);
+    free(dr);
+    free(sc);
+    free(ref);
+    free(q);
+    free(k);
+    free(v);
+}
+
+static void test_dflash_attention(void **state) {
+    (void)state;
+    g_rng = 0xE7037ED1A0B428DBull;
+    ddt_cpu_pool *p2 = NULL, *p3 = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_cpu_pool_create(2, &p2, &err), DDT_OK);
+    assert_int_equal(ddt_cpu_pool_create(3, &p3, &err), DDT_OK);
+    ddt_cpu_pool *pools[] = {NULL, p2, p3};
+    check_dflash(16, 4, 2, 64, 53, 0.125f, pools, 3);
+    check_dflash(7, 6, 3, 37, 40, 0.3f, pools, 3);
+    check_dflash(3, 9, 1, 130, 17, 0.09f, pools, 3); /* 9 heads on one kv head: two groups of heads */
+    check_dflash(5, 2, 2, 5, 1, 1.0f, pools, 3);
+    ddt_cpu_pool_destroy(p2);
+    ddt_cpu_pool_destroy(p3);
+}
+
 /* ------------------------------------------------------------------ router */
 
 static int cmp_desc(const void *a, const void *b) {
@@ -981,6 +1298,9 @@ int main(void) {
         cmocka_unit_test(test_rope_yarn_golden),
         cmocka_unit_test(test_dflash_norm_rope),
         cmocka_unit_test(test_mla_attention),
+        cmocka_unit_test(test_attn_exp),
+        cmocka_unit_test(test_mla_attention_invariance),
+        cmocka_unit_test(test_dflash_attention),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_pool),

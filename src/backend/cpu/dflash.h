@@ -11,7 +11,9 @@
  * [0, n_rows) (the committed context, then the block's own rows):
  *   o[t][h*hd + j] = sum_r softmax_r(scale * q[t][h] . k_r[g]) v_r[g][j],
  *   g = h / (heads / kv_heads),
- * an online softmax in fp32 over the rows in increasing order.
+ * an online softmax in fp32 over the rows in increasing order, by
+ * backend/cpu/attn.h's row kernel (its fixed order: a query row's output
+ * depends on its own q and the rows only).
  */
 #ifndef DDT_BACKEND_CPU_DFLASH_H
 #define DDT_BACKEND_CPU_DFLASH_H
@@ -21,7 +23,8 @@
 #include "backend/cpu/nn.h"
 #include "backend/cpu/pool.h"
 
-/* Largest head_dim the attention takes (its accumulator is on the stack). */
+/* Largest head_dim the ops here are specified for (model/drafter.c asserts its
+ * own bound against it); the attention accumulates in o, not on the stack. */
 #define DDT_CPU_DFLASH_MAX_HEAD_DIM 512
 
 typedef struct ddt_cpu_dflash_attn {
@@ -33,11 +36,13 @@ typedef struct ddt_cpu_dflash_attn {
     const float *q;     /* [n_block][heads * hd] */
     const float *k, *v; /* [n_rows][kv_heads * hd] */
     int64_t n_rows;     /* >= 1 */
-    float *o;           /* [n_block][heads * hd] */
+    float *o;           /* [n_block][heads * hd], not overlapping q, k or v */
 } ddt_cpu_dflash_attn;
 
 /* One work item per (query row, head) on the pool. */
 void ddt_cpu_dflash_attention(ddt_cpu_pool *pool, const ddt_cpu_dflash_attn *a);
+/* The same with attn.h's portable kernel, for the tests (the same bits). */
+void ddt_cpu_dflash_attention_portable(ddt_cpu_pool *pool, const ddt_cpu_dflash_attn *a);
 
 /* Qwen3's q_norm / k_norm then rotate_half RoPE, per head: for t < n, h < nh,
  * y[t][h*hd ..] = rope(rmsnorm(x[t][h*hd ..], w, eps)) with the angles of row t

@@ -9,7 +9,11 @@
  *   out[t][h] = sum_j softmax(s)_j c_j                              (rank values)
  * where q_lat = q_nope W_UK (see qmatmul's transposed product) and the caller
  * then applies W_UV and o_proj.  The softmax is computed online (running max and
- * sum, one pass), in fp32, over the visible rows in increasing row order.
+ * sum, one pass), in fp32, over the visible rows in increasing row order, by
+ * backend/cpu/attn.h's row kernel (key = q_lat then q_rope segments, value = the
+ * latent), whose fixed order makes a query's output bitwise a function of its
+ * visible rows alone: the same whatever the batch, the mask layout, the thread
+ * count, or whether a tree verify or a prefill of the node's path computes it.
  *
  * Visibility: the kv rows [0, n_prefix) (committed tokens) are visible to every
  * query; rows n_prefix + j (j < n, this forward's tokens, already written) are
@@ -47,6 +51,8 @@ typedef struct ddt_mla_attn {
 } ddt_mla_attn;
 
 void ddt_cpu_mla_attention(ddt_cpu_pool *pool, const ddt_mla_attn *a);
+/* The same with attn.h's portable kernel, for the tests (the same bits). */
+void ddt_cpu_mla_attention_portable(ddt_cpu_pool *pool, const ddt_mla_attn *a);
 
 /* The rope half of writing a forward's cache rows, the CPU side of
  * ddt_cuda_mla_rope_write (backend/cuda/mla_cuda.h).  For token i < n, with the
