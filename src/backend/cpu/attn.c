@@ -13,32 +13,26 @@
  *    an FMA, a plain operation where they use one.
  * Every SIMD step is either lane-wise (the same operation on each lane as the
  * portable code does on that element) or exact (the max, the reduction tree's
- * additions being red16's own), which is why the bits agree.
+ * additions being red16's own), which is why the bits agree.  The vector layer
+ * (v16, its lane-wise operations and red16's trees) is simd16.h's, shared with
+ * the matmul, whose 16-lane dot products the scores repeat.
  */
 #include "backend/cpu/attn.h"
 
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__FMA__)
-#include <immintrin.h>
-#define AT_SIMD 512
+#include "backend/cpu/simd16.h"
+
+#define AT_SIMD V16_SIMD
+#if AT_SIMD == 512
 #define AT_VB 8 /* output blocks of 16 held in registers by the value loop */
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define AT_SIMD 256
+#elif AT_SIMD == 256
 #define AT_VB 4
-#else
-#define AT_SIMD 0
 #endif
 
 #define AT_L DDT_CPU_ATTN_CHUNK /* 16: chunk rows, and the lanes of a dot product */
-
-#if defined(__GNUC__)
-#define AT_INLINE static inline __attribute__((always_inline))
-#else
-#define AT_INLINE static inline
-#endif
+_Static_assert(AT_L == V16_L, "a chunk's scores are one v16, lane r = row r");
 
 /* ------------------------------------------------------------------ exp */
 
@@ -89,15 +83,6 @@ float ddt_cpu_expf(float x) {
     return (y * u2f((k1 + 127u) << 23)) * u2f((k2 + 127u) << 23);
 }
 
-/* The fixed reduction of 16 partial sums (attn.h, qmatmul.c's red16). */
-static float red16(const float *l) {
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
-
 /* ------------------------------------------------------------------ portable kernel */
 
 static void chunk_portable(const ddt_cpu_attn_spec *s, ddt_cpu_attn_row *st, const float *const *keys,
@@ -135,206 +120,71 @@ static void chunk_portable(const ddt_cpu_attn_spec *s, ddt_cpu_attn_row *st, con
 
 /* ------------------------------------------------------------------ SIMD kernels */
 
-#if AT_SIMD == 512
-typedef __m512 v16;
-typedef __mmask16 v16m;
-AT_INLINE v16 v_zero(void) { return _mm512_setzero_ps(); }
-AT_INLINE v16 v_set1(float f) { return _mm512_set1_ps(f); }
-AT_INLINE v16 v_ld(const float *p) { return _mm512_loadu_ps(p); }
-AT_INLINE void v_st(float *p, v16 v) { _mm512_storeu_ps(p, v); }
-/* lanes [0, k), 0 <= k <= 16 */
-AT_INLINE v16m v_mask(int64_t k) { return (__mmask16)(k >= 16 ? 0xFFFFu : (1u << k) - 1u); }
-AT_INLINE v16 v_ld_m(const float *p, v16m m) { return _mm512_maskz_loadu_ps(m, p); }
-AT_INLINE void v_st_m(float *p, v16 v, v16m m) { _mm512_mask_storeu_ps(p, m, v); }
-AT_INLINE v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
-AT_INLINE v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
-AT_INLINE v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
-AT_INLINE v16 v_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
-/* -(a b) + c, one rounding: fmaf(-a, b, c) */
-AT_INLINE v16 v_fnma(v16 a, v16 b, v16 c) { return _mm512_fnmadd_ps(a, b, c); }
-/* masked-off lanes keep c untouched */
-AT_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) { return _mm512_mask3_fmadd_ps(a, b, c, m); }
-/* max(lo, x) and min(hi, x) that return x where x is NaN (MAXPS / MINPS
- * return their second operand when either is NaN) */
-AT_INLINE v16 v_clamp_lo(v16 lo, v16 x) { return _mm512_max_ps(lo, x); }
-AT_INLINE v16 v_clamp_hi(v16 hi, v16 x) { return _mm512_min_ps(hi, x); }
-/* where m: a, elsewhere b */
-AT_INLINE v16 v_sel(v16m m, v16 a, v16 b) { return _mm512_mask_blend_ps(m, b, a); }
-AT_INLINE v16m v_and_m(v16m a, v16m b) { return (__mmask16)(a & b); }
-AT_INLINE v16m v_notnan(v16 a) { return _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q); }
-/* the largest lane (exact: any order gives it, up to the sign of a zero) */
-AT_INLINE float v_hmax(v16 a) { return _mm512_reduce_max_ps(a); }
-/* 2^k1 2^k2 scaling of the exp from t's bits, attn.h */
-AT_INLINE v16 v_exp_scale(v16 y, v16 t) {
-    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32((int)f2u(EXP_SHIFT)));
-    __m512i k1 = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(256)), 1),
-                                  _mm512_set1_epi32(128));
-    __m512i k2 = _mm512_sub_epi32(k, k1);
-    __m512i b = _mm512_set1_epi32(127);
-    v16 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, b), 23));
-    v16 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, b), 23));
-    return v_mul(v_mul(y, s1), s2);
-}
+/* The vector vocabulary and the reduction trees are simd16.h's. */
 
+#if AT_SIMD
+/* a[r] += the dot product of q with row key[r]'s columns, for rows [0, N),
+ * as attn.h orders it: the q0 segment, then q1, 16 columns at a time, a last
+ * partial block masked.  The rows of a group share each load of q. */
+V16_INLINE void dots(const int N, v16 *a, const ddt_cpu_attn_spec *s, const float *const *key) {
+    for (int seg = 0; seg < 2; seg++) {
+        const float *q = seg ? s->q1 : s->q0;
+        const int64_t d = seg ? s->d1 : s->d0, off = seg ? s->d0 : 0;
+        int64_t k = 0;
+        for (; k + AT_L <= d; k += AT_L) {
+            v16 qv = v_ld(q + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < N; r++) a[r] = v_fma(qv, v_ld(key[r] + off + k), a[r]);
+        }
+        if (k < d) {
+            v16m m = v_mask(d - k);
+            v16 qv = v_ld_m(q + k, m);
+#pragma GCC unroll 8
+            for (int r = 0; r < N; r++) a[r] = v_fma_m(qv, v_ld_m(key[r] + off + k, m), a[r], m);
+        }
+    }
+}
+#endif
+
+#if AT_SIMD == 512
 /* The 16 dot products of a chunk, lane r = row r: 16 accumulators as attn.h
  * orders them, then red16 of all 16 at once. */
-AT_INLINE v16 scores16(const ddt_cpu_attn_spec *s, const float *const *key) {
+V16_INLINE v16 scores16(const ddt_cpu_attn_spec *s, const float *const *key) {
     v16 a[AT_L];
 #pragma GCC unroll 16
     for (int r = 0; r < AT_L; r++) a[r] = v_zero();
     /* rows in two groups of 8, so that a group's row pointers stay in registers */
-    for (int g = 0; g < AT_L; g += 8)
-        for (int seg = 0; seg < 2; seg++) {
-            const float *q = seg ? s->q1 : s->q0;
-            const int64_t d = seg ? s->d1 : s->d0, off = seg ? s->d0 : 0;
-            int64_t k = 0;
-            for (; k + AT_L <= d; k += AT_L) {
-                v16 qv = v_ld(q + k);
-#pragma GCC unroll 8
-                for (int r = 0; r < 8; r++) a[g + r] = v_fma(qv, v_ld(key[g + r] + off + k), a[g + r]);
-            }
-            if (k < d) {
-                v16m m = v_mask(d - k);
-                v16 qv = v_ld_m(q + k, m);
-#pragma GCC unroll 8
-                for (int r = 0; r < 8; r++) a[g + r] = v_fma_m(qv, v_ld_m(key[g + r] + off + k, m), a[g + r], m);
-            }
-        }
-    /* s8: lanes 0-7 of b[i] are row 2i's a[i] + a[i+8], lanes 8-15 row 2i+1's */
-    v16 b[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-        b[i] = v_add(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    /* s4: quarter j of c[i] is row 4i+j's s8[i] + s8[i+4] */
-    v16 c[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        c[i] = v_add(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                     _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    /* s2: quarter j of e[i] is {s2 of row 8i+j, s2 of row 8i+4+j} */
-    v16 e0 = v_add(_mm512_shuffle_ps(c[0], c[1], 0x44), _mm512_shuffle_ps(c[0], c[1], 0xEE));
-    v16 e1 = v_add(_mm512_shuffle_ps(c[2], c[3], 0x44), _mm512_shuffle_ps(c[2], c[3], 0xEE));
-    /* s2[0] + s2[1]: lane 4j+i is row 4i+j; put row r in lane r */
-    v16 y = v_add(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xDD));
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), y);
+    for (int g = 0; g < AT_L; g += 8) dots(8, a + g, s, key + g);
+    return v_red16x16(a);
 }
 #elif AT_SIMD == 256
-typedef struct v16 {
-    __m256 lo, hi;
-} v16;
-typedef struct v16m {
-    __m256i lo, hi;
-} v16m;
-AT_INLINE v16 v_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-AT_INLINE v16 v_set1(float f) { return (v16){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
-AT_INLINE v16 v_ld(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-AT_INLINE void v_st(float *p, v16 v) {
-    _mm256_storeu_ps(p, v.lo);
-    _mm256_storeu_ps(p + 8, v.hi);
-}
-AT_INLINE v16m v_mask(int64_t k) {
-    __m256i kk = _mm256_set1_epi32((int)k);
-    return (v16m){_mm256_cmpgt_epi32(kk, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                  _mm256_cmpgt_epi32(kk, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15))};
-}
-AT_INLINE v16 v_ld_m(const float *p, v16m m) {
-    return (v16){_mm256_maskload_ps(p, m.lo), _mm256_maskload_ps(p + 8, m.hi)};
-}
-AT_INLINE void v_st_m(float *p, v16 v, v16m m) {
-    _mm256_maskstore_ps(p, m.lo, v.lo);
-    _mm256_maskstore_ps(p + 8, m.hi, v.hi);
-}
-#define AT_V2(name, op)                                                                                    \
-    AT_INLINE v16 name(v16 a, v16 b) { return (v16){op(a.lo, b.lo), op(a.hi, b.hi)}; }
-AT_V2(v_add, _mm256_add_ps)
-AT_V2(v_sub, _mm256_sub_ps)
-AT_V2(v_mul, _mm256_mul_ps)
-AT_V2(v_clamp_lo, _mm256_max_ps) /* NaN in the second operand passes, as in the AVX-512 version */
-AT_V2(v_clamp_hi, _mm256_min_ps)
-AT_INLINE v16 v_fma(v16 a, v16 b, v16 c) {
-    return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-AT_INLINE v16 v_fnma(v16 a, v16 b, v16 c) {
-    return (v16){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
-}
-AT_INLINE v16 v_sel(v16m m, v16 a, v16 b) {
-    return (v16){_mm256_blendv_ps(b.lo, a.lo, _mm256_castsi256_ps(m.lo)),
-                 _mm256_blendv_ps(b.hi, a.hi, _mm256_castsi256_ps(m.hi))};
-}
-AT_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) { return v_sel(m, v_fma(a, b, c), c); }
-AT_INLINE v16m v_and_m(v16m a, v16m b) {
-    return (v16m){_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)};
-}
-AT_INLINE v16m v_notnan(v16 a) {
-    return (v16m){_mm256_castps_si256(_mm256_cmp_ps(a.lo, a.lo, _CMP_ORD_Q)),
-                  _mm256_castps_si256(_mm256_cmp_ps(a.hi, a.hi, _CMP_ORD_Q))};
-}
-AT_INLINE float v_hmax(v16 a) {
-    __m256 m = _mm256_max_ps(a.lo, a.hi);
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
-AT_INLINE __m256 exp_scale8(__m256 y, __m256 t) {
-    __m256i k = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32((int)f2u(EXP_SHIFT)));
-    __m256i k1 = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(256)), 1),
-                                  _mm256_set1_epi32(128));
-    __m256i k2 = _mm256_sub_epi32(k, k1);
-    __m256i b = _mm256_set1_epi32(127);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, b), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, b), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
-}
-AT_INLINE v16 v_exp_scale(v16 y, v16 t) { return (v16){exp_scale8(y.lo, t.lo), exp_scale8(y.hi, t.hi)}; }
-
-/* red16 of 8 rows given their s8 (ymm r = row r's a[i] + a[i+8]): returns the
- * 8 sums, lane r = row r, by red16's additions lane for lane. */
-AT_INLINE __m256 reduce8(const __m256 *s8) {
-    __m256 b[4], c[2];
-    /* s4: low half of b[i] row 2i's, high half row 2i+1's */
-    for (int i = 0; i < 4; i++)
-        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x31));
-    /* s2: low half of c[i] {row 4i, row 4i+2}, high half {row 4i+1, row 4i+3} */
-    for (int i = 0; i < 2; i++)
-        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
-                             _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
-    /* lanes: rows 0, 2, 4, 6 | 1, 3, 5, 7 */
-    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
-    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 /* The 16 dot products of a chunk, lane r = row r; rows in groups of 4 (8 ymm of
  * accumulators), each row's sums folded to s8 as its group ends. */
-AT_INLINE v16 scores16(const ddt_cpu_attn_spec *s, const float *const *key) {
+V16_INLINE v16 scores16(const ddt_cpu_attn_spec *s, const float *const *key) {
     __m256 s8[AT_L];
     for (int g = 0; g < AT_L; g += 4) {
         v16 a[4];
         for (int r = 0; r < 4; r++) a[r] = v_zero();
-        for (int seg = 0; seg < 2; seg++) {
-            const float *q = seg ? s->q1 : s->q0;
-            const int64_t d = seg ? s->d1 : s->d0, off = seg ? s->d0 : 0;
-            int64_t k = 0;
-            for (; k + AT_L <= d; k += AT_L) {
-                v16 qv = v_ld(q + k);
-                for (int r = 0; r < 4; r++) a[r] = v_fma(qv, v_ld(key[g + r] + off + k), a[r]);
-            }
-            if (k < d) {
-                v16m m = v_mask(d - k);
-                v16 qv = v_ld_m(q + k, m);
-                for (int r = 0; r < 4; r++) a[r] = v_fma_m(qv, v_ld_m(key[g + r] + off + k, m), a[r], m);
-            }
-        }
-        for (int r = 0; r < 4; r++) s8[g + r] = _mm256_add_ps(a[r].lo, a[r].hi);
+        dots(4, a, s, key + g);
+        for (int r = 0; r < 4; r++) s8[g + r] = v_red_s8(a[r]);
     }
-    return (v16){reduce8(s8), reduce8(s8 + 8)};
+    return (v16){v_red16x8(s8), v_red16x8(s8 + 8)};
 }
 #endif
 
 #if AT_SIMD
-AT_INLINE v16 v_exp(v16 x) {
+/* 2^k1 2^k2 scaling of the exp from t's bits, attn.h */
+V16_INLINE v16 v_exp_scale(v16 y, v16 t) {
+    v16i k = vi_sub(v_bits(t), vi_set1((int32_t)f2u(EXP_SHIFT)));
+    v16i k1 = vi_sub(vi_shr(vi_add(k, vi_set1(256)), 1), vi_set1(128));
+    v16i k2 = vi_sub(k, k1);
+    v16i b = vi_set1(127);
+    v16 s1 = v_from_bits(vi_shl(vi_add(k1, b), 23));
+    v16 s2 = v_from_bits(vi_shl(vi_add(k2, b), 23));
+    return v_mul(v_mul(y, s1), s2);
+}
+
+V16_INLINE v16 v_exp(v16 x) {
     x = v_clamp_lo(v_set1(EXP_LO), x);
     x = v_clamp_hi(v_set1(EXP_HI), x);
     v16 t = v_fma(x, v_set1(EXP_LOG2E), v_set1(EXP_SHIFT));
@@ -353,8 +203,8 @@ AT_INLINE v16 v_exp(v16 x) {
 
 /* out[0, len) (NB blocks of 16, the last masked to len) of one chunk: scaled
  * by f if rescale, then the c rows' p_j val_j added in order, in registers. */
-AT_INLINE void values_block(const int NB, float *out, const float *const *val, int64_t k0, int64_t len,
-                            const float *p, int32_t c, bool rescale, float f) {
+V16_INLINE void values_block(const int NB, float *out, const float *const *val, int64_t k0, int64_t len,
+                             const float *p, int32_t c, bool rescale, float f) {
     v16 acc[AT_VB];
     v16m last = v_mask(len - (int64_t)(NB - 1) * AT_L);
     for (int i = 0; i < NB; i++) acc[i] = i < NB - 1 ? v_ld(out + i * AT_L) : v_ld_m(out + i * AT_L, last);

@@ -33,7 +33,7 @@
  *   score s_j = red16(a) * scale, where a is 16 fp32 lanes starting at +0,
  *       updated by a[k mod 16] = fma(q0[k], key_j[k], .) for k = 0 .. d0 - 1,
  *       then a[k mod 16] = fma(q1[k], key_j[d0 + k], .) for k = 0 .. d1 - 1,
- *       and red16 the fixed tree of qmatmul.c: s8[i] = a[i] + a[i+8],
+ *       and red16 the matmul's fixed tree (simd16.h): s8[i] = a[i] + a[i+8],
  *       s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s2[0] + s2[1];
  *   per chunk of c rows: mc = the largest non-NaN score (-inf if none) + 0.0f
  *       (the add makes a -0 +0); if mc > m: f = exp(m - mc), m = mc, and every

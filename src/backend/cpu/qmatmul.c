@@ -9,7 +9,8 @@
  * each starting at +0 and updated in increasing column order by a fused
  * multiply-add (one rounding, as C's fmaf), then reduced by the fixed tree
  *     s8[i] = l[i] + l[i+8],  s4[i] = s8[i] + s8[i+4],  s2[i] = s4[i] + s4[i+2],
- *     y = s2[0] + s2[1].
+ *     y = s2[0] + s2[1]
+ * (simd16.h's red16, whose lane layout and vector trees attn.c shares).
  * That order depends on the column count only.  Which rows of x are computed
  * together (register blocks of tokens, tiles of MM_TB rows), the column chunks
  * and the thread change nothing: every accumulator sees the same operations.
@@ -40,15 +41,14 @@
 #include <pthread.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__FMA__)
-#include <immintrin.h>
-#define MM_SIMD 512
+#include "backend/cpu/simd16.h"
+
+#define MM_SIMD V16_SIMD
+#if MM_SIMD == 512
 #define MM_RK 4   /* weight rows per register block */
 #define MM_TK 6   /* tokens per register block: 4 x 6 accumulators + 4 weights + x < 32 zmm */
 #define MM_F16 1  /* F16 widened in registers (vcvtph2ps is AVX-512F) */
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define MM_SIMD 256
+#elif MM_SIMD == 256
 #define MM_RK 2   /* 2 x 2 outputs of two ymm each + 4 weights + 2 x: 14 of 16 ymm */
 #define MM_TK 2
 #if defined(__F16C__)
@@ -56,25 +56,14 @@
 #else
 #define MM_F16 0
 #endif
-#else
-#define MM_SIMD 0
 #endif
 
 #define MM_RB 4     /* weight rows per work item */
 #define MM_TB 64    /* activation rows per tile (bounds the in-memory sums) */
-#define MM_L 16     /* partial sums per output: lane = column mod 16 */
+#define MM_L V16_L  /* partial sums per output: lane = column mod 16 */
 #define MM_CH 256   /* columns dequantised per chunk into the buffer (multiple of MM_L) */
 #define MM_CHF 1024 /* columns per chunk read in place by the SIMD kernels (multiple of MM_L) */
 #define MT_CH 64    /* output columns per work item of the transposed product */
-
-/* The SIMD kernels are written once over a small vector vocabulary and expanded
- * for every (rows, tokens, weight kind); they only fit the register file when
- * the compiler inlines them with these as constants. */
-#if defined(__GNUC__)
-#define MM_INLINE static inline __attribute__((always_inline))
-#else
-#define MM_INLINE static inline
-#endif
 
 /* ------------------------------------------------------------------ scalars */
 
@@ -152,15 +141,6 @@ void ddt_cpu_dequant(const ddt_qweight *w, int64_t row, int64_t c0, int64_t len,
 
 /* ------------------------------------------------------------------ y = x W^T */
 
-/* The fixed reduction of one output's 16 partial sums (see the head comment). */
-static float red16(const float *l) {
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
-
 /* How the SIMD kernels read a weight row: in place as F32, BF16 or F16, or
  * (WK_BUF) not at all: dequantised into the float buffer, read as F32. */
 enum { WK_F32 = 0, WK_BF16 = 1, WK_F16 = 2, WK_BUF = 3 };
@@ -197,83 +177,31 @@ static void mm_chunk_portable(int64_t R, const float *const *wf, const float *x,
 
 #if MM_SIMD
 
+/* The widening of 16 BF16 / F16 weights; the rest of the vector vocabulary,
+ * and the reduction tree, are simd16.h's. */
 #if MM_SIMD == 512
-typedef __m512 v16;
-typedef __mmask16 v16m;
-MM_INLINE v16 v_zero(void) { return _mm512_setzero_ps(); }
-MM_INLINE v16 v_ld(const float *p) { return _mm512_loadu_ps(p); }
-MM_INLINE void v_st(float *p, v16 v) { _mm512_storeu_ps(p, v); }
-/* lanes [0, k) of a column tail, 0 < k < 16 */
-MM_INLINE v16m v_mask(int64_t k) { return (__mmask16)((1u << k) - 1u); }
-MM_INLINE v16 v_ld_m(const float *p, v16m m) { return _mm512_maskz_loadu_ps(m, p); }
-MM_INLINE v16 v_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
-/* masked-off lanes keep c untouched: a tail adds nothing, not even +0 */
-MM_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) { return _mm512_mask3_fmadd_ps(a, b, c, m); }
-MM_INLINE v16 v_bf16(const uint16_t *p) {
+V16_INLINE v16 v_bf16(const uint16_t *p) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-MM_INLINE v16 v_f16(const uint16_t *p) {
+V16_INLINE v16 v_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
-
-/* The reduction tree of four outputs at once, lane for lane that of red16:
- * returns {red16(a), red16(b), red16(c), red16(d)}. */
-MM_INLINE __m128 v_reduce4(v16 a, v16 b, v16 c, v16 d) {
-    /* s8: lanes 0-7 of ab are a[i] + a[i+8], lanes 8-15 those of b */
-    v16 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-    v16 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-    /* s4: quarter q of v holds s8[i] + s8[i+4] of output q */
-    v16 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-    /* s2 in lanes 0-1 of each quarter, then s2[0] + s2[1] in lane 0 */
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
-    v = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v);
-    return _mm512_castps512_ps128(v);
-}
 #else
-typedef struct v16 {
-    __m256 lo, hi;
-} v16;
-typedef struct v16m {
-    __m256i lo, hi;
-} v16m;
-MM_INLINE v16 v_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-MM_INLINE v16 v_ld(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-MM_INLINE void v_st(float *p, v16 v) {
-    _mm256_storeu_ps(p, v.lo);
-    _mm256_storeu_ps(p + 8, v.hi);
-}
-MM_INLINE v16m v_mask(int64_t k) {
-    __m256i kk = _mm256_set1_epi32((int)k);
-    return (v16m){_mm256_cmpgt_epi32(kk, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                  _mm256_cmpgt_epi32(kk, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15))};
-}
-MM_INLINE v16 v_ld_m(const float *p, v16m m) {
-    return (v16){_mm256_maskload_ps(p, m.lo), _mm256_maskload_ps(p + 8, m.hi)};
-}
-MM_INLINE v16 v_fma(v16 a, v16 b, v16 c) {
-    return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-MM_INLINE v16 v_fma_m(v16 a, v16 b, v16 c, v16m m) {
-    v16 f = v_fma(a, b, c);
-    return (v16){_mm256_blendv_ps(c.lo, f.lo, _mm256_castsi256_ps(m.lo)),
-                 _mm256_blendv_ps(c.hi, f.hi, _mm256_castsi256_ps(m.hi))};
-}
-MM_INLINE v16 v_bf16(const uint16_t *p) {
+V16_INLINE v16 v_bf16(const uint16_t *p) {
     __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
     __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
     return (v16){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
 }
 #if MM_F16
-MM_INLINE v16 v_f16(const uint16_t *p) {
+V16_INLINE v16 v_f16(const uint16_t *p) {
     return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)))};
 }
 #endif
 #endif
 
-MM_INLINE v16 v_wload(const int kind, const void *p, int64_t j) {
+V16_INLINE v16 v_wload(const int kind, const void *p, int64_t j) {
     if (kind == WK_BF16) return v_bf16((const uint16_t *)p + j);
 #if MM_F16
     if (kind == WK_F16) return v_f16((const uint16_t *)p + j);
@@ -289,9 +217,9 @@ MM_INLINE v16 v_wload(const int kind, const void *p, int64_t j) {
  * sums, read unless first, written unless last; on the last chunk they are
  * reduced into y[t * ldy + r] instead.
  */
-MM_INLINE void mm_block(const int R, const int T, const int kind, const void *const *wp,
-                        const float *const *wt, const float *x, int64_t ldx, int64_t len, float *acc,
-                        int first, int last, float *y, int64_t ldy) {
+V16_INLINE void mm_block(const int R, const int T, const int kind, const void *const *wp,
+                         const float *const *wt, const float *x, int64_t ldx, int64_t len, float *acc,
+                         int first, int last, float *y, int64_t ldy) {
     v16 a[MM_RK][MM_TK];
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) a[r][t] = first ? v_zero() : v_ld(acc + ((int64_t)t * MM_RB + r) * MM_L);
@@ -321,7 +249,7 @@ MM_INLINE void mm_block(const int R, const int T, const int kind, const void *co
     for (int t = 0; t < T; t++) {
 #if MM_SIMD == 512
         if (R == 4) {
-            _mm_storeu_ps(y + t * ldy, v_reduce4(a[0][t], a[1][t], a[2][t], a[3][t]));
+            _mm_storeu_ps(y + t * ldy, v_red16x4(a[0][t], a[1][t], a[2][t], a[3][t]));
             continue;
         }
 #endif
