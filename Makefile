@@ -43,8 +43,9 @@ asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	DDT_BUILD_DIR=$(abspath build-asan) DDT_PYTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=0 python3 -m pytest -q tests/python -k "cli"
 
-# ThreadSanitizer over the tests that run the CPU pool and the engine on several threads
-TSAN_TESTS = test_cpu_ops test_engine
+# ThreadSanitizer over the tests that run the CPU pool and the engine on several threads, and
+# the chat templates rendered from several threads at once
+TSAN_TESTS = test_cpu_ops test_engine test_jinja
 build-tsan:
 	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDT_TSAN=ON -DDDT_CUDA=OFF >/dev/null
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)

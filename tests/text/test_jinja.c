@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -343,6 +344,56 @@ static void test_reuse_after_error(void **state) {
     ddt_jinja_text_free(NULL);
 }
 
+/* One parsed template rendered from several threads at once (the server's HTTP threads may):
+ * the tree is read-only during a render, so every thread gets the single-threaded output.
+ * `make tsan` runs this test under ThreadSanitizer. */
+typedef struct thread_job {
+    const ddt_jinja *t;
+    json_t *data;
+    const ddt_jinja_text *want;
+    int bad;
+} thread_job;
+
+static void *render_many(void *p) {
+    thread_job *j = p;
+    for (int k = 0; k < 50; k++) {
+        ddt_jinja_text out;
+        ddt_error err;
+        if (ddt_jinja_render(j->t, j->data, NULL, &out, &err) != DDT_OK || out.len != j->want->len ||
+            memcmp(out.bytes, j->want->bytes, out.len) || memcmp(out.data, j->want->data, out.len))
+            j->bad++;
+        ddt_jinja_text_free(&out);
+    }
+    return NULL;
+}
+
+static void test_threads_share_a_template(void **state) {
+    (void)state;
+    const char *src = "{%- set ns = namespace(n=0) -%}{%- for m in messages -%}{%- set ns.n = ns.n + 1 -%}"
+                      "<{{ m.role }}>{{ m.content | trim }}{{ loop.index }}|{%- endfor -%}{{ ns.n }}"
+                      "{{ messages | tojson }}";
+    ddt_jinja *t = NULL;
+    ddt_error err;
+    assert_int_equal(ddt_jinja_parse(src, strlen(src), &t, &err), DDT_OK);
+    json_t *data = js("{\"messages\": [{\"role\": \"user\", \"content\": \" a \"}, {\"role\": \"assistant\","
+                      " \"content\": \"b\"}]}");
+    ddt_jinja_text want;
+    assert_int_equal(ddt_jinja_render(t, data, NULL, &want, &err), DDT_OK);
+    pthread_t th[4];
+    thread_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, data, &want, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, render_many, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    ddt_jinja_text_free(&want);
+    json_decref(data);
+    ddt_jinja_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whitespace_control),
@@ -354,6 +405,7 @@ int main(void) {
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_data_mask),
         cmocka_unit_test(test_reuse_after_error),
+        cmocka_unit_test(test_threads_share_a_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
