@@ -13,6 +13,7 @@
 const char cli_engine_usage[] =
     "  --model DIR          target model folder (required)\n"
     "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
+    "  --chat-template FILE a Jinja chat template to use instead of the model folder's own\n"
     "  --mode MODE          ar (default), chain (DFlash; alias dflash) or tree (DDTree; alias ddtree)\n"
     "  --backend B          cpu (default), cuda (the whole round on the GPU; builds with nvcc only)\n"
     "                       or auto (cuda when this build has it and a GPU is present, else cpu)\n"
@@ -155,7 +156,7 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
                                          "--max-budget", "--temperature", "--top-k", "--top-p", "--seed",
-                                         "--ctx", "--threads", "--pdl-edges"};
+                                         "--ctx", "--threads", "--pdl-edges", "--chat-template"};
     const char *v = NULL;
     int got = cli_flag_value(a->cmd, valued, sizeof valued / sizeof valued[0], argc, argv, i, &v);
     if (got != 1) return got;
@@ -163,6 +164,8 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     long long ll;
     if (!strcmp(f, "--model")) {
         a->model = v;
+    } else if (!strcmp(f, "--chat-template")) {
+        a->chat_template = v;
     } else if (!strcmp(f, "--draft")) {
         a->draft = v;
     } else if (!strcmp(f, "--mode")) {
@@ -289,7 +292,7 @@ int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {
 
 int cli_engine_load_chat_template(const cli_engine_args *a, ddt_chat_template **t) {
     ddt_error err = {0};
-    ddt_status st = ddt_chat_template_load(a->model, t, &err);
+    ddt_status st = ddt_chat_template_load(a->model, a->chat_template, t, &err);
     if (st != DDT_OK) {
         fprintf(stderr, "ddtree %s: chat template: %s\n", a->cmd, err.msg);
         return cli_status_exit(st);

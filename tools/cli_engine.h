@@ -20,6 +20,7 @@ extern const char cli_engine_usage[];
 typedef struct cli_engine_args {
     const char *cmd; /* "generate", "serve": named in messages */
     const char *model, *draft, *mode, *backend;
+    const char *chat_template; /* --chat-template: a file replacing the folder's template */
     long long budget, max_budget;
     bool budget_auto;
     float temperature;
@@ -58,8 +59,9 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o);
 /* The model folder's tokenizer when it has tiktoken.model (*tok NULL when it
  * has none): -1 when fine, else an exit status after a message. */
 int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok);
-/* The model folder's chat template (chat.h: its own, else the built-in Kimi K2
- * one): -1 when loaded, else the exit code after printing the error. */
+/* The chat template (chat.h): --chat-template's file, else the model folder's
+ * own, else the built-in Kimi K2 one: -1 when loaded, else the exit code after
+ * printing the error. */
 int cli_engine_load_chat_template(const cli_engine_args *a, ddt_chat_template **t);
 
 /* Print "ddtree CMD: <message>" and the --help hint to stderr; returns 2. */

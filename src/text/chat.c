@@ -150,16 +150,20 @@ ddt_status ddt_chat_template_create(const char *src, size_t len, const char *ori
     return DDT_OK;
 }
 
-ddt_status ddt_chat_template_load(const char *model_dir, ddt_chat_template **out, ddt_error *err) {
+ddt_status ddt_chat_template_load(const char *model_dir, const char *template_file, ddt_chat_template **out,
+                                  ddt_error *err) {
     if (!model_dir || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_chat_template_load: NULL argument");
     *out = NULL;
-    if (strlen(model_dir) > 3800) return ddt_fail(err, DDT_ERR_INVALID, "%.64s...: path too long", model_dir);
+    if (strlen(model_dir) > 3800 || (template_file && strlen(template_file) > 4000))
+        return ddt_fail(err, DDT_ERR_INVALID, "%.64s...: path too long", template_file ? template_file : model_dir);
     char jpath[4096], cpath[4096];
-    snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", model_dir);
+    if (template_file) snprintf(jpath, sizeof jpath, "%s", template_file);
+    else snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", model_dir);
     snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", model_dir);
     char *src = NULL, *cfg = NULL;
     size_t src_len = 0, cfg_len = 0;
-    ddt_status st = ddt_read_file(jpath, DDT_JINJA_MAX_SOURCE, true, &src, &src_len, err);
+    /* a named file must exist; the folder's own is optional */
+    ddt_status st = ddt_read_file(jpath, DDT_JINJA_MAX_SOURCE, template_file == NULL, &src, &src_len, err);
     if (st == DDT_OK) st = ddt_read_file(cpath, CHAT_MAX_CONFIG_BYTES, true, &cfg, &cfg_len, err);
     if (st == DDT_OK) st = ddt_chat_template_create(src, src_len, src ? jpath : cpath, cfg, cfg_len, out, err);
     free(src);

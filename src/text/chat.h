@@ -43,11 +43,15 @@ typedef struct ddt_chat_template ddt_chat_template;
 
 /*
  * The chat template of a model folder (see above), or the built-in one when it
- * has none.  DDT_ERR_FORMAT naming the file when a template or
- * tokenizer_config.json is malformed, DDT_ERR_INVALID (with line and column)
- * when the template does not parse.
+ * has none; template_file (NULL: none) replaces the folder's own (a server's
+ * --chat-template), the folder's tokenizer_config.json still giving the
+ * special tokens' strings.  DDT_ERR_IO naming a file that cannot be read,
+ * DDT_ERR_FORMAT naming the file when a template or tokenizer_config.json is
+ * malformed, DDT_ERR_INVALID (with line and column) when the template does not
+ * parse.
  */
-ddt_status ddt_chat_template_load(const char *model_dir, ddt_chat_template **out, ddt_error *err);
+ddt_status ddt_chat_template_load(const char *model_dir, const char *template_file, ddt_chat_template **out,
+                                  ddt_error *err);
 
 /*
  * From memory: src[len] (NULL: the built-in template), origin names it in

@@ -123,6 +123,26 @@ def test_cli_text_and_chat_prompts(model_with_tokenizer):
     assert ar["ids"] == out["ids"]
 
 
+def test_cli_chat_template_flag(model_with_tokenizer, tmp_path):
+    """--chat-template FILE replaces the folder's template: a template that writes the message as plain
+    text gives the ids of that text as a --prompt; a template that does not parse, or a missing file,
+    stops with the file named (exit 2)."""
+    f = tmp_path / "plain.jinja"
+    # (trim_blocks, as transformers sets it, drops a newline written right after a block tag)
+    f.write_text("Q: {{ messages[-1].content }}{% if add_generation_prompt %}\n{{ '\\n' }}A:{% endif %}")
+    a = gen_json("--model", model_with_tokenizer, "--chat", "def main():", "--chat-template", str(f),
+                 "--max-tokens", "6")
+    b = gen_json("--model", model_with_tokenizer, "--prompt", "Q: def main():\nA:", "--max-tokens", "6")
+    assert a["ids"] == b["ids"] and a["stats"]["prompt_tokens"] == b["stats"]["prompt_tokens"]
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for %}")
+    r = run("--model", model_with_tokenizer, "--chat", "x", "--chat-template", str(bad), "--max-tokens", "3")
+    assert r.returncode == 2 and "bad.jinja: line 1" in r.stderr, r.stderr
+    r = run("--model", model_with_tokenizer, "--chat", "x", "--chat-template", str(tmp_path / "none.jinja"),
+            "--max-tokens", "3")
+    assert r.returncode != 0 and "none.jinja" in r.stderr, r.stderr
+
+
 def test_cli_bad_drafter_folder(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["DFlashDraftModel"]}')
     r = run("--model", TARGET, "--draft", str(tmp_path), "--mode", "tree", "--prompt-ids", "1", "--max-tokens", "3")

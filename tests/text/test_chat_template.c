@@ -154,31 +154,43 @@ static void test_load_folder(void **state) {
     snprintf(jin, sizeof jin, "%s/chat_template.jinja", dir);
     ddt_chat_template *t = NULL;
     ddt_error err;
-    assert_int_equal(ddt_chat_template_load(dir, &t, &err), DDT_OK);
+    assert_int_equal(ddt_chat_template_load(dir, NULL, &t, &err), DDT_OK);
     assert_string_equal(ddt_chat_template_origin(t), "built-in Kimi K2");
     ddt_chat_template_free(t);
     FILE *f = fopen(cfg, "w");
     fputs("{\"chat_template\": \"C\"}", f);
     fclose(f);
-    assert_int_equal(ddt_chat_template_load(dir, &t, &err), DDT_OK);
+    assert_int_equal(ddt_chat_template_load(dir, NULL, &t, &err), DDT_OK);
     assert_string_equal(ddt_chat_template_origin(t), cfg);
     ddt_chat_template_free(t);
     f = fopen(jin, "w");
     fputs("J{% if %}", f);
     fclose(f);
-    assert_int_equal(ddt_chat_template_load(dir, &t, &err), DDT_ERR_INVALID);
+    assert_int_equal(ddt_chat_template_load(dir, NULL, &t, &err), DDT_ERR_INVALID);
     assert_null(t);
     assert_non_null(strstr(err.msg, "chat_template.jinja: line 1"));
     f = fopen(jin, "w");
     fputs("J", f);
     fclose(f);
-    assert_int_equal(ddt_chat_template_load(dir, &t, &err), DDT_OK);
+    assert_int_equal(ddt_chat_template_load(dir, NULL, &t, &err), DDT_OK);
     assert_string_equal(ddt_chat_template_origin(t), jin);
     ddt_chat_template_free(t);
+    /* a named file replaces the folder's own, and must exist */
+    char other[300];
+    snprintf(other, sizeof other, "%s/other.jinja", dir);
+    f = fopen(other, "w");
+    fputs("O", f);
+    fclose(f);
+    assert_int_equal(ddt_chat_template_load(dir, other, &t, &err), DDT_OK);
+    assert_string_equal(ddt_chat_template_origin(t), other);
+    ddt_chat_template_free(t);
+    unlink(other);
+    assert_int_equal(ddt_chat_template_load(dir, other, &t, &err), DDT_ERR_IO);
+    assert_non_null(strstr(err.msg, "other.jinja"));
     unlink(jin);
     unlink(cfg);
     rmdir(dir);
-    assert_int_equal(ddt_chat_template_load(NULL, &t, &err), DDT_ERR_INVALID);
+    assert_int_equal(ddt_chat_template_load(NULL, NULL, &t, &err), DDT_ERR_INVALID);
 }
 
 int main(void) {
