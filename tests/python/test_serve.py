@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -781,6 +782,88 @@ def test_cli_serve_model_folder_template(tmp_path):
         # what the template raises is the client's error
         st, err = s.request("POST", "/v1/chat/completions", {"messages": msgs[:1]})
         assert st == 400 and "a conversation needs a user message" in err["error"]["message"], err
+    finally:
+        assert s.stop() == 0, s.stderr()
+        s.kill()
+
+
+# A scripted model: every layer adds nothing (o_proj and the down projections are zero), so the last
+# hidden state is the current token's embedding, and the LM head maps each token of SCRIPT to the next
+# one: greedy decoding after the prompt's last token (<|im_assistant|>) writes SCRIPT out, whatever
+# came before.  With the tool-call and thinking markers named in its tokenizer_config.json, it answers
+# with reasoning, content and one Kimi-format tool call, which the server must take apart.
+SCRIPTED_SPECIALS = {266: "[BOS]", 267: "[EOS]", 268: "<|im_end|>", 270: "<|im_assistant|>",
+                     277: "<|tool_calls_section_begin|>", 278: "<|tool_calls_section_end|>",
+                     279: "<|tool_call_begin|>", 280: "<|tool_call_argument_begin|>", 281: "<|tool_call_end|>",
+                     288: "<think>", 289: "</think>"}
+# <|im_assistant|> -> <think> r </think> A <section> <call> g : 0 <args> { } <call end> <section end> <|im_end|>
+SCRIPT = [270, 288, ord("r"), 289, ord("A"), 277, 279, ord("g"), ord(":"), ord("0"), 280, ord("{"), ord("}"),
+          281, 278, 268]
+
+
+def scripted_model(d):
+    import sys
+
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
+    from make_fused_fixtures import read_safetensors, write_safetensors
+
+    fixture = os.path.join(ROOT, "tests", "fixtures", "target", "fp32")
+    cfg = json.load(open(os.path.join(fixture, "config.json")))
+    cfg["eos_token_id"] = 268
+    (d / "config.json").write_text(json.dumps(cfg))
+    tensors, meta = read_safetensors(os.path.join(fixture, "model.safetensors"))
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    out = {}
+    for name, (dtype, shape, _) in tensors.items():
+        a = np.ones(shape, np.float32) if name.endswith("norm.weight") else np.zeros(shape, np.float32)
+        out[name] = a
+    emb, head = out["model.embed_tokens.weight"], out["lm_head.weight"]
+    assert len(SCRIPT) < hidden and max(SCRIPT) < vocab
+    for k, tok in enumerate(SCRIPT[:-1]):
+        emb[tok, k] = 1.0           # token k of the script: the k-th unit vector
+        head[SCRIPT[k + 1], k] = 10.0  # whose logits favour the next token of the script
+    write_safetensors(str(d / "model.safetensors"),
+                      {n: ("F32", list(a.shape), a.tobytes()) for n, a in out.items()}, meta)
+    shutil.copy(os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiktoken.model"), d / "tiktoken.model")
+    tu.write_tokenizer_config(str(d / "tokenizer_config.json"), SCRIPTED_SPECIALS)
+    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}<|im_assistant|>")
+
+
+def test_cli_serve_tool_call_round_trip(tmp_path):
+    """A model that answers with reasoning, text and a tool call: the response carries
+    reasoning_content, content and tool_calls (finish_reason tool_calls), whole and streamed, and the
+    official client reads them."""
+    d = tmp_path / "scripted"
+    d.mkdir()
+    scripted_model(d)
+    s = Server(engine=["--model", str(d), "--threads", "2"])
+    try:
+        body = {"messages": [{"role": "user", "content": "call g"}], "tools": WEATHER_TOOLS, "max_tokens": 40}
+        st, got = s.request("POST", "/v1/chat/completions", {**body, "return_token_ids": True})
+        assert st == 200, got
+        ch = got["choices"][0]
+        assert ch["token_ids"] == SCRIPT[1:], ch
+        assert ch["finish_reason"] == "tool_calls"
+        msg = ch["message"]
+        assert msg["reasoning_content"] == "r" and msg["content"] == "A"
+        assert msg["tool_calls"] == [{"id": "g:0", "type": "function", "function": {"name": "g", "arguments": "{}"}}]
+        # streamed: the same parts as deltas, the call whole with its index
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}).encode(),
+                  headers={"Content-Type": "application/json"})
+        events = [json.loads(line[6:]) for line in c.getresponse().read().decode().splitlines()
+                  if line.startswith("data: {")]
+        c.close()
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert "".join(x.get("reasoning_content", "") for x in deltas) == "r"
+        assert "".join(x.get("content") or "" for x in deltas) == "A"
+        calls = [tc for x in deltas for tc in x.get("tool_calls", [])]
+        assert calls == [{"index": 0, "id": "g:0", "type": "function", "function": {"name": "g", "arguments": "{}"}}]
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        r = s.client().chat.completions.create(model="m", **body)
+        tc = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and tc[0].function.name == "g" and tc[0].id == "g:0"
     finally:
         assert s.stop() == 0, s.stderr()
         s.kill()
