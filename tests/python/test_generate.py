@@ -10,6 +10,8 @@ import subprocess
 
 import pytest
 
+import scripted_model as sm
+
 from ddt_paths import ddtree_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,6 +143,25 @@ def test_cli_chat_template_flag(model_with_tokenizer, tmp_path):
     r = run("--model", model_with_tokenizer, "--chat", "x", "--chat-template", str(tmp_path / "none.jinja"),
             "--max-tokens", "3")
     assert r.returncode != 0 and "none.jinja" in r.stderr, r.stderr
+
+
+def test_cli_chat_reasoning_and_tool_calls(tmp_path):
+    """--chat with a model that thinks and calls a tool (scripted_model.py): the stream shows the
+    thinking and tool-call markers (so the structure is visible), --json adds the chat message as serve
+    returns it."""
+    d = tmp_path / "scripted"
+    d.mkdir()
+    sm.scripted_model(d)
+    r = run("--model", str(d), "--chat", "go", "--max-tokens", "30", "--stop-at-eos")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("<think>r</think>A<|tool_calls_section_begin|><|tool_call_begin|>g:0"
+                                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>")
+    out = gen_json("--model", str(d), "--chat", "go", "--max-tokens", "30", "--stop-at-eos")
+    assert out["ids"] == sm.SCRIPT[1:] and out["stop_reason"] == "stop token"
+    assert out["message"] == {"content": "A", "reasoning_content": "r",
+                              "tool_calls": [{"id": "g:0", "name": "g", "arguments": "{}"}]}
+    # a plain prompt is not a chat: no message
+    assert "message" not in gen_json("--model", str(d), "--prompt", "go", "--max-tokens", "2")
 
 
 def test_cli_bad_drafter_folder(tmp_path):

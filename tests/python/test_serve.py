@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from openai import OpenAI
 
 import tiktoken
 
+import scripted_model as sm
 import tok_util as tu
 from conftest import quick
 from ddt_paths import ddtree_path
@@ -787,63 +787,20 @@ def test_cli_serve_model_folder_template(tmp_path):
         s.kill()
 
 
-# A scripted model: every layer adds nothing (o_proj and the down projections are zero), so the last
-# hidden state is the current token's embedding, and the LM head maps each token of SCRIPT to the next
-# one: greedy decoding after the prompt's last token (<|im_assistant|>) writes SCRIPT out, whatever
-# came before.  With the tool-call and thinking markers named in its tokenizer_config.json, it answers
-# with reasoning, content and one Kimi-format tool call, which the server must take apart.
-SCRIPTED_SPECIALS = {266: "[BOS]", 267: "[EOS]", 268: "<|im_end|>", 270: "<|im_assistant|>",
-                     277: "<|tool_calls_section_begin|>", 278: "<|tool_calls_section_end|>",
-                     279: "<|tool_call_begin|>", 280: "<|tool_call_argument_begin|>", 281: "<|tool_call_end|>",
-                     288: "<think>", 289: "</think>"}
-# <|im_assistant|> -> <think> r </think> A <section> <call> g : 0 <args> { } <call end> <section end> <|im_end|>
-SCRIPT = [270, 288, ord("r"), 289, ord("A"), 277, 279, ord("g"), ord(":"), ord("0"), 280, ord("{"), ord("}"),
-          281, 278, 268]
-
-
-def scripted_model(d):
-    import sys
-
-    import numpy as np
-    sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
-    from make_fused_fixtures import read_safetensors, write_safetensors
-
-    fixture = os.path.join(ROOT, "tests", "fixtures", "target", "fp32")
-    cfg = json.load(open(os.path.join(fixture, "config.json")))
-    cfg["eos_token_id"] = 268
-    (d / "config.json").write_text(json.dumps(cfg))
-    tensors, meta = read_safetensors(os.path.join(fixture, "model.safetensors"))
-    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
-    out = {}
-    for name, (dtype, shape, _) in tensors.items():
-        a = np.ones(shape, np.float32) if name.endswith("norm.weight") else np.zeros(shape, np.float32)
-        out[name] = a
-    emb, head = out["model.embed_tokens.weight"], out["lm_head.weight"]
-    assert len(SCRIPT) < hidden and max(SCRIPT) < vocab
-    for k, tok in enumerate(SCRIPT[:-1]):
-        emb[tok, k] = 1.0           # token k of the script: the k-th unit vector
-        head[SCRIPT[k + 1], k] = 10.0  # whose logits favour the next token of the script
-    write_safetensors(str(d / "model.safetensors"),
-                      {n: ("F32", list(a.shape), a.tobytes()) for n, a in out.items()}, meta)
-    shutil.copy(os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiktoken.model"), d / "tiktoken.model")
-    tu.write_tokenizer_config(str(d / "tokenizer_config.json"), SCRIPTED_SPECIALS)
-    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}<|im_assistant|>")
-
-
 def test_cli_serve_tool_call_round_trip(tmp_path):
     """A model that answers with reasoning, text and a tool call: the response carries
     reasoning_content, content and tool_calls (finish_reason tool_calls), whole and streamed, and the
     official client reads them."""
     d = tmp_path / "scripted"
     d.mkdir()
-    scripted_model(d)
+    sm.scripted_model(d)
     s = Server(engine=["--model", str(d), "--threads", "2"])
     try:
         body = {"messages": [{"role": "user", "content": "call g"}], "tools": WEATHER_TOOLS, "max_tokens": 40}
         st, got = s.request("POST", "/v1/chat/completions", {**body, "return_token_ids": True})
         assert st == 200, got
         ch = got["choices"][0]
-        assert ch["token_ids"] == SCRIPT[1:], ch
+        assert ch["token_ids"] == sm.SCRIPT[1:], ch
         assert ch["finish_reason"] == "tool_calls"
         msg = ch["message"]
         assert msg["reasoning_content"] == "r" and msg["content"] == "A"
