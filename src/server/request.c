@@ -179,46 +179,71 @@ static ddt_status parse_messages(ddt_api_request *r, json_t *root, ddt_error *er
 }
 
 /* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}], with
- * tool_choice "auto" (the default) or "none"; forcing a call needs constrained decoding. */
+ * tool_choice "auto" (the default), "none" (the tools are left out of the prompt), "required"
+ * or {"type": "function", "function": {"name": ...}} (the server starts the answer with the
+ * call's opening markers: see request.h). */
 static ddt_status parse_tools(ddt_api_request *r, json_t *root, ddt_error *err) {
     json_t *choice = json_object_get(root, "tool_choice");
-    bool none = false;
+    const char *bad = "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}";
+    r->tool_choice = DDT_TOOL_CHOICE_AUTO;
     if (choice && !json_is_null(choice)) {
-        if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) none = true;
-        else if (!json_is_string(choice) || strcmp(json_string_value(choice), "auto"))
-            return FAIL(r, DDT_ERR_UNSUPPORTED, "tool_choice",
-                        "'tool_choice': only \"auto\" and \"none\" are supported (forcing a call needs constrained "
-                        "decoding)");
+        if (json_is_string(choice)) {
+            const char *c = json_string_value(choice);
+            if (!strcmp(c, "none")) r->tool_choice = DDT_TOOL_CHOICE_NONE;
+            else if (!strcmp(c, "required")) r->tool_choice = DDT_TOOL_CHOICE_REQUIRED;
+            else if (strcmp(c, "auto")) return FAIL(r, DDT_ERR_INVALID, "tool_choice", "%s", bad);
+        } else {
+            json_t *type = json_object_get(choice, "type"), *name = json_object_get(json_object_get(choice, "function"),
+                                                                                   "name");
+            if (!json_is_object(choice) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+                !json_is_string(name) || json_string_length(name) == 0)
+                return FAIL(r, DDT_ERR_INVALID, "tool_choice", "%s", bad);
+            r->tool_choice = DDT_TOOL_CHOICE_NAMED;
+            r->tool_choice_name = json_string_value(name);
+        }
     }
-    bool par = true, have_par = false;
+    bool par = true;
     json_t *pv = json_object_get(root, "parallel_tool_calls");
     if (pv && !json_is_null(pv)) {
         ddt_status st = get_bool(r, root, "parallel_tool_calls", &par, err);
         if (st) return st;
-        have_par = true;
     }
+    (void)par; /* a hint about the model's choice, as elsewhere: not enforced */
     json_t *tools = json_object_get(root, "tools");
-    if (!tools || json_is_null(tools)) return DDT_OK;
-    if (!json_is_array(tools)) return FAIL(r, DDT_ERR_INVALID, "tools", "'tools' must be an array");
-    if (json_array_size(tools) > DDT_API_MAX_TOOLS)
-        return FAIL(r, DDT_ERR_RANGE, "tools", "'tools' has %zu entries, more than %d", json_array_size(tools),
-                    DDT_API_MAX_TOOLS);
-    for (size_t k = 0; k < json_array_size(tools); k++) {
+    size_t nt = json_is_array(tools) ? json_array_size(tools) : 0;
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return FAIL(r, DDT_ERR_INVALID, "tools", "'tools' must be an array");
+    if (nt > DDT_API_MAX_TOOLS)
+        return FAIL(r, DDT_ERR_RANGE, "tools", "'tools' has %zu entries, more than %d", nt, DDT_API_MAX_TOOLS);
+    bool named_found = false;
+    for (size_t k = 0; k < nt; k++) {
         json_t *t = json_array_get(tools, k), *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
         json_t *params = json_object_get(fn, "parameters"), *desc = json_object_get(fn, "description");
-        char name[32];
-        snprintf(name, sizeof name, "tools[%zu]", k);
+        json_t *name = json_object_get(fn, "name");
+        char field[32];
+        snprintf(field, sizeof field, "tools[%zu]", k);
         if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
-            !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
-            (params && !json_is_null(params) && !json_is_object(params)) || (desc && !json_is_null(desc) && !json_is_string(desc)))
-            return FAIL(r, DDT_ERR_INVALID, name,
+            !json_is_object(fn) || !json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params)) ||
+            (desc && !json_is_null(desc) && !json_is_string(desc)))
+            return FAIL(r, DDT_ERR_INVALID, field,
                         "'%s' must be {\"type\": \"function\", \"function\": {\"name\": string, \"description\": "
-                        "string, \"parameters\": object}}", name);
+                        "string, \"parameters\": object}}", field);
+        if (r->tool_choice == DDT_TOOL_CHOICE_NAMED && !strcmp(json_string_value(name), r->tool_choice_name))
+            named_found = true;
     }
-    (void)have_par; /* a hint about the model's choice, as elsewhere: not enforced */
-    (void)par;
-    if (!none && json_array_size(tools) > 0) r->tools = json_incref(tools);
-    r->content_bytes += json_dumpb(tools, NULL, 0, JSON_COMPACT);
+    if ((r->tool_choice == DDT_TOOL_CHOICE_REQUIRED || r->tool_choice == DDT_TOOL_CHOICE_NAMED) && nt == 0)
+        return FAIL(r, DDT_ERR_INVALID, "tool_choice", "'tool_choice' asks for a call but 'tools' declares none");
+    if (r->tool_choice == DDT_TOOL_CHOICE_NAMED && !named_found)
+        return FAIL(r, DDT_ERR_INVALID, "tool_choice", "'tool_choice' names '%.64s', which 'tools' does not declare",
+                    r->tool_choice_name);
+    if (tools && !json_is_null(tools)) r->content_bytes += json_dumpb(tools, NULL, 0, JSON_COMPACT);
+    if (r->tool_choice != DDT_TOOL_CHOICE_NONE && nt > 0) r->tools = json_incref(tools);
+    /* the index of a forced call: Kimi numbers calls across the conversation */
+    for (size_t i = 0; i < r->n_msgs; i++) {
+        json_t *tc = json_object_get(json_array_get(r->messages, i), "tool_calls");
+        r->n_prior_calls += json_is_array(tc) ? (int32_t)json_array_size(tc) : 0;
+    }
     return DDT_OK;
 }
 

@@ -9,8 +9,7 @@
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
  * a JSON response format, best_of > 1, a suffix) is refused rather than
- * silently dropped (so is a tool_choice that forces a call, and a per-request
- * chat_template).  Chat messages are checked and normalised for the chat
+ * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
  * tool results kept); tools are checked for OpenAI's function shape.  This is
  * the server's fuzzed parser.
@@ -37,6 +36,13 @@
 
 typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
 
+typedef enum ddt_tool_choice {
+    DDT_TOOL_CHOICE_AUTO = 0,
+    DDT_TOOL_CHOICE_NONE = 1,
+    DDT_TOOL_CHOICE_REQUIRED = 2,
+    DDT_TOOL_CHOICE_NAMED = 3
+} ddt_tool_choice;
+
 typedef struct ddt_api_request {
     ddt_api_kind kind;
     /* chat: the conversation, checked and normalised for the chat template (chat.h):
@@ -46,6 +52,12 @@ typedef struct ddt_api_request {
     size_t n_msgs;
     size_t content_bytes;  /* the messages' text, for sizing */
     json_t *tools;         /* the declared functions (NULL: none, or tool_choice "none") */
+    ddt_tool_choice tool_choice; /* REQUIRED / NAMED: the server opens the answer with the
+                                    tool-call markers (a call section; and the named call) and the
+                                    model writes the rest, so the answer is a call without any
+                                    constrained decoding */
+    const char *tool_choice_name; /* NAMED: the function (one that 'tools' declares) */
+    int32_t n_prior_calls; /* tool calls in the conversation so far: a forced call's index */
     json_t *template_kwargs; /* chat_template_kwargs (NULL: none) */
     bool add_generation_prompt; /* extension, default true */
     /* completion: a text prompt, or token ids */

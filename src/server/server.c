@@ -217,6 +217,58 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     return true;
 }
 
+/* A chat job's output routing (content, reasoning and tool calls come apart on the
+ * marker ids: chat_output.h) and, for a tool_choice that asks for a call, the
+ * answer's forced start: the call-section marker ("required"), then the named
+ * call's opening up to its arguments (Kimi's "functions.NAME:IDX", IDX counting
+ * the conversation's calls), appended to the prompt and fed to the router, so the
+ * model writes the arguments and the parse sees the whole call. */
+static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
+    j->chat = true;
+    ddt_chat_router_init(&j->router, s->tok, s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think);
+    if (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED && rq->tool_choice != DDT_TOOL_CHOICE_NAMED) return true;
+    const ddt_chat_markers *m = &j->router.m;
+    if (m->section_begin < 0 || m->section_end < 0 || m->call_begin < 0 || m->arg_begin < 0 || m->call_end < 0) {
+        prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but this model's tokenizer has no Kimi "
+                  "tool-call markers (<|tool_calls_section_begin|> ...) to start one with");
+        return false;
+    }
+    if (s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think) {
+        prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but the prompt opens a thinking block: "
+                  "ask with \"auto\", or turn thinking off (chat_template_kwargs)");
+        return false;
+    }
+    char head[160];
+    int hl = rq->tool_choice == DDT_TOOL_CHOICE_NAMED
+                 ? snprintf(head, sizeof head, "functions.%.100s:%d", rq->tool_choice_name, (int)rq->n_prior_calls)
+                 : 0;
+    size_t n_head = 0, cap = (size_t)j->n_prompt + 3 + (size_t)(hl > 0 ? hl : 0);
+    int32_t *grown = realloc(j->prompt, cap * sizeof *grown);
+    if (!grown) return prep_fail(p, 500, NULL, "out of memory"), false;
+    j->prompt = grown;
+    int32_t *f = j->prompt + j->n_prompt, n = 0;
+    f[n++] = m->section_begin;
+    if (hl > 0) {
+        f[n++] = m->call_begin;
+        ddt_error err = {0};
+        pthread_mutex_lock(&s->tok_mu);
+        ddt_status st = ddt_tokenizer_encode(s->tok, head, (size_t)hl, 0, f + n, (size_t)hl, &n_head, &err);
+        pthread_mutex_unlock(&s->tok_mu);
+        if (st != DDT_OK) return prep_fail(p, 400, "tool_choice", "'tool_choice': %s", err.msg), false;
+        n += (int32_t)n_head;
+        f[n++] = m->arg_begin;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        ddt_chat_channel ch;
+        bool done;
+        ddt_error err = {0};
+        if (ddt_chat_route(&j->router, f[i], &ch, &done, &err) != DDT_OK)
+            return prep_fail(p, 500, NULL, "%s", err.msg), false;
+    }
+    j->n_prompt += n;
+    return true;
+}
+
 /* echo's prompt: the text as sent, or the ids' text (special tokens are not text,
  * as in a completion), valid UTF-8 (ids may cut a character); NULL when out of
  * memory. */
@@ -245,7 +297,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         return;
     }
     j->t_arrival = ddt_job_now();
-    if (!encode_prompt(s, rq, j, p)) {
+    if (!encode_prompt(s, rq, j, p) || (rq->kind == DDT_API_CHAT && !start_chat(s, rq, j, p))) {
         ddt_job_release(j);
         return;
     }
@@ -266,11 +318,6 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         return;
     }
     j->max_new = (int32_t)(rq->have_max_tokens ? rq->max_tokens : room);
-    if (rq->kind == DDT_API_CHAT) {
-        /* content, reasoning and tool calls come apart on the marker ids (chat_output.h) */
-        j->chat = true;
-        ddt_chat_router_init(&j->router, s->tok, s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think);
-    }
     /* stop tokens: end of sequence, and the end of the assistant's turn in chat */
     if (s->eos >= 0) j->stop_ids[j->n_stop_ids++] = s->eos;
     if (rq->kind == DDT_API_CHAT && s->im_end >= 0 && s->im_end != s->eos) j->stop_ids[j->n_stop_ids++] = s->im_end;

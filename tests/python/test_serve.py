@@ -821,6 +821,29 @@ def test_cli_serve_tool_call_round_trip(tmp_path):
         r = s.client().chat.completions.create(model="m", **body)
         tc = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and tc[0].function.name == "g" and tc[0].id == "g:0"
+        # tool_choice naming a function: the answer starts as that call (Kimi's id, numbered after the
+        # conversation's calls) and the model writes its arguments
+        tools = [{"type": "function", "function": {"name": "lookup"}}]
+        turns = [{"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "functions.lookup:0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": "functions.lookup:0", "content": "1"},
+                 {"role": "user", "content": "again"}]
+        st, got = s.request("POST", "/v1/chat/completions", {"messages": turns, "tools": tools, "max_tokens": 10,
+                                                             "tool_choice": {"type": "function",
+                                                                             "function": {"name": "lookup"}}})
+        assert st == 200, got
+        msg = got["choices"][0]["message"]
+        assert msg["tool_calls"] == [{"id": "functions.lookup:1", "type": "function",
+                                      "function": {"name": "lookup", "arguments": "{}"}}], msg
+        assert msg["content"] is None and got["choices"][0]["finish_reason"] == "tool_calls"
+        # "required": the call section is opened, the model names the call itself
+        r = s.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools,
+                                               tool_choice="required", max_tokens=10)
+        assert [c.id for c in r.choices[0].message.tool_calls] == ["g:0"]
+        st, err = s.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                             "tools": tools, "tool_choice": {
+                                                                 "type": "function", "function": {"name": "nope"}}})
+        assert st == 400 and err["error"]["param"] == "tool_choice"
     finally:
         assert s.stop() == 0, s.stderr()
         s.kill()

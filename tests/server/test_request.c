@@ -111,6 +111,30 @@ static void test_chat_tools(void **state) {
                            &r, &err), DDT_OK);
     assert_null(r.tools);
     ddt_api_request_free(&r);
+    /* a forced call: "required", or a declared function by name; a call's index counts the conversation's */
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"w\"}}, {\"type\": \"function\","
+                        " \"function\": {\"name\": \"v\"}}]";
+    char b2[1024];
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"a\", \"function\": "
+             "{\"name\": \"w\", \"arguments\": \"{}\"}}, {\"id\": \"b\", \"function\": {\"name\": \"v\", \"arguments\": "
+             "\"{}\"}}]}], %s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"v\"}}}", tools);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.tool_choice, DDT_TOOL_CHOICE_NAMED);
+    assert_string_equal(r.tool_choice_name, "v");
+    assert_int_equal(r.n_prior_calls, 2);
+    assert_non_null(r.tools);
+    ddt_api_request_free(&r);
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s, \"tool_choice\": "
+             "\"required\"}", tools);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.tool_choice, DDT_TOOL_CHOICE_REQUIRED);
+    assert_int_equal(r.n_prior_calls, 0);
+    ddt_api_request_free(&r);
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s, \"tool_choice\": "
+             "{\"type\": \"function\", \"function\": {\"name\": \"zz\"}}}", tools);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_ERR_INVALID);
+    assert_string_equal(r.param, "tool_choice");
+    assert_non_null(strstr(err.msg, "'zz'"));
 }
 
 static void test_completion_prompts(void **state) {
@@ -182,6 +206,8 @@ static void test_bad_bodies(void **state) {
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
                        "\"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]}", "tools[0]"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}",
+         "tool_choice"}, /* no tools to call */
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"any\"}",
          "tool_choice"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": {\"type\": "
                        "\"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice"},
