@@ -794,13 +794,21 @@ def test_cli_serve_tool_call_round_trip(tmp_path):
     d = tmp_path / "scripted"
     d.mkdir()
     sm.scripted_model(d)
-    s = Server(engine=["--model", str(d), "--threads", "2"])
+    fixture_draft = os.path.join(ROOT, "tests", "fixtures", "drafter", "fp32")
+    s = Server(engine=["--model", str(d), "--draft", fixture_draft, "--threads", "2"])
     try:
         body = {"messages": [{"role": "user", "content": "call g"}], "tools": WEATHER_TOOLS, "max_tokens": 40}
         st, got = s.request("POST", "/v1/chat/completions", {**body, "return_token_ids": True})
         assert st == 200, got
         ch = got["choices"][0]
         assert ch["token_ids"] == sm.SCRIPT[1:], ch
+        # speculation does not change the call: the same ids and parts in chain and tree rounds
+        for spec in ({"mode": "chain"}, {"mode": "tree", "budget": 8}, {"mode": "tree", "budget": "auto"}):
+            st, other = s.request("POST", "/v1/chat/completions", {**body, "return_token_ids": True,
+                                                                   "speculative": spec})
+            assert st == 200, other
+            assert other["choices"][0]["token_ids"] == ch["token_ids"], spec
+            assert other["choices"][0]["message"] == ch["message"], spec
         assert ch["finish_reason"] == "tool_calls"
         msg = ch["message"]
         assert msg["reasoning_content"] == "r" and msg["content"] == "A"
