@@ -288,3 +288,24 @@ char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int
                                                    "seconds", seconds));
     return dump(o, false, len);
 }
+
+char *ddt_api_tokenize_body(const int32_t *ids, int32_t n, int32_t max_model_len, size_t *len) {
+    json_t *a = json_array();
+    for (int32_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) {
+            json_decref(a);
+            a = NULL;
+        }
+    if (!a) return NULL;
+    return dump(json_pack("{s:i, s:i, s:o}", "count", n, "max_model_len", max_model_len, "tokens", a), false, len);
+}
+
+char *ddt_api_detokenize_body(const char *text, size_t text_len, size_t *len) {
+    size_t clean_len = 0;
+    char *clean = ddt_utf8_sanitize(text, text_len, &clean_len);
+    if (!clean) return NULL;
+    json_t *t = json_stringn(clean, clean_len);
+    free(clean);
+    if (!t) return NULL;
+    return dump(json_pack("{s:o}", "prompt", t), false, len);
+}

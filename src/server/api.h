@@ -91,4 +91,9 @@ typedef struct ddt_api_result {
  * (res[0]'s) and every choice's completion; the ddtree object sums the rounds. */
 char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int n, size_t *len);
 
+/* /tokenize's answer: {"count", "max_model_len", "tokens"}. */
+char *ddt_api_tokenize_body(const int32_t *ids, int32_t n, int32_t max_model_len, size_t *len);
+/* /detokenize's answer: {"prompt": text}, invalid UTF-8 in text replaced by U+FFFD. */
+char *ddt_api_detokenize_body(const char *text, size_t text_len, size_t *len);
+
 #endif

@@ -64,7 +64,7 @@ typedef struct conn {
     bool too_big;
 } conn;
 
-enum { ROUTE_CHAT = 1, ROUTE_COMPLETION = 2 };
+enum { ROUTE_CHAT = 1, ROUTE_COMPLETION = 2, ROUTE_TOKENIZE = 3, ROUTE_DETOKENIZE = 4 };
 
 /* ------------------------------------------------------------------ responses */
 
@@ -702,6 +702,90 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
     return res;
 }
 
+/* ------------------------------------------------------------------ tokens */
+
+/* POST /tokenize (vLLM's): {"messages": [...], "tools", "tool_choice", "chat_template_kwargs",
+ * "add_generation_prompt"} or {"prompt": ...} gives {"count", "max_model_len", "tokens"}: the
+ * ids a chat or completion request with the same fields would decode from (the chat template,
+ * a forced call's opening included), without decoding anything. */
+static enum MHD_Result serve_tokenize(ddt_server *s, struct MHD_Connection *c, conn *cn) {
+    json_error_t je;
+    json_t *root = json_loadb(cn->body ? cn->body : "", cn->len, JSON_REJECT_DUPLICATES, &je);
+    bool chat = json_is_object(root) && json_object_get(root, "messages");
+    if (root) json_decref(root);
+    ddt_api_request rq;
+    ddt_error err = {0};
+    ddt_status st = ddt_api_request_parse(chat ? DDT_API_CHAT : DDT_API_COMPLETION, cn->body, cn->len, &rq, &err);
+    if (st != DDT_OK) return send_error(s, c, st == DDT_ERR_NOMEM ? 500 : 400, err.msg, rq.param);
+    prepared p;
+    memset(&p, 0, sizeof p);
+    ddt_job *j = ddt_job_new(NULL, NULL, 0);
+    if (!j) {
+        ddt_api_request_free(&rq);
+        return send_error(s, c, 500, "out of memory", NULL);
+    }
+    bool ok = encode_prompt(s, &rq, j, &p) && (!chat || start_chat(s, &rq, j, &p));
+    ddt_api_request_free(&rq);
+    enum MHD_Result res;
+    if (ok) {
+        size_t len = 0;
+        char *body = ddt_api_tokenize_body(j->prompt, j->n_prompt, s->max_ctx, &len);
+        res = send_body(s, c, 200, body, len, "application/json");
+    } else {
+        res = send_error(s, c, p.code, p.msg, p.param);
+    }
+    ddt_job_release(j);
+    return res;
+}
+
+/* POST /detokenize: {"tokens": [ids]} gives {"prompt": text} (special tokens as their text,
+ * invalid UTF-8 as U+FFFD). */
+static enum MHD_Result serve_detokenize(ddt_server *s, struct MHD_Connection *c, conn *cn) {
+    if (!s->tok) return send_error(s, c, 400, "this model folder has no tokenizer (tiktoken.model)", NULL);
+    json_error_t je;
+    json_t *root = json_loadb(cn->body ? cn->body : "", cn->len, JSON_REJECT_DUPLICATES, &je);
+    json_t *tokens = json_is_object(root) ? json_object_get(root, "tokens") : NULL;
+    if (!json_is_array(tokens)) {
+        if (root) json_decref(root);
+        return send_error(s, c, 400, root ? "'tokens' must be an array of token ids" : "the body is not valid JSON",
+                          root ? "tokens" : NULL);
+    }
+    size_t n = json_array_size(tokens);
+    if (n > DDT_API_MAX_PROMPT_IDS) {
+        json_decref(root);
+        return send_error(s, c, 400, "'tokens' is too long", "tokens");
+    }
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    char msg[160] = "";
+    for (size_t i = 0; ids && i < n && !msg[0]; i++) {
+        json_t *v = json_array_get(tokens, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->vocab)
+            snprintf(msg, sizeof msg, "'tokens'[%zu] is not a token id of this model's vocabulary [0, %d)", i, s->vocab);
+        else
+            ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(root);
+    if (!ids || msg[0]) {
+        free(ids);
+        return msg[0] ? send_error(s, c, 400, msg, "tokens") : send_error(s, c, 500, "out of memory", NULL);
+    }
+    /* the longest token bounds the text: at most n times it */
+    size_t cap = 0, len = 0;
+    ddt_error err = {0};
+    ddt_status st = ddt_tokenizer_decode(s->tok, ids, n, NULL, 0, &cap, &err);
+    char *text = st == DDT_OK || st == DDT_ERR_RANGE ? malloc(cap + 1) : NULL;
+    if (text) st = ddt_tokenizer_decode(s->tok, ids, n, text, cap, &len, &err);
+    free(ids);
+    if (!text || st != DDT_OK) {
+        free(text);
+        return send_error(s, c, text || st == DDT_ERR_RANGE ? 400 : 500, text ? err.msg : "out of memory", "tokens");
+    }
+    size_t blen = 0;
+    char *body = ddt_api_detokenize_body(text, len, &blen);
+    free(text);
+    return send_body(s, c, 200, body, blen, "application/json");
+}
+
 /* ------------------------------------------------------------------ routing */
 
 static bool authorized(ddt_server *s, struct MHD_Connection *c) {
@@ -742,7 +826,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     conn *cn = *con_cls;
     if (!cn) {
         bool get = !strcmp(method, MHD_HTTP_METHOD_GET), post = !strcmp(method, MHD_HTTP_METHOD_POST);
-        int route = !strcmp(url, "/v1/chat/completions") ? ROUTE_CHAT : !strcmp(url, "/v1/completions") ? ROUTE_COMPLETION : 0;
+        int route = !strcmp(url, "/v1/chat/completions") ? ROUTE_CHAT
+                  : !strcmp(url, "/v1/completions")      ? ROUTE_COMPLETION
+                  : !strcmp(url, "/tokenize")            ? ROUTE_TOKENIZE
+                  : !strcmp(url, "/detokenize")          ? ROUTE_DETOKENIZE
+                                                         : 0;
         bool get_route = !strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/models");
         if (get_route && get) return serve_get(s, c, url);
         if ((get_route && !get) || (route && !post)) return send_error(s, c, 405, "method not allowed here", NULL);
@@ -792,6 +880,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         snprintf(msg, sizeof msg, "the request body is over the limit of %zu bytes", s->o.max_body);
         return send_error(s, c, 413, msg, NULL);
     }
+    if (cn->route == ROUTE_TOKENIZE) return serve_tokenize(s, c, cn);
+    if (cn->route == ROUTE_DETOKENIZE) return serve_detokenize(s, c, cn);
     return serve_generation(s, c, cn);
 }
 

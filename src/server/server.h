@@ -5,6 +5,7 @@
  *   POST /v1/chat/completions   messages through the model's chat template (chat.h),
  *                               tools declared and tool calls / reasoning parsed back
  *   POST /v1/completions        a text prompt or token ids
+ *   POST /tokenize, /detokenize  the ids a request would decode from, and ids to text
  *   GET  /v1/models, /health, /metrics (Prometheus text)
  *
  * The engine decodes one stream at a time, so one worker thread owns it and

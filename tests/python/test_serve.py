@@ -707,6 +707,31 @@ def test_builtin_template_tools_and_tool_turns(server):
     assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
 
 
+def test_tokenize_and_detokenize(server):
+    """vLLM's /tokenize gives the ids a request with the same fields decodes from (chat: through the
+    template; completions: the text's), /detokenize turns ids back into text; bad input gets a 400."""
+    enc = shipped_encoding()
+    chat_body = {"messages": TOOL_TURNS, "tools": WEATHER_TOOLS}
+    ids, _ = chat_ids(server, chat_body)
+    st, got = server.request("POST", "/tokenize", chat_body)
+    assert st == 200 and got["tokens"] == ids and got["count"] == len(ids), got
+    assert got["max_model_len"] == 1024
+    st, got = server.request("POST", "/tokenize", {"prompt": "def add(a, b):\n    return"})
+    assert st == 200 and got["tokens"] == enc.encode_ordinary("def add(a, b):\n    return")
+    st, back = server.request("POST", "/detokenize", {"tokens": got["tokens"]})
+    assert st == 200 and back == {"prompt": "def add(a, b):\n    return"}
+    st, back = server.request("POST", "/detokenize", {"tokens": ids})
+    assert st == 200 and back["prompt"].startswith("<|im_system|>tool_declare<|im_middle|>[")
+    st, back = server.request("POST", "/detokenize", {"tokens": []})
+    assert st == 200 and back == {"prompt": ""}
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"messages": []}, "messages"),
+                              ("/detokenize", {"tokens": [5000]}, "tokens"), ("/detokenize", {"tokens": "x"}, "tokens"),
+                              ("/detokenize", {"tokens": [1.5]}, "tokens")):
+        st, err = server.request("POST", path, body)
+        assert st == 400 and err["error"]["param"] == param, (path, body, err)
+    assert server.request("GET", "/tokenize")[0] == 405
+
+
 # A model folder's own template, in the style of chat templates with tools (ChatML-like, using the shipped
 # tokenizer's markers): namespace, loop variables, tojson, filters, methods, raise_exception.
 FOLDER_TEMPLATE = """{%- set ns = namespace(sys='', n_user=0) -%}
