@@ -17,12 +17,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli_chat.h"
 #include "cli_engine.h"
 #include "commands.h"
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "text/chat.h"
-#include "text/chat_output.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -149,22 +149,12 @@ typedef struct stream_ctx {
     int64_t printed;
 } stream_ctx;
 
-static bool is_marker(const ddt_chat_markers *m, int32_t id) {
-    return m && id >= 0 &&
-           (id == m->think || id == m->think_end || id == m->section_begin || id == m->section_end ||
-            id == m->call_begin || id == m->arg_begin || id == m->call_end);
-}
-
 static bool on_emit(void *ctx, const int32_t *ids, int32_t n) {
     stream_ctx *s = ctx;
     if (s->quiet) return true;
     for (int32_t i = 0; i < n; i++) {
         if (s->text) {
-            const uint8_t *b;
-            size_t len;
-            if (ddt_tokenizer_text_bytes(s->tok, ids[i], &b, &len) ||
-                (is_marker(s->markers, ids[i]) && ddt_tokenizer_token_bytes(s->tok, ids[i], &b, &len, NULL) == DDT_OK))
-                fwrite(b, 1, len, stdout);
+            cli_print_tokens(s->tok, s->markers, ids + i, 1);
         } else {
             printf("%s%d", s->printed ? " " : "", ids[i]);
         }
@@ -172,57 +162,6 @@ static bool on_emit(void *ctx, const int32_t *ids, int32_t n) {
     }
     fflush(stdout);
     return true;
-}
-
-static json_t *utf8_json_string(const char *text, size_t n);
-
-/* --chat --json: the answer as serve's chat message has it ({"content", "reasoning_content",
- * "tool_calls"}), split by the chat markers (text/chat_output.h); the generation starts inside a
- * thinking block when the prompt ended in <think>.  NULL when out of memory. */
-static json_t *chat_message_json(const ddt_tokenizer *tok, int32_t last_prompt_id, const int32_t *out, int32_t n) {
-    ddt_chat_markers mk;
-    ddt_chat_markers_find(tok, &mk);
-    ddt_chat_router r;
-    ddt_chat_router_init(&r, tok, mk.think >= 0 && last_prompt_id == mk.think);
-    size_t cap = 1, lens[2] = {0, 0};
-    for (int32_t i = 0; i < n; i++) {
-        const uint8_t *b;
-        size_t len;
-        if (ddt_tokenizer_text_bytes(tok, out[i], &b, &len)) cap += len;
-    }
-    char *buf[2] = {malloc(cap), malloc(cap)}; /* content, reasoning */
-    bool ok = buf[0] && buf[1];
-    for (int32_t i = 0; ok && i < n; i++) {
-        ddt_chat_channel ch;
-        bool done;
-        ok = ddt_chat_route(&r, out[i], &ch, &done, NULL) == DDT_OK;
-        const uint8_t *b;
-        size_t len;
-        if (ok && (ch == DDT_CHAT_CH_CONTENT || ch == DDT_CHAT_CH_REASONING) &&
-            ddt_tokenizer_text_bytes(tok, out[i], &b, &len)) {
-            int k = ch == DDT_CHAT_CH_REASONING;
-            memcpy(buf[k] + lens[k], b, len);
-            lens[k] += len;
-        }
-    }
-    json_t *m = ok ? json_object() : NULL;
-    if (m) {
-        json_object_set_new(m, "content", utf8_json_string(buf[0], lens[0]));
-        if (lens[1]) json_object_set_new(m, "reasoning_content", utf8_json_string(buf[1], lens[1]));
-        json_t *calls = json_array();
-        for (int k = 0; calls && k < r.n_calls; k++)
-            json_array_append_new(calls, json_pack("{s:o, s:o, s:o}", "id",
-                                                   utf8_json_string(r.calls[k].id, strlen(r.calls[k].id)), "name",
-                                                   utf8_json_string(r.calls[k].name, strlen(r.calls[k].name)),
-                                                   "arguments",
-                                                   utf8_json_string(r.calls[k].arguments,
-                                                                    strlen(r.calls[k].arguments))));
-        json_object_set_new(m, "tool_calls", calls);
-    }
-    free(buf[0]);
-    free(buf[1]);
-    ddt_chat_router_free(&r);
-    return m;
 }
 
 /* JSON strings must be UTF-8: a model can emit bytes that are not, which become U+FFFD. */
@@ -375,7 +314,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
         if (a.chat && tok) {
-            json_t *m = chat_message_json(tok, a.prompt[a.n_prompt - 1], out, n_out);
+            json_t *m = cli_chat_message(tok, a.prompt[a.n_prompt - 1], out, n_out);
             if (!m) {
                 json_decref(o);
                 fprintf(stderr, "ddtree generate: out of memory\n");

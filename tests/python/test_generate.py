@@ -158,8 +158,9 @@ def test_cli_chat_reasoning_and_tool_calls(tmp_path):
                                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>")
     out = gen_json("--model", str(d), "--chat", "go", "--max-tokens", "30", "--stop-at-eos")
     assert out["ids"] == sm.SCRIPT[1:] and out["stop_reason"] == "stop token"
-    assert out["message"] == {"content": "A", "reasoning_content": "r",
-                              "tool_calls": [{"id": "g:0", "name": "g", "arguments": "{}"}]}
+    assert out["message"] == {"role": "assistant", "content": "A", "reasoning_content": "r",
+                              "tool_calls": [{"id": "g:0", "type": "function",
+                                              "function": {"name": "g", "arguments": "{}"}}]}
     # a plain prompt is not a chat: no message
     assert "message" not in gen_json("--model", str(d), "--prompt", "go", "--max-tokens", "2")
 

@@ -1,0 +1,80 @@
+/*
+ * cli_chat.c — see cli_chat.h.
+ */
+#include "cli_chat.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/utf8.h"
+
+static bool is_marker(const ddt_chat_markers *m, int32_t id) {
+    return m && id >= 0 &&
+           (id == m->think || id == m->think_end || id == m->section_begin || id == m->section_end ||
+            id == m->call_begin || id == m->arg_begin || id == m->call_end);
+}
+
+void cli_print_tokens(const ddt_tokenizer *tok, const ddt_chat_markers *markers, const int32_t *ids, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *b;
+        size_t len;
+        if (ddt_tokenizer_text_bytes(tok, ids[i], &b, &len) ||
+            (is_marker(markers, ids[i]) && ddt_tokenizer_token_bytes(tok, ids[i], &b, &len, NULL) == DDT_OK))
+            fwrite(b, 1, len, stdout);
+    }
+}
+
+static json_t *json_text(const char *s, size_t n) {
+    size_t len;
+    char *clean = ddt_utf8_sanitize(s, n, &len);
+    json_t *j = clean ? json_stringn(clean, len) : NULL;
+    free(clean);
+    return j;
+}
+
+json_t *cli_chat_message(const ddt_tokenizer *tok, int32_t last_prompt_id, const int32_t *out, int32_t n) {
+    ddt_chat_markers mk;
+    ddt_chat_markers_find(tok, &mk);
+    ddt_chat_router r;
+    ddt_chat_router_init(&r, tok, mk.think >= 0 && last_prompt_id == mk.think);
+    size_t cap = 1, lens[2] = {0, 0};
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *b;
+        size_t len;
+        if (ddt_tokenizer_text_bytes(tok, out[i], &b, &len)) cap += len;
+    }
+    char *buf[2] = {malloc(cap), malloc(cap)}; /* content, reasoning */
+    bool ok = buf[0] && buf[1];
+    for (int32_t i = 0; ok && i < n; i++) {
+        ddt_chat_channel ch;
+        bool done;
+        ok = ddt_chat_route(&r, out[i], &ch, &done, NULL) == DDT_OK;
+        const uint8_t *b;
+        size_t len;
+        if (ok && (ch == DDT_CHAT_CH_CONTENT || ch == DDT_CHAT_CH_REASONING) &&
+            ddt_tokenizer_text_bytes(tok, out[i], &b, &len)) {
+            int k = ch == DDT_CHAT_CH_REASONING;
+            memcpy(buf[k] + lens[k], b, len);
+            lens[k] += len;
+        }
+    }
+    json_t *m = ok ? json_pack("{s:s, s:o}", "role", "assistant", "content", json_text(buf[0], lens[0])) : NULL;
+    if (m && lens[1]) json_object_set_new(m, "reasoning_content", json_text(buf[1], lens[1]));
+    if (m && r.n_calls) {
+        json_t *calls = json_array();
+        for (int k = 0; calls && k < r.n_calls; k++) {
+            const ddt_chat_tool_call *c = &r.calls[k];
+            json_array_append_new(calls, json_pack("{s:o, s:s, s:{s:o, s:o}}", "id", json_text(c->id, strlen(c->id)),
+                                                   "type", "function", "function", "name",
+                                                   json_text(c->name, strlen(c->name)), "arguments",
+                                                   json_text(c->arguments, strlen(c->arguments))));
+        }
+        json_object_set_new(m, "tool_calls", calls);
+    }
+    free(buf[0]);
+    free(buf[1]);
+    ddt_chat_router_free(&r);
+    return m;
+}
