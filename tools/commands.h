@@ -10,5 +10,6 @@ int ddt_cmd_tree(int argc, char **argv);
 int ddt_cmd_generate(int argc, char **argv);
 int ddt_cmd_serve(int argc, char **argv);
 int ddt_cmd_perplexity(int argc, char **argv);
+int ddt_cmd_chat(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ typedef struct subcommand {
 static const subcommand k_commands[] = {
     {"tree", ddt_cmd_tree, "build and walk a DDTree draft tree from a JSON problem on stdin"},
     {"generate", ddt_cmd_generate, "decode with a target model from a prompt (CPU or GPU)"},
+    {"chat", ddt_cmd_chat, "a conversation on the terminal, through the model's chat template"},
     {"serve", ddt_cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"perplexity", ddt_cmd_perplexity, "the target model's perplexity on a text (checks a checkpoint)"},
 };

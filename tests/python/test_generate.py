@@ -4,6 +4,7 @@
 model folder's tokenizer; sampling is reproducible per seed.  Needs DDT_BUILD_DIR."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -163,6 +164,36 @@ def test_cli_chat_reasoning_and_tool_calls(tmp_path):
                                               "function": {"name": "g", "arguments": "{}"}}]}
     # a plain prompt is not a chat: no message
     assert "message" not in gen_json("--model", str(d), "--prompt", "go", "--max-tokens", "2")
+
+
+def chat_run(*args, stdin=""):
+    return subprocess.run([ddtree_path(), "chat", *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_chat_conversation(tmp_path):
+    """`ddtree chat`: each stdin line is a turn of one conversation through the chat template; a turn's
+    answer is generate --chat's for the same conversation; the second turn reuses the first's context
+    (prefix cache); /reset forgets; a tool-calling answer joins the history as a message."""
+    shipped = os.path.join(ROOT, "models", "pystdlib-target")
+    r = chat_run("--model", shipped, "--max-tokens", "8", stdin="def add(a, b):\n")
+    g = run("--model", shipped, "--chat", "def add(a, b):", "--max-tokens", "8", "--stop-at-eos")
+    assert r.returncode == 0 and g.returncode == 0, r.stderr + g.stderr
+    assert r.stdout == g.stdout
+    d = tmp_path / "scripted"
+    d.mkdir()
+    sm.scripted_model(d)
+    r = chat_run("--model", str(d), "--max-tokens", "30", stdin="first\nsecond\n/reset\nthird\n/exit\nnever\n")
+    assert r.returncode == 0, r.stderr
+    answer = ("<think>r</think>A<|tool_calls_section_begin|><|tool_call_begin|>g:0<|tool_call_argument_begin|>{}"
+              "<|tool_call_end|><|tool_calls_section_end|>\n")
+    assert r.stdout == answer * 3
+    turns = re.findall(r"(\d+) prompt tokens \((\d+) from the previous turn\)", r.stderr)
+    assert len(turns) == 3, r.stderr
+    # the second prompt holds the first turn and its answer ("firstA" before "second"), reusing its context
+    assert int(turns[1][0]) > int(turns[0][0]) and int(turns[1][1]) > 0
+    assert "starts afresh" in r.stderr
+    r = chat_run("--model", str(d), "--template-kwargs", "[1]", stdin="x\n")
+    assert r.returncode == 2 and "--template-kwargs" in r.stderr
 
 
 def test_cli_bad_drafter_folder(tmp_path):
