@@ -73,7 +73,7 @@ case ${1:-} in
         $DDT_BIN/cuda_bench_k26 --tc; $DDT_BIN/cuda_bench_moe 20 bf16
         python3 bench/e2e.py --build $DDT_BIN --backend cuda --model models/pystdlib-target \
           --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
-          --budgets 16,32 --temperatures 0 --no-hf --n-prompts 5' > "$OUT/patches-bench-$name.log" 2>&1
+          --budgets 16,32,auto --temperatures 0,1 --no-hf --n-prompts 5' > "$OUT/patches-bench-$name.log" 2>&1
     done
     exit $rc ;;
   *) echo "usage: scripts/gpu-patches.sh prepare | run"; exit 2 ;;
