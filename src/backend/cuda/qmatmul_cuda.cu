@@ -916,6 +916,24 @@ extern "C" ddt_status ddt_cuda_matmul_rope(const ddt_qweight *w, const float *x,
     return DDT_OK;
 }
 
+/* silu_mul and the wgmma product's split pass in one launch: g = silu(g) * u stored
+ * over the gate rows (ddt_cuda_silu_mul's bits, the function's contract) and its bf16
+ * hi / lo planes, the values wg_split_kernel would write from it. */
+#define SILU_SPLIT_THREADS 256
+static __global__ void __launch_bounds__(SILU_SPLIT_THREADS)
+silu_split_kernel(float *g, int64_t ldg, const float *__restrict__ u, int64_t ldu, int32_t n, int64_t cols,
+                  const ddt_cuda_split_planes p) {
+    DDT_GRID_DEP_WAIT();
+    const int64_t total = (int64_t)n * cols;
+    for (int64_t i = (int64_t)blockIdx.x * SILU_SPLIT_THREADS + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * SILU_SPLIT_THREADS) {
+        const int64_t t = i / cols, c = i - t * cols;
+        const float v = silu_mul1(g[t * ldg + c], u[t * ldu + c]);
+        g[t * ldg + c] = v;
+        bf16_split(v, ((__nv_bfloat16 *)p.hi)[t * p.pitch + c], ((__nv_bfloat16 *)p.lo)[t * p.pitch + c]);
+    }
+}
+
 extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_mm_mode mode, float *gate, int64_t ldg,
                                                 const float *up, int64_t ldu, int32_t n, float *y, int64_t ldy,
                                                 void *workspace, size_t workspace_bytes, ddt_cuda_stream stream,
@@ -929,11 +947,9 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
     cudaStream_t s = (cudaStream_t)stream;
     if (tc || n > DDT_CUDA_SILU_FUSE_MAX_N) {
         /* silu_mul then the product, the SiLU written over the gate rows (two
-           launches; three on tensor cores, whose product splits its activations
-           in a pre-pass first).  Tensor cores: a gated load in wstream.cuh's
-           pipeline would be one more kind of the largest kernel with the SiLU
-           recomputed by every row block (the split pre-pass could compute it
-           instead, one launch fewer: not done, not measured).  More
+           launches; on the tensor cores' wgmma path the SiLU runs in the split
+           pass, two launches too, and the mma.sync stream keeps three: silu_mul,
+           its split pass, the product).  More
            tokens: every warp of the fused kernel recomputes the SiLU (expf and a
            division) of all it reads, rows / R times per element, which measured
            on the H200 costs more than the launch it saves (the shipped target's
@@ -941,6 +957,15 @@ extern "C" ddt_status ddt_cuda_matmul_silu_mode(const ddt_qweight *w, ddt_cuda_m
         if (w->cols > INT32_MAX) return ddt_fail(err, DDT_ERR_RANGE, "matmul_silu: %lld columns", (long long)w->cols);
         /* a missing or short workspace is refused before gate is overwritten */
         if (tc && (st = tc_workspace_check(w, &g, n, workspace, workspace_bytes, err)) != DDT_OK) return st;
+        ddt_cuda_split_planes p;
+        if (tc && ddt_cuda_wg_split_planes(w, n, workspace, workspace_bytes, &p)) {
+            /* the wgmma path: the SiLU and the split in one launch, then the product alone */
+            const int64_t total = (int64_t)n * w->cols, blocks = (total + SILU_SPLIT_THREADS - 1) / SILU_SPLIT_THREADS;
+            silu_split_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), SILU_SPLIT_THREADS, 0, s>>>(
+                gate, ldg, up, ldu, n, w->cols, p);
+            DDT_CUDA_LAUNCHED("matmul_silu: silu + split", s, err);
+            return ddt_cuda_wg_matmul_presplit(w, n, y, ldy, workspace, workspace_bytes, stream, err);
+        }
         if ((st = ddt_cuda_silu_mul(gate, ldg, up, ldu, n, (int32_t)w->cols, stream, err)) != DDT_OK) return st;
         if (tc) return tc_matmul(w, &g, gate, ldg, n, y, ldy, workspace, workspace_bytes, s, err);
     }
