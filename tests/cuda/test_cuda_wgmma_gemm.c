@@ -13,7 +13,8 @@
  *     own) and inside n = 17 equals its row of the n = 64 (and 70) batch;
  *   - through ddt_cuda_matmul_mode (tensor mode routes an eligible bf16 weight
  *     here): the same bits as the direct call;
- *   - the k-split rule depends on the shape only, keeps two k-blocks a split;
+ *   - the k-split rule depends on the shape only, keeps two k-blocks a split, fills at
+ *     most one wave of the 132 SMs;
  *   - refusals: columns not a multiple of 8, a short or misaligned workspace;
  *   - the norms that write their output's split planes for the next product
  *     (ddt_cuda_add_rmsnorm_split, ddt_cuda_rmsnorm_pair_split,
@@ -183,11 +184,20 @@ static void ksplit_rule(void) {
         CHECK((ks == 1 || ks == 2 || ks == 4 || ks == 8) && (ks == 1 || nkb >= 2 * ks),
               "k-split of [%lld x %lld]: %d", (long long)sh[i][0], (long long)sh[i][1], ks);
     }
-    /* the big ones fill the machine: q_b (384 tiles) and o_proj (112 tiles) split, the LM head does not */
-    CHECK(ddt_cuda_wg_ksplit(24576, 1, 1536) > 1 && ddt_cuda_wg_ksplit(7168, 1, 8192) > 1 &&
-              ddt_cuda_wg_ksplit(163840, 1, 7168) == 1 && ddt_cuda_wg_ksplit(1536, 1, 7168) == 8,
-          "k-split of the K2.6 shapes: q_b %d o_proj %d LM head %d q_a %d", ddt_cuda_wg_ksplit(24576, 1, 1536),
-          ddt_cuda_wg_ksplit(7168, 1, 8192), ddt_cuda_wg_ksplit(163840, 1, 7168), ddt_cuda_wg_ksplit(1536, 1, 7168));
+    /* one wave: o_proj (56 tiles) splits 2 ways, q_a (12 tiles) 8, q_a | kv_a (17) 4; q_b of 192
+       tiles and the LM head have more tiles than SMs and do not split */
+    CHECK(ddt_cuda_wg_ksplit(24576, 1, 1536) == 1 && ddt_cuda_wg_ksplit(7168, 1, 8192) == 2 &&
+              ddt_cuda_wg_ksplit(163840, 1, 7168) == 1 && ddt_cuda_wg_ksplit(1536, 1, 7168) == 8 &&
+              ddt_cuda_wg_ksplit(2112, 1, 7168) == 4,
+          "k-split of the K2.6 shapes: q_b %d o_proj %d LM head %d q_a %d q_a|kv_a %d",
+          ddt_cuda_wg_ksplit(24576, 1, 1536), ddt_cuda_wg_ksplit(7168, 1, 8192), ddt_cuda_wg_ksplit(163840, 1, 7168),
+          ddt_cuda_wg_ksplit(1536, 1, 7168), ddt_cuda_wg_ksplit(2112, 1, 7168));
+    for (int64_t r = 64; r <= 40000; r = r * 3 / 2 + 7) /* never more CTAs than one wave holds, unless 1 */
+        for (int64_t c = 64; c <= 20000; c = c * 2 + 8) {
+            const int32_t ks = ddt_cuda_wg_ksplit(r, 1, c);
+            CHECK(ks == 1 || ((r + 127) / 128) * ks <= 132, "k-split %d of [%lld x %lld]: past one wave", ks,
+                  (long long)r, (long long)c);
+        }
 }
 
 static void refusals(void) {

@@ -217,13 +217,16 @@ extern "C" bool ddt_cuda_wg_eligible(const ddt_qweight *w) {
 
 extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols) {
     const int64_t tiles = (rows + WG_BM - 1) / WG_BM * (count > 0 ? count : 1), nkb = (cols + WG_BK - 1) / WG_BK;
+    /* One wave: the most splits (1, 2, 4 or 8, each at least two k-blocks) whose CTAs all
+       run at once on the 132 SMs, one CTA an SM; a product with more tiles than that is not
+       split.  A CTA streams at most ~40 GB/s (ncu of the K2.6 layer at n = 1: q_a | kv_a on
+       68 CTAs ran at 2 TB/s) and pays a fixed ramp and reduction, so more splits than SMs only
+       add waves of fixed costs: the wave model this replaces split K2.6's q_b (96 tiles) 4 ways
+       into 3 waves (23 us for 38 MB) and the front (35 tiles) 8 ways into 3 waves. */
     int32_t best = 1;
-    double best_cost = 0.0;
-    for (int32_t ks = 1; ks <= WG_MAX_KS; ks *= 2) {
-        if (ks > 1 && nkb < 2 * ks) break; /* each split keeps at least two k-blocks */
-        /* waves of one-per-SM CTAs, each 1/ks of a tile's work */
-        const double cost = (double)((tiles * ks + WG_SLOTS - 1) / WG_SLOTS) / ks;
-        if (ks == 1 || cost < 0.95 * best_cost) best = ks, best_cost = cost; /* a split costs its reduction */
+    for (int32_t ks = 2; ks <= WG_MAX_KS; ks *= 2) {
+        if (nkb < 2 * ks || tiles * ks > WG_SLOTS) break;
+        best = ks;
     }
     return best;
 }

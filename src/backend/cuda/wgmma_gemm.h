@@ -41,10 +41,11 @@ extern "C" {
  * property of the weight alone, never of n. */
 bool ddt_cuda_wg_eligible(const ddt_qweight *w);
 
-/* The k-split (a thread-block cluster of this many CTAs per 64-row tile) for a
+/* The k-split (a thread-block cluster of this many CTAs per 128-row tile) for a
  * product of `count` groups of `rows` rows over `cols` columns: from the shape
- * alone, so that the CTAs (one per SM) fill the H200's 132 multiprocessors with
- * the fewest partial waves.  1, 2, 4 or 8. */
+ * alone, the most splits whose CTAs (one per SM) all fit the H200's 132
+ * multiprocessors in one wave, each at least two 64-column k-blocks.  1, 2, 4 or
+ * 8. */
 int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols);
 
 /* y[t][g*y_stride + o] = sum_j x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j]
