@@ -47,7 +47,7 @@ static const char k_usage_tail[] =
     "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
     "  --logprobs N         with --json: each token's log-probability under the target and its N most\n"
     "                       likely alternatives, 0..20 (\"logprobs\": [{\"id\", \"logprob\", \"top\": [[id, lp]]}];\n"
-    "                       CPU backend)\n"
+    "                       CPU backend or one GPU)\n"
     "  --help               this text\n"
     "Exit status: 0 done, 2 bad arguments, model or prompt, 1 other failure.\n";
 

@@ -35,7 +35,7 @@ static const char k_usage_head[] =
     "\n"
     "The target model's perplexity on a text: its tokens in consecutive windows of --ctx tokens\n"
     "(default: the model's context, at most 8192), each scored from an empty context; every token\n"
-    "after a window's first counts.  CPU backend.\n"
+    "after a window's first counts.  CPU backend, or one GPU (--backend cuda).\n"
     "Options:\n";
 static const char k_usage_tail[] =
     "  --file PATH          the text (UTF-8, at most 64 MiB; needs the model's tokenizer)\n"
@@ -87,8 +87,8 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
     int sources = (a->file != NULL) + (a->text != NULL) + (a->ids_arg != NULL);
     if (sources == 0) return cli_usage_error("perplexity", "a text is required: --file PATH, --text TEXT or --ids LIST");
     if (sources > 1) return cli_usage_error("perplexity", "give one of --file, --text and --ids");
-    if (strcmp(a->eng.backend, "cpu") && strcmp(a->eng.backend, "auto"))
-        return cli_usage_error("perplexity", "--backend %s: scoring runs on the CPU backend only", a->eng.backend);
+    if (a->eng.gpus > 1)
+        return cli_usage_error("perplexity", "--gpus %lld: scoring runs on one GPU or the CPU", a->eng.gpus);
     return cli_engine_check(&a->eng);
 }
 
@@ -159,7 +159,6 @@ int ddt_cmd_perplexity(int argc, char **argv) {
     }
     ddt_engine_options eo;
     cli_engine_options(&a.eng, &eo);
-    eo.backend = DDT_BACKEND_CPU;
     eo.mode = DDT_MODE_AR;
     eo.draft_dir = NULL;
     if ((st = ddt_engine_create(a.eng.model, &eo, &eng, &err)) != DDT_OK) {

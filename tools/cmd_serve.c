@@ -146,7 +146,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.sampling = eo.sampling;
     so.has_draft = a.eng.draft != NULL;
     so.can_switch = cpu;
-    so.can_logprobs = cpu;
+    so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
     so.chat_template = chat;

@@ -11,7 +11,9 @@
 #include "engine/engine_cuda.h"
 #include "engine/engine_multi_cuda.h"
 
-#define CUDA_BACKEND(NAME, P)                                                                                     \
+/* SCORE, LOGPROBS: the engine's ddt_engine_score / set_logprobs, or NULL (the multi-GPU
+ * engine: its ranks' forwards run in lockstep threads that generate only) */
+#define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS)                                                                    \
     static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
                                     const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
         P *e = NULL;                                                                                              \
@@ -40,7 +42,18 @@
         .set_sampling = NAME##_set_sampling,                                                                      \
         .cost = NAME##_cost,                                                                                      \
         .generate = NAME##_generate,                                                                              \
+        .score = SCORE,                                                                                           \
+        .set_logprobs = LOGPROBS,                                                                                 \
     };
 
-CUDA_BACKEND(cuda, ddt_engine_cuda)
-CUDA_BACKEND(multi, ddt_engine_multi)
+static ddt_status cuda_score(void *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                             ddt_error *err) {
+    return ddt_engine_cuda_score(e, ids, n, n_top, out, err);
+}
+
+static void cuda_set_logprobs(void *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
+    ddt_engine_cuda_set_logprobs(e, out, capacity, n_top);
+}
+
+CUDA_BACKEND(cuda, ddt_engine_cuda, cuda_score, cuda_set_logprobs)
+CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL)

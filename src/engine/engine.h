@@ -107,8 +107,7 @@ typedef struct ddt_engine_options {
                                   its longest common prefix with the new prompt instead of an empty
                                   one (multi-turn chat re-sends the conversation): the same output
                                   bit for bit, since every cached row is what a prefill of its token
-                                  computes (batch invariance).  The CUDA engines start fresh (0
-                                  cached tokens) whatever this says. */
+                                  computes (batch invariance).  CPU and CUDA engines. */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
                                   programmatic edge crosses); the per-phase seconds then read 0, the
                                   totals stay; for measuring what the timing costs */
@@ -203,8 +202,9 @@ typedef struct ddt_token_logprobs {
  * before the emit callback that hands over that token; n_top alternatives
  * (0..DDT_MAX_TOP_LOGPROBS).  out NULL turns it off (the default).  A tree round
  * reads the verify logits of the accepted path, which are bitwise the logits of
- * a one-token-at-a-time decode, so every mode gives ar's values.  CPU engines;
- * the CUDA engines keep their logits on the device and give DDT_ERR_UNSUPPORTED.
+ * a one-token-at-a-time decode, so every mode gives ar's values.  CPU engines and
+ * one GPU (each round's emitted rows copied back to the host); the multi-GPU
+ * engine gives DDT_ERR_UNSUPPORTED.
  */
 ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top,
                                    ddt_error *err);
@@ -215,8 +215,9 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
  * values a generation reports for the same tokens (bit for bit: the rows do not
  * depend on how many go through a forward).  out[0] gets a NaN logprob and no
  * alternatives (nothing predicts the first token).  2 <= n <= the context.  The
- * prefix cache is cleared.  CPU engines (the first call allocates a logits buffer
- * of DDT_ENGINE_PREFILL_CHUNK rows); the CUDA engines give DDT_ERR_UNSUPPORTED.
+ * prefix cache is cleared.  CPU engines and one GPU (the first call allocates a
+ * logits buffer of DDT_ENGINE_PREFILL_CHUNK rows); the multi-GPU engine gives
+ * DDT_ERR_UNSUPPORTED.
  */
 ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                             ddt_error *err);

@@ -19,6 +19,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/emitter.h"
+#include "engine/logprobs.h"
 #include "engine/round.h"
 #include "model/drafter.h"
 #include "model/drafter_cuda.h"
@@ -99,6 +100,20 @@ struct ddt_engine_cuda {
     void *allreduce_ctx;
     float *stop_d;         /* device [1]: this rank's flag, then the sum; NULL on one GPU */
     float *stop_h;         /* pinned [2]: [0] the flag staged, [1] the sum read back */
+    /* options.prefix_cache: the token of each context row, kv_ids[0..n_kv), tracked on the
+       host from the prompt and the emitted rounds (a round's rows: its root, the previous
+       bonus, and the accepted tokens but the new bonus); n_kv 0 after anything that lost
+       track.  The drafter (chain / tree engines) appends every round's rows, so its
+       context is the target's. */
+    int32_t *kv_ids;       /* [max_ctx] */
+    int32_t n_kv;
+    /* ddt_engine_set_logprobs: where emitted token i's values go (i < lp_cap), NULL = off;
+       the rows are copied back into logits_h after each round (one GPU only) */
+    ddt_token_logprobs *lp_out;
+    int32_t lp_cap, lp_top;
+    /* ddt_engine_cuda_score: all rows' logits of a prefill chunk, made by its first call */
+    float *score_d;        /* device [DDT_ENGINE_PREFILL_CHUNK][vocab] */
+    float *score_h;        /* pinned, the same */
 };
 
 /* How a round picks the target's token at each node: argmax (T = 0), the device
@@ -146,16 +161,17 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     if (e->side) cudaStreamDestroy(e->side);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
-                   e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d};
+                   e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d, e->score_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
     void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h,
-                      e->sp_h, e->stop_h};
+                      e->sp_h, e->stop_h, e->score_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     ddt_builder_destroy(e->builder);
     free(e->vcost_h);
+    free(e->kv_ids);
     ddt_tree_free(&e->htree);
     ddt_sampler_destroy(e->sampler);
     ddt_cuda_target_free(e->target);
@@ -263,6 +279,10 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
     if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
+    if (!(e->kv_ids = ddt_malloc_array((size_t)max_ctx, sizeof(int32_t)))) {
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d context ids", max_ctx);
+        goto fail;
+    }
     {
         const size_t M = (size_t)e->max_nodes, cells = drows * (size_t)e->kmax;
         cudaError_t ce = cudaMallocHost((void **)&e->tok_h, M * sizeof(int32_t));
@@ -820,6 +840,42 @@ static ddt_status stop_exchange(ddt_engine_cuda *e, float flag, ddt_error *err) 
  * here and drops the round's tokens. */
 static bool stop_all(const ddt_engine_cuda *e) { return e->stop_d && e->stop_h[1] > 0.0f; }
 
+void ddt_engine_cuda_set_logprobs(ddt_engine_cuda *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
+    e->lp_out = out;
+    e->lp_cap = capacity;
+    e->lp_top = n_top;
+}
+
+/* ddt_engine_set_logprobs: the values of the m tokens emitted from output index
+ * `index` on, token i chosen from verify row rows[i] of e->logits (path: rows is
+ * the device walk's path, else row 0).  The rows come back into logits_h (a
+ * round's host walk is done with it by now); two synchronisations a round. */
+static ddt_status record_logprobs(ddt_engine_cuda *e, bool path, const int32_t *toks, int32_t m, int32_t index,
+                                  ddt_error *err) {
+    if (!e->lp_out || index >= e->lp_cap) return DDT_OK;
+    if (m > e->lp_cap - index) m = e->lp_cap - index;
+    const size_t V = (size_t)e->vocab;
+    if (path) {
+        DDT_CUDA_TRY(cudaMemcpyAsync(e->walk_h, e->tree.path, sizeof(int32_t) * (size_t)m, cudaMemcpyDeviceToHost,
+                                     e->s),
+                     err);
+        DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    }
+    for (int32_t i = 0; i < m; i++) {
+        const int32_t row = path ? e->walk_h[i] : 0;
+        if (row < 0 || row >= e->max_nodes)
+            return ddt_fail(err, DDT_ERR_INTERNAL, "logprobs: path node %d outside the %d verified rows", row,
+                            e->max_nodes);
+        DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h + (size_t)i * V, e->logits + (size_t)row * V, V * sizeof(float),
+                                     cudaMemcpyDeviceToHost, e->s),
+                     err);
+    }
+    DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    for (int32_t i = 0; i < m; i++)
+        ddt_logprobs_of_row(e->logits_h + (size_t)i * V, e->vocab, toks[i], e->lp_top, &e->lp_out[index + i]);
+    return DDT_OK;
+}
+
 /* The first token (after the prompt) or an AR step's token from logits row 0. */
 static ddt_status next_token(ddt_engine_cuda *e, uint64_t round, int32_t *tok, ddt_error *err) {
     const int mode = next_mode(e);
@@ -867,21 +923,34 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     if (on_device && !auto_host(e) && e->graph_next != mode)
         TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
                           e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
-    TRY(ddt_cuda_target_reset(e->target, err));
-    if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
+    /* options.prefix_cache: the rows of the longest common prefix of the last context
+       and this prompt stay (not the prompt's last token: its logits give the first new
+       token); every rank computes the same from the same ids */
+    int32_t keep = 0;
+    if (e->opts.prefix_cache) {
+        const int32_t lim = e->n_kv < n_prompt - 1 ? e->n_kv : n_prompt - 1;
+        while (keep < lim && e->kv_ids[keep] == prompt[keep]) keep++;
+    }
+    e->n_kv = 0; /* until the prefill below is issued */
+    TRY(ddt_cuda_kv_set_len(ddt_cuda_target_kv(e->target), keep, e->s, err));
+    if (e->drafter) TRY(ddt_cuda_drafter_rollback(e->drafter, keep, e->s, err));
     ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
+    s.cached_tokens = keep;
     DDT_CUDA_TRY(cudaMemcpyAsync(e->ids, prompt, sizeof(int32_t) * (size_t)n_prompt, cudaMemcpyHostToDevice, e->s),
                  err);
-    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+    for (int32_t i = keep; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
         int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
         TRY(ddt_cuda_target_prefill(e->target, e->ids + i, c, e->logits, false, err));
         if (e->drafter) TRY(ddt_cuda_drafter_append_prefix(e->drafter, e->capture, c, e->s, err));
     }
+    memcpy(e->kv_ids, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    int32_t n_kv = n_prompt; /* e->n_kv once the generation ends well */
     int32_t bonus;
     TRY(next_token(e, 0, &bonus, err));
     TRY(check_kv(e, err));
+    TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     ddt_emitter_push(&em, &bonus, 1);
@@ -903,17 +972,21 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                          err);
             DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
             if (stop_all(e)) break;
+            e->kv_ids[n_kv++] = bonus; /* the step's row: the token it ran */
             bonus = e->emit_h[0];
             if (bonus < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
             n = m = 1;
             if (!e->opts.cuda_no_phase_times) s.t_verify += elapsed(e->ev[0], e->ev[3]);
+            TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
             ddt_emitter_push(&em, &bonus, 1);
         } else if (e->opts.mode == DDT_MODE_AR) {
             TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
+            e->kv_ids[n_kv++] = bonus;
             TRY(next_token(e, round, &bonus, err)); /* synchronises */
             if (stop_all(e)) break;
             n = m = 1;
             s.t_verify += ddt_engine_now() - t0;
+            TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
             ddt_emitter_push(&em, &bonus, 1);
         } else {
             /* room 0 (one row left): budget 0, the root alone is verified and its
@@ -961,11 +1034,15 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 s.t_walk += elapsed(e->ev[3], e->ev[4]);
                 s.t_commit += elapsed(e->ev[4], e->ev[5]);
             }
+            /* the round committed its root (the previous bonus) and the accepted tokens */
+            e->kv_ids[n_kv++] = bonus;
+            for (int32_t i = 0; i + 1 < m; i++) e->kv_ids[n_kv++] = e->emit_h[2 + i];
             bonus = e->emit_h[1 + m];
             for (int32_t i = 0; i < m; i++) /* the device sampler's mark of a NaN / infinite logits row */
                 if (e->emit_h[2 + i] < 0)
                     return ddt_fail(err, DDT_ERR_INVALID, "round %llu: the target's logits hold a NaN or an infinity",
                                     (unsigned long long)round);
+            TRY(record_logprobs(e, true, e->emit_h + 2, m, em.n, err));
             ddt_emitter_push(&em, e->emit_h + 2, m);
         }
         len += m;
@@ -975,6 +1052,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     }
     TRY(check_kv(e, err));
     (void)bonus;
+    e->n_kv = n_kv;
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     s.round_kernels = on_device && !auto_host(e) ? e->graph_kernels : 0;
@@ -982,4 +1060,32 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     *n_out = em.n;
     if (stats) *stats = s;
     return DDT_OK;
+}
+
+ddt_status ddt_engine_cuda_score(ddt_engine_cuda *e, const int32_t *ids, int32_t n, int32_t n_top,
+                                 ddt_token_logprobs *out, ddt_error *err) {
+    const size_t rows = DDT_ENGINE_PREFILL_CHUNK, V = (size_t)e->vocab;
+    if (!e->score_d) {
+        TRY(ddt_cuda_malloc_array((void **)&e->score_d, rows * V, sizeof(float), NULL, err));
+        DDT_CUDA_TRY(cudaMallocHost((void **)&e->score_h, rows * V * sizeof(float)), err);
+    }
+    e->n_kv = 0; /* the context becomes the scored text, which the drafter has not seen */
+    TRY(ddt_cuda_target_reset(e->target, err));
+    if (e->drafter) TRY(ddt_cuda_drafter_reset(e->drafter, e->s, err));
+    DDT_CUDA_TRY(cudaMemcpyAsync(e->ids, ids, sizeof(int32_t) * (size_t)(n - 1), cudaMemcpyHostToDevice, e->s), err);
+    out[0].logprob = NAN;
+    out[0].n_top = 0;
+    /* row r of a chunk starting at i predicts token i + r + 1: the CPU engine's loop,
+       with the rows copied back */
+    for (int32_t i = 0; i < n - 1; i += (int32_t)rows) {
+        const int32_t c = n - 1 - i < (int32_t)rows ? n - 1 - i : (int32_t)rows;
+        TRY(ddt_cuda_target_prefill(e->target, e->ids + i, c, e->score_d, true, err));
+        DDT_CUDA_TRY(cudaMemcpyAsync(e->score_h, e->score_d, (size_t)c * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     e->s),
+                     err);
+        DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+        for (int32_t r = 0; r < c; r++)
+            ddt_logprobs_of_row(e->score_h + (size_t)r * V, e->vocab, ids[i + r + 1], n_top, &out[i + r + 1]);
+    }
+    return check_kv(e, err);
 }

@@ -43,5 +43,12 @@ void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s);
 ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                     const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
                                     ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err);
+/* ddt_engine_set_logprobs on one GPU: each round's emitted rows are copied back
+ * and log-softmaxed on the host (logprobs.h), two synchronisations a round. */
+void ddt_engine_cuda_set_logprobs(ddt_engine_cuda *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top);
+/* ddt_engine_score on one GPU (arguments checked by engine.c): prefill chunks with
+ * every row's logits, copied back and log-softmaxed on the host (logprobs.h). */
+ddt_status ddt_engine_cuda_score(ddt_engine_cuda *e, const int32_t *ids, int32_t n, int32_t n_top,
+                                 ddt_token_logprobs *out, ddt_error *err);
 
 #endif

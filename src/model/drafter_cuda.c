@@ -49,6 +49,7 @@
 #include "backend/cpu/rope.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dflash_cuda.h"
+#include "backend/cuda/kv_cuda.h"
 #include "backend/cuda/nn_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -475,6 +476,14 @@ ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_er
     DDT_CUDA_TRY(cudaMemsetAsync(d->len, 0, sizeof(int32_t), (cudaStream_t)s), err);
     DDT_CUDA_TRY(cudaMemsetAsync(d->status, 0, sizeof(int32_t), (cudaStream_t)s), err);
     return DDT_OK;
+}
+
+ddt_status ddt_cuda_drafter_rollback(ddt_cuda_drafter *d, int32_t len, ddt_cuda_stream s, ddt_error *err) {
+    if (!d) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_drafter_rollback: NULL drafter");
+    /* the cache's length-setting kernel over the drafter's two scalars */
+    _Static_assert((int)DDT_DFLASH_OK == (int)DDT_CUDA_KV_OK, "the kernel writes the cache's OK into the drafter's status");
+    const ddt_cuda_kv view = {.capacity = d->max_ctx, .len = d->len, .status = d->status};
+    return ddt_cuda_kv_set_len(&view, len, s, err);
 }
 
 /* ------------------------------------------------------------------ append */

@@ -70,6 +70,9 @@ uint64_t ddt_cuda_drafter_state_bytes(const ddt_cuda_drafter *d);
 
 /* Forget the context: len = 0, status = OK. */
 ddt_status ddt_cuda_drafter_reset(ddt_cuda_drafter *d, ddt_cuda_stream s, ddt_error *err);
+/* Keep the first len rows of the context (len no more than it holds, which the
+ * caller knows: the device value is not read back): len = len, status = OK. */
+ddt_status ddt_cuda_drafter_rollback(ddt_cuda_drafter *d, int32_t len, ddt_cuda_stream s, ddt_error *err);
 
 /*
  * Append m tokens' target features: layers[i] (host array of n_target_layers

@@ -342,8 +342,8 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         j->budget_auto = false;
     }
     if (rq->logprobs >= 0 && !s->o.can_logprobs) {
-        prep_fail(p, 400, "logprobs", "log-probabilities need the CPU backend (this server's engine keeps its "
-                  "logits on the GPU)");
+        prep_fail(p, 400, "logprobs", "log-probabilities need the CPU backend or one GPU (this server's engine "
+                  "splits the model over several)");
         ddt_job_release(j);
         return;
     }

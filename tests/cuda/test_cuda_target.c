@@ -14,7 +14,10 @@
  *     with stop reason "context full" (the CUDA loop verifies the root alone in
  *     the last row, as the CPU does), greedy tokens equal to CPU ar;
  *  5. options.cost: a given table drives the auto budget on CUDA (root-only
- *     rounds under a steep table, full trees under a flat one).
+ *     rounds under a steep table, full trees under a flat one);
+ *  6. serving: the prefix cache (each request's tokens a fresh engine's, exact
+ *     cached counts), ddt_engine_score (vs the CPU's, and repeatable) and the
+ *     log-probabilities (tree == ar bitwise, vs the CPU's).
  * Unused device memory is poisoned with NaN where the test owns it.
  * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases;
  * --sweep-fast N: the fast attention over N seeds; --diag-fast SEED...: why a
@@ -1152,6 +1155,134 @@ static void test_auto_convex(const char *model, const char *draft, const int32_t
            eq ? "yes" : "NO", (double)dv.st.nodes_verified / (double)(dv.st.rounds ? dv.st.rounds : 1));
 }
 
+/* The serving features on one GPU (engine.h): the prefix cache over a conversation
+ * whose requests extend, repeat and replace the context (each request's tokens equal
+ * a fresh engine's, the cached counts exact: the common prefix with the previous
+ * prompt + output, less the prompt's last token), greedy and T = 1; and
+ * ddt_engine_score against the CPU engine's (1e-4: the GPU's fp32 logits are not
+ * the CPU's bits) and against a second score of the same text (bitwise). */
+static void test_serving(const char *model, const char *draft, const int32_t *prompt, int np) {
+    for (int m = 0; m < 3; m++) {
+        const ddt_mode mode = m == 0 ? DDT_MODE_AR : m == 1 ? DDT_MODE_CHAIN : DDT_MODE_TREE;
+        for (int t = 0; t < 2; t++) {
+            ddt_engine_options o = {0};
+            o.mode = mode;
+            o.backend = DDT_BACKEND_CUDA;
+            o.draft_dir = mode == DDT_MODE_AR ? NULL : draft;
+            o.budget = 16;
+            o.sampling = (ddt_sampling){t ? 1.0f : 0.0f, 0, 1.0f, 5};
+            o.n_threads = 2;
+            ddt_engine *cached, *plain;
+            o.prefix_cache = true;
+            OK(ddt_engine_create(model, &o, &cached, &err_));
+            o.prefix_cache = false;
+            OK(ddt_engine_create(model, &o, &plain, &err_));
+            static int32_t p[512], prev[512];
+            int n = np < 40 ? np : 40, n_prev = 0;
+            memcpy(p, prompt, sizeof(int32_t) * (size_t)n);
+            for (int step = 0; step < 5; step++) {
+                run_out a, b;
+                OK(ddt_engine_generate(cached, p, n, 24, NULL, 0, a.ids, &a.n, NULL, NULL, &a.st, &err_));
+                OK(ddt_engine_generate(plain, p, n, 24, NULL, 0, b.ids, &b.n, NULL, NULL, &b.st, &err_));
+                CHECK(same_ids(&a, &b), "%s mode %d T %d request %d: the cached context changed the tokens", model,
+                      (int)mode, t, step);
+                int expect = 0;
+                while (step > 0 && expect < n - 1 && expect < n_prev && p[expect] == prev[expect]) expect++;
+                CHECK(a.st.cached_tokens == expect && b.st.cached_tokens == 0,
+                      "%s mode %d T %d request %d: %d cached tokens, expected %d", model, (int)mode, t, step,
+                      a.st.cached_tokens, expect);
+                memcpy(prev, p, sizeof(int32_t) * (size_t)n);
+                memcpy(prev + n, a.ids, sizeof(int32_t) * (size_t)a.n);
+                n_prev = n + a.n - 1; /* the last token's row is not in the context */
+                /* the next request: all of it and 3 new tokens (the first of them unlike what the
+                   model said next), the same again, or a fresh start */
+                if (step == 2) {
+                    for (int i = 0; i < 20; i++) p[i] = (prompt[i] + 17 * step) % 300;
+                    n = 20;
+                } else if (step != 1) {
+                    n = n_prev;
+                    memcpy(p, prev, sizeof(int32_t) * (size_t)n);
+                    p[n] = (a.ids[a.n - 1] + 1) % 300;
+                    p[n + 1] = 7, p[n + 2] = 11;
+                    n += 3;
+                }
+            }
+            ddt_engine_free(cached);
+            ddt_engine_free(plain);
+        }
+    }
+    /* scoring: the GPU's values against the CPU's, and a second run's */
+    enum { NS = 150 };
+    static int32_t ids[NS];
+    static ddt_token_logprobs g1[NS], g2[NS], c1[NS];
+    for (int i = 0; i < NS; i++) ids[i] = prompt[i % np];
+    ddt_engine_options o = {0};
+    o.mode = DDT_MODE_TREE;
+    o.budget = 16;
+    o.draft_dir = draft;
+    o.n_threads = 2;
+    o.sampling.top_p = 1.0f;
+    ddt_engine *cpu, *gpu;
+    o.backend = DDT_BACKEND_CPU;
+    OK(ddt_engine_create(model, &o, &cpu, &err_));
+    o.backend = DDT_BACKEND_CUDA;
+    OK(ddt_engine_create(model, &o, &gpu, &err_));
+    OK(ddt_engine_score(cpu, ids, NS, 5, c1, &err_));
+    OK(ddt_engine_score(gpu, ids, NS, 5, g1, &err_));
+    OK(ddt_engine_score(gpu, ids, NS, 5, g2, &err_));
+    double worst = 0.0;
+    int top_diff = 0;
+    for (int i = 1; i < NS; i++) {
+        const double d = fabs((double)g1[i].logprob - (double)c1[i].logprob);
+        worst = d > worst ? d : worst;
+        top_diff += g1[i].top_id[0] != c1[i].top_id[0];
+        CHECK(!memcmp(&g1[i].logprob, &g2[i].logprob, sizeof(float)) && g1[i].n_top == 5,
+              "%s: score token %d: two GPU runs differ", model, i);
+    }
+    CHECK(worst < 1e-4, "%s: GPU score vs CPU score: %.3g", model, worst);
+    /* a score, then a generation: the same tokens as before it (the context was replaced) */
+    run_out before, after;
+    OK(ddt_engine_generate(gpu, prompt, np < 40 ? np : 40, 24, NULL, 0, before.ids, &before.n, NULL, NULL, &before.st,
+                           &err_));
+    OK(ddt_engine_score(gpu, ids, NS, 0, g2, &err_));
+    OK(ddt_engine_generate(gpu, prompt, np < 40 ? np : 40, 24, NULL, 0, after.ids, &after.n, NULL, NULL, &after.st,
+                           &err_));
+    CHECK(same_ids(&before, &after), "%s: a generation after a score differs", model);
+    /* log-probabilities: the GPU tree's bitwise the GPU ar's (the same rows), within 1e-4 of
+       the CPU's, and entries past the emitted tokens untouched */
+    enum { NG = 32 };
+    static ddt_token_logprobs lar[NG + 2], ltr[NG + 2], lcpu[NG + 2];
+    run_out rar, rtr, rcpu;
+    ddt_engine *gar;
+    o.mode = DDT_MODE_AR;
+    o.draft_dir = NULL;
+    OK(ddt_engine_create(model, &o, &gar, &err_));
+    for (int i = 0; i < NG + 2; i++) lar[i].logprob = ltr[i].logprob = lcpu[i].logprob = NAN;
+    OK(ddt_engine_set_logprobs(gar, lar, NG, 4, &err_));
+    OK(ddt_engine_set_logprobs(gpu, ltr, NG, 4, &err_));
+    OK(ddt_engine_set_logprobs(cpu, lcpu, NG, 4, &err_));
+    const int npp = np < 40 ? np : 40;
+    OK(ddt_engine_generate(gar, prompt, npp, NG, NULL, 0, rar.ids, &rar.n, NULL, NULL, &rar.st, &err_));
+    OK(ddt_engine_generate(gpu, prompt, npp, NG, NULL, 0, rtr.ids, &rtr.n, NULL, NULL, &rtr.st, &err_));
+    OK(ddt_engine_generate(cpu, prompt, npp, NG, NULL, 0, rcpu.ids, &rcpu.n, NULL, NULL, &rcpu.st, &err_));
+    CHECK(same_ids(&rar, &rtr), "%s: logprobs on: GPU tree != GPU ar", model);
+    double lworst = 0.0;
+    for (int i = 0; i < NG; i++) {
+        CHECK(!memcmp(&lar[i].logprob, &ltr[i].logprob, sizeof(float)) && lar[i].n_top == 4 && ltr[i].n_top == 4 &&
+                  !memcmp(lar[i].top_id, ltr[i].top_id, 4 * sizeof(int32_t)),
+              "%s: token %d: GPU tree logprobs differ from GPU ar's", model, i);
+        const double d = fabs((double)lar[i].logprob - (double)lcpu[i].logprob);
+        lworst = d > lworst ? d : lworst;
+    }
+    CHECK(lworst < 1e-4, "%s: GPU logprobs vs CPU: %.3g", model, lworst);
+    CHECK(isnan(lar[NG].logprob) && isnan(ltr[NG].logprob), "%s: logprobs written past the capacity", model);
+    ddt_engine_free(gar);
+    printf("  serving: prefix cache == fresh (ar / chain / tree 16, T 0 and 1); score vs CPU %.2g (%d top-1 "
+           "differences); logprobs tree == ar bitwise, vs CPU %.2g\n", worst, top_diff, lworst);
+    ddt_engine_free(cpu);
+    ddt_engine_free(gpu);
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--diag-fast")) {
@@ -1184,6 +1315,7 @@ int main(int argc, char **argv) {
     test_full_context("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
     test_given_cost("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64);
     test_auto_convex("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, false);
+    test_serving("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
         static int32_t ids[8192];
