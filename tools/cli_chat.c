@@ -26,14 +26,6 @@ void cli_print_tokens(const ddt_tokenizer *tok, const ddt_chat_markers *markers,
     }
 }
 
-static json_t *json_text(const char *s, size_t n) {
-    size_t len;
-    char *clean = ddt_utf8_sanitize(s, n, &len);
-    json_t *j = clean ? json_stringn(clean, len) : NULL;
-    free(clean);
-    return j;
-}
-
 json_t *cli_chat_message(const ddt_tokenizer *tok, int32_t last_prompt_id, const int32_t *out, int32_t n) {
     ddt_chat_markers mk;
     ddt_chat_markers_find(tok, &mk);
@@ -60,19 +52,10 @@ json_t *cli_chat_message(const ddt_tokenizer *tok, int32_t last_prompt_id, const
             lens[k] += len;
         }
     }
-    json_t *m = ok ? json_pack("{s:s, s:o}", "role", "assistant", "content", json_text(buf[0], lens[0])) : NULL;
-    if (m && lens[1]) json_object_set_new(m, "reasoning_content", json_text(buf[1], lens[1]));
-    if (m && r.n_calls) {
-        json_t *calls = json_array();
-        for (int k = 0; calls && k < r.n_calls; k++) {
-            const ddt_chat_tool_call *c = &r.calls[k];
-            json_array_append_new(calls, json_pack("{s:o, s:s, s:{s:o, s:o}}", "id", json_text(c->id, strlen(c->id)),
-                                                   "type", "function", "function", "name",
-                                                   json_text(c->name, strlen(c->name)), "arguments",
-                                                   json_text(c->arguments, strlen(c->arguments))));
-        }
-        json_object_set_new(m, "tool_calls", calls);
-    }
+    json_t *m = ok ? json_pack("{s:s, s:o}", "role", "assistant", "content", ddt_utf8_json_string(buf[0], lens[0]))
+                   : NULL;
+    if (m && lens[1]) json_object_set_new(m, "reasoning_content", ddt_utf8_json_string(buf[1], lens[1]));
+    if (m && r.n_calls) json_object_set_new(m, "tool_calls", ddt_chat_tool_calls_json(r.calls, r.n_calls, -1));
     free(buf[0]);
     free(buf[1]);
     ddt_chat_router_free(&r);

@@ -164,15 +164,6 @@ static bool on_emit(void *ctx, const int32_t *ids, int32_t n) {
     return true;
 }
 
-/* JSON strings must be UTF-8: a model can emit bytes that are not, which become U+FFFD. */
-static json_t *utf8_json_string(const char *text, size_t n) {
-    size_t len;
-    char *buf = ddt_utf8_sanitize(text, n, &len);
-    if (!buf) return NULL;
-    json_t *j = json_stringn(buf, len);
-    free(buf);
-    return j;
-}
 
 /* The auto budget's cost model in use (seconds on this machine: what the stop rule
  * weighs), for comparing it with the measured round times. */
@@ -306,7 +297,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         json_t *ids = json_array();
         for (int32_t i = 0; i < n_out; i++) json_array_append_new(ids, json_integer(out[i]));
         json_object_set_new(o, "ids", ids);
-        if (text) json_object_set_new(o, "text", utf8_json_string(text, strlen(text)));
+        if (text) json_object_set_new(o, "text", ddt_utf8_json_string(text, strlen(text)));
         json_t *sj = stats_json(&gs, a.eng.mode, eo.budget, a.eng.budget_auto);
         if (sj) json_object_set_new(sj, "backend", json_string(ddt_backend_name(ddt_engine_backend(&eo))));
         const ddt_cost_model *cm = ddt_engine_cost(eng);

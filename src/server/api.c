@@ -64,11 +64,7 @@ static json_t *token_text(const ddt_tokenizer *tok, int32_t id, json_t **bytes) 
         for (size_t i = 0; i < n && *bytes; i++) json_array_append_new(*bytes, json_integer(b[i]));
     }
     if (n == 0) return json_string(""); /* an id the tokenizer does not have (or an empty token) */
-    size_t len = 0;
-    char *s = ddt_utf8_sanitize((const char *)b, n, &len);
-    json_t *t = s ? json_stringn(s, len) : NULL;
-    free(s);
-    return t;
+    return ddt_utf8_json_string((const char *)b, n);
 }
 
 /* Characters of text a token adds to a completion (special tokens add none). */
@@ -148,32 +144,6 @@ static json_t *usage(int64_t prompt, int64_t completion, int64_t cached) {
                      "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
-/* OpenAI's tool_calls array; with_index: a streamed delta's entries carry their index. */
-static json_t *tool_calls_json(const ddt_api_extra *ex, bool with_index) {
-    json_t *a = json_array();
-    for (int k = 0; a && k < ex->n_calls; k++) {
-        const ddt_chat_tool_call *c = &ex->calls[k];
-        /* a model's bytes may be invalid UTF-8: json_string would refuse them, so they are sanitised */
-        size_t il, nl, al;
-        char *id = ddt_utf8_sanitize(c->id, strlen(c->id), &il);
-        char *name = ddt_utf8_sanitize(c->name, strlen(c->name), &nl);
-        char *args = ddt_utf8_sanitize(c->arguments, strlen(c->arguments), &al);
-        json_t *o = id && name && args
-                        ? json_pack("{s:s%, s:s, s:{s:s%, s:s%}}", "id", id, il, "type", "function", "function", "name",
-                                    name, nl, "arguments", args, al)
-                        : NULL;
-        free(id);
-        free(name);
-        free(args);
-        if (o && with_index) json_object_set_new(o, "index", json_integer(ex->first_call + k));
-        if (!o || json_array_append_new(a, o)) {
-            json_decref(a);
-            return NULL;
-        }
-    }
-    return a;
-}
-
 char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, size_t text_len,
                           const ddt_api_extra *ex, const char *finish_reason, const ddt_api_logprobs *lp,
                           size_t *len) {
@@ -193,7 +163,8 @@ char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, siz
         if (t) json_object_set_new(delta, "content", t);
         if (ex && ex->reasoning_len)
             json_object_set_new(delta, "reasoning_content", json_stringn(ex->reasoning, ex->reasoning_len));
-        if (ex && ex->n_calls) json_object_set_new(delta, "tool_calls", tool_calls_json(ex, true));
+        if (ex && ex->n_calls)
+            json_object_set_new(delta, "tool_calls", ddt_chat_tool_calls_json(ex->calls, ex->n_calls, ex->first_call));
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", t ? t : json_string(""));
@@ -235,7 +206,8 @@ static json_t *choice_json(const ddt_api_ids *r, const ddt_api_result *res, int 
         json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
         if (msg && ex->reasoning_len)
             json_object_set_new(msg, "reasoning_content", json_stringn(ex->reasoning, ex->reasoning_len));
-        if (msg && ex->n_calls) json_object_set_new(msg, "tool_calls", tool_calls_json(ex, false));
+        if (msg && ex->n_calls)
+            json_object_set_new(msg, "tool_calls", ddt_chat_tool_calls_json(ex->calls, ex->n_calls, -1));
         json_object_set_new(choice, "message", msg);
     } else {
         json_object_set_new(choice, "text", t);
@@ -276,7 +248,8 @@ char *ddt_api_response_body(const ddt_api_ids *r, const ddt_api_result *res, int
     json_object_set_new(o, "choices", choices);
     if (res[0].ids && res[0].prompt_ids) {
         json_t *a = json_array();
-        for (int32_t i = 0; a && i < res[0].n_prompt_ids; i++) json_array_append_new(a, json_integer(res[0].prompt_ids[i]));
+        for (int32_t i = 0; a && i < res[0].n_prompt_ids; i++)
+            json_array_append_new(a, json_integer(res[0].prompt_ids[i]));
         json_object_set_new(o, "prompt_token_ids", a);
     }
     json_object_set_new(o, "usage", usage(res[0].prompt_tokens, completion, res[0].cached_tokens));
@@ -301,11 +274,7 @@ char *ddt_api_tokenize_body(const int32_t *ids, int32_t n, int32_t max_model_len
 }
 
 char *ddt_api_detokenize_body(const char *text, size_t text_len, size_t *len) {
-    size_t clean_len = 0;
-    char *clean = ddt_utf8_sanitize(text, text_len, &clean_len);
-    if (!clean) return NULL;
-    json_t *t = json_stringn(clean, clean_len);
-    free(clean);
+    json_t *t = ddt_utf8_json_string(text, text_len);
     if (!t) return NULL;
     return dump(json_pack("{s:o}", "prompt", t), false, len);
 }

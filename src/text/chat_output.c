@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "text/utf8.h"
 
 enum { ST_CONTENT, ST_REASONING, ST_SECTION, ST_CALL_ID, ST_CALL_ARGS };
 
@@ -166,4 +167,20 @@ ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, 
         return DDT_OK;
     }
     return DDT_OK;
+}
+
+json_t *ddt_chat_tool_calls_json(const ddt_chat_tool_call *calls, int n, int first_index) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < n; k++) {
+        const ddt_chat_tool_call *c = &calls[k];
+        json_t *o = json_pack("{s:o, s:s, s:{s:o, s:o}}", "id", ddt_utf8_json_string(c->id, strlen(c->id)), "type",
+                              "function", "function", "name", ddt_utf8_json_string(c->name, strlen(c->name)),
+                              "arguments", ddt_utf8_json_string(c->arguments, strlen(c->arguments)));
+        if (o && first_index >= 0) json_object_set_new(o, "index", json_integer(first_index + k));
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
 }

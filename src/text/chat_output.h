@@ -21,6 +21,7 @@
 #ifndef DDT_TEXT_CHAT_OUTPUT_H
 #define DDT_TEXT_CHAT_OUTPUT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -75,5 +76,11 @@ void ddt_chat_router_free(ddt_chat_router *r);
  * DDT_ERR_NOMEM when a call's text cannot grow (the router stays usable).
  */
 ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, bool *call_done, ddt_error *err);
+
+/* calls[0..n) as OpenAI's tool_calls array: [{"id", "type": "function",
+ * "function": {"name", "arguments"}}], invalid UTF-8 replaced by U+FFFD; with
+ * first_index >= 0 (a streamed delta) entry k also carries "index":
+ * first_index + k.  NULL when out of memory. */
+json_t *ddt_chat_tool_calls_json(const ddt_chat_tool_call *calls, int n, int first_index);
 
 #endif

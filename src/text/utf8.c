@@ -76,3 +76,11 @@ char *ddt_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
     if (out_len) *out_len = o;
     return buf;
 }
+
+json_t *ddt_utf8_json_string(const char *s, size_t n) {
+    size_t len;
+    char *clean = ddt_utf8_sanitize(s, n, &len);
+    json_t *j = clean ? json_stringn(clean, len) : NULL;
+    free(clean);
+    return j;
+}

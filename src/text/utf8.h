@@ -6,6 +6,7 @@
 #ifndef DDT_TEXT_UTF8_H
 #define DDT_TEXT_UTF8_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -23,5 +24,9 @@ size_t ddt_utf8_complete_len(const char *s, size_t n);
 /* s[0..n) with every invalid byte replaced by U+FFFD, NUL-terminated, in a
  * malloc'd buffer (*out_len bytes without the NUL); NULL when out of memory. */
 char *ddt_utf8_sanitize(const char *s, size_t n, size_t *out_len);
+
+/* A JSON string of s[0..n), sanitised as above (a model's bytes need not be
+ * UTF-8, which Jansson refuses); NULL when out of memory. */
+json_t *ddt_utf8_json_string(const char *s, size_t n);
 
 #endif
