@@ -61,7 +61,6 @@ static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, json_
         return DDT_OK;
     }
     if (json_is_string(c)) {
-        r->content_bytes += json_string_length(c);
         *out = json_incref(c);
         return DDT_OK;
     }
@@ -88,7 +87,6 @@ static ddt_status message_content(ddt_api_request *r, json_t *c, size_t i, json_
     *out = json_stringn_nocheck(buf, o); /* parts of valid JSON strings: valid UTF-8 */
     free(buf);
     if (!*out) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
-    r->content_bytes += o;
     return DDT_OK;
 }
 
@@ -103,7 +101,6 @@ static ddt_status copy_string(ddt_api_request *r, json_t *msg, json_t *dst, cons
         return DDT_OK;
     }
     if (!json_is_string(v)) return FAIL(r, DDT_ERR_INVALID, name, "'%s' must be a string", name);
-    r->content_bytes += json_string_length(v);
     if (json_object_set(dst, field, v)) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
     return DDT_OK;
 }
@@ -124,8 +121,6 @@ static ddt_status copy_tool_calls(ddt_api_request *r, json_t *msg, json_t *dst, 
             return FAIL(r, DDT_ERR_INVALID, name,
                         "'%s'[%zu] must be {\"id\": string, \"type\": \"function\", \"function\": {\"name\": string, "
                         "\"arguments\": string}}", name, k);
-        if (json_is_string(args)) r->content_bytes += json_string_length(args);
-        r->content_bytes += 64;
     }
     if (json_object_set(dst, "tool_calls", tc)) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory");
     return DDT_OK;
@@ -155,7 +150,6 @@ static ddt_status parse_message(ddt_api_request *r, json_t *msg, size_t i, json_
     if (asst && (st = copy_tool_calls(r, msg, out, i, err))) return st;
     if (asst && (st = copy_string(r, msg, out, "reasoning_content", i, false, err))) return st;
     if (tool && (st = copy_string(r, msg, out, "tool_call_id", i, true, err))) return st;
-    r->content_bytes += 16; /* the template's markers */
     return DDT_OK;
 }
 
@@ -237,7 +231,6 @@ static ddt_status parse_tools(ddt_api_request *r, json_t *root, ddt_error *err) 
     if (r->tool_choice == DDT_TOOL_CHOICE_NAMED && !named_found)
         return FAIL(r, DDT_ERR_INVALID, "tool_choice", "'tool_choice' names '%.64s', which 'tools' does not declare",
                     r->tool_choice_name);
-    if (tools && !json_is_null(tools)) r->content_bytes += json_dumpb(tools, NULL, 0, JSON_COMPACT);
     if (r->tool_choice != DDT_TOOL_CHOICE_NONE && nt > 0) r->tools = json_incref(tools);
     /* the index of a forced call: Kimi numbers calls across the conversation */
     for (size_t i = 0; i < r->n_msgs; i++) {

@@ -50,7 +50,6 @@ typedef struct ddt_api_request {
      * null (text parts joined); name, tool_calls, tool_call_id, reasoning_content kept */
     json_t *messages;
     size_t n_msgs;
-    size_t content_bytes;  /* the messages' text, for sizing */
     json_t *tools;         /* the declared functions (NULL: none, or tool_choice "none") */
     ddt_tool_choice tool_choice; /* REQUIRED / NAMED: the server opens the answer with the
                                     tool-call markers (a call section; and the named call) and the
