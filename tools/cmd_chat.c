@@ -64,11 +64,8 @@ static int parse_args(int argc, char **argv, chat_args *a) {
             a->system = v;
         } else if (!strcmp(f, "--template-kwargs")) {
             a->kwargs = v;
-        } else {
-            char *end;
-            a->max_new = strtoll(v, &end, 10);
-            if (*end || a->max_new < 1 || a->max_new > 1000000)
-                return cli_usage_error("chat", "--max-tokens %s: expected 1..1000000", v);
+        } else if (!cli_parse_ll(v, 1, 1000000, &a->max_new)) {
+            return cli_usage_error("chat", "--max-tokens '%s': expected an integer in 1..1000000", v);
         }
     }
     return cli_engine_check(&a->eng);

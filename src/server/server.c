@@ -225,7 +225,8 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
  * model writes the arguments and the parse sees the whole call. */
 static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
     j->chat = true;
-    ddt_chat_router_init(&j->router, s->tok, s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think);
+    const bool thinking = s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think;
+    ddt_chat_router_init(&j->router, s->tok, thinking);
     if (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED && rq->tool_choice != DDT_TOOL_CHOICE_NAMED) return true;
     const ddt_chat_markers *m = &j->router.m;
     if (m->section_begin < 0 || m->section_end < 0 || m->call_begin < 0 || m->arg_begin < 0 || m->call_end < 0) {
@@ -233,7 +234,7 @@ static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, pre
                   "tool-call markers (<|tool_calls_section_begin|> ...) to start one with");
         return false;
     }
-    if (s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think) {
+    if (thinking) {
         prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but the prompt opens a thinking block: "
                   "ask with \"auto\", or turn thinking off (chat_template_kwargs)");
         return false;
