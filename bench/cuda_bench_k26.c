@@ -32,26 +32,57 @@
 
 #include "../tests/cuda/cuda_test.h"
 #include "io/config.h"
+#include "backend/cuda/graph_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "model/target_cuda.h"
 #include "cuda_bench_k26.h"
 
-/* median ms of reps verify forwards of the tree already on the device */
+/* How a verify forward is timed: launched into the stream kernel by kernel (each
+ * kernel starts after the previous one ended), or captured once into a CUDA graph
+ * and replayed, with plain edges or with every kernel-to-kernel edge programmatic
+ * (PDL), as the engine runs its rounds (engine_cuda.c): the wgmma products then
+ * stream their first weight tiles while the kernel before them runs. */
+enum { RUN_STREAM = 0, RUN_GRAPH = 1, RUN_GRAPH_PDL = 2 };
+static const char *const run_name[] = {"stream", "graph", "graph + PDL"};
+
+/* median ms of reps verify forwards of the tree already on the device; -1 when
+ * the forward cannot be captured (printed) */
 static float time_verify(ddt_cuda_target *t, const int32_t *dtok, const int32_t *ddep, const uint64_t *dvis, int n,
-                         int reps) {
+                         int reps, int how) {
     cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+    cudaGraphExec_t ge = NULL;
+    if (how != RUN_STREAM) {
+        cudaGraph_t g = NULL;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        ddt_error cerr;
+        const ddt_status st = ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &cerr);
+        const cudaError_t ce = cudaStreamEndCapture(s, &g);
+        if (st != DDT_OK || ce != cudaSuccess) {
+            printf("(n = %d: the verify forward could not be captured: %s)\n", n,
+                   st != DDT_OK ? cerr.msg : cudaGetErrorString(ce));
+            if (g) cudaGraphDestroy(g);
+            cudaGetLastError();
+            return -1.0f;
+        }
+        if (how == RUN_GRAPH_PDL) OK(ddt_cuda_graph_programmatic(g, false, NULL, &err_));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        CU(cudaGraphDestroy(g));
+        CU(cudaGraphUpload(ge, s));
+    }
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     float v[32];
     for (int r = -2; r < reps; r++) {
         CU(cudaEventRecord(e0, s));
-        OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+        if (ge) CU(cudaGraphLaunch(ge, s));
+        else OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
         CU(cudaEventRecord(e1, s));
         CU(cudaEventSynchronize(e1));
         if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (ge) CU(cudaGraphExecDestroy(ge));
     qsort(v, (size_t)reps, sizeof v[0], bench_cmp_float);
     return v[reps / 2];
 }
@@ -84,11 +115,15 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     const double attn_b = 2.0 * (7168.0 * 1536 + 1536.0 * 64 * 192 + 7168.0 * 576 + 512.0 * 64 * 256 + 7168.0 * 64 * 128);
     const double shared_b = 2.0 * 3 * 7168.0 * 2048, router_b = 2.0 * 384 * 7168;
     const double expert_b = 3 * (7168.0 * 2048 / 2 + 7168.0 * 2048 / 32 * 2); /* INT4 + bf16 scales */
-    float table[4][8];
-    printf("## One MoE layer: tree-verify forward time (ms) by tree size n and context N\n\n| n |");
+    float table[4][8], gtab[2][8]; /* gtab: N = Ns[1] as a graph, plain edges / PDL */
+    const int jg = n_N > 1 ? 1 : 0;
+    printf("## One MoE layer: tree-verify forward time (ms) by tree size n and context N\n\n"
+           "Stream: launched kernel by kernel; graph: the forward captured once and replayed; graph + PDL: "
+           "every kernel-to-kernel edge programmatic, as the engine runs its rounds.\n\n| n |");
     for (int j = 0; j < n_N; j++) printf(" N=%d |", Ns[j]);
-    printf(" floor at N=%d (ms) | ratio |\n|---:|", Ns[0]);
-    for (int j = 0; j <= n_N + 1; j++) printf("---:|");
+    printf(" N=%d %s | N=%d %s | floor at N=%d (ms) | ratio | floor at N=%d (ms) | ratio (%s) |\n|---:|", Ns[jg],
+           run_name[RUN_GRAPH], Ns[jg], run_name[RUN_GRAPH_PDL], Ns[0], Ns[jg], run_name[RUN_GRAPH_PDL]);
+    for (int j = 0; j <= n_N + 5; j++) printf("---:|");
     printf("\n");
     for (int j = 0; j < n_N; j++) {
         OK(ddt_cuda_target_fake_context(t, Ns[j], 7 + (uint64_t)j, &err_));
@@ -97,17 +132,23 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
             CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
             CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
             CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
-            table[j][i] = time_verify(t, dtok, ddep, dvis, ns[i], reps) / MOE_LAYERS;
+            table[j][i] = time_verify(t, dtok, ddep, dvis, ns[i], reps, RUN_STREAM) / MOE_LAYERS;
+            if (j == jg)
+                for (int h = 0; h < 2; h++) {
+                    const float ms = time_verify(t, dtok, ddep, dvis, ns[i], reps, RUN_GRAPH + h);
+                    gtab[h][i] = ms < 0 ? ms : ms / MOE_LAYERS;
+                }
         }
     }
     for (int i = 0; i < n_n; i++) {
         printf("| %d |", ns[i]);
         for (int j = 0; j < n_N; j++) printf(" %.3f |", table[j][i]);
+        printf(" %.3f | %.3f |", gtab[0][i], gtab[1][i]);
         /* expected distinct experts of n tokens with top-8 of 384 (random routing) */
         double touched = 384.0 * (1.0 - pow(1.0 - 8.0 / 384.0, ns[i]));
-        double bytes = attn_b + shared_b + router_b + touched * expert_b + (double)Ns[0] * 1152.0;
-        double floor_ms = bytes / bw * 1e3;
-        printf(" %.3f | %.2f |\n", floor_ms, table[0][i] / floor_ms);
+        double bytes = attn_b + shared_b + router_b + touched * expert_b;
+        double floor0 = (bytes + (double)Ns[0] * 1152.0) / bw * 1e3, floorg = (bytes + (double)Ns[jg] * 1152.0) / bw * 1e3;
+        printf(" %.3f | %.2f | %.3f | %.2f |\n", floor0, table[0][i] / floor0, floorg, gtab[1][i] / floorg);
     }
     /* LM head (vocab 163840 x 7168 bf16): the embedding has that shape */
     printf("\n## LM head (163840 x 7168 bf16) by n\n\n| n | ms |\n|---:|---:|\n");
@@ -182,23 +223,29 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     so.seed = 2;
     OK(ddt_cuda_target_synthetic(&c, &o, &so, &t, &err_));
     OK(ddt_cuda_target_fake_context(t, 4096, 3, &err_));
-    float dense[8];
-    printf("\n## Dense layer 0 at N=4096 by n\n\n| n | ms |\n|---:|---:|\n");
+    float dense[8], dense_s[8];
+    printf("\n## Dense layer 0 at N=4096 by n\n\n| n | ms (stream) | ms (graph + PDL) |\n|---:|---:|---:|\n");
     for (int i = 0; i < n_n; i++) {
         bench_random_tree(ns[i], tok, depth, vis);
         CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
-        dense[i] = time_verify(t, dtok, ddep, dvis, ns[i], reps);
-        printf("| %d | %.3f |\n", ns[i], dense[i]);
+        dense_s[i] = time_verify(t, dtok, ddep, dvis, ns[i], reps, RUN_STREAM);
+        dense[i] = time_verify(t, dtok, ddep, dvis, ns[i], reps, RUN_GRAPH_PDL);
+        printf("| %d | %.3f | %.3f |\n", ns[i], dense_s[i], dense[i]);
     }
     ddt_cuda_target_free(t);
 
-    /* projection: 1 dense + 60 MoE layers + LM head, at N = 4096 */
-    printf("\n## Projected 61-layer verify round at N=4096 (one GPU's compute, no communication)\n\n"
-           "| n | round ms | tokens/s at tau=1 | tau=2.5 | tau=3.5 | tau=4.5 |\n|---:|---:|---:|---:|---:|---:|\n");
+    /* projection: 1 dense + 60 MoE layers + LM head, at N = 4096, each layer as the
+       engine runs it (graph + PDL) where it could be captured, else the stream's time */
+    bool as_graph = true;
+    for (int i = 0; i < n_n; i++) as_graph = as_graph && gtab[1][i] > 0 && dense[i] > 0;
+    const float *moe = as_graph ? gtab[1] : table[jg], *dn = as_graph ? dense : dense_s;
+    printf("\n## Projected 61-layer verify round at N=%d (one GPU's compute, no communication; layers timed as %s)\n\n"
+           "| n | round ms | tokens/s at tau=1 | tau=2.5 | tau=3.5 | tau=4.5 |\n|---:|---:|---:|---:|---:|---:|\n",
+           Ns[jg], as_graph ? run_name[RUN_GRAPH_PDL] : run_name[RUN_STREAM]);
     for (int i = 0; i < n_n; i++) {
-        double ms = dense[i] + 60.0 * table[n_N > 1 ? 1 : 0][i] + lm[i];
+        double ms = dn[i] + 60.0 * moe[i] + lm[i];
         printf("| %d | %.2f | %.1f | %.1f | %.1f | %.1f |\n", ns[i], ms, 1e3 / ms, 2.5e3 / ms, 3.5e3 / ms,
                4.5e3 / ms);
     }
@@ -207,7 +254,7 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
            "| n | round ms | tokens/s at tau=1 | tau=2.5 | tau=3.5 | tau=4.5 |\n|---:|---:|---:|---:|---:|---:|\n",
            MOE_LAYERS);
     for (int i = 0; i < n_n; i++) {
-        double ms = dense[i] + 60.0 * (table[n_N > 1 ? 1 : 0][i] - emb[i] / MOE_LAYERS) + lm[i];
+        double ms = dn[i] + 60.0 * (moe[i] - emb[i] / MOE_LAYERS) + lm[i];
         printf("| %d | %.2f | %.1f | %.1f | %.1f | %.1f |\n", ns[i], ms, 1e3 / ms, 2.5e3 / ms, 3.5e3 / ms,
                4.5e3 / ms);
     }

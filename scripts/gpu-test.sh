@@ -13,7 +13,8 @@
 #   $OUT/diag.log, a verdict per seed on the terminal); bench-experts = the
 #   expert kernels by work-item size; ncu-dense = Nsight Compute sections of the dense kernel at
 #   64 tokens (LM head, q_b, o_proj) into $OUT/ncu-dense.txt; k26 = the K2.6 slice
-#   with tensor cores (every n, N <= 4096); ncu-layer = every kernel's time in one
+#   with tensor cores (every n, N <= 4096); ncu-full = Nsight Compute's full section set on every
+#   kernel of one MoE layer's verify at n = $NCU_FULL_N (default 1; $OUT/ncu-full-N.txt); ncu-layer = every kernel's time in one
 #   MoE layer's verify at n = 1 and 32 ($OUT/ncu-layer-N.csv, listed in launch order in
 #   ncu-layer-N.md: scripts/ncu-sum.py --launches); ncu-round = every kernel's time in
 #   a short generate of the shipped pair (ar, tree 64, tree 64 at T = 1: $OUT/ncu-round-*.csv.gz,
@@ -132,6 +133,14 @@ for s in "${steps[@]}"; do
         ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum \
             --csv $B/cuda_bench_k26 --profile $n > "$OUT/ncu-layer-$n.csv" 2>&1
         python3 scripts/ncu-sum.py --launches "$OUT/ncu-layer-$n.csv" | tee "$OUT/ncu-layer-$n.md"
+      done ;;
+    ncu-full) for n in ${NCU_FULL_N:-1}; do
+        # every kernel of one MoE layer's verify with the full section set (throughput, warp
+        # stalls, memory chart, source counters): why each small kernel takes what it takes
+        ncu --clock-control none --cache-control none --profile-from-start off --set full \
+            $B/cuda_bench_k26 --profile $n 2>&1 | grep -v '^==PROF==' > "$OUT/ncu-full-$n.txt"
+        grep -E '^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy' \
+            "$OUT/ncu-full-$n.txt" | head -200
       done ;;
     ncu-round) for m in "ar" "tree --budget 64" "tree --budget 64 --temperature 1"; do
         echo "== ncu-round: $m"

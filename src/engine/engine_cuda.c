@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_cuda.h"
 #include "backend/cuda/kv_cuda.h"
 #include "backend/cuda/qmatmul_cuda.h"
 #include "backend/cuda/sample_cuda.h"
@@ -444,55 +445,16 @@ static int32_t count_kernels(cudaGraph_t g) {
     return count;
 }
 
-/* Programmatic dependent launch for a captured graph: every edge from a kernel
- * node to a kernel node becomes a programmatic edge that fires when all of the
- * first kernel's blocks have started (cudaGraphKernelNodePortLaunchCompletion),
- * so the second kernel's blocks are scheduled and waiting while the first one
- * runs instead of being launched after it ends: on a small model whose kernels
- * last a few microseconds that launch gap is a large share of a round.  Safe
- * because every kernel of the backend opens with griddepcontrol.wait
- * (DDT_GRID_DEP_WAIT, cuda_check.h, checked by tests/python/test_cuda_sources.py),
- * which holds it until every grid it depends on has finished and flushed its
- * writes; edges from or to other nodes (copies, events) stay full dependencies.  Only for one GPU without NCCL: a multi-GPU round also
- * holds NCCL's kernels, which do not wait.  *converted counts the edges changed. */
+/* Programmatic dependent launch for a captured round graph
+ * (ddt_cuda_graph_programmatic): the round's kernel-to-kernel edges fire when
+ * the first kernel's blocks have all started, so on a small model whose kernels
+ * last a few microseconds the second kernel's launch gap overlaps the first.
+ * Only for one GPU without NCCL: a multi-GPU round also holds NCCL's kernels,
+ * which do not wait.  *converted counts the edges changed. */
 static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, int32_t *converted, ddt_error *err) {
     const bool products_only = e->opts.cuda_pdl_edges == DDT_PDL_EDGES_PRODUCTS ||
                                (e->opts.cuda_pdl_edges == DDT_PDL_EDGES_DEFAULT && e->opts.mode == DDT_MODE_AR);
-    size_t ne = 0;
-    DDT_CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &ne), err);
-    if (ne == 0) return DDT_OK;
-    cudaGraphNode_t *from = ddt_calloc_array(ne, sizeof *from), *to = ddt_calloc_array(ne, sizeof *to);
-    cudaGraphEdgeData *ed = ddt_calloc_array(ne, sizeof *ed);
-    ddt_status st = DDT_OK;
-    if (!from || !to || !ed) st = ddt_fail(err, DDT_ERR_NOMEM, "programmatic edges: %zu edges", ne);
-    cudaError_t ce = st == DDT_OK ? cudaGraphGetEdges(g, from, to, ed, &ne) : cudaSuccess;
-    for (size_t i = 0; st == DDT_OK && ce == cudaSuccess && i < ne; i++) {
-        enum cudaGraphNodeType tf, tt;
-        ce = cudaGraphNodeGetType(from[i], &tf);
-        if (ce == cudaSuccess) ce = cudaGraphNodeGetType(to[i], &tt);
-        if (ce != cudaSuccess || tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel ||
-            ed[i].type != cudaGraphDependencyTypeDefault)
-            continue;
-        if (products_only) { /* only into a kernel with work before its wait */
-            struct cudaKernelNodeParams kp;
-            ce = cudaGraphKernelNodeGetParams(to[i], &kp);
-            if (ce != cudaSuccess) break;
-            if (!ddt_cuda_kernel_waits_late(kp.func)) continue;
-        }
-        ce = cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1);
-        cudaGraphEdgeData p;
-        memset(&p, 0, sizeof p);
-        p.type = cudaGraphDependencyTypeProgrammatic;
-        p.from_port = cudaGraphKernelNodePortLaunchCompletion;
-        if (ce == cudaSuccess) ce = cudaGraphAddDependencies(g, &from[i], &to[i], &p, 1);
-        if (ce == cudaSuccess) (*converted)++;
-    }
-    if (st == DDT_OK && ce != cudaSuccess)
-        st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: programmatic edges of the round graph: %s", cudaGetErrorString(ce));
-    free(from);
-    free(to);
-    free(ed);
-    return st;
+    return ddt_cuda_graph_programmatic(g, products_only, converted, err);
 }
 
 /* world 0 = the single-GPU engine; a rank (even the one rank of --gpus 1 over
