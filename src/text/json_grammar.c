@@ -128,7 +128,8 @@ static bool whitespace(ddt_json_state *s) {
 static bool step(ddt_json_state *s, uint8_t c) {
     switch (s->mode) {
     case M_VALUE:
-        if (is_ws(c)) return whitespace(s);
+        /* no whitespace before the document: a generation starts with its value */
+        if (is_ws(c)) return s->depth > 0 && whitespace(s);
         return start_value(s, c);
     case M_ARRAY_FIRST:
         if (is_ws(c)) return whitespace(s);

@@ -16,7 +16,10 @@
  * away inside the grammar: nesting deeper than DDT_JSON_MAX_DEPTH containers is
  * refused (the opening byte past it does not step), and so is a run of more
  * than DDT_JSON_MAX_WS whitespace bytes (a model that loops on spaces must write
- * something else).  Both are generous for pretty-printed output.
+ * something else).  Both are generous for pretty-printed output.  And the
+ * document starts with its value, no whitespace before it (a generation has no
+ * reason to open with blanks, and small models like to; trailing whitespace is
+ * accepted, but a token mask ends a complete document with a stop id at once).
  */
 #ifndef DDT_TEXT_JSON_GRAMMAR_H
 #define DDT_TEXT_JSON_GRAMMAR_H
