@@ -5,7 +5,7 @@
  * with the one before it the path of their common prefix, so it adds only the
  * nodes past that prefix, always as the last child of their parent, and every
  * child list comes out sorted without searching.  Tokens of more than
- * JSON_VOCAB_MAX_TOKEN bytes are left out of the trie, which bounds the mask's
+ * DDT_JSON_VOCAB_MAX_TOKEN bytes are left out of the trie, which bounds the mask's
  * recursion (and so its stack) whatever the tokenizer file holds; real
  * vocabularies have none that long, and a model loses nothing by spelling such
  * a run with shorter tokens.
@@ -17,8 +17,6 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-
-#define JSON_VOCAB_MAX_TOKEN 256
 
 typedef struct trie_node {
     int32_t child;     /* first child, -1: none */
@@ -68,7 +66,7 @@ static ddt_status build_trie(ddt_json_vocab *v, ddt_error *err) {
     size_t m = 0, total = 0;
     for (int32_t i = 0; i < vocab; i++) {
         size_t len = v->off[i + 1] - v->off[i];
-        if (len > 0 && len <= JSON_VOCAB_MAX_TOKEN) m++, total += len;
+        if (len > 0 && len <= DDT_JSON_VOCAB_MAX_TOKEN) m++, total += len;
     }
     if (total + 1 > (size_t)INT32_MAX) return ddt_fail(err, DDT_ERR_RANGE, "vocabulary of %zu bytes is too large", total);
     entry *es = ddt_malloc_array(m ? m : 1, sizeof *es);
@@ -83,10 +81,10 @@ static ddt_status build_trie(ddt_json_vocab *v, ddt_error *err) {
     m = 0;
     for (int32_t i = 0; i < vocab; i++) {
         size_t len = v->off[i + 1] - v->off[i];
-        if (len > 0 && len <= JSON_VOCAB_MAX_TOKEN) es[m++] = (entry){v->blob + v->off[i], len, i};
+        if (len > 0 && len <= DDT_JSON_VOCAB_MAX_TOKEN) es[m++] = (entry){v->blob + v->off[i], len, i};
     }
     qsort(es, m, sizeof *es, cmp_entry);
-    int32_t path[JSON_VOCAB_MAX_TOKEN + 1];
+    int32_t path[DDT_JSON_VOCAB_MAX_TOKEN + 1];
     v->nodes[0] = (trie_node){-1, -1, 0, 0, 0};
     last[0] = -1;
     v->n_nodes = 1;
@@ -168,7 +166,7 @@ ddt_status ddt_json_vocab_create(const ddt_tokenizer *tok, int32_t vocab, ddt_js
 }
 
 /* Mark the tokens below node (whose path led to state s); depth is bounded by
- * JSON_VOCAB_MAX_TOKEN. */
+ * DDT_JSON_VOCAB_MAX_TOKEN. */
 static void visit(const ddt_json_vocab *v, int32_t node, const ddt_json_state *s, uint8_t *allow) {
     for (int32_t c = v->nodes[node].child; c >= 0; c = v->nodes[c].sibling) {
         const trie_node *n = &v->nodes[c];

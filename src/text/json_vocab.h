@@ -8,7 +8,9 @@
  * steps a copy of the state per edge and prunes a branch at the first refused
  * byte, so it visits only the prefixes the grammar allows.  Special tokens and
  * ids without bytes are never in a mask, and neither is a token of no bytes
- * (it could repeat forever without moving the grammar).
+ * (it could repeat forever without moving the grammar), nor a token of more than
+ * DDT_JSON_VOCAB_MAX_TOKEN bytes (which bounds a mask's recursion; real
+ * vocabularies have none, and the same text can be spelt with shorter tokens).
  */
 #ifndef DDT_TEXT_JSON_VOCAB_H
 #define DDT_TEXT_JSON_VOCAB_H
@@ -20,6 +22,8 @@
 #include "ddtree.h"
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
+
+#define DDT_JSON_VOCAB_MAX_TOKEN 256
 
 typedef struct ddt_json_vocab ddt_json_vocab;
 
