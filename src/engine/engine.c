@@ -226,6 +226,20 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
     return DDT_OK;
 }
 
+ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c, ddt_error *err) {
+    if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_constraint: engine is NULL");
+    if (c && !c->vocab) c = NULL;
+    if (!e->be->set_constraint) {
+        if (!c) return DDT_OK;
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON-constrained decoding runs on the CPU backend for now "
+                        "(this is the %s engine)", e->be->name);
+    }
+    if (c && ddt_json_vocab_size(c->vocab) != e->be->vocab(e->impl))
+        return ddt_fail(err, DDT_ERR_INVALID, "JSON constraint built for a vocabulary of %d ids, the model has %d",
+                        ddt_json_vocab_size(c->vocab), e->be->vocab(e->impl));
+    return e->be->set_constraint(e->impl, c, err);
+}
+
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->be->cost ? e->be->cost(e->impl) : NULL; }
 
 void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto) {

@@ -27,6 +27,7 @@
 
 #include "ddtree.h"
 #include "io/config.h"
+#include "text/json_vocab.h"
 
 typedef enum ddt_mode {
     DDT_MODE_AR = 0,
@@ -208,6 +209,29 @@ typedef struct ddt_token_logprobs {
  */
 ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top,
                                    ddt_error *err);
+
+/*
+ * Grammar-constrained decoding: later generations emit only text that the JSON
+ * recogniser (text/json_grammar.h) accepts, starting from an empty document
+ * (object_only: the top-level value must be an object), and end with a stop id
+ * as soon as the document is complete (which needs n_stop >= 1 at generate).
+ * At every position where the target chooses a token (the first token, each ar
+ * step, each node a chain / tree walk visits, at that node's path), the tokens
+ * the grammar refuses get -inf before argmax or sampling, so the output is the
+ * masked target's: greedy chain / tree output equals greedy ar output token for
+ * token, and at T > 0 each token is a sample of the masked distribution.  Draft
+ * tokens the grammar refuses simply never match.  Log-probabilities stay those of
+ * the raw logits (as vLLM reports them).  vocab is the caller's, shared read-only,
+ * and must outlive the setting; c NULL (or c->vocab NULL) turns it off.  The first
+ * call allocates a mask of the vocabulary.  CPU engines only: the CUDA engines give
+ * DDT_ERR_UNSUPPORTED.
+ */
+typedef struct ddt_json_constraint {
+    const ddt_json_vocab *vocab; /* built for this engine's vocabulary (ddt_json_vocab_create) */
+    bool object_only;            /* json_object: the top-level value is an object */
+} ddt_json_constraint;
+
+ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c, ddt_error *err);
 
 /*
  * Score a text: out[i] for 1 <= i < n = ids[i]'s log-probability after ids[0..i)

@@ -43,6 +43,14 @@ typedef struct cpu_engine {
     ddt_token_logprobs *lp_out;
     int32_t lp_cap, lp_top;
     float *score_logits; /* [DDT_ENGINE_PREFILL_CHUNK][vocab], made by the first ddt_engine_score */
+    /* ddt_engine_set_constraint: the grammar (json.vocab NULL = off); during a generation, the
+       recogniser's state after every emitted token, and the stop ids that end a document */
+    ddt_json_constraint json;
+    ddt_json_state jstate;
+    const int32_t *stop;
+    int32_t n_stop;
+    uint8_t *allow;      /* [vocab] a mask, made by the first constraint */
+    float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -60,6 +68,8 @@ static void cpu_free(void *impl) {
     free(e->rows);
     free(e->kv_ids);
     free(e->score_logits);
+    free(e->allow);
+    free(e->masked);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
     ddt_sampler_destroy(e->sampler);
@@ -222,6 +232,51 @@ static void record_logprobs(const cpu_engine *e, const float *row, int32_t token
     if (e->lp_out && index < e->lp_cap) ddt_logprobs_of_row(row, e->vocab, token, e->lp_top, &e->lp_out[index]);
 }
 
+static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, ddt_error *err) {
+    cpu_engine *e = impl;
+    if (c && !e->allow) {
+        e->allow = malloc((size_t)e->vocab);
+        e->masked = ddt_malloc_array((size_t)e->vocab, sizeof(float));
+        if (!e->allow || !e->masked) {
+            free(e->allow);
+            free(e->masked);
+            e->allow = NULL;
+            e->masked = NULL;
+            return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a token mask of %d ids", e->vocab);
+        }
+    }
+    e->json = c ? *c : (ddt_json_constraint){0};
+    return DDT_OK;
+}
+
+/*
+ * The target's token from a logits row: with a constraint, from a copy of the row
+ * with -inf outside the grammar's mask at state s (the row itself stays raw for
+ * the log-probabilities); s is the state after the tokens before this one.
+ */
+static ddt_status choose(cpu_engine *e, const float *row, const ddt_json_state *s, uint64_t round, uint32_t node,
+                         int32_t *token, ddt_error *err) {
+    if (!e->json.vocab) return ddt_sample_token(e->sampler, row, e->vocab, &e->opts.sampling, round, node, token, err);
+    if (ddt_json_vocab_mask(e->json.vocab, s, e->stop, e->n_stop, e->allow) == 0)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: no token of this vocabulary can continue the "
+                        "document here");
+    for (int32_t i = 0; i < e->vocab; i++) e->masked[i] = e->allow[i] ? row[i] : -INFINITY;
+    return ddt_sample_token(e->sampler, e->masked, e->vocab, &e->opts.sampling, round, node, token, err);
+}
+
+static bool is_stop(const cpu_engine *e, int32_t id) {
+    for (int32_t i = 0; i < e->n_stop; i++)
+        if (e->stop[i] == id) return true;
+    return false;
+}
+
+/* Step a constraint state by one chosen token; a stop id ends the document and
+ * leaves the state as it is (nothing after it is emitted). */
+static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, ddt_error *err) {
+    if (!e->json.vocab || is_stop(e, id) || ddt_json_vocab_advance(e->json.vocab, s, id)) return DDT_OK;
+    return ddt_fail(err, DDT_ERR_INTERNAL, "token %d was chosen under the JSON mask but the grammar refuses it", id);
+}
+
 static const ddt_cost_model *cpu_cost(const void *impl) {
     const cpu_engine *e = impl;
     return e->have_cost && e->opts.budget_auto ? &e->cost : NULL;
@@ -270,8 +325,18 @@ typedef struct node_sampler {
 static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
     const node_sampler *ns = ctx;
     cpu_engine *e = ns->e;
-    return ddt_sample_token(e->sampler, e->logits + (size_t)node * (size_t)e->vocab, e->vocab, ns->samp,
-                            ns->round, (uint32_t)node, token, err);
+    ddt_json_state s = e->jstate; /* after the root, the last emitted token */
+    if (e->json.vocab) {
+        /* the node's path below the root: the walk visits a node only after the target
+         * chose its token under the mask, so these step (advance checks anyway) */
+        int32_t path[DDT_MAX_PATH], d = 0;
+        for (int32_t i = node; i > 0 && d < DDT_MAX_PATH; i = e->tree.parent[i]) path[d++] = e->tree.token[i];
+        for (int32_t k = d - 1; k >= 0; k--) {
+            ddt_status st = advance(e, &s, path[k], err);
+            if (st) return st;
+        }
+    }
+    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, &s, ns->round, (uint32_t)node, token, err);
 }
 
 /* Append the drafter features of rows[0..m) of the last target forward. */
@@ -330,6 +395,9 @@ static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32
 static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                 const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                 void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
+    if (e->json.vocab && n_stop < 1)
+        return ddt_fail(err, DDT_ERR_INVALID, "JSON constraint: the generation needs a stop id to end the document "
+                        "with (the stop list is empty)");
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
     double forecast = 0.0; /* sum over speculative rounds of the drafter's expected acceptance */
@@ -356,8 +424,12 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (st) return st;
     }
     int32_t bonus;
-    st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, 0, 0, &bonus, err);
+    e->stop = stop;
+    e->n_stop = n_stop;
+    if (e->json.vocab) ddt_json_init(&e->jstate, e->json.object_only);
+    st = choose(e, e->logits, &e->jstate, 0, 0, &bonus, err);
     if (st) return st;
+    if ((st = advance(e, &e->jstate, bonus, err))) return st;
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     record_logprobs(e, e->logits, bonus, em.n);
@@ -384,8 +456,9 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
                 if ((st = feed_drafter(e, e->rows, 1, err))) return st;
             }
             t3 = ddt_engine_now();
-            st = ddt_sample_token(e->sampler, e->logits, e->vocab, samp, round, 0, &bonus, err);
+            st = choose(e, e->logits, &e->jstate, round, 0, &bonus, err);
             if (st) return st;
+            if ((st = advance(e, &e->jstate, bonus, err))) return st;
             t4 = ddt_engine_now();
             n = 1;
             s.accepted += 1;
@@ -430,6 +503,8 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             int32_t ids[DDT_MAX_PATH];
             for (int32_t i = 1; i < w.length; i++) ids[i - 1] = e->tree.token[w.path[i]];
             ids[w.length - 1] = w.bonus;
+            for (int32_t i = 0; i < w.length; i++)
+                if ((st = advance(e, &e->jstate, ids[i], err))) return st;
             /* emitted token i was chosen from the logits of path node i (its parent) */
             for (int32_t i = 0; i < w.length; i++)
                 record_logprobs(e, e->logits + (size_t)w.path[i] * (size_t)e->vocab, ids[i], em.n + i);
@@ -512,6 +587,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .set_sampling = cpu_set_sampling,
     .set_speculation = cpu_set_speculation,
     .set_logprobs = cpu_set_logprobs,
+    .set_constraint = cpu_set_constraint,
     .score = cpu_score,
     .cost = cpu_cost,
     .generate = cpu_generate,

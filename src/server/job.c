@@ -152,6 +152,8 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
         if (!j->lp) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d tokens' log-probabilities", j->max_new);
     }
     if (st == DDT_OK) st = ddt_engine_set_logprobs(q->eng, j->lp, j->lp ? j->max_new : 0, j->lp ? j->logprobs : 0, &err);
+    /* every job sets its own constraint (or none), so one never outlives its request */
+    if (st == DDT_OK) st = ddt_engine_set_constraint(q->eng, j->json.vocab ? &j->json : NULL, &err);
     /* echo with logprobs: the prompt's own tokens scored first (a one-token prompt has nothing to score) */
     if (st == DDT_OK && j->echo && j->logprobs >= 0) {
         j->prompt_lp = malloc((size_t)j->n_prompt * sizeof *j->prompt_lp);

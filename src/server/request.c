@@ -387,9 +387,20 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text"))
+        if (!json_is_string(type))
+            return FAIL(r, DDT_ERR_INVALID, "response_format",
+                        "'response_format' must be an object with a string 'type' (\"text\" or \"json_object\")");
+        const char *t = json_string_value(type);
+        if (!strcmp(t, "json_object")) {
+            r->json_object = true;
+        } else if (!strcmp(t, "json_schema")) {
             return FAIL(r, DDT_ERR_UNSUPPORTED, "response_format",
-                        "'response_format': only {\"type\": \"text\"} is supported (no JSON mode)");
+                        "'response_format': type \"json_schema\" is not supported (a schema is not enforced); "
+                        "\"json_object\" gives any JSON object");
+        } else if (strcmp(t, "text")) {
+            return FAIL(r, DDT_ERR_INVALID, "response_format",
+                        "'response_format': unknown type \"%.40s\" (\"text\" or \"json_object\")", t);
+        }
     }
     if ((st = get_int(r, root, "best_of", 1, 1000000, &have, &ll, err))) {
         if (st != DDT_ERR_RANGE) return st;

@@ -8,7 +8,7 @@
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
- * a JSON response format, best_of > 1, a suffix) is refused rather than
+ * a JSON schema response format, best_of > 1, a suffix) is refused rather than
  * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
  * tool results kept); tools are checked for OpenAI's function shape.  This is
@@ -76,6 +76,8 @@ typedef struct ddt_api_request {
     int n_stop;
     bool stream, include_usage;
     bool return_token_ids; /* extension: the choice carries the generated token ids */
+    bool json_object;      /* response_format {"type": "json_object"}: the output is one JSON object
+                              (grammar-constrained decoding: engine.h ddt_engine_set_constraint) */
     int32_t n;             /* choices, 1..DDT_API_MAX_N (not with stream): decoded one after the
                               other, choice k sampled with the seed + k */
     bool echo;             /* completions: the prompt comes back before the completion, and with

@@ -29,6 +29,7 @@
 #include "server/metrics.h"
 #include "server/request.h"
 #include "text/chat.h"
+#include "text/json_vocab.h"
 #include "text/utf8.h"
 
 #define WAIT_SLICE_MS 50
@@ -38,6 +39,7 @@
 struct ddt_server {
     ddt_engine *eng;
     ddt_tokenizer *tok;
+    ddt_json_vocab *json_vocab; /* the token masks of response_format json_object (o.can_json and a tokenizer) */
     pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
     const ddt_chat_template *chat; /* the options' or own_chat */
     ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
@@ -347,6 +349,22 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                   "splits the model over several)");
         ddt_job_release(j);
         return;
+    }
+    if (rq->json_object) {
+        const char *no = !s->o.can_json ? "JSON mode runs on the CPU backend for now (this server runs on the GPU)"
+                       : !s->json_vocab ? "this model folder has no tokenizer to build the token masks from"
+                       : j->n_stop_ids == 0 ? "the model has no end-of-sequence token to end the object with"
+                       : j->chat && s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think ? "the prompt opens a thinking block, and the reasoning is no JSON: "
+                                                         "turn thinking off (chat_template_kwargs)"
+                       : rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED
+                           ? "'tool_choice' forces a tool call, which is no JSON object"
+                           : NULL;
+        if (no) {
+            prep_fail(p, 400, "response_format", "'response_format' json_object cannot be served: %s", no);
+            ddt_job_release(j);
+            return;
+        }
+        j->json = (ddt_json_constraint){s->json_vocab, true};
     }
     j->logprobs = rq->logprobs;
     j->echo = rq->echo;
@@ -910,6 +928,7 @@ static void server_free(ddt_server *s) {
     pthread_mutex_destroy(&s->tok_mu);
     pthread_mutex_destroy(&s->id_mu);
     ddt_chat_template_free(s->own_chat);
+    ddt_json_vocab_free(s->json_vocab);
     free(s);
 }
 
@@ -956,6 +975,13 @@ ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_serve
         s->chat = s->own_chat;
     }
     ddt_engine_speculation(eng, &s->mode, &s->budget, &s->budget_auto);
+    if (tok && o->can_json) {
+        ddt_status jst = ddt_json_vocab_create(tok, s->vocab, &s->json_vocab, err);
+        if (jst != DDT_OK) {
+            server_free(s);
+            return jst;
+        }
+    }
 
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;

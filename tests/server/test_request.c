@@ -61,7 +61,21 @@ static void test_chat_fields(void **state) {
                                          "\"frequency_penalty\": 0, \"presence_penalty\": 0.0, \"logit_bias\": {}, "
                                          "\"response_format\": {\"type\": \"text\"}, \"user\": \"u\", \"best_of\": 1}",
                            &r, &err), DDT_OK);
+    assert_false(r.json_object);
     ddt_api_request_free(&r);
+    /* JSON mode, in chat and completions */
+    assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                         "\"response_format\": {\"type\": \"json_object\"}}", &r, &err), DDT_OK);
+    assert_true(r.json_object);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}",
+                           &r, &err), DDT_OK);
+    assert_true(r.json_object);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\"}}",
+                           &r, &err), DDT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "\"json_schema\" is not supported"));
+    assert_string_equal(r.param, "response_format");
     /* log-probabilities: chat's flag and alternatives */
     const char *lp = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true%s}";
     const char *tails[] = {"", ", \"top_logprobs\": 5", ", \"top_logprobs\": null"};
@@ -257,7 +271,11 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": \"x\"}", "frequency_penalty"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 100}}", "logit_bias"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
-                       "{\"type\": \"json_object\"}}", "response_format"},
+                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"s\", \"schema\": {}}}}",
+         "response_format"},
+        {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+                       "{\"type\": \"yaml\"}}", "response_format"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {}}", "response_format"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": 1}",
          "response_format"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"best_of\": 3}", "best_of"},

@@ -1,0 +1,256 @@
+/*
+ * json_grammar.c — the JSON recogniser of json_grammar.h.
+ *
+ * Each mode names what the next byte may be.  A number has no closing byte, so
+ * a byte that cannot go on a number ends it and is then read again as what
+ * follows the value (a comma, a closing bracket, whitespace).
+ */
+#include "text/json_grammar.h"
+
+enum {
+    M_VALUE,       /* a value (top level, after ':' or after ',' in an array) */
+    M_ARRAY_FIRST, /* after '[': a value or ']' */
+    M_OBJ_FIRST,   /* after '{': a key or '}' */
+    M_KEY,         /* after ',' in an object: a key */
+    M_COLON,       /* after a key */
+    M_AFTER,       /* after a value inside a container: ',' or the closing bracket */
+    M_DONE,        /* the top-level value is complete */
+    M_STRING,      /* inside a string */
+    M_ESC,         /* after a backslash */
+    M_UHEX,        /* inside \uXXXX, sub digits read */
+    M_UTF8,        /* inside a multi-byte character, sub bytes still due in lo..hi then 80..BF */
+    M_LIT,         /* inside true / false / null, sub bytes matched */
+    M_NUM_MINUS,   /* '-': a digit must follow */
+    M_NUM_ZERO,    /* a leading 0: no more integer digits */
+    M_NUM_INT,     /* integer digits after 1..9 */
+    M_NUM_DOT,     /* '.': a digit must follow */
+    M_NUM_FRAC,    /* fraction digits */
+    M_NUM_E,       /* 'e' / 'E': a sign or a digit */
+    M_NUM_ESIGN,   /* the exponent's sign: a digit must follow */
+    M_NUM_EXP      /* exponent digits */
+};
+
+enum { F_KEY = 1, F_OBJECT_ONLY = 2 };
+
+static const char *const literals[3] = {"true", "false", "null"};
+static const uint8_t literal_len[3] = {4, 5, 4};
+
+void ddt_json_init(ddt_json_state *s, bool object_only) {
+    *s = (ddt_json_state){0};
+    s->mode = M_VALUE;
+    s->flags = object_only ? F_OBJECT_ONLY : 0;
+}
+
+static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+static bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+static bool top_is_object(const ddt_json_state *s) { return s->depth > 0 && (s->stack >> (s->depth - 1) & 1u); }
+
+/* A value just ended: the top level is complete, or its container goes on. */
+static void end_value(ddt_json_state *s) { s->mode = s->depth == 0 ? M_DONE : M_AFTER; }
+
+static bool push(ddt_json_state *s, bool object) {
+    if (s->depth >= DDT_JSON_MAX_DEPTH) return false; /* json_grammar.h: refused, not grown */
+    uint64_t bit = (uint64_t)1 << s->depth;
+    s->stack = object ? s->stack | bit : s->stack & ~bit;
+    s->depth++;
+    s->mode = object ? M_OBJ_FIRST : M_ARRAY_FIRST;
+    return true;
+}
+
+static void pop(ddt_json_state *s) {
+    s->depth--;
+    end_value(s);
+}
+
+/* The first byte of a value. */
+static bool start_value(ddt_json_state *s, uint8_t c) {
+    if (s->depth == 0 && (s->flags & F_OBJECT_ONLY) && c != '{') return false;
+    switch (c) {
+    case '{': return push(s, true);
+    case '[': return push(s, false);
+    case '"': s->mode = M_STRING; s->flags &= (uint8_t)~F_KEY; return true;
+    case '-': s->mode = M_NUM_MINUS; return true;
+    case '0': s->mode = M_NUM_ZERO; return true;
+    case 't': case 'f': case 'n':
+        s->mode = M_LIT;
+        s->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
+        s->sub = 1;
+        return true;
+    default:
+        if (c >= '1' && c <= '9') {
+            s->mode = M_NUM_INT;
+            return true;
+        }
+        return false;
+    }
+}
+
+/* A byte inside a string: the UTF-8 lead bytes set the range of the next byte
+ * (Unicode's table of well-formed sequences). */
+static bool string_byte(ddt_json_state *s, uint8_t c) {
+    if (c == '"') {
+        if (s->flags & F_KEY) s->mode = M_COLON;
+        else end_value(s);
+        return true;
+    }
+    if (c == '\\') {
+        s->mode = M_ESC;
+        return true;
+    }
+    if (c < 0x20) return false; /* control characters must be escaped */
+    if (c < 0x80) return true;
+    uint8_t due, lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) due = 1;
+    else if (c == 0xE0) due = 2, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) due = 2;
+    else if (c == 0xED) due = 2, hi = 0x9F; /* no surrogates */
+    else if (c >= 0xEE && c <= 0xEF) due = 2;
+    else if (c == 0xF0) due = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) due = 3;
+    else if (c == 0xF4) due = 3, hi = 0x8F; /* nothing past U+10FFFF */
+    else return false;                      /* a stray continuation byte, C0, C1, F5..FF */
+    s->mode = M_UTF8;
+    s->sub = due;
+    s->lo = lo;
+    s->hi = hi;
+    return true;
+}
+
+/* Whitespace between tokens, capped (json_grammar.h). */
+static bool whitespace(ddt_json_state *s) {
+    if (s->ws >= DDT_JSON_MAX_WS) return false;
+    s->ws++;
+    return true;
+}
+
+static bool step(ddt_json_state *s, uint8_t c) {
+    switch (s->mode) {
+    case M_VALUE:
+        /* no whitespace before the document: a generation starts with its value */
+        if (is_ws(c)) return s->depth > 0 && whitespace(s);
+        return start_value(s, c);
+    case M_ARRAY_FIRST:
+        if (is_ws(c)) return whitespace(s);
+        if (c == ']') {
+            pop(s);
+            return true;
+        }
+        return start_value(s, c);
+    case M_OBJ_FIRST:
+    case M_KEY:
+        if (is_ws(c)) return whitespace(s);
+        if (c == '}' && s->mode == M_OBJ_FIRST) {
+            pop(s);
+            return true;
+        }
+        if (c != '"') return false;
+        s->mode = M_STRING;
+        s->flags |= F_KEY;
+        return true;
+    case M_COLON:
+        if (is_ws(c)) return whitespace(s);
+        if (c != ':') return false;
+        s->mode = M_VALUE;
+        return true;
+    case M_AFTER:
+        if (is_ws(c)) return whitespace(s);
+        if (c == ',') {
+            s->mode = top_is_object(s) ? M_KEY : M_VALUE;
+            return true;
+        }
+        if (c == (top_is_object(s) ? '}' : ']')) {
+            pop(s);
+            return true;
+        }
+        return false;
+    case M_DONE:
+        return is_ws(c) && whitespace(s);
+    case M_STRING:
+        return string_byte(s, c);
+    case M_ESC:
+        if (c == 'u') {
+            s->mode = M_UHEX;
+            s->sub = 0;
+            return true;
+        }
+        if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+            s->mode = M_STRING;
+            return true;
+        }
+        return false;
+    case M_UHEX:
+        if (!is_hex(c)) return false;
+        if (++s->sub == 4) s->mode = M_STRING;
+        return true;
+    case M_UTF8:
+        if (c < s->lo || c > s->hi) return false;
+        s->lo = 0x80;
+        s->hi = 0xBF;
+        if (--s->sub == 0) s->mode = M_STRING;
+        return true;
+    case M_LIT:
+        if (c != (uint8_t)literals[s->lit][s->sub]) return false;
+        if (++s->sub == literal_len[s->lit]) end_value(s);
+        return true;
+    case M_NUM_MINUS:
+        if (c == '0') s->mode = M_NUM_ZERO;
+        else if (c >= '1' && c <= '9') s->mode = M_NUM_INT;
+        else return false;
+        return true;
+    case M_NUM_DOT:
+        if (!is_digit(c)) return false;
+        s->mode = M_NUM_FRAC;
+        return true;
+    case M_NUM_E:
+        if (c == '+' || c == '-') s->mode = M_NUM_ESIGN;
+        else if (is_digit(c)) s->mode = M_NUM_EXP;
+        else return false;
+        return true;
+    case M_NUM_ESIGN:
+        if (!is_digit(c)) return false;
+        s->mode = M_NUM_EXP;
+        return true;
+    case M_NUM_ZERO:
+    case M_NUM_INT:
+    case M_NUM_FRAC:
+    case M_NUM_EXP:
+        if (is_digit(c) && s->mode != M_NUM_ZERO) return true;
+        if (c == '.' && (s->mode == M_NUM_ZERO || s->mode == M_NUM_INT)) {
+            s->mode = M_NUM_DOT;
+            return true;
+        }
+        if ((c == 'e' || c == 'E') && s->mode != M_NUM_EXP) {
+            s->mode = M_NUM_E;
+            return true;
+        }
+        /* the number ends here; c is what follows it */
+        end_value(s);
+        return step(s, c);
+    default:
+        return false;
+    }
+}
+
+bool ddt_json_step(ddt_json_state *s, uint8_t c) {
+    ddt_json_state t = *s;
+    const uint8_t mode = t.mode;
+    if (!step(&t, c)) return false;
+    /* a whitespace run ends at any other byte between tokens */
+    if (!is_ws(c) || mode == M_STRING) t.ws = 0;
+    *s = t;
+    return true;
+}
+
+bool ddt_json_feed(ddt_json_state *s, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!ddt_json_step(s, b[i])) return false;
+    return true;
+}
+
+bool ddt_json_complete(const ddt_json_state *s) {
+    if (s->mode == M_DONE) return true;
+    return s->depth == 0 && (s->mode == M_NUM_ZERO || s->mode == M_NUM_INT || s->mode == M_NUM_FRAC ||
+                             s->mode == M_NUM_EXP);
+}
