@@ -49,7 +49,8 @@ typedef struct cpu_engine {
     ddt_json_state jstate;
     const int32_t *stop;
     int32_t n_stop;
-    uint8_t *allow;      /* [vocab] a mask, made by the first constraint */
+    ddt_json_mask_cache *masks; /* the grammar's masks by state, made by the first constraint */
+    int32_t mask_stop[16], n_mask_stop; /* the stop ids the cached masks hold (-1: none known) */
     float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
 } cpu_engine;
 
@@ -68,7 +69,7 @@ static void cpu_free(void *impl) {
     free(e->rows);
     free(e->kv_ids);
     free(e->score_logits);
-    free(e->allow);
+    ddt_json_mask_cache_free(e->masks);
     free(e->masked);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
@@ -234,17 +235,20 @@ static void record_logprobs(const cpu_engine *e, const float *row, int32_t token
 
 static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, ddt_error *err) {
     cpu_engine *e = impl;
-    if (c && !e->allow) {
-        e->allow = malloc((size_t)e->vocab);
+    if (c && !e->masks) {
+        /* 64 masks: a document's states repeat (in a string, after a comma at a depth);
+           10 MB at a 160k vocabulary */
+        ddt_status st = ddt_json_mask_cache_create(e->vocab, 64, &e->masks, err);
+        if (st) return st;
         e->masked = ddt_malloc_array((size_t)e->vocab, sizeof(float));
-        if (!e->allow || !e->masked) {
-            free(e->allow);
-            free(e->masked);
-            e->allow = NULL;
-            e->masked = NULL;
+        if (!e->masked) {
+            ddt_json_mask_cache_free(e->masks);
+            e->masks = NULL;
             return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a token mask of %d ids", e->vocab);
         }
     }
+    ddt_json_mask_cache_clear(e->masks); /* another vocabulary, or none */
+    e->n_mask_stop = -1;
     e->json = c ? *c : (ddt_json_constraint){0};
     return DDT_OK;
 }
@@ -257,10 +261,12 @@ static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, d
 static ddt_status choose(cpu_engine *e, const float *row, const ddt_json_state *s, uint64_t round, uint32_t node,
                          int32_t *token, ddt_error *err) {
     if (!e->json.vocab) return ddt_sample_token(e->sampler, row, e->vocab, &e->opts.sampling, round, node, token, err);
-    if (ddt_json_vocab_mask(e->json.vocab, s, e->stop, e->n_stop, e->allow) == 0)
+    int32_t n_allowed = 0;
+    const uint8_t *allow = ddt_json_mask_cache_get(e->masks, e->json.vocab, s, e->stop, e->n_stop, &n_allowed);
+    if (n_allowed == 0)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: no token of this vocabulary can continue the "
                         "document here");
-    for (int32_t i = 0; i < e->vocab; i++) e->masked[i] = e->allow[i] ? row[i] : -INFINITY;
+    for (int32_t i = 0; i < e->vocab; i++) e->masked[i] = allow[i] ? row[i] : -INFINITY;
     return ddt_sample_token(e->sampler, e->masked, e->vocab, &e->opts.sampling, round, node, token, err);
 }
 
@@ -426,7 +432,18 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     int32_t bonus;
     e->stop = stop;
     e->n_stop = n_stop;
-    if (e->json.vocab) ddt_json_init(&e->jstate, e->json.object_only);
+    if (e->json.vocab) {
+        ddt_json_init(&e->jstate, e->json.object_only);
+        /* a mask holds the stop ids: the cached ones serve the next request only if its
+           stop ids are the same */
+        bool same = e->n_mask_stop == n_stop && n_stop <= 16;
+        for (int32_t i = 0; same && i < n_stop; i++) same = e->mask_stop[i] == stop[i];
+        if (!same) {
+            ddt_json_mask_cache_clear(e->masks);
+            e->n_mask_stop = n_stop <= 16 ? n_stop : -1;
+            for (int32_t i = 0; i < n_stop && i < 16; i++) e->mask_stop[i] = stop[i];
+        }
+    }
     st = choose(e, e->logits, &e->jstate, 0, 0, &bonus, err);
     if (st) return st;
     if ((st = advance(e, &e->jstate, bonus, err))) return st;

@@ -198,3 +198,94 @@ bool ddt_json_vocab_advance(const ddt_json_vocab *v, ddt_json_state *s, int32_t 
     *s = t;
     return true;
 }
+
+/* ------------------------------------------------------------------ mask cache */
+
+struct ddt_json_mask_cache {
+    int32_t vocab, entries, used;
+    ddt_json_state *key;
+    uint64_t *last;   /* the lookup that last used each entry (LRU) */
+    int32_t *count;
+    uint8_t *masks;   /* [entries][vocab] */
+    uint64_t tick;
+    int64_t hits, misses;
+};
+
+ddt_status ddt_json_mask_cache_create(int32_t vocab, int32_t entries, ddt_json_mask_cache **out, ddt_error *err) {
+    *out = NULL;
+    if (vocab < 1 || entries < 1 || entries > 4096)
+        return ddt_fail(err, DDT_ERR_INVALID, "JSON mask cache: %d masks of %d ids", entries, vocab);
+    ddt_json_mask_cache *c = calloc(1, sizeof *c);
+    if (!c) return ddt_fail(err, DDT_ERR_NOMEM, "JSON mask cache");
+    c->vocab = vocab;
+    c->entries = entries;
+    c->key = ddt_calloc_array((size_t)entries, sizeof *c->key);
+    c->last = ddt_calloc_array((size_t)entries, sizeof *c->last);
+    c->count = ddt_calloc_array((size_t)entries, sizeof *c->count);
+    c->masks = ddt_calloc_array((size_t)entries, (size_t)vocab);
+    if (!c->key || !c->last || !c->count || !c->masks) {
+        ddt_json_mask_cache_free(c);
+        return ddt_fail(err, DDT_ERR_NOMEM, "JSON mask cache: %d masks of %d ids", entries, vocab);
+    }
+    *out = c;
+    return DDT_OK;
+}
+
+void ddt_json_mask_cache_free(ddt_json_mask_cache *c) {
+    if (!c) return;
+    free(c->key);
+    free(c->last);
+    free(c->count);
+    free(c->masks);
+    free(c);
+}
+
+void ddt_json_mask_cache_clear(ddt_json_mask_cache *c) {
+    if (c) c->used = 0;
+}
+
+/* The state with what the grammar never reads zeroed: the stack bits past the depth. */
+static ddt_json_state cache_key(const ddt_json_state *s) {
+    ddt_json_state k = *s;
+    k.stack = k.depth >= 64 ? k.stack : k.stack & ((UINT64_C(1) << k.depth) - 1u);
+    return k;
+}
+
+static bool same_state(const ddt_json_state *a, const ddt_json_state *b) {
+    return a->stack == b->stack && a->depth == b->depth && a->mode == b->mode && a->sub == b->sub &&
+           a->lit == b->lit && a->lo == b->lo && a->hi == b->hi && a->ws == b->ws && a->flags == b->flags;
+}
+
+const uint8_t *ddt_json_mask_cache_get(ddt_json_mask_cache *c, const ddt_json_vocab *v, const ddt_json_state *s,
+                                       const int32_t *stop, int32_t n_stop, int32_t *count) {
+    const ddt_json_state k = cache_key(s);
+    c->tick++;
+    int32_t slot = -1;
+    for (int32_t i = 0; i < c->used; i++)
+        if (same_state(&c->key[i], &k)) {
+            slot = i;
+            break;
+        }
+    if (slot >= 0) {
+        c->hits++;
+    } else {
+        c->misses++;
+        if (c->used < c->entries) {
+            slot = c->used++;
+        } else {
+            slot = 0;
+            for (int32_t i = 1; i < c->entries; i++)
+                if (c->last[i] < c->last[slot]) slot = i;
+        }
+        c->key[slot] = k;
+        c->count[slot] = ddt_json_vocab_mask(v, &k, stop, n_stop, c->masks + (size_t)slot * (size_t)c->vocab);
+    }
+    c->last[slot] = c->tick;
+    *count = c->count[slot];
+    return c->masks + (size_t)slot * (size_t)c->vocab;
+}
+
+void ddt_json_mask_cache_stats(const ddt_json_mask_cache *c, int64_t *hits, int64_t *misses) {
+    if (hits) *hits = c ? c->hits : 0;
+    if (misses) *misses = c ? c->misses : 0;
+}

@@ -56,4 +56,29 @@ int32_t ddt_json_vocab_mask(const ddt_json_vocab *v, const ddt_json_state *s, co
  * the id has no bytes here, or it is outside the vocabulary. */
 bool ddt_json_vocab_advance(const ddt_json_vocab *v, ddt_json_state *s, int32_t id);
 
+/*
+ * Masks by state, kept.  A generation asks for the mask of the same few states
+ * over and over (inside a string, after a comma at some depth, ...), and on a
+ * real vocabulary (~160k tokens) one mask walks most of the trie: in a string
+ * nearly every token is allowed.  The cache keeps `entries` masks keyed by the
+ * whole state (the stack bits above the depth cleared: they are stale, never
+ * read) and computes a missing one into the least recently used entry.  All its
+ * memory is allocated at create; get allocates nothing.  The stop ids are part of
+ * a mask: clear the cache when they change (a new generation).
+ */
+typedef struct ddt_json_mask_cache ddt_json_mask_cache;
+
+ddt_status ddt_json_mask_cache_create(int32_t vocab, int32_t entries, ddt_json_mask_cache **out, ddt_error *err);
+void ddt_json_mask_cache_free(ddt_json_mask_cache *c);
+void ddt_json_mask_cache_clear(ddt_json_mask_cache *c);
+
+/* ddt_json_vocab_mask(v, s, stop, n_stop) from the cache (v must have the cache's
+ * vocabulary size); *count := its allowed ids.  The mask stays valid until the next
+ * get or clear. */
+const uint8_t *ddt_json_mask_cache_get(ddt_json_mask_cache *c, const ddt_json_vocab *v, const ddt_json_state *s,
+                                       const int32_t *stop, int32_t n_stop, int32_t *count);
+
+/* Lookups answered from the cache and lookups computed since create. */
+void ddt_json_mask_cache_stats(const ddt_json_mask_cache *c, int64_t *hits, int64_t *misses);
+
 #endif

@@ -203,6 +203,71 @@ static void test_bad_vocab(void **state) {
     ddt_json_vocab_free(v);
 }
 
+/* The mask cache answers every lookup with the mask ddt_json_vocab_mask gives, through
+ * hits, misses and evictions (3 entries over random documents' states), and clear
+ * forgets (a new stop list takes effect). */
+static void test_mask_cache(void **state) {
+    (void)state;
+    const uint8_t *bytes[V];
+    size_t len[V];
+    uint8_t ascii[128];
+    ddt_json_vocab *v = small_vocab(bytes, len, ascii);
+    ddt_json_mask_cache *c = NULL;
+    ddt_error err = {0};
+    assert_int_equal(ddt_json_mask_cache_create(V, 0, &c, &err), DDT_ERR_INVALID);
+    assert_null(c);
+    assert_int_equal(ddt_json_mask_cache_create(V, 3, &c, &err), DDT_OK);
+    const int32_t stop[2] = {STOP_A, STOP_B};
+    uint8_t want[V];
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int doc = 0; doc < 200; doc++) {
+        ddt_json_state s;
+        ddt_json_init(&s, doc & 1);
+        for (int step = 0; step < 40; step++) {
+            int32_t n = 0;
+            const uint8_t *got = ddt_json_mask_cache_get(c, v, &s, stop, 2, &n);
+            const int32_t nw = ddt_json_vocab_mask(v, &s, stop, 2, want);
+            assert_int_equal(n, nw);
+            assert_memory_equal(got, want, V);
+            if (nw == 0 || ddt_json_complete(&s)) break;
+            /* a random allowed token, by the mask just checked */
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            int32_t k = (int32_t)(rng % (uint64_t)nw), id = 0;
+            for (; id < (int32_t)V; id++)
+                if (want[id] && k-- == 0) break;
+            assert_true(ddt_json_vocab_advance(v, &s, id));
+        }
+    }
+    int64_t hits = 0, misses = 0;
+    ddt_json_mask_cache_stats(c, &hits, &misses);
+    assert_true(hits > 0 && misses > 3); /* reuse, and evictions past 3 entries */
+    /* a cached mask holds the stop ids it was made with: clear, then another stop list */
+    ddt_json_state s;
+    ddt_json_init(&s, false);
+    assert_true(ddt_json_feed(&s, (const uint8_t *)"1", 1));
+    int32_t n = 0;
+    const uint8_t *m = ddt_json_mask_cache_get(c, v, &s, stop, 2, &n);
+    assert_true(m[STOP_A] && m[STOP_B]);
+    ddt_json_mask_cache_clear(c);
+    m = ddt_json_mask_cache_get(c, v, &s, stop, 1, &n);
+    assert_true(m[STOP_A] && !m[STOP_B]);
+    /* stale stack bits above the depth do not make another entry */
+    ddt_json_state a, b;
+    ddt_json_init(&a, false);
+    assert_true(ddt_json_feed(&a, (const uint8_t *)"[{\"k\": 1}, ", 11));
+    b = a;
+    b.stack |= UINT64_C(1) << 40;
+    ddt_json_mask_cache_clear(c);
+    ddt_json_mask_cache_stats(c, &hits, &misses);
+    const int64_t m0 = misses;
+    ddt_json_mask_cache_get(c, v, &a, stop, 2, &n);
+    ddt_json_mask_cache_get(c, v, &b, stop, 2, &n);
+    ddt_json_mask_cache_stats(c, &hits, &misses);
+    assert_int_equal(misses, m0 + 1);
+    ddt_json_mask_cache_free(c);
+    ddt_json_vocab_free(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
@@ -212,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_whitespace_cap),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_bad_vocab),
+        cmocka_unit_test(test_mask_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
