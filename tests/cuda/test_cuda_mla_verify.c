@@ -266,6 +266,7 @@ static void run_case(const mla_case *c, int check_paths) {
         paths++;
         /* the grid's splits (the bound on S for max_prefix) must fit a cluster of 8 */
         long n_qtiles = (long)((n_rows + 63) / 64), smax = 132 / n_qtiles, nb_max = (max_prefix + 63) / 64 + 1;
+        if (smax > (nb_max + 2) / 3) smax = (nb_max + 2) / 3; /* at least 3 blocks a split (DDT_MLA_MIN_BPS) */
         if (smax < 1) smax = 1;
         if ((smax < nb_max ? smax : nb_max) <= 8) {
             gpu_run(&a, out_bytes, ws, DDT_MLA_PATH_CLUSTER, again, lse2, n_rows);

@@ -6,7 +6,7 @@
  * cache rows into blocks of 64: the prefix blocks, then one "tail" block that
  * starts at row n_prefix and holds the tree's T rows (masked by vis).  The
  * blocks are divided evenly into S splits with S*tiles close to the 132
- * multiprocessors; one CTA = one query tile x one split.  All the tiles of a
+ * multiprocessors and at least DDT_MLA_MIN_BPS blocks a split; one CTA = one query tile x one split.  All the tiles of a
  * split read the same cache rows at about the same time, so the cache comes
  * from HBM about once and from L2 for the other tiles.
  *
@@ -115,9 +115,21 @@ struct Params {
 
 /* ---- split plan: a function of (n_prefix, query tiles) only ---- */
 
+/* Blocks a split takes at least.  A split of one 64-row block reads 74 KB of cache
+ * and writes 131 KB of partials (64 rows x 513 fp32) that the combine reads back, so
+ * at small T (one or two query tiles) the one-block splits of SPLIT_TARGET moved
+ * more bytes through the merge than through the attention.  Measured on the H200
+ * (twelfth session, cuda_bench_mla, T = 1): at least 1 / 3 / 9 blocks a split took
+ * 13.5 / 14.7 / 25.0 us at N = 1024, 18.4 / 16.8 / 25.6 at 4096, 27.8 / 24.8 / 28.5
+ * at 16384, 45 / 45 / 43 at 65536; in the K2.6 layer at N = 4096 attention + combine
+ * 19.8 -> 17.8 us with 3. */
+#ifndef DDT_MLA_MIN_BPS
+#define DDT_MLA_MIN_BPS 3
+#endif
 __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, int &bps) {
     const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
     long long smax = SPLIT_TARGET / n_qtiles;
+    if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
     if (smax > nb) smax = nb;
     const long long b = (nb + smax - 1) / smax;
@@ -129,6 +141,7 @@ __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, i
 __host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
     const long long nb = (max_prefix + BN - 1) / BN + 1;
     long long smax = SPLIT_TARGET / n_qtiles;
+    if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
     return (int)(smax < nb ? smax : nb);
 }

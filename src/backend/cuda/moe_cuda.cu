@@ -203,6 +203,13 @@ struct RouteWarpSmem {
     float chosen_s[MOE_MAX_TOPK];
 };
 
+/* An unsigned key that orders as the float does (negative values reversed below
+ * the positive ones); NaN keys sort past +inf or below -inf by their sign. */
+static __device__ __forceinline__ uint32_t route_key(float v) {
+    const uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
 /* One token's routing by the calling warp (all 32 lanes, warp-level sync only):
  * logits row lg -> it / wt [top_k].  route_warp_kernel and moe_route_sort_kernel
  * both run this, so a token's picks and weights are the same bits in either. */
@@ -246,13 +253,24 @@ static __device__ __forceinline__ void route_token_warp(const float *__restrict_
         for (int j = 0; j < ROUTE_VPL; j++)
             if (((live >> j) & 1u) && !sm.gk[(lane + 32 * j) / per]) live &= ~(1u << j);
     }
-    for (int k = 0; k < p.top_k; k++) {
-        Best b = {0.0f, -1};
+    /* Each pick is two single-instruction warp reductions (redux.sync) over an
+       order-preserving integer key of the choice score, not five shuffle rounds of
+       (value, index): the max key, then the lowest index holding it, which is
+       best_of's order (max value, lowest index on ties) for every value but NaN
+       (-0 is made +0 first, so the two zeros tie as they compare).  Eight picks of
+       five dependent shuffle pairs were most of the one-token router's ~3 us. */
+    uint32_t key[ROUTE_VPL];
 #pragma unroll
-        for (int j = 0; j < ROUTE_VPL; j++)
-            if (((live >> j) & 1u) && (b.i < 0 || c[j] > b.v)) b = Best{c[j], lane + 32 * j};
-        b = warp_best(b);
-        const int e = b.i < 0 ? 0 : b.i; /* same in every lane; none left: expert 0, as the CPU */
+    for (int j = 0; j < ROUTE_VPL; j++) key[j] = route_key(c[j] + 0.0f);
+    for (int k = 0; k < p.top_k; k++) {
+        uint32_t bk = 0u;
+        int bi = 0x7FFFFFFF; /* none: loses every tie */
+#pragma unroll
+        for (int j = 0; j < ROUTE_VPL; j++) /* slots in increasing expert order: strict > keeps the lowest */
+            if (((live >> j) & 1u) && (bi == 0x7FFFFFFF || key[j] > bk)) bk = key[j], bi = lane + 32 * j;
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        const int bmin = (int)__reduce_min_sync(0xffffffffu, (uint32_t)(bk == mk ? bi : 0x7FFFFFFF));
+        const int e = bmin == 0x7FFFFFFF ? 0 : bmin; /* same in every lane; none left: expert 0, as the CPU */
         if ((e & 31) == lane) live &= ~(1u << (e >> 5));
         float mine = 0.0f; /* slot e >> 5 of every lane (a constant index per unrolled step) */
 #pragma unroll
