@@ -23,6 +23,7 @@
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "text/chat.h"
+#include "text/json_vocab.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -44,6 +45,9 @@ static const char k_usage_tail[] =
     "  --prompt-ids LIST    comma-separated prompt token ids\n"
     "  --max-tokens N       tokens to generate, 0..1000000 (required)\n"
     "  --stop-at-eos        stop after the config's eos_token_id (and <|im_end|> with --chat)\n"
+    "  --json-object        JSON mode: the answer is one JSON object (grammar-constrained decoding, the\n"
+    "                       mask on every token the target chooses; needs the tokenizer; implies\n"
+    "                       --stop-at-eos; CPU backend)\n"
     "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
     "  --logprobs N         with --json: each token's log-probability under the target and its N most\n"
     "                       likely alternatives, 0..20 (\"logprobs\": [{\"id\", \"logprob\", \"top\": [[id, lp]]}];\n"
@@ -63,6 +67,7 @@ typedef struct gen_args {
     long long logprobs; /* -1: none */
     bool json;
     bool stop_eos;
+    bool json_object; /* --json-object */
 } gen_args;
 
 #if defined(__GNUC__)
@@ -92,6 +97,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         if (!strcmp(f, "--stop-at-eos")) {
             a->stop_eos = true;
+            continue;
+        }
+        if (!strcmp(f, "--json-object")) {
+            a->json_object = a->stop_eos = true; /* a document ends at the stop id */
             continue;
         }
         static const char *const valued[] = {"--prompt-ids", "--max-tokens", "--prompt", "--chat", "--system",
@@ -201,6 +210,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_engine *eng = NULL;
     int32_t *out = NULL;
     ddt_token_logprobs *lp = NULL;
+    ddt_json_vocab *jv = NULL;
     char *text = NULL;
     ddt_status st;
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
@@ -265,6 +275,30 @@ int ddt_cmd_generate(int argc, char **argv) {
         }
         if ((st = ddt_engine_set_logprobs(eng, lp, (int32_t)a.max_new, (int32_t)a.logprobs, &err)) != DDT_OK) {
             fprintf(stderr, "ddtree generate: --logprobs: %s\n", err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+    }
+    if (a.json_object) {
+        if (!tok) {
+            fprintf(stderr, "ddtree generate: --json-object needs a tokenizer: %s has no tiktoken.model\n",
+                    a.eng.model);
+            rc = 2;
+            goto done;
+        }
+        if (n_stop == 0) {
+            fprintf(stderr, "ddtree generate: --json-object: the model's config names no eos_token_id to end the "
+                    "document with\n");
+            rc = 2;
+            goto done;
+        }
+        ddt_json_constraint c = {.vocab = NULL, .object_only = true};
+        if ((st = ddt_json_vocab_create(tok, ddt_engine_model_config(eng)->vocab_size, &jv, &err)) == DDT_OK) {
+            c.vocab = jv;
+            st = ddt_engine_set_constraint(eng, &c, &err);
+        }
+        if (st != DDT_OK) {
+            fprintf(stderr, "ddtree generate: --json-object: %s\n", err.msg);
             rc = cli_status_exit(st);
             goto done;
         }
@@ -352,6 +386,7 @@ int ddt_cmd_generate(int argc, char **argv) {
     rc = 0;
 done:
     ddt_engine_free(eng);
+    ddt_json_vocab_free(jv); /* after the engine, which held it */
     ddt_tokenizer_free(tok);
     ddt_chat_template_free(chat);
     free(out);

@@ -247,3 +247,30 @@ def test_cli_backend_flag():
         else:
             assert r.returncode == 2, r.stderr
             assert "cuda" in r.stderr.lower(), r.stderr
+
+
+SHIPPED_TARGET = os.path.join(ROOT, "models", "pystdlib-target")
+SHIPPED_DRAFT = os.path.join(ROOT, "models", "pystdlib-dflash")
+
+
+def test_cli_json_object():
+    """--json-object: the answer is one JSON object ending at the EOS id, the same ids in ar, chain and
+    tree (the mask is applied wherever the target chooses, so speculation stays lossless); a model
+    without a tokenizer is refused with a message naming the flag."""
+    eos = json.load(open(os.path.join(SHIPPED_TARGET, "config.json")))["eos_token_id"]
+    for prompt in ["config = ", "import json\nresult = json.loads('", "def f(x):"]:
+        base = ["--model", SHIPPED_TARGET, "--prompt", prompt, "--max-tokens", "96", "--json-object"]
+        ar = gen_json(*base)
+        for extra in (["--mode", "chain"], ["--mode", "tree", "--budget", "16"]):
+            out = gen_json(*base, "--draft", SHIPPED_DRAFT, *extra)
+            assert out["ids"] == ar["ids"], (prompt, extra)
+        ids = ar["ids"]
+        if ids and ids[-1] == eos:  # a complete document: everything before the EOS parses as an object
+            text = ar["text"]
+            body = text[: text.rindex("}") + 1]
+            assert isinstance(json.loads(body), dict), text
+            assert text[len(body):].strip() and "}" not in text[len(body):]  # only the EOS token's text
+        else:
+            assert len(ids) == 96  # cut by --max-tokens, never ended early without a whole object
+    r = run("--model", TARGET, "--prompt-ids", "5,6", "--max-tokens", "4", "--json-object")
+    assert r.returncode == 2 and "--json-object" in r.stderr, r.stderr
