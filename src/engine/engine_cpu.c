@@ -51,6 +51,10 @@ typedef struct cpu_engine {
     int32_t n_stop;
     ddt_json_mask_cache *masks; /* the grammar's masks by state, made by the first constraint */
     int32_t mask_stop[16], n_mask_stop; /* the stop ids the cached masks hold (-1: none known) */
+    /* the pruning of a built tree under the constraint ([tree capacity] each, with the masks) */
+    ddt_json_state *pst; /* the state after each kept node's path */
+    int32_t *pmap, *ptok, *ppar, *prank;
+    float *plogw;
     float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
 } cpu_engine;
 
@@ -70,6 +74,12 @@ static void cpu_free(void *impl) {
     free(e->kv_ids);
     free(e->score_logits);
     ddt_json_mask_cache_free(e->masks);
+    free(e->pst);
+    free(e->pmap);
+    free(e->ptok);
+    free(e->ppar);
+    free(e->prank);
+    free(e->plogw);
     free(e->masked);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
@@ -241,7 +251,18 @@ static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, d
         ddt_status st = ddt_json_mask_cache_create(e->vocab, 64, &e->masks, err);
         if (st) return st;
         e->masked = ddt_malloc_array((size_t)e->vocab, sizeof(float));
-        if (!e->masked) {
+        const size_t cap = (size_t)e->tree.capacity;
+        e->pst = ddt_calloc_array(cap, sizeof *e->pst);
+        e->pmap = ddt_calloc_array(cap, sizeof(int32_t));
+        e->ptok = ddt_calloc_array(cap, sizeof(int32_t));
+        e->ppar = ddt_calloc_array(cap, sizeof(int32_t));
+        e->prank = ddt_calloc_array(cap, sizeof(int32_t));
+        e->plogw = ddt_calloc_array(cap, sizeof(float));
+        if (!e->masked || !e->pst || !e->pmap || !e->ptok || !e->ppar || !e->prank || !e->plogw) {
+            free(e->pst), free(e->pmap), free(e->ptok), free(e->ppar), free(e->prank), free(e->plogw);
+            e->pst = NULL, e->pmap = e->ptok = e->ppar = e->prank = NULL, e->plogw = NULL;
+            free(e->masked);
+            e->masked = NULL;
             ddt_json_mask_cache_free(e->masks);
             e->masks = NULL;
             return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a token mask of %d ids", e->vocab);
@@ -281,6 +302,49 @@ static bool is_stop(const cpu_engine *e, int32_t id) {
 static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, ddt_error *err) {
     if (!e->json.vocab || is_stop(e, id) || ddt_json_vocab_advance(e->json.vocab, s, id)) return DDT_OK;
     return ddt_fail(err, DDT_ERR_INTERNAL, "token %d was chosen under the JSON mask but the grammar refuses it", id);
+}
+
+/*
+ * Under the constraint, drop from the built tree every node whose token the mask
+ * would refuse after its path, with the subtree below it: a stop id before the
+ * document is complete, any other id after it, a token whose bytes the grammar
+ * refuses.  The target's masked choice can never take such a node, so the walk
+ * ends where it would have, with the same tokens, and the verify is spared its
+ * rows.  Conservative: a node is dropped only when the grammar refuses its bytes
+ * (the mask is a subset of what the grammar takes).  Allocates nothing.
+ */
+static ddt_status prune_refused(cpu_engine *e, ddt_error *err) {
+    ddt_tree *t = &e->tree;
+    const int32_t n = t->n_nodes;
+    int32_t kept = 1;
+    e->pmap[0] = 0;
+    e->pst[0] = e->jstate;
+    e->ptok[0] = t->token[0];
+    e->ppar[0] = -1;
+    e->prank[0] = t->rank[0];
+    e->plogw[0] = t->logw[0];
+    for (int32_t i = 1; i < n; i++) {
+        const int32_t p = e->pmap[t->parent[i]]; /* parents come before their children */
+        e->pmap[i] = -1;
+        if (p < 0) continue;
+        ddt_json_state st = e->pst[p];
+        const int32_t tok = t->token[i];
+        const bool ok = is_stop(e, tok) ? ddt_json_complete(&st)
+                                        : !ddt_json_complete(&st) && ddt_json_vocab_advance(e->json.vocab, &st, tok);
+        if (!ok) continue;
+        e->pmap[i] = kept;
+        e->pst[kept] = st;
+        e->ptok[kept] = tok;
+        e->ppar[kept] = p;
+        e->prank[kept] = t->rank[i];
+        e->plogw[kept] = t->logw[i];
+        kept++;
+    }
+    if (kept == n) return DDT_OK;
+    ddt_status st = ddt_tree_from_parents(e->ptok, e->ppar, kept, e->vocab, t, err);
+    if (st) return st;
+    for (int32_t k = 0; k < kept; k++) t->rank[k] = e->prank[k], t->logw[k] = e->plogw[k];
+    return DDT_OK;
 }
 
 static const ddt_cost_model *cpu_cost(const void *impl) {
@@ -496,6 +560,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
                 st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);
             }
             if (st) return st;
+            if (e->json.vocab && (st = prune_refused(e, err))) return st;
             t2 = ddt_engine_now();
             n = e->tree.n_nodes;
             double phi = 1.0; /* the bonus, then each node's chance that its whole path is accepted */

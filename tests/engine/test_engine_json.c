@@ -66,6 +66,7 @@ typedef struct run {
     int32_t ids[N_GEN], n;
     ddt_stop_reason why;
     int32_t rounds;
+    int64_t nodes; /* verified, the roots included */
 } run;
 
 static void gen(fixture *f, const char *prompt, ddt_mode mode, int32_t max_new, run *r) {
@@ -80,6 +81,7 @@ static void gen(fixture *f, const char *prompt, ddt_mode mode, int32_t max_new, 
         fail_msg("generate (%s): %s", ddt_mode_name(mode), err.msg);
     r->why = st.stop_reason;
     r->rounds = st.rounds;
+    r->nodes = st.nodes_verified;
 }
 
 /* The output's text steps the grammar byte by byte; a stop id ends a complete object. */
@@ -128,6 +130,7 @@ static void test_greedy_modes_agree(void **state) {
     ddt_json_constraint c = {f->v, true};
     if (ddt_engine_set_constraint(f->e, &c, &err)) fail_msg("constraint: %s", err.msg);
     int complete = 0, spec_rounds = 0, tokens = 0;
+    int64_t tree_nodes = 0, tree_rounds = 0;
     for (size_t p = 0; p < sizeof prompts / sizeof *prompts; p++) {
         run ar, chain, tree;
         gen(f, prompts[p], DDT_MODE_AR, N_GEN, &ar);
@@ -143,6 +146,8 @@ static void test_greedy_modes_agree(void **state) {
         complete += done;
         spec_rounds += tree.rounds;
         tokens += tree.n;
+        tree_nodes += tree.nodes;
+        tree_rounds += tree.rounds;
         /* a cut document ends for the length, never with a stop id */
         run cut;
         gen(f, prompts[p], DDT_MODE_TREE, 5, &cut);
@@ -152,7 +157,15 @@ static void test_greedy_modes_agree(void **state) {
     /* the point of the test: some documents finish, and trees accept more than one token a round */
     assert_true(complete >= 1);
     assert_true(spec_rounds < tokens);
+    /* draft nodes the grammar refuses are pruned before the verify (a 16-node tree of this
+       depth-15 drafter always fills its budget unpruned: 17 rows a round with the root) */
+    if (getenv("DDT_TEST_SHOW")) printf("tree: %lld rows in %lld rounds\n", (long long)tree_nodes, (long long)tree_rounds);
+    assert_true(tree_nodes < 17 * tree_rounds);
     assert_int_equal(ddt_engine_set_constraint(f->e, NULL, &err), DDT_OK);
+    /* unconstrained, nothing is pruned: every round verifies the whole budget */
+    run plain;
+    gen(f, prompts[0], DDT_MODE_TREE, 40, &plain);
+    assert_int_equal(plain.nodes, 17 * (int64_t)plain.rounds);
 }
 
 static void test_sampled_is_grammatical(void **state) {
