@@ -41,6 +41,10 @@ enum {
 
 enum { F_KEY = 1, F_OBJECT_ONLY = 2 };
 
+/* json_grammar.h promises no padding (the mask cache compares states with memcmp) */
+_Static_assert(sizeof(ddt_json_state) == 8 + 8 + 4 * DDT_JSON_SCHEMA_MAX_DEPTH + 4 + 4 + 8,
+               "ddt_json_state has padding");
+
 static const char *const literals[3] = {"true", "false", "null"};
 static const uint8_t literal_len[3] = {4, 5, 4};
 
