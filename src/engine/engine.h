@@ -213,7 +213,9 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
 /*
  * Grammar-constrained decoding: later generations emit only text that the JSON
  * recogniser (text/json_grammar.h) accepts, starting from an empty document
- * (object_only: the top-level value must be an object), and end with a stop id
+ * (object_only: the top-level value must be an object; schema non-NULL: an
+ * instance of that compiled schema, text/json_schema.h, which the caller keeps
+ * alive while the setting lasts), and end with a stop id
  * as soon as the document is complete (which needs n_stop >= 1 at generate).
  * At every position where the target chooses a token (the first token, each ar
  * step, each node a chain / tree walk visits, at that node's path), the tokens
@@ -229,6 +231,7 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
 typedef struct ddt_json_constraint {
     const ddt_json_vocab *vocab; /* built for this engine's vocabulary (ddt_json_vocab_create) */
     bool object_only;            /* json_object: the top-level value is an object */
+    const struct ddt_json_schema *schema; /* json_schema: the compiled schema (NULL: any JSON) */
 } ddt_json_constraint;
 
 ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c, ddt_error *err);

@@ -497,7 +497,8 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     e->stop = stop;
     e->n_stop = n_stop;
     if (e->json.vocab) {
-        ddt_json_init(&e->jstate, e->json.object_only);
+        if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
+        else ddt_json_init(&e->jstate, e->json.object_only);
         /* a mask holds the stop ids: the cached ones serve the next request only if its
            stop ids are the same */
         bool same = e->n_mask_stop == n_stop && n_stop <= 16;

@@ -3,6 +3,8 @@
  */
 #include "server/job.h"
 
+#include "text/json_schema.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,7 @@ void ddt_job_release(ddt_job *j) {
     free(j->lp);
     free(j->prompt_lp);
     free(j->echo_text);
+    ddt_json_schema_free(j->schema);
     free(j);
 }
 

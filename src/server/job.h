@@ -41,7 +41,8 @@ typedef struct ddt_job {
     char *echo_text;         /* owned: the prompt as the response repeats it (echo) */
     size_t echo_len;
     bool chat;               /* chat: the output is routed (router) into content, reasoning, tool calls */
-    ddt_json_constraint json;/* response_format json_object: the engine's constraint (vocab NULL: none) */
+    ddt_json_constraint json;/* response_format json_object / json_schema: the engine's constraint (vocab NULL: none) */
+    struct ddt_json_schema *schema; /* owned: json.schema, a copy of the request's (it outlives the request) */
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "text/json_schema.h"
 
 #define FAIL(req, st, name, ...) (snprintf((req)->param, sizeof (req)->param, "%s", (name)), \
                                   ddt_fail(err, (st), __VA_ARGS__))
@@ -319,6 +320,39 @@ static ddt_status parse_speculative(ddt_api_request *r, json_t *root, ddt_error 
     return DDT_OK;
 }
 
+/* response_format.json_schema: {"name", "schema", "strict", "description"}, the
+ * schema compiled here (text/json_schema.h) so that a schema outside the subset
+ * is a 400 before anything is queued. */
+static ddt_status parse_json_schema(ddt_api_request *r, json_t *js, ddt_error *err) {
+    const char *param = "response_format";
+    if (!json_is_object(js))
+        return FAIL(r, DDT_ERR_INVALID, param, "'response_format': type \"json_schema\" needs a 'json_schema' object "
+                    "with 'name' and 'schema'");
+    const char *key;
+    json_t *v;
+    json_object_foreach(js, key, v) {
+        if (strcmp(key, "name") && strcmp(key, "schema") && strcmp(key, "strict") && strcmp(key, "description"))
+            return FAIL(r, DDT_ERR_UNSUPPORTED, param, "'response_format.json_schema': unknown field '%.60s' (name, "
+                        "schema, strict, description)", key);
+    }
+    json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict"),
+           *desc = json_object_get(js, "description"), *schema = json_object_get(js, "schema");
+    if (!json_is_string(name) || json_string_length(name) == 0)
+        return FAIL(r, DDT_ERR_INVALID, param, "'response_format.json_schema.name' must be a non-empty string");
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+        return FAIL(r, DDT_ERR_INVALID, param, "'response_format.json_schema.strict' must be true or false");
+    if (desc && !json_is_string(desc))
+        return FAIL(r, DDT_ERR_INVALID, param, "'response_format.json_schema.description' must be a string");
+    if (!json_is_object(schema))
+        return FAIL(r, DDT_ERR_INVALID, param, "'response_format.json_schema.schema' must be an object");
+    /* strict false or absent changes nothing: the schema is always enforced, which is an instance either way */
+    ddt_error e = {0};
+    ddt_status st = ddt_json_schema_compile(schema, &r->json_schema, &e);
+    if (st)
+        return FAIL(r, st, param, "'response_format.json_schema.schema': %s", e.msg);
+    return DDT_OK;
+}
+
 static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err) {
     ddt_status st = r->kind == DDT_API_CHAT ? parse_messages(r, root, err) : parse_prompt(r, root, err);
     if (st) return st;
@@ -389,17 +423,17 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
         json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_string(type))
             return FAIL(r, DDT_ERR_INVALID, "response_format",
-                        "'response_format' must be an object with a string 'type' (\"text\" or \"json_object\")");
+                        "'response_format' must be an object with a string 'type' (\"text\", \"json_object\" or "
+                        "\"json_schema\")");
         const char *t = json_string_value(type);
         if (!strcmp(t, "json_object")) {
             r->json_object = true;
         } else if (!strcmp(t, "json_schema")) {
-            return FAIL(r, DDT_ERR_UNSUPPORTED, "response_format",
-                        "'response_format': type \"json_schema\" is not supported (a schema is not enforced); "
-                        "\"json_object\" gives any JSON object");
+            if ((st = parse_json_schema(r, json_object_get(rf, "json_schema"), err))) return st;
         } else if (strcmp(t, "text")) {
             return FAIL(r, DDT_ERR_INVALID, "response_format",
-                        "'response_format': unknown type \"%.40s\" (\"text\" or \"json_object\")", t);
+                        "'response_format': unknown type \"%.40s\" (\"text\", \"json_object\" or \"json_schema\")",
+                        t);
         }
     }
     if ((st = get_int(r, root, "best_of", 1, 1000000, &have, &ll, err))) {
@@ -487,6 +521,7 @@ void ddt_api_request_free(ddt_api_request *req) {
     if (req->tools) json_decref(req->tools);
     if (req->template_kwargs) json_decref(req->template_kwargs);
     free(req->prompt_ids);
+    ddt_json_schema_free(req->json_schema);
     if (req->owned_) json_decref((json_t *)req->owned_);
     memset(req, 0, sizeof *req);
 }

@@ -8,7 +8,7 @@
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
- * a JSON schema response format, best_of > 1, a suffix) is refused rather than
+ * a JSON schema outside the supported subset (text/json_schema.h), best_of > 1, a suffix) is refused rather than
  * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
  * tool results kept); tools are checked for OpenAI's function shape.  This is
@@ -78,6 +78,8 @@ typedef struct ddt_api_request {
     bool return_token_ids; /* extension: the choice carries the generated token ids */
     bool json_object;      /* response_format {"type": "json_object"}: the output is one JSON object
                               (grammar-constrained decoding: engine.h ddt_engine_set_constraint) */
+    struct ddt_json_schema *json_schema; /* response_format {"type": "json_schema"}: the compiled schema
+                              (text/json_schema.h), owned; NULL: none */
     int32_t n;             /* choices, 1..DDT_API_MAX_N (not with stream): decoded one after the
                               other, choice k sampled with the seed + k */
     bool echo;             /* completions: the prompt comes back before the completion, and with

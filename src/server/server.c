@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "text/json_schema.h"
 #include "server/api.h"
 #include "server/job.h"
 #include "server/metrics.h"
@@ -350,7 +351,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         ddt_job_release(j);
         return;
     }
-    if (rq->json_object) {
+    if (rq->json_object || rq->json_schema) {
         const char *no = !s->o.can_json ? "JSON mode runs on the CPU backend for now (this server runs on the GPU)"
                        : !s->json_vocab ? "this model folder has no tokenizer to build the token masks from"
                        : j->n_stop_ids == 0 ? "the model has no end-of-sequence token to end the object with"
@@ -360,11 +361,19 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                            ? "'tool_choice' forces a tool call, which is no JSON object"
                            : NULL;
         if (no) {
-            prep_fail(p, 400, "response_format", "'response_format' json_object cannot be served: %s", no);
+            prep_fail(p, 400, "response_format", "'response_format' %s cannot be served: %s",
+                      rq->json_schema ? "json_schema" : "json_object", no);
             ddt_job_release(j);
             return;
         }
-        j->json = (ddt_json_constraint){s->json_vocab, true};
+        /* each job (n of them for n choices) has its own copy: it is read while the job runs, after
+           the request is gone, and jobs are released on different threads */
+        if (rq->json_schema && ddt_json_schema_copy(rq->json_schema, &j->schema, &err) != DDT_OK) {
+            prep_fail(p, 500, NULL, "%s", err.msg);
+            ddt_job_release(j);
+            return;
+        }
+        j->json = (ddt_json_constraint){s->json_vocab, true, j->schema};
     }
     j->logprobs = rq->logprobs;
     j->echo = rq->echo;

@@ -20,6 +20,12 @@
  * document starts with its value, no whitespace before it (a generation has no
  * reason to open with blanks, and small models like to; trailing whitespace is
  * accepted, but a token mask ends a complete document with a stop id at once).
+ *
+ * With a compiled schema (json_schema.h, ddt_json_init_schema) the same state
+ * also follows the schema: it keeps, per open container, its schema node and
+ * which property comes next, and inside a property name or enum string how many
+ * bytes matched, so a byte the schema forbids does not step either.  Without one
+ * those fields stay zero and the recogniser is plain JSON.
  */
 #ifndef DDT_TEXT_JSON_GRAMMAR_H
 #define DDT_TEXT_JSON_GRAMMAR_H
@@ -30,9 +36,18 @@
 
 #define DDT_JSON_MAX_DEPTH 64 /* open containers; the stack is one uint64_t */
 #define DDT_JSON_MAX_WS 24    /* consecutive whitespace bytes (a newline and 20-odd spaces of indent) */
+#define DDT_JSON_SCHEMA_MAX_DEPTH 8 /* containers a schema may nest (one schema position each in the state) */
 
+struct ddt_json_schema;
+
+/* Laid out without padding, so that copies compare equal byte for byte. */
 typedef struct ddt_json_state {
+    const struct ddt_json_schema *schema; /* NULL: any JSON */
     uint64_t stack;   /* bit d: the container at depth d + 1 is an object (1) or an array (0) */
+    uint16_t snode[DDT_JSON_SCHEMA_MAX_DEPTH]; /* schema: the node of the container at depth d + 1 */
+    uint16_t sidx[DDT_JSON_SCHEMA_MAX_DEPTH];  /* schema: in an object, the property being written or next */
+    uint32_t spos;    /* schema: bytes matched of the property name or enum string being read */
+    uint32_t slo;     /* schema: in an enum string, the first (sorted) candidate that still matches */
     uint8_t depth;    /* open containers */
     uint8_t mode;     /* what the next byte may be (json_grammar.c's enum) */
     uint8_t sub;      /* inside a token: literal bytes matched, hex digits read, UTF-8 bytes still due */
@@ -45,6 +60,10 @@ typedef struct ddt_json_state {
 /* The state before any byte.  object_only: the top-level value must be an object
  * (OpenAI's json_object mode); otherwise any JSON value. */
 void ddt_json_init(ddt_json_state *s, bool object_only);
+
+/* The state before any byte of an instance of schema (compiled, json_schema.h;
+ * it must outlive every state made from this one).  Its root is an object. */
+void ddt_json_init_schema(ddt_json_state *s, const struct ddt_json_schema *schema);
 
 /* Take one byte: true and the state moved on when the prefix so far plus c can
  * still become valid JSON, false (s unchanged) when it cannot. */

@@ -244,17 +244,17 @@ void ddt_json_mask_cache_clear(ddt_json_mask_cache *c) {
     if (c) c->used = 0;
 }
 
-/* The state with what the grammar never reads zeroed: the stack bits past the depth. */
+/* The state with what the grammar never reads zeroed: the stack bits and schema
+ * positions past the depth. */
 static ddt_json_state cache_key(const ddt_json_state *s) {
     ddt_json_state k = *s;
     k.stack = k.depth >= 64 ? k.stack : k.stack & ((UINT64_C(1) << k.depth) - 1u);
+    for (int d = k.depth; d < DDT_JSON_SCHEMA_MAX_DEPTH; d++) k.snode[d] = k.sidx[d] = 0;
     return k;
 }
 
-static bool same_state(const ddt_json_state *a, const ddt_json_state *b) {
-    return a->stack == b->stack && a->depth == b->depth && a->mode == b->mode && a->sub == b->sub &&
-           a->lit == b->lit && a->lo == b->lo && a->hi == b->hi && a->ws == b->ws && a->flags == b->flags;
-}
+/* The whole state, schema position included (json_grammar.h lays it out without padding). */
+static bool same_state(const ddt_json_state *a, const ddt_json_state *b) { return !memcmp(a, b, sizeof *a); }
 
 const uint8_t *ddt_json_mask_cache_get(ddt_json_mask_cache *c, const ddt_json_vocab *v, const ddt_json_state *s,
                                        const int32_t *stop, int32_t n_stop, int32_t *count) {

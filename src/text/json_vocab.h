@@ -61,8 +61,8 @@ bool ddt_json_vocab_advance(const ddt_json_vocab *v, ddt_json_state *s, int32_t 
  * over and over (inside a string, after a comma at some depth, ...), and on a
  * real vocabulary (~160k tokens) one mask walks most of the trie: in a string
  * nearly every token is allowed.  The cache keeps `entries` masks keyed by the
- * whole state (the stack bits above the depth cleared: they are stale, never
- * read) and computes a missing one into the least recently used entry.  All its
+ * whole state, a schema's pointer and positions included (the stack bits and
+ * schema positions above the depth cleared: they are stale, never read) and computes a missing one into the least recently used entry.  All its
  * memory is allocated at create; get allocates nothing.  The stop ids are part of
  * a mask: clear the cache when they change (a new generation).
  */

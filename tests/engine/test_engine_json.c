@@ -5,7 +5,9 @@
  * (json_grammar.h) from the first byte, and a document ended by the stop id is a
  * JSON object that Jansson parses; at T > 0 every mode's output is grammatical;
  * the constraint off again gives the unconstrained output; and the clear errors
- * (a vocabulary of the wrong size, no stop id).
+ * (a vocabulary of the wrong size, no stop id).  With a compiled schema
+ * (json_schema.h) the greedy modes still agree and the text steps the schema's
+ * recogniser, so a finished document is an instance.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -17,6 +19,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "text/json_schema.h"
 
 #include "engine/engine.h"
 #include "text/json_vocab.h"
@@ -127,7 +131,7 @@ static const char *const prompts[] = {
 static void test_greedy_modes_agree(void **state) {
     fixture *f = *state;
     ddt_error err = {0};
-    ddt_json_constraint c = {f->v, true};
+    ddt_json_constraint c = {f->v, true, NULL};
     if (ddt_engine_set_constraint(f->e, &c, &err)) fail_msg("constraint: %s", err.msg);
     int complete = 0, spec_rounds = 0, tokens = 0;
     int64_t tree_nodes = 0, tree_rounds = 0;
@@ -171,7 +175,7 @@ static void test_greedy_modes_agree(void **state) {
 static void test_sampled_is_grammatical(void **state) {
     fixture *f = *state;
     ddt_error err = {0};
-    ddt_json_constraint c = {f->v, true};
+    ddt_json_constraint c = {f->v, true, NULL};
     assert_int_equal(ddt_engine_set_constraint(f->e, &c, &err), DDT_OK);
     const ddt_mode modes[3] = {DDT_MODE_AR, DDT_MODE_CHAIN, DDT_MODE_TREE};
     for (uint64_t seed = 1; seed <= 3; seed++)
@@ -193,7 +197,7 @@ static void test_off_again_and_errors(void **state) {
     ddt_error err = {0};
     run plain, json, again;
     gen(f, prompts[1], DDT_MODE_TREE, 40, &plain);
-    ddt_json_constraint c = {f->v, true};
+    ddt_json_constraint c = {f->v, true, NULL};
     assert_int_equal(ddt_engine_set_constraint(f->e, &c, &err), DDT_OK);
     gen(f, prompts[1], DDT_MODE_TREE, 40, &json);
     /* the unconstrained model does not write a JSON object here, or the test shows nothing */
@@ -211,10 +215,48 @@ static void test_off_again_and_errors(void **state) {
     /* a vocabulary built for another model */
     ddt_json_vocab *small;
     assert_int_equal(ddt_json_vocab_create(f->tok, 100, &small, &err), DDT_OK);
-    ddt_json_constraint bad = {small, true};
+    ddt_json_constraint bad = {small, true, NULL};
     assert_int_equal(ddt_engine_set_constraint(f->e, &bad, &err), DDT_ERR_INVALID);
     assert_non_null(strstr(err.msg, "vocabulary of 100 ids"));
     ddt_json_vocab_free(small);
+}
+
+/* The same under a schema: the modes agree, and the text is a prefix of an
+ * instance (every byte steps the schema's recogniser), complete when it ends. */
+static void test_schema_greedy_modes_agree(void **state) {
+    fixture *f = *state;
+    ddt_error err = {0};
+    json_error_t je;
+    json_t *js = json_loads("{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, "
+                            "\"n\": {\"type\": \"integer\"}, \"ok\": {\"type\": \"boolean\"}, "
+                            "\"kind\": {\"enum\": [\"a\", \"bc\"]}}}", 0, &je);
+    assert_non_null(js);
+    ddt_json_schema *sc = NULL;
+    if (ddt_json_schema_compile(js, &sc, &err)) fail_msg("compile: %s", err.msg);
+    json_decref(js);
+    ddt_json_constraint c = {f->v, true, sc};
+    if (ddt_engine_set_constraint(f->e, &c, &err)) fail_msg("constraint: %s", err.msg);
+    for (size_t p = 0; p < sizeof prompts / sizeof *prompts; p++) {
+        run ar, tree;
+        gen(f, prompts[p], DDT_MODE_AR, N_GEN, &ar);
+        gen(f, prompts[p], DDT_MODE_TREE, N_GEN, &tree);
+        assert_int_equal(ar.n, tree.n);
+        assert_memory_equal(ar.ids, tree.ids, (size_t)ar.n * sizeof(int32_t));
+        ddt_json_state s;
+        ddt_json_init_schema(&s, sc);
+        for (int32_t i = 0; i < ar.n; i++) {
+            if (ar.ids[i] == EOS) {
+                assert_true(ddt_json_complete(&s));
+                break;
+            }
+            const uint8_t *b;
+            size_t bl;
+            if (!ddt_tokenizer_text_bytes(f->tok, ar.ids[i], &b, &bl)) fail_msg("token %d has no text", ar.ids[i]);
+            if (!ddt_json_feed(&s, b, bl)) fail_msg("token %d (%.*s) breaks the schema", ar.ids[i], (int)bl, b);
+        }
+    }
+    assert_int_equal(ddt_engine_set_constraint(f->e, NULL, &err), DDT_OK);
+    ddt_json_schema_free(sc);
 }
 
 int main(void) {
@@ -222,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_modes_agree),
         cmocka_unit_test(test_sampled_is_grammatical),
         cmocka_unit_test(test_off_again_and_errors),
+        cmocka_unit_test(test_schema_greedy_modes_agree),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -83,7 +83,7 @@ static void check_mode_with(ddt_mode mode, int32_t budget, bool autob, float tem
         if (ddt_json_vocab_create_bytes(bytes, len, vocab, &jv, &err)) fail_msg("vocab: %s", err.msg);
         free(bytes);
         free(len);
-        ddt_json_constraint c = {jv, true};
+        ddt_json_constraint c = {jv, true, NULL};
         if (ddt_engine_set_constraint(e, &c, &err)) fail_msg("constraint: %s", err.msg);
         g_stop = vocab - 1;
     }

@@ -16,9 +16,14 @@ MAX_WS = 24  # DDT_JSON_MAX_WS
 WS = b" \t\n\r"
 
 
-class State(ctypes.Structure):
-    _fields_ = [("stack", ctypes.c_uint64)] + [(n, ctypes.c_uint8) for n in
-                                               ("depth", "mode", "sub", "lit", "lo", "hi", "ws", "flags")]
+SCHEMA_MAX_DEPTH = 8  # DDT_JSON_SCHEMA_MAX_DEPTH
+
+
+class State(ctypes.Structure):  # ddt_json_state, field for field (json_grammar.h)
+    _fields_ = [("schema", ctypes.c_void_p), ("stack", ctypes.c_uint64),
+                ("snode", ctypes.c_uint16 * SCHEMA_MAX_DEPTH), ("sidx", ctypes.c_uint16 * SCHEMA_MAX_DEPTH),
+                ("spos", ctypes.c_uint32), ("slo", ctypes.c_uint32)] + \
+               [(n, ctypes.c_uint8) for n in ("depth", "mode", "sub", "lit", "lo", "hi", "ws", "flags")]
 
 
 @pytest.fixture(scope="module")

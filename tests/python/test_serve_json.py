@@ -2,7 +2,8 @@
 the content of a finished answer is one JSON object that json.loads reads, in chat and completions,
 whole and streamed; greedy ar, chain and tree requests give the same token ids (the constraint is
 lossless under speculation); an answer cut by max_tokens says "length"; sampled answers are JSON too;
-json_schema and unknown types get a 400 naming the field.  Needs DDT_BUILD_DIR."""
+a json_schema outside the supported subset (test_serve_json_schema.py) and unknown types get a 400
+naming the field.  Needs DDT_BUILD_DIR."""
 
 import json
 

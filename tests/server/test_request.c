@@ -73,8 +73,26 @@ static void test_chat_fields(void **state) {
     assert_true(r.json_object);
     ddt_api_request_free(&r);
     assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\"}}",
-                           &r, &err), DDT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "\"json_schema\" is not supported"));
+                           &r, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "needs a 'json_schema' object"));
+    assert_string_equal(r.param, "response_format");
+    /* a schema in the subset is compiled; one outside it is refused with the keyword and its path */
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", "
+                           "\"json_schema\": {\"name\": \"s\", \"strict\": true, \"schema\": {\"type\": \"object\", "
+                           "\"properties\": {\"a\": {\"type\": \"integer\"}}}}}}", &r, &err), DDT_OK);
+    assert_non_null(r.json_schema);
+    assert_false(r.json_object);
+    ddt_api_request_free(&r);
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", "
+                           "\"json_schema\": {\"name\": \"s\", \"schema\": {\"type\": \"object\", "
+                           "\"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 0}}}}}}", &r, &err),
+                     DDT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "unsupported keyword 'minimum' at $.properties.a"));
+    assert_string_equal(r.param, "response_format");
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", "
+                           "\"json_schema\": {\"schema\": {\"type\": \"object\", \"properties\": {}}}}}", &r, &err),
+                     DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "'response_format.json_schema.name'"));
     assert_string_equal(r.param, "response_format");
     /* log-probabilities: chat's flag and alternatives */
     const char *lp = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true%s}";
