@@ -1662,6 +1662,7 @@ typedef struct rctx {
     arena a;
     uint64_t steps;
     int depth, macro_depth;
+    uintptr_t stack0; /* the render's frame address: the recursion's stack use is measured from it */
     sb main;
     sb *out;
     jdict globals; /* the context: data's names, then trusted's (which win) */
@@ -2492,9 +2493,19 @@ static void assign(rctx *c, scope *sc, const node *target, const jv *v) {
     for (size_t i = 0; i < n; i++) assign(c, sc, target->items[i], &items[i]);
 }
 
+/* Each nested evaluation costs machine stack, a frame size that depends on the
+ * compiler and its instrumentation (AddressSanitizer's frames are several times a
+ * release build's): the level count alone let a recursive macro overflow an
+ * 8 MB stack under ASan (the fuzzer found it), so the stack used is bounded too.
+ * The frame address, not a local's: ASan may keep locals on a heap "fake stack". */
 static void enter_rt(rctx *c, const node *at) {
     if (++c->depth > 8 * DDT_JINJA_MAX_DEPTH)
         rfail(c, at, DDT_ERR_RANGE, "evaluation nested deeper than %d levels", 8 * DDT_JINJA_MAX_DEPTH);
+    const uintptr_t now = (uintptr_t)__builtin_frame_address(0);
+    const uintptr_t used = c->stack0 > now ? c->stack0 - now : now - c->stack0;
+    if (used > DDT_JINJA_MAX_STACK)
+        rfail(c, at, DDT_ERR_RANGE, "evaluation nested deeper than %u KB of stack allow (%d levels)",
+              DDT_JINJA_MAX_STACK >> 10, c->depth);
 }
 
 /* ---- attribute and item access (the sandbox's getattr / getitem) */
@@ -4489,6 +4500,7 @@ ddt_status ddt_jinja_render(const ddt_jinja *t, const json_t *data, const json_t
     if (!c) return ddt_fail(err, DDT_ERR_NOMEM, "jinja: out of memory");
     c->t = t;
     c->err = err;
+    c->stack0 = (uintptr_t)__builtin_frame_address(0);
     c->a.limit = DDT_JINJA_MAX_MEMORY;
     c->main.heap = true;
     c->out = &c->main;

@@ -36,6 +36,7 @@
 #define DDT_JINJA_MAX_OUTPUT (64u << 20)    /* rendered bytes */
 #define DDT_JINJA_MAX_STEPS 50000000ull     /* evaluation steps of one render */
 #define DDT_JINJA_MAX_DEPTH 256             /* nesting of blocks, expressions and macro calls */
+#define DDT_JINJA_MAX_STACK (2u << 20)      /* machine stack one render may use (recursion) */
 #define DDT_JINJA_MAX_MEMORY (256u << 20)   /* working memory of one render (values, captured text) */
 #define DDT_JINJA_MAX_RANGE 100000          /* items of one range(), as jinja2's sandbox allows */
 
