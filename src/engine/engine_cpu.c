@@ -50,7 +50,6 @@ typedef struct cpu_engine {
     const int32_t *stop;
     int32_t n_stop;
     ddt_json_mask_cache *masks; /* the grammar's masks by state, made by the first constraint */
-    int32_t mask_stop[16], n_mask_stop; /* the stop ids the cached masks hold (-1: none known) */
     /* the pruning of a built tree under the constraint ([tree capacity] each, with the masks) */
     ddt_json_state *pst; /* the state after each kept node's path */
     int32_t *pmap, *ptok, *ppar, *prank;
@@ -269,7 +268,6 @@ static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, d
         }
     }
     ddt_json_mask_cache_clear(e->masks); /* another vocabulary, or none */
-    e->n_mask_stop = -1;
     e->json = c ? *c : (ddt_json_constraint){0};
     return DDT_OK;
 }
@@ -311,7 +309,8 @@ static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, dd
  * refuses.  The target's masked choice can never take such a node, so the walk
  * ends where it would have, with the same tokens, and the verify is spared its
  * rows.  Conservative: a node is dropped only when the grammar refuses its bytes
- * (the mask is a subset of what the grammar takes).  Allocates nothing.
+ * (the mask is a subset of what the grammar takes).  Leaves pst[i] = the state
+ * after kept node i's path, which the walk's sample_node reads.  Allocates nothing.
  */
 static ddt_status prune_refused(cpu_engine *e, ddt_error *err) {
     ddt_tree *t = &e->tree;
@@ -388,25 +387,16 @@ static ddt_status cpu_set_speculation(void *impl, ddt_mode mode, int32_t budget,
  * keyed (seed, round, node) so any backend draws the same sample. */
 typedef struct node_sampler {
     cpu_engine *e;
-    const ddt_sampling *samp;
     uint64_t round;
 } node_sampler;
 
 static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
     const node_sampler *ns = ctx;
     cpu_engine *e = ns->e;
-    ddt_json_state s = e->jstate; /* after the root, the last emitted token */
-    if (e->json.vocab) {
-        /* the node's path below the root: the walk visits a node only after the target
-         * chose its token under the mask, so these step (advance checks anyway) */
-        int32_t path[DDT_MAX_PATH], d = 0;
-        for (int32_t i = node; i > 0 && d < DDT_MAX_PATH; i = e->tree.parent[i]) path[d++] = e->tree.token[i];
-        for (int32_t k = d - 1; k >= 0; k--) {
-            ddt_status st = advance(e, &s, path[k], err);
-            if (st) return st;
-        }
-    }
-    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, &s, ns->round, (uint32_t)node, token, err);
+    /* the state after the node's path: prune_refused stepped every node of this tree
+       (under a constraint it runs after each build), so it is not stepped again here */
+    const ddt_json_state *s = e->json.vocab ? &e->pst[node] : &e->jstate;
+    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, s, ns->round, (uint32_t)node, token, err);
 }
 
 /* Append the drafter features of rows[0..m) of the last target forward. */
@@ -479,7 +469,6 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     e->n_kv = keep;
 
     ddt_emitter em = ddt_emitter_start(out, max_new, stop, n_stop, emit_fn, emit_ctx);
-    const ddt_sampling *samp = &e->opts.sampling;
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
     s.cached_tokens = keep;
@@ -499,15 +488,6 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     if (e->json.vocab) {
         if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
         else ddt_json_init(&e->jstate, e->json.object_only);
-        /* a mask holds the stop ids: the cached ones serve the next request only if its
-           stop ids are the same */
-        bool same = e->n_mask_stop == n_stop && n_stop <= 16;
-        for (int32_t i = 0; same && i < n_stop; i++) same = e->mask_stop[i] == stop[i];
-        if (!same) {
-            ddt_json_mask_cache_clear(e->masks);
-            e->n_mask_stop = n_stop <= 16 ? n_stop : -1;
-            for (int32_t i = 0; i < n_stop && i < 16; i++) e->mask_stop[i] = stop[i];
-        }
     }
     st = choose(e, e->logits, &e->jstate, 0, 0, &bonus, err);
     if (st) return st;
@@ -573,7 +553,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             if (st) return st;
             t3 = ddt_engine_now();
             /* the target's token is drawn only at the nodes the walk visits */
-            node_sampler ns = {e, samp, round};
+            node_sampler ns = {e, round};
             ddt_walk_result w;
             st = ddt_tree_walk_fn(&e->tree, sample_node, &ns, e->vocab, &w, err);
             if (st) return st;

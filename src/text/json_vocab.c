@@ -209,6 +209,7 @@ struct ddt_json_mask_cache {
     uint8_t *masks;   /* [entries][vocab] */
     uint64_t tick;
     int64_t hits, misses;
+    int32_t stop[DDT_JSON_MASK_CACHE_MAX_STOP], n_stop; /* the stop ids the masks hold (-1: none yet) */
 };
 
 ddt_status ddt_json_mask_cache_create(int32_t vocab, int32_t entries, ddt_json_mask_cache **out, ddt_error *err) {
@@ -219,6 +220,7 @@ ddt_status ddt_json_mask_cache_create(int32_t vocab, int32_t entries, ddt_json_m
     if (!c) return ddt_fail(err, DDT_ERR_NOMEM, "JSON mask cache");
     c->vocab = vocab;
     c->entries = entries;
+    c->n_stop = -1;
     c->key = ddt_calloc_array((size_t)entries, sizeof *c->key);
     c->last = ddt_calloc_array((size_t)entries, sizeof *c->last);
     c->count = ddt_calloc_array((size_t)entries, sizeof *c->count);
@@ -258,6 +260,14 @@ static bool same_state(const ddt_json_state *a, const ddt_json_state *b) { retur
 
 const uint8_t *ddt_json_mask_cache_get(ddt_json_mask_cache *c, const ddt_json_vocab *v, const ddt_json_state *s,
                                        const int32_t *stop, int32_t n_stop, int32_t *count) {
+    /* the masks of another stop list are another cache */
+    bool same = n_stop == c->n_stop;
+    for (int32_t i = 0; same && i < n_stop; i++) same = stop[i] == c->stop[i];
+    if (!same) {
+        c->used = 0;
+        c->n_stop = n_stop <= DDT_JSON_MASK_CACHE_MAX_STOP ? n_stop : -1;
+        for (int32_t i = 0; i < c->n_stop; i++) c->stop[i] = stop[i];
+    }
     const ddt_json_state k = cache_key(s);
     c->tick++;
     int32_t slot = -1;

@@ -62,10 +62,14 @@ bool ddt_json_vocab_advance(const ddt_json_vocab *v, ddt_json_state *s, int32_t 
  * real vocabulary (~160k tokens) one mask walks most of the trie: in a string
  * nearly every token is allowed.  The cache keeps `entries` masks keyed by the
  * whole state, a schema's pointer and positions included (the stack bits and
- * schema positions above the depth cleared: they are stale, never read) and computes a missing one into the least recently used entry.  All its
- * memory is allocated at create; get allocates nothing.  The stop ids are part of
- * a mask: clear the cache when they change (a new generation).
+ * schema positions above the depth cleared: they are stale, never read) and computes a
+ * missing one into the least recently used entry.  All its memory is allocated at
+ * create; get allocates nothing.  The stop ids are part of a mask: the cache keeps
+ * the list its masks were made with and starts afresh when a get brings another
+ * (a list longer than DDT_JSON_MASK_CACHE_MAX_STOP is never kept, so every get with
+ * one computes its mask).  Clear it when the vocabulary changes.
  */
+#define DDT_JSON_MASK_CACHE_MAX_STOP 16
 typedef struct ddt_json_mask_cache ddt_json_mask_cache;
 
 ddt_status ddt_json_mask_cache_create(int32_t vocab, int32_t entries, ddt_json_mask_cache **out, ddt_error *err);

@@ -204,8 +204,8 @@ static void test_bad_vocab(void **state) {
 }
 
 /* The mask cache answers every lookup with the mask ddt_json_vocab_mask gives, through
- * hits, misses and evictions (3 entries over random documents' states), and clear
- * forgets (a new stop list takes effect). */
+ * hits, misses and evictions (3 entries over random documents' states), clear forgets,
+ * and a lookup with another stop list gets that list's mask. */
 static void test_mask_cache(void **state) {
     (void)state;
     const uint8_t *bytes[V];
@@ -251,6 +251,11 @@ static void test_mask_cache(void **state) {
     ddt_json_mask_cache_clear(c);
     m = ddt_json_mask_cache_get(c, v, &s, stop, 1, &n);
     assert_true(m[STOP_A] && !m[STOP_B]);
+    /* another stop list is honoured without a clear: the cache keeps the list its masks hold */
+    m = ddt_json_mask_cache_get(c, v, &s, stop + 1, 1, &n);
+    assert_true(!m[STOP_A] && m[STOP_B]);
+    m = ddt_json_mask_cache_get(c, v, &s, stop, 2, &n);
+    assert_true(m[STOP_A] && m[STOP_B]);
     /* stale stack bits above the depth do not make another entry */
     ddt_json_state a, b;
     ddt_json_init(&a, false);
