@@ -220,6 +220,12 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     return true;
 }
 
+/* Whether a chat prompt ends by opening a thinking block (its last token <think>):
+ * the answer then starts as reasoning. */
+static bool prompt_opens_thinking(const ddt_server *s, const ddt_job *j) {
+    return j->chat && s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think;
+}
+
 /* A chat job's output routing (content, reasoning and tool calls come apart on the
  * marker ids: chat_output.h) and, for a tool_choice that asks for a call, the
  * answer's forced start: the call-section marker ("required"), then the named
@@ -228,7 +234,7 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
  * model writes the arguments and the parse sees the whole call. */
 static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
     j->chat = true;
-    const bool thinking = s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think;
+    const bool thinking = prompt_opens_thinking(s, j);
     ddt_chat_router_init(&j->router, s->tok, thinking);
     if (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED && rq->tool_choice != DDT_TOOL_CHOICE_NAMED) return true;
     const ddt_chat_markers *m = &j->router.m;
@@ -355,8 +361,8 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         const char *no = !s->o.can_json ? "JSON mode runs on the CPU backend for now (this server runs on the GPU)"
                        : !s->json_vocab ? "this model folder has no tokenizer to build the token masks from"
                        : j->n_stop_ids == 0 ? "the model has no end-of-sequence token to end the object with"
-                       : j->chat && s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think ? "the prompt opens a thinking block, and the reasoning is no JSON: "
-                                                         "turn thinking off (chat_template_kwargs)"
+                       : prompt_opens_thinking(s, j) ? "the prompt opens a thinking block, and the reasoning is "
+                                                       "no JSON: turn thinking off (chat_template_kwargs)"
                        : rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED
                            ? "'tool_choice' forces a tool call, which is no JSON object"
                            : NULL;
