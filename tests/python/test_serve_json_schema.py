@@ -9,11 +9,8 @@ import json
 
 import pytest
 
-from test_serve import Server
-
-PROMPTS = ['CONFIG = {"name": "json", "version": 2, "debug": false}\nDEFAULTS = ',
-           "def to_dict(self):\n    return ",
-           "data = {'a': [1, 2, 3], 'b': {'c': None}}\nexpected = "]
+# the JSON-mode tests' prompts, server (a module-scoped fixture: one server per module) and post
+from test_serve_json import PROMPTS, post, server  # noqa: F401
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string"},
@@ -66,20 +63,6 @@ def test_validator_can_fail():
         assert not valid(bad, SCHEMA), bad
     swapped = dict(reversed(list(good.items())))
     assert not valid(swapped, SCHEMA)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    assert s.stop() == 0, s.stderr()
-    s.kill()
-
-
-def post(server, path, body):
-    st, got = server.request("POST", path, body)
-    assert st == 200, got
-    return got
 
 
 @pytest.mark.parametrize("schema", [SCHEMA, SMALL], ids=["every-type", "small"])
