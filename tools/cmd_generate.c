@@ -293,7 +293,7 @@ int ddt_cmd_generate(int argc, char **argv) {
             goto done;
         }
         ddt_json_constraint c = {.vocab = NULL, .object_only = true};
-        if ((st = ddt_json_vocab_create(tok, ddt_engine_model_config(eng)->vocab_size, &jv, &err)) == DDT_OK) {
+        if ((st = ddt_json_vocab_create(tok, ddt_engine_vocab(eng), &jv, &err)) == DDT_OK) {
             c.vocab = jv;
             st = ddt_engine_set_constraint(eng, &c, &err);
         }
