@@ -2,7 +2,9 @@
 # gpu-patches.sh — the patches written without a GPU (patches/*.patch), tested and measured in ONE
 # device call: every GPU test and compute-sanitizer memcheck on main + all of them, and the K2.6 /
 # end-to-end benchmarks of main, main + all, and main + all but each patch named in GPU_PATCH_AB
-# (the ones that may lose; default: wg-ksplit-one-wave), side by side on the same GPU.
+# (the ones that may lose; default: none), side by side on the same GPU, and the patched build's
+# benchmarks again under each environment setting in GPU_PATCH_ENV (default: DDT_WG_MAX_CLUSTER=8,
+# the wgmma plans held to portable clusters).
 #
 #   here:    scripts/gpu-patches.sh prepare    # builds each tree in a worktree (sm_90a), packs its
 #                                              # binaries into ab/NAME (scripts/gpu-local.sh)
@@ -13,7 +15,8 @@
 # Exit status: prepare 1 when a patch does not apply or a build fails; run 1 when a test failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-AB=${GPU_PATCH_AB:-wg-ksplit-one-wave}
+AB=${GPU_PATCH_AB:-}
+ENVS=${GPU_PATCH_ENV-DDT_WG_MAX_CLUSTER=8}
 BINS="ddtree cuda_bench_k26 cuda_bench_moe $(cd tests/cuda && ls test_cuda_*.c | sed 's/\.c$//' | tr '\n' ' ')"
 
 # tree NAME, then the patches it holds: a worktree of HEAD with them applied, built and packed
@@ -74,6 +77,11 @@ case ${1:-} in
         python3 bench/e2e.py --build $DDT_BIN --backend cuda --model models/pystdlib-target \
           --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
           --budgets 16,32,auto --temperatures 0,1 --no-hf --n-prompts 5' > "$OUT/patches-bench-$name.log" 2>&1
+    done
+    for v in $ENVS; do
+      tag=$(printf '%s' "$v" | tr -c 'A-Za-z0-9' _)
+      scripts/gpu-local.sh run patched "$v \$DDT_BIN/cuda_bench_k26 --tc; $v \$DDT_BIN/cuda_bench_moe 20 bf16" \
+        > "$OUT/patches-bench-patched-$tag.log" 2>&1
     done
     exit $rc ;;
   *) echo "usage: scripts/gpu-patches.sh prepare | run"; exit 2 ;;
