@@ -14,7 +14,7 @@
 # Then land each patch that is green (and, for the A/B ones, faster): git apply, commit, delete it.
 # Exit status: prepare 1 when a patch does not apply or a build fails; run 1 when a test failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 AB=${GPU_PATCH_AB:-}
 ENVS=${GPU_PATCH_ENV-DDT_WG_MAX_CLUSTER=8}
 BINS="ddtree cuda_bench_k26 cuda_bench_moe $(cd tests/cuda && ls test_cuda_*.c | sed 's/\.c$//' | tr '\n' ' ')"
