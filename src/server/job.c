@@ -184,61 +184,78 @@ static ddt_status schema_of_call(ddt_job *j, const ddt_json_schema **schema, boo
 }
 
 /*
+ * One more generation of the answer: from the prompt and the answer's first
+ * done tokens (the prefix cache keeps that context), at most max_new - done
+ * tokens into out + done, their log-probabilities at lp + done.  The first
+ * writes *stats, later ones are merged into it; after the first the seed
+ * changes, so its rounds do not replay the first's random draws.
+ */
+static ddt_status generate_more(ddt_job_queue *q, ddt_job *j, int32_t done, const int32_t *stop, int32_t n_stop,
+                                int32_t *n_new, ddt_gen_stats *stats, ddt_error *err) {
+    *n_new = 0;
+    int32_t *p = j->prompt;
+    ddt_status st = DDT_OK;
+    if (done > 0) {
+        p = malloc(((size_t)j->n_prompt + (size_t)done) * sizeof *p);
+        if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's prompt");
+        memcpy(p, j->prompt, (size_t)j->n_prompt * sizeof *p);
+        memcpy(p + j->n_prompt, j->out, (size_t)done * sizeof *p);
+        ddt_sampling s2 = j->sampling;
+        s2.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)done;
+        st = ddt_engine_set_sampling(q->eng, &s2, err);
+        if (st == DDT_OK && j->lp)
+            st = ddt_engine_set_logprobs(q->eng, j->lp + done, j->max_new - done, j->logprobs, err);
+    }
+    ddt_gen_stats more;
+    memset(&more, 0, sizeof more);
+    if (st == DDT_OK)
+        st = ddt_engine_generate(q->eng, p, j->n_prompt + done, j->max_new - done, stop, n_stop, j->out + done, n_new,
+                                 on_tokens, j, done > 0 ? &more : stats, err);
+    if (p != j->prompt) free(p);
+    if (done > 0) merge_stats(stats, &more);
+    return st;
+}
+
+/*
  * A forced tool call (job.h call_end): its arguments decoded under the grammar,
  * which ends them with <|tool_call_end|>, the only stop id it is given, so the
  * document cannot end the turn unclosed.  With arg_begin, first the model's own
- * call opening without a constraint, up to <|tool_call_argument_begin|> (or
- * whatever else ends the answer first); then, from that context (the prefix
- * cache keeps it), the arguments under the grammar of the function it named.
- * The second generation samples with another seed so its rounds do not replay
- * the first's random draws.  out, the log-probabilities and the stats run on
- * across both.
+ * call opening, unconstrained, up to <|tool_call_argument_begin|> (or whatever
+ * else ends the answer first; one outside a call is no opening, and the answer
+ * goes on); then the arguments under the grammar of the function it named.
+ * out, the log-probabilities and the stats run on across the generations.
  */
 static ddt_status generate_call(ddt_job_queue *q, ddt_job *j, int32_t *n_out, ddt_gen_stats *stats, ddt_error *err) {
     ddt_json_constraint c = j->json;
-    int32_t n1 = 0;
+    int32_t done = 0, n_new = 0;
+    ddt_status st;
     if (j->arg_begin >= 0) {
         int32_t stop1[3] = {j->arg_begin}, n_stop1 = 1;
         for (int32_t k = 0; k < j->n_stop_ids && k < 2; k++) stop1[n_stop1++] = j->stop_ids[k];
-        ddt_status st = ddt_engine_set_constraint(q->eng, NULL, err);
-        if (st == DDT_OK)
-            st = ddt_engine_generate(q->eng, j->prompt, j->n_prompt, j->max_new, stop1, n_stop1, j->out, &n1,
-                                     on_tokens, j, stats, err);
-        *n_out = n1;
-        if (st != DDT_OK) return st;
-        pthread_mutex_lock(&j->mu);
-        bool go_on = !j->cancel && !j->stop_hit;
-        pthread_mutex_unlock(&j->mu);
+        if ((st = ddt_engine_set_constraint(q->eng, NULL, err))) return st;
         bool open = false;
-        if (go_on && n1 < j->max_new && n1 > 0 && j->out[n1 - 1] == j->arg_begin &&
-            (st = schema_of_call(j, &c.schema, &open, err)))
-            return st;
-        if (!open) return DDT_OK; /* no call at its arguments: the answer is as it ended */
+        for (;;) {
+            st = generate_more(q, j, done, stop1, n_stop1, &n_new, stats, err);
+            done += n_new;
+            *n_out = done;
+            if (st != DDT_OK) return st;
+            pthread_mutex_lock(&j->mu);
+            bool go_on = !j->cancel && !j->stop_hit;
+            pthread_mutex_unlock(&j->mu);
+            if (!go_on || n_new == 0 || j->out[done - 1] != j->arg_begin) return DDT_OK; /* the answer ended */
+            if ((st = schema_of_call(j, &c.schema, &open, err))) return st;
+            if (done == j->max_new) {
+                /* cut by max_tokens right at the arguments: not the model's stop */
+                stats->stop_reason = DDT_STOP_MAX_TOKENS;
+                return DDT_OK;
+            }
+            if (open) break;
+        }
     }
-    /* the arguments' prompt: the answer so far after the prompt */
-    int32_t *p = j->prompt;
-    if (n1 > 0) {
-        p = malloc(((size_t)j->n_prompt + (size_t)n1) * sizeof *p);
-        if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's prompt");
-        memcpy(p, j->prompt, (size_t)j->n_prompt * sizeof *p);
-        memcpy(p + j->n_prompt, j->out, (size_t)n1 * sizeof *p);
-    }
-    ddt_sampling s2 = j->sampling;
-    s2.seed ^= 0x9E3779B97F4A7C15ull;
-    ddt_status st = ddt_engine_set_constraint(q->eng, &c, err);
-    if (st == DDT_OK && n1 > 0) st = ddt_engine_set_sampling(q->eng, &s2, err);
-    if (st == DDT_OK && n1 > 0 && j->lp)
-        st = ddt_engine_set_logprobs(q->eng, j->lp + n1, j->max_new - n1, j->logprobs, err);
-    ddt_gen_stats st2;
-    memset(&st2, 0, sizeof st2);
-    int32_t n2 = 0;
+    if ((st = ddt_engine_set_constraint(q->eng, &c, err))) return st;
     const int32_t stop2[1] = {j->call_end};
-    if (st == DDT_OK)
-        st = ddt_engine_generate(q->eng, p, j->n_prompt + n1, j->max_new - n1, stop2, 1, j->out + n1, &n2, on_tokens,
-                                 j, n1 > 0 ? &st2 : stats, err);
-    if (p != j->prompt) free(p);
-    if (n1 > 0) merge_stats(stats, &st2);
-    *n_out = n1 + n2;
+    st = generate_more(q, j, done, stop2, 1, &n_new, stats, err);
+    *n_out = done + n_new;
     return st;
 }
 
