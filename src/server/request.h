@@ -8,7 +8,8 @@
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
- * a JSON schema outside the supported subset (text/json_schema.h), best_of > 1, a suffix) is refused rather than
+ * a response_format JSON schema outside the supported subset (text/json_schema.h; a tool's parameters outside it
+ * only loosen that tool's arguments to a JSON object), best_of > 1, a suffix) is refused rather than
  * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
  * tool results kept); tools are checked for OpenAI's function shape.  This is
