@@ -34,6 +34,7 @@ ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop
     j->refs = 1;
     j->t_first = -1.0;
     j->logprobs = -1;
+    j->call_end = j->arg_begin = -1;
     return j;
 }
 
@@ -60,6 +61,12 @@ void ddt_job_release(ddt_job *j) {
     free(j->prompt_lp);
     free(j->echo_text);
     ddt_json_schema_free(j->schema);
+    for (int32_t k = 0; k < j->n_tools; k++) {
+        free(j->tool_names ? j->tool_names[k] : NULL);
+        ddt_json_schema_free(j->tool_schemas ? j->tool_schemas[k] : NULL);
+    }
+    free(j->tool_names);
+    free(j->tool_schemas);
     free(j);
 }
 
@@ -92,6 +99,10 @@ bool ddt_job_take_tokens(ddt_job *j, const int32_t *ids, int32_t n) {
                 j->cancel = true; /* out of memory: end the request rather than lose a call silently */
                 snprintf(j->error, sizeof j->error, "%s", err.msg);
                 j->status = DDT_ERR_NOMEM;
+                break;
+            }
+            if (call_done && j->call_end >= 0) {
+                j->stop_hit = true; /* a forced call's end is the answer's (job.h call_end) */
                 break;
             }
             if (ch != DDT_CHAT_CH_CONTENT && ch != DDT_CHAT_CH_REASONING) continue;
@@ -131,6 +142,123 @@ static void finish_job(ddt_job *j, ddt_status st, const char *msg) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* Stats of one answer made of two generations (generate_call): counts and times
+ * add up, the prompt and its cache are the first's, the end is the second's. */
+static void merge_stats(ddt_gen_stats *a, const ddt_gen_stats *b) {
+    const int32_t rounds = a->rounds + b->rounds;
+    a->expected_acceptance = rounds ? (a->expected_acceptance * a->rounds + b->expected_acceptance * b->rounds) / rounds
+                                    : 0.0;
+    a->tokens += b->tokens;
+    a->rounds = rounds;
+    a->ar_rounds += b->ar_rounds;
+    a->nodes_verified += b->nodes_verified;
+    a->accepted += b->accepted;
+    a->mean_acceptance = rounds ? (double)a->accepted / rounds : 0.0;
+    a->t_prefill += b->t_prefill;
+    a->t_draft += b->t_draft;
+    a->t_build += b->t_build;
+    a->t_verify += b->t_verify;
+    a->t_walk += b->t_walk;
+    a->t_commit += b->t_commit;
+    a->t_total += b->t_total;
+    const double decode = a->t_total - a->t_prefill;
+    a->tokens_per_s = decode > 0 ? a->tokens / decode : 0.0;
+    a->stop_reason = b->stop_reason;
+}
+
+/* The function arg_begin's answer named (the router has its id): its compiled
+ * parameters, NULL (a JSON object) when the name matches none or they did not compile. */
+static ddt_status schema_of_call(ddt_job *j, const ddt_json_schema **schema, bool *open, ddt_error *err) {
+    char *name = NULL;
+    pthread_mutex_lock(&j->mu);
+    ddt_status st = ddt_chat_router_args_name(&j->router, &name, err);
+    pthread_mutex_unlock(&j->mu);
+    *open = name != NULL;
+    for (int32_t k = 0; name && k < j->n_tools; k++)
+        if (!strcmp(name, j->tool_names[k])) {
+            *schema = j->tool_schemas[k];
+            break;
+        }
+    free(name);
+    return st;
+}
+
+/*
+ * One more generation of the answer: from the prompt and the answer's first
+ * done tokens (the prefix cache keeps that context), at most max_new - done
+ * tokens into out + done, their log-probabilities at lp + done.  The first
+ * writes *stats, later ones are merged into it; after the first the seed
+ * changes, so its rounds do not replay the first's random draws.
+ */
+static ddt_status generate_more(ddt_job_queue *q, ddt_job *j, int32_t done, const int32_t *stop, int32_t n_stop,
+                                int32_t *n_new, ddt_gen_stats *stats, ddt_error *err) {
+    *n_new = 0;
+    int32_t *p = j->prompt;
+    ddt_status st = DDT_OK;
+    if (done > 0) {
+        p = malloc(((size_t)j->n_prompt + (size_t)done) * sizeof *p);
+        if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's prompt");
+        memcpy(p, j->prompt, (size_t)j->n_prompt * sizeof *p);
+        memcpy(p + j->n_prompt, j->out, (size_t)done * sizeof *p);
+        ddt_sampling s2 = j->sampling;
+        s2.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)done;
+        st = ddt_engine_set_sampling(q->eng, &s2, err);
+        if (st == DDT_OK && j->lp)
+            st = ddt_engine_set_logprobs(q->eng, j->lp + done, j->max_new - done, j->logprobs, err);
+    }
+    ddt_gen_stats more;
+    memset(&more, 0, sizeof more);
+    if (st == DDT_OK)
+        st = ddt_engine_generate(q->eng, p, j->n_prompt + done, j->max_new - done, stop, n_stop, j->out + done, n_new,
+                                 on_tokens, j, done > 0 ? &more : stats, err);
+    if (p != j->prompt) free(p);
+    if (done > 0) merge_stats(stats, &more);
+    return st;
+}
+
+/*
+ * A forced tool call (job.h call_end): its arguments decoded under the grammar,
+ * which ends them with <|tool_call_end|>, the only stop id it is given, so the
+ * document cannot end the turn unclosed.  With arg_begin, first the model's own
+ * call opening, unconstrained, up to <|tool_call_argument_begin|> (or whatever
+ * else ends the answer first; one outside a call is no opening, and the answer
+ * goes on); then the arguments under the grammar of the function it named.
+ * out, the log-probabilities and the stats run on across the generations.
+ */
+static ddt_status generate_call(ddt_job_queue *q, ddt_job *j, int32_t *n_out, ddt_gen_stats *stats, ddt_error *err) {
+    ddt_json_constraint c = j->json;
+    int32_t done = 0, n_new = 0;
+    ddt_status st;
+    if (j->arg_begin >= 0) {
+        int32_t stop1[3] = {j->arg_begin}, n_stop1 = 1;
+        for (int32_t k = 0; k < j->n_stop_ids && k < 2; k++) stop1[n_stop1++] = j->stop_ids[k];
+        if ((st = ddt_engine_set_constraint(q->eng, NULL, err))) return st;
+        bool open = false;
+        for (;;) {
+            st = generate_more(q, j, done, stop1, n_stop1, &n_new, stats, err);
+            done += n_new;
+            *n_out = done;
+            if (st != DDT_OK) return st;
+            pthread_mutex_lock(&j->mu);
+            bool go_on = !j->cancel && !j->stop_hit;
+            pthread_mutex_unlock(&j->mu);
+            if (!go_on || n_new == 0 || j->out[done - 1] != j->arg_begin) return DDT_OK; /* the answer ended */
+            if ((st = schema_of_call(j, &c.schema, &open, err))) return st;
+            if (done == j->max_new) {
+                /* cut by max_tokens right at the arguments: not the model's stop */
+                stats->stop_reason = DDT_STOP_MAX_TOKENS;
+                return DDT_OK;
+            }
+            if (open) break;
+        }
+    }
+    if ((st = ddt_engine_set_constraint(q->eng, &c, err))) return st;
+    const int32_t stop2[1] = {j->call_end};
+    st = generate_more(q, j, done, stop2, 1, &n_new, stats, err);
+    *n_out = done + n_new;
+    return st;
+}
+
 static void run_job(ddt_job_queue *q, ddt_job *j) {
     ddt_error err = {0};
     pthread_mutex_lock(&j->mu);
@@ -167,7 +295,10 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
     ddt_gen_stats stats;
     memset(&stats, 0, sizeof stats);
     int32_t n_out = 0;
-    if (st == DDT_OK && j->max_new > 0) { /* echo may ask for none */
+    if (st == DDT_OK && j->max_new > 0 && j->call_end >= 0) {
+        j->tok = q->tok;
+        st = generate_call(q, j, &n_out, &stats, &err);
+    } else if (st == DDT_OK && j->max_new > 0) { /* echo may ask for none */
         j->tok = q->tok;
         st = ddt_engine_generate(q->eng, j->prompt, j->n_prompt, j->max_new, j->stop_ids, j->n_stop_ids, j->out,
                                  &n_out, on_tokens, j, &stats, &err);

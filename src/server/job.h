@@ -43,6 +43,19 @@ typedef struct ddt_job {
     bool chat;               /* chat: the output is routed (router) into content, reasoning, tool calls */
     ddt_json_constraint json;/* response_format json_object / json_schema: the engine's constraint (vocab NULL: none) */
     struct ddt_json_schema *schema; /* owned: json.schema, a copy of the request's (it outlives the request) */
+    /* A forced tool call under the grammar (tool_choice "required" / named, CPU engines): the
+     * answer is one call whose arguments are a JSON document (json, whose stop id is
+     * <|tool_call_end|>), after which the generation ends. */
+    int32_t call_end;        /* >= 0: <|tool_call_end|>: routed like any id (it completes the call), then
+                                the text ends as at a stop id */
+    int32_t arg_begin;       /* >= 0: the model names the call ("required" of several functions): a first,
+                                unconstrained generation stops at <|tool_call_argument_begin|>, and the
+                                arguments are a second one under the named function's grammar (json's
+                                object_only when the name matches none or its schema did not compile);
+                                -1: the prompt already ends at the arguments, one generation under json */
+    char **tool_names;       /* owned, [n_tools]: arg_begin's functions, and their compiled parameters */
+    struct ddt_json_schema **tool_schemas; /* owned, [n_tools], NULL entries: a JSON object only */
+    int32_t n_tools;
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -173,6 +173,31 @@ static ddt_status parse_messages(ddt_api_request *r, json_t *root, ddt_error *er
     return DDT_OK;
 }
 
+/* The grammars of a forced call's arguments (request.h tool_schemas): the forced function's
+ * parameters, or with none forced every function's, since the model picks the name.  A schema
+ * that does not compile leaves NULL and a note; only running out of memory fails. */
+static ddt_status compile_tool_schemas(ddt_api_request *r, json_t *tools, ddt_error *err) {
+    const size_t nt = json_array_size(tools);
+    r->tool_schemas = calloc(nt, sizeof *r->tool_schemas);
+    if (!r->tool_schemas) return FAIL(r, DDT_ERR_NOMEM, "tools", "out of memory");
+    r->n_tool_schemas = (int32_t)nt;
+    for (size_t k = 0; k < nt; k++) {
+        json_t *fn = json_object_get(json_array_get(tools, k), "function");
+        if (r->tool_choice_name && strcmp(json_string_value(json_object_get(fn, "name")), r->tool_choice_name))
+            continue;
+        if (r->tool_choice_name) r->tool_forced = (int32_t)k;
+        json_t *params = json_object_get(fn, "parameters");
+        ddt_error e = {0};
+        ddt_status st = json_is_object(params) ? ddt_json_schema_compile(params, &r->tool_schemas[k], &e)
+                                               : ddt_fail(&e, DDT_ERR_UNSUPPORTED, "no 'parameters'");
+        if (st == DDT_ERR_NOMEM) return FAIL(r, st, "tools", "tools[%zu].function.parameters: %.200s", k, e.msg);
+        if (st && !r->tool_schema_note[0])
+            snprintf(r->tool_schema_note, sizeof r->tool_schema_note, "tools[%zu].function.parameters: %.200s", k, e.msg);
+        if (r->tool_choice_name) break; /* a forced name declared twice: its first declaration */
+    }
+    return DDT_OK;
+}
+
 /* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}], with
  * tool_choice "auto" (the default), "none" (the tools are left out of the prompt), "required"
  * or {"type": "function", "function": {"name": ...}} (the server starts the answer with the
@@ -233,6 +258,14 @@ static ddt_status parse_tools(ddt_api_request *r, json_t *root, ddt_error *err) 
         return FAIL(r, DDT_ERR_INVALID, "tool_choice", "'tool_choice' names '%.64s', which 'tools' does not declare",
                     r->tool_choice_name);
     if (r->tool_choice != DDT_TOOL_CHOICE_NONE && nt > 0) r->tools = json_incref(tools);
+    r->tool_forced = -1;
+    if (r->tool_choice == DDT_TOOL_CHOICE_REQUIRED && nt == 1)
+        r->tool_choice_name = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"),
+                                                                "name"));
+    if (r->tool_choice == DDT_TOOL_CHOICE_REQUIRED || r->tool_choice == DDT_TOOL_CHOICE_NAMED) {
+        ddt_status st = compile_tool_schemas(r, tools, err);
+        if (st) return st;
+    }
     /* the index of a forced call: Kimi numbers calls across the conversation */
     for (size_t i = 0; i < r->n_msgs; i++) {
         json_t *tc = json_object_get(json_array_get(r->messages, i), "tool_calls");
@@ -492,6 +525,7 @@ ddt_status ddt_api_request_parse(ddt_api_kind kind, const char *body, size_t len
     if (!req) return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: NULL request");
     memset(req, 0, sizeof *req);
     req->kind = kind;
+    req->tool_forced = -1;
     if (!body && len) return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: NULL body");
     if (kind != DDT_API_CHAT && kind != DDT_API_COMPLETION)
         return ddt_fail(err, DDT_ERR_INVALID, "ddt_api_request_parse: unknown kind %d", (int)kind);
@@ -522,6 +556,8 @@ void ddt_api_request_free(ddt_api_request *req) {
     if (req->template_kwargs) json_decref(req->template_kwargs);
     free(req->prompt_ids);
     ddt_json_schema_free(req->json_schema);
+    for (int32_t k = 0; k < req->n_tool_schemas; k++) ddt_json_schema_free(req->tool_schemas[k]);
+    free(req->tool_schemas);
     if (req->owned_) json_decref((json_t *)req->owned_);
     memset(req, 0, sizeof *req);
 }

@@ -8,7 +8,8 @@
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
  * server does not apply (a non-zero presence / frequency penalty, a logit bias,
- * a JSON schema outside the supported subset (text/json_schema.h), best_of > 1, a suffix) is refused rather than
+ * a response_format JSON schema outside the supported subset (text/json_schema.h; a tool's parameters outside it
+ * only loosen that tool's arguments to a JSON object), best_of > 1, a suffix) is refused rather than
  * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
  * tool results kept); tools are checked for OpenAI's function shape.  This is
@@ -53,9 +54,21 @@ typedef struct ddt_api_request {
     json_t *tools;         /* the declared functions (NULL: none, or tool_choice "none") */
     ddt_tool_choice tool_choice; /* REQUIRED / NAMED: the server opens the answer with the
                                     tool-call markers (a call section; and the named call) and the
-                                    model writes the rest, so the answer is a call without any
-                                    constrained decoding */
-    const char *tool_choice_name; /* NAMED: the function (one that 'tools' declares) */
+                                    model writes the rest; on the CPU backend the arguments are
+                                    grammar-constrained (tool_schemas) and the call ends the answer */
+    const char *tool_choice_name; /* NAMED: the function (one that 'tools' declares); also set for
+                                     REQUIRED when 'tools' declares one function, which is then
+                                     the only call the answer can make (forced by name alike) */
+    int32_t tool_forced;   /* the index in 'tools' of tool_choice_name, -1 when none is forced */
+    /* REQUIRED / NAMED: each function's "parameters" compiled (text/json_schema.h) for the grammar
+     * of the forced call's arguments, [n_tool_schemas] in 'tools' order, owned; NULL where a tool
+     * has no parameters or ones outside the subset (or malformed: a tool's schema describes the
+     * tool, so it is no reason to refuse the request), whose arguments are then held to a JSON
+     * object only, tool_schema_note saying why (the first such tool the call may use).  NAMED
+     * compiles only the named function's.  NULL array for other choices. */
+    struct ddt_json_schema **tool_schemas;
+    int32_t n_tool_schemas;
+    char tool_schema_note[256];
     int32_t n_prior_calls; /* tool calls in the conversation so far: a forced call's index */
     json_t *template_kwargs; /* chat_template_kwargs (NULL: none) */
     bool add_generation_prompt; /* extension, default true */

@@ -40,7 +40,7 @@
 struct ddt_server {
     ddt_engine *eng;
     ddt_tokenizer *tok;
-    ddt_json_vocab *json_vocab; /* the token masks of response_format json_object (o.can_json and a tokenizer) */
+    ddt_json_vocab *json_vocab; /* the token masks of JSON mode and forced tool calls (o.can_json and a tokenizer) */
     pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
     const ddt_chat_template *chat; /* the options' or own_chat */
     ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
@@ -71,8 +71,9 @@ enum { ROUTE_CHAT = 1, ROUTE_COMPLETION = 2, ROUTE_TOKENIZE = 3, ROUTE_DETOKENIZ
 
 /* ------------------------------------------------------------------ responses */
 
-static enum MHD_Result send_body(ddt_server *s, struct MHD_Connection *c, unsigned code, char *body, size_t len,
-                                 const char *type) {
+/* hdr: extra response headers, name and value pairs ending with a NULL name (or NULL: none). */
+static enum MHD_Result send_body_with(ddt_server *s, struct MHD_Connection *c, unsigned code, char *body, size_t len,
+                                      const char *type, const char *const *hdr) {
     if (!body) {
         static const char oom[] = "{\"error\": {\"message\": \"out of memory\", \"type\": \"internal_error\"}}";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
@@ -89,11 +90,17 @@ static enum MHD_Result send_body(ddt_server *s, struct MHD_Connection *c, unsign
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    for (size_t i = 0; hdr && hdr[i]; i += 2) MHD_add_response_header(r, hdr[i], hdr[i + 1]);
     if (code == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result res = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     ddt_metrics_add_status(&s->metrics, (int)code);
     return res;
+}
+
+static enum MHD_Result send_body(ddt_server *s, struct MHD_Connection *c, unsigned code, char *body, size_t len,
+                                 const char *type) {
+    return send_body_with(s, c, code, body, len, type, NULL);
 }
 
 static enum MHD_Result send_error(ddt_server *s, struct MHD_Connection *c, unsigned code, const char *msg,
@@ -228,10 +235,11 @@ static bool prompt_opens_thinking(const ddt_server *s, const ddt_job *j) {
 
 /* A chat job's output routing (content, reasoning and tool calls come apart on the
  * marker ids: chat_output.h) and, for a tool_choice that asks for a call, the
- * answer's forced start: the call-section marker ("required"), then the named
- * call's opening up to its arguments (Kimi's "functions.NAME:IDX", IDX counting
- * the conversation's calls), appended to the prompt and fed to the router, so the
- * model writes the arguments and the parse sees the whole call. */
+ * answer's forced start: the call-section marker ("required" of several
+ * functions), then the named call's opening up to its arguments (Kimi's
+ * "functions.NAME:IDX", IDX counting the conversation's calls; "required" of one
+ * function names it), appended to the prompt and fed to the router, so the model
+ * writes the arguments and the parse sees the whole call. */
 static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
     j->chat = true;
     const bool thinking = prompt_opens_thinking(s, j);
@@ -249,7 +257,7 @@ static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, pre
         return false;
     }
     char head[160];
-    int hl = rq->tool_choice == DDT_TOOL_CHOICE_NAMED
+    int hl = rq->tool_choice_name
                  ? snprintf(head, sizeof head, "functions.%.100s:%d", rq->tool_choice_name, (int)rq->n_prior_calls)
                  : 0;
     size_t n_head = 0, cap = (size_t)j->n_prompt + 3 + (size_t)(hl > 0 ? hl : 0);
@@ -296,6 +304,77 @@ static char *echo_text(const ddt_server *s, const ddt_api_request *rq, const int
     char *clean = ddt_utf8_sanitize(raw, used, len);
     free(raw);
     return clean;
+}
+
+/* A copy of s[0..n) with a NUL, NULL when out of memory. */
+static char *copy_str(const char *s, size_t n) {
+    char *c = malloc(n + 1);
+    if (c) memcpy(c, s, n), c[n] = '\0';
+    return c;
+}
+
+/* A forced call's arguments under the grammar (job.h call_end), on an engine that
+ * takes a constraint: the named function's parameters, or with several functions
+ * to choose from, a second generation under the one the model names (each
+ * function's name and compiled parameters copied into the job, which outlives the
+ * request).  start_chat has checked the markers.  A function whose parameters did
+ * not compile gets a JSON object (the response says so: tool_args_headers). */
+static bool tool_grammar(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
+    const ddt_chat_markers *m = &j->router.m;
+    ddt_error err = {0};
+    j->call_end = m->call_end;
+    j->json = (ddt_json_constraint){s->json_vocab, true, NULL};
+    if (rq->tool_forced >= 0) {
+        const ddt_json_schema *sc = rq->tool_schemas[rq->tool_forced];
+        if (sc && ddt_json_schema_copy(sc, &j->schema, &err) != DDT_OK)
+            return prep_fail(p, 500, NULL, "%s", err.msg), false;
+        j->json.schema = j->schema;
+        return true;
+    }
+    const int32_t n = rq->n_tool_schemas;
+    j->arg_begin = m->arg_begin;
+    j->tool_names = calloc((size_t)n, sizeof *j->tool_names);
+    j->tool_schemas = calloc((size_t)n, sizeof *j->tool_schemas);
+    if (!j->tool_names || !j->tool_schemas) return prep_fail(p, 500, NULL, "out of memory"), false;
+    j->n_tools = n;
+    for (int32_t k = 0; k < n; k++) {
+        json_t *name = json_object_get(json_object_get(json_array_get(rq->tools, (size_t)k), "function"), "name");
+        if (!(j->tool_names[k] = copy_str(json_string_value(name), json_string_length(name))))
+            return prep_fail(p, 500, NULL, "out of memory"), false;
+        if (rq->tool_schemas[k] && ddt_json_schema_copy(rq->tool_schemas[k], &j->tool_schemas[k], &err) != DDT_OK)
+            return prep_fail(p, 500, NULL, "%s", err.msg), false;
+    }
+    return true;
+}
+
+/*
+ * What a forced call's arguments are held to, for the response's headers
+ * (x-ddtree-tool-arguments): "schema" (the function's parameters), "json_object"
+ * (its parameters are outside the schema subset, malformed or absent: any JSON
+ * object), "mixed" ("required" of several functions, some of each), or
+ * "unconstrained" (a GPU engine, which takes no grammar).  note (x-ddtree-tool-
+ * arguments-note, "" for none) says why for the first function not held to its
+ * schema, in printable ASCII (a header value cannot carry the rest).  value ""
+ * when no call is forced.
+ */
+static void tool_args_headers(const ddt_server *s, const ddt_api_request *rq, char value[16], char note[256]) {
+    value[0] = note[0] = '\0';
+    if (rq->kind != DDT_API_CHAT || (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED &&
+                                     rq->tool_choice != DDT_TOOL_CHOICE_NAMED))
+        return;
+    if (!s->o.can_json || !s->json_vocab) {
+        snprintf(value, 16, "unconstrained");
+        snprintf(note, 256, "the arguments' grammar runs on the CPU backend for now");
+        return;
+    }
+    int32_t with = 0, of = 0;
+    for (int32_t k = 0; k < rq->n_tool_schemas; k++)
+        if (rq->tool_forced < 0 || k == rq->tool_forced) of++, with += rq->tool_schemas[k] != NULL;
+    snprintf(value, 16, "%s", with == of ? "schema" : with == 0 ? "json_object" : "mixed");
+    size_t n = 0;
+    for (const char *c = rq->tool_schema_note; *c && n < 255; c++, n++)
+        note[n] = *c >= 0x20 && *c < 0x7f ? *c : '?';
+    note[n] = '\0';
 }
 
 /* Check a parsed request against this server and make its job. */
@@ -380,6 +459,12 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
             return;
         }
         j->json = (ddt_json_constraint){s->json_vocab, true, j->schema};
+    }
+    if (rq->kind == DDT_API_CHAT && (rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED ||
+                                     rq->tool_choice == DDT_TOOL_CHOICE_NAMED) && s->o.can_json && s->json_vocab &&
+        !tool_grammar(s, rq, j, p)) {
+        ddt_job_release(j);
+        return;
     }
     j->logprobs = rq->logprobs;
     j->echo = rq->echo;
@@ -649,6 +734,10 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
     }
     bool stream = rq.stream, include_usage = rq.include_usage, want_ids = rq.return_token_ids;
     const int32_t want_lp = rq.logprobs;
+    char targs[16], tnote[256];
+    tool_args_headers(s, &rq, targs, tnote);
+    const char *hdr[] = {targs[0] ? "x-ddtree-tool-arguments" : NULL, targs, tnote[0] ? "x-ddtree-tool-arguments-note"
+                                                                                      : NULL, tnote, NULL};
     ddt_api_request_free(&rq);
     if (p.code) {
         release_jobs(jobs, made, false);
@@ -686,6 +775,7 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         }
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        for (size_t i = 0; hdr[i]; i += 2) MHD_add_response_header(r, hdr[i], hdr[i + 1]);
         enum MHD_Result res = MHD_queue_response(c, MHD_HTTP_OK, r);
         MHD_destroy_response(r);
         ddt_metrics_add_status(&s->metrics, 200);
@@ -727,7 +817,7 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         for (int k = 0; k < nc; k++) res_all[k] = outs[k].res;
         size_t len = 0;
         char *body = ddt_api_response_body(&ids, res_all, nc, &len);
-        res = send_body(s, c, 200, body, len, "application/json");
+        res = send_body_with(s, c, 200, body, len, "application/json", hdr);
     } else {
         res = code ? send_error(s, c, code, msg, NULL) : MHD_NO; /* MHD_NO: the client left, close */
     }

@@ -169,6 +169,16 @@ ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, 
     return DDT_OK;
 }
 
+ddt_status ddt_chat_router_args_name(const ddt_chat_router *r, char **name, ddt_error *err) {
+    *name = NULL;
+    if (r->state != ST_CALL_ARGS) return DDT_OK;
+    /* the id's bytes end at id_len; name_of wants them NUL-terminated */
+    char *id = trimmed(r->buf ? r->buf : "", r->id_len);
+    if (id) *name = name_of(id);
+    free(id);
+    return *name ? DDT_OK : ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's name");
+}
+
 json_t *ddt_chat_tool_calls_json(const ddt_chat_tool_call *calls, int n, int first_index) {
     json_t *a = json_array();
     for (int k = 0; a && k < n; k++) {

@@ -77,6 +77,13 @@ void ddt_chat_router_free(ddt_chat_router *r);
  */
 ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, bool *call_done, ddt_error *err);
 
+/* The function name of the call whose arguments are being read (its
+ * <|tool_call_argument_begin|> routed, its end not yet), read from its id as
+ * finished calls' names are: *name malloc'd, or NULL when no call is at its
+ * arguments.  For a server that constrains the arguments by the function the
+ * model named.  DDT_ERR_NOMEM when the copy cannot be made. */
+ddt_status ddt_chat_router_args_name(const ddt_chat_router *r, char **name, ddt_error *err);
+
 /* calls[0..n) as OpenAI's tool_calls array: [{"id", "type": "function",
  * "function": {"name", "arguments"}}], invalid UTF-8 replaced by U+FFFD; with
  * first_index >= 0 (a streamed delta) entry k also carries "index":

@@ -869,9 +869,13 @@ def test_cli_serve_tool_call_round_trip(tmp_path):
         assert msg["tool_calls"] == [{"id": "functions.lookup:1", "type": "function",
                                       "function": {"name": "lookup", "arguments": "{}"}}], msg
         assert msg["content"] is None and got["choices"][0]["finish_reason"] == "tool_calls"
-        # "required": the call section is opened, the model names the call itself
+        # "required": with one function, forced by name as if named; with several, the call section is
+        # opened and the model names the call itself (test_serve_tool_args.py: the arguments' grammar)
         r = s.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools,
                                                tool_choice="required", max_tokens=10)
+        assert [c.id for c in r.choices[0].message.tool_calls] == ["functions.lookup:0"]
+        r = s.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                               tools=tools + WEATHER_TOOLS, tool_choice="required", max_tokens=10)
         assert [c.id for c in r.choices[0].message.tool_calls] == ["g:0"]
         st, err = s.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                              "tools": tools, "tool_choice": {

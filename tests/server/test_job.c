@@ -3,7 +3,8 @@
  * glue between the engine and a chat response: stop ids end the text and are
  * not text, a stop string ends it, and a chat job's ids are routed into
  * content, reasoning_content and tool calls with the finish reason that
- * follows ("tool_calls" when a turn that stopped by itself made calls).
+ * follows ("tool_calls" when a turn that stopped by itself made calls); a forced
+ * call's end (call_end) ends the answer.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -110,10 +111,55 @@ static void test_stop_string_and_plain(void **state) {
     ddt_tokenizer_free(tok);
 }
 
+/* A forced call (job.h call_end): its <|tool_call_end|> completes the call, then
+ * ends the answer like a stop id, so nothing after it is taken; the same id
+ * outside a call stops nothing. */
+static void test_forced_call_end(void **state) {
+    (void)state;
+    ddt_tokenizer *tok = marker_tok(true);
+    int32_t ids[256];
+    size_t n = 0;
+    ids[n++] = MT_CALL_END; /* stray: the router drops it, the answer goes on */
+    ids[n++] = MT_CALL;
+    marker_put_text(tok, "functions.f:0", ids, &n);
+    ids[n++] = MT_ARG;
+    marker_put_text(tok, "{\"a\": 1}", ids, &n);
+    ids[n++] = MT_CALL_END;
+    const size_t end = n;
+    marker_put_text(tok, "after", ids, &n);
+    ddt_job *j = chat_job(tok, NULL, false);
+    j->call_end = MT_CALL_END;
+    assert_true(ddt_job_take_tokens(j, ids, 1));
+    assert_false(j->stop_hit);
+    assert_false(ddt_job_take_tokens(j, ids + 1, (int32_t)(n - 1)));
+    assert_true(j->stop_hit);
+    assert_int_equal(j->n_counted, (int32_t)end);
+    assert_int_equal(j->router.n_calls, 1);
+    assert_string_equal(j->router.calls[0].arguments, "{\"a\": 1}");
+    size_t cl;
+    char *content = take_all(&j->text, &cl);
+    assert_int_equal(cl, 0); /* "after" never reached the text */
+    free(content);
+    j->stats.stop_reason = DDT_STOP_TOKEN;
+    assert_string_equal(ddt_job_finish_reason(j), "tool_calls");
+    ddt_job_release(j);
+
+    /* without call_end set (tool_choice auto), the call's end does not stop the answer: every id is
+       taken (the text after it, still inside the unclosed section, belongs to no field) */
+    j = chat_job(tok, NULL, false);
+    assert_true(ddt_job_take_tokens(j, ids, (int32_t)n));
+    assert_false(j->stop_hit);
+    assert_int_equal(j->n_counted, (int32_t)n);
+    assert_int_equal(j->router.n_calls, 1);
+    ddt_job_release(j);
+    ddt_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_routing),
         cmocka_unit_test(test_stop_string_and_plain),
+        cmocka_unit_test(test_forced_call_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

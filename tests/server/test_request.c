@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "server/request.h"
+#include "text/json_schema.h"
 
 static ddt_status parse(ddt_api_kind kind, const char *body, ddt_api_request *r, ddt_error *err) {
     return ddt_api_request_parse(kind, body, strlen(body), r, err);
@@ -161,6 +162,59 @@ static void test_chat_tools(void **state) {
     assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
     assert_int_equal(r.tool_choice, DDT_TOOL_CHOICE_REQUIRED);
     assert_int_equal(r.n_prior_calls, 0);
+    /* two functions, neither with parameters: no name forced, no schema, a note on the first */
+    assert_null(r.tool_choice_name);
+    assert_int_equal(r.tool_forced, -1);
+    assert_int_equal(r.n_tool_schemas, 2);
+    assert_null(r.tool_schemas[0]);
+    assert_null(r.tool_schemas[1]);
+    assert_string_equal(r.tool_schema_note, "tools[0].function.parameters: no 'parameters'");
+    ddt_api_request_free(&r);
+    /* the arguments' grammars: "required" compiles every function's parameters (the model picks
+       one), and with a single function forces it by name; a schema outside the subset is no error */
+    const char *ok_params = "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\"}}}";
+    const char *bad_params = "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\", "
+                             "\"minLength\": 1}}}";
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}, {\"type\": \"function\", "
+             "\"function\": {\"name\": \"v\", \"parameters\": %s}}], \"tool_choice\": \"required\"}", bad_params,
+             ok_params);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.n_tool_schemas, 2);
+    assert_null(r.tool_schemas[0]);
+    assert_non_null(r.tool_schemas[1]);
+    assert_int_equal(r.tool_schemas[1]->nodes[0].type, DDT_JS_OBJECT);
+    assert_non_null(strstr(r.tool_schema_note, "tools[0].function.parameters: unsupported keyword 'minLength' at "
+                                                "$.properties.c"));
+    ddt_api_request_free(&r);
+    /* named: only the named function's, and no note for the others */
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}, {\"type\": \"function\", "
+             "\"function\": {\"name\": \"v\", \"parameters\": %s}}], \"tool_choice\": {\"type\": \"function\", "
+             "\"function\": {\"name\": \"v\"}}}", bad_params, ok_params);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.tool_forced, 1);
+    assert_null(r.tool_schemas[0]);
+    assert_non_null(r.tool_schemas[1]);
+    assert_string_equal(r.tool_schema_note, "");
+    ddt_api_request_free(&r);
+    /* "required" of one function: forced by name, as if named */
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}], \"tool_choice\": "
+             "\"required\"}", bad_params);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.tool_choice, DDT_TOOL_CHOICE_REQUIRED);
+    assert_string_equal(r.tool_choice_name, "w");
+    assert_int_equal(r.tool_forced, 0);
+    assert_null(r.tool_schemas[0]);
+    assert_non_null(strstr(r.tool_schema_note, "'minLength'"));
+    ddt_api_request_free(&r);
+    /* auto compiles nothing */
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}]}", ok_params);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_null(r.tool_schemas);
+    assert_int_equal(r.tool_forced, -1);
     ddt_api_request_free(&r);
     snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s, \"tool_choice\": "
              "{\"type\": \"function\", \"function\": {\"name\": \"zz\"}}}", tools);

@@ -149,6 +149,47 @@ static void test_malformed_and_cut_calls(void **state) {
 }
 
 /* Without the markers in the vocabulary everything ordinary is content; specials are not text. */
+/* The name of the call at its arguments, which a server constrains them by: none
+ * before <|tool_call_argument_begin|> or after the call's end. */
+static void test_args_name(void **state) {
+    (void)state;
+    ddt_tokenizer *tok = marker_tok(true);
+    int32_t ids[128];
+    size_t n = 0;
+    ids[n++] = SEC;
+    ids[n++] = CALL;
+    marker_put_text(tok, " functions.get_weather:3 ", ids, &n);
+    const size_t at_arg = n;
+    ids[n++] = ARG;
+    marker_put_text(tok, "{}", ids, &n);
+    const size_t at_end = n;
+    ids[n++] = CALL_END;
+    ddt_chat_router r;
+    ddt_chat_router_init(&r, tok, false);
+    ddt_error err = {0};
+    char *name = (char *)1;
+    for (size_t i = 0; i < n; i++) {
+        if (i == at_arg || i == at_end + 1) {
+            assert_int_equal(ddt_chat_router_args_name(&r, &name, &err), DDT_OK);
+            assert_null(name); /* the id is still being read / the call is over */
+        }
+        ddt_chat_channel ch;
+        bool done;
+        assert_int_equal(ddt_chat_route(&r, ids[i], &ch, &done, &err), DDT_OK);
+        if (i == at_arg || i == at_end - 1) {
+            assert_int_equal(ddt_chat_router_args_name(&r, &name, &err), DDT_OK);
+            assert_non_null(name);
+            assert_string_equal(name, "get_weather");
+            free(name);
+        }
+    }
+    assert_int_equal(ddt_chat_router_args_name(&r, &name, &err), DDT_OK);
+    assert_null(name);
+    assert_int_equal(r.n_calls, 1);
+    ddt_chat_router_free(&r);
+    ddt_tokenizer_free(tok);
+}
+
 static void test_no_markers(void **state) {
     (void)state;
     ddt_tokenizer *tok = marker_tok(false);
@@ -199,6 +240,7 @@ int main(void) {
         cmocka_unit_test(test_markers_found),
         cmocka_unit_test(test_reasoning_content_and_calls),
         cmocka_unit_test(test_malformed_and_cut_calls),
+        cmocka_unit_test(test_args_name),
         cmocka_unit_test(test_no_markers),
         cmocka_unit_test(test_call_count_bound),
     };
