@@ -6,7 +6,10 @@
  * with a message, never a crash); a compiled one is copied, and the document is
  * fed byte by byte from ddt_json_init_schema: a refused byte must leave the
  * state as it was and is skipped, the depth must stay within the schema's
- * limit, and a document the schema state calls complete must be a JSON object
+ * limit, no state reached may be a dead end (some byte steps, or the document
+ * is complete: the heights of json_schema.c promise it, through optional
+ * properties, anyOf and $ref recursion), and a document the schema state calls
+ * complete must be a JSON object
  * Jansson parses (or one Jansson refuses only for a number past its range: an
  * integer past 64 bits, a real past a double, which JSON itself allows; or a
  * lone surrogate escape, which json_grammar.h accepts as RFC 8259's grammar
@@ -14,6 +17,7 @@
  * (abort).
  */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +61,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             kept[n_kept++] = doc[i];
             if (s.depth > DDT_JSON_SCHEMA_MAX_DEPTH || s.ws > DDT_JSON_MAX_WS) abort();
+            if (!ddt_json_complete(&s)) {
+                bool live = false;
+                for (int c = 0; c < 256 && !live; c++) {
+                    ddt_json_state t = s;
+                    live = ddt_json_step(&t, (uint8_t)c);
+                }
+                if (!live) abort();
+            }
         }
         if (ddt_json_complete(&s)) {
             json_t *d = json_loadb((const char *)kept, n_kept, JSON_ALLOW_NUL, &je);

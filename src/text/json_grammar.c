@@ -6,9 +6,13 @@
  * follows the value (a comma, a closing bracket, whitespace).
  *
  * A schema (json_schema.h) adds checks at the few places where the grammar
- * decides something: the first byte of a value (its type), a key's bytes (the
- * next property's name), the bytes of an enum string, a number's '.' / 'e' (not
- * in an integer), and ',' / '}' after a property (more due, or all written).
+ * decides something: the first byte of a value (its class, which also picks an
+ * anyOf's branch, and whether a container fits the nesting left), a key's bytes
+ * (the names of the properties that may come next), the bytes of an enum string
+ * or number, a number's '.' / 'e' (not in an integer), a string's characters
+ * (its length bounds), and ',' / closing brackets (whether a property or item
+ * may or must follow).  A scalar's schema node is not kept in the state: it is
+ * found again from the container's position and the class the mode implies.
  */
 #include "text/json_grammar.h"
 
@@ -67,53 +71,114 @@ static bool top_is_object(const ddt_json_state *s) { return s->depth > 0 && (s->
 
 /* ---- schema positions */
 
-/* The schema node of the container being written (depth > 0). */
+/* The node a value of class k follows at node i: a union sends each class to its branch. */
+static uint16_t resolve(const ddt_json_schema *sc, uint16_t i, int k) {
+    const ddt_json_schema_node *n = &sc->nodes[i];
+    return (n->flags & DDT_JN_UNION) ? n->alt[k] : i;
+}
+
+/* The schema node of the container being written (depth > 0; never a union). */
 static const ddt_json_schema_node *top_node(const ddt_json_state *s) {
     return &s->schema->nodes[s->snode[s->depth - 1]];
 }
 
-/* The schema node index of the value being written or about to start. */
+/* The schema node index of the value being written or about to start (maybe a union). */
 static uint16_t value_node(const ddt_json_state *s) {
-    if (s->depth == 0) return 0;
+    if (s->depth == 0) return s->schema->root;
     const ddt_json_schema_node *n = top_node(s);
-    if (n->type == DDT_JS_ARRAY) return n->first;
+    if (!top_is_object(s)) return n->items;
     return s->schema->prop_node[n->first + s->sidx[s->depth - 1]];
 }
 
-/* The name of the property being written (the top container is an object with one due). */
-static const ddt_json_schema_str *key_name(const ddt_json_state *s) {
-    return &s->schema->names[top_node(s)->first + s->sidx[s->depth - 1]];
+/* The node of the scalar of class k being read. */
+static const ddt_json_schema_node *scalar_node(const ddt_json_state *s, int k) {
+    return &s->schema->nodes[resolve(s->schema, value_node(s), k)];
 }
 
-/* Whether c may be the first byte of a value of schema node n. */
-static bool type_allows(const ddt_json_schema_node *n, uint8_t c) {
-    switch (n->type) {
-    case DDT_JS_OBJECT: return c == '{';
-    case DDT_JS_ARRAY: return c == '[';
-    case DDT_JS_STRING:
-    case DDT_JS_ENUM: return c == '"';
-    case DDT_JS_INTEGER:
-    case DDT_JS_NUMBER: return c == '-' || is_digit(c);
-    case DDT_JS_BOOLEAN: return c == 't' || c == 'f';
-    case DDT_JS_NULL: return c == 'n';
-    default: return false;
+/* The class of a value's first byte (json_schema.h), -1: no value starts so. */
+static int byte_class(uint8_t c) {
+    switch (c) {
+    case '{': return DDT_JK_OBJECT;
+    case '[': return DDT_JK_ARRAY;
+    case '"': return DDT_JK_STRING;
+    case 't': return DDT_JK_TRUE;
+    case 'f': return DDT_JK_FALSE;
+    case 'n': return DDT_JK_NULL;
+    default: return c == '-' || is_digit(c) ? DDT_JK_NUMBER : -1;
     }
 }
 
-/* One byte c of a key or enum string (not its closing quote): matched against the
- * expected name, or the enum's sorted candidates sharing the bytes matched so far. */
-static bool match_byte(ddt_json_state *s, uint8_t c) {
+/* Whether a value of node i, started in the top container, can be finished
+ * within the nesting limit (its height counts the containers it must open). */
+static bool fits(const ddt_json_state *s, uint16_t i) {
+    return s->depth + s->schema->nodes[i].h <= DDT_JSON_SCHEMA_MAX_DEPTH;
+}
+
+/* ---- property names: from the next property (sidx) on, the ones that fit, up
+ * to and including the first required one, may come next; while a key is read
+ * sidx is the first of them whose name matches the bytes so far. */
+
+static bool prop_fits(const ddt_json_state *s, uint16_t j) {
+    return fits(s, s->schema->prop_node[top_node(s)->first + j]);
+}
+
+static bool prop_required(const ddt_json_state *s, uint16_t j) {
+    return s->schema->prop_required[top_node(s)->first + j] != 0;
+}
+
+/* Candidate j's name has the bytes matched so far (those of candidate cur). */
+static bool same_prefix(const ddt_json_state *s, uint16_t j, uint16_t cur) {
     const ddt_json_schema *sc = s->schema;
-    if (s->flags & F_KEY) {
-        const ddt_json_schema_str *name = key_name(s);
-        if (s->spos >= name->len || (uint8_t)sc->bytes[name->off + s->spos] != c) return false;
-        s->spos++;
-        return true;
+    const ddt_json_schema_str *a = &sc->names[top_node(s)->first + j], *b = &sc->names[top_node(s)->first + cur];
+    return j == cur || (a->len >= s->spos && !memcmp(sc->bytes + a->off, sc->bytes + b->off, s->spos));
+}
+
+/* Whether some property may still be written (a key may start here). */
+static bool key_open(const ddt_json_state *s) {
+    for (uint16_t j = s->sidx[s->depth - 1]; j < top_node(s)->count; j++) {
+        if (prop_fits(s, j)) return true;
+        if (prop_required(s, j)) return false;
     }
-    const ddt_json_schema_node *n = &sc->nodes[value_node(s)];
-    if (n->type != DDT_JS_ENUM) return true; /* any string */
-    const ddt_json_schema_str *v = sc->strs + n->first, *a = &v[s->slo];
-    for (uint32_t k = s->slo; k < n->count; k++) {
+    return false;
+}
+
+static bool key_byte(ddt_json_state *s, uint8_t c) {
+    const ddt_json_schema *sc = s->schema;
+    const ddt_json_schema_node *n = top_node(s);
+    const uint16_t cur = s->sidx[s->depth - 1];
+    for (uint16_t j = cur; j < n->count; j++) {
+        const ddt_json_schema_str *name = &sc->names[n->first + j];
+        if (name->len > s->spos && (uint8_t)sc->bytes[name->off + s->spos] == c && same_prefix(s, j, cur) &&
+            prop_fits(s, j)) {
+            s->sidx[s->depth - 1] = j;
+            s->spos++;
+            return true;
+        }
+        if (prop_required(s, j)) break;
+    }
+    return false;
+}
+
+/* The closing quote of a key: some candidate's name is exactly the bytes read; it becomes sidx. */
+static bool key_close(ddt_json_state *s) {
+    const ddt_json_schema_node *n = top_node(s);
+    const uint16_t cur = s->sidx[s->depth - 1];
+    for (uint16_t j = cur; j < n->count; j++) {
+        if (s->schema->names[n->first + j].len == s->spos && same_prefix(s, j, cur) && prop_fits(s, j)) {
+            s->sidx[s->depth - 1] = j;
+            return true;
+        }
+        if (prop_required(s, j)) break;
+    }
+    return false;
+}
+
+/* ---- enum values: one byte c matched against the sorted texts v[0 .. count)
+ * that share the bytes matched so far (spos of them, from candidate slo on). */
+static bool match_sorted(ddt_json_state *s, uint16_t first, uint16_t count, uint8_t c) {
+    const ddt_json_schema *sc = s->schema;
+    const ddt_json_schema_str *v = sc->strs + first, *a = &v[s->slo];
+    for (uint32_t k = s->slo; k < count; k++) {
         const ddt_json_schema_str *b = &v[k];
         if (k > s->slo && (b->len < s->spos || memcmp(sc->bytes + b->off, sc->bytes + a->off, s->spos))) break;
         if (b->len > s->spos && (uint8_t)sc->bytes[b->off + s->spos] == c) {
@@ -125,29 +190,71 @@ static bool match_byte(ddt_json_state *s, uint8_t c) {
     return false;
 }
 
-/* Whether a key or enum string may close here: every byte of a name or candidate matched. */
-static bool match_close(const ddt_json_state *s) {
-    const ddt_json_schema *sc = s->schema;
-    if (s->flags & F_KEY) return s->spos == key_name(s)->len;
-    const ddt_json_schema_node *n = &sc->nodes[value_node(s)];
-    return n->type != DDT_JS_ENUM || sc->strs[n->first + s->slo].len == s->spos;
+/* Whether the bytes matched are a whole text: the first candidate with them is them (sorting puts it first). */
+static bool match_whole(const ddt_json_state *s, uint16_t first, uint16_t count) {
+    return s->slo < count && s->schema->strs[first + s->slo].len == s->spos;
+}
+
+/* ---- string values: an enum, or a length bound (spos counts the characters, up to the bound) */
+
+static bool len_bounded(const ddt_json_schema_node *n) {
+    return n->min_len > 0 || n->max_len != DDT_JSON_SCHEMA_UNBOUNDED;
+}
+
+/* A byte in M_STRING of a value string: the closing quote, a backslash, an ASCII or a lead byte. */
+static bool value_string_byte(ddt_json_state *s, uint8_t c) {
+    const ddt_json_schema_node *n = scalar_node(s, DDT_JK_STRING);
+    if (n->flags & DDT_JN_STR_ENUM)
+        return c == '"' ? match_whole(s, n->str_first, n->str_count) : match_sorted(s, n->str_first, n->str_count, c);
+    if (!len_bounded(n)) return true;
+    if (c == '"') return s->spos >= n->min_len;
+    if (s->spos >= n->max_len) return false;
+    /* each character counts once, an escape at its backslash; past the bounds the count stops mattering */
+    const uint16_t cap = n->max_len != DDT_JSON_SCHEMA_UNBOUNDED ? n->max_len : n->min_len;
+    if (s->spos < cap) s->spos++;
+    return true;
+}
+
+/* A UTF-8 continuation byte of a key or a value string. */
+static bool continuation_byte(ddt_json_state *s, uint8_t c) {
+    if (s->flags & F_KEY) return key_byte(s, c);
+    const ddt_json_schema_node *n = scalar_node(s, DDT_JK_STRING);
+    return !(n->flags & DDT_JN_STR_ENUM) || match_sorted(s, n->str_first, n->str_count, c);
+}
+
+/* ---- containers */
+
+static uint16_t items_cap(const ddt_json_schema_node *n) {
+    return n->max_items != DDT_JSON_SCHEMA_UNBOUNDED ? n->max_items : n->min_items;
+}
+
+/* Whether another item may start in the top array (after a comma: one must). */
+static bool item_open(const ddt_json_state *s) {
+    const ddt_json_schema_node *n = top_node(s);
+    return (n->max_items == DDT_JSON_SCHEMA_UNBOUNDED || s->sidx[s->depth - 1] < n->max_items) && fits(s, n->items);
 }
 
 /* ---- the grammar */
 
-/* A value just ended: the top level is complete, or its container goes on (in an
- * object with a schema, at the next property). */
+/* A value just ended: the top level is complete, or its container goes on (with
+ * a schema: in an object at the next property, in an array one item more, the
+ * count kept only as far as minItems / maxItems need it). */
 static void end_value(ddt_json_state *s) {
     s->mode = s->depth == 0 ? M_DONE : M_AFTER;
-    if (s->schema && top_is_object(s)) s->sidx[s->depth - 1]++;
+    if (s->schema && s->depth > 0) {
+        uint16_t *i = &s->sidx[s->depth - 1];
+        if (top_is_object(s)) (*i)++;
+        else if (*i < items_cap(top_node(s))) (*i)++;
+    }
 }
 
-static bool push(ddt_json_state *s, bool object) {
+/* Open a container; with a schema, node is its (resolved) schema node. */
+static bool push(ddt_json_state *s, bool object, uint16_t node) {
     if (s->depth >= DDT_JSON_MAX_DEPTH) return false; /* json_grammar.h: refused, not grown */
     if (s->schema) {
-        /* compile bounds a schema's nesting; this only guards the arrays */
+        /* the heights keep a schema's documents within this; a guard for the arrays */
         if (s->depth >= DDT_JSON_SCHEMA_MAX_DEPTH) return false;
-        s->snode[s->depth] = value_node(s);
+        s->snode[s->depth] = node;
         s->sidx[s->depth] = 0;
     }
     uint64_t bit = (uint64_t)1 << s->depth;
@@ -162,16 +269,27 @@ static void pop(ddt_json_state *s) {
     end_value(s);
 }
 
-/* The first byte of a value. */
+/* The first byte of a value.  With a schema, its class must be one the value's
+ * node allows, and a container must fit the nesting limit with what it needs. */
 static bool start_value(ddt_json_state *s, uint8_t c) {
     if (s->depth == 0 && (s->flags & F_OBJECT_ONLY) && c != '{') return false;
+    uint16_t node = 0;
     if (s->schema) {
-        if (!type_allows(&s->schema->nodes[value_node(s)], c)) return false;
+        const ddt_json_schema *sc = s->schema;
+        const int k = byte_class(c);
+        const uint16_t v = value_node(s);
+        if (k < 0 || !(sc->nodes[v].kinds >> k & 1u)) return false;
+        node = resolve(sc, v, k);
+        const ddt_json_schema_node *n = &sc->nodes[node];
+        if (k == DDT_JK_OBJECT && s->depth + n->h_object > DDT_JSON_SCHEMA_MAX_DEPTH) return false;
+        if (k == DDT_JK_ARRAY && s->depth + n->h_array > DDT_JSON_SCHEMA_MAX_DEPTH) return false;
         s->spos = s->slo = 0;
+        if (k == DDT_JK_NUMBER && (n->flags & DDT_JN_NUM_ENUM) && !match_sorted(s, n->num_first, n->num_count, c))
+            return false;
     }
     switch (c) {
-    case '{': return push(s, true);
-    case '[': return push(s, false);
+    case '{': return push(s, true, node);
+    case '[': return push(s, false, node);
     case '"': s->mode = M_STRING; s->flags &= (uint8_t)~F_KEY; return true;
     case '-': s->mode = M_NUM_MINUS; return true;
     case '0': s->mode = M_NUM_ZERO; return true;
@@ -189,11 +307,32 @@ static bool start_value(ddt_json_state *s, uint8_t c) {
     }
 }
 
+/* A byte that goes on the number being read: with a schema enum of numbers, it
+ * must go on one of their texts. */
+static bool number_byte(ddt_json_state *s, uint8_t c) {
+    if (!s->schema) return true;
+    const ddt_json_schema_node *n = scalar_node(s, DDT_JK_NUMBER);
+    return !(n->flags & DDT_JN_NUM_ENUM) || match_sorted(s, n->num_first, n->num_count, c);
+}
+
+/* The number being read ends here: with a schema enum of numbers, on a whole text. */
+static bool number_end(ddt_json_state *s) {
+    if (!s->schema) return true;
+    const ddt_json_schema_node *n = scalar_node(s, DDT_JK_NUMBER);
+    if ((n->flags & DDT_JN_NUM_ENUM) && !match_whole(s, n->num_first, n->num_count)) return false;
+    s->spos = s->slo = 0;
+    return true;
+}
+
 /* A byte inside a string: the UTF-8 lead bytes set the range of the next byte
  * (Unicode's table of well-formed sequences). */
 static bool string_byte(ddt_json_state *s, uint8_t c) {
     if (s->schema) {
-        if (c == '"' ? !match_close(s) : !match_byte(s, c)) return false;
+        if (s->flags & F_KEY) {
+            if (c == '"' ? !key_close(s) : !key_byte(s, c)) return false;
+        } else if (!value_string_byte(s, c)) {
+            return false;
+        }
     }
     if (c == '"') {
         s->spos = s->slo = 0;
@@ -240,20 +379,22 @@ static bool step(ddt_json_state *s, uint8_t c) {
     case M_ARRAY_FIRST:
         if (is_ws(c)) return whitespace(s);
         if (c == ']') {
+            if (s->schema && top_node(s)->min_items > 0) return false;
             pop(s);
             return true;
         }
+        if (s->schema && top_node(s)->max_items == 0) return false;
         return start_value(s, c);
     case M_OBJ_FIRST:
     case M_KEY:
         if (is_ws(c)) return whitespace(s);
         if (c == '}' && s->mode == M_OBJ_FIRST) {
-            if (s->schema && top_node(s)->count != 0) return false; /* every property is due */
+            if (s->schema && top_node(s)->req_end != 0) return false; /* a required property is due */
             pop(s);
             return true;
         }
         if (c != '"') return false;
-        if (s->schema && s->sidx[s->depth - 1] >= top_node(s)->count) return false;
+        if (s->schema && !key_open(s)) return false;
         s->spos = 0;
         s->mode = M_STRING;
         s->flags |= F_KEY;
@@ -266,13 +407,15 @@ static bool step(ddt_json_state *s, uint8_t c) {
     case M_AFTER:
         if (is_ws(c)) return whitespace(s);
         if (c == ',') {
-            /* with a schema, a comma in an object only while properties are due, and '}' after the last */
-            if (s->schema && top_is_object(s) && s->sidx[s->depth - 1] >= top_node(s)->count) return false;
+            /* with a schema, a comma only where what must follow it (a key, an item) can */
+            if (s->schema && !(top_is_object(s) ? key_open(s) : item_open(s))) return false;
             s->mode = top_is_object(s) ? M_KEY : M_VALUE;
             return true;
         }
         if (c == (top_is_object(s) ? '}' : ']')) {
-            if (s->schema && top_is_object(s) && s->sidx[s->depth - 1] < top_node(s)->count) return false;
+            /* and a closing bracket once no property is due / minItems are written */
+            if (s->schema && s->sidx[s->depth - 1] < (top_is_object(s) ? top_node(s)->req_end : top_node(s)->min_items))
+                return false;
             pop(s);
             return true;
         }
@@ -294,11 +437,20 @@ static bool step(ddt_json_state *s, uint8_t c) {
         return false;
     case M_UHEX:
         if (!is_hex(c)) return false;
+        /* a string with a length bound counts \uXXXX as one character, which a
+         * surrogate pair is not to Python: such strings refuse surrogate escapes
+         * (lit remembers that the first digit was a 'd'; keys and enum strings
+         * never get here, their texts have no backslash) */
+        if (s->schema && s->sub < 2 && len_bounded(scalar_node(s, DDT_JK_STRING))) {
+            const bool high = (c >= '8' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+            if (s->sub == 1 && s->lit && high) return false;
+            s->lit = s->sub == 0 && (c | 0x20) == 'd';
+        }
         if (++s->sub == 4) s->mode = M_STRING;
         return true;
     case M_UTF8:
         if (c < s->lo || c > s->hi) return false;
-        if (s->schema && !match_byte(s, c)) return false;
+        if (s->schema && !continuation_byte(s, c)) return false;
         s->lo = 0x80;
         s->hi = 0xBF;
         if (--s->sub == 0) s->mode = M_STRING;
@@ -311,37 +463,38 @@ static bool step(ddt_json_state *s, uint8_t c) {
         if (c == '0') s->mode = M_NUM_ZERO;
         else if (c >= '1' && c <= '9') s->mode = M_NUM_INT;
         else return false;
-        return true;
+        return number_byte(s, c);
     case M_NUM_DOT:
         if (!is_digit(c)) return false;
         s->mode = M_NUM_FRAC;
-        return true;
+        return number_byte(s, c);
     case M_NUM_E:
         if (c == '+' || c == '-') s->mode = M_NUM_ESIGN;
         else if (is_digit(c)) s->mode = M_NUM_EXP;
         else return false;
-        return true;
+        return number_byte(s, c);
     case M_NUM_ESIGN:
         if (!is_digit(c)) return false;
         s->mode = M_NUM_EXP;
-        return true;
+        return number_byte(s, c);
     case M_NUM_ZERO:
     case M_NUM_INT:
     case M_NUM_FRAC:
     case M_NUM_EXP:
-        if (is_digit(c) && s->mode != M_NUM_ZERO) return true;
+        if (is_digit(c) && s->mode != M_NUM_ZERO) return number_byte(s, c);
         if (s->schema && (c == '.' || c == 'e' || c == 'E') &&
-            s->schema->nodes[value_node(s)].type == DDT_JS_INTEGER)
-            return false; /* an integer has neither fraction nor exponent */
+            (scalar_node(s, DDT_JK_NUMBER)->flags & (DDT_JN_INTEGER | DDT_JN_NUM_ENUM)) == DDT_JN_INTEGER)
+            return false; /* an integer has neither fraction nor exponent (an enum's texts decide for themselves) */
         if (c == '.' && (s->mode == M_NUM_ZERO || s->mode == M_NUM_INT)) {
             s->mode = M_NUM_DOT;
-            return true;
+            return number_byte(s, c);
         }
         if ((c == 'e' || c == 'E') && s->mode != M_NUM_EXP) {
             s->mode = M_NUM_E;
-            return true;
+            return number_byte(s, c);
         }
         /* the number ends here; c is what follows it */
+        if (!number_end(s)) return false;
         end_value(s);
         return step(s, c);
     default:

@@ -22,10 +22,15 @@
  * accepted, but a token mask ends a complete document with a stop id at once).
  *
  * With a compiled schema (json_schema.h, ddt_json_init_schema) the same state
- * also follows the schema: it keeps, per open container, its schema node and
- * which property comes next, and inside a property name or enum string how many
- * bytes matched, so a byte the schema forbids does not step either.  Without one
- * those fields stay zero and the recogniser is plain JSON.
+ * also follows the schema: it keeps, per open container, its schema node and,
+ * in an object, which property comes next (while a key is read, the first
+ * property whose name matches so far), in an array the items written (counted
+ * only as far as minItems / maxItems need); and inside a property name or an
+ * enum value how many bytes matched and from which candidate, inside a string
+ * with a length bound the characters written.  So a byte the schema forbids does
+ * not step either, and no byte steps into a state from which no instance can be
+ * finished (a dead end would leave a token mask empty).  Without a schema those
+ * fields stay zero and the recogniser is plain JSON.
  */
 #ifndef DDT_TEXT_JSON_GRAMMAR_H
 #define DDT_TEXT_JSON_GRAMMAR_H
@@ -45,13 +50,16 @@ typedef struct ddt_json_state {
     const struct ddt_json_schema *schema; /* NULL: any JSON */
     uint64_t stack;   /* bit d: the container at depth d + 1 is an object (1) or an array (0) */
     uint16_t snode[DDT_JSON_SCHEMA_MAX_DEPTH]; /* schema: the node of the container at depth d + 1 */
-    uint16_t sidx[DDT_JSON_SCHEMA_MAX_DEPTH];  /* schema: in an object, the property being written or next */
-    uint32_t spos;    /* schema: bytes matched of the property name or enum string being read */
-    uint32_t slo;     /* schema: in an enum string, the first (sorted) candidate that still matches */
+    uint16_t sidx[DDT_JSON_SCHEMA_MAX_DEPTH];  /* schema: in an object, the property being written or next;
+                                                  in an array, the items so far (up to its bounds) */
+    uint32_t spos;    /* schema: bytes matched of the property name or enum value being read; in a string
+                         with a length bound, its characters so far (up to the bound) */
+    uint32_t slo;     /* schema: in an enum value, the first (sorted) candidate that still matches */
     uint8_t depth;    /* open containers */
     uint8_t mode;     /* what the next byte may be (json_grammar.c's enum) */
     uint8_t sub;      /* inside a token: literal bytes matched, hex digits read, UTF-8 bytes still due */
-    uint8_t lit;      /* which literal (true, false, null) */
+    uint8_t lit;      /* which literal (true, false, null); in a \u escape of a string with a length
+                         bound, whether its first digit was a 'd' (a surrogate may follow) */
     uint8_t lo, hi;   /* the range of the next UTF-8 continuation byte */
     uint8_t ws;       /* whitespace bytes in the current run */
     uint8_t flags;    /* the string being read is a key; the top level must be an object */
