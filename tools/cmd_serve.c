@@ -148,6 +148,7 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.can_switch = cpu;
     so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
     so.can_json = cpu;
+    so.can_logit_rules = cpu;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
     so.chat_template = chat;

@@ -48,6 +48,8 @@ typedef struct ddt_engine_backend_ops {
     void (*set_logprobs)(void *impl, ddt_token_logprobs *out, int32_t capacity, int32_t n_top);
     /* NULL: no grammar-constrained decoding (ddt_engine_set_constraint; c checked there, NULL = off) */
     ddt_status (*set_constraint)(void *impl, const ddt_json_constraint *c, ddt_error *err);
+    /* NULL: no logit rules (ddt_engine_set_logit_rules; r NULL = off, values checked by the backend) */
+    ddt_status (*set_logit_rules)(void *impl, const ddt_logit_rules *r, ddt_error *err);
     /* NULL: no scoring (ddt_engine_score; arguments checked there) */
     ddt_status (*score)(void *impl, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                         ddt_error *err);

@@ -240,6 +240,17 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
     return e->be->set_constraint(e->impl, c, err);
 }
 
+ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, ddt_error *err) {
+    if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_logit_rules: engine is NULL");
+    if (r && r->n_bias == 0 && r->presence == 0.0f && r->frequency == 0.0f) r = NULL;
+    if (!e->be->set_logit_rules) {
+        if (!r) return DDT_OK;
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit_bias and the presence / frequency penalties run on the CPU "
+                        "backend for now (this is the %s engine)", e->be->name);
+    }
+    return e->be->set_logit_rules(e->impl, r, err);
+}
+
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->be->cost ? e->be->cost(e->impl) : NULL; }
 
 void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto) {

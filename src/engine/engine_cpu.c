@@ -13,6 +13,7 @@
 #include "core/zsort.h"
 #include "engine/backend.h"
 #include "engine/emitter.h"
+#include "engine/logit_rules.h"
 #include "engine/logprobs.h"
 #include "engine/round.h"
 #include "model/drafter.h"
@@ -55,6 +56,10 @@ typedef struct cpu_engine {
     int32_t *pmap, *ptok, *ppar, *prank;
     float *plogw;
     float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
+    /* ddt_engine_set_logit_rules: the bias, the penalties and the generated-token counts
+       (rules.vocab 0 until the first call), and the row under them */
+    ddt_logit_state rules;
+    float *ruled; /* [vocab] */
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -80,6 +85,8 @@ static void cpu_free(void *impl) {
     free(e->prank);
     free(e->plogw);
     free(e->masked);
+    ddt_logit_state_free(&e->rules);
+    free(e->ruled);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
     ddt_sampler_destroy(e->sampler);
@@ -272,13 +279,33 @@ static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, d
     return DDT_OK;
 }
 
+static ddt_status cpu_set_logit_rules(void *impl, const ddt_logit_rules *r, ddt_error *err) {
+    cpu_engine *e = impl;
+    if (r && !e->ruled) {
+        ddt_status st = ddt_logit_state_init(&e->rules, e->vocab, err);
+        if (st) return st;
+        e->ruled = ddt_malloc_array((size_t)e->vocab, sizeof(float));
+        if (!e->ruled) {
+            ddt_logit_state_free(&e->rules);
+            return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a logits row of %d ids", e->vocab);
+        }
+    }
+    return e->ruled ? ddt_logit_state_set(&e->rules, r, err) : DDT_OK;
+}
+
 /*
- * The target's token from a logits row: with a constraint, from a copy of the row
- * with -inf outside the grammar's mask at state s (the row itself stays raw for
- * the log-probabilities); s is the state after the tokens before this one.
+ * The target's token from a logits row: under logit rules, from the row as they
+ * make it with the generated tokens plus path[0..n_path) counted (a tree node's
+ * draft path, which it would have emitted by then); with a constraint, from a
+ * copy with -inf outside the grammar's mask at state s (the row itself stays raw
+ * for the log-probabilities); s is the state after the tokens before this one.
  */
-static ddt_status choose(cpu_engine *e, const float *row, const ddt_json_state *s, uint64_t round, uint32_t node,
-                         int32_t *token, ddt_error *err) {
+static ddt_status choose(cpu_engine *e, const float *row, const ddt_json_state *s, const int32_t *path,
+                         int32_t n_path, uint64_t round, uint32_t node, int32_t *token, ddt_error *err) {
+    if (e->rules.active) {
+        ddt_logit_state_apply(&e->rules, row, path, n_path, e->ruled);
+        row = e->ruled;
+    }
     if (!e->json.vocab) return ddt_sample_token(e->sampler, row, e->vocab, &e->opts.sampling, round, node, token, err);
     int32_t n_allowed = 0;
     const uint8_t *allow = ddt_json_mask_cache_get(e->masks, e->json.vocab, s, e->stop, e->n_stop, &n_allowed);
@@ -396,7 +423,13 @@ static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error
     /* the state after the node's path: prune_refused stepped every node of this tree
        (under a constraint it runs after each build), so it is not stepped again here */
     const ddt_json_state *s = e->json.vocab ? &e->pst[node] : &e->jstate;
-    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, s, ns->round, (uint32_t)node, token, err);
+    /* the node's draft path below the root (the root was emitted already): the penalties
+       count it as generated */
+    int32_t path[DDT_MAX_PATH], n_path = 0;
+    if (e->rules.active)
+        for (int32_t v = node; v > 0 && n_path < DDT_MAX_PATH; v = e->tree.parent[v]) path[n_path++] = e->tree.token[v];
+    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, s, path, n_path, ns->round, (uint32_t)node, token,
+                  err);
 }
 
 /* Append the drafter features of rows[0..m) of the last target forward. */
@@ -418,6 +451,8 @@ static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error
         return e->opts.draft_fn(e->opts.draft_ctx, bonus, pos, e->depth, k, e->logq, e->table_tok, err);
     ddt_status st = ddt_drafter_draft(e->drafter, bonus, e->draft_logits, err);
     if (st) return st;
+    /* drafts follow the bias the target's choices will get */
+    if (e->rules.active) ddt_logit_state_bias_rows(&e->rules, e->draft_logits, e->depth);
     for (int32_t d = 0; d < e->depth; d++) {
         st = ddt_topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
                                  e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
@@ -489,9 +524,11 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
         else ddt_json_init(&e->jstate, e->json.object_only);
     }
-    st = choose(e, e->logits, &e->jstate, 0, 0, &bonus, err);
+    if (e->rules.active) ddt_logit_state_reset(&e->rules);
+    st = choose(e, e->logits, &e->jstate, NULL, 0, 0, 0, &bonus, err);
     if (st) return st;
     if ((st = advance(e, &e->jstate, bonus, err))) return st;
+    if (e->rules.active) ddt_logit_state_push(&e->rules, &bonus, 1);
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     record_logprobs(e, e->logits, bonus, em.n);
@@ -518,9 +555,10 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
                 if ((st = feed_drafter(e, e->rows, 1, err))) return st;
             }
             t3 = ddt_engine_now();
-            st = choose(e, e->logits, &e->jstate, round, 0, &bonus, err);
+            st = choose(e, e->logits, &e->jstate, NULL, 0, round, 0, &bonus, err);
             if (st) return st;
             if ((st = advance(e, &e->jstate, bonus, err))) return st;
+            if (e->rules.active) ddt_logit_state_push(&e->rules, &bonus, 1);
             t4 = ddt_engine_now();
             n = 1;
             s.accepted += 1;
@@ -568,6 +606,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             ids[w.length - 1] = w.bonus;
             for (int32_t i = 0; i < w.length; i++)
                 if ((st = advance(e, &e->jstate, ids[i], err))) return st;
+            if (e->rules.active) ddt_logit_state_push(&e->rules, ids, w.length);
             /* emitted token i was chosen from the logits of path node i (its parent) */
             for (int32_t i = 0; i < w.length; i++)
                 record_logprobs(e, e->logits + (size_t)w.path[i] * (size_t)e->vocab, ids[i], em.n + i);
@@ -651,6 +690,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .set_speculation = cpu_set_speculation,
     .set_logprobs = cpu_set_logprobs,
     .set_constraint = cpu_set_constraint,
+    .set_logit_rules = cpu_set_logit_rules,
     .score = cpu_score,
     .cost = cpu_cost,
     .generate = cpu_generate,

@@ -67,7 +67,22 @@ void ddt_job_release(ddt_job *j) {
     }
     free(j->tool_names);
     free(j->tool_schemas);
+    free(j->bias_ids);
+    free(j->bias);
     free(j);
+}
+
+bool ddt_job_set_logit_rules(ddt_job *j, const int32_t *ids, const float *bias, int32_t n, float presence,
+                             float frequency) {
+    if (n > 0) {
+        j->bias_ids = malloc((size_t)n * sizeof *j->bias_ids);
+        j->bias = malloc((size_t)n * sizeof *j->bias);
+        if (!j->bias_ids || !j->bias) return false;
+        memcpy(j->bias_ids, ids, (size_t)n * sizeof *ids);
+        memcpy(j->bias, bias, (size_t)n * sizeof *bias);
+    }
+    j->rules = (ddt_logit_rules){j->bias_ids, j->bias, n, presence, frequency};
+    return true;
 }
 
 /* "stop" when a stop token ended the generation (the engine says so) or a stop
@@ -283,8 +298,9 @@ static void run_job(ddt_job_queue *q, ddt_job *j) {
         if (!j->lp) st = ddt_fail(&err, DDT_ERR_NOMEM, "out of memory for %d tokens' log-probabilities", j->max_new);
     }
     if (st == DDT_OK) st = ddt_engine_set_logprobs(q->eng, j->lp, j->lp ? j->max_new : 0, j->lp ? j->logprobs : 0, &err);
-    /* every job sets its own constraint (or none), so one never outlives its request */
+    /* every job sets its own constraint and logit rules (or none), so none outlives its request */
     if (st == DDT_OK) st = ddt_engine_set_constraint(q->eng, j->json.vocab ? &j->json : NULL, &err);
+    if (st == DDT_OK) st = ddt_engine_set_logit_rules(q->eng, &j->rules, &err);
     /* echo with logprobs: the prompt's own tokens scored first (a one-token prompt has nothing to score) */
     if (st == DDT_OK && j->echo && j->logprobs >= 0) {
         j->prompt_lp = malloc((size_t)j->n_prompt * sizeof *j->prompt_lp);

@@ -56,6 +56,11 @@ typedef struct ddt_job {
     char **tool_names;       /* owned, [n_tools]: arg_begin's functions, and their compiled parameters */
     struct ddt_json_schema **tool_schemas; /* owned, [n_tools], NULL entries: a JSON object only */
     int32_t n_tools;
+    /* logit_bias and the penalties (engine.h ddt_engine_set_logit_rules), set for the job's
+     * generations; rules.n_bias 0 and both penalties 0: none */
+    ddt_logit_rules rules;
+    int32_t *bias_ids; /* owned: rules.bias_ids */
+    float *bias;       /* owned: rules.bias */
     /* shared state, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -84,6 +89,11 @@ typedef struct ddt_job {
 ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop);
 void ddt_job_retain(ddt_job *j);
 void ddt_job_release(ddt_job *j);
+
+/* Copy logit_bias (ids[i] -> bias[i], n of them) and the penalties into j->rules;
+ * false when out of memory. */
+bool ddt_job_set_logit_rules(ddt_job *j, const int32_t *ids, const float *bias, int32_t n, float presence,
+                             float frequency);
 /* "stop", "length" or "tool_calls" for a finished job (call under its mutex):
  * from the engine's stop reason, the stop strings the text matched, and the
  * tool calls a chat answer made (which end a turn that stopped by itself). */

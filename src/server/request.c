@@ -386,6 +386,46 @@ static ddt_status parse_json_schema(ddt_api_request *r, json_t *js, ddt_error *e
     return DDT_OK;
 }
 
+/* logit_bias: null or {"<token id>": bias}, ids as decimal strings (OpenAI's form),
+ * biases -100..100; the ids' upper bound is the model's vocabulary, which the
+ * server checks. */
+static ddt_status parse_logit_bias(ddt_api_request *r, json_t *root, ddt_error *err) {
+    const char *param = "logit_bias";
+    json_t *lb = json_object_get(root, param);
+    if (!lb || json_is_null(lb)) return DDT_OK;
+    if (!json_is_object(lb))
+        return FAIL(r, DDT_ERR_INVALID, param, "'logit_bias' must be an object of token id (a string) to bias");
+    const size_t n = json_object_size(lb);
+    if (n > DDT_API_MAX_LOGIT_BIAS)
+        return FAIL(r, DDT_ERR_RANGE, param, "'logit_bias' has %zu entries, at most %d are allowed", n,
+                    DDT_API_MAX_LOGIT_BIAS);
+    if (n == 0) return DDT_OK;
+    r->logit_bias_ids = malloc(n * sizeof *r->logit_bias_ids);
+    r->logit_bias = malloc(n * sizeof *r->logit_bias);
+    if (!r->logit_bias_ids || !r->logit_bias) return FAIL(r, DDT_ERR_NOMEM, param, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        /* a decimal id: digits only, no sign, no leading zeros but "0", below 2^31 */
+        size_t len = strlen(key);
+        bool ok = len >= 1 && len <= 10 && (key[0] != '0' || len == 1);
+        long long id = 0;
+        for (size_t i = 0; ok && i < len; i++) {
+            ok = key[i] >= '0' && key[i] <= '9';
+            id = id * 10 + (key[i] - '0');
+        }
+        if (!ok || id > INT32_MAX)
+            return FAIL(r, DDT_ERR_INVALID, param, "'logit_bias' key '%.40s' is not a token id (a decimal integer)",
+                        key);
+        if (!json_is_number(v) || !(json_number_value(v) >= -100.0 && json_number_value(v) <= 100.0))
+            return FAIL(r, DDT_ERR_RANGE, param, "'logit_bias'[\"%s\"] must be a number in -100..100", key);
+        r->logit_bias_ids[r->n_logit_bias] = (int32_t)id;
+        r->logit_bias[r->n_logit_bias] = (float)json_number_value(v);
+        r->n_logit_bias++;
+    }
+    return DDT_OK;
+}
+
 static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err) {
     ddt_status st = r->kind == DDT_API_CHAT ? parse_messages(r, root, err) : parse_prompt(r, root, err);
     if (st) return st;
@@ -441,16 +481,11 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     if (r->have_max_tokens && r->max_tokens == 0 && !r->echo)
         return FAIL(r, DDT_ERR_RANGE, "max_tokens", "'max_tokens' is 0: at least 1 (0 only with 'echo', to score "
                     "the prompt)");
-    /* what would change the output but is not applied here: refused, not dropped */
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int k = 0; k < 2; k++) {
-        if ((st = get_number(r, root, penalties[k], -2.0, 2.0, &have, &x, err))) return st;
-        if (have && x != 0.0)
-            return FAIL(r, DDT_ERR_UNSUPPORTED, penalties[k], "'%s' is not supported (only 0)", penalties[k]);
-    }
-    json_t *bias = json_object_get(root, "logit_bias");
-    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
-        return FAIL(r, DDT_ERR_UNSUPPORTED, "logit_bias", "'logit_bias' is not supported");
+    if ((st = get_number(r, root, "presence_penalty", -2.0, 2.0, &have, &x, err))) return st;
+    if (have) r->presence_penalty = (float)x;
+    if ((st = get_number(r, root, "frequency_penalty", -2.0, 2.0, &have, &x, err))) return st;
+    if (have) r->frequency_penalty = (float)x;
+    if ((st = parse_logit_bias(r, root, err))) return st;
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
@@ -556,6 +591,8 @@ void ddt_api_request_free(ddt_api_request *req) {
     if (req->template_kwargs) json_decref(req->template_kwargs);
     free(req->prompt_ids);
     ddt_json_schema_free(req->json_schema);
+    free(req->logit_bias_ids);
+    free(req->logit_bias);
     for (int32_t k = 0; k < req->n_tool_schemas; k++) ddt_json_schema_free(req->tool_schemas[k]);
     free(req->tool_schemas);
     if (req->owned_) json_decref((json_t *)req->owned_);

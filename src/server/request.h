@@ -34,6 +34,7 @@
 #define DDT_API_MAX_TOP_LOGPROBS 20 /* = DDT_MAX_TOP_LOGPROBS (engine.h) */
 #define DDT_API_MAX_TOOLS 256
 #define DDT_API_MAX_N 16            /* choices per request (each decoded in turn) */
+#define DDT_API_MAX_LOGIT_BIAS 1024 /* logit_bias entries (= DDT_LOGIT_BIAS_MAX, engine.h) */
 
 typedef enum ddt_api_kind { DDT_API_CHAT = 0, DDT_API_COMPLETION = 1 } ddt_api_kind;
 
@@ -99,6 +100,12 @@ typedef struct ddt_api_request {
                               logprobs the prompt's tokens are scored too (max_tokens may be 0) */
     int32_t logprobs;      /* -1: none; else log-probabilities with this many alternatives a token
                               (chat: "logprobs": true + "top_logprobs"; completions: "logprobs": N) */
+    /* presence_penalty / frequency_penalty (-2..2) and logit_bias ({"id": -100..100}, at most
+     * DDT_API_MAX_LOGIT_BIAS ids, each below the model's vocabulary: the server checks that) */
+    float presence_penalty, frequency_penalty;
+    int32_t n_logit_bias;
+    int32_t *logit_bias_ids; /* owned, [n_logit_bias], in the order sent */
+    float *logit_bias;       /* owned, [n_logit_bias] */
     /* extension "speculative": {"mode": "ar"|"chain"|"tree", "budget": N|"auto"} */
     bool have_mode, have_budget, budget_auto;
     ddt_mode mode;

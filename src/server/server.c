@@ -460,6 +460,28 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         }
         j->json = (ddt_json_constraint){s->json_vocab, true, j->schema};
     }
+    if (rq->n_logit_bias > 0 || rq->presence_penalty != 0.0f || rq->frequency_penalty != 0.0f) {
+        const char *param = rq->n_logit_bias > 0 ? "logit_bias"
+                          : rq->presence_penalty != 0.0f ? "presence_penalty" : "frequency_penalty";
+        if (!s->o.can_logit_rules) {
+            prep_fail(p, 400, param, "'%s' runs on the CPU backend for now (this server runs on the GPU)", param);
+            ddt_job_release(j);
+            return;
+        }
+        for (int32_t i = 0; i < rq->n_logit_bias; i++)
+            if (rq->logit_bias_ids[i] >= s->vocab) {
+                prep_fail(p, 400, "logit_bias", "'logit_bias': token id %d is outside the vocabulary [0, %d)",
+                          rq->logit_bias_ids[i], s->vocab);
+                ddt_job_release(j);
+                return;
+            }
+        if (!ddt_job_set_logit_rules(j, rq->logit_bias_ids, rq->logit_bias, rq->n_logit_bias, rq->presence_penalty,
+                                     rq->frequency_penalty)) {
+            prep_fail(p, 500, NULL, "out of memory");
+            ddt_job_release(j);
+            return;
+        }
+    }
     if (rq->kind == DDT_API_CHAT && (rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED ||
                                      rq->tool_choice == DDT_TOOL_CHOICE_NAMED) && s->o.can_json && s->json_vocab &&
         !tool_grammar(s, rq, j, p)) {

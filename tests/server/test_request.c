@@ -63,6 +63,19 @@ static void test_chat_fields(void **state) {
                                          "\"response_format\": {\"type\": \"text\"}, \"user\": \"u\", \"best_of\": 1}",
                            &r, &err), DDT_OK);
     assert_false(r.json_object);
+    assert_int_equal(r.n_logit_bias, 0);
+    assert_true(r.presence_penalty == 0.0f && r.frequency_penalty == 0.0f);
+    ddt_api_request_free(&r);
+    /* the penalties and logit_bias, kept in the order sent (ids as decimal strings) */
+    assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": -2, "
+                                               "\"frequency_penalty\": 1.5, \"logit_bias\": {\"17\": -100, "
+                                               "\"0\": 2.5, \"2147483647\": 100}}", &r, &err), DDT_OK);
+    assert_true(r.presence_penalty == -2.0f && r.frequency_penalty == 1.5f);
+    assert_int_equal(r.n_logit_bias, 3);
+    assert_int_equal(r.logit_bias_ids[0], 17);
+    assert_int_equal(r.logit_bias_ids[1], 0);
+    assert_int_equal(r.logit_bias_ids[2], 2147483647);
+    assert_true(r.logit_bias[0] == -100.0f && r.logit_bias[1] == 2.5f && r.logit_bias[2] == 100.0f);
     ddt_api_request_free(&r);
     /* JSON mode, in chat and completions */
     assert_int_equal(parse(DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
@@ -173,8 +186,8 @@ static void test_chat_tools(void **state) {
     /* the arguments' grammars: "required" compiles every function's parameters (the model picks
        one), and with a single function forces it by name; a schema outside the subset is no error */
     const char *ok_params = "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\"}}}";
-    const char *bad_params = "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\", "
-                             "\"minLength\": 1}}}";
+    const char *bad_params = "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"integer\", "
+                             "\"minimum\": 1}}}";
     snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
              "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}, {\"type\": \"function\", "
              "\"function\": {\"name\": \"v\", \"parameters\": %s}}], \"tool_choice\": \"required\"}", bad_params,
@@ -183,8 +196,8 @@ static void test_chat_tools(void **state) {
     assert_int_equal(r.n_tool_schemas, 2);
     assert_null(r.tool_schemas[0]);
     assert_non_null(r.tool_schemas[1]);
-    assert_int_equal(r.tool_schemas[1]->nodes[0].type, DDT_JS_OBJECT);
-    assert_non_null(strstr(r.tool_schema_note, "tools[0].function.parameters: unsupported keyword 'minLength' at "
+    assert_int_equal(r.tool_schemas[1]->nodes[0].kinds, 1u << DDT_JK_OBJECT);
+    assert_non_null(strstr(r.tool_schema_note, "tools[0].function.parameters: unsupported keyword 'minimum' at "
                                                 "$.properties.c"));
     ddt_api_request_free(&r);
     /* named: only the named function's, and no note for the others */
@@ -207,7 +220,7 @@ static void test_chat_tools(void **state) {
     assert_string_equal(r.tool_choice_name, "w");
     assert_int_equal(r.tool_forced, 0);
     assert_null(r.tool_schemas[0]);
-    assert_non_null(strstr(r.tool_schema_note, "'minLength'"));
+    assert_non_null(strstr(r.tool_schema_note, "'minimum'"));
     ddt_api_request_free(&r);
     /* auto compiles nothing */
     snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
@@ -337,11 +350,19 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", "stop"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"}, /* a count there */
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": 0.5}", "frequency_penalty"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": -1}", "presence_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": 2.5}", "frequency_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": -2.01}", "presence_penalty"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": 3}", "presence_penalty"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"frequency_penalty\": \"x\"}", "frequency_penalty"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 100}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 100.5}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": [5]}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"-5\": 1}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"05\": 1}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"\": 1}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"2147483648\": 1}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"7\": \"1\"}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"7\": null}}", "logit_bias"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"s\", \"schema\": {}}}}",
          "response_format"},
