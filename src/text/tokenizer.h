@@ -42,6 +42,8 @@
 
 /* Largest id (rank or special) accepted, so that id tables stay bounded on hostile files. */
 #define DDT_TOKENIZER_MAX_ID ((1 << 24) - 1)
+/* tokenizer.json files larger than this are refused before parsing (DeepSeek-V3's is 7.5 MiB). */
+#define DDT_TOKENIZER_MAX_JSON_BYTES ((size_t)256 << 20)
 /* Number of special ids reserved after the ranks (Kimi's num_reserved_special_tokens). */
 #define DDT_TOKENIZER_N_RESERVED 256
 /* The built-in Kimi table applies to a vocabulary of exactly this many ranks. */
@@ -87,6 +89,10 @@ ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *
 /* Build a tokenizer from in-memory files (see ddt_tokenizer_source). */
 ddt_status ddt_tokenizer_create(const ddt_tokenizer_source *src, ddt_tokenizer **out,
                                 ddt_error *err);
+
+/* Build a tokenizer from the text of a tokenizer.json (len bytes); name is for messages. */
+ddt_status ddt_tokenizer_create_json(const char *name, const char *json, size_t len, ddt_tokenizer **out,
+                                     ddt_error *err);
 
 void ddt_tokenizer_free(ddt_tokenizer *tok);
 
