@@ -1,8 +1,10 @@
 /*
  * tokenizer.c — tiktoken-format byte-level BPE: the loader of tiktoken.model and
  * tokenizer_config.json, PCRE2 pre-tokenisation with Kimi K2's pattern, the BPE
- * merge of each piece, special tokens, and decoding.  See tokenizer.h for the
- * file formats and the behaviour on invalid UTF-8.
+ * merge of each piece, special tokens; and the format-neutral API (load, which
+ * picks the format, encode, decode, look-ups).  tokenizer_json.c holds the
+ * tokenizer.json format.  See tokenizer.h for the file formats and the
+ * behaviour on invalid UTF-8.
  *
  * Layout: every token's bytes (ordinary, then special) live in one pool; id_off
  * and id_len map an id to its bytes, and two open-addressing hash tables map
