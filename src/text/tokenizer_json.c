@@ -253,7 +253,6 @@ static bool is_category(const char *s, size_t n) {
  */
 static bool translate_regex(const char *s, size_t n, sbuf *out, const char **why, size_t *at) {
     bool in_class = false;
-    size_t class_start = 0;
     for (size_t i = 0; i < n;) {
         char c = s[i];
         *at = i;
@@ -373,9 +372,7 @@ static bool translate_regex(const char *s, size_t n, sbuf *out, const char **why
                 i = (size_t)(close - s) + 2;
                 continue;
             }
-            if (c == ']' && i > class_start) {
-                in_class = false;
-            }
+            if (c == ']') in_class = false; /* a ']' first in the class was escaped on entry */
             sb_addn(out, s + i, 1);
             i++;
             continue;
@@ -385,8 +382,7 @@ static bool translate_regex(const char *s, size_t n, sbuf *out, const char **why
             sb_addn(out, s + i, 1);
             i++;
             if (i < n && s[i] == '^') sb_addn(out, s + i++, 1);
-            class_start = i + 1; /* a ']' first in the class is a literal */
-            if (i < n && s[i] == ']') {
+            if (i < n && s[i] == ']') { /* a ']' first in the class is a literal */
                 sb_add(out, "\\]");
                 i++;
             }

@@ -201,6 +201,12 @@ static void test_split_behaviours(void **state) {
     tok = load(doc(v, merges, NO_ADDED, pre, NO_EXTRA));
     expect_ids(tok, "1234", 0, 2, 4, 6); /* [12][34] */
     ddt_tokenizer_free(tok);
+    /* one-character classes, a ']' first in a class, Removed with invert (keeps the matches) */
+    snprintf(pre, sizeof pre, "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+                              "{\"Regex\":\"[2]|[]a]\"},\"behavior\":\"Removed\",\"invert\":true},%s]}", BYTE_LEVEL);
+    tok = load(doc(v, merges, NO_ADDED, pre, NO_EXTRA));
+    expect_ids(tok, "1234a", 0, 2, 1, 8);
+    ddt_tokenizer_free(tok);
 }
 
 /* ------------------------------------------------------------------ loader errors */
