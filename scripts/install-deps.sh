@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # install-deps.sh — installs what building and testing ddtree needs on Debian:
 # the -dev packages (Jansson, PCRE2, cmocka, libmicrohttpd), the compilers and tools,
-# and the PyPI packages of the Python tests (numpy, pytest, tiktoken, openai).  Idempotent: it installs
-# only what is missing.  Usage: scripts/install-deps.sh [--tests]
+# and the PyPI packages of the Python tests (numpy, pytest, tiktoken, tokenizers, openai,
+# jinja2).  Idempotent: it installs only what is missing.  Usage: scripts/install-deps.sh [--tests]
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libcmocka-dev libmicrohttpd-dev)
 if [[ "${1:-}" == "--tests" ]]; then
@@ -20,6 +20,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [[ "${1:-}" == "--tests" ]]; then
-  python3 -c "import numpy, pytest, tiktoken, openai" 2>/dev/null || \
+  python3 -c "import numpy, pytest, tiktoken, tokenizers, openai, jinja2" 2>/dev/null || \
     python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi

@@ -279,8 +279,12 @@ int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {
     *tok = NULL;
     char p[4096];
     struct stat sb;
-    snprintf(p, sizeof p, "%s/%s", a->model, "tiktoken.model");
-    if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) return -1;
+    bool found = false;
+    for (int k = 0; k < 2 && !found; k++) { /* ddt_tokenizer_load picks tiktoken.model first */
+        snprintf(p, sizeof p, "%s/%s", a->model, k == 0 ? "tiktoken.model" : "tokenizer.json");
+        found = stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    }
+    if (!found) return -1;
     ddt_error err = {0};
     ddt_status st = ddt_tokenizer_load(a->model, tok, &err);
     if (st != DDT_OK) {

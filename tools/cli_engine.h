@@ -56,8 +56,8 @@ int cli_engine_check(const cli_engine_args *a);
 /* The engine options these arguments ask for. */
 void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o);
 
-/* The model folder's tokenizer when it has tiktoken.model (*tok NULL when it
- * has none): -1 when fine, else an exit status after a message. */
+/* The model folder's tokenizer when it has tiktoken.model or tokenizer.json (*tok
+ * NULL when it has neither): -1 when fine, else an exit status after a message. */
 int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok);
 /* The chat template (chat.h): --chat-template's file, else the model folder's
  * own, else the built-in Kimi K2 one: -1 when loaded, else the exit code after

@@ -104,7 +104,7 @@ int ddt_cmd_chat(int argc, char **argv) {
     ddt_error err = {0};
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
     if (!tok) {
-        fprintf(stderr, "ddtree chat: %s has no tokenizer (tiktoken.model)\n", a.eng.model);
+        fprintf(stderr, "ddtree chat: %s has no tokenizer (tiktoken.model or tokenizer.json)\n", a.eng.model);
         rc = 2;
         goto done;
     }

@@ -34,8 +34,8 @@ static const char k_usage_head[] =
     "usage: ddtree generate --model DIR (--prompt TEXT | --chat TEXT | --prompt-ids ID,...)\n"
     "                       --max-tokens N [options]\n"
     "\n"
-    "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model]) on the CPU\n"
-    "or, with --backend cuda, on the GPU.\n"
+    "Decodes with the target model in DIR (config.json + safetensors [+ tiktoken.model or\n"
+    "tokenizer.json]) on the CPU or, with --backend cuda, on the GPU.\n"
     "Options:\n";
 static const char k_usage_tail[] =
     "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
@@ -215,7 +215,8 @@ int ddt_cmd_generate(int argc, char **argv) {
     ddt_status st;
     if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
     if (!tok && (a.prompt_text || a.chat)) {
-        fprintf(stderr, "ddtree generate: --prompt and --chat need a tokenizer: %s has no tiktoken.model\n",
+        fprintf(stderr, "ddtree generate: --prompt and --chat need a tokenizer: %s has no tiktoken.model or "
+                        "tokenizer.json\n",
                 a.eng.model);
         rc = 2;
         goto done;
@@ -281,7 +282,8 @@ int ddt_cmd_generate(int argc, char **argv) {
     }
     if (a.json_object) {
         if (!tok) {
-            fprintf(stderr, "ddtree generate: --json-object needs a tokenizer: %s has no tiktoken.model\n",
+            fprintf(stderr, "ddtree generate: --json-object needs a tokenizer: %s has no tiktoken.model or "
+                            "tokenizer.json\n",
                     a.eng.model);
             rc = 2;
             goto done;

@@ -113,7 +113,8 @@ int ddt_cmd_perplexity(int argc, char **argv) {
     } else {
         if ((rc = cli_engine_load_tokenizer(&a.eng, &tok)) >= 0) goto done;
         if (!tok) {
-            fprintf(stderr, "ddtree perplexity: text needs a tokenizer: %s has no tiktoken.model (use --ids)\n",
+            fprintf(stderr, "ddtree perplexity: text needs a tokenizer: %s has no tiktoken.model or tokenizer.json "
+                            "(use --ids)\n",
                     a.eng.model);
             rc = 2;
             goto done;

@@ -197,7 +197,7 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     }
     if (!s->tok) {
         prep_fail(p, 400, rq->kind == DDT_API_CHAT ? "messages" : "prompt",
-                  "this model folder has no tokenizer (tiktoken.model): send 'prompt' as token ids");
+                  "this model folder has no tokenizer (tiktoken.model or tokenizer.json): send 'prompt' as token ids");
         return false;
     }
     size_t n = 0;
@@ -887,7 +887,8 @@ static enum MHD_Result serve_tokenize(ddt_server *s, struct MHD_Connection *c, c
 /* POST /detokenize: {"tokens": [ids]} gives {"prompt": text} (special tokens as their text,
  * invalid UTF-8 as U+FFFD). */
 static enum MHD_Result serve_detokenize(ddt_server *s, struct MHD_Connection *c, conn *cn) {
-    if (!s->tok) return send_error(s, c, 400, "this model folder has no tokenizer (tiktoken.model)", NULL);
+    if (!s->tok)
+        return send_error(s, c, 400, "this model folder has no tokenizer (tiktoken.model or tokenizer.json)", NULL);
     json_error_t je;
     json_t *root = json_loadb(cn->body ? cn->body : "", cn->len, JSON_REJECT_DUPLICATES, &je);
     json_t *tokens = json_is_object(root) ? json_object_get(root, "tokens") : NULL;

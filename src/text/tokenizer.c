@@ -1,21 +1,21 @@
 /*
  * tokenizer.c — tiktoken-format byte-level BPE: the loader of tiktoken.model and
  * tokenizer_config.json, PCRE2 pre-tokenisation with Kimi K2's pattern, the BPE
- * merge of each piece, special tokens, and decoding.  See tokenizer.h for the
- * file formats and the behaviour on invalid UTF-8.
+ * merge of each piece, special tokens; and the format-neutral API (load, which
+ * picks the format, encode, decode, look-ups).  tokenizer_json.c holds the
+ * tokenizer.json format.  See tokenizer.h for the file formats and the
+ * behaviour on invalid UTF-8.
  *
  * Layout: every token's bytes (ordinary, then special) live in one pool; id_off
  * and id_len map an id to its bytes, and two open-addressing hash tables map
  * bytes back to ids (one for ranks, one for special tokens), so a piece of text
  * is looked up without allocating.
  */
-#define PCRE2_CODE_UNIT_WIDTH 8
-
 #include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
 
 #include <errno.h>
 #include <jansson.h>
-#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +30,6 @@
 #define TOK_MAX_CONFIG_BYTES ((size_t)64 << 20)
 #define TOK_MAX_PATTERN_BYTES ((size_t)64 << 10)
 
-enum { TOK_UNUSED = 0, TOK_RANK = 1, TOK_SPECIAL = 2 };
 
 /*
  * Kimi's pre-tokenisation pattern (tokenization_kimi.py) rewritten for PCRE2:
@@ -43,8 +42,6 @@ enum { TOK_UNUSED = 0, TOK_RANK = 1, TOK_SPECIAL = 2 };
  *    PCRE2's \s under UCP also matches U+180E (MONGOLIAN VOWEL SEPARATOR), which
  *    is no longer White_Space; (?!\S) becomes (?![^WS]).
  */
-#define TOK_WS "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
-               "\\x{202F}\\x{205F}\\x{3000}"
 #if PCRE2_MAJOR > 10 || (PCRE2_MAJOR == 10 && PCRE2_MINOR >= 40)
 #define TOK_HAN "\\p{sc:Han}"
 #else
@@ -74,41 +71,6 @@ static const struct {
     {163601, "<|im_middle|>"}, {163838, "[UNK]"},          {163839, "[PAD]"},
 };
 
-/* Open-addressing hash table from token bytes to id; bytes are compared in the pool. */
-typedef struct tok_table {
-    int32_t *slots; /* [mask + 1] id, -1 when empty; load <= 1/2 */
-    uint32_t mask;
-} tok_table;
-
-struct ddt_tokenizer {
-    uint8_t *pool;       /* [pool_len] bytes of every token: ranks then specials */
-    size_t pool_len;
-    uint32_t *id_off;    /* [vocab_size] offset of an id's bytes in pool */
-    uint32_t *id_len;    /* [vocab_size] length of an id's bytes; 0 when unused */
-    uint8_t *id_kind;    /* [vocab_size] TOK_UNUSED, TOK_RANK or TOK_SPECIAL */
-    int32_t vocab_size;  /* largest id + 1 */
-    int32_t n_ranks;     /* ordinary tokens */
-    int32_t n_special;   /* special tokens */
-    tok_table ranks;     /* ordinary token bytes -> id */
-    tok_table specials;  /* special token text -> id */
-    uint8_t special_first[32]; /* bitmap: bytes that start some special token */
-    uint32_t *special_lens;    /* [n_special_lens] distinct special lengths, descending */
-    int32_t n_special_lens;
-
-    pcre2_code *re;
-    pcre2_match_data *md;
-    pcre2_match_context *mctx;
-    pcre2_jit_stack *jit_stack;
-
-    /* BPE workspace, grown to the longest piece seen; see bpe_piece. */
-    size_t ws_cap;       /* piece bytes the workspace holds */
-    uint32_t *ws_next;   /* [ws_cap] start of the next part (piece length at the end) */
-    int32_t *ws_prev;    /* [ws_cap] start of the previous part, -1 for the first */
-    int32_t *ws_rank;    /* [ws_cap] rank of this part merged with the next, -1 if none */
-    uint8_t *ws_alive;   /* [ws_cap] 1 while a part starts here */
-    uint64_t *ws_heap;   /* [3 * ws_cap] (rank << 32 | start), min-heap */
-};
-
 const char *ddt_tokenizer_kimi_pattern(void) { return kimi_pattern; }
 
 /* ------------------------------------------------------------------ hash table */
@@ -123,7 +85,7 @@ static uint64_t tok_hash(const uint8_t *p, size_t n) {
     return h ^ (h >> 32);
 }
 
-static ddt_status table_init(tok_table *t, size_t n_keys, ddt_error *err) {
+ddt_status tok_table_init(tok_table *t, size_t n_keys, ddt_error *err) {
     size_t cap = 16;
     while (cap < n_keys * 2) cap *= 2; /* n_keys <= 2^24 + 2^16, no overflow */
     t->slots = ddt_malloc_array(cap, sizeof *t->slots);
@@ -133,20 +95,19 @@ static ddt_status table_init(tok_table *t, size_t n_keys, ddt_error *err) {
     return DDT_OK;
 }
 
-static int32_t table_find(const ddt_tokenizer *tok, const tok_table *t, const uint8_t *p, size_t n) {
+int32_t tok_table_find_in(const tok_table *t, const tok_keys *k, const uint8_t *p, size_t n) {
     uint32_t i = (uint32_t)tok_hash(p, n) & t->mask;
     for (;;) {
         int32_t id = t->slots[i];
         if (id < 0) return -1;
-        if (tok->id_len[id] == n && memcmp(tok->pool + tok->id_off[id], p, n) == 0) return id;
+        if (k->len[id] == n && memcmp(k->pool + k->off[id], p, n) == 0) return id;
         i = (i + 1) & t->mask;
     }
 }
 
-/* Insert id (bytes already in the pool); returns the id already holding these bytes, or -1. */
-static int32_t table_insert(ddt_tokenizer *tok, tok_table *t, int32_t id) {
-    const uint8_t *p = tok->pool + tok->id_off[id];
-    size_t n = tok->id_len[id];
+int32_t tok_table_insert_in(tok_table *t, const tok_keys *k, int32_t id) {
+    const uint8_t *p = k->pool + k->off[id];
+    size_t n = k->len[id];
     uint32_t i = (uint32_t)tok_hash(p, n) & t->mask;
     for (;;) {
         int32_t other = t->slots[i];
@@ -154,9 +115,19 @@ static int32_t table_insert(ddt_tokenizer *tok, tok_table *t, int32_t id) {
             t->slots[i] = id;
             return -1;
         }
-        if (tok->id_len[other] == n && memcmp(tok->pool + tok->id_off[other], p, n) == 0) return other;
+        if (k->len[other] == n && memcmp(k->pool + k->off[other], p, n) == 0) return other;
         i = (i + 1) & t->mask;
     }
+}
+
+int32_t tok_table_find(const ddt_tokenizer *tok, const tok_table *t, const uint8_t *p, size_t n) {
+    tok_keys k = {tok->pool, tok->id_off, tok->id_len};
+    return tok_table_find_in(t, &k, p, n);
+}
+
+int32_t tok_table_insert(ddt_tokenizer *tok, tok_table *t, int32_t id) {
+    tok_keys k = {tok->pool, tok->id_off, tok->id_len};
+    return tok_table_insert_in(t, &k, id);
 }
 
 /* ------------------------------------------------------------------ tiktoken.model */
@@ -241,7 +212,7 @@ static bool next_line(const uint8_t *buf, size_t n, size_t *pos, const uint8_t *
 }
 
 /* Ensure the id tables hold ids [0, size); new entries are unused. */
-static ddt_status grow_ids(ddt_tokenizer *tok, int32_t size, ddt_error *err) {
+ddt_status tok_grow_ids(ddt_tokenizer *tok, int32_t size, ddt_error *err) {
     if (size <= tok->vocab_size) return DDT_OK;
     size_t n = (size_t)size, old = (size_t)tok->vocab_size;
     uint32_t *off = realloc(tok->id_off, n * sizeof *off);
@@ -288,8 +259,8 @@ static ddt_status load_ranks(ddt_tokenizer *tok, const ddt_tokenizer_source *src
         free(first_line);
         return ddt_fail(err, DDT_ERR_NOMEM, "%s: out of memory for %zu tokens", name, n_tokens);
     }
-    ddt_status st = grow_ids(tok, max_rank + 1, err);
-    if (st == DDT_OK) st = table_init(&tok->ranks, n_tokens, err);
+    ddt_status st = tok_grow_ids(tok, max_rank + 1, err);
+    if (st == DDT_OK) st = tok_table_init(&tok->ranks, n_tokens, err);
 
     /* Pass 2: decode into the pool, refuse repeated ranks and repeated bytes. */
     pos = 0;
@@ -310,7 +281,7 @@ static ddt_status load_ranks(ddt_tokenizer *tok, const ddt_tokenizer_source *src
         tok->id_len[rank] = (uint32_t)len;
         tok->id_kind[rank] = TOK_RANK;
         first_line[rank] = (uint32_t)line_no;
-        int32_t other = table_insert(tok, &tok->ranks, rank);
+        int32_t other = tok_table_insert(tok, &tok->ranks, rank);
         if (other >= 0) {
             st = ddt_fail(err, DDT_ERR_FORMAT, "%s line %zu: token bytes repeat rank %d of line %u", name, line_no,
                           other, first_line[other]);
@@ -340,7 +311,7 @@ static ddt_status add_special(ddt_tokenizer *tok, const tok_special *sp, const c
     }
     if (sp->id < tok->vocab_size && tok->id_kind[sp->id] == TOK_SPECIAL)
         return ddt_fail(err, DDT_ERR_FORMAT, "%s: special token id %d given twice", where, sp->id);
-    ddt_status st = grow_ids(tok, sp->id + 1, err);
+    ddt_status st = tok_grow_ids(tok, sp->id + 1, err);
     if (st != DDT_OK) return st;
     size_t new_len;
     if (!ddt_add_size(tok->pool_len, sp->len, &new_len) || new_len > UINT32_MAX)
@@ -440,13 +411,13 @@ static ddt_status load_specials(ddt_tokenizer *tok, const ddt_tokenizer_source *
     }
 
     /* Index the specials: hash of their text, first bytes, distinct lengths. */
-    ddt_status st = table_init(&tok->specials, (size_t)tok->n_special, err);
+    ddt_status st = tok_table_init(&tok->specials, (size_t)tok->n_special, err);
     if (st != DDT_OK) return st;
     tok->special_lens = ddt_malloc_array((size_t)tok->n_special + 1, sizeof *tok->special_lens);
     if (!tok->special_lens) return ddt_fail(err, DDT_ERR_NOMEM, "tokenizer: out of memory for special tokens");
     for (int32_t id = 0; id < tok->vocab_size; id++) {
         if (tok->id_kind[id] != TOK_SPECIAL) continue;
-        int32_t other = table_insert(tok, &tok->specials, id);
+        int32_t other = tok_table_insert(tok, &tok->specials, id);
         if (other >= 0) {
             const char *name = src->config_name ? src->config_name : "special tokens";
             return ddt_fail(err, DDT_ERR_FORMAT, "%s: special tokens %d and %d have the same text", name, other, id);
@@ -523,6 +494,8 @@ void ddt_tokenizer_free(ddt_tokenizer *tok) {
     free(tok->ws_rank);
     free(tok->ws_alive);
     free(tok->ws_heap);
+    free(tok->ws_sym);
+    tok_hf_free(tok->hf);
     free(tok);
 }
 
@@ -543,6 +516,21 @@ ddt_status ddt_tokenizer_create(const ddt_tokenizer_source *src, ddt_tokenizer *
     return DDT_OK;
 }
 
+/* A tokenizer.json file: read whole and handed to ddt_tokenizer_create_json. */
+static ddt_status load_json_file(const char *path, ddt_tokenizer **out, ddt_error *err) {
+    char *json = NULL;
+    size_t len = 0;
+    ddt_status st = ddt_read_file(path, DDT_TOKENIZER_MAX_JSON_BYTES, false, &json, &len, err);
+    if (st == DDT_OK) st = ddt_tokenizer_create_json(path, json, len, out, err);
+    free(json);
+    return st;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
 ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *err) {
     if (!path || !out) return ddt_fail(err, DDT_ERR_INVALID, "ddt_tokenizer_load: NULL argument");
     *out = NULL;
@@ -556,7 +544,17 @@ ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *
         snprintf(model_path, sizeof model_path, "%s/tiktoken.model", path);
         snprintf(config_path, sizeof config_path, "%s/tokenizer_config.json", path);
         snprintf(pattern_path, sizeof pattern_path, "%s/tokenizer_pattern.txt", path);
+        /* tiktoken.model wins when both are there (a Kimi folder may carry a converted
+         * tokenizer.json too); a folder with neither is reported as missing both */
+        if (stat(model_path, &sb) != 0) {
+            char json_path[4096];
+            snprintf(json_path, sizeof json_path, "%s/tokenizer.json", path);
+            if (stat(json_path, &sb) == 0) return load_json_file(json_path, out, err);
+            return ddt_fail(err, DDT_ERR_IO, "%s: no tokenizer: neither tiktoken.model nor tokenizer.json is there",
+                            path);
+        }
     } else {
+        if (ends_with(path, ".json")) return load_json_file(path, out, err);
         snprintf(model_path, sizeof model_path, "%s", path);
     }
     char *model = NULL, *config = NULL, *pattern = NULL;
@@ -580,22 +578,13 @@ ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *
 
 /* ------------------------------------------------------------------ encode */
 
-typedef struct tok_encoder {
-    ddt_tokenizer *tok;
-    const uint8_t *base; /* the caller's text, for offsets in messages */
-    const uint8_t *data; /* NULL, or [len of base] marks: a special token only where all are 0 */
-    int32_t *ids;        /* [max_ids] output */
-    size_t max_ids;
-    size_t count;        /* ids produced, may exceed max_ids */
-    ddt_error *err;
-} tok_encoder;
 
-static void emit(tok_encoder *e, int32_t id) {
+void tok_emit(tok_encoder *e, int32_t id) {
     if (e->count < e->max_ids) e->ids[e->count] = id;
     e->count++;
 }
 
-static ddt_status workspace_reserve(ddt_tokenizer *tok, size_t n, ddt_error *err) {
+ddt_status tok_workspace_reserve(ddt_tokenizer *tok, size_t n, ddt_error *err) {
     if (n <= tok->ws_cap) return DDT_OK;
     size_t cap = tok->ws_cap * 2 > n ? tok->ws_cap * 2 : n;
     if (cap < 64) cap = 64;
@@ -606,12 +595,15 @@ static ddt_status workspace_reserve(ddt_tokenizer *tok, size_t n, ddt_error *err
     free(tok->ws_rank);
     free(tok->ws_alive);
     free(tok->ws_heap);
+    free(tok->ws_sym);
     tok->ws_next = ddt_malloc_array(cap, sizeof *tok->ws_next);
     tok->ws_prev = ddt_malloc_array(cap, sizeof *tok->ws_prev);
     tok->ws_rank = ddt_malloc_array(cap, sizeof *tok->ws_rank);
     tok->ws_alive = ddt_malloc_array(cap, 1);
     tok->ws_heap = ddt_malloc_array(heap_n, sizeof *tok->ws_heap);
-    if (!tok->ws_next || !tok->ws_prev || !tok->ws_rank || !tok->ws_alive || !tok->ws_heap || cap > INT32_MAX) {
+    tok->ws_sym = ddt_malloc_array(cap, sizeof *tok->ws_sym);
+    if (!tok->ws_next || !tok->ws_prev || !tok->ws_rank || !tok->ws_alive || !tok->ws_heap || !tok->ws_sym ||
+        cap > INT32_MAX) {
         tok->ws_cap = 0;
         return ddt_fail(err, DDT_ERR_NOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
     }
@@ -619,7 +611,7 @@ static ddt_status workspace_reserve(ddt_tokenizer *tok, size_t n, ddt_error *err
     return DDT_OK;
 }
 
-static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+void tok_heap_push(uint64_t *h, size_t *n, uint64_t v) {
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -630,7 +622,7 @@ static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
     h[i] = v;
 }
 
-static uint64_t heap_pop(uint64_t *h, size_t *n) {
+uint64_t tok_heap_pop(uint64_t *h, size_t *n) {
     uint64_t top = h[0], v = h[--(*n)];
     size_t i = 0;
     for (;;) {
@@ -650,7 +642,7 @@ static int32_t pair_rank(const ddt_tokenizer *tok, const uint8_t *p, size_t n, u
     uint32_t j = tok->ws_next[i];
     if (j >= n) return -1;
     uint32_t end = tok->ws_next[j];
-    return table_find(tok, &tok->ranks, p + i, end - i);
+    return tok_table_find(tok, &tok->ranks, p + i, end - i);
 }
 
 static ddt_status missing_token(tok_encoder *e, const uint8_t *p, size_t n) {
@@ -668,13 +660,13 @@ static ddt_status missing_token(tok_encoder *e, const uint8_t *p, size_t n) {
 static ddt_status bpe_piece(tok_encoder *e, const uint8_t *p, size_t n) {
     ddt_tokenizer *tok = e->tok;
     if (n == 0) return DDT_OK;
-    int32_t whole = table_find(tok, &tok->ranks, p, n);
+    int32_t whole = tok_table_find(tok, &tok->ranks, p, n);
     if (whole >= 0) {
-        emit(e, whole);
+        tok_emit(e, whole);
         return DDT_OK;
     }
     if (n == 1) return missing_token(e, p, n);
-    ddt_status st = workspace_reserve(tok, n, e->err);
+    ddt_status st = tok_workspace_reserve(tok, n, e->err);
     if (st != DDT_OK) return st;
     uint32_t *next = tok->ws_next;
     int32_t *prev = tok->ws_prev, *rank = tok->ws_rank;
@@ -688,10 +680,10 @@ static ddt_status bpe_piece(tok_encoder *e, const uint8_t *p, size_t n) {
     }
     for (uint32_t i = 0; i < n; i++) {
         rank[i] = pair_rank(tok, p, n, i);
-        if (rank[i] >= 0) heap_push(heap, &heap_n, (uint64_t)rank[i] << 32 | i);
+        if (rank[i] >= 0) tok_heap_push(heap, &heap_n, (uint64_t)rank[i] << 32 | i);
     }
     while (heap_n > 0) {
-        uint64_t top = heap_pop(heap, &heap_n);
+        uint64_t top = tok_heap_pop(heap, &heap_n);
         uint32_t i = (uint32_t)top;
         int32_t r = (int32_t)(top >> 32);
         if (!alive[i] || rank[i] != r) continue;
@@ -700,17 +692,17 @@ static ddt_status bpe_piece(tok_encoder *e, const uint8_t *p, size_t n) {
         next[i] = next[j];
         if (next[j] < n) prev[next[j]] = (int32_t)i;
         rank[i] = pair_rank(tok, p, n, i);
-        if (rank[i] >= 0) heap_push(heap, &heap_n, (uint64_t)rank[i] << 32 | i);
+        if (rank[i] >= 0) tok_heap_push(heap, &heap_n, (uint64_t)rank[i] << 32 | i);
         if (prev[i] >= 0) {
             uint32_t q = (uint32_t)prev[i];
             rank[q] = pair_rank(tok, p, n, q);
-            if (rank[q] >= 0) heap_push(heap, &heap_n, (uint64_t)rank[q] << 32 | q);
+            if (rank[q] >= 0) tok_heap_push(heap, &heap_n, (uint64_t)rank[q] << 32 | q);
         }
     }
     for (uint32_t i = 0; i < n; i = next[i]) {
-        int32_t id = table_find(tok, &tok->ranks, p + i, next[i] - i);
+        int32_t id = tok_table_find(tok, &tok->ranks, p + i, next[i] - i);
         if (id < 0) return missing_token(e, p + i, next[i] - i);
-        emit(e, id);
+        tok_emit(e, id);
     }
     return DDT_OK;
 }
@@ -748,7 +740,7 @@ static int32_t special_at(const ddt_tokenizer *tok, const uint8_t *s, size_t ava
     for (int32_t k = 0; k < tok->n_special_lens; k++) {
         size_t l = tok->special_lens[k];
         if (l > avail) continue;
-        int32_t id = table_find(tok, &tok->specials, s, l);
+        int32_t id = tok_table_find(tok, &tok->specials, s, l);
         if (id >= 0) {
             *len = l;
             return id;
@@ -757,31 +749,30 @@ static int32_t special_at(const ddt_tokenizer *tok, const uint8_t *s, size_t ava
     return -1;
 }
 
-/* True when any of the n marks is set (the bytes came from data, not the template). */
-static bool marked(const uint8_t *data, size_t n) {
+bool tok_marked(const uint8_t *data, size_t n) {
     for (size_t k = 0; k < n; k++)
         if (data[k]) return true;
     return false;
 }
 
 static ddt_status encode_segment(tok_encoder *e, const uint8_t *s, size_t n, uint32_t flags) {
+    if (e->tok->hf) return tok_hf_encode(e, s, n, flags);
     if (!(flags & DDT_TOKENIZE_SPECIAL) || e->tok->n_special == 0) return encode_ordinary(e, s, n);
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         size_t len;
         int32_t id = special_at(e->tok, s + i, n - i, &len);
-        if (id < 0 || (e->data && marked(e->data + (s + i - e->base), len))) continue;
+        if (id < 0 || (e->data && tok_marked(e->data + (s + i - e->base), len))) continue;
         ddt_status st = encode_ordinary(e, s + start, i - start);
         if (st != DDT_OK) return st;
-        emit(e, id);
+        tok_emit(e, id);
         start = i + len;
         i = start - 1;
     }
     return encode_ordinary(e, s + start, n - start);
 }
 
-/* One code point of UTF-8 at s (n > 0 bytes): its byte length; *cp = -1 for an invalid byte. */
-static size_t utf8_next(const uint8_t *s, size_t n, int32_t *cp) {
+size_t tok_utf8_next(const uint8_t *s, size_t n, int32_t *cp) {
     uint8_t b = s[0];
     size_t len;
     int32_t v, min;
@@ -834,7 +825,7 @@ static ddt_status encode_kimi_chunks(tok_encoder *e, const uint8_t *s, size_t n,
         bool run_space = false;
         while (pos < n && chars < CHUNK_CHARS) {
             int32_t cp;
-            size_t len = utf8_next(s + pos, n - pos, &cp);
+            size_t len = tok_utf8_next(s + pos, n - pos, &cp);
             bool space = cp >= 0 && py_isspace(cp);
             if (chars == 0) run_space = space;
             if (space != run_space) {
@@ -861,7 +852,9 @@ static ddt_status encode_with(ddt_tokenizer *tok, const char *text, const uint8_
     ddt_status st = DDT_OK;
     if (len > 0) {
         const uint8_t *s = (const uint8_t *)text;
-        st = (flags & DDT_TOKENIZE_KIMI_CHUNKS) ? encode_kimi_chunks(&e, s, len, flags) : encode_segment(&e, s, len, flags);
+        /* Kimi's chunking belongs to its tiktoken tokenizer; tokenizer.json encodes whole texts */
+        bool chunks = (flags & DDT_TOKENIZE_KIMI_CHUNKS) && !tok->hf;
+        st = chunks ? encode_kimi_chunks(&e, s, len, flags) : encode_segment(&e, s, len, flags);
     }
     *n_ids = e.count;
     if (st != DDT_OK) return st;
@@ -931,8 +924,9 @@ ddt_status ddt_tokenizer_token_bytes(const ddt_tokenizer *tok, int32_t id, const
 int32_t ddt_tokenizer_token_id(const ddt_tokenizer *tok, const char *text) {
     if (!tok || !text || !text[0]) return -1;
     size_t n = strlen(text);
-    int32_t id = table_find(tok, &tok->specials, (const uint8_t *)text, n);
-    return id >= 0 ? id : table_find(tok, &tok->ranks, (const uint8_t *)text, n);
+    if (tok->hf) return tok_hf_token_id(tok, (const uint8_t *)text, n);
+    int32_t id = tok_table_find(tok, &tok->specials, (const uint8_t *)text, n);
+    return id >= 0 ? id : tok_table_find(tok, &tok->ranks, (const uint8_t *)text, n);
 }
 
 int32_t ddt_tokenizer_vocab_size(const ddt_tokenizer *tok) { return tok ? tok->vocab_size : 0; }

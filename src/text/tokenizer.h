@@ -1,7 +1,10 @@
 /*
- * tokenizer.h — tiktoken-format byte-level BPE tokenizer (Kimi K2's tokenizer).
+ * tokenizer.h — byte-level BPE tokenizers in two formats behind one API: the
+ * tiktoken format (Kimi K2) and Hugging Face's tokenizer.json (DeepSeek-V3, R1,
+ * V3.1, GPT-2-style files).  ddt_tokenizer_load on a model folder reads
+ * tiktoken.model when it is there, else tokenizer.json.
  *
- * A model folder holds:
+ * tiktoken format.  A model folder holds:
  *   tiktoken.model          one line per ordinary token: base64(bytes) SPACE rank
  *                           (ranks unique, not necessarily dense; the rank is the id)
  *   tokenizer_config.json   optional; "added_tokens_decoder" names the special ids
@@ -28,6 +31,44 @@
  * dropped, so decode(encode(x)) == x for every byte string whose bytes all have
  * tokens (every byte-level vocabulary).
  *
+ * tokenizer.json format (a folder's tokenizer.json, or a path ending in .json;
+ * tokenizer_config.json is not read: the added tokens are in tokenizer.json).
+ * Accepted: model.type "BPE" with "vocab" {token: id} in GPT-2's byte-level
+ * characters and "merges" ("a b" strings, a leading "#version" line skipped, or
+ * [a, b] pairs), unk_token / fuse_unk / ignore_merges, empty
+ * continuing_subword_prefix / end_of_word_suffix, no dropout or byte_fallback;
+ * "normalizer" null; "pre_tokenizer" ByteLevel (add_prefix_space false,
+ * use_regex either way) alone or last of a Sequence of up to 8 Splits (7 with
+ * ByteLevel's regex; Regex or String pattern, any behaviour, invert either way); "decoder"
+ * ByteLevel; "post_processor" is ignored (encoding is HF's
+ * add_special_tokens=False: a chat template writes the BOS); "added_tokens"
+ * without lstrip / rstrip / single_word.  Anything else is refused with its
+ * JSON path named.  Split regexes are Oniguruma syntax (what `tokenizers`
+ * compiles); they are translated to PCRE2 (\s, \w, \d, \h, \v, \uHHHH, bare
+ * script names, the dot spelled out as Oniguruma means them) and a construct
+ * whose meaning differs and that no known file uses (\b, nested or
+ * intersected classes, ^ $, the m s x options) is refused.
+ *
+ * Encoding as HF's Tokenizer.encode: added tokens are found first
+ * (leftmost-longest, those with normalized false, then those with normalized
+ * true in what is left); each Split then cuts the text as the onig crate finds
+ * matches and the behaviour groups them; each piece's bytes become symbols (the
+ * ids of their byte characters) merged by HF's BPE: the pair with the lowest
+ * merge-list index first, leftmost on ties (merge ranks are list positions, not
+ * ids as in tiktoken).  Ids equal HF's for valid UTF-8 (the same Unicode-version
+ * caveat), with two differences: a byte whose character is missing from the
+ * vocabulary (and no unk_token) is DDT_ERR_INVALID where HF silently drops it,
+ * and invalid UTF-8 (which HF cannot take) forms gaps the regexes do not match,
+ * as in the tiktoken format, so it round-trips.  DDT_TOKENIZE_SPECIAL on is HF's
+ * default; off is HF's encode_special_tokens = True: added tokens with "special"
+ * true are text, the others still match.  In encode_marked's data bytes no added
+ * token matches.  DDT_TOKENIZE_KIMI_CHUNKS is ignored.  Decoding is HF's
+ * ByteLevel decoder with skip_special_tokens false: a token whose characters are
+ * all byte characters gives those bytes, any other its own UTF-8 (added tokens
+ * included).  An added token is a special id (ddt_tokenizer_is_special) when
+ * "special" is true or the vocabulary lacks it (DeepSeek-R1's non-special
+ * <think>); a non-special one that the vocabulary has stays text.
+ *
  * Thread safety: encode uses a workspace inside the tokenizer, so one tokenizer
  * must not encode on two threads at once; decode and the look-ups are read-only.
  */
@@ -42,6 +83,8 @@
 
 /* Largest id (rank or special) accepted, so that id tables stay bounded on hostile files. */
 #define DDT_TOKENIZER_MAX_ID ((1 << 24) - 1)
+/* tokenizer.json files larger than this are refused before parsing (DeepSeek-V3's is 7.5 MiB). */
+#define DDT_TOKENIZER_MAX_JSON_BYTES ((size_t)256 << 20)
 /* Number of special ids reserved after the ranks (Kimi's num_reserved_special_tokens). */
 #define DDT_TOKENIZER_N_RESERVED 256
 /* The built-in Kimi table applies to a vocabulary of exactly this many ranks. */
@@ -79,14 +122,19 @@ const char *ddt_tokenizer_kimi_pattern(void);
 
 /*
  * Load a tokenizer from a model folder (reads tiktoken.model, and
- * tokenizer_config.json and tokenizer_pattern.txt when present) or from a
- * tiktoken.model file given directly (no side files).
+ * tokenizer_config.json and tokenizer_pattern.txt when present; without
+ * tiktoken.model, tokenizer.json), from a tokenizer.json file given directly
+ * (a path ending in .json), or from a tiktoken.model file (no side files).
  */
 ddt_status ddt_tokenizer_load(const char *path, ddt_tokenizer **out, ddt_error *err);
 
 /* Build a tokenizer from in-memory files (see ddt_tokenizer_source). */
 ddt_status ddt_tokenizer_create(const ddt_tokenizer_source *src, ddt_tokenizer **out,
                                 ddt_error *err);
+
+/* Build a tokenizer from the text of a tokenizer.json (len bytes); name is for messages. */
+ddt_status ddt_tokenizer_create_json(const char *name, const char *json, size_t len, ddt_tokenizer **out,
+                                     ddt_error *err);
 
 void ddt_tokenizer_free(ddt_tokenizer *tok);
 
@@ -133,7 +181,7 @@ int32_t ddt_tokenizer_token_id(const ddt_tokenizer *tok, const char *text);
 
 /* Largest id + 1 (ranks and specials). */
 int32_t ddt_tokenizer_vocab_size(const ddt_tokenizer *tok);
-/* Number of ordinary tokens (lines of tiktoken.model). */
+/* Number of ordinary tokens (lines of tiktoken.model; model.vocab's text tokens). */
 int32_t ddt_tokenizer_n_ranks(const ddt_tokenizer *tok);
 /* Number of special tokens. */
 int32_t ddt_tokenizer_n_special(const ddt_tokenizer *tok);
