@@ -1,7 +1,8 @@
 /*
  * best_first.h — the best-first loop of the DDTree builder (src/core/tree.c),
  * inline code that also compiles for CUDA; the GPU (src/backend/cuda/tree_cuda.cu)
- * runs a warp-parallel equivalent, tested bitwise against it node for node.
+ * runs a warp-parallel equivalent, tested bitwise against it node for node (with no
+ * predicate: the refusal below is the CPU engine's, for its JSON constraint).
  *
  * Inputs are raw arrays with every size already checked by the caller; nothing
  * here allocates or reports errors.  See tree.c for the algorithm and the tie
