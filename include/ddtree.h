@@ -19,6 +19,7 @@
 #ifndef DDTREE_H
 #define DDTREE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -152,6 +153,30 @@ void ddt_builder_destroy(ddt_builder *b);
 ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *table, int32_t root_token,
                           int32_t budget, const ddt_cost_model *cost, int32_t vocab,
                           ddt_tree *tree, ddt_error *err);
+
+/*
+ * A predicate on the best-first build's candidates (ddt_tree_build_filtered):
+ * whether `token` may follow the path of node `parent` (an accepted node, or the
+ * root 0).  `node` is the index the candidate takes if accepted, so the callee
+ * can keep per-node state (e.g. a grammar's state after the node's path) in an
+ * array of tree capacity and read it back as the parent of later candidates.
+ * Called once per popped candidate, in pop order; a refused candidate's index is
+ * offered again to the next one, and an accepted one may still be left out by the
+ * cost model's stop (it is then past n_nodes).  It must not fail or allocate.
+ */
+typedef bool (*ddt_tree_allow_fn)(void *ctx, int32_t parent, int32_t node, int32_t token);
+
+/*
+ * ddt_tree_build with candidates filtered by allow (NULL: exactly ddt_tree_build):
+ * a refused candidate is skipped with its whole subtree and takes none of the
+ * budget, and the next rank at its depth is still a candidate, so the tree is the
+ * `budget` heaviest prefixes every node of which allow accepts (fewer when the
+ * table holds fewer), in the same order and with the same ties.
+ */
+ddt_status ddt_tree_build_filtered(ddt_builder *b, const ddt_draft_table *table, int32_t root_token,
+                                   int32_t budget, const ddt_cost_model *cost, int32_t vocab,
+                                   ddt_tree_allow_fn allow, void *allow_ctx, ddt_tree *tree,
+                                   ddt_error *err);
 
 /* The DFlash chain: the rank-0 token at depths 1..min(length, D). */
 ddt_status ddt_tree_build_chain(const ddt_draft_table *table, int32_t root_token, int32_t length,

@@ -1,7 +1,8 @@
 /*
  * best_first.h — the best-first loop of the DDTree builder (src/core/tree.c),
  * inline code that also compiles for CUDA; the GPU (src/backend/cuda/tree_cuda.cu)
- * runs a warp-parallel equivalent, tested bitwise against it node for node.
+ * runs a warp-parallel equivalent, tested bitwise against it node for node (with no
+ * predicate: the refusal below is the CPU engine's, for its JSON constraint).
  *
  * Inputs are raw arrays with every size already checked by the caller; nothing
  * here allocates or reports errors.  See tree.c for the algorithm and the tie
@@ -39,6 +40,11 @@ typedef struct ddt_bf_args {
      * [want + 1] and the draft cost; stop where theta stops rising */
     const float *vcost;
     float draft_cost;
+    /* optional refusal (ddt_tree_allow_fn, ddtree.h): NULL keeps every popped candidate; else a
+     * candidate it refuses takes no node and no budget, and only its next sibling is pushed,
+     * never its child, so the budget goes to the next-heaviest prefixes it accepts */
+    ddt_tree_allow_fn allow;
+    void *allow_ctx;
     /* workspace */
     ddt_bf_entry *heap;               /* [want + 2] */
     /* outputs, [want + 1] each */
@@ -121,9 +127,22 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
     double phi = 0.0, theta = 0.0;
     if (a->vcost) theta = 1.0 / ((double)a->draft_cost + (double)a->vcost[0]);
     if (a->want > 0) ddt_bf_push(a, &heap_n, ddt_bf_make(a->out_logw[0] + a->logq[0], 0, 1, 0));
-    /* Every rank read below is at most `want`: a rank r needs r earlier pops at its depth. */
+    /* Every rank read below is below k (checked before a sibling is pushed); without a
+     * predicate also at most `want`, as a rank r needs r earlier pops at its depth.  The heap
+     * never holds more than want + 1 entries: a kept pop adds at most one, a refused one none. */
     while (nodes - 1 < a->want && heap_n > 0) {
         ddt_bf_entry e = ddt_bf_pop(a, &heap_n);
+        size_t row = (size_t)(e.depth - 1) * (size_t)a->ld;
+        const int32_t tok = a->token[row + (size_t)e.rank];
+        if (a->allow && !a->allow(a->allow_ctx, e.parent, nodes, tok)) {
+            /* refused: its prefixes are never verified, but the ranks after it at this
+             * depth still are candidates (a lighter sibling may be allowed) */
+            if (e.rank + 1 < a->k)
+                ddt_bf_push(a, &heap_n,
+                            ddt_bf_make(a->out_logw[e.parent] + a->logq[row + (size_t)e.rank + 1],
+                                        e.parent, e.depth, e.rank + 1));
+            continue;
+        }
         if (a->vcost) {
             double phi_next = phi + (double)ddt_exp_det(e.logw);
             double theta_next = (1.0 + phi_next) / ((double)a->draft_cost + (double)a->vcost[nodes]);
@@ -132,8 +151,7 @@ DDT_HD static inline int32_t ddt_best_first(const ddt_bf_args *a) {
             theta = theta_next;
         }
         int32_t id = nodes++;
-        size_t row = (size_t)(e.depth - 1) * (size_t)a->ld;
-        a->out_token[id] = a->token[row + (size_t)e.rank];
+        a->out_token[id] = tok;
         a->out_parent[id] = e.parent;
         a->out_depth[id] = e.depth;
         a->out_rank[id] = e.rank;

@@ -11,6 +11,14 @@
  * (log w, parent node, depth, rank in its depth's row).  Popping a node pushes its
  * next sibling (same parent, rank + 1) and its first child (depth + 1, rank 0).
  *
+ * Refusal (ddt_tree_build_filtered).  A caller that knows some prefixes can never
+ * be accepted (a grammar refuses the token after its parent's path) passes a
+ * predicate; a refused pop pushes only its next sibling and takes no node, so its
+ * subtree is never expanded and the budget goes to the next allowed prefixes.
+ * Because rows are sorted, this equals taking the heaviest prefixes among those
+ * whose every node is allowed, in the unfiltered order (the tests' references
+ * build it that way).  The GPU builder has no predicate.
+ *
  * Reproducibility.  A child's weight is computed as fp32(logw(parent) + logq),
  * never by the incremental "subtract this rank, add the next" form, so a
  * reference in any language gets the same floats by summing along the path in
@@ -213,6 +221,13 @@ static ddt_status check_used_distinct(ddt_builder *b, const ddt_draft_table *tb,
 ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *tb, int32_t root_token,
                           int32_t budget, const ddt_cost_model *cost, int32_t vocab,
                           ddt_tree *tree, ddt_error *err) {
+    return ddt_tree_build_filtered(b, tb, root_token, budget, cost, vocab, NULL, NULL, tree, err);
+}
+
+ddt_status ddt_tree_build_filtered(ddt_builder *b, const ddt_draft_table *tb, int32_t root_token,
+                                   int32_t budget, const ddt_cost_model *cost, int32_t vocab,
+                                   ddt_tree_allow_fn allow, void *allow_ctx, ddt_tree *tree,
+                                   ddt_error *err) {
     if (!b || !tree) return ddt_fail(err, DDT_ERR_INVALID, "ddt_tree_build: builder or tree is NULL");
     if (budget < 0 || budget > b->max_budget)
         return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside 0..%d (the builder's maximum)",
@@ -245,7 +260,8 @@ ddt_status ddt_tree_build(ddt_builder *b, const ddt_draft_table *tb, int32_t roo
         .logq = tb->logq, .token = tb->token, .depth = tb->depth, .k = tb->k, .ld = tb->k,
         .want = want,
         .root_token = root_token, .vcost = cost ? b->vcost : NULL,
-        .draft_cost = cost ? cost->draft : 0.0f, .heap = b->heap,
+        .draft_cost = cost ? cost->draft : 0.0f, .allow = allow, .allow_ctx = allow_ctx,
+        .heap = b->heap,
         .out_token = tree->token, .out_parent = tree->parent, .out_depth = tree->depth,
         .out_rank = tree->rank, .out_logw = tree->logw, .max_rank = max_rank};
     tree->n_nodes = ddt_best_first(&args);

@@ -51,10 +51,9 @@ typedef struct cpu_engine {
     const int32_t *stop;
     int32_t n_stop;
     ddt_json_mask_cache *masks; /* the grammar's masks by state, made by the first constraint */
-    /* the pruning of a built tree under the constraint ([tree capacity] each, with the masks) */
-    ddt_json_state *pst; /* the state after each kept node's path */
-    int32_t *pmap, *ptok, *ppar, *prank;
-    float *plogw;
+    /* [tree capacity], with the masks: the state after each node's path, stepped as the build
+       accepts the node (grammar_allows) and read by the walk's sample_node */
+    ddt_json_state *pst;
     float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
     /* ddt_engine_set_logit_rules: the bias, the penalties and the generated-token counts
        (rules.vocab 0 until the first call), and the row under them */
@@ -79,11 +78,6 @@ static void cpu_free(void *impl) {
     free(e->score_logits);
     ddt_json_mask_cache_free(e->masks);
     free(e->pst);
-    free(e->pmap);
-    free(e->ptok);
-    free(e->ppar);
-    free(e->prank);
-    free(e->plogw);
     free(e->masked);
     ddt_logit_state_free(&e->rules);
     free(e->ruled);
@@ -257,16 +251,10 @@ static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, d
         ddt_status st = ddt_json_mask_cache_create(e->vocab, 64, &e->masks, err);
         if (st) return st;
         e->masked = ddt_malloc_array((size_t)e->vocab, sizeof(float));
-        const size_t cap = (size_t)e->tree.capacity;
-        e->pst = ddt_calloc_array(cap, sizeof *e->pst);
-        e->pmap = ddt_calloc_array(cap, sizeof(int32_t));
-        e->ptok = ddt_calloc_array(cap, sizeof(int32_t));
-        e->ppar = ddt_calloc_array(cap, sizeof(int32_t));
-        e->prank = ddt_calloc_array(cap, sizeof(int32_t));
-        e->plogw = ddt_calloc_array(cap, sizeof(float));
-        if (!e->masked || !e->pst || !e->pmap || !e->ptok || !e->ppar || !e->prank || !e->plogw) {
-            free(e->pst), free(e->pmap), free(e->ptok), free(e->ppar), free(e->prank), free(e->plogw);
-            e->pst = NULL, e->pmap = e->ptok = e->ppar = e->prank = NULL, e->plogw = NULL;
+        e->pst = ddt_calloc_array((size_t)e->tree.capacity, sizeof *e->pst);
+        if (!e->masked || !e->pst) {
+            free(e->pst);
+            e->pst = NULL;
             free(e->masked);
             e->masked = NULL;
             ddt_json_mask_cache_free(e->masks);
@@ -330,46 +318,40 @@ static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, dd
 }
 
 /*
- * Under the constraint, drop from the built tree every node whose token the mask
- * would refuse after its path, with the subtree below it: a stop id before the
- * document is complete, any other id after it, a token whose bytes the grammar
- * refuses.  The target's masked choice can never take such a node, so the walk
- * ends where it would have, with the same tokens, and the verify is spared its
- * rows.  Conservative: a node is dropped only when the grammar refuses its bytes
- * (the mask is a subset of what the grammar takes).  Leaves pst[i] = the state
- * after kept node i's path, which the walk's sample_node reads.  Allocates nothing.
+ * Whether the grammar takes `token` after node parent's path: a stop id only once
+ * the document is complete, any other id only before, and then only when the
+ * grammar takes its bytes.  The target's masked choice can never take a refused
+ * node, so leaving it out of the draft changes no output, and the build gives its
+ * budget to the next allowed candidate.  Conservative: the mask is a subset of what
+ * the grammar takes, so a kept node may still be one the mask refuses.  The state is
+ * stepped in place in pst[node]: a refused candidate's slot is simply the next
+ * one's.  A stop id leaves the state as it is: nothing after it is emitted.
  */
-static ddt_status prune_refused(cpu_engine *e, ddt_error *err) {
-    ddt_tree *t = &e->tree;
-    const int32_t n = t->n_nodes;
-    int32_t kept = 1;
-    e->pmap[0] = 0;
-    e->pst[0] = e->jstate;
-    e->ptok[0] = t->token[0];
-    e->ppar[0] = -1;
-    e->prank[0] = t->rank[0];
-    e->plogw[0] = t->logw[0];
-    for (int32_t i = 1; i < n; i++) {
-        const int32_t p = e->pmap[t->parent[i]]; /* parents come before their children */
-        e->pmap[i] = -1;
-        if (p < 0) continue;
-        ddt_json_state st = e->pst[p];
-        const int32_t tok = t->token[i];
-        const bool ok = is_stop(e, tok) ? ddt_json_complete(&st)
-                                        : !ddt_json_complete(&st) && ddt_json_vocab_advance(e->json.vocab, &st, tok);
-        if (!ok) continue;
-        e->pmap[i] = kept;
-        e->pst[kept] = st;
-        e->ptok[kept] = tok;
-        e->ppar[kept] = p;
-        e->prank[kept] = t->rank[i];
-        e->plogw[kept] = t->logw[i];
-        kept++;
+static bool grammar_allows(void *ctx, int32_t parent, int32_t node, int32_t token) {
+    cpu_engine *e = ctx;
+    ddt_json_state *s = &e->pst[node];
+    *s = e->pst[parent];
+    if (is_stop(e, token)) return ddt_json_complete(s);
+    return !ddt_json_complete(s) && ddt_json_vocab_advance(e->json.vocab, s, token);
+}
+
+/* The round's draft tree: the best-first tree (under a constraint, of allowed nodes
+ * only) or the chain (under a constraint, cut before its first refused token). */
+static ddt_status build_draft(cpu_engine *e, const ddt_draft_table *tb, int32_t bonus, int32_t budget,
+                              int32_t len, ddt_error *err) {
+    const bool json = e->json.vocab != NULL;
+    if (json) e->pst[0] = e->jstate;
+    if (e->opts.mode == DDT_MODE_TREE) {
+        const bool use_cost = e->have_cost && e->opts.budget_auto;
+        if (use_cost) e->cost.context_len = (float)len;
+        return ddt_tree_build_filtered(e->builder, tb, bonus, budget, use_cost ? &e->cost : NULL, e->vocab,
+                                       json ? grammar_allows : NULL, e, &e->tree, err);
     }
-    if (kept == n) return DDT_OK;
-    ddt_status st = ddt_tree_from_parents(e->ptok, e->ppar, kept, e->vocab, t, err);
-    if (st) return st;
-    for (int32_t k = 0; k < kept; k++) t->rank[k] = e->prank[k], t->logw[k] = e->plogw[k];
+    ddt_status st = ddt_tree_build_chain(tb, bonus, budget, e->vocab, &e->tree, err);
+    if (st || !json) return st;
+    for (int32_t i = 1; i < e->tree.n_nodes; i++)
+        if (!grammar_allows(e, i - 1, i, e->tree.token[i]))
+            return ddt_tree_build_chain(tb, bonus, i - 1, e->vocab, &e->tree, err);
     return DDT_OK;
 }
 
@@ -420,8 +402,8 @@ typedef struct node_sampler {
 static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
     const node_sampler *ns = ctx;
     cpu_engine *e = ns->e;
-    /* the state after the node's path: prune_refused stepped every node of this tree
-       (under a constraint it runs after each build), so it is not stepped again here */
+    /* the state after the node's path: build_draft stepped every node of this tree as it
+       was accepted, so it is not stepped again here */
     const ddt_json_state *s = e->json.vocab ? &e->pst[node] : &e->jstate;
     /* the node's draft path below the root (the root was emitted already): the penalties
        count it as generated */
@@ -570,16 +552,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             if (st) return st;
             t1 = ddt_engine_now();
             ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
-            if (e->opts.mode == DDT_MODE_TREE) {
-                const bool use_cost = e->have_cost && e->opts.budget_auto;
-                if (use_cost) e->cost.context_len = (float)len;
-                st = ddt_tree_build(e->builder, &tb, bonus, budget, use_cost ? &e->cost : NULL,
-                                    e->vocab, &e->tree, err);
-            } else {
-                st = ddt_tree_build_chain(&tb, bonus, budget, e->vocab, &e->tree, err);
-            }
-            if (st) return st;
-            if (e->json.vocab && (st = prune_refused(e, err))) return st;
+            if ((st = build_draft(e, &tb, bonus, budget, len, err))) return st;
             t2 = ddt_engine_now();
             n = e->tree.n_nodes;
             double phi = 1.0; /* the bonus, then each node's chance that its whole path is accepted */

@@ -61,6 +61,10 @@ class DdtSampling(ctypes.Structure):
                 ("seed", c_uint64)]
 
 
+# ddt_tree_allow_fn: bool (*)(void *ctx, int32_t parent, int32_t node, int32_t token)
+ALLOW_FN = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, c_int32, c_int32, c_int32)
+
+
 def _ptr(arr, ctype):
     return arr.ctypes.data_as(POINTER(ctype))
 
@@ -120,6 +124,10 @@ class Lib:
                                      POINTER(DdtCostModel), c_int32, POINTER(DdtTree),
                                      POINTER(DdtError)]
         L.ddt_tree_build.restype = c_int
+        L.ddt_tree_build_filtered.argtypes = [ctypes.c_void_p, POINTER(DdtDraftTable), c_int32, c_int32,
+                                              POINTER(DdtCostModel), c_int32, ALLOW_FN, ctypes.c_void_p,
+                                              POINTER(DdtTree), POINTER(DdtError)]
+        L.ddt_tree_build_filtered.restype = c_int
         L.ddt_tree_build_chain.argtypes = [POINTER(DdtDraftTable), c_int32, c_int32, c_int32,
                                            POINTER(DdtTree), POINTER(DdtError)]
         L.ddt_tree_build_chain.restype = c_int
@@ -202,6 +210,33 @@ class Lib:
         st = self.L.ddt_tree_build(builder, ctypes.byref(tb), root, budget, cptr, vocab,
                                    ctypes.byref(tree), ctypes.byref(e))
         del keep
+        self.check(st, e)
+        return TreeView(tree)
+
+    def build_filtered(self, builder, tree, logq, tokens, budget, root, allow, vocab=0, cost=None):
+        """ddt_tree_build_filtered; allow(parent, node, token) -> bool is the predicate (None: a
+        NULL one).  An exception inside allow cannot cross the C frames: it is kept, the
+        candidate refused, and raised after the build."""
+        tb, keep = self.table(logq, tokens)
+        e = DdtError()
+        cptr = ctypes.byref(cost[0]) if cost is not None else None
+        raised = []
+
+        def cb(_ctx, parent, node, token):
+            if raised:
+                return False
+            try:
+                return bool(allow(parent, node, token))
+            except BaseException as x:  # noqa: BLE001 — re-raised below
+                raised.append(x)
+                return False
+
+        fn = ALLOW_FN(cb) if allow is not None else ALLOW_FN()
+        st = self.L.ddt_tree_build_filtered(builder, ctypes.byref(tb), root, budget, cptr, vocab, fn, None,
+                                            ctypes.byref(tree), ctypes.byref(e))
+        del keep
+        if raised:
+            raise raised[0]
         self.check(st, e)
         return TreeView(tree)
 

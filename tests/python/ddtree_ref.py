@@ -150,10 +150,13 @@ def _tree_from_ranks(order, weights, logq_tokens, root):
     return Tree(tokens, parents, depth, logw, ranks)
 
 
-def build_tree(logq, tokens, budget, root, vocab=0):
+def build_tree(logq, tokens, budget, root, vocab=0, allow=None):
     """Best-first DDTree build with a heap keyed by (-logw, rank tuple): the `budget` heaviest
     prefixes (fewer if the table holds fewer), ties by the rank tuple lexicographically, a
     prefix before its extensions.  Nodes in pop order; the root is not counted in the budget.
+    allow (ddt_tree_build_filtered): None, or a function of a prefix's token path (a tuple,
+    root excluded) that is False for a refused prefix; a refused pop takes no budget and is not
+    expanded, but the next rank at its depth is still pushed.
     Raises RefError for a table, root or used-duplicate problem."""
     logq = np.asarray(logq, dtype=F32)
     check_table(logq, tokens, vocab)
@@ -176,13 +179,15 @@ def build_tree(logq, tokens, budget, root, vocab=0):
         push(f32(0.0 + lq[0][0]), (0,))
     while heap and len(order) < budget:
         _, rt = heapq.heappop(heap)
-        order.append(rt)
         w = weights[rt]
         d = len(rt)  # depth of the popped node; its row is d - 1
         r = rt[-1]
         if r + 1 < K:  # next sibling: same parent, weight from the parent's weight
             parent_w = weights[rt[:-1]] if d > 1 else 0.0
             push(f32(parent_w + lq[d - 1][r + 1]), rt[:-1] + (r + 1,))
+        if allow is not None and not allow(tuple(toks[i][rt[i]] for i in range(d))):
+            continue  # refused: never a node, never a parent
+        order.append(rt)
         if d < D:  # first child
             push(f32(w + lq[d][0]), rt + (0,))
     tree = _tree_from_ranks(order, weights, toks, root)
@@ -190,10 +195,11 @@ def build_tree(logq, tokens, budget, root, vocab=0):
     return tree
 
 
-def enumerate_tree(logq, tokens, budget, root, limit=200000):
+def enumerate_tree(logq, tokens, budget, root, limit=200000, allow=None):
     """Second reference for small tables: list every prefix with its float32 path weight, sort
     by (-logw, rank tuple), keep the first `budget`.  Equal to build_tree whenever weights do
     not grow along a path (every logq <= 0), because then the order is a topological one.
+    With allow (as build_tree's), only the prefixes whose every node it allows are listed.
     No input checks: call on valid tables."""
     logq = np.asarray(logq, dtype=F32)
     D, K = logq.shape
@@ -211,8 +217,13 @@ def enumerate_tree(logq, tokens, budget, root, limit=200000):
                 weights[c] = cw
                 nxt.append((c, cw))
         level = nxt
+    toks = np.asarray(tokens).tolist()
     keys = sorted(weights, key=lambda rt: (-weights[rt], rt))
-    return _tree_from_ranks(keys[:budget], weights, np.asarray(tokens).tolist(), root)
+    if allow is not None:
+        def path_ok(rt):
+            return all(allow(tuple(toks[i][rt[i]] for i in range(d + 1))) for d in range(len(rt)))
+        keys = [rt for rt in keys if path_ok(rt)]
+    return _tree_from_ranks(keys[:budget], weights, toks, root)
 
 
 def build_chain(logq, tokens, length, root, vocab=0):

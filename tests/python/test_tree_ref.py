@@ -277,6 +277,139 @@ def test_tree_build_random_problems_match_reference(lib, builder, big_tree):
     assert stats["exact_capacity"] > 0 and stats["full_table"] > 0
 
 
+# ---------------------------------------------------------------------------- filtered build
+
+
+def path_step(h, token):
+    """One step of a path hash (a stand-in for a grammar's state): both the engine's callback,
+    by node index, and the reference, along each token path, use it, and share nothing else."""
+    h = ((h ^ (token & 0xFFFFFFFF)) * 0x9E3779B1) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x85EBCA77) & 0xFFFFFFFF
+    return h ^ (h >> 13)
+
+
+class PathRefuser:
+    """ddt_tree_allow_fn's side: the state of each accepted node, kept by node index, and a
+    refusal when the hash of the parent's state and the token falls under `percent` of 100.
+    Also checks the documented call order: node == accepted so far + 1 (no cost model) and
+    parent < node."""
+
+    def __init__(self, seed, percent, check_order=True):
+        self.seed, self.percent, self.check_order = seed, percent, check_order
+        self.st = [0] * DDT_MAX_NODES
+        self.st[0] = seed
+        self.kept = self.refused = 0
+
+    def __call__(self, parent, node, token):
+        assert 0 <= parent < node <= DDT_MAX_BUDGET, (parent, node)
+        if self.check_order:
+            assert node == self.kept + 1, f"node {node} offered after {self.kept} accepted"
+        h = path_step(self.st[parent], token)
+        if h % 100 < self.percent:
+            self.refused += 1
+            return False
+        self.st[node] = h
+        self.kept += 1
+        return True
+
+    def path_allowed(self, path):
+        """The reference's view: a token path (root excluded) is allowed at its last token."""
+        h = self.seed
+        for t in path[:-1]:
+            h = path_step(h, t)
+        return path_step(h, path[-1]) % 100 >= self.percent
+
+
+def test_tree_build_filtered_random_problems_match_reference(lib, builder, big_tree):
+    """Random problems of the unfiltered test's generator, built with a path-dependent refusal
+    (0 to 100% of candidates): node-for-node equality with the reference's filtered heap, the
+    same rejections, and for small tables also with the brute-force enumeration of the allowed
+    prefixes.  The budget a refused node would have taken goes to the next allowed prefix."""
+    n_cases = 600 if quick() else 3000
+    stats = {"ok": 0, "refused": 0, "refilled": 0, "short": 0, "enumerated": 0, "rejected": 0}
+    for i in range(n_cases):
+        rng = rng_for(17, i)
+        logq, tokens, B, root, vocab, mode = gen_problem(rng)
+        D, K = logq.shape
+        percent = int(rng.choice([0, 5, 20, 50, 80, 100]))
+        seed = int(rng.integers(0, 2 ** 32))
+        what = f"filtered case {i} (D={D} K={K} B={B} mode={mode} refuse {percent}%)"
+        mine = PathRefuser(seed, percent)
+        try:
+            want = ref.build_tree(logq, tokens, B, root, vocab, allow=mine.path_allowed)
+        except ref.RefError as e:
+            expect_error(lib.build_filtered, builder, big_tree, logq, tokens, B, root, mine, vocab)
+            assert e.kind in ("duplicate", "token_range"), what
+            stats["rejected"] += 1
+            continue
+        try:
+            view = lib.build_filtered(builder, big_tree, logq, tokens, B, root, mine, vocab)
+        except EngineError as e:
+            raise AssertionError(f"{what}: engine rejected a valid problem: {e}")
+        assert_tree_equal(view, want, what)
+        assert mine.kept == view.n - 1, what
+        stats["ok"] += 1
+        stats["refused"] += mine.refused > 0
+        stats["refilled"] += mine.refused > 0 and view.n - 1 == B > 0
+        stats["short"] += view.n - 1 < min(B, ref.table_size(D, K))
+        if ref.table_size(D, K) <= 2000 and np.all(logq <= 0):
+            enum = ref.enumerate_tree(logq, tokens, B, root, allow=mine.path_allowed)
+            assert enum.ranks == want.ranks, f"{what}: heap and enumeration differ"
+            stats["enumerated"] += 1
+    print("filtered build cases:", stats)
+    assert stats["ok"] > 0.8 * n_cases and stats["rejected"] > 0
+    assert min(stats["refused"], stats["refilled"], stats["short"], stats["enumerated"]) > n_cases // 20
+
+
+def test_tree_build_filtered_accept_all_and_null_are_unfiltered(lib, builder, big_tree):
+    """An always-true predicate, and a NULL one, build the unfiltered tree bit for bit."""
+    n_cases = 300 if quick() else 1500
+    for i in range(n_cases):
+        rng = rng_for(18, i)
+        logq, tokens, B, root, vocab, mode = gen_problem(rng)
+        what = f"accept-all case {i} ({mode})"
+        try:
+            want = ref.build_tree(logq, tokens, B, root, vocab)
+        except ref.RefError:
+            continue
+        calls = []
+        view = lib.build_filtered(builder, big_tree, logq, tokens, B, root,
+                                  lambda p, n, t: calls.append(n) or True, vocab)
+        assert_tree_equal(view, want, what)
+        assert calls == list(range(1, view.n)), f"{what}: asked once per node, in order"
+        assert_tree_equal(lib.build_filtered(builder, big_tree, logq, tokens, B, root, None, vocab), want, what)
+
+
+def test_tree_build_filtered_with_cost_model(lib, builder, big_tree):
+    """With the auto budget, refused candidates do not count in theta: the tree is a prefix of
+    the filtered pop order, and every kept node raised theta (float32 near-ties as in the
+    unfiltered cost test)."""
+    stops_inside = 0
+    n_cases = 400
+    for i in range(n_cases):
+        rng = rng_for(19, i)
+        D, K = int(rng.integers(1, 32)), int(rng.integers(1, 65))
+        logq = gen_logq(rng, D, K, rng.choice(["lsm", "cont", "discrete"]))
+        tokens = np.stack([rng.permutation(K) for _ in range(D)]).astype(np.int32)
+        cap = int(rng.integers(0, DDT_MAX_BUDGET + 1))
+        draft, nodes, verify, contexts, ctx_len = gen_cost(rng)
+        cm = ref.CostModel(draft, nodes, verify, contexts, ctx_len)
+        mine = PathRefuser(int(rng.integers(0, 2 ** 32)), int(rng.choice([20, 50, 80])), check_order=False)
+        view = lib.build_filtered(builder, big_tree, logq, tokens, cap, 0, mine, 0,
+                                  lib.cost_model(draft, nodes, verify, contexts, ctx_len))
+        n_c = view.n - 1
+        full = ref.build_tree(logq, tokens, min(cap, n_c + 64), 0, allow=mine.path_allowed)
+        gaps = ref.theta_gaps(full.logw[1:], cm)
+        what = f"filtered cost case {i} (cap={cap}, engine {n_c} nodes)"
+        assert all(g > -1e-6 for g in gaps[:n_c]), what
+        if n_c < len(gaps):
+            assert gaps[n_c] <= 1e-6, f"{what}: stopped although theta rises by {gaps[n_c]:.3g}"
+        assert_tree_equal(view, full.truncated(view.n), what)
+        stops_inside += 0 < n_c < full.n - 1
+    assert stops_inside > n_cases // 5
+
+
 def test_tree_build_edge_shapes(lib, builder, big_tree):
     """D = 1, K = 1, budget 0, budget over the table, K < B, the maximum sizes."""
     cases = [(1, 1, 0), (1, 1, 1), (1, 1, 1024), (31, 1, 1024), (31, 1, 5), (1, 1024, 1024),
