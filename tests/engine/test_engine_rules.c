@@ -12,6 +12,7 @@
  *     uses; the penalties make another text), and set to NULL give the plain
  *     output back;
  *   - at T = 1 a +100 bias makes every token that id, in every mode;
+ *   - with a JSON constraint too (the rules first, then the mask): ar == chain == tree;
  *   - refusals (an id outside the vocabulary or given twice, a bias or penalty
  *     out of range, too many ids) name what is wrong and keep the rules before.
  */
@@ -28,6 +29,7 @@
 
 #include "engine/engine.h"
 #include "model/target.h"
+#include "text/json_vocab.h"
 #include "text/tokenizer.h"
 
 #define N_GEN 96
@@ -240,6 +242,30 @@ static void test_counts_inside_a_round(void **state) {
     assert_true(flips > 0);
 }
 
+static void test_with_json_constraint(void **state) {
+    fixture *f = *state;
+    ddt_error err = {0};
+    ddt_json_vocab *v = NULL;
+    if (ddt_json_vocab_create(f->tok, f->vocab, &v, &err)) fail_msg("json vocab: %s", err.msg);
+    const ddt_json_constraint c = {v, true, NULL};
+    if (ddt_engine_set_constraint(f->e, &c, &err)) fail_msg("constraint: %s", err.msg);
+    const int32_t ids[1] = {34}; /* '"' in the shipped vocabulary's byte range: pushed, so keys come more */
+    const float bias[1] = {2.0f};
+    const ddt_logit_rules rules = {ids, bias, 1, 0.3f, 0.6f};
+    set_rules(f, &rules);
+    static const char *const jp[] = {"CONFIG = json.loads('", "def to_dict(self):\n    return "};
+    for (size_t p = 0; p < 2; p++) {
+        run ar, chain, tree;
+        gen(f, jp[p], DDT_MODE_AR, 0.0f, &ar);
+        gen(f, jp[p], DDT_MODE_CHAIN, 0.0f, &chain);
+        gen(f, jp[p], DDT_MODE_TREE, 0.0f, &tree);
+        assert_true(same(&ar, &chain) && same(&ar, &tree));
+    }
+    set_rules(f, NULL);
+    if (ddt_engine_set_constraint(f->e, NULL, &err)) fail_msg("constraint off: %s", err.msg);
+    ddt_json_vocab_free(v);
+}
+
 static void test_sampled_bias(void **state) {
     fixture *f = *state;
     const int32_t forced = 300;
@@ -301,7 +327,7 @@ static void test_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bias),         cmocka_unit_test(test_penalties), cmocka_unit_test(test_both),
-        cmocka_unit_test(test_counts_inside_a_round),
+        cmocka_unit_test(test_counts_inside_a_round), cmocka_unit_test(test_with_json_constraint),
         cmocka_unit_test(test_sampled_bias), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
