@@ -242,10 +242,12 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
 
 ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, ddt_error *err) {
     if (!e) return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_set_logit_rules: engine is NULL");
-    if (r && r->n_bias == 0 && r->presence == 0.0f && r->frequency == 0.0f) r = NULL;
+    if (r && r->n_bias == 0 && r->presence == 0.0f && r->frequency == 0.0f &&
+        (r->repetition == 0.0f || r->repetition == 1.0f))
+        r = NULL;
     if (!e->be->set_logit_rules) {
         if (!r) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit_bias and the presence / frequency penalties run on the CPU "
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit_bias and the presence / frequency / repetition penalties run on the CPU "
                         "backend for now (this is the %s engine)", e->be->name);
     }
     return e->be->set_logit_rules(e->impl, r, err);

@@ -237,30 +237,35 @@ typedef struct ddt_json_constraint {
 ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c, ddt_error *err);
 
 /*
- * OpenAI's logit_bias and presence / frequency penalties: at every position where
- * the target chooses a token (as the JSON constraint above), the logits row gets
- * bias[i] added at bias_ids[i], then every id j generated c_j > 0 times so far in
- * this generation (the prompt does not count) loses c_j * frequency + presence;
- * at a tree node the node's draft path counts as generated, so the row is the one
- * a one-token-at-a-time decode would choose from there, and greedy chain / tree
- * output equals greedy ar output token for token.  The bias is also added to the
- * drafter's logits, so drafts follow it.  Ids distinct and in the vocabulary (at
- * most DDT_LOGIT_BIAS_MAX), biases within +-DDT_LOGIT_BIAS_LIMIT, penalties within
- * +-DDT_PENALTY_LIMIT (OpenAI's ranges); anything else is refused and the previous
- * rules stay.  r NULL (or all zero) turns them off.  The values are copied.
+ * OpenAI's logit_bias and presence / frequency penalties, and the repetition
+ * penalty of Hugging Face / vLLM: at every position where the target chooses a
+ * token (as the JSON constraint above), the logits row gets bias[i] added at
+ * bias_ids[i]; then, with a repetition penalty r (0 or 1: none), every id in the
+ * prompt or generated so far becomes l / r where l > 0, else l * r; then every id
+ * j generated c_j > 0 times so far in this generation (the prompt does not count)
+ * loses c_j * frequency + presence.  At a tree node the node's draft path counts as
+ * generated, so the row is the one a one-token-at-a-time decode would choose from
+ * there, and greedy chain / tree output equals greedy ar output token for token.
+ * The bias is also added to the drafter's logits, so drafts follow it.  Ids
+ * distinct and in the vocabulary (at most DDT_LOGIT_BIAS_MAX), biases within
+ * +-DDT_LOGIT_BIAS_LIMIT, penalties within +-DDT_PENALTY_LIMIT (OpenAI's ranges),
+ * r in (0, DDT_REPETITION_LIMIT]; anything else is refused and the previous rules
+ * stay.  r NULL (or all zero) turns them off.  The values are copied.
  * Log-probabilities stay those of the raw logits.  The first call allocates the
- * counts (8 bytes an id).  CPU engines only: the CUDA engines give
+ * counts (13 bytes an id).  CPU engines only: the CUDA engines give
  * DDT_ERR_UNSUPPORTED for any rule.
  */
 #define DDT_LOGIT_BIAS_MAX 1024
 #define DDT_LOGIT_BIAS_LIMIT 100.0f
 #define DDT_PENALTY_LIMIT 2.0f
+#define DDT_REPETITION_LIMIT 10.0f
 
 typedef struct ddt_logit_rules {
     const int32_t *bias_ids;
     const float *bias;
     int32_t n_bias;
     float presence, frequency;
+    float repetition; /* 0 (or 1): none; else in (0, DDT_REPETITION_LIMIT] */
 } ddt_logit_rules;
 
 ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, ddt_error *err);

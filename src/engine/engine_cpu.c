@@ -506,7 +506,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
         else ddt_json_init(&e->jstate, e->json.object_only);
     }
-    if (e->rules.active) ddt_logit_state_reset(&e->rules);
+    if (e->rules.active) ddt_logit_state_reset(&e->rules, prompt, n_prompt);
     st = choose(e, e->logits, &e->jstate, NULL, 0, 0, 0, &bonus, err);
     if (st) return st;
     if ((st = advance(e, &e->jstate, bonus, err))) return st;

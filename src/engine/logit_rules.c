@@ -19,7 +19,9 @@ ddt_status ddt_logit_state_init(ddt_logit_state *s, int32_t vocab, ddt_error *er
     s->seen = ddt_calloc_array((size_t)vocab, sizeof(int32_t));
     s->bias_ids = ddt_calloc_array(DDT_LOGIT_BIAS_MAX, sizeof(int32_t));
     s->bias = ddt_calloc_array(DDT_LOGIT_BIAS_MAX, sizeof(float));
-    if (!s->count || !s->seen || !s->bias_ids || !s->bias) {
+    s->in_prompt = ddt_calloc_array((size_t)vocab, sizeof(uint8_t));
+    s->prompt_seen = ddt_calloc_array((size_t)vocab, sizeof(int32_t));
+    if (!s->count || !s->seen || !s->bias_ids || !s->bias || !s->in_prompt || !s->prompt_seen) {
         ddt_logit_state_free(s);
         return ddt_fail(err, DDT_ERR_NOMEM, "logit rules: out of memory for %d ids", vocab);
     }
@@ -32,13 +34,15 @@ void ddt_logit_state_free(ddt_logit_state *s) {
     free(s->seen);
     free(s->bias_ids);
     free(s->bias);
+    free(s->in_prompt);
+    free(s->prompt_seen);
     memset(s, 0, sizeof *s);
 }
 
 ddt_status ddt_logit_state_set(ddt_logit_state *s, const ddt_logit_rules *r, ddt_error *err) {
     if (!r) {
         s->n_bias = 0;
-        s->presence = s->frequency = 0.0f;
+        s->presence = s->frequency = s->repetition = 0.0f;
         s->active = false;
         return DDT_OK;
     }
@@ -61,19 +65,34 @@ ddt_status ddt_logit_state_set(ddt_logit_state *s, const ddt_logit_rules *r, ddt
         if (!(pen[k] >= -DDT_PENALTY_LIMIT && pen[k] <= DDT_PENALTY_LIMIT))
             return ddt_fail(err, DDT_ERR_RANGE, "%s %g outside -%g .. %g", k ? "frequency_penalty" : "presence_penalty",
                             (double)pen[k], (double)DDT_PENALTY_LIMIT, (double)DDT_PENALTY_LIMIT);
+    if (r->repetition != 0.0f && !(r->repetition > 0.0f && r->repetition <= DDT_REPETITION_LIMIT))
+        return ddt_fail(err, DDT_ERR_RANGE, "repetition_penalty %g outside (0, %g] (0: none)", (double)r->repetition,
+                        (double)DDT_REPETITION_LIMIT);
     memcpy(s->bias_ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
     memcpy(s->bias, r->bias, sizeof(float) * (size_t)r->n_bias);
     s->n_bias = r->n_bias;
     s->presence = r->presence;
     s->frequency = r->frequency;
-    s->active = r->n_bias > 0 || r->presence != 0.0f || r->frequency != 0.0f;
+    s->repetition = r->repetition == 1.0f ? 0.0f : r->repetition; /* 1 divides and multiplies by 1: none */
+    s->active = r->n_bias > 0 || r->presence != 0.0f || r->frequency != 0.0f || s->repetition != 0.0f;
     return DDT_OK;
 }
 
-void ddt_logit_state_reset(ddt_logit_state *s) {
+void ddt_logit_state_reset(ddt_logit_state *s, const int32_t *prompt, int32_t n_prompt) {
     for (int32_t i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
     s->n_seen = 0;
+    for (int32_t i = 0; i < s->n_prompt_seen; i++) s->in_prompt[s->prompt_seen[i]] = 0;
+    s->n_prompt_seen = 0;
+    for (int32_t i = 0; i < n_prompt; i++) {
+        const int32_t id = prompt[i];
+        if (id < 0 || id >= s->vocab || s->in_prompt[id]) continue;
+        s->in_prompt[id] = 1;
+        s->prompt_seen[s->n_prompt_seen++] = id;
+    }
 }
+
+/* vLLM's repetition penalty of one value */
+static inline float repeat(float l, float r) { return l > 0.0f ? l / r : l * r; }
 
 void ddt_logit_state_push(ddt_logit_state *s, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
@@ -96,12 +115,21 @@ static void pop(ddt_logit_state *s, const int32_t *ids, int32_t n) {
 void ddt_logit_state_apply(ddt_logit_state *s, const float *row, const int32_t *path, int32_t n_path, float *out) {
     if (out != row) memcpy(out, row, sizeof(float) * (size_t)s->vocab);
     for (int32_t i = 0; i < s->n_bias; i++) out[s->bias_ids[i]] = out[s->bias_ids[i]] + s->bias[i];
-    if (s->presence == 0.0f && s->frequency == 0.0f) return;
+    if (s->presence == 0.0f && s->frequency == 0.0f && s->repetition == 0.0f) return;
     ddt_logit_state_push(s, path, n_path);
-    for (int32_t i = 0; i < s->n_seen; i++) {
-        const int32_t id = s->seen[i];
-        out[id] = out[id] - (float)s->count[id] * s->frequency - s->presence;
+    if (s->repetition != 0.0f) {
+        /* each id once: the generated ones, then the prompt's not generated */
+        for (int32_t i = 0; i < s->n_seen; i++) out[s->seen[i]] = repeat(out[s->seen[i]], s->repetition);
+        for (int32_t i = 0; i < s->n_prompt_seen; i++) {
+            const int32_t id = s->prompt_seen[i];
+            if (s->count[id] == 0) out[id] = repeat(out[id], s->repetition);
+        }
     }
+    if (s->presence != 0.0f || s->frequency != 0.0f)
+        for (int32_t i = 0; i < s->n_seen; i++) {
+            const int32_t id = s->seen[i];
+            out[id] = out[id] - (float)s->count[id] * s->frequency - s->presence;
+        }
     pop(s, path, n_path);
 }
 

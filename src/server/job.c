@@ -73,7 +73,7 @@ void ddt_job_release(ddt_job *j) {
 }
 
 bool ddt_job_set_logit_rules(ddt_job *j, const int32_t *ids, const float *bias, int32_t n, float presence,
-                             float frequency) {
+                             float frequency, float repetition) {
     if (n > 0) {
         j->bias_ids = malloc((size_t)n * sizeof *j->bias_ids);
         j->bias = malloc((size_t)n * sizeof *j->bias);
@@ -81,7 +81,7 @@ bool ddt_job_set_logit_rules(ddt_job *j, const int32_t *ids, const float *bias, 
         memcpy(j->bias_ids, ids, (size_t)n * sizeof *ids);
         memcpy(j->bias, bias, (size_t)n * sizeof *bias);
     }
-    j->rules = (ddt_logit_rules){j->bias_ids, j->bias, n, presence, frequency};
+    j->rules = (ddt_logit_rules){j->bias_ids, j->bias, n, presence, frequency, repetition};
     return true;
 }
 

@@ -90,10 +90,10 @@ ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop
 void ddt_job_retain(ddt_job *j);
 void ddt_job_release(ddt_job *j);
 
-/* Copy logit_bias (ids[i] -> bias[i], n of them) and the penalties into j->rules;
- * false when out of memory. */
+/* Copy logit_bias (ids[i] -> bias[i], n of them) and the penalties (repetition 0:
+ * none) into j->rules; false when out of memory. */
 bool ddt_job_set_logit_rules(ddt_job *j, const int32_t *ids, const float *bias, int32_t n, float presence,
-                             float frequency);
+                             float frequency, float repetition);
 /* "stop", "length" or "tool_calls" for a finished job (call under its mutex):
  * from the engine's stop reason, the stop strings the text matched, and the
  * tool calls a chat answer made (which end a turn that stopped by itself). */

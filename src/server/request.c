@@ -485,6 +485,10 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     if (have) r->presence_penalty = (float)x;
     if ((st = get_number(r, root, "frequency_penalty", -2.0, 2.0, &have, &x, err))) return st;
     if (have) r->frequency_penalty = (float)x;
+    if ((st = get_number(r, root, "repetition_penalty", 0.0, 10.0, &have, &x, err))) return st;
+    if (have && x == 0.0)
+        return FAIL(r, DDT_ERR_RANGE, "repetition_penalty", "'repetition_penalty' must be above 0 (1: none)");
+    if (have) r->repetition_penalty = (float)x;
     if ((st = parse_logit_bias(r, root, err))) return st;
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {

@@ -7,8 +7,7 @@
  * message naming the field, and `param` set to it, for an HTTP 400 body.
  * Fields that do not change the output (user, metadata, store, ...) are ignored,
  * as OpenAI-compatible servers do; a field that would change it and that this
- * server does not apply (a non-zero presence / frequency penalty, a logit bias,
- * a response_format JSON schema outside the supported subset (text/json_schema.h; a tool's parameters outside it
+ * server does not apply (a response_format JSON schema outside the supported subset (text/json_schema.h; a tool's parameters outside it
  * only loosen that tool's arguments to a JSON object), best_of > 1, a suffix) is refused rather than
  * silently dropped (so is a per-request chat_template).  Chat messages are checked and normalised for the chat
  * template (text parts joined, "developer" read as "system", tool calls and
@@ -103,6 +102,7 @@ typedef struct ddt_api_request {
     /* presence_penalty / frequency_penalty (-2..2) and logit_bias ({"id": -100..100}, at most
      * DDT_API_MAX_LOGIT_BIAS ids, each below the model's vocabulary: the server checks that) */
     float presence_penalty, frequency_penalty;
+    float repetition_penalty; /* extension (vLLM's): (0, 10], 0 when absent; 1 changes nothing */
     int32_t n_logit_bias;
     int32_t *logit_bias_ids; /* owned, [n_logit_bias], in the order sent */
     float *logit_bias;       /* owned, [n_logit_bias] */

@@ -460,9 +460,11 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         }
         j->json = (ddt_json_constraint){s->json_vocab, true, j->schema};
     }
-    if (rq->n_logit_bias > 0 || rq->presence_penalty != 0.0f || rq->frequency_penalty != 0.0f) {
+    if (rq->n_logit_bias > 0 || rq->presence_penalty != 0.0f || rq->frequency_penalty != 0.0f ||
+        (rq->repetition_penalty != 0.0f && rq->repetition_penalty != 1.0f)) {
         const char *param = rq->n_logit_bias > 0 ? "logit_bias"
-                          : rq->presence_penalty != 0.0f ? "presence_penalty" : "frequency_penalty";
+                          : rq->presence_penalty != 0.0f ? "presence_penalty"
+                          : rq->frequency_penalty != 0.0f ? "frequency_penalty" : "repetition_penalty";
         if (!s->o.can_logit_rules) {
             prep_fail(p, 400, param, "'%s' runs on the CPU backend for now (this server runs on the GPU)", param);
             ddt_job_release(j);
@@ -476,7 +478,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                 return;
             }
         if (!ddt_job_set_logit_rules(j, rq->logit_bias_ids, rq->logit_bias, rq->n_logit_bias, rq->presence_penalty,
-                                     rq->frequency_penalty)) {
+                                     rq->frequency_penalty, rq->repetition_penalty)) {
             prep_fail(p, 500, NULL, "out of memory");
             ddt_job_release(j);
             return;

@@ -1,13 +1,14 @@
 /*
  * test_engine_rules.c — logit_bias and the presence / frequency penalties
- * (ddt_engine_set_logit_rules) on the shipped pair (models/pystdlib-target,
+ * (ddt_engine_set_logit_rules), and the repetition penalty, on the shipped pair (models/pystdlib-target,
  * models/pystdlib-dflash):
  *   - greedy ar, chain and tree output are the same ids under a bias, under the
  *     penalties, and under both;
  *   - every greedy token is the argmax of the reference row: the target's own
  *     logits for the whole text (a separate ddt_target, one prefill of prompt +
- *     output, all rows) plus the bias, minus count * frequency + presence for
- *     every id generated before it, computed here from the output alone;
+ *     output, all rows) plus the bias, divided / multiplied by the repetition
+ *     penalty for every id of the prompt or generated before it, minus count *
+ *     frequency + presence for every id generated before it;
  *   - the rules change the output (a -100 bias removes a token the plain output
  *     uses; the penalties make another text), and set to NULL give the plain
  *     output back;
@@ -118,11 +119,17 @@ static void check_reference(fixture *f, const run *r, const ddt_logit_rules *rul
     if (ddt_target_rollback(f->ref, 0, &err)) fail_msg("rollback: %s", err.msg);
     if (ddt_target_prefill(f->ref, text, n_text, f->rows, true, &err)) fail_msg("prefill: %s", err.msg);
     int32_t *count = calloc((size_t)f->vocab, sizeof(int32_t));
+    uint8_t *in_prompt = calloc((size_t)f->vocab, 1);
+    for (int32_t i = 0; i < r->n_prompt; i++) in_prompt[r->prompt[i]] = 1;
     float *row = malloc(sizeof(float) * (size_t)f->vocab);
     for (int32_t i = 0; i < r->n; i++) {
         /* token i comes from the row after text[0 .. n_prompt + i) */
         memcpy(row, f->rows + (size_t)(r->n_prompt + i - 1) * (size_t)f->vocab, sizeof(float) * (size_t)f->vocab);
         for (int32_t k = 0; k < rules->n_bias; k++) row[rules->bias_ids[k]] += rules->bias[k];
+        if (rules->repetition != 0.0f)
+            for (int32_t j = 0; j < f->vocab; j++)
+                if (count[j] > 0 || in_prompt[j]) row[j] = row[j] > 0.0f ? row[j] / rules->repetition
+                                                                        : row[j] * rules->repetition;
         for (int32_t j = 0; j < f->vocab; j++)
             if (count[j] > 0) row[j] = row[j] - (float)count[j] * rules->frequency - rules->presence;
         int32_t best = 0;
@@ -134,6 +141,7 @@ static void check_reference(fixture *f, const run *r, const ddt_logit_rules *rul
         count[r->ids[i]]++;
     }
     free(count);
+    free(in_prompt);
     free(row);
 }
 
@@ -187,7 +195,7 @@ static void test_bias(void **state) {
     /* the banned id, a small push on two others, one pull */
     const int32_t ids[4] = {banned, 32, 261, 1000};
     const float bias[4] = {-100.0f, 2.5f, 1.0f, -3.0f};
-    const ddt_logit_rules rules = {ids, bias, 4, 0.0f, 0.0f};
+    const ddt_logit_rules rules = {ids, bias, 4, 0.0f, 0.0f, 0.0f};
     check_modes(f, &rules, "logit_bias");
     set_rules(f, &rules);
     run ar;
@@ -198,17 +206,25 @@ static void test_bias(void **state) {
 
 static void test_penalties(void **state) {
     fixture *f = *state;
-    const ddt_logit_rules rules = {NULL, NULL, 0, 0.4f, 0.9f};
+    const ddt_logit_rules rules = {NULL, NULL, 0, 0.4f, 0.9f, 0.0f};
     check_modes(f, &rules, "presence 0.4, frequency 0.9");
-    const ddt_logit_rules neg = {NULL, NULL, 0, -0.5f, 0.0f}; /* a negative penalty favours repeats */
+    const ddt_logit_rules neg = {NULL, NULL, 0, -0.5f, 0.0f, 0.0f}; /* a negative penalty favours repeats */
     check_modes(f, &neg, "presence -0.5");
+}
+
+static void test_repetition(void **state) {
+    fixture *f = *state;
+    const ddt_logit_rules rules = {NULL, NULL, 0, 0.0f, 0.0f, 1.3f};
+    check_modes(f, &rules, "repetition 1.3");
+    const ddt_logit_rules mixed = {NULL, NULL, 0, 0.3f, 0.2f, 0.8f}; /* below 1 favours repeats */
+    check_modes(f, &mixed, "repetition 0.8 + presence 0.3 + frequency 0.2");
 }
 
 static void test_both(void **state) {
     fixture *f = *state;
     const int32_t ids[2] = {10, 11};
     const float bias[2] = {1.5f, -7.0f};
-    const ddt_logit_rules rules = {ids, bias, 2, 0.2f, 1.3f};
+    const ddt_logit_rules rules = {ids, bias, 2, 0.2f, 1.3f, 0.0f};
     check_modes(f, &rules, "bias + penalties");
 }
 
@@ -226,7 +242,7 @@ static void test_counts_inside_a_round(void **state) {
     int flips = 0;
     for (size_t p = 0; p < sizeof rep / sizeof *rep; p++)
         for (size_t k = 0; k < sizeof freq / sizeof *freq; k++) {
-            const ddt_logit_rules rules = {NULL, NULL, 0, 0.0f, freq[k]};
+            const ddt_logit_rules rules = {NULL, NULL, 0, 0.0f, freq[k], 0.0f};
             run plain, ar, tree;
             set_rules(f, NULL);
             gen(f, rep[p], DDT_MODE_AR, 0.0f, &plain);
@@ -251,7 +267,7 @@ static void test_with_json_constraint(void **state) {
     if (ddt_engine_set_constraint(f->e, &c, &err)) fail_msg("constraint: %s", err.msg);
     const int32_t ids[1] = {34}; /* '"' in the shipped vocabulary's byte range: pushed, so keys come more */
     const float bias[1] = {2.0f};
-    const ddt_logit_rules rules = {ids, bias, 1, 0.3f, 0.6f};
+    const ddt_logit_rules rules = {ids, bias, 1, 0.3f, 0.6f, 0.0f};
     set_rules(f, &rules);
     static const char *const jp[] = {"CONFIG = json.loads('", "def to_dict(self):\n    return "};
     for (size_t p = 0; p < 2; p++) {
@@ -270,7 +286,7 @@ static void test_sampled_bias(void **state) {
     fixture *f = *state;
     const int32_t forced = 300;
     const float bias = 100.0f;
-    const ddt_logit_rules rules = {&forced, &bias, 1, 0.0f, 0.0f};
+    const ddt_logit_rules rules = {&forced, &bias, 1, 0.0f, 0.0f, 0.0f};
     set_rules(f, &rules);
     const ddt_mode modes[3] = {DDT_MODE_AR, DDT_MODE_CHAIN, DDT_MODE_TREE};
     for (int m = 0; m < 3; m++) {
@@ -287,7 +303,7 @@ static void test_refusals(void **state) {
     ddt_error err = {0};
     const int32_t good_id = 5;
     const float good_bias = -100.0f;
-    const ddt_logit_rules good = {&good_id, &good_bias, 1, 0.0f, 0.0f};
+    const ddt_logit_rules good = {&good_id, &good_bias, 1, 0.0f, 0.0f, 0.0f};
     set_rules(f, &good);
     const int32_t out_id = f->vocab, neg_id = -1, twice[2] = {7, 7};
     const float b1 = 1.0f, b2[2] = {1.0f, 2.0f}, big = 100.5f, nan_b = NAN;
@@ -299,16 +315,19 @@ static void test_refusals(void **state) {
         ddt_status want;
         const char *says;
     } bad[] = {
-        {{&out_id, &b1, 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "outside this model"},
-        {{&neg_id, &b1, 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "outside this model"},
-        {{twice, b2, 2, 0.0f, 0.0f}, DDT_ERR_INVALID, "given twice"},
-        {{&good_id, &big, 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "bias"},
-        {{&good_id, &nan_b, 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "bias"},
-        {{NULL, NULL, 0, 2.5f, 0.0f}, DDT_ERR_RANGE, "presence_penalty"},
-        {{NULL, NULL, 0, 0.0f, -2.5f}, DDT_ERR_RANGE, "frequency_penalty"},
-        {{NULL, NULL, 0, 0.0f, NAN}, DDT_ERR_RANGE, "frequency_penalty"},
-        {{many_ids, many_b, DDT_LOGIT_BIAS_MAX + 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "entries"},
-        {{NULL, &b1, 1, 0.0f, 0.0f}, DDT_ERR_RANGE, "entries"},
+        {{&out_id, &b1, 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "outside this model"},
+        {{&neg_id, &b1, 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "outside this model"},
+        {{twice, b2, 2, 0.0f, 0.0f, 0.0f}, DDT_ERR_INVALID, "given twice"},
+        {{&good_id, &big, 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "bias"},
+        {{&good_id, &nan_b, 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "bias"},
+        {{NULL, NULL, 0, 2.5f, 0.0f, 0.0f}, DDT_ERR_RANGE, "presence_penalty"},
+        {{NULL, NULL, 0, 0.0f, -2.5f, 0.0f}, DDT_ERR_RANGE, "frequency_penalty"},
+        {{NULL, NULL, 0, 0.0f, NAN, 0.0f}, DDT_ERR_RANGE, "frequency_penalty"},
+        {{many_ids, many_b, DDT_LOGIT_BIAS_MAX + 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "entries"},
+        {{NULL, &b1, 1, 0.0f, 0.0f, 0.0f}, DDT_ERR_RANGE, "entries"},
+        {{NULL, NULL, 0, 0.0f, 0.0f, -1.0f}, DDT_ERR_RANGE, "repetition_penalty"},
+        {{NULL, NULL, 0, 0.0f, 0.0f, 10.5f}, DDT_ERR_RANGE, "repetition_penalty"},
+        {{NULL, NULL, 0, 0.0f, 0.0f, NAN}, DDT_ERR_RANGE, "repetition_penalty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         const ddt_status st = ddt_engine_set_logit_rules(f->e, &bad[i].r, &err);
@@ -326,7 +345,8 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bias),         cmocka_unit_test(test_penalties), cmocka_unit_test(test_both),
+        cmocka_unit_test(test_bias),         cmocka_unit_test(test_penalties), cmocka_unit_test(test_repetition),
+        cmocka_unit_test(test_both),
         cmocka_unit_test(test_counts_inside_a_round), cmocka_unit_test(test_with_json_constraint),
         cmocka_unit_test(test_sampled_bias), cmocka_unit_test(test_refusals),
     };

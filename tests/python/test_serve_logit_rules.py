@@ -1,4 +1,5 @@
-"""`ddtree serve` logit_bias, presence_penalty and frequency_penalty with the shipped pair on the CPU:
+"""`ddtree serve` logit_bias, presence_penalty and frequency_penalty (and vLLM's repetition_penalty)
+with the shipped pair on the CPU:
 greedy ar, chain, tree and auto requests give the same token ids under each (the rules are applied at
 every tree node with its path counted, so speculation stays lossless); a -100 bias keeps a token out
 of the answer and a +100 bias at T = 1 makes every token that one; the penalties change the text and
@@ -64,6 +65,14 @@ def test_penalties_lossless_and_cut_repeats(server):
     assert len(both) > 0
 
 
+def test_repetition_penalty_lossless(server):
+    prompt = PROMPTS[0]
+    plain = ids_across_modes(server, {"prompt": prompt, "max_tokens": 64})
+    assert ids_across_modes(server, {"prompt": prompt, "max_tokens": 64, "repetition_penalty": 1.0}) == plain
+    rep = ids_across_modes(server, {"prompt": prompt, "max_tokens": 64, "repetition_penalty": 1.4})
+    assert rep != plain
+
+
 def test_rules_do_not_outlive_their_request(server):
     body = {"prompt": PROMPTS[1], "max_tokens": 48, "return_token_ids": True}
     before = post(server, body)["token_ids"]
@@ -98,6 +107,8 @@ def test_chat_through_the_openai_client(server):
     ({"logit_bias": [1, 2]}, "logit_bias"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 11}, "repetition_penalty"),
 ])
 def test_bad_values_get_400(server, extra, field):
     st, got = server.request("POST", "/v1/completions", dict({"prompt": "x", "max_tokens": 4}, **extra))

@@ -70,7 +70,7 @@ static void test_chat_fields(void **state) {
     assert_int_equal(parse(DDT_API_COMPLETION, "{\"prompt\": \"a\", \"presence_penalty\": -2, "
                                                "\"frequency_penalty\": 1.5, \"logit_bias\": {\"17\": -100, "
                                                "\"0\": 2.5, \"2147483647\": 100}}", &r, &err), DDT_OK);
-    assert_true(r.presence_penalty == -2.0f && r.frequency_penalty == 1.5f);
+    assert_true(r.presence_penalty == -2.0f && r.frequency_penalty == 1.5f && r.repetition_penalty == 0.0f);
     assert_int_equal(r.n_logit_bias, 3);
     assert_int_equal(r.logit_bias_ids[0], 17);
     assert_int_equal(r.logit_bias_ids[1], 0);
@@ -363,6 +363,9 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"2147483648\": 1}}", "logit_bias"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"7\": \"1\"}}", "logit_bias"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"logit_bias\": {\"7\": null}}", "logit_bias"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"repetition_penalty\": 0}", "repetition_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"repetition_penalty\": 10.5}", "repetition_penalty"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"repetition_penalty\": -1}", "repetition_penalty"},
         {DDT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"s\", \"schema\": {}}}}",
          "response_format"},
