@@ -48,6 +48,9 @@ static const char k_usage_tail[] =
     "  --json-object        JSON mode: the answer is one JSON object (grammar-constrained decoding, the\n"
     "                       mask on every token the target chooses; needs the tokenizer; implies\n"
     "                       --stop-at-eos; CPU backend)\n"
+    "  --presence-penalty X, --frequency-penalty X\n"
+    "                       OpenAI's penalties on tokens generated so far, -2..2 (CPU backend)\n"
+    "  --repetition-penalty X  vLLM's, on prompt and generated tokens, (0, 10], 1 = none (CPU backend)\n"
     "  --json               print {\"ids\": [...], \"text\": \"...\", \"stats\": {...}} at the end\n"
     "  --logprobs N         with --json: each token's log-probability under the target and its N most\n"
     "                       likely alternatives, 0..20 (\"logprobs\": [{\"id\", \"logprob\", \"top\": [[id, lp]]}];\n"
@@ -68,6 +71,7 @@ typedef struct gen_args {
     bool json;
     bool stop_eos;
     bool json_object; /* --json-object */
+    float presence, frequency, repetition; /* the logit rules' penalties (0: none) */
 } gen_args;
 
 #if defined(__GNUC__)
@@ -104,7 +108,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             continue;
         }
         static const char *const valued[] = {"--prompt-ids", "--max-tokens", "--prompt", "--chat", "--system",
-                                             "--prompt-file", "--logprobs"};
+                                             "--prompt-file", "--logprobs", "--presence-penalty",
+                                             "--frequency-penalty", "--repetition-penalty"};
         const char *v = NULL;
         int has = cli_flag_value("generate", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
         if (has == 2) return 2;
@@ -132,6 +137,14 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         } else if (!strcmp(f, "--logprobs")) {
             if (!cli_parse_ll(v, 0, DDT_MAX_TOP_LOGPROBS, &a->logprobs))
                 return usage_error("--logprobs '%s': expected an integer in 0..%d", v, DDT_MAX_TOP_LOGPROBS);
+        } else if (!strcmp(f, "--presence-penalty") || !strcmp(f, "--frequency-penalty")) {
+            float x;
+            if (!cli_parse_float(v, &x) || !(x >= -2.0f && x <= 2.0f))
+                return usage_error("%s '%s': expected a number in -2..2", f, v);
+            *(f[2] == 'p' ? &a->presence : &a->frequency) = x;
+        } else if (!strcmp(f, "--repetition-penalty")) {
+            if (!cli_parse_float(v, &a->repetition) || !(a->repetition > 0.0f && a->repetition <= 10.0f))
+                return usage_error("--repetition-penalty '%s': expected a number in (0, 10]", v);
         } else if (!strcmp(f, "--max-tokens")) {
             if (!cli_parse_ll(v, 0, MAX_NEW_TOKENS, &a->max_new))
                 return usage_error("--max-tokens '%s': expected an integer in 0..1000000", v);
@@ -301,6 +314,14 @@ int ddt_cmd_generate(int argc, char **argv) {
         }
         if (st != DDT_OK) {
             fprintf(stderr, "ddtree generate: --json-object: %s\n", err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+    }
+    if (a.presence != 0.0f || a.frequency != 0.0f || a.repetition != 0.0f) {
+        const ddt_logit_rules rules = {NULL, NULL, 0, a.presence, a.frequency, a.repetition};
+        if ((st = ddt_engine_set_logit_rules(eng, &rules, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree generate: the penalties: %s\n", err.msg);
             rc = cli_status_exit(st);
             goto done;
         }

@@ -274,3 +274,19 @@ def test_cli_json_object():
             assert len(ids) == 96  # cut by --max-tokens, never ended early without a whole object
     r = run("--model", TARGET, "--prompt-ids", "5,6", "--max-tokens", "4", "--json-object")
     assert r.returncode == 2 and "--json-object" in r.stderr, r.stderr
+
+
+def test_cli_penalties():
+    """--presence-penalty / --frequency-penalty / --repetition-penalty: the same ids in ar, chain and tree
+    (the rules count each tree node's path), a different text than without them; values out of range
+    are refused with exit status 2 naming the flag."""
+    base = ["--model", SHIPPED_TARGET, "--prompt", "for i in range(10):\n    ", "--max-tokens", "64"]
+    plain = gen_json(*base)
+    pen = ["--frequency-penalty", "1.2", "--presence-penalty", "0.4", "--repetition-penalty", "1.1"]
+    ar = gen_json(*base, *pen)
+    assert ar["ids"] != plain["ids"]
+    for extra in (["--mode", "chain"], ["--mode", "tree", "--budget", "16"]):
+        assert gen_json(*base, *pen, "--draft", SHIPPED_DRAFT, *extra)["ids"] == ar["ids"], extra
+    for flag, value in (("--presence-penalty", "2.5"), ("--frequency-penalty", "x"), ("--repetition-penalty", "0")):
+        r = run("--model", TARGET, "--prompt-ids", "5,6", "--max-tokens", "4", flag, value)
+        assert r.returncode == 2 and flag in r.stderr, r.stderr
