@@ -513,13 +513,13 @@ static void test_refs_and_recursion(void **state) {
     static const char *const good[] = {
         "{'v': 1, 'next': null}", "{'v': 1, 'next': {'v': 2, 'next': null}}",
         /* eight objects: the nesting limit */
-        "{'v':1,'next':{'v':2,'next':{'v':3,'next':{'v':4,'next':{'v':5,'next':{'v':6,'next':{'v':7,'next':"
-        "{'v':8,'next':null}}}}}}}}",
+        ("{'v':1,'next':{'v':2,'next':{'v':3,'next':{'v':4,'next':{'v':5,'next':{'v':6,'next':{'v':7,'next':"
+         "{'v':8,'next':null}}}}}}}}"),
     };
     static const char *const bad[] = {
         "{'v': 1}", "{'v': 1, 'next': {'v': 2}}", "{'v': 1, 'next': 1}",
-        "{'v':1,'next':{'v':2,'next':{'v':3,'next':{'v':4,'next':{'v':5,'next':{'v':6,'next':{'v':7,'next':"
-        "{'v':8,'next':{'v':9,'next':null}}}}}}}}}",
+        ("{'v':1,'next':{'v':2,'next':{'v':3,'next':{'v':4,'next':{'v':5,'next':{'v':6,'next':{'v':7,'next':"
+         "{'v':8,'next':{'v':9,'next':null}}}}}}}}}"),
     };
     WANT(sc, good, 1);
     WANT(sc, bad, 0);
