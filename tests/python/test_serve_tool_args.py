@@ -209,7 +209,7 @@ def scripted(tmp_path_factory):
 
 
 EMPTY = {"type": "object", "properties": {}}           # "{}" is its one instance
-NEEDS_Q = {"type": "object", "properties": {"q": {"type": "boolean"}}}  # "{}" is not one
+NEEDS_Q = {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"]}  # "{}" is not one
 SCRIPT_CALL = sm.SCRIPT[6:14]  # <call> g : 0 <args> { } <call end>
 
 
