@@ -40,7 +40,7 @@
 struct ddt_server {
     ddt_engine *eng;
     ddt_tokenizer *tok;
-    ddt_json_vocab *json_vocab; /* the token masks of JSON mode and forced tool calls (o.can_json and a tokenizer) */
+    ddt_json_vocab *json_vocab; /* the token masks of JSON mode and tool calls' arguments (o.can_json and a tokenizer) */
     pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
     const ddt_chat_template *chat; /* the options' or own_chat */
     ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
