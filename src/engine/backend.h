@@ -50,6 +50,9 @@ typedef struct ddt_engine_backend_ops {
     ddt_status (*set_constraint)(void *impl, const ddt_json_constraint *c, ddt_error *err);
     /* NULL: no logit rules (ddt_engine_set_logit_rules; r NULL = off, values checked by the backend) */
     ddt_status (*set_logit_rules)(void *impl, const ddt_logit_rules *r, ddt_error *err);
+    /* NULL: the setting means nothing here (no logit rules); start 0: none (engine.h
+     * ddt_engine_set_answer_start) */
+    void (*set_answer_start)(void *impl, int32_t start);
     /* NULL: no scoring (ddt_engine_score; arguments checked there) */
     ddt_status (*score)(void *impl, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                         ddt_error *err);

@@ -253,6 +253,10 @@ ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, d
     return e->be->set_logit_rules(e->impl, r, err);
 }
 
+void ddt_engine_set_answer_start(ddt_engine *e, int32_t start) {
+    if (e && e->be->set_answer_start) e->be->set_answer_start(e->impl, start < 1 ? 0 : start);
+}
+
 const ddt_cost_model *ddt_engine_cost(const ddt_engine *e) { return e->be->cost ? e->be->cost(e->impl) : NULL; }
 
 void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto) {

@@ -271,6 +271,17 @@ typedef struct ddt_logit_rules {
 ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, ddt_error *err);
 
 /*
+ * Where the answer starts in later generations' prompts, for the penalties above:
+ * the prompt's ids from index start on count as generated.  An answer made of
+ * several generations, each prompted with the original prompt (start ids) and
+ * the ids the earlier ones wrote (as a server does to constrain only parts of an
+ * answer), is then penalised as one generation of the whole answer would be.
+ * start < 1 (the default): none of the prompt counts.  The setting stays until
+ * changed; engines without logit rules take it and ignore it.
+ */
+void ddt_engine_set_answer_start(ddt_engine *e, int32_t start);
+
+/*
  * Score a text: out[i] for 1 <= i < n = ids[i]'s log-probability after ids[0..i)
  * (and n_top alternatives), from prefill forwards over an empty context, the
  * values a generation reports for the same tokens (bit for bit: the rows do not

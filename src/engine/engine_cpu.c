@@ -59,6 +59,7 @@ typedef struct cpu_engine {
        (rules.vocab 0 until the first call), and the row under them */
     ddt_logit_state rules;
     float *ruled; /* [vocab] */
+    int32_t answer_start; /* ddt_engine_set_answer_start: prompt ids from here count as generated (0: none) */
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -280,6 +281,8 @@ static ddt_status cpu_set_logit_rules(void *impl, const ddt_logit_rules *r, ddt_
     }
     return e->ruled ? ddt_logit_state_set(&e->rules, r, err) : DDT_OK;
 }
+
+static void cpu_set_answer_start(void *impl, int32_t start) { ((cpu_engine *)impl)->answer_start = start; }
 
 /*
  * The target's token from a logits row: under logit rules, from the row as they
@@ -506,7 +509,12 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
         else ddt_json_init(&e->jstate, e->json.object_only);
     }
-    if (e->rules.active) ddt_logit_state_reset(&e->rules, prompt, n_prompt);
+    if (e->rules.active) {
+        ddt_logit_state_reset(&e->rules, prompt, n_prompt);
+        /* the answer's ids that earlier generations wrote: the penalties go on from them */
+        if (e->answer_start > 0 && e->answer_start < n_prompt)
+            ddt_logit_state_push(&e->rules, prompt + e->answer_start, n_prompt - e->answer_start);
+    }
     st = choose(e, e->logits, &e->jstate, NULL, 0, 0, 0, &bonus, err);
     if (st) return st;
     if ((st = advance(e, &e->jstate, bonus, err))) return st;
@@ -664,6 +672,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .set_logprobs = cpu_set_logprobs,
     .set_constraint = cpu_set_constraint,
     .set_logit_rules = cpu_set_logit_rules,
+    .set_answer_start = cpu_set_answer_start,
     .score = cpu_score,
     .cost = cpu_cost,
     .generate = cpu_generate,

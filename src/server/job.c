@@ -34,7 +34,7 @@ ddt_job *ddt_job_new(const char *const *stop, const size_t *stop_len, int n_stop
     j->refs = 1;
     j->t_first = -1.0;
     j->logprobs = -1;
-    j->call_end = j->arg_begin = -1;
+    j->call_end = j->arg_begin = -1; /* no constrained calls */
     return j;
 }
 
@@ -116,8 +116,8 @@ bool ddt_job_take_tokens(ddt_job *j, const int32_t *ids, int32_t n) {
                 j->status = DDT_ERR_NOMEM;
                 break;
             }
-            if (call_done && j->call_end >= 0) {
-                j->stop_hit = true; /* a forced call's end is the answer's (job.h call_end) */
+            if (call_done && j->one_call) {
+                j->stop_hit = true; /* a forced call's end is the answer's (job.h one_call) */
                 break;
             }
             if (ch != DDT_CHAT_CH_CONTENT && ch != DDT_CHAT_CH_REASONING) continue;
@@ -157,8 +157,8 @@ static void finish_job(ddt_job *j, ddt_status st, const char *msg) {
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Stats of one answer made of two generations (generate_call): counts and times
- * add up, the prompt and its cache are the first's, the end is the second's. */
+/* Stats of one answer made of several generations (generate_call): counts and times
+ * add up, the prompt and its cache are the first's, the end is the last's. */
 static void merge_stats(ddt_gen_stats *a, const ddt_gen_stats *b) {
     const int32_t rounds = a->rounds + b->rounds;
     a->expected_acceptance = rounds ? (a->expected_acceptance * a->rounds + b->expected_acceptance * b->rounds) / rounds
@@ -181,40 +181,63 @@ static void merge_stats(ddt_gen_stats *a, const ddt_gen_stats *b) {
     a->stop_reason = b->stop_reason;
 }
 
-/* The function arg_begin's answer named (the router has its id): its compiled
- * parameters, NULL (a JSON object) when the name matches none or they did not compile. */
+const struct ddt_json_schema *ddt_job_tool_schema(const ddt_job *j, const char *name, bool *declared) {
+    *declared = false;
+    for (int32_t k = 0; name && k < j->n_tools; k++)
+        if (!strcmp(name, j->tool_names[k])) {
+            *declared = true;
+            return j->tool_schemas[k]; /* a name declared twice: its first declaration, as request.c */
+        }
+    return NULL;
+}
+
+ddt_call_next ddt_job_call_next(const ddt_job *j, bool in_args, int32_t n_new, int32_t last, int32_t done,
+                                bool go_on, bool args_open) {
+    /* a stop id or string, a cancel, or an engine that had nothing left to give */
+    if (!go_on || n_new == 0) return DDT_CALL_END;
+    if (in_args) {
+        /* the grammar's only way out is call_end: without it the generation ran out of tokens */
+        if (last != j->call_end || j->one_call) return DDT_CALL_END;
+        /* one generation would have run on after the call, so a budget spent on its end is a cut */
+        return done >= j->max_new ? DDT_CALL_CUT : DDT_CALL_FREE;
+    }
+    /* free text ends at arg_begin or a stop id (then go_on is false): anything else ran out */
+    if (j->arg_begin < 0 || last != j->arg_begin) return DDT_CALL_END;
+    if (done >= j->max_new) return DDT_CALL_CUT;
+    /* arg_begin outside a call (a stray one, or in the reasoning) opens nothing: the text goes on */
+    return args_open ? DDT_CALL_ARGS : DDT_CALL_FREE;
+}
+
+/* The function whose call's arguments the router is at (job.h arg_begin): *open
+ * whether one is, *schema its grammar (ddt_job_tool_schema). */
 static ddt_status schema_of_call(ddt_job *j, const ddt_json_schema **schema, bool *open, ddt_error *err) {
     char *name = NULL;
     pthread_mutex_lock(&j->mu);
     ddt_status st = ddt_chat_router_args_name(&j->router, &name, err);
     pthread_mutex_unlock(&j->mu);
     *open = name != NULL;
-    for (int32_t k = 0; name && k < j->n_tools; k++)
-        if (!strcmp(name, j->tool_names[k])) {
-            *schema = j->tool_schemas[k];
-            break;
-        }
+    bool declared;
+    *schema = ddt_job_tool_schema(j, name, &declared);
     free(name);
     return st;
 }
 
 /*
  * One more generation of the answer: from the prompt and the answer's first
- * done tokens (the prefix cache keeps that context), at most max_new - done
- * tokens into out + done, their log-probabilities at lp + done.  The first
- * writes *stats, later ones are merged into it; after the first the seed
- * changes, so its rounds do not replay the first's random draws.
+ * done tokens (ctx, [n_prompt + max_new], holds the prompt and gets them copied
+ * in; the prefix cache keeps that context), at most max_new - done tokens into
+ * out + done, their log-probabilities at lp + done.  The first writes *stats,
+ * later ones are merged into it; after the first the seed changes with done, so
+ * no generation replays another's random draws.
  */
-static ddt_status generate_more(ddt_job_queue *q, ddt_job *j, int32_t done, const int32_t *stop, int32_t n_stop,
-                                int32_t *n_new, ddt_gen_stats *stats, ddt_error *err) {
+static ddt_status generate_more(ddt_job_queue *q, ddt_job *j, int32_t *ctx, int32_t done, const int32_t *stop,
+                                int32_t n_stop, int32_t *n_new, ddt_gen_stats *stats, ddt_error *err) {
     *n_new = 0;
-    int32_t *p = j->prompt;
+    const int32_t *p = j->prompt;
     ddt_status st = DDT_OK;
     if (done > 0) {
-        p = malloc(((size_t)j->n_prompt + (size_t)done) * sizeof *p);
-        if (!p) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's prompt");
-        memcpy(p, j->prompt, (size_t)j->n_prompt * sizeof *p);
-        memcpy(p + j->n_prompt, j->out, (size_t)done * sizeof *p);
+        memcpy(ctx + j->n_prompt, j->out, (size_t)done * sizeof *ctx);
+        p = ctx;
         ddt_sampling s2 = j->sampling;
         s2.seed ^= 0x9E3779B97F4A7C15ull * (uint64_t)done;
         st = ddt_engine_set_sampling(q->eng, &s2, err);
@@ -226,51 +249,62 @@ static ddt_status generate_more(ddt_job_queue *q, ddt_job *j, int32_t done, cons
     if (st == DDT_OK)
         st = ddt_engine_generate(q->eng, p, j->n_prompt + done, j->max_new - done, stop, n_stop, j->out + done, n_new,
                                  on_tokens, j, done > 0 ? &more : stats, err);
-    if (p != j->prompt) free(p);
     if (done > 0) merge_stats(stats, &more);
     return st;
 }
 
 /*
- * A forced tool call (job.h call_end): its arguments decoded under the grammar,
- * which ends them with <|tool_call_end|>, the only stop id it is given, so the
- * document cannot end the turn unclosed.  With arg_begin, first the model's own
- * call opening, unconstrained, up to <|tool_call_argument_begin|> (or whatever
- * else ends the answer first; one outside a call is no opening, and the answer
- * goes on); then the arguments under the grammar of the function it named.
- * out, the log-probabilities and the stats run on across the generations.
+ * An answer with constrained tool calls (job.h call_end): one logical generation
+ * made of engine generations that alternate between the model's own text,
+ * unconstrained, stopping at <|tool_call_argument_begin|> or the turn's stop ids,
+ * and a call's arguments, under the grammar of the function the call names,
+ * stopping at <|tool_call_end|> (the only stop id they get, so the document
+ * cannot end the turn unclosed); ddt_job_call_next decides what follows each.  A
+ * forced call by name starts at its arguments (arg_begin -1); a forced call ends
+ * the answer with its end (one_call, which take_tokens stops at); "auto" goes on
+ * unconstrained after every call.  out, the log-probabilities, the callbacks'
+ * counts and the stats run on across the generations, so the answer reads as one
+ * generation: the same ids a single unconstrained one would give wherever the
+ * grammar allows the model's choice, and greedy modes stay equal (each part is).
  */
 static ddt_status generate_call(ddt_job_queue *q, ddt_job *j, int32_t *n_out, ddt_gen_stats *stats, ddt_error *err) {
+    int32_t free_stop[3] = {j->arg_begin}, n_free_stop = 1;
+    for (int32_t k = 0; k < j->n_stop_ids && k < 2; k++) free_stop[n_free_stop++] = j->stop_ids[k];
+    const int32_t args_stop[1] = {j->call_end};
+    /* the answer so far after the prompt, for every generation after the first: made once, here,
+       as nothing may allocate once rounds run */
+    int32_t *ctx = malloc(((size_t)j->n_prompt + (size_t)j->max_new) * sizeof *ctx);
+    if (!ctx) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's context");
+    memcpy(ctx, j->prompt, (size_t)j->n_prompt * sizeof *ctx);
     ddt_json_constraint c = j->json;
+    ddt_engine_set_answer_start(q->eng, j->n_prompt); /* the penalties count the whole answer */
+    bool in_args = j->arg_begin < 0; /* a forced call by name: the prompt ends at its arguments */
     int32_t done = 0, n_new = 0;
-    ddt_status st;
-    if (j->arg_begin >= 0) {
-        int32_t stop1[3] = {j->arg_begin}, n_stop1 = 1;
-        for (int32_t k = 0; k < j->n_stop_ids && k < 2; k++) stop1[n_stop1++] = j->stop_ids[k];
-        if ((st = ddt_engine_set_constraint(q->eng, NULL, err))) return st;
+    ddt_status st = DDT_OK;
+    for (;;) {
+        st = ddt_engine_set_constraint(q->eng, in_args ? &c : NULL, err);
+        if (st == DDT_OK)
+            st = generate_more(q, j, ctx, done, in_args ? args_stop : free_stop, in_args ? 1 : n_free_stop, &n_new,
+                               stats, err);
+        done += n_new;
+        if (st != DDT_OK) break;
+        pthread_mutex_lock(&j->mu);
+        bool go_on = !j->cancel && !j->stop_hit;
+        pthread_mutex_unlock(&j->mu);
         bool open = false;
-        for (;;) {
-            st = generate_more(q, j, done, stop1, n_stop1, &n_new, stats, err);
-            done += n_new;
-            *n_out = done;
-            if (st != DDT_OK) return st;
-            pthread_mutex_lock(&j->mu);
-            bool go_on = !j->cancel && !j->stop_hit;
-            pthread_mutex_unlock(&j->mu);
-            if (!go_on || n_new == 0 || j->out[done - 1] != j->arg_begin) return DDT_OK; /* the answer ended */
-            if ((st = schema_of_call(j, &c.schema, &open, err))) return st;
-            if (done == j->max_new) {
-                /* cut by max_tokens right at the arguments: not the model's stop */
-                stats->stop_reason = DDT_STOP_MAX_TOKENS;
-                return DDT_OK;
-            }
-            if (open) break;
-        }
+        const ddt_json_schema *called = NULL;
+        if (!in_args && go_on && n_new > 0 && j->out[done - 1] == j->arg_begin &&
+            (st = schema_of_call(j, &called, &open, err)) != DDT_OK)
+            break;
+        ddt_call_next next = ddt_job_call_next(j, in_args, n_new, n_new ? j->out[done - 1] : -1, done, go_on, open);
+        if (next == DDT_CALL_CUT) stats->stop_reason = DDT_STOP_MAX_TOKENS; /* not the model's stop */
+        if (next == DDT_CALL_END || next == DDT_CALL_CUT) break;
+        in_args = next == DDT_CALL_ARGS;
+        c.schema = called;
     }
-    if ((st = ddt_engine_set_constraint(q->eng, &c, err))) return st;
-    const int32_t stop2[1] = {j->call_end};
-    st = generate_more(q, j, done, stop2, 1, &n_new, stats, err);
-    *n_out = done + n_new;
+    *n_out = done;
+    free(ctx);
+    ddt_engine_set_answer_start(q->eng, 0);
     return st;
 }
 

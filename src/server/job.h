@@ -43,16 +43,22 @@ typedef struct ddt_job {
     bool chat;               /* chat: the output is routed (router) into content, reasoning, tool calls */
     ddt_json_constraint json;/* response_format json_object / json_schema: the engine's constraint (vocab NULL: none) */
     struct ddt_json_schema *schema; /* owned: json.schema, a copy of the request's (it outlives the request) */
-    /* A forced tool call under the grammar (tool_choice "required" / named, CPU engines): the
-     * answer is one call whose arguments are a JSON document (json, whose stop id is
-     * <|tool_call_end|>), after which the generation ends. */
-    int32_t call_end;        /* >= 0: <|tool_call_end|>: routed like any id (it completes the call), then
-                                the text ends as at a stop id */
-    int32_t arg_begin;       /* >= 0: the model names the call ("required" of several functions): a first,
-                                unconstrained generation stops at <|tool_call_argument_begin|>, and the
-                                arguments are a second one under the named function's grammar (json's
-                                object_only when the name matches none or its schema did not compile);
-                                -1: the prompt already ends at the arguments, one generation under json */
+    /* Tool calls under the grammar (CPU engines): a call's arguments are a JSON document
+     * (json's vocab and object_only; its schema that of the function called), decoded with
+     * <|tool_call_end|> as its only stop id, so a document cannot end the turn unclosed.  The
+     * answer is then one logical generation made of several engine generations (generate_call):
+     * the model's own text unconstrained, each call's arguments constrained. */
+    int32_t call_end;        /* >= 0: <|tool_call_end|>: arguments are constrained, and end at it */
+    int32_t arg_begin;       /* >= 0: the model opens calls itself (tool_choice "auto", or "required" of
+                                several functions): an unconstrained generation stops at
+                                <|tool_call_argument_begin|>, and when that opened a call's arguments
+                                the next one is under the grammar of the function the call names
+                                (json's object_only when the name matches none or its schema did not
+                                compile); -1: the prompt already ends at the one forced call's
+                                arguments, a single generation under json */
+    bool one_call;           /* a forced call: its <|tool_call_end|> ends the answer (routed like any id,
+                                then the text ends as at a stop id); false ("auto"): the model goes on
+                                after each call, unconstrained, and may call again */
     char **tool_names;       /* owned, [n_tools]: arg_begin's functions, and their compiled parameters */
     struct ddt_json_schema **tool_schemas; /* owned, [n_tools], NULL entries: a JSON object only */
     int32_t n_tools;
@@ -102,6 +108,28 @@ const char *ddt_job_finish_reason(const ddt_job *j);
  * mutex): stop ids, then the text (chat: routed into content, reasoning and
  * tool calls), counts, and a broadcast.  Returns whether to go on. */
 bool ddt_job_take_tokens(ddt_job *j, const int32_t *ids, int32_t n);
+
+/* What an answer with constrained tool calls (call_end >= 0) does after one of its
+ * engine generations (generate_call in job.c). */
+typedef enum ddt_call_next {
+    DDT_CALL_END,  /* it is over, for the reason the generation ended (a stop id or string, the
+                      forced call's end, a cancel, max_tokens or the context) */
+    DDT_CALL_CUT,  /* it is over at max_tokens right where the model would go on (a call opened or
+                      closed on the last token): the stop reason is max_tokens, whatever id it was */
+    DDT_CALL_ARGS, /* next: a call's arguments, under its function's grammar */
+    DDT_CALL_FREE  /* next: the model's own text again, unconstrained */
+} ddt_call_next;
+
+/* After a generation that emitted n_new ids, the last one `last`, `done` in the answer so
+ * far: in_args whether it was a call's arguments, go_on whether the job takes more (no stop,
+ * no cancel: ddt_job_take_tokens's answer), args_open whether the router is now inside a
+ * call's arguments (ddt_chat_router_args_name gives a name). */
+ddt_call_next ddt_job_call_next(const ddt_job *j, bool in_args, int32_t n_new, int32_t last, int32_t done,
+                                bool go_on, bool args_open);
+/* The grammar of the arguments of a call to `name` (NULL: none is being read): its function's
+ * compiled parameters, or NULL (a JSON object) when no declared function has that name or its
+ * schema did not compile.  *declared says whether one has it. */
+const struct ddt_json_schema *ddt_job_tool_schema(const ddt_job *j, const char *name, bool *declared);
 
 typedef struct ddt_job_queue {
     pthread_mutex_t mu;

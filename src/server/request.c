@@ -173,9 +173,10 @@ static ddt_status parse_messages(ddt_api_request *r, json_t *root, ddt_error *er
     return DDT_OK;
 }
 
-/* The grammars of a forced call's arguments (request.h tool_schemas): the forced function's
- * parameters, or with none forced every function's, since the model picks the name.  A schema
- * that does not compile leaves NULL and a note; only running out of memory fails. */
+/* The grammars of the calls' arguments (request.h tool_schemas): the forced function's
+ * parameters, or with none forced ("required" of several, "auto") every function's, since the
+ * model picks the name.  A schema that does not compile leaves NULL and a note; only running
+ * out of memory fails. */
 static ddt_status compile_tool_schemas(ddt_api_request *r, json_t *tools, ddt_error *err) {
     const size_t nt = json_array_size(tools);
     r->tool_schemas = calloc(nt, sizeof *r->tool_schemas);
@@ -262,7 +263,7 @@ static ddt_status parse_tools(ddt_api_request *r, json_t *root, ddt_error *err) 
     if (r->tool_choice == DDT_TOOL_CHOICE_REQUIRED && nt == 1)
         r->tool_choice_name = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"),
                                                                 "name"));
-    if (r->tool_choice == DDT_TOOL_CHOICE_REQUIRED || r->tool_choice == DDT_TOOL_CHOICE_NAMED) {
+    if (r->tool_choice != DDT_TOOL_CHOICE_NONE && nt > 0) {
         ddt_status st = compile_tool_schemas(r, tools, err);
         if (st) return st;
     }

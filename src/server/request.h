@@ -55,17 +55,20 @@ typedef struct ddt_api_request {
     ddt_tool_choice tool_choice; /* REQUIRED / NAMED: the server opens the answer with the
                                     tool-call markers (a call section; and the named call) and the
                                     model writes the rest; on the CPU backend the arguments are
-                                    grammar-constrained (tool_schemas) and the call ends the answer */
+                                    grammar-constrained (tool_schemas) and the call ends the answer;
+                                    AUTO: the model decides, and on the CPU backend each call's
+                                    arguments are grammar-constrained alike */
     const char *tool_choice_name; /* NAMED: the function (one that 'tools' declares); also set for
                                      REQUIRED when 'tools' declares one function, which is then
                                      the only call the answer can make (forced by name alike) */
     int32_t tool_forced;   /* the index in 'tools' of tool_choice_name, -1 when none is forced */
-    /* REQUIRED / NAMED: each function's "parameters" compiled (text/json_schema.h) for the grammar
-     * of the forced call's arguments, [n_tool_schemas] in 'tools' order, owned; NULL where a tool
-     * has no parameters or ones outside the subset (or malformed: a tool's schema describes the
-     * tool, so it is no reason to refuse the request), whose arguments are then held to a JSON
-     * object only, tool_schema_note saying why (the first such tool the call may use).  NAMED
-     * compiles only the named function's.  NULL array for other choices. */
+    /* Every choice but NONE, with tools: each function's "parameters" compiled
+     * (text/json_schema.h) for the grammar of a call's arguments, [n_tool_schemas] in 'tools'
+     * order, owned; NULL where a tool has no parameters or ones outside the subset (or malformed:
+     * a tool's schema describes the tool, so it is no reason to refuse the request), whose
+     * arguments are then held to a JSON object only, tool_schema_note saying why (the first such
+     * tool a call may use).  NAMED compiles only the named function's.  NULL array for NONE or
+     * no tools. */
     struct ddt_json_schema **tool_schemas;
     int32_t n_tool_schemas;
     char tool_schema_note[256];

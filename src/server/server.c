@@ -40,11 +40,12 @@
 struct ddt_server {
     ddt_engine *eng;
     ddt_tokenizer *tok;
-    ddt_json_vocab *json_vocab; /* the token masks of JSON mode and forced tool calls (o.can_json and a tokenizer) */
+    ddt_json_vocab *json_vocab; /* the token masks of JSON mode and tool calls' arguments (o.can_json and a tokenizer) */
     pthread_mutex_t tok_mu; /* encoding uses the tokenizer's scratch space */
     const ddt_chat_template *chat; /* the options' or own_chat */
     ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
     int32_t think;          /* <think>: a prompt ending in it starts the answer as reasoning */
+    ddt_chat_markers markers; /* the tokenizer's thinking and tool-call markers (all -1 without one) */
     ddt_server_options o;
     char *host, *api_key, *model_name;
     struct MHD_Daemon *d;
@@ -313,16 +314,54 @@ static char *copy_str(const char *s, size_t n) {
     return c;
 }
 
-/* A forced call's arguments under the grammar (job.h call_end), on an engine that
- * takes a constraint: the named function's parameters, or with several functions
- * to choose from, a second generation under the one the model names (each
- * function's name and compiled parameters copied into the job, which outlives the
- * request).  start_chat has checked the markers.  A function whose parameters did
- * not compile gets a JSON object (the response says so: tool_args_headers). */
+/* Whether the tokenizer names all five of Kimi's tool-call markers. */
+static bool has_call_markers(const ddt_chat_markers *m) {
+    return m->section_begin >= 0 && m->section_end >= 0 && m->call_begin >= 0 && m->arg_begin >= 0 &&
+           m->call_end >= 0;
+}
+
+static bool forces_call(const ddt_api_request *rq) {
+    return rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED;
+}
+
+/* How a request's tool calls are decoded. */
+typedef enum tools_mode {
+    TOOLS_NONE,    /* no call can be made: no tools (or "none"), not chat, or "auto" under
+                      response_format, whose answer is one JSON document */
+    TOOLS_FREE,    /* the model writes the arguments freely (*why says why) */
+    TOOLS_GRAMMAR  /* each call's arguments under its function's grammar (tool_grammar) */
+} tools_mode;
+
+static tools_mode tool_calls_mode(const ddt_server *s, const ddt_api_request *rq, const char **why) {
+    *why = NULL;
+    if (rq->kind != DDT_API_CHAT || !rq->tools) return TOOLS_NONE;
+    if (!forces_call(rq) && (rq->json_object || rq->json_schema)) return TOOLS_NONE;
+    if (!s->o.can_json || !s->json_vocab) {
+        *why = "the arguments' grammar runs on the CPU backend for now";
+        return TOOLS_FREE;
+    }
+    /* a forced call without them is refused (start_chat); "auto" just cannot tell arguments apart */
+    if (!has_call_markers(&s->markers)) {
+        *why = "this model's tokenizer has no Kimi tool-call markers (<|tool_call_argument_begin|> ...) to find a "
+               "call's arguments by";
+        return TOOLS_FREE;
+    }
+    return TOOLS_GRAMMAR;
+}
+
+/* Calls' arguments under the grammar (job.h call_end), on an engine that takes a
+ * constraint: for a forced call by name, its parameters; when the model names its
+ * calls ("required" of several functions: one call; "auto": any number, or none)
+ * each function's name and compiled parameters copied into the job (which
+ * outlives the request), for the arguments of each call to be generated under the
+ * grammar of the function it names.  The markers are checked (tool_calls_mode).
+ * A function whose parameters did not compile gets a JSON object (the response
+ * says so: tool_args_headers). */
 static bool tool_grammar(ddt_server *s, const ddt_api_request *rq, ddt_job *j, prepared *p) {
     const ddt_chat_markers *m = &j->router.m;
     ddt_error err = {0};
     j->call_end = m->call_end;
+    j->one_call = forces_call(rq);
     j->json = (ddt_json_constraint){s->json_vocab, true, NULL};
     if (rq->tool_forced >= 0) {
         const ddt_json_schema *sc = rq->tool_schemas[rq->tool_forced];
@@ -348,23 +387,24 @@ static bool tool_grammar(ddt_server *s, const ddt_api_request *rq, ddt_job *j, p
 }
 
 /*
- * What a forced call's arguments are held to, for the response's headers
+ * What a call's arguments are held to, for the response's headers
  * (x-ddtree-tool-arguments): "schema" (the function's parameters), "json_object"
  * (its parameters are outside the schema subset, malformed or absent: any JSON
- * object), "mixed" ("required" of several functions, some of each), or
- * "unconstrained" (a GPU engine, which takes no grammar).  note (x-ddtree-tool-
- * arguments-note, "" for none) says why for the first function not held to its
- * schema, in printable ASCII (a header value cannot carry the rest).  value ""
- * when no call is forced.
+ * object), "mixed" (the model names the call among several functions, some of
+ * each), or "unconstrained" (a GPU engine, which takes no grammar, or for "auto" a
+ * tokenizer without the tool-call markers).  note (x-ddtree-tool-arguments-note,
+ * "" for none) says why: for "unconstrained", or the first function a call may
+ * use that is not held to its schema, in printable ASCII (a header value cannot
+ * carry the rest).  value "" when no call can be made (tool_calls_mode).
  */
 static void tool_args_headers(const ddt_server *s, const ddt_api_request *rq, char value[16], char note[256]) {
     value[0] = note[0] = '\0';
-    if (rq->kind != DDT_API_CHAT || (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED &&
-                                     rq->tool_choice != DDT_TOOL_CHOICE_NAMED))
-        return;
-    if (!s->o.can_json || !s->json_vocab) {
+    const char *why;
+    tools_mode md = tool_calls_mode(s, rq, &why);
+    if (md == TOOLS_NONE) return;
+    if (md == TOOLS_FREE) {
         snprintf(value, 16, "unconstrained");
-        snprintf(note, 256, "the arguments' grammar runs on the CPU backend for now");
+        snprintf(note, 256, "%s", why);
         return;
     }
     int32_t with = 0, of = 0;
@@ -484,9 +524,8 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
             return;
         }
     }
-    if (rq->kind == DDT_API_CHAT && (rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED ||
-                                     rq->tool_choice == DDT_TOOL_CHOICE_NAMED) && s->o.can_json && s->json_vocab &&
-        !tool_grammar(s, rq, j, p)) {
+    const char *free_why;
+    if (tool_calls_mode(s, rq, &free_why) == TOOLS_GRAMMAR && !tool_grammar(s, rq, j, p)) {
         ddt_job_release(j);
         return;
     }
@@ -1090,10 +1129,10 @@ ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_serve
     s->eos = ddt_engine_model_config(eng)->eos_token_id;
     s->im_end = tok ? ddt_tokenizer_token_id(tok, "<|im_end|>") : -1;
     s->think = -1;
+    memset(&s->markers, 0xff, sizeof s->markers); /* every id -1 */
     if (tok) {
-        ddt_chat_markers m;
-        ddt_chat_markers_find(tok, &m);
-        s->think = m.think_end >= 0 ? m.think : -1;
+        ddt_chat_markers_find(tok, &s->markers);
+        s->think = s->markers.think_end >= 0 ? s->markers.think : -1;
     }
     s->chat = o->chat_template;
     if (!s->chat) {

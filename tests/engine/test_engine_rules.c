@@ -14,6 +14,9 @@
  *     output back;
  *   - at T = 1 a +100 bias makes every token that id, in every mode;
  *   - with a JSON constraint too (the rules first, then the mask): ar == chain == tree;
+ *   - an answer split into two generations, the second prompted with the first's
+ *     ids after ddt_engine_set_answer_start, is the one-generation answer under
+ *     the penalties (and without the setting, it is not);
  *   - refusals (an id outside the vocabulary or given twice, a bias or penalty
  *     out of range, too many ids) name what is wrong and keep the rules before.
  */
@@ -258,6 +261,56 @@ static void test_counts_inside_a_round(void **state) {
     assert_true(flips > 0);
 }
 
+/* The answer of one generation, written by two: the first's k ids, then a second
+ * prompted with the prompt and those ids, the answer starting at the prompt's end
+ * (start) or not (0).  *n the ids in all. */
+static void split_gen(fixture *f, const run *whole, ddt_mode mode, int32_t k, int32_t start, int32_t *ids, int32_t *n) {
+    ddt_error err = {0};
+    if (ddt_engine_set_speculation(f->e, mode, 16, false, &err)) fail_msg("speculation: %s", err.msg);
+    const int32_t stop = EOS;
+    ddt_gen_stats st;
+    int32_t n1, n2, ctx[128 + N_GEN];
+    if (ddt_engine_generate(f->e, whole->prompt, whole->n_prompt, k, &stop, 1, ids, &n1, NULL, NULL, &st, &err))
+        fail_msg("generate: %s", err.msg);
+    memcpy(ctx, whole->prompt, sizeof(int32_t) * (size_t)whole->n_prompt);
+    memcpy(ctx + whole->n_prompt, ids, sizeof(int32_t) * (size_t)n1);
+    ddt_engine_set_answer_start(f->e, start);
+    ddt_status s = ddt_engine_generate(f->e, ctx, whole->n_prompt + n1, N_GEN - n1, &stop, 1, ids + n1, &n2, NULL,
+                                       NULL, &st, &err);
+    ddt_engine_set_answer_start(f->e, 0);
+    if (s) fail_msg("generate: %s", err.msg);
+    *n = n1 + n2;
+}
+
+static void test_answer_start(void **state) {
+    fixture *f = *state;
+    static const char *const rep[] = {
+        "ZEROS = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ",
+        "x = 1\nx = 1\nx = 1\nx = 1\nx = 1\nx = 1\n",
+    };
+    const ddt_logit_rules rules = {NULL, NULL, 0, 0.3f, 0.2f, 1.1f};
+    int without = 0;
+    for (size_t p = 0; p < sizeof rep / sizeof *rep; p++) {
+        run whole;
+        set_rules(f, &rules);
+        gen(f, rep[p], DDT_MODE_AR, 0.0f, &whole);
+        for (int32_t k = 8; k < whole.n; k += 24) {
+            for (int m = 0; m < 2; m++) {
+                const ddt_mode mode = m ? DDT_MODE_TREE : DDT_MODE_AR;
+                int32_t ids[N_GEN], n;
+                split_gen(f, &whole, mode, k, whole.n_prompt, ids, &n);
+                if (n != whole.n || memcmp(ids, whole.ids, sizeof(int32_t) * (size_t)n))
+                    fail_msg("prompt %zu split at %d (%s): not the one-generation answer", p, k, ddt_mode_name(mode));
+                split_gen(f, &whole, mode, k, 0, ids, &n);
+                without += n != whole.n || memcmp(ids, whole.ids, sizeof(int32_t) * (size_t)n) != 0;
+            }
+        }
+    }
+    set_rules(f, NULL);
+    printf("answers split in two: the one-generation ids with the answer's start; %d splits differ without\n", without);
+    assert_true(without > 0);
+}
+
 static void test_with_json_constraint(void **state) {
     fixture *f = *state;
     ddt_error err = {0};
@@ -348,7 +401,7 @@ int main(void) {
         cmocka_unit_test(test_bias),         cmocka_unit_test(test_penalties), cmocka_unit_test(test_repetition),
         cmocka_unit_test(test_both),
         cmocka_unit_test(test_counts_inside_a_round), cmocka_unit_test(test_with_json_constraint),
-        cmocka_unit_test(test_sampled_bias), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_sampled_bias), cmocka_unit_test(test_refusals), cmocka_unit_test(test_answer_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

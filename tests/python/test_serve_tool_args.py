@@ -267,3 +267,169 @@ def test_required_of_several_cut_before_the_arguments(scripted):
         choice = got["choices"][0]
         assert choice["finish_reason"] == "length" and choice["message"].get("tool_calls") is None
         assert choice["token_ids"] == SCRIPT_CALL[:n]
+
+
+# ---------------------------------------------------------------------------- tool_choice "auto": the model decides
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The shipped pair as shipped: its tokenizer has no tool-call markers."""
+    s = Server(engine=["--model", TARGET, "--draft", DRAFT, "--mode", "tree", "--budget", "16", "--threads", "2"])
+    yield s
+    assert s.stop() == 0, s.stderr()
+    s.kill()
+
+
+def test_auto_text_answer_is_unchanged(server, plain):
+    """With tools and tool_choice auto (the default) the shipped model answers in text (its marker ids
+    are untrained): one unconstrained generation, the ids, text and finish reason of a server whose
+    tokenizer has no markers, where auto cannot be constrained and the headers say so.  Greedy ar,
+    chain and tree alike; streamed as whole."""
+    tools = tools_of({"name": "get_weather", "parameters": SMALL}, {"name": "f"})
+    for q in QUESTIONS:
+        body = {"messages": [{"role": "user", "content": q}], "tools": tools, "max_tokens": 40}
+        choice, headers = lossless_call(server, body)
+        assert headers["x-ddtree-tool-arguments"] == "mixed"
+        assert "tools[1].function.parameters: no 'parameters'" in headers["x-ddtree-tool-arguments-note"]
+        today, plain_headers = lossless_call(plain, body, SPECS[:1])
+        assert plain_headers["x-ddtree-tool-arguments"] == "unconstrained"
+        assert "no Kimi tool-call markers" in plain_headers["x-ddtree-tool-arguments-note"]
+        assert choice["token_ids"] == today["token_ids"] and len(choice["token_ids"]) > 0
+        assert choice["message"] == today["message"] and choice["finish_reason"] == today["finish_reason"]
+        assert choice["message"].get("tool_calls") is None and choice["message"]["content"]
+        assert not set(choice["token_ids"]) & set(TOOL_MARKERS)
+    events, _ = post_stream(server, body)
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == \
+        choice["message"]["content"]
+    assert events[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    # "none" leaves the tools out: no header; response_format's answer is one JSON document: no call
+    _, headers = post(server, {**body, "tool_choice": "none"})
+    assert "x-ddtree-tool-arguments" not in headers
+    _, headers = post(server, {**body, "response_format": {"type": "json_object"}})
+    assert "x-ddtree-tool-arguments" not in headers
+
+
+@pytest.fixture(scope="module")
+def two_calls(tmp_path_factory):
+    d = tmp_path_factory.mktemp("two-calls")
+    sm.scripted_model(d, sm.TWO_CALLS)
+    s = Server(engine=["--model", str(d), "--draft", os.path.join(ROOT, "tests", "fixtures", "drafter", "fp32"),
+                       "--threads", "2"])
+    yield s
+    assert s.stop() == 0, s.stderr()
+    s.kill()
+
+
+TWO = sm.TWO_CALLS_SCRIPT[1:]  # the answer: <think> r </think> A, calls g:0 and h:1, <|im_end|>
+FIRST_ARGS, SECOND_ARGS = TWO.index(280) + 1, len(TWO) - 1 - TWO[::-1].index(280) + 1  # where each "{" is
+SPECS8 = ({"mode": "ar"}, {"mode": "chain"}, {"mode": "tree", "budget": 8})
+GH = [{"id": "g:0", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+      {"id": "h:1", "type": "function", "function": {"name": "h", "arguments": "{}"}}]
+
+
+def two_body(g, h, **kw):
+    """A request to the two-calls model: frequency_penalty 2 (which makes its second call h:1), g's and
+    h's parameters (None: none)."""
+    fns = [{"name": n} if p is None else {"name": n, "parameters": p} for n, p in (("g", g), ("h", h))]
+    return {"messages": [{"role": "user", "content": "x"}], "tools": tools_of(*fns), "frequency_penalty": 2.0,
+            "max_tokens": 40, **kw}
+
+
+def test_auto_several_calls_each_validated(two_calls):
+    """Two calls in one answer, each one's arguments generated under its own function's grammar, the
+    model free around them: the answer is the one generation of the same request without a grammar
+    (tool_choice "none": tools out of the prompt, which this model does not read) token for token,
+    with its log-probabilities; the penalties count the whole answer (else the model loops on g:0)."""
+    ref, _ = post(two_calls, {**two_body(EMPTY, EMPTY), "tool_choice": "none", "return_token_ids": True,
+                              "logprobs": True})
+    ref = ref["choices"][0]
+    assert ref["token_ids"] == TWO and ref["message"]["tool_calls"] == GH
+    for g, h, header in ((EMPTY, EMPTY, "schema"), (EMPTY, None, "mixed"), (None, None, "json_object")):
+        choice, headers = lossless_call(two_calls, two_body(g, h), SPECS8)
+        assert headers["x-ddtree-tool-arguments"] == header
+        assert choice["token_ids"] == TWO, choice
+        assert choice["finish_reason"] == "tool_calls"
+        msg = choice["message"]
+        assert msg["content"] == "A" and msg["reasoning_content"] == "r"
+        assert msg["tool_calls"] == GH
+        for call, schema in zip(msg["tool_calls"], (g, h)):
+            args = json.loads(call["function"]["arguments"])
+            assert valid(args, schema) if schema else isinstance(args, dict)
+        got, _ = post(two_calls, {**two_body(g, h), "logprobs": True, "top_logprobs": 2})
+        lp = got["choices"][0]["logprobs"]["content"]
+        assert len(lp) == len(TWO) == got["usage"]["completion_tokens"]
+        assert [x["logprob"] for x in lp] == [x["logprob"] for x in ref["logprobs"]["content"]]
+        assert all(len(x["top_logprobs"]) == 2 for x in lp)
+
+
+def test_auto_each_call_under_its_own_grammar(two_calls):
+    """A function whose schema "{}" is no instance of (NEEDS_Q) holds its call's arguments open, and
+    only its call's: under h's, the first call (g) writes "{}" and the second's "}" is refused; under
+    g's, the first call's "}" is refused, and the grammar leads the model to {"q": false}, valid,
+    before its second call writes "{}" under h's.  With the grammar off for auto, the model's "{}"
+    would pass both times."""
+    schemas = {"g": EMPTY, "h": NEEDS_Q}
+    choice, headers = lossless_call(two_calls, two_body(EMPTY, NEEDS_Q), SPECS8)
+    assert headers["x-ddtree-tool-arguments"] == "schema"
+    ids = choice["token_ids"]
+    assert ids[:SECOND_ARGS + 1] == TWO[:SECOND_ARGS + 1] and ids[SECOND_ARGS + 1] != ord("}"), ids
+    calls = choice["message"]["tool_calls"]
+    assert calls[0] == GH[0] and len(calls) <= 2
+    for call in calls:
+        assert valid(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]]), call
+    assert choice["finish_reason"] == ("tool_calls" if len(calls) == 2 else "length")
+
+    schemas = {"g": NEEDS_Q, "h": EMPTY}
+    choice, _ = lossless_call(two_calls, two_body(NEEDS_Q, EMPTY, max_tokens=80), SPECS8)
+    ids = choice["token_ids"]
+    assert ids[:FIRST_ARGS + 1] == TWO[:FIRST_ARGS + 1] and ids[FIRST_ARGS + 1] != ord("}"), ids
+    calls = choice["message"]["tool_calls"]
+    assert [c["id"] for c in calls] == ["g:0", "h:1"] and choice["finish_reason"] == "tool_calls", choice
+    assert json.loads(calls[0]["function"]["arguments"]) == {"q": False}
+    for call in calls:
+        assert valid(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]]), call
+    assert calls[1] == GH[1] and ids[-1] == 268
+
+
+def test_auto_streamed_equals_whole(two_calls):
+    body = two_body(EMPTY, EMPTY)
+    for spec in SPECS8:
+        events, headers = post_stream(two_calls, {**body, "speculative": spec})
+        assert headers["x-ddtree-tool-arguments"] == "schema"
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert [tc for x in deltas for tc in x.get("tool_calls", [])] == [{**c, "index": k} for k, c in enumerate(GH)]
+        assert "".join(x.get("content") or "" for x in deltas) == "A"
+        assert "".join(x.get("reasoning_content") or "" for x in deltas) == "r"
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_max_tokens_anywhere(two_calls):
+    """max_tokens at every length: the ids, message and finish reason of the one unconstrained
+    generation, "length" whenever the answer is cut (inside arguments, right at an opening or at a
+    call's end, where the answer would go on), the calls finished by then reported."""
+    for n in range(1, len(TWO) + 1):
+        specs = SPECS8 if n in (FIRST_ARGS, FIRST_ARGS + 1, SECOND_ARGS + 2, TWO.index(281) + 1) else SPECS8[:1]
+        ref, _ = post(two_calls, {**two_body(EMPTY, EMPTY), "tool_choice": "none", "max_tokens": n,
+                                  "return_token_ids": True})
+        ref = ref["choices"][0]
+        choice, _ = lossless_call(two_calls, two_body(EMPTY, EMPTY, max_tokens=n), specs)
+        assert choice["token_ids"] == TWO[:n] == ref["token_ids"], n
+        assert choice["finish_reason"] == ref["finish_reason"] == ("tool_calls" if n == len(TWO) else "length"), n
+        assert choice["message"] == ref["message"], n
+
+
+def test_auto_sampled_calls_are_valid_and_reproducible(two_calls):
+    """At T = 1 (each later generation with a seed derived from the first's): the same seed gives the
+    same answer, and every finished call's arguments are an instance of its function's schema."""
+    schemas, calls = {"g": NEEDS_Q, "h": EMPTY}, 0
+    for seed in range(4):
+        body = two_body(NEEDS_Q, EMPTY, max_tokens=80, temperature=1.0, seed=seed, return_token_ids=True)
+        a, _ = post(two_calls, body)
+        b, _ = post(two_calls, body)
+        assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+        for call in a["choices"][0]["message"].get("tool_calls") or []:
+            # at T = 1 the name may come out as anything: one declared nowhere gets a JSON object
+            args, schema = json.loads(call["function"]["arguments"]), schemas.get(call["function"]["name"])
+            assert valid(args, schema) if schema else isinstance(args, dict), call
+            calls += 1
+    assert calls > 0

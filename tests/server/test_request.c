@@ -222,12 +222,25 @@ static void test_chat_tools(void **state) {
     assert_null(r.tool_schemas[0]);
     assert_non_null(strstr(r.tool_schema_note, "'minimum'"));
     ddt_api_request_free(&r);
-    /* auto compiles nothing */
+    /* auto (the default) compiles every function's, as the model may call any: none is forced */
     snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}]}", ok_params);
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}, {\"type\": \"function\", "
+             "\"function\": {\"name\": \"v\", \"parameters\": %s}}]}", ok_params, bad_params);
+    assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
+    assert_int_equal(r.tool_choice, DDT_TOOL_CHOICE_AUTO);
+    assert_int_equal(r.n_tool_schemas, 2);
+    assert_non_null(r.tool_schemas[0]);
+    assert_null(r.tool_schemas[1]);
+    assert_non_null(strstr(r.tool_schema_note, "tools[1].function.parameters: unsupported keyword 'minimum'"));
+    assert_int_equal(r.tool_forced, -1);
+    ddt_api_request_free(&r);
+    /* "none" leaves the tools out, so nothing to compile */
+    snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+             "\"function\", \"function\": {\"name\": \"w\", \"parameters\": %s}}], \"tool_choice\": \"none\"}",
+             ok_params);
     assert_int_equal(parse(DDT_API_CHAT, b2, &r, &err), DDT_OK);
     assert_null(r.tool_schemas);
-    assert_int_equal(r.tool_forced, -1);
+    assert_null(r.tools);
     ddt_api_request_free(&r);
     snprintf(b2, sizeof b2, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s, \"tool_choice\": "
              "{\"type\": \"function\", \"function\": {\"name\": \"zz\"}}}", tools);
