@@ -228,20 +228,10 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     return true;
 }
 
-/* Whether a chat prompt ends by opening a thinking block (its last token <think>,
- * or <think> and then whitespace only: DeepSeek-R1's template ends its prompt
- * "<think>\n"): the answer then starts as reasoning. */
+/* Whether a chat prompt opens a thinking block (chat_output.h): the answer then
+ * starts as reasoning. */
 static bool prompt_opens_thinking(const ddt_server *s, const ddt_job *j) {
-    if (!j->chat || s->think < 0) return false;
-    for (int32_t i = j->n_prompt - 1; i >= 0; i--) {
-        if (j->prompt[i] == s->think) return true;
-        const uint8_t *b;
-        size_t n;
-        if (!ddt_tokenizer_text_bytes(s->tok, j->prompt[i], &b, &n)) return false; /* another marker */
-        for (size_t k = 0; k < n; k++)
-            if (b[k] != ' ' && b[k] != '\n' && b[k] != '\r' && b[k] != '\t') return false;
-    }
-    return false;
+    return j->chat && s->think >= 0 && ddt_chat_prompt_opens_thinking(s->tok, j->prompt, (size_t)j->n_prompt);
 }
 
 /*

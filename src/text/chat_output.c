@@ -70,6 +70,22 @@ void ddt_chat_markers_find(const ddt_tokenizer *tok, ddt_chat_markers *m) {
     m->think_end = ds_marker(tok, "</think>");
 }
 
+bool ddt_chat_prompt_opens_thinking(const ddt_tokenizer *tok, const int32_t *prompt, size_t n) {
+    if (!tok) return false;
+    ddt_chat_markers m;
+    ddt_chat_markers_find(tok, &m);
+    if (m.think < 0 || m.think_end < 0) return false;
+    for (size_t i = n; i-- > 0;) {
+        if (prompt[i] == m.think) return true;
+        const uint8_t *b;
+        size_t len;
+        if (!ddt_tokenizer_text_bytes(tok, prompt[i], &b, &len)) return false; /* another marker */
+        for (size_t k = 0; k < len; k++)
+            if (b[k] != ' ' && b[k] != '\n' && b[k] != '\r' && b[k] != '\t') return false;
+    }
+    return false;
+}
+
 void ddt_chat_router_init(ddt_chat_router *r, const ddt_tokenizer *tok, bool in_reasoning) {
     memset(r, 0, sizeof *r);
     r->tok = tok;

@@ -92,6 +92,12 @@ typedef struct ddt_chat_router {
                                    sets the number of calls earlier in the conversation) */
 } ddt_chat_router;
 
+/* Whether a chat prompt opens a thinking block, so that the answer starts as
+ * reasoning: its last token is <think>, or <think> is followed only by
+ * whitespace tokens (DeepSeek-R1's template ends its prompt "<think>\n").  False
+ * when the tokenizer has no <think> / </think> pair (nothing would end it). */
+bool ddt_chat_prompt_opens_thinking(const ddt_tokenizer *tok, const int32_t *prompt, size_t n);
+
 /* Start a generation.  in_reasoning: the prompt ended inside a thinking block
  * (its last token is <think>), so the text starts as reasoning. */
 void ddt_chat_router_init(ddt_chat_router *r, const ddt_tokenizer *tok, bool in_reasoning);

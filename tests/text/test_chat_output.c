@@ -563,6 +563,35 @@ static void test_ds_random_sequences(void **state) {
     ddt_tokenizer_free(tok);
 }
 
+/* A prompt opens thinking when it ends in <think>, or <think> and whitespace
+ * tokens (R1's "<think>\n"); text or another marker after it does not. */
+static void test_prompt_opens_thinking(void **state) {
+    (void)state;
+    ddt_tokenizer *tok = marker_tok_ds();
+    int32_t ids[64];
+    size_t n = 0;
+    marker_put_text(tok, "hi", ids, &n);
+    ids[n++] = THINK;
+    assert_true(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    marker_put_text(tok, "\n \n", ids, &n);
+    assert_true(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    marker_put_text(tok, "x", ids, &n);
+    assert_false(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    n = 0;
+    ids[n++] = THINK;
+    ids[n++] = THINK_END;
+    assert_false(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    marker_put_text(tok, "\n", ids, &n);
+    assert_false(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    assert_false(ddt_chat_prompt_opens_thinking(tok, ids, 0));
+    ddt_tokenizer_free(tok);
+    tok = marker_tok(false); /* no <think> in the vocabulary: never */
+    n = 0;
+    marker_put_text(tok, "<think>\n", ids, &n);
+    assert_false(ddt_chat_prompt_opens_thinking(tok, ids, n));
+    ddt_tokenizer_free(tok);
+}
+
 /* base64 of n bytes into o (NUL-terminated). */
 static void b64(const uint8_t *b, size_t n, char *o) {
     static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -648,6 +677,7 @@ int main(void) {
         cmocka_unit_test(test_ds_malformed),
         cmocka_unit_test(test_ds_random_sequences),
         cmocka_unit_test(test_ds_ordinary_markers),
+        cmocka_unit_test(test_prompt_opens_thinking),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
