@@ -9,10 +9,13 @@
  * begin, separator, call end, <think>, </think>, end of text), anything else
  * that byte's own token.  Each id is routed, the name of a call at its
  * arguments is asked after every id, and at the end the calls become their
- * JSON.  Besides crashes, leaks and UB: a call reported done when no call
+ * JSON; the same ids, taken as a prompt, go through
+ * ddt_chat_prompt_opens_thinking, whose answer is checked against its rule.
+ * Besides crashes, leaks and UB: a call reported done when no call
  * completed, a count past DDT_CHAT_MAX_TOOL_CALLS, a NULL field or JSON that
  * cannot be made is a bug, as is a marker routed to content or reasoning.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +97,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(name);
     }
     if (done != r.n_calls || r.n_calls > DDT_CHAT_MAX_TOOL_CALLS) abort();
+    /* as a prompt: opens thinking iff <think> is followed by whitespace bytes only */
+    int32_t ids[256];
+    size_t n_ids = 0;
+    for (size_t i = 1; i < size && n_ids < 256; i++)
+        ids[n_ids++] = data[i] >= 0xF0 && data[i] <= 0xF7 ? g_marker[kind][data[i] - 0xF0] : data[i];
+    bool expect = false;
+    for (size_t i = n_ids; i-- > 0;) {
+        if (ids[i] == g_marker[kind][5]) {
+            expect = true;
+            break;
+        }
+        if (ids[i] != ' ' && ids[i] != '\n' && ids[i] != '\r' && ids[i] != '\t') break;
+    }
+    if (ddt_chat_prompt_opens_thinking(tok, ids, n_ids) != expect) abort();
     for (int c = 0; c < r.n_calls; c++)
         if (!r.calls[c].id || !r.calls[c].name || !r.calls[c].arguments) abort();
     json_t *a = ddt_chat_tool_calls_json(r.calls, r.n_calls, 0);
