@@ -26,11 +26,10 @@ void cli_print_tokens(const ddt_tokenizer *tok, const ddt_chat_markers *markers,
     }
 }
 
-json_t *cli_chat_message(const ddt_tokenizer *tok, int32_t last_prompt_id, const int32_t *out, int32_t n) {
-    ddt_chat_markers mk;
-    ddt_chat_markers_find(tok, &mk);
+json_t *cli_chat_message(const ddt_tokenizer *tok, const int32_t *prompt, int32_t n_prompt, const int32_t *out,
+                         int32_t n) {
     ddt_chat_router r;
-    ddt_chat_router_init(&r, tok, mk.think >= 0 && last_prompt_id == mk.think);
+    ddt_chat_router_init(&r, tok, ddt_chat_prompt_opens_thinking(tok, prompt, n_prompt > 0 ? (size_t)n_prompt : 0));
     size_t cap = 1, lens[2] = {0, 0};
     for (int32_t i = 0; i < n; i++) {
         const uint8_t *b;

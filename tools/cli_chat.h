@@ -21,9 +21,11 @@ void cli_print_tokens(const ddt_tokenizer *tok, const ddt_chat_markers *markers,
  * The answer out[0..n) as an OpenAI chat message: {"role": "assistant",
  * "content", "reasoning_content" (when there is any), "tool_calls": [{"id",
  * "type": "function", "function": {"name", "arguments"}}] (when there are any)};
- * it starts inside a thinking block when the prompt's last token was <think>.
+ * it starts inside a thinking block when the prompt opens one
+ * (ddt_chat_prompt_opens_thinking: <think>, then at most whitespace).
  * Invalid UTF-8 becomes U+FFFD.  NULL when out of memory.
  */
-json_t *cli_chat_message(const ddt_tokenizer *tok, int32_t last_prompt_id, const int32_t *out, int32_t n);
+json_t *cli_chat_message(const ddt_tokenizer *tok, const int32_t *prompt, int32_t n_prompt, const int32_t *out,
+                         int32_t n);
 
 #endif

@@ -189,7 +189,7 @@ int ddt_cmd_chat(int argc, char **argv) {
         fflush(stdout);
         /* the answer without its stop token joins the conversation */
         int32_t n_answer = n_out > 0 && gs.stop_reason == DDT_STOP_TOKEN ? n_out - 1 : n_out;
-        json_t *reply = cli_chat_message(tok, prompt[n_prompt - 1], out, n_answer);
+        json_t *reply = cli_chat_message(tok, prompt, (int32_t)n_prompt, out, n_answer);
         if (!reply || json_array_append_new(history, reply)) {
             fprintf(stderr, "ddtree chat: out of memory\n");
             rc = 1;

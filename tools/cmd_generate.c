@@ -362,7 +362,7 @@ int ddt_cmd_generate(int argc, char **argv) {
         json_object_set_new(o, "stats", sj);
         json_object_set_new(o, "stop_reason", json_string(why));
         if (a.chat && tok) {
-            json_t *m = cli_chat_message(tok, a.prompt[a.n_prompt - 1], out, n_out);
+            json_t *m = cli_chat_message(tok, a.prompt, a.n_prompt, out, n_out);
             if (!m) {
                 json_decref(o);
                 fprintf(stderr, "ddtree generate: out of memory\n");

@@ -46,6 +46,7 @@ struct ddt_server {
     ddt_chat_template *own_chat;   /* the built-in one, when the options gave none */
     int32_t think;          /* <think>: a prompt ending in it starts the answer as reasoning */
     ddt_chat_markers markers; /* the tokenizer's thinking and tool-call markers (all -1 without one) */
+    int ds_layout;          /* DeepSeek markers: the call layout the chat template writes (DS_LAYOUT_*) */
     ddt_server_options o;
     char *host, *api_key, *model_name;
     struct MHD_Daemon *d;
@@ -228,10 +229,101 @@ static bool encode_prompt(ddt_server *s, const ddt_api_request *rq, ddt_job *j, 
     return true;
 }
 
-/* Whether a chat prompt ends by opening a thinking block (its last token <think>):
- * the answer then starts as reasoning. */
+/* Whether a chat prompt opens a thinking block (chat_output.h): the answer then
+ * starts as reasoning. */
 static bool prompt_opens_thinking(const ddt_server *s, const ddt_job *j) {
-    return j->chat && s->think >= 0 && j->prompt[j->n_prompt - 1] == s->think;
+    return j->chat && s->think >= 0 && ddt_chat_prompt_opens_thinking(s->tok, j->prompt, (size_t)j->n_prompt);
+}
+
+/*
+ * Which of DeepSeek's two call layouts (chat_output.h) the chat template writes,
+ * found by rendering a conversation with one assistant tool call and looking
+ * at what follows <｜tool▁sep｜>: the function's name (V3 / R1: the type
+ * "function" is before it) or the name before it (V3.1).  A forced call is
+ * started in the model's own layout, so the server must know it; the router
+ * reads either.  UNKNOWN when the template renders neither (or fails).
+ */
+enum { DS_LAYOUT_UNKNOWN = 0, DS_LAYOUT_V3 = 1, DS_LAYOUT_V31 = 2 };
+#define DS_PROBE_NAME "ddt_probe_function"
+
+static int deepseek_layout(const ddt_chat_template *t) {
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}]", "role", "user", "content",
+                             "hi", "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type",
+                             "function", "function", "name", DS_PROBE_NAME, "arguments", "{\"a\": 1}");
+    if (!msgs) return DS_LAYOUT_UNKNOWN;
+    ddt_chat_input in = {msgs, NULL, NULL, false};
+    ddt_jinja_text out = {0};
+    ddt_error err = {0};
+    int layout = DS_LAYOUT_UNKNOWN;
+    if (ddt_chat_render(t, &in, &out, &err) == DDT_OK && out.bytes) {
+        char *z = malloc(out.len + 1); /* the rendered bytes with a NUL for strstr */
+        if (z) {
+            memcpy(z, out.bytes, out.len);
+            z[out.len] = '\0';
+            if (strstr(z, DDT_DS_SEP DS_PROBE_NAME)) layout = DS_LAYOUT_V3;
+            else if (strstr(z, DS_PROBE_NAME DDT_DS_SEP)) layout = DS_LAYOUT_V31;
+            free(z);
+        }
+    }
+    ddt_jinja_text_free(&out);
+    json_decref(msgs);
+    return layout;
+}
+
+/*
+ * A forced call's opening in DeepSeek's markup, f[*n..] (room for the head's
+ * ids given), as start_chat's Kimi one: the section marker, then for a named
+ * function its call up to the arguments, in the template's layout:
+ *   V3.1: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>
+ *   V3:   <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n
+ * (V3's arguments then end at <｜tool▁call▁end｜> without the closing fence:
+ * the grammar ends the document at that marker, and the router takes a call
+ * without it).  "required" of several functions lets the model name the call,
+ * which works only in V3.1's layout, where the name comes before the separator
+ * that ends the first generation (job.h arg_begin): V3's name comes after it,
+ * in plain text no stop id can end.  False with the 400 given.
+ */
+static bool deepseek_forced_head(ddt_server *s, const ddt_api_request *rq, const ddt_chat_markers *m, int32_t *f,
+                                 int32_t *n, size_t room, prepared *p) {
+    if (s->ds_layout == DS_LAYOUT_UNKNOWN) {
+        prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but the chat template (%s) does not show "
+                  "which DeepSeek call layout the model writes (rendering an assistant tool call gave neither "
+                  "NAME<\uff5ctool\u2581sep\uff5c>ARGS nor function<\uff5ctool\u2581sep\uff5c>NAME): ask "
+                  "with \"auto\"", ddt_chat_template_origin(s->chat));
+        return false;
+    }
+    if (!rq->tool_choice_name && s->ds_layout == DS_LAYOUT_V3) {
+        prep_fail(p, 400, "tool_choice", "'tool_choice' \"required\" of several functions cannot be served for "
+                  "this model: in DeepSeek-V3's call layout the function's name follows <\uff5ctool\u2581sep\uff5c> "
+                  "as plain text, so the model cannot name the call before its arguments are constrained; name "
+                  "the function ({\"type\": \"function\", \"function\": {\"name\": ...}}) or ask with "
+                  "\"auto\"");
+        return false;
+    }
+    f[(*n)++] = m->section_begin;
+    if (!rq->tool_choice_name) return true;
+    char text[200];
+    ddt_error err = {0};
+    size_t k = 0;
+    ddt_status st = DDT_OK;
+    f[(*n)++] = m->call_begin;
+    pthread_mutex_lock(&s->tok_mu);
+    if (s->ds_layout == DS_LAYOUT_V3) {
+        st = ddt_tokenizer_encode(s->tok, "function", 8, 0, f + *n, room - (size_t)*n, &k, &err);
+        *n += (int32_t)k;
+        f[(*n)++] = m->arg_begin;
+        int tl = snprintf(text, sizeof text, "%.100s\n```json\n", rq->tool_choice_name);
+        if (st == DDT_OK) st = ddt_tokenizer_encode(s->tok, text, (size_t)tl, 0, f + *n, room - (size_t)*n, &k, &err);
+        *n += (int32_t)k;
+    } else {
+        int tl = snprintf(text, sizeof text, "%.100s", rq->tool_choice_name);
+        st = ddt_tokenizer_encode(s->tok, text, (size_t)tl, 0, f + *n, room - (size_t)*n, &k, &err);
+        *n += (int32_t)k;
+        f[(*n)++] = m->arg_begin;
+    }
+    pthread_mutex_unlock(&s->tok_mu);
+    if (st != DDT_OK) return prep_fail(p, 400, "tool_choice", "'tool_choice': %s", err.msg), false;
+    return true;
 }
 
 /* A chat job's output routing (content, reasoning and tool calls come apart on the
@@ -245,11 +337,13 @@ static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, pre
     j->chat = true;
     const bool thinking = prompt_opens_thinking(s, j);
     ddt_chat_router_init(&j->router, s->tok, thinking);
+    j->router.first_call_index = rq->n_prior_calls; /* DeepSeek's made-up ids go on from the conversation's */
     if (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED && rq->tool_choice != DDT_TOOL_CHOICE_NAMED) return true;
     const ddt_chat_markers *m = &j->router.m;
     if (m->section_begin < 0 || m->section_end < 0 || m->call_begin < 0 || m->arg_begin < 0 || m->call_end < 0) {
-        prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but this model's tokenizer has no Kimi "
-                  "tool-call markers (<|tool_calls_section_begin|> ...) to start one with");
+        prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but this model's tokenizer has no complete "
+                  "set of tool-call markers (Kimi's <|tool_calls_section_begin|> ... or DeepSeek's "
+                  "<\uff5ctool\u2581calls\u2581begin\uff5c> ...) to start one with");
         return false;
     }
     if (thinking) {
@@ -257,25 +351,33 @@ static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, pre
                   "ask with \"auto\", or turn thinking off (chat_template_kwargs)");
         return false;
     }
-    char head[160];
-    int hl = rq->tool_choice_name
-                 ? snprintf(head, sizeof head, "functions.%.100s:%d", rq->tool_choice_name, (int)rq->n_prior_calls)
-                 : 0;
-    size_t n_head = 0, cap = (size_t)j->n_prompt + 3 + (size_t)(hl > 0 ? hl : 0);
-    int32_t *grown = realloc(j->prompt, cap * sizeof *grown);
+    const size_t name_len = rq->tool_choice_name ? strlen(rq->tool_choice_name) : 0;
+    /* the head's text is at most ~130 bytes ("functions." / "function" + 100 of the name + a
+     * fence or index), each byte at most one id, plus four markers */
+    const size_t room = 4 + 160 + (name_len < 100 ? name_len : 100);
+    int32_t *grown = realloc(j->prompt, ((size_t)j->n_prompt + room) * sizeof *grown);
     if (!grown) return prep_fail(p, 500, NULL, "out of memory"), false;
     j->prompt = grown;
     int32_t *f = j->prompt + j->n_prompt, n = 0;
-    f[n++] = m->section_begin;
-    if (hl > 0) {
-        f[n++] = m->call_begin;
-        ddt_error err = {0};
-        pthread_mutex_lock(&s->tok_mu);
-        ddt_status st = ddt_tokenizer_encode(s->tok, head, (size_t)hl, 0, f + n, (size_t)hl, &n_head, &err);
-        pthread_mutex_unlock(&s->tok_mu);
-        if (st != DDT_OK) return prep_fail(p, 400, "tool_choice", "'tool_choice': %s", err.msg), false;
-        n += (int32_t)n_head;
-        f[n++] = m->arg_begin;
+    if (m->format == DDT_CHAT_FORMAT_DEEPSEEK) {
+        if (!deepseek_forced_head(s, rq, m, f, &n, room, p)) return false;
+    } else {
+        char head[160];
+        size_t n_head = 0;
+        int hl = rq->tool_choice_name ? snprintf(head, sizeof head, "functions.%.100s:%d", rq->tool_choice_name,
+                                                 (int)rq->n_prior_calls)
+                                      : 0;
+        f[n++] = m->section_begin;
+        if (hl > 0) {
+            f[n++] = m->call_begin;
+            ddt_error err = {0};
+            pthread_mutex_lock(&s->tok_mu);
+            ddt_status st = ddt_tokenizer_encode(s->tok, head, (size_t)hl, 0, f + n, (size_t)hl, &n_head, &err);
+            pthread_mutex_unlock(&s->tok_mu);
+            if (st != DDT_OK) return prep_fail(p, 400, "tool_choice", "'tool_choice': %s", err.msg), false;
+            n += (int32_t)n_head;
+            f[n++] = m->arg_begin;
+        }
     }
     for (int32_t i = 0; i < n; i++) {
         ddt_chat_channel ch;
@@ -344,6 +446,13 @@ static tools_mode tool_calls_mode(const ddt_server *s, const ddt_api_request *rq
     if (!has_call_markers(&s->markers)) {
         *why = "this model's tokenizer has no Kimi tool-call markers (<|tool_call_argument_begin|> ...) to find a "
                "call's arguments by";
+        return TOOLS_FREE;
+    }
+    /* DeepSeek's markers: "auto" finds a call's arguments after <｜tool▁sep｜> only in V3.1's layout;
+       V3 / R1 write the function's name there, then a fence (a forced call writes both itself) */
+    if (!forces_call(rq) && s->markers.format == DDT_CHAT_FORMAT_DEEPSEEK && s->ds_layout != DS_LAYOUT_V31) {
+        *why = "this model writes DeepSeek-V3's call layout (function, the tool separator, then the name and a "
+               "fence), where no marker opens the arguments";
         return TOOLS_FREE;
     }
     return TOOLS_GRAMMAR;
@@ -1142,6 +1251,12 @@ ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_serve
             return cst;
         }
         s->chat = s->own_chat;
+    }
+    s->ds_layout = DS_LAYOUT_UNKNOWN;
+    if (tok) {
+        ddt_chat_markers m;
+        ddt_chat_markers_find(tok, &m);
+        if (m.format == DDT_CHAT_FORMAT_DEEPSEEK) s->ds_layout = deepseek_layout(s->chat);
     }
     ddt_engine_speculation(eng, &s->mode, &s->budget, &s->budget_auto);
     if (tok && o->can_json) {

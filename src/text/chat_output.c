@@ -2,12 +2,16 @@
  * chat_output.c — the generation's ids routed to content, reasoning and tool
  * calls (see chat_output.h).  A small state machine on the marker ids; a call's
  * id and arguments collect in one growing buffer and become a
- * ddt_chat_tool_call at <|tool_call_end|>.  Malformed sequences (a call begun
- * inside another, a section closed inside a call) drop the unfinished call
- * rather than report half of one.
+ * ddt_chat_tool_call at <|tool_call_end|>.  Kimi's and DeepSeek's markups have
+ * the same shape (section, calls, a separator between a call's head and its
+ * arguments), so one machine reads both; only turning a finished call's two
+ * texts into id, name and arguments differs.  Malformed sequences (a call
+ * begun inside another, a section closed inside a call) drop the unfinished
+ * call rather than report half of one.
  */
 #include "text/chat_output.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +25,18 @@ static int32_t marker(const ddt_tokenizer *tok, const char *text) {
     return id >= 0 && ddt_tokenizer_is_special(tok, id) ? id : -1;
 }
 
+/* DeepSeek's markers are added tokens that tokenizer.json may mark non-special;
+ * one the vocabulary also holds is an ordinary id here (tokenizer.h), yet it is
+ * still the one id the marker's text encodes to, so it counts when its bytes
+ * are the whole marker. */
+static int32_t ds_marker(const ddt_tokenizer *tok, const char *text) {
+    int32_t id = ddt_tokenizer_token_id(tok, text);
+    if (id < 0 || ddt_tokenizer_is_special(tok, id)) return id;
+    const uint8_t *b;
+    size_t n;
+    return ddt_tokenizer_text_bytes(tok, id, &b, &n) && n == strlen(text) && !memcmp(b, text, n) ? id : -1;
+}
+
 void ddt_chat_markers_find(const ddt_tokenizer *tok, ddt_chat_markers *m) {
     m->think = marker(tok, "<think>");
     m->think_end = marker(tok, "</think>");
@@ -29,13 +45,52 @@ void ddt_chat_markers_find(const ddt_tokenizer *tok, ddt_chat_markers *m) {
     m->call_begin = marker(tok, "<|tool_call_begin|>");
     m->arg_begin = marker(tok, "<|tool_call_argument_begin|>");
     m->call_end = marker(tok, "<|tool_call_end|>");
+    m->format = DDT_CHAT_FORMAT_NONE;
+    const bool any_kimi = m->section_begin >= 0 || m->section_end >= 0 || m->call_begin >= 0 ||
+                          m->arg_begin >= 0 || m->call_end >= 0;
+    if (any_kimi) {
+        m->format = DDT_CHAT_FORMAT_KIMI;
+        return;
+    }
+    /* No Kimi marker at all: DeepSeek's, if the tokenizer has them.  A vocabulary
+     * with both is Kimi's (its markers are looked up first, as before). */
+    ddt_chat_markers d = {
+        .section_begin = ds_marker(tok, DDT_DS_CALLS_BEGIN), .section_end = ds_marker(tok, DDT_DS_CALLS_END),
+        .call_begin = ds_marker(tok, DDT_DS_CALL_BEGIN), .arg_begin = ds_marker(tok, DDT_DS_SEP),
+        .call_end = ds_marker(tok, DDT_DS_CALL_END)};
+    if (d.section_begin < 0 && d.section_end < 0 && d.call_begin < 0 && d.arg_begin < 0 && d.call_end < 0) return;
+    m->section_begin = d.section_begin;
+    m->section_end = d.section_end;
+    m->call_begin = d.call_begin;
+    m->arg_begin = d.arg_begin;
+    m->call_end = d.call_end;
+    m->format = DDT_CHAT_FORMAT_DEEPSEEK;
+    /* R1 and V3.1 add <think> / </think> as non-special added tokens; the same rule */
+    m->think = ds_marker(tok, "<think>");
+    m->think_end = ds_marker(tok, "</think>");
+}
+
+bool ddt_chat_prompt_opens_thinking(const ddt_tokenizer *tok, const int32_t *prompt, size_t n) {
+    if (!tok) return false;
+    ddt_chat_markers m;
+    ddt_chat_markers_find(tok, &m);
+    if (m.think < 0 || m.think_end < 0) return false;
+    for (size_t i = n; i-- > 0;) {
+        if (prompt[i] == m.think) return true;
+        const uint8_t *b;
+        size_t len;
+        if (!ddt_tokenizer_text_bytes(tok, prompt[i], &b, &len)) return false; /* another marker */
+        for (size_t k = 0; k < len; k++)
+            if (b[k] != ' ' && b[k] != '\n' && b[k] != '\r' && b[k] != '\t') return false;
+    }
+    return false;
 }
 
 void ddt_chat_router_init(ddt_chat_router *r, const ddt_tokenizer *tok, bool in_reasoning) {
     memset(r, 0, sizeof *r);
     r->tok = tok;
     if (tok) ddt_chat_markers_find(tok, &r->m);
-    else r->m = (ddt_chat_markers){-1, -1, -1, -1, -1, -1, -1};
+    else r->m = (ddt_chat_markers){-1, -1, -1, -1, -1, -1, -1, DDT_CHAT_FORMAT_NONE};
     r->state = in_reasoning && r->m.think_end >= 0 ? ST_REASONING : ST_CONTENT;
 }
 
@@ -77,14 +132,66 @@ static char *name_of(const char *id) {
     return trimmed(s, (size_t)(e - s));
 }
 
+static bool starts_with(const char *s, size_t n, const char *p) {
+    size_t k = strlen(p);
+    return n >= k && !memcmp(s, p, k);
+}
+
+/*
+ * A DeepSeek call from its head (the text before <｜tool▁sep｜>) and its body
+ * (the text after).  V3 / R1 write the type "function" as the head and
+ * "NAME\n```json\nARGS\n```" as the body; V3.1 the name as the head and the
+ * arguments as the body.  A "function" head whose body's first line is a name
+ * (not the start of a JSON value) is V3's layout; anything else is V3.1's, so a
+ * V3.1 function called "function" still reads right.  Out of memory: false.
+ */
+static bool deepseek_call(const char *head, size_t hn, const char *body, size_t bn, char **name, char **args) {
+    while (hn && is_space(*head)) head++, hn--;
+    while (hn && is_space(head[hn - 1])) hn--;
+    const char *b = body, *e = body + bn;
+    while (b < e && is_space(*b)) b++;
+    const char *nl = memchr(b, '\n', (size_t)(e - b));
+    if (hn == 8 && !memcmp(head, "function", 8) && nl && nl > b && *b != '{' && *b != '[') {
+        *name = trimmed(b, (size_t)(nl - b));
+        const char *a = nl + 1;
+        while (a < e && is_space(*a)) a++;
+        if (starts_with(a, (size_t)(e - a), "```")) {
+            /* the fence line: "```json" (any info string) */
+            const char *fl = memchr(a, '\n', (size_t)(e - a));
+            a = fl ? fl + 1 : e;
+        }
+        const char *z = e;
+        while (z > a && is_space(z[-1])) z--;
+        if (z - a >= 3 && !memcmp(z - 3, "```", 3)) z -= 3; /* the closing fence, when written */
+        *args = trimmed(a, (size_t)(z - a));
+    } else {
+        *name = trimmed(head, hn);
+        *args = trimmed(body, bn);
+    }
+    return *name && *args;
+}
+
 static ddt_status finish_call(ddt_chat_router *r, ddt_error *err) {
     if (r->overflow || r->n_calls >= DDT_CHAT_MAX_TOOL_CALLS) {
         r->overflow = true;
         return DDT_OK;
     }
-    ddt_chat_tool_call c = {trimmed(r->buf ? r->buf : "", r->id_len), NULL, NULL};
-    if (c.id) c.name = name_of(c.id);
-    if (c.id) c.arguments = trimmed(r->buf ? r->buf + r->id_len : "", r->len - r->id_len);
+    const char *buf = r->buf ? r->buf : "";
+    ddt_chat_tool_call c = {NULL, NULL, NULL};
+    if (r->m.format == DDT_CHAT_FORMAT_DEEPSEEK) {
+        char id[32];
+        snprintf(id, sizeof id, "call_%ld", (long)r->first_call_index + r->n_calls);
+        c.id = trimmed(id, strlen(id));
+        if (c.id && !deepseek_call(buf, r->id_len, buf + r->id_len, r->len - r->id_len, &c.name, &c.arguments)) {
+            free(c.name);
+            free(c.arguments);
+            c.name = c.arguments = NULL;
+        }
+    } else {
+        c.id = trimmed(buf, r->id_len);
+        if (c.id) c.name = name_of(c.id);
+        if (c.id) c.arguments = trimmed(buf + r->id_len, r->len - r->id_len);
+    }
     if (!c.id || !c.name || !c.arguments) {
         free(c.id);
         free(c.name);
@@ -123,6 +230,13 @@ static void begin_call(ddt_chat_router *r) {
     r->state = ST_CALL_ID;
 }
 
+/* One of the markers (a DeepSeek one may be an ordinary id, which must not
+ * become a call's text). */
+static bool is_marker(const ddt_chat_markers *m, int32_t id) {
+    return id == m->think || id == m->think_end || id == m->section_begin || id == m->section_end ||
+           id == m->call_begin || id == m->arg_begin || id == m->call_end;
+}
+
 ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, bool *call_done, ddt_error *err) {
     *ch = DDT_CHAT_CH_NONE;
     *call_done = false;
@@ -135,8 +249,9 @@ ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, 
         else if (id == m->think_end && r->state == ST_REASONING) r->state = ST_CONTENT;
         else if (id == m->section_begin) r->state = ST_SECTION;
         else if (id == m->call_begin) begin_call(r); /* a call without its section: read it all the same */
-        else if (id == m->think || id == m->think_end || id == m->section_end) {
-            /* a stray marker: not text */
+        else if (id == m->think || id == m->think_end || id == m->section_end || id == m->arg_begin ||
+                 id == m->call_end) {
+            /* a stray marker: not text (DeepSeek's may be ordinary ids, which have bytes) */
         } else {
             *ch = r->state == ST_CONTENT ? DDT_CHAT_CH_CONTENT : DDT_CHAT_CH_REASONING;
         }
@@ -160,7 +275,7 @@ ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, 
             ddt_status st = finish_call(r, err);
             if (st != DDT_OK) return st;
             *call_done = !dropped;
-        } else if (!ddt_tokenizer_is_special(r->tok, id)) {
+        } else if (!ddt_tokenizer_is_special(r->tok, id) && !is_marker(m, id)) {
             *ch = DDT_CHAT_CH_TOOL;
             return append(r, id, err);
         }
@@ -174,8 +289,8 @@ ddt_status ddt_chat_router_args_name(const ddt_chat_router *r, char **name, ddt_
     if (r->state != ST_CALL_ARGS) return DDT_OK;
     /* the id's bytes end at id_len; name_of wants them NUL-terminated */
     char *id = trimmed(r->buf ? r->buf : "", r->id_len);
-    if (id) *name = name_of(id);
-    free(id);
+    if (id) *name = r->m.format == DDT_CHAT_FORMAT_DEEPSEEK ? id : name_of(id);
+    if (*name != id) free(id);
     return *name ? DDT_OK : ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a tool call's name");
 }
 

@@ -12,6 +12,10 @@
  * never produce, so "<think>" written out in an answer stays content.  The
  * markers are looked up in the tokenizer by their text; a tokenizer without one
  * (a model that does not think, or has no tool tokens) simply never switches.
+ * For DeepSeek's markers an ordinary token whose bytes are exactly the marker
+ * also counts (a tokenizer.json whose vocabulary holds a non-special added
+ * token: encoding the marker's text gives that one id, as the template's
+ * prompt does); a marker spelled over several ordinary tokens is text.
  *
  * One router per generation: feed every emitted id in order.  It owns the
  * finished tool calls; the caller appends token bytes to the channel each id
@@ -32,11 +36,33 @@
 #define DDT_CHAT_MAX_TOOL_CALLS 128
 #define DDT_CHAT_MAX_CALL_BYTES (1u << 20) /* id + arguments of one call */
 
-/* The marker ids (-1: the tokenizer has no such special token). */
+/* Which tool-call markup the markers are. */
+typedef enum ddt_chat_format {
+    DDT_CHAT_FORMAT_NONE = 0,  /* no complete set of tool-call markers */
+    DDT_CHAT_FORMAT_KIMI = 1,
+    DDT_CHAT_FORMAT_DEEPSEEK = 2
+} ddt_chat_format;
+
+/* The marker ids (-1: the tokenizer has no such token).  For DeepSeek:
+ * section_begin/end <｜tool▁calls▁begin｜>/<｜tool▁calls▁end｜>, call_begin/end
+ * <｜tool▁call▁begin｜>/<｜tool▁call▁end｜>, arg_begin <｜tool▁sep｜>. */
 typedef struct ddt_chat_markers {
     int32_t think, think_end;
     int32_t section_begin, section_end, call_begin, arg_begin, call_end;
+    ddt_chat_format format;    /* whose tool markers these are (KIMI when the tokenizer has any of
+                                  Kimi's, else DEEPSEEK when any of DeepSeek's); a server that
+                                  forces a call checks that all five are there */
 } ddt_chat_markers;
+
+/* DeepSeek's tool-call marker texts (UTF-8: FW is U+FF5C, the full-width bar; LB
+ * is U+2581, the lower block that stands for a space). */
+#define DDT_DS_FW "\xef\xbd\x9c"
+#define DDT_DS_LB "\xe2\x96\x81"
+#define DDT_DS_CALLS_BEGIN "<" DDT_DS_FW "tool" DDT_DS_LB "calls" DDT_DS_LB "begin" DDT_DS_FW ">"
+#define DDT_DS_CALLS_END "<" DDT_DS_FW "tool" DDT_DS_LB "calls" DDT_DS_LB "end" DDT_DS_FW ">"
+#define DDT_DS_CALL_BEGIN "<" DDT_DS_FW "tool" DDT_DS_LB "call" DDT_DS_LB "begin" DDT_DS_FW ">"
+#define DDT_DS_CALL_END "<" DDT_DS_FW "tool" DDT_DS_LB "call" DDT_DS_LB "end" DDT_DS_FW ">"
+#define DDT_DS_SEP "<" DDT_DS_FW "tool" DDT_DS_LB "sep" DDT_DS_FW ">"
 
 void ddt_chat_markers_find(const ddt_tokenizer *tok, ddt_chat_markers *m);
 
@@ -48,7 +74,7 @@ typedef enum ddt_chat_channel {
 } ddt_chat_channel;
 
 typedef struct ddt_chat_tool_call {
-    char *id;        /* as generated, trimmed: "functions.get_weather:0" */
+    char *id;        /* Kimi: as generated, trimmed ("functions.get_weather:0"); DeepSeek: "call_K" */
     char *name;      /* the function: "get_weather" */
     char *arguments; /* as generated, trimmed: a JSON object's text */
 } ddt_chat_tool_call;
@@ -62,7 +88,15 @@ typedef struct ddt_chat_router {
     ddt_chat_tool_call calls[DDT_CHAT_MAX_TOOL_CALLS];
     int n_calls;
     bool overflow;              /* a call over DDT_CHAT_MAX_CALL_BYTES or past the count: dropped */
+    int32_t first_call_index;   /* DeepSeek: the K of the first call's id "call_K" (0 after init; a server
+                                   sets the number of calls earlier in the conversation) */
 } ddt_chat_router;
+
+/* Whether a chat prompt opens a thinking block, so that the answer starts as
+ * reasoning: its last token is <think>, or <think> is followed only by
+ * whitespace tokens (DeepSeek-R1's template ends its prompt "<think>\n").  False
+ * when the tokenizer has no <think> / </think> pair (nothing would end it). */
+bool ddt_chat_prompt_opens_thinking(const ddt_tokenizer *tok, const int32_t *prompt, size_t n);
 
 /* Start a generation.  in_reasoning: the prompt ended inside a thinking block
  * (its last token is <think>), so the text starts as reasoning. */
@@ -78,8 +112,9 @@ void ddt_chat_router_free(ddt_chat_router *r);
 ddt_status ddt_chat_route(ddt_chat_router *r, int32_t id, ddt_chat_channel *ch, bool *call_done, ddt_error *err);
 
 /* The function name of the call whose arguments are being read (its
- * <|tool_call_argument_begin|> routed, its end not yet), read from its id as
- * finished calls' names are: *name malloc'd, or NULL when no call is at its
+ * <|tool_call_argument_begin|> / <｜tool▁sep｜> routed, its end not yet), read
+ * from the text before that marker as finished calls' names are (for a
+ * DeepSeek V3 call that text is "function": its name comes later): *name malloc'd, or NULL when no call is at its
  * arguments.  For a server that constrains the arguments by the function the
  * model named.  DDT_ERR_NOMEM when the copy cannot be made. */
 ddt_status ddt_chat_router_args_name(const ddt_chat_router *r, char **name, ddt_error *err);
