@@ -68,8 +68,10 @@ ddt_status ddt_logit_state_set(ddt_logit_state *s, const ddt_logit_rules *r, ddt
     if (r->repetition != 0.0f && !(r->repetition > 0.0f && r->repetition <= DDT_REPETITION_LIMIT))
         return ddt_fail(err, DDT_ERR_RANGE, "repetition_penalty %g outside (0, %g] (0: none)", (double)r->repetition,
                         (double)DDT_REPETITION_LIMIT);
-    memcpy(s->bias_ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
-    memcpy(s->bias, r->bias, sizeof(float) * (size_t)r->n_bias);
+    if (r->n_bias > 0) { /* the arrays may be NULL without entries (memcpy's arguments may not) */
+        memcpy(s->bias_ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
+        memcpy(s->bias, r->bias, sizeof(float) * (size_t)r->n_bias);
+    }
     s->n_bias = r->n_bias;
     s->presence = r->presence;
     s->frequency = r->frequency;

@@ -340,8 +340,9 @@ static ddt_status compile_enum(compiler *c, const json_t *values, const char *wh
     node->str_count = (uint16_t)(num_first - str_first);
     node->num_first = (uint16_t)num_first;
     node->num_count = (uint16_t)(s->n_strs - num_first);
-    sort_strs(s, s->strs + str_first, node->str_count);
-    sort_strs(s, s->strs + num_first, node->num_count);
+    /* strs is NULL while no string has been added: no pointer arithmetic on it then */
+    if (node->str_count) sort_strs(s, s->strs + str_first, node->str_count);
+    if (node->num_count) sort_strs(s, s->strs + num_first, node->num_count);
     return DDT_OK;
 }
 
