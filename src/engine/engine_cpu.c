@@ -320,6 +320,17 @@ static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, dd
     return ddt_fail(err, DDT_ERR_INTERNAL, "token %d was chosen under the JSON mask but the grammar refuses it", id);
 }
 
+/* Emitted ids[0..n) move on what follows the output: the constraint's state and
+ * the logit rules' generated-token counts. */
+static ddt_status take_emitted(cpu_engine *e, const int32_t *ids, int32_t n, ddt_error *err) {
+    for (int32_t i = 0; i < n; i++) {
+        ddt_status st = advance(e, &e->jstate, ids[i], err);
+        if (st) return st;
+    }
+    if (e->rules.active) ddt_logit_state_push(&e->rules, ids, n);
+    return DDT_OK;
+}
+
 /*
  * Whether the grammar takes `token` after node parent's path: a stop id only once
  * the document is complete, any other id only before, and then only when the
@@ -517,8 +528,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     }
     st = choose(e, e->logits, &e->jstate, NULL, 0, 0, 0, &bonus, err);
     if (st) return st;
-    if ((st = advance(e, &e->jstate, bonus, err))) return st;
-    if (e->rules.active) ddt_logit_state_push(&e->rules, &bonus, 1);
+    if ((st = take_emitted(e, &bonus, 1, err))) return st;
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
     record_logprobs(e, e->logits, bonus, em.n);
@@ -547,8 +557,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             t3 = ddt_engine_now();
             st = choose(e, e->logits, &e->jstate, NULL, 0, round, 0, &bonus, err);
             if (st) return st;
-            if ((st = advance(e, &e->jstate, bonus, err))) return st;
-            if (e->rules.active) ddt_logit_state_push(&e->rules, &bonus, 1);
+            if ((st = take_emitted(e, &bonus, 1, err))) return st;
             t4 = ddt_engine_now();
             n = 1;
             s.accepted += 1;
@@ -585,9 +594,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             int32_t ids[DDT_MAX_PATH];
             for (int32_t i = 1; i < w.length; i++) ids[i - 1] = e->tree.token[w.path[i]];
             ids[w.length - 1] = w.bonus;
-            for (int32_t i = 0; i < w.length; i++)
-                if ((st = advance(e, &e->jstate, ids[i], err))) return st;
-            if (e->rules.active) ddt_logit_state_push(&e->rules, ids, w.length);
+            if ((st = take_emitted(e, ids, w.length, err))) return st;
             /* emitted token i was chosen from the logits of path node i (its parent) */
             for (int32_t i = 0; i < w.length; i++)
                 record_logprobs(e, e->logits + (size_t)w.path[i] * (size_t)e->vocab, ids[i], em.n + i);

@@ -116,7 +116,7 @@ static void pop(ddt_logit_state *s, const int32_t *ids, int32_t n) {
 
 void ddt_logit_state_apply(ddt_logit_state *s, const float *row, const int32_t *path, int32_t n_path, float *out) {
     if (out != row) memcpy(out, row, sizeof(float) * (size_t)s->vocab);
-    for (int32_t i = 0; i < s->n_bias; i++) out[s->bias_ids[i]] = out[s->bias_ids[i]] + s->bias[i];
+    ddt_logit_state_bias_rows(s, out, 1);
     if (s->presence == 0.0f && s->frequency == 0.0f && s->repetition == 0.0f) return;
     ddt_logit_state_push(s, path, n_path);
     if (s->repetition != 0.0f) {

@@ -235,6 +235,17 @@ static bool prompt_opens_thinking(const ddt_server *s, const ddt_job *j) {
     return j->chat && s->think >= 0 && ddt_chat_prompt_opens_thinking(s->tok, j->prompt, (size_t)j->n_prompt);
 }
 
+/* Whether the tokenizer names all five tool-call markers (Kimi's, or DeepSeek's in the same roles). */
+static bool has_call_markers(const ddt_chat_markers *m) {
+    return m->section_begin >= 0 && m->section_end >= 0 && m->call_begin >= 0 && m->arg_begin >= 0 &&
+           m->call_end >= 0;
+}
+
+/* Whether tool_choice asks for a call ("required", or a function by name). */
+static bool forces_call(const ddt_api_request *rq) {
+    return rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED;
+}
+
 /*
  * Which of DeepSeek's two call layouts (chat_output.h) the chat template writes,
  * found by rendering a conversation with one assistant tool call and looking
@@ -338,9 +349,9 @@ static bool start_chat(ddt_server *s, const ddt_api_request *rq, ddt_job *j, pre
     const bool thinking = prompt_opens_thinking(s, j);
     ddt_chat_router_init(&j->router, s->tok, thinking);
     j->router.first_call_index = rq->n_prior_calls; /* DeepSeek's made-up ids go on from the conversation's */
-    if (rq->tool_choice != DDT_TOOL_CHOICE_REQUIRED && rq->tool_choice != DDT_TOOL_CHOICE_NAMED) return true;
+    if (!forces_call(rq)) return true;
     const ddt_chat_markers *m = &j->router.m;
-    if (m->section_begin < 0 || m->section_end < 0 || m->call_begin < 0 || m->arg_begin < 0 || m->call_end < 0) {
+    if (!has_call_markers(m)) {
         prep_fail(p, 400, "tool_choice", "'tool_choice' asks for a call, but this model's tokenizer has no complete "
                   "set of tool-call markers (Kimi's <|tool_calls_section_begin|> ... or DeepSeek's "
                   "<\uff5ctool\u2581calls\u2581begin\uff5c> ...) to start one with");
@@ -416,16 +427,6 @@ static char *copy_str(const char *s, size_t n) {
     return c;
 }
 
-/* Whether the tokenizer names all five of Kimi's tool-call markers. */
-static bool has_call_markers(const ddt_chat_markers *m) {
-    return m->section_begin >= 0 && m->section_end >= 0 && m->call_begin >= 0 && m->arg_begin >= 0 &&
-           m->call_end >= 0;
-}
-
-static bool forces_call(const ddt_api_request *rq) {
-    return rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED;
-}
-
 /* How a request's tool calls are decoded. */
 typedef enum tools_mode {
     TOOLS_NONE,    /* no call can be made: no tools (or "none"), not chat, or "auto" under
@@ -444,8 +445,8 @@ static tools_mode tool_calls_mode(const ddt_server *s, const ddt_api_request *rq
     }
     /* a forced call without them is refused (start_chat); "auto" just cannot tell arguments apart */
     if (!has_call_markers(&s->markers)) {
-        *why = "this model's tokenizer has no Kimi tool-call markers (<|tool_call_argument_begin|> ...) to find a "
-               "call's arguments by";
+        *why = "this model's tokenizer has no Kimi tool-call markers (<|tool_call_argument_begin|> ...), nor "
+               "DeepSeek's, to find a call's arguments by";
         return TOOLS_FREE;
     }
     /* DeepSeek's markers: "auto" finds a call's arguments after <｜tool▁sep｜> only in V3.1's layout;
@@ -591,8 +592,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                        : j->n_stop_ids == 0 ? "the model has no end-of-sequence token to end the object with"
                        : prompt_opens_thinking(s, j) ? "the prompt opens a thinking block, and the reasoning is "
                                                        "no JSON: turn thinking off (chat_template_kwargs)"
-                       : rq->tool_choice == DDT_TOOL_CHOICE_REQUIRED || rq->tool_choice == DDT_TOOL_CHOICE_NAMED
-                           ? "'tool_choice' forces a tool call, which is no JSON object"
+                       : forces_call(rq) ? "'tool_choice' forces a tool call, which is no JSON object"
                            : NULL;
         if (no) {
             prep_fail(p, 400, "response_format", "'response_format' %s cannot be served: %s",
@@ -1252,12 +1252,8 @@ ddt_status ddt_server_start(ddt_engine *eng, ddt_tokenizer *tok, const ddt_serve
         }
         s->chat = s->own_chat;
     }
-    s->ds_layout = DS_LAYOUT_UNKNOWN;
-    if (tok) {
-        ddt_chat_markers m;
-        ddt_chat_markers_find(tok, &m);
-        if (m.format == DDT_CHAT_FORMAT_DEEPSEEK) s->ds_layout = deepseek_layout(s->chat);
-    }
+    /* the markers found above: DeepSeek's call layout comes from rendering the chat template */
+    s->ds_layout = s->markers.format == DDT_CHAT_FORMAT_DEEPSEEK ? deepseek_layout(s->chat) : DS_LAYOUT_UNKNOWN;
     ddt_engine_speculation(eng, &s->mode, &s->budget, &s->budget_auto);
     if (tok && o->can_json) {
         ddt_status jst = ddt_json_vocab_create(tok, s->vocab, &s->json_vocab, err);
