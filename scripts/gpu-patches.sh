@@ -8,7 +8,9 @@
 #
 #   here:    scripts/gpu-patches.sh prepare    # builds each tree in a worktree (sm_90a), packs its
 #                                              # binaries into ab/NAME (scripts/gpu-local.sh)
-#   device:  scripts/gpu-patches.sh run        # through the device tool; writes $OUT/patches-*.log
+#   device:  scripts/gpu-patches.sh run [tests|bench]   # through the device tool; writes
+#                                              # $OUT/patches-*.log (no phase: both; each phase
+#                                              # alone fits one 10-minute device command)
 #   here:    scripts/gpu-ab.sh clean           # remove ab/ (never commit it)
 #
 # Then land each patch that is green (and, for the A/B ones, faster): git apply, commit, delete it.
@@ -57,19 +59,24 @@ case ${1:-} in
     OUT=${OUT:-out}
     mkdir -p "$OUT"
     rc=0
-    # main's GPU-vs-CPU engine test alone first: the CPU kernels' arithmetic order changed in the
-    # eleventh session, so a failure there is main's, not a patch's
-    scripts/gpu-local.sh run main 'timeout 600 $DDT_BIN/test_cuda_target; echo "exit $?"' \
-      > "$OUT/patches-main-target.log" 2>&1
-    grep -E '^exit [^0]' "$OUT/patches-main-target.log" && rc=1
-    # every GPU test on main + all patches, then memcheck on the --quick runs of the ones they touch
-    scripts/gpu-local.sh run patched '
-      for t in $DDT_BIN/test_cuda_*; do
-        echo "== $(basename $t)"; timeout 600 $t; echo "exit $?"
-      done' > "$OUT/patches-tests.log" 2>&1
-    grep -B1 -E '^exit [^0]' "$OUT/patches-tests.log" && rc=1
-    scripts/gpu-local.sh run patched \
-      "GPU_TEST_BUILD=\$DDT_BIN OUT=$OUT bash scripts/gpu-test.sh sanitize" > "$OUT/patches-memcheck.log" 2>&1 || rc=1
+    phase=${2:-all}
+    case $phase in tests | bench | all) ;; *) echo "gpu-patches: run tests | bench"; exit 2 ;; esac
+    if [ "$phase" != bench ]; then
+      # main's GPU-vs-CPU engine test alone first: the CPU kernels' arithmetic order changed in the
+      # eleventh session, so a failure there is main's, not a patch's
+      scripts/gpu-local.sh run main 'timeout 600 $DDT_BIN/test_cuda_target; echo "exit $?"' \
+        > "$OUT/patches-main-target.log" 2>&1
+      grep -E '^exit [^0]' "$OUT/patches-main-target.log" && rc=1
+      # every GPU test on main + all patches, then memcheck on the --quick runs of the ones they touch
+      scripts/gpu-local.sh run patched '
+        for t in $DDT_BIN/test_cuda_*; do
+          echo "== $(basename $t)"; timeout 600 $t; echo "exit $?"
+        done' > "$OUT/patches-tests.log" 2>&1
+      grep -B1 -E '^exit [^0]' "$OUT/patches-tests.log" && rc=1
+      scripts/gpu-local.sh run patched \
+        "GPU_TEST_BUILD=\$DDT_BIN OUT=$OUT bash scripts/gpu-test.sh sanitize" > "$OUT/patches-memcheck.log" 2>&1 || rc=1
+    fi
+    [ "$phase" = tests ] && exit $rc
     # the benchmarks of every tree, one after the other on the same GPU
     for name in main patched $(for a in $AB; do echo "without-$a"; done); do
       scripts/gpu-local.sh run "$name" '

@@ -147,8 +147,8 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.has_draft = a.eng.draft != NULL;
     so.can_switch = cpu;
     so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
-    so.can_json = cpu;
-    so.can_logit_rules = cpu;
+    so.can_json = cpu || a.eng.gpus <= 1; /* the multi-GPU engine takes no rules or grammar */
+    so.can_logit_rules = cpu || a.eng.gpus <= 1;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
     so.chat_template = chat;

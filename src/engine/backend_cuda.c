@@ -3,7 +3,8 @@
  * (engine_cuda.h) and several over NCCL (engine_multi_cuda.h).  Both take the
  * same calls on their own engine type (named as their functions' prefix); the
  * adapters are written once, below.
- * Neither switches mode or budget after create.  The one-GPU engine reports the
+ * Neither switches mode or budget after create; logit rules and the JSON
+ * constraint run on one GPU (with the walk on the host).  The one-GPU engine reports the
  * auto budget's cost model it measured (ddt_engine_cost, the stats' cost_model),
  * so that it can be set beside measured round times.
  */
@@ -11,9 +12,10 @@
 #include "engine/engine_cuda.h"
 #include "engine/engine_multi_cuda.h"
 
-/* SCORE, LOGPROBS: the engine's ddt_engine_score / set_logprobs, or NULL (the multi-GPU
- * engine: its ranks' forwards run in lockstep threads that generate only) */
-#define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS)                                                                    \
+/* SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER: the engine's ddt_engine_score /
+ * set_logprobs / set_constraint / set_logit_rules / set_answer_start, or NULL (the
+ * multi-GPU engine: its ranks' forwards run in lockstep threads that generate only) */
+#define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER)                                                                    \
     static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
                                     const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
         P *e = NULL;                                                                                              \
@@ -44,6 +46,9 @@
         .generate = NAME##_generate,                                                                              \
         .score = SCORE,                                                                                           \
         .set_logprobs = LOGPROBS,                                                                                 \
+        .set_constraint = CONSTRAINT,                                                                             \
+        .set_logit_rules = RULES,                                                                                 \
+        .set_answer_start = ANSWER,                                                                               \
     };
 
 static ddt_status cuda_score(void *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
@@ -55,5 +60,16 @@ static void cuda_set_logprobs(void *e, ddt_token_logprobs *out, int32_t capacity
     ddt_engine_cuda_set_logprobs(e, out, capacity, n_top);
 }
 
-CUDA_BACKEND(cuda, ddt_engine_cuda, cuda_score, cuda_set_logprobs)
-CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL)
+static ddt_status cuda_set_constraint(void *e, const ddt_json_constraint *c, ddt_error *err) {
+    return ddt_engine_cuda_set_constraint(e, c, err);
+}
+
+static ddt_status cuda_set_logit_rules(void *e, const ddt_logit_rules *r, ddt_error *err) {
+    return ddt_engine_cuda_set_logit_rules(e, r, err);
+}
+
+static void cuda_set_answer_start(void *e, int32_t start) { ddt_engine_cuda_set_answer_start(e, start); }
+
+CUDA_BACKEND(cuda, ddt_engine_cuda, cuda_score, cuda_set_logprobs, cuda_set_constraint, cuda_set_logit_rules,
+             cuda_set_answer_start)
+CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, NULL, NULL, NULL)

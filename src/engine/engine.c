@@ -231,7 +231,7 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
     if (c && !c->vocab) c = NULL;
     if (!e->be->set_constraint) {
         if (!c) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON-constrained decoding runs on the CPU backend for now "
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON-constrained decoding runs on the CPU backend or one GPU "
                         "(this is the %s engine)", e->be->name);
     }
     if (c && ddt_json_vocab_size(c->vocab) != e->be->vocab(e->impl))
@@ -248,7 +248,7 @@ ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, d
     if (!e->be->set_logit_rules) {
         if (!r) return DDT_OK;
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit_bias and the presence / frequency / repetition penalties run on the CPU "
-                        "backend for now (this is the %s engine)", e->be->name);
+                        "backend or one GPU (this is the %s engine)", e->be->name);
     }
     return e->be->set_logit_rules(e->impl, r, err);
 }

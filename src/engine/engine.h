@@ -225,7 +225,8 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
  * tokens the grammar refuses simply never match.  Log-probabilities stay those of
  * the raw logits (as vLLM reports them).  vocab is the caller's, shared read-only,
  * and must outlive the setting; c NULL (or c->vocab NULL) turns it off.  The first
- * call allocates a mask of the vocabulary.  CPU engines only: the CUDA engines give
+ * call allocates a mask of the vocabulary.  CPU engines and one GPU (whose rounds
+ * then walk on the host: engine_cuda.h); the multi-GPU engine gives
  * DDT_ERR_UNSUPPORTED.
  */
 typedef struct ddt_json_constraint {
@@ -252,8 +253,9 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
  * r in (0, DDT_REPETITION_LIMIT]; anything else is refused and the previous rules
  * stay.  r NULL (or all zero) turns them off.  The values are copied.
  * Log-probabilities stay those of the raw logits.  The first call allocates the
- * counts (13 bytes an id).  CPU engines only: the CUDA engines give
- * DDT_ERR_UNSUPPORTED for any rule.
+ * counts (13 bytes an id).  CPU engines and one GPU (whose rounds then walk on
+ * the host, the drafts without the bias: engine_cuda.h); the multi-GPU engine
+ * gives DDT_ERR_UNSUPPORTED for any rule.
  */
 #define DDT_LOGIT_BIAS_MAX 1024
 #define DDT_LOGIT_BIAS_LIMIT 100.0f

@@ -12,8 +12,8 @@
 #include "core/topk.h"
 #include "core/zsort.h"
 #include "engine/backend.h"
+#include "engine/choice.h"
 #include "engine/emitter.h"
-#include "engine/logit_rules.h"
 #include "engine/logprobs.h"
 #include "engine/round.h"
 #include "model/drafter.h"
@@ -44,22 +44,9 @@ typedef struct cpu_engine {
     ddt_token_logprobs *lp_out;
     int32_t lp_cap, lp_top;
     float *score_logits; /* [DDT_ENGINE_PREFILL_CHUNK][vocab], made by the first ddt_engine_score */
-    /* ddt_engine_set_constraint: the grammar (json.vocab NULL = off); during a generation, the
-       recogniser's state after every emitted token, and the stop ids that end a document */
-    ddt_json_constraint json;
-    ddt_json_state jstate;
-    const int32_t *stop;
-    int32_t n_stop;
-    ddt_json_mask_cache *masks; /* the grammar's masks by state, made by the first constraint */
-    /* [tree capacity], with the masks: the state after each node's path, stepped as the build
-       accepts the node (grammar_allows) and read by the walk's sample_node */
-    ddt_json_state *pst;
-    float *masked;       /* [vocab] the logits row being sampled, with -inf outside the mask */
-    /* ddt_engine_set_logit_rules: the bias, the penalties and the generated-token counts
-       (rules.vocab 0 until the first call), and the row under them */
-    ddt_logit_state rules;
-    float *ruled; /* [vocab] */
-    int32_t answer_start; /* ddt_engine_set_answer_start: prompt ids from here count as generated (0: none) */
+    /* the target's choice under the request's logit rules and JSON constraint (choice.h);
+       its state table covers the tree's capacity */
+    ddt_choice ch;
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -77,11 +64,7 @@ static void cpu_free(void *impl) {
     free(e->rows);
     free(e->kv_ids);
     free(e->score_logits);
-    ddt_json_mask_cache_free(e->masks);
-    free(e->pst);
-    free(e->masked);
-    ddt_logit_state_free(&e->rules);
-    free(e->ruled);
+    ddt_choice_free(&e->ch);
     ddt_tree_free(&e->tree);
     ddt_builder_destroy(e->builder);
     ddt_sampler_destroy(e->sampler);
@@ -203,6 +186,7 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
     for (int32_t i = 0; i < DDT_ENGINE_PREFILL_CHUNK; i++) e->rows[i] = i;
     st = ddt_tree_alloc(max_tokens, &e->tree, err);
     if (st) goto fail;
+    ddt_choice_init(&e->ch, e->vocab, e->tree.capacity);
     st = ddt_builder_create(e->max_nodes - 1, &e->builder, err);
     if (st) goto fail;
     st = ddt_sampler_create(e->vocab, &e->sampler, err);
@@ -245,126 +229,42 @@ static void record_logprobs(const cpu_engine *e, const float *row, int32_t token
 }
 
 static ddt_status cpu_set_constraint(void *impl, const ddt_json_constraint *c, ddt_error *err) {
-    cpu_engine *e = impl;
-    if (c && !e->masks) {
-        /* 64 masks: a document's states repeat (in a string, after a comma at a depth);
-           10 MB at a 160k vocabulary */
-        ddt_status st = ddt_json_mask_cache_create(e->vocab, 64, &e->masks, err);
-        if (st) return st;
-        e->masked = ddt_malloc_array((size_t)e->vocab, sizeof(float));
-        e->pst = ddt_calloc_array((size_t)e->tree.capacity, sizeof *e->pst);
-        if (!e->masked || !e->pst) {
-            free(e->pst);
-            e->pst = NULL;
-            free(e->masked);
-            e->masked = NULL;
-            ddt_json_mask_cache_free(e->masks);
-            e->masks = NULL;
-            return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a token mask of %d ids", e->vocab);
-        }
-    }
-    ddt_json_mask_cache_clear(e->masks); /* another vocabulary, or none */
-    e->json = c ? *c : (ddt_json_constraint){0};
-    return DDT_OK;
+    return ddt_choice_set_constraint(&((cpu_engine *)impl)->ch, c, err);
 }
 
 static ddt_status cpu_set_logit_rules(void *impl, const ddt_logit_rules *r, ddt_error *err) {
-    cpu_engine *e = impl;
-    if (r && !e->ruled) {
-        ddt_status st = ddt_logit_state_init(&e->rules, e->vocab, err);
-        if (st) return st;
-        e->ruled = ddt_malloc_array((size_t)e->vocab, sizeof(float));
-        if (!e->ruled) {
-            ddt_logit_state_free(&e->rules);
-            return ddt_fail(err, DDT_ERR_NOMEM, "out of memory for a logits row of %d ids", e->vocab);
-        }
-    }
-    return e->ruled ? ddt_logit_state_set(&e->rules, r, err) : DDT_OK;
+    return ddt_choice_set_rules(&((cpu_engine *)impl)->ch, r, err);
 }
 
-static void cpu_set_answer_start(void *impl, int32_t start) { ((cpu_engine *)impl)->answer_start = start; }
+static void cpu_set_answer_start(void *impl, int32_t start) { ddt_choice_set_answer_start(&((cpu_engine *)impl)->ch, start); }
 
-/*
- * The target's token from a logits row: under logit rules, from the row as they
- * make it with the generated tokens plus path[0..n_path) counted (a tree node's
- * draft path, which it would have emitted by then); with a constraint, from a
- * copy with -inf outside the grammar's mask at state s (the row itself stays raw
- * for the log-probabilities); s is the state after the tokens before this one.
- */
-static ddt_status choose(cpu_engine *e, const float *row, const ddt_json_state *s, const int32_t *path,
-                         int32_t n_path, uint64_t round, uint32_t node, int32_t *token, ddt_error *err) {
-    if (e->rules.active) {
-        ddt_logit_state_apply(&e->rules, row, path, n_path, e->ruled);
-        row = e->ruled;
-    }
-    if (!e->json.vocab) return ddt_sample_token(e->sampler, row, e->vocab, &e->opts.sampling, round, node, token, err);
-    int32_t n_allowed = 0;
-    const uint8_t *allow = ddt_json_mask_cache_get(e->masks, e->json.vocab, s, e->stop, e->n_stop, &n_allowed);
-    if (n_allowed == 0)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: no token of this vocabulary can continue the "
-                        "document here");
-    for (int32_t i = 0; i < e->vocab; i++) e->masked[i] = allow[i] ? row[i] : -INFINITY;
-    return ddt_sample_token(e->sampler, e->masked, e->vocab, &e->opts.sampling, round, node, token, err);
-}
-
-static bool is_stop(const cpu_engine *e, int32_t id) {
-    for (int32_t i = 0; i < e->n_stop; i++)
-        if (e->stop[i] == id) return true;
-    return false;
-}
-
-/* Step a constraint state by one chosen token; a stop id ends the document and
- * leaves the state as it is (nothing after it is emitted). */
-static ddt_status advance(const cpu_engine *e, ddt_json_state *s, int32_t id, ddt_error *err) {
-    if (!e->json.vocab || is_stop(e, id) || ddt_json_vocab_advance(e->json.vocab, s, id)) return DDT_OK;
-    return ddt_fail(err, DDT_ERR_INTERNAL, "token %d was chosen under the JSON mask but the grammar refuses it", id);
+/* The target's token from a logits row after the emitted tokens (choice.h). */
+static ddt_status choose(cpu_engine *e, const float *row, uint64_t round, int32_t *token, ddt_error *err) {
+    return ddt_choice_pick(&e->ch, e->sampler, &e->opts.sampling, row, &e->ch.jstate, NULL, 0, round, 0, token, err);
 }
 
 /* Emitted ids[0..n) move on what follows the output: the constraint's state and
  * the logit rules' generated-token counts. */
 static ddt_status take_emitted(cpu_engine *e, const int32_t *ids, int32_t n, ddt_error *err) {
-    for (int32_t i = 0; i < n; i++) {
-        ddt_status st = advance(e, &e->jstate, ids[i], err);
-        if (st) return st;
-    }
-    if (e->rules.active) ddt_logit_state_push(&e->rules, ids, n);
-    return DDT_OK;
-}
-
-/*
- * Whether the grammar takes `token` after node parent's path: a stop id only once
- * the document is complete, any other id only before, and then only when the
- * grammar takes its bytes.  The target's masked choice can never take a refused
- * node, so leaving it out of the draft changes no output, and the build gives its
- * budget to the next allowed candidate.  Conservative: the mask is a subset of what
- * the grammar takes, so a kept node may still be one the mask refuses.  The state is
- * stepped in place in pst[node]: a refused candidate's slot is simply the next
- * one's.  A stop id leaves the state as it is: nothing after it is emitted.
- */
-static bool grammar_allows(void *ctx, int32_t parent, int32_t node, int32_t token) {
-    cpu_engine *e = ctx;
-    ddt_json_state *s = &e->pst[node];
-    *s = e->pst[parent];
-    if (is_stop(e, token)) return ddt_json_complete(s);
-    return !ddt_json_complete(s) && ddt_json_vocab_advance(e->json.vocab, s, token);
+    return ddt_choice_take(&e->ch, ids, n, err);
 }
 
 /* The round's draft tree: the best-first tree (under a constraint, of allowed nodes
  * only) or the chain (under a constraint, cut before its first refused token). */
 static ddt_status build_draft(cpu_engine *e, const ddt_draft_table *tb, int32_t bonus, int32_t budget,
                               int32_t len, ddt_error *err) {
-    const bool json = e->json.vocab != NULL;
-    if (json) e->pst[0] = e->jstate;
+    const bool json = e->ch.json.vocab != NULL;
+    ddt_choice_root(&e->ch);
     if (e->opts.mode == DDT_MODE_TREE) {
         const bool use_cost = e->have_cost && e->opts.budget_auto;
         if (use_cost) e->cost.context_len = (float)len;
         return ddt_tree_build_filtered(e->builder, tb, bonus, budget, use_cost ? &e->cost : NULL, e->vocab,
-                                       json ? grammar_allows : NULL, e, &e->tree, err);
+                                       json ? ddt_choice_allows : NULL, &e->ch, &e->tree, err);
     }
     ddt_status st = ddt_tree_build_chain(tb, bonus, budget, e->vocab, &e->tree, err);
     if (st || !json) return st;
     for (int32_t i = 1; i < e->tree.n_nodes; i++)
-        if (!grammar_allows(e, i - 1, i, e->tree.token[i]))
+        if (!ddt_choice_allows(&e->ch, i - 1, i, e->tree.token[i]))
             return ddt_tree_build_chain(tb, bonus, i - 1, e->vocab, &e->tree, err);
     return DDT_OK;
 }
@@ -416,16 +316,9 @@ typedef struct node_sampler {
 static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
     const node_sampler *ns = ctx;
     cpu_engine *e = ns->e;
-    /* the state after the node's path: build_draft stepped every node of this tree as it
-       was accepted, so it is not stepped again here */
-    const ddt_json_state *s = e->json.vocab ? &e->pst[node] : &e->jstate;
-    /* the node's draft path below the root (the root was emitted already): the penalties
-       count it as generated */
-    int32_t path[DDT_MAX_PATH], n_path = 0;
-    if (e->rules.active)
-        for (int32_t v = node; v > 0 && n_path < DDT_MAX_PATH; v = e->tree.parent[v]) path[n_path++] = e->tree.token[v];
-    return choose(e, e->logits + (size_t)node * (size_t)e->vocab, s, path, n_path, ns->round, (uint32_t)node, token,
-                  err);
+    /* under a constraint the state is the one build_draft stepped the node to */
+    return ddt_choice_pick_node(&e->ch, e->sampler, &e->opts.sampling, &e->tree,
+                                e->logits + (size_t)node * (size_t)e->vocab, node, ns->round, token, err);
 }
 
 /* Append the drafter features of rows[0..m) of the last target forward. */
@@ -448,7 +341,7 @@ static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error
     ddt_status st = ddt_drafter_draft(e->drafter, bonus, e->draft_logits, err);
     if (st) return st;
     /* drafts follow the bias the target's choices will get */
-    if (e->rules.active) ddt_logit_state_bias_rows(&e->rules, e->draft_logits, e->depth);
+    ddt_choice_bias_rows(&e->ch, e->draft_logits, e->depth);
     for (int32_t d = 0; d < e->depth; d++) {
         st = ddt_topk_logsoftmax(e->draft_logits + (size_t)d * (size_t)e->vocab, e->vocab, k, e->pairs,
                                  e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
@@ -486,16 +379,15 @@ static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32
 static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                 const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                 void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
-    if (e->json.vocab && n_stop < 1)
-        return ddt_fail(err, DDT_ERR_INVALID, "JSON constraint: the generation needs a stop id to end the document "
-                        "with (the stop list is empty)");
+    /* the grammar at its start, the penalties' counts; a constraint needs a stop id */
+    ddt_status st = ddt_choice_start(&e->ch, prompt, n_prompt, stop, n_stop, err);
+    if (st) return st;
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
     double forecast = 0.0; /* sum over speculative rounds of the drafter's expected acceptance */
     int64_t forecast_rounds = 0;
     const int32_t keep = reusable_prefix(e, prompt, n_prompt);
-    ddt_status st = ddt_target_rollback(e->target, keep, err);
-    if (st) return st;
+    if ((st = ddt_target_rollback(e->target, keep, err))) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, keep, err))) return st;
     e->n_kv = keep;
 
@@ -514,19 +406,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (st) return st;
     }
     int32_t bonus;
-    e->stop = stop;
-    e->n_stop = n_stop;
-    if (e->json.vocab) {
-        if (e->json.schema) ddt_json_init_schema(&e->jstate, e->json.schema);
-        else ddt_json_init(&e->jstate, e->json.object_only);
-    }
-    if (e->rules.active) {
-        ddt_logit_state_reset(&e->rules, prompt, n_prompt);
-        /* the answer's ids that earlier generations wrote: the penalties go on from them */
-        if (e->answer_start > 0 && e->answer_start < n_prompt)
-            ddt_logit_state_push(&e->rules, prompt + e->answer_start, n_prompt - e->answer_start);
-    }
-    st = choose(e, e->logits, &e->jstate, NULL, 0, 0, 0, &bonus, err);
+    st = choose(e, e->logits, 0, &bonus, err);
     if (st) return st;
     if ((st = take_emitted(e, &bonus, 1, err))) return st;
     double t_decode = ddt_engine_now();
@@ -555,7 +435,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
                 if ((st = feed_drafter(e, e->rows, 1, err))) return st;
             }
             t3 = ddt_engine_now();
-            st = choose(e, e->logits, &e->jstate, NULL, 0, round, 0, &bonus, err);
+            st = choose(e, e->logits, round, &bonus, err);
             if (st) return st;
             if ((st = take_emitted(e, &bonus, 1, err))) return st;
             t4 = ddt_engine_now();

@@ -19,6 +19,7 @@
 #include "backend/cuda/tree_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "engine/choice.h"
 #include "engine/emitter.h"
 #include "engine/logprobs.h"
 #include "engine/round.h"
@@ -115,6 +116,10 @@ struct ddt_engine_cuda {
     /* ddt_engine_cuda_score: all rows' logits of a prefill chunk, made by its first call */
     float *score_d;        /* device [DDT_ENGINE_PREFILL_CHUNK][vocab] */
     float *score_h;        /* pinned, the same */
+    /* ddt_engine_set_logit_rules / set_constraint: the target's choice under them
+       (choice.h), made on the host: while either is set every round walks there
+       (NEXT_HOST), over the verify rows copied back; its state table covers htree */
+    ddt_choice ch;
 };
 
 /* How a round picks the target's token at each node: argmax (T = 0), the device
@@ -123,6 +128,7 @@ struct ddt_engine_cuda {
 enum { NEXT_ARGMAX = 0, NEXT_SAMPLE = 1, NEXT_HOST = 2 };
 
 static int next_mode(const ddt_engine_cuda *e) {
+    if (ddt_choice_active(&e->ch)) return NEXT_HOST;
     if (e->opts.sampling.temperature <= 0.0f) return NEXT_ARGMAX;
     if (e->opts.cuda_host_sampler) return NEXT_HOST;
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
@@ -174,6 +180,7 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     free(e->vcost_h);
     free(e->kv_ids);
     ddt_tree_free(&e->htree);
+    ddt_choice_free(&e->ch);
     ddt_sampler_destroy(e->sampler);
     ddt_cuda_target_free(e->target);
     free(e);
@@ -279,6 +286,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         }
     }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
+    ddt_choice_init(&e->ch, e->vocab, e->htree.capacity);
     if ((st = ddt_sampler_create(e->vocab, &e->sampler, err))) goto fail;
     if (!(e->kv_ids = ddt_malloc_array((size_t)max_ctx, sizeof(int32_t)))) {
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d context ids", max_ctx);
@@ -542,8 +550,8 @@ typedef struct host_walk {
 static ddt_status sample_node(void *ctx, int32_t node, int32_t *token, ddt_error *err) {
     const host_walk *hw = ctx;
     ddt_engine_cuda *e = hw->e;
-    return ddt_sample_token(e->sampler, e->logits_h + (size_t)node * (size_t)e->vocab, e->vocab, &e->opts.sampling,
-                            hw->round, (uint32_t)node, token, err);
+    return ddt_choice_pick_node(&e->ch, e->sampler, &e->opts.sampling, &e->htree,
+                                e->logits_h + (size_t)node * (size_t)e->vocab, node, hw->round, token, err);
 }
 
 static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *err);
@@ -572,6 +580,8 @@ static ddt_status sampled_round(ddt_engine_cuda *e, int32_t budget, int32_t k, u
  * sampler's draws), the path handed back to the device, then the commit. */
 static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *err) {
     host_walk hw = {e, round};
+    /* the grammar's state after each node's path: the trees here were built without it */
+    ddt_choice_tree_states(&e->ch, &e->htree);
     ddt_walk_result w;
     TRY(ddt_tree_walk_fn(&e->htree, sample_node, &hw, e->vocab, &w, err));
     DDT_CUDA_TRY(mark(e, 4), err);
@@ -802,6 +812,18 @@ static ddt_status stop_exchange(ddt_engine_cuda *e, float flag, ddt_error *err) 
  * here and drops the round's tokens. */
 static bool stop_all(const ddt_engine_cuda *e) { return e->stop_d && e->stop_h[1] > 0.0f; }
 
+ddt_status ddt_engine_cuda_set_constraint(ddt_engine_cuda *e, const ddt_json_constraint *c, ddt_error *err) {
+    if (e->world > 1) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: one GPU or the CPU backend only");
+    return ddt_choice_set_constraint(&e->ch, c, err);
+}
+
+ddt_status ddt_engine_cuda_set_logit_rules(ddt_engine_cuda *e, const ddt_logit_rules *r, ddt_error *err) {
+    if (e->world > 1) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit rules: one GPU or the CPU backend only");
+    return ddt_choice_set_rules(&e->ch, r, err);
+}
+
+void ddt_engine_cuda_set_answer_start(ddt_engine_cuda *e, int32_t start) { ddt_choice_set_answer_start(&e->ch, start); }
+
 void ddt_engine_cuda_set_logprobs(ddt_engine_cuda *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
     e->lp_out = out;
     e->lp_cap = capacity;
@@ -854,7 +876,8 @@ static ddt_status next_token(ddt_engine_cuda *e, uint64_t round, int32_t *tok, d
     DDT_CUDA_TRY(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)e->vocab, cudaMemcpyDeviceToHost,
                                  e->s), err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
-    TRY(ddt_sample_token(e->sampler, e->logits_h, e->vocab, &e->opts.sampling, round, 0, tok, err));
+    TRY(ddt_choice_pick(&e->ch, e->sampler, &e->opts.sampling, e->logits_h, &e->ch.jstate, NULL, 0, round, 0, tok,
+                        err));
     e->walk_h[0] = *tok;
     DDT_CUDA_TRY(cudaMemcpyAsync(e->tree.root_token, e->walk_h, sizeof(int32_t), cudaMemcpyHostToDevice, e->s), err);
     return DDT_OK;
@@ -876,6 +899,8 @@ static float elapsed(cudaEvent_t a, cudaEvent_t b) {
 ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                     const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out,
                                     ddt_emit_fn emit_fn, void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
+    /* the grammar at its start, the penalties' counts; a constraint needs a stop id */
+    TRY(ddt_choice_start(&e->ch, prompt, n_prompt, stop, n_stop, err));
     ddt_gen_stats s;
     memset(&s, 0, sizeof s);
     const int mode = next_mode(e);
@@ -912,6 +937,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     int32_t bonus;
     TRY(next_token(e, 0, &bonus, err));
     TRY(check_kv(e, err));
+    TRY(ddt_choice_take(&e->ch, &bonus, 1, err));
     TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
     double t_decode = ddt_engine_now();
     s.t_prefill = t_decode - t_start;
@@ -948,6 +974,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (stop_all(e)) break;
             n = m = 1;
             s.t_verify += ddt_engine_now() - t0;
+            TRY(ddt_choice_take(&e->ch, &bonus, 1, err));
             TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
             ddt_emitter_push(&em, &bonus, 1);
         } else {
@@ -1004,6 +1031,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 if (e->emit_h[2 + i] < 0)
                     return ddt_fail(err, DDT_ERR_INVALID, "round %llu: the target's logits hold a NaN or an infinity",
                                     (unsigned long long)round);
+            TRY(ddt_choice_take(&e->ch, e->emit_h + 2, m, err));
             TRY(record_logprobs(e, true, e->emit_h + 2, m, em.n, err));
             ddt_emitter_push(&em, e->emit_h + 2, m);
         }

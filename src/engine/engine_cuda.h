@@ -7,8 +7,10 @@
  * data-dependent inputs all live on the device, captured once in a CUDA graph
  * and replayed; the host copies the round's emitted tokens back (one
  * synchronisation per round, which streaming output needs anyway).  Greedy
- * decoding only walks on the device; at T > 0 the verify logits come back and
- * the CPU sampler walks the tree (the same Philox draws as the CPU backend).
+ * decoding walks on the device, and at T > 0 so does the device sampler (the same
+ * Philox draws as the CPU backend) where it takes the settings; otherwise, and
+ * under logit rules or a JSON constraint, the verify logits come back and the CPU
+ * sampler walks the tree.
  */
 #ifndef DDT_ENGINE_ENGINE_CUDA_H
 #define DDT_ENGINE_ENGINE_CUDA_H
@@ -50,5 +52,14 @@ void ddt_engine_cuda_set_logprobs(ddt_engine_cuda *e, ddt_token_logprobs *out, i
  * every row's logits, copied back and log-softmaxed on the host (logprobs.h). */
 ddt_status ddt_engine_cuda_score(ddt_engine_cuda *e, const int32_t *ids, int32_t n, int32_t n_top,
                                  ddt_token_logprobs *out, ddt_error *err);
+/* ddt_engine_set_constraint / set_logit_rules / set_answer_start on one GPU (a rank
+ * of several refuses): while a constraint or a rule is set, every choice is made
+ * on the host (engine/choice.h) over the rows copied back, the ar step and the
+ * round run as launches (no graph) with the walk on the host, as a host-sampled
+ * round does; the tree is the device builder's, without the grammar (refused
+ * nodes are verified but never reached), and the drafts do not see the bias. */
+ddt_status ddt_engine_cuda_set_constraint(ddt_engine_cuda *e, const ddt_json_constraint *c, ddt_error *err);
+ddt_status ddt_engine_cuda_set_logit_rules(ddt_engine_cuda *e, const ddt_logit_rules *r, ddt_error *err);
+void ddt_engine_cuda_set_answer_start(ddt_engine_cuda *e, int32_t start);
 
 #endif

@@ -44,8 +44,8 @@ typedef struct ddt_server_options {
     bool can_switch;         /* the engine takes per-request mode / budget (CPU backend) */
     bool can_logprobs;       /* the engine reports log-probabilities (CPU backend) */
     bool can_json;           /* the engine takes a JSON constraint: response_format json_object / json_schema,
-                                and a forced tool call's arguments (CPU backend; else those run unconstrained) */
-    bool can_logit_rules;    /* the engine takes logit_bias and the presence / frequency penalties (CPU backend) */
+                                and tool calls' arguments (CPU backend or one GPU; else those run unconstrained) */
+    bool can_logit_rules;    /* the engine takes logit_bias and the penalties (CPU backend or one GPU) */
     int32_t max_budget;      /* the largest per-request tree budget (the engine's reserve) */
     int32_t default_budget;  /* tree budget for a request asking for tree without one */
     const ddt_chat_template *chat_template; /* the model's (chat.h); NULL: the built-in Kimi K2 one */

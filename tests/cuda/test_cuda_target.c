@@ -17,7 +17,11 @@
  *     rounds under a steep table, full trees under a flat one);
  *  6. serving: the prefix cache (each request's tokens a fresh engine's, exact
  *     cached counts), ddt_engine_score (vs the CPU's, and repeatable) and the
- *     log-probabilities (tree == ar bitwise, vs the CPU's).
+ *     log-probabilities (tree == ar bitwise, vs the CPU's);
+ *  7. logit rules and the JSON constraint on one GPU (the host-walk rounds): GPU
+ *     ar == chain == tree (fixed and auto) token for token under each, == the
+ *     CPU engine's ar, different from the unruled output, every token stepping
+ *     the grammar at T = 0 and T = 1.
  * Unused device memory is poisoned with NaN where the test owns it.
  * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases;
  * --sweep-fast N: the fast attention over N seeds; --diag-fast SEED...: why a
@@ -35,6 +39,9 @@
 #include "engine/engine.h"
 #include "model/target.h"
 #include "model/target_cuda.h"
+#include "text/json_grammar.h"
+#include "text/json_vocab.h"
+#include "text/tokenizer.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) { return ct_xorshift(&g_rng, 16); }
@@ -1283,6 +1290,96 @@ static void test_serving(const char *model, const char *draft, const int32_t *pr
     ddt_engine_free(gpu);
 }
 
+/* 7: one generation of `model` under the rules (NULL: none) and the JSON object
+ * constraint (v NULL: none), stop id eos; budget < 0: auto capped at -budget. */
+static void ruled_run(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
+                      const ddt_logit_rules *rules, const ddt_json_vocab *v, int32_t eos, const int32_t *prompt,
+                      int np, int max_new, run_out *r) {
+    ddt_engine_options o = {0};
+    o.mode = mode;
+    o.backend = be;
+    o.draft_dir = mode == DDT_MODE_AR ? NULL : draft;
+    o.budget = budget < 0 ? -budget : budget;
+    o.budget_auto = budget < 0;
+    o.sampling = (ddt_sampling){temp, 0, 1.0f, 11};
+    o.n_threads = 2;
+    ddt_engine *e;
+    OK(ddt_engine_create(model, &o, &e, &err_));
+    OK(ddt_engine_set_logit_rules(e, rules, &err_));
+    const ddt_json_constraint jc = {v, true, NULL};
+    OK(ddt_engine_set_constraint(e, v ? &jc : NULL, &err_));
+    OK(ddt_engine_generate(e, prompt, np, max_new, &eos, 1, r->ids, &r->n, NULL, NULL, &r->st, &err_));
+    if (be == DDT_BACKEND_CUDA && (rules || v))
+        CHECK(r->st.round_kernels == 0, "ruled GPU run: %d kernels a round (expected the host-walk rounds)",
+              r->st.round_kernels);
+    ddt_engine_free(e);
+}
+
+/* Every token of r steps the JSON object grammar from its start (a stop id only
+ * once the document is complete, and nothing after it). */
+static bool json_steps(const ddt_json_vocab *v, const run_out *r, int32_t eos) {
+    ddt_json_state s;
+    ddt_json_init(&s, true);
+    for (int32_t i = 0; i < r->n; i++) {
+        if (r->ids[i] == eos) return ddt_json_complete(&s) && i == r->n - 1;
+        if (ddt_json_complete(&s) || !ddt_json_vocab_advance(v, &s, r->ids[i])) return false;
+    }
+    return true;
+}
+
+static void test_rules_json(const char *model, const char *draft, const int32_t *prompt, int np) {
+    enum { NG = 48 };
+    const int32_t eos = 4097; /* the shipped target's eos_token_id */
+    ddt_tokenizer *tok;
+    ddt_json_vocab *v;
+    OK(ddt_tokenizer_load(model, &tok, &err_));
+    ddt_engine_options o0 = {0};
+    o0.backend = DDT_BACKEND_CPU;
+    o0.n_threads = 2;
+    o0.sampling.top_p = 1.0f;
+    ddt_engine *probe;
+    OK(ddt_engine_create(model, &o0, &probe, &err_));
+    OK(ddt_json_vocab_create(tok, ddt_engine_vocab(probe), &v, &err_));
+    ddt_engine_free(probe);
+    /* the unruled output, whose first tokens the bias pushes away from */
+    run_out plain;
+    ruled_run(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, NULL, NULL, eos, prompt, np, NG, &plain);
+    const int32_t bias_ids[3] = {plain.ids[0], plain.ids[1], plain.ids[2]};
+    const float bias[3] = {-8.0f, -3.0f, 2.5f};
+    const ddt_logit_rules rules = {bias_ids, bias, 3, 0.6f, 0.4f, 1.3f};
+    int cases = 0, tokens = 0;
+    for (int c = 0; c < 3; c++) {
+        const ddt_logit_rules *rc = c == 1 ? NULL : &rules;
+        const ddt_json_vocab *vc = c == 0 ? NULL : v;
+        const char *what = c == 0 ? "rules" : c == 1 ? "json" : "rules + json";
+        run_out cpu, ar, x;
+        ruled_run(model, draft, DDT_BACKEND_CPU, DDT_MODE_AR, 0, 0.0f, rc, vc, eos, prompt, np, NG, &cpu);
+        ruled_run(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, rc, vc, eos, prompt, np, NG, &ar);
+        CHECK(same_ids(&ar, &cpu), "%s, %s: GPU ar != CPU ar (%d / %d tokens)", model, what, ar.n, cpu.n);
+        CHECK(!same_ids(&ar, &plain), "%s, %s: the output is the unruled one", model, what);
+        if (vc) CHECK(json_steps(v, &ar, eos), "%s, %s: GPU ar's tokens leave the grammar", model, what);
+        const struct { ddt_mode m; int b; } spec[] = {{DDT_MODE_CHAIN, 0}, {DDT_MODE_TREE, 16}, {DDT_MODE_TREE, -32}};
+        for (int k = 0; k < 3; k++) {
+            ruled_run(model, draft, DDT_BACKEND_CUDA, spec[k].m, spec[k].b, 0.0f, rc, vc, eos, prompt, np, NG, &x);
+            CHECK(same_ids(&x, &ar), "%s, %s: GPU mode %d budget %d != GPU ar", model, what, (int)spec[k].m,
+                  spec[k].b);
+            cases++;
+            tokens += x.n;
+        }
+        if (vc) { /* T = 1: every mode's draws stay in the grammar */
+            for (int k = 0; k < 3; k++) {
+                ruled_run(model, draft, DDT_BACKEND_CUDA, spec[k].m, spec[k].b, 1.0f, rc, vc, eos, prompt, np, NG, &x);
+                CHECK(json_steps(v, &x, eos), "%s, %s, T 1: GPU mode %d budget %d leaves the grammar", model, what,
+                      (int)spec[k].m, spec[k].b);
+            }
+        }
+    }
+    printf("  rules / json on one GPU: ar == chain == tree 16 == auto (%d runs, %d tokens), == CPU ar; T = 1 "
+           "grammatical\n", cases, tokens);
+    ddt_json_vocab_free(v);
+    ddt_tokenizer_free(tok);
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--diag-fast")) {
@@ -1323,6 +1420,13 @@ int main(int argc, char **argv) {
         if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
         test_engine("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, false);
         test_auto_convex("models/pystdlib-target", "models/pystdlib-dflash", ids, (int)n_ids, 128, true);
+    }
+    {
+        printf("engine, shipped pair under logit rules and the JSON constraint:\n");
+        static int32_t ids[8192];
+        size_t n_ids;
+        if (!cuda_test_heldout_ids(ids, 8192, &n_ids)) return 1;
+        test_rules_json("models/pystdlib-target", "models/pystdlib-dflash", ids, n_ids < 60 ? (int)n_ids : 60);
     }
     printf("kernels in a captured round: at most %d\n", g_max_round_kernels);
     if (g_failures) printf("test_cuda_target: %d FAILURES\n", g_failures);
