@@ -364,18 +364,6 @@ static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32
     return keep;
 }
 
-/* --budget auto's fallback: when a speculative round's tokens per cost (smoothed)
- * fall below an ar step's, the next `hold` rounds are plain ar steps (the drafter
- * still fed, so a later round can draft), then one speculative round probes
- * again; a probe that still loses doubles the hold, one that wins resets it.  The
- * hold is also scaled by how far speculation is from paying (ar rate over its
- * rate): a probe costs a draft, which on a CPU is several ar steps.
- * Costs are the auto budget's measured table, so the choice is deterministic for
- * an engine; tokens are the target's either way (greedy: equal; sampled: each a
- * target sample). */
-#define AR_HOLD_MIN 4
-#define AR_HOLD_MAX 64
-
 static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                 const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                 void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
@@ -413,9 +401,9 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     s.t_prefill = t_decode - t_start;
     record_logprobs(e, e->logits, bonus, em.n);
     ddt_emitter_push(&em, &bonus, 1);
-    const bool fallback = e->opts.mode == DDT_MODE_TREE && e->opts.budget_auto && e->have_cost;
-    double tau_avg = -1.0; /* tokens a speculative round yields, smoothed (< 0: none yet) */
-    int32_t hold = 0, backoff = AR_HOLD_MIN;
+    /* --budget auto's fallback to ar steps where speculation does not pay (round.h) */
+    ddt_ar_fallback fb;
+    ddt_ar_fallback_start(&fb, e->opts.mode == DDT_MODE_TREE && e->opts.budget_auto && e->have_cost);
 
     for (uint64_t round = 1; !em.done; round++) {
         int32_t len = ddt_target_len(e->target);
@@ -423,14 +411,13 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
         if (room < 0) break;                 /* context full */
         double t0 = ddt_engine_now(), t1, t2, t3, t4;
         int32_t n;
-        const bool fallback_step = hold > 0;
+        const bool fallback_step = ddt_ar_fallback_step(&fb);
         if (e->opts.mode == DDT_MODE_AR || fallback_step) {
             t1 = t2 = ddt_engine_now();
             st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err);
             if (st) return st;
             e->kv_ids[e->n_kv++] = bonus;
             if (fallback_step) { /* a speculative engine's drafter follows the context */
-                hold--;
                 s.ar_rounds++;
                 if ((st = feed_drafter(e, e->rows, 1, err))) return st;
             }
@@ -481,20 +468,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             bonus = w.bonus;
             s.accepted += w.length;
             ddt_emitter_push(&em, ids, w.length);
-            if (fallback) {
-                /* a probe after a hold starts the average afresh: the text may have changed */
-                const bool probe = round > 1 && tau_avg >= 0.0 && backoff > AR_HOLD_MIN;
-                tau_avg = tau_avg < 0.0 || probe ? (double)w.length : 0.75 * tau_avg + 0.25 * (double)w.length;
-                const double spec = tau_avg / ((double)e->cost.draft + (double)ddt_cost_verify(&e->cost, (float)(n - 1)));
-                const double plain = 1.0 / (double)ddt_cost_verify(&e->cost, 0.0f);
-                if (spec < plain) {
-                    const double scaled = (double)backoff * ceil(plain / spec);
-                    hold = scaled > AR_HOLD_MAX ? AR_HOLD_MAX : (int32_t)scaled;
-                    backoff = backoff * 2 > AR_HOLD_MAX ? AR_HOLD_MAX : backoff * 2;
-                } else {
-                    backoff = AR_HOLD_MIN;
-                }
-            }
+            ddt_ar_fallback_after_round(&fb, round, w.length, n, &e->cost);
         }
         double t5 = ddt_engine_now();
         s.rounds++;

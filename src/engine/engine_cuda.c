@@ -87,6 +87,10 @@ struct ddt_engine_cuda {
     int32_t graph_kernels; /* kernel nodes of the captured round (ddt_gen_stats.round_kernels) */
     int32_t graph_pdl;     /* of its kernel-to-kernel edges, those made programmatic (ddt_gen_stats.round_pdl_edges) */
     int graph_next;        /* how the graph picks each node's token: NEXT_ARGMAX or NEXT_SAMPLE */
+    /* --budget auto's fallback (round.h ddt_ar_fallback): an ar step that feeds the
+       drafter (prefill of the root, its row appended, the next token), a graph
+       captured with the bucket graphs */
+    cudaGraphExec_t argraph;
     cudaEvent_t ev[N_EVENTS];
     /* A captured round records its phase events on a side branch (side, forked
        from s at each mark and joined once before the capture ends), so that an
@@ -159,6 +163,7 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     if (!e) return;
     if (e->s) cudaStreamSynchronize(e->s);
     if (e->graph) cudaGraphExecDestroy(e->graph);
+    if (e->argraph) cudaGraphExecDestroy(e->argraph);
     for (int32_t j = 0; j < e->n_bgraphs; j++)
         if (e->bgraph[j]) cudaGraphExecDestroy(e->bgraph[j]);
     for (int i = 0; i < N_EVENTS; i++)
@@ -423,16 +428,22 @@ static ddt_status launch_tree_rows(ddt_engine_cuda *e, int32_t budget, int32_t k
     return launch_commit(e, err);
 }
 
+/* One target step on the root token: its row committed, the next token (mode)
+ * into root_token; feed: the row also appended to the drafter's context (the auto
+ * budget's fallback steps, after which a round may draft again). */
+static ddt_status launch_ar_step(ddt_engine_cuda *e, int mode, bool feed, ddt_error *err) {
+    DDT_CUDA_TRY(mark(e, 0), err);
+    TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
+    if (feed) TRY(ddt_cuda_drafter_append_prefix(e->drafter, e->capture, 1, e->s, err));
+    if (mode != NEXT_HOST) TRY(launch_next(e, mode, 1, e->one, e->tree.root_token, err));
+    DDT_CUDA_TRY(mark(e, 3), err);
+    return DDT_OK;
+}
+
 /* The whole device round (the graph's body), greedy or with the device sampler
  * (mode); AR (budget 0): one target step. */
 static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
-    if (e->opts.mode == DDT_MODE_AR) {
-        DDT_CUDA_TRY(mark(e, 0), err);
-        TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
-        TRY(launch_next(e, e->graph_next, 1, e->one, e->tree.root_token, err));
-        DDT_CUDA_TRY(mark(e, 3), err);
-        return DDT_OK;
-    }
+    if (e->opts.mode == DDT_MODE_AR) return launch_ar_step(e, e->graph_next, false, err);
     /* the auto budget outside the graph (the context's last rounds): one verify
        bucket, the whole budget, since the host cannot see the device's choice */
     const ddt_cuda_tree_auto one_bucket = single_bucket(e, budget);
@@ -459,9 +470,10 @@ static int32_t count_kernels(cudaGraph_t g) {
  * last a few microseconds the second kernel's launch gap overlaps the first.
  * Only for one GPU without NCCL: a multi-GPU round also holds NCCL's kernels,
  * which do not wait.  *converted counts the edges changed. */
-static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, int32_t *converted, ddt_error *err) {
+static ddt_status programmatic_edges(const ddt_engine_cuda *e, cudaGraph_t g, bool ar_step, int32_t *converted,
+                                     ddt_error *err) {
     const bool products_only = e->opts.cuda_pdl_edges == DDT_PDL_EDGES_PRODUCTS ||
-                               (e->opts.cuda_pdl_edges == DDT_PDL_EDGES_DEFAULT && e->opts.mode == DDT_MODE_AR);
+                               (e->opts.cuda_pdl_edges == DDT_PDL_EDGES_DEFAULT && ar_step);
     return ddt_cuda_graph_programmatic(g, products_only, converted, err);
 }
 
@@ -496,7 +508,7 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
         cudaError_t ce = end_capture(e, &g);
         int32_t pdl = 0;
         if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
-        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &pdl, err);
+        if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, false, &pdl, err);
         if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&e->bgraph[j], g, 0);
         if (g) cudaGraphDestroy(g);
         if (st != DDT_OK) return st;
@@ -510,6 +522,29 @@ static ddt_status capture_bucket_graphs(ddt_engine_cuda *e, int32_t budget, int3
     return DDT_OK;
 }
 
+/* The auto budget's fallback step as a graph (launch_ar_step feeding the drafter),
+ * its edges as an ar engine's. */
+static ddt_status capture_ar_graph(ddt_engine_cuda *e, ddt_error *err) {
+    if (e->argraph) {
+        DDT_CUDA_TRY(cudaGraphExecDestroy(e->argraph), err);
+        e->argraph = NULL;
+    }
+    cudaGraph_t g = NULL;
+    int32_t pdl = 0;
+    DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
+    ddt_status st = launch_ar_step(e, e->graph_next, true, err);
+    cudaError_t ce = end_capture(e, &g);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, true, &pdl, err);
+    if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&e->argraph, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (st != DDT_OK) return st;
+    if (ce != cudaSuccess) {
+        e->argraph = NULL;
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA graph of the auto budget's ar step: %s", cudaGetErrorString(ce));
+    }
+    return DDT_OK;
+}
+
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     if (e->graph) {
         DDT_CUDA_TRY(cudaGraphExecDestroy(e->graph), err);
@@ -520,13 +555,17 @@ static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, d
     ddt_status st;
     cudaError_t ce = cudaSuccess;
     e->graph_pdl = 0;
-    if (e->auto_budget) return capture_bucket_graphs(e, budget, k, err);
+    if (e->auto_budget) {
+        TRY(capture_ar_graph(e, err));
+        return capture_bucket_graphs(e, budget, k, err);
+    }
     DDT_CUDA_TRY(cudaStreamBeginCapture(e->s, cudaStreamCaptureModeThreadLocal), err);
     st = launch_device_round(e, budget, k, err);
     ce = end_capture(e, &g);
     /* the round's kernels, counted before the graph goes (what the launch-bound small model pays) */
     if (st == DDT_OK && ce == cudaSuccess) e->graph_kernels = count_kernels(g);
-    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &e->graph_pdl, err);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e))
+        st = programmatic_edges(e, g, e->opts.mode == DDT_MODE_AR, &e->graph_pdl, err);
     if (st != DDT_OK) {
         if (g) cudaGraphDestroy(g);
         return st;
@@ -700,7 +739,7 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     ddt_status st = fn(e, n, err);
     cudaError_t ce = end_capture(e, &g);
     int32_t converted = 0; /* the cost of the round's work as the round's graph runs it */
-    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, &converted, err);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, e->opts.mode == DDT_MODE_AR, &converted, err);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
     if (g) cudaGraphDestroy(g);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);
@@ -945,6 +984,10 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     int32_t len = n_prompt;
     const bool lockstep = e->stop_d != NULL; /* several GPUs: every rank ends after the same round */
     e->auto_bucket = e->tauto.n_buckets - 1; /* the auto budget's first round: every bucket open */
+    /* --budget auto's fallback to ar steps where speculation does not pay (round.h);
+       one GPU only (a rank of several keeps its lockstep rounds) */
+    ddt_ar_fallback fb;
+    ddt_ar_fallback_start(&fb, e->auto_budget && !auto_host(e) && e->argraph);
     for (uint64_t round = 1;; round++) {
         float stop_flag;
         if (!ddt_emitter_next_round(&em, lockstep, &stop_flag)) break;
@@ -974,6 +1017,31 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (stop_all(e)) break;
             n = m = 1;
             s.t_verify += ddt_engine_now() - t0;
+            TRY(ddt_choice_take(&e->ch, &bonus, 1, err));
+            TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
+            ddt_emitter_push(&em, &bonus, 1);
+        } else if (ddt_ar_fallback_step(&fb)) {
+            /* an ar step of an auto-budget engine: the drafter is fed its row */
+            if (on_device) {
+                if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
+                DDT_CUDA_TRY(cudaGraphLaunch(e->argraph, e->s), err);
+                DDT_CUDA_TRY(cudaMemcpyAsync(e->emit_h, e->tree.root_token, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                             e->s), err);
+                DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+                if (stop_all(e)) break;
+                e->kv_ids[n_kv++] = bonus;
+                bonus = e->emit_h[0];
+                if (bonus < 0) return ddt_fail(err, DDT_ERR_INVALID, "the target's logits hold a NaN or an infinity");
+                if (!e->opts.cuda_no_phase_times) s.t_verify += elapsed(e->ev[0], e->ev[3]);
+            } else {
+                TRY(launch_ar_step(e, NEXT_HOST, true, err));
+                e->kv_ids[n_kv++] = bonus;
+                TRY(next_token(e, round, &bonus, err)); /* synchronises */
+                if (stop_all(e)) break;
+                s.t_verify += ddt_engine_now() - t0;
+            }
+            n = m = 1;
+            s.ar_rounds++;
             TRY(ddt_choice_take(&e->ch, &bonus, 1, err));
             TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
             ddt_emitter_push(&em, &bonus, 1);
@@ -1034,6 +1102,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             TRY(ddt_choice_take(&e->ch, e->emit_h + 2, m, err));
             TRY(record_logprobs(e, true, e->emit_h + 2, m, em.n, err));
             ddt_emitter_push(&em, e->emit_h + 2, m);
+            ddt_ar_fallback_after_round(&fb, round, m, n, &e->cost);
         }
         len += m;
         s.rounds++;

@@ -3,6 +3,7 @@
  */
 #include "engine/round.h"
 
+#include <math.h>
 #include <time.h>
 
 _Static_assert(DDT_MAX_BUDGET <= 1024, "DDT_ENGINE_COST_POINTS = 12 holds the cost points of budgets up to 1024");
@@ -86,4 +87,34 @@ void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *ver
     out->nodes = nodes;
     out->verify = verify;
     out->contexts = NULL; /* one context row: never read, and the caller's may go away */
+}
+
+void ddt_ar_fallback_start(ddt_ar_fallback *f, bool on) {
+    f->on = on;
+    f->tau_avg = -1.0;
+    f->hold = 0;
+    f->backoff = DDT_AR_HOLD_MIN;
+}
+
+bool ddt_ar_fallback_step(ddt_ar_fallback *f) {
+    if (f->hold <= 0) return false;
+    f->hold--;
+    return true;
+}
+
+void ddt_ar_fallback_after_round(ddt_ar_fallback *f, uint64_t round, int32_t accepted, int32_t nodes,
+                                 const ddt_cost_model *c) {
+    if (!f->on) return;
+    /* a probe after a hold starts the average afresh: the text may have changed */
+    const bool probe = round > 1 && f->tau_avg >= 0.0 && f->backoff > DDT_AR_HOLD_MIN;
+    f->tau_avg = f->tau_avg < 0.0 || probe ? (double)accepted : 0.75 * f->tau_avg + 0.25 * (double)accepted;
+    const double spec = f->tau_avg / ((double)c->draft + (double)ddt_cost_verify(c, (float)(nodes - 1)));
+    const double plain = 1.0 / (double)ddt_cost_verify(c, 0.0f);
+    if (spec < plain) {
+        const double scaled = (double)f->backoff * ceil(plain / spec);
+        f->hold = scaled > DDT_AR_HOLD_MAX ? DDT_AR_HOLD_MAX : (int32_t)scaled;
+        f->backoff = f->backoff * 2 > DDT_AR_HOLD_MAX ? DDT_AR_HOLD_MAX : f->backoff * 2;
+    } else {
+        f->backoff = DDT_AR_HOLD_MIN;
+    }
 }

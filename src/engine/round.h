@@ -2,13 +2,14 @@
  * round.h — what every backend's decoding loop shares (internal to the engine
  * layer): the prefill chunk, the clock, the per-round budget and top-K clamps,
  * and the verify-cost measurement of the auto budget (or the adoption of a
- * given table).  The CPU loop
+ * given table), and the auto budget's fallback to ar steps.  The CPU loop
  * (engine_cpu.c) and the CUDA loop (engine_cuda.c) call these; neither keeps a
  * copy of its own.
  */
 #ifndef DDT_ENGINE_ROUND_H
 #define DDT_ENGINE_ROUND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/engine.h"
@@ -63,5 +64,36 @@ ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, dd
  * most DDT_ENGINE_COST_POINTS points).  Every backend takes a given table so.
  */
 void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *verify, ddt_cost_model *out);
+
+/*
+ * --budget auto's fallback to plain ar steps, for every backend's loop: when a
+ * speculative round's tokens per cost (smoothed) fall below an ar step's, the
+ * next `hold` rounds are ar steps (the drafter still fed, so a later round can
+ * draft), then one speculative round probes again; a probe that still loses
+ * doubles the hold, one that wins resets it.  The hold is also scaled by how far
+ * speculation is from paying (ar rate over its rate): a probe costs a draft,
+ * which on a CPU is several ar steps.  Costs are the auto budget's table, so the
+ * choice is deterministic for an engine; tokens are the target's either way
+ * (greedy: equal; sampled: each a target sample).
+ */
+#define DDT_AR_HOLD_MIN 4
+#define DDT_AR_HOLD_MAX 64
+
+typedef struct ddt_ar_fallback {
+    bool on;        /* an auto-budget tree generation with a cost table */
+    double tau_avg; /* tokens a speculative round yields, smoothed (< 0: none yet) */
+    int32_t hold, backoff;
+} ddt_ar_fallback;
+
+/* A generation's start: nothing held; off unless `on`. */
+void ddt_ar_fallback_start(ddt_ar_fallback *f, bool on);
+
+/* Whether this round is an ar step (taking one from the hold). */
+bool ddt_ar_fallback_step(ddt_ar_fallback *f);
+
+/* After speculative round `round` (1, 2, ...) that verified `nodes` rows (the
+ * root included) and emitted `accepted` tokens, under cost table c. */
+void ddt_ar_fallback_after_round(ddt_ar_fallback *f, uint64_t round, int32_t accepted, int32_t nodes,
+                                 const ddt_cost_model *c);
 
 #endif

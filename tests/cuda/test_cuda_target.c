@@ -1122,8 +1122,33 @@ static void test_given_cost(const char *model, const char *draft, const int32_t 
         const long long want = kind ? 9LL * x.st.rounds : (long long)x.st.rounds;
         CHECK((long long)x.st.nodes_verified == want, "%s: given %s cost table: %lld nodes in %lld rounds (want %lld)",
               model, kind ? "flat" : "steep", (long long)x.st.nodes_verified, (long long)x.st.rounds, want);
+        CHECK(x.st.ar_rounds == 0, "%s: given %s cost table: %d ar steps (a free draft always pays)", model,
+              kind ? "flat" : "steep", x.st.ar_rounds);
         printf("  given %s cost table, auto budget (max 8): %lld nodes in %lld rounds\n", kind ? "flat" : "steep",
                (long long)x.st.nodes_verified, (long long)x.st.rounds);
+    }
+    /* the fallback (round.h ddt_ar_fallback): a draft that costs 100 ar steps never pays, so
+       after each losing probe the engine runs the longest hold, 64 ar steps (graph replays that
+       feed the drafter); greedy tokens are ar's, and at T = 1 the seed decides, as on the CPU */
+    static const float dnodes[2] = {0.0f, 8.0f}, dverify[2] = {1e-3f, 2e-3f};
+    const ddt_cost_model dear = {0.1f, 2, dnodes, 1, NULL, dverify, 0.0f};
+    for (int t = 0; t < 2; t++) {
+        const int gen = 200;
+        run_out y, again;
+        g_cost = &dear;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, t ? 1.0f : 0.0f, prompt, np, gen, &x);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -8, t ? 1.0f : 0.0f, prompt, np, gen, &again);
+        g_cost = NULL;
+        const int32_t probes = (x.st.rounds + 64) / 65;
+        CHECK(x.n == gen && x.st.rounds - x.st.ar_rounds == probes,
+              "%s: T %d: %d rounds, %d of them ar steps: expected %d probes (%d tokens)", model, t, x.st.rounds,
+              x.st.ar_rounds, probes, x.n);
+        CHECK(same_ids(&x, &again), "%s: T %d: the fallback's tokens are not reproducible", model, t);
+        if (t == 0) {
+            run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, gen, &y);
+            CHECK(same_ids(&x, &y), "%s: the fallback's greedy tokens != GPU ar", model);
+        }
+        printf("  dear draft, auto budget, T %d: %d rounds, %d ar steps\n", t, x.st.rounds, x.st.ar_rounds);
     }
 }
 
