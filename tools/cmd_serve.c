@@ -145,7 +145,22 @@ int ddt_cmd_serve(int argc, char **argv) {
     so.max_queue = (int)a.max_queue;
     so.sampling = eo.sampling;
     so.has_draft = a.eng.draft != NULL;
-    so.can_switch = cpu;
+    so.can_switch = so.can_chain = so.can_auto = cpu;
+    if (!cpu && a.eng.gpus <= 1 && a.eng.draft && eo.mode != DDT_MODE_AR) {
+        /* one GPU switches within what it allocated: ask it what it takes, then restore */
+        ddt_mode m0;
+        int32_t b0;
+        bool auto0;
+        ddt_engine_speculation(eng, &m0, &b0, &auto0);
+        so.can_switch = true;
+        so.can_chain = ddt_engine_set_speculation(eng, DDT_MODE_CHAIN, b0, false, &err) == DDT_OK;
+        so.can_auto = ddt_engine_set_speculation(eng, DDT_MODE_TREE, b0, true, &err) == DDT_OK;
+        if ((st = ddt_engine_set_speculation(eng, m0, b0, auto0, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree serve: %s\n", err.msg);
+            rc = cli_status_exit(st);
+            goto done;
+        }
+    }
     so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
     so.can_json = cpu || a.eng.gpus <= 1; /* the multi-GPU engine takes no rules or grammar */
     so.can_logit_rules = cpu || a.eng.gpus <= 1;

@@ -3,8 +3,9 @@
  * (engine_cuda.h) and several over NCCL (engine_multi_cuda.h).  Both take the
  * same calls on their own engine type (named as their functions' prefix); the
  * adapters are written once, below.
- * Neither switches mode or budget after create; logit rules and the JSON
- * constraint run on one GPU (with the walk on the host).  The one-GPU engine reports the
+ * One GPU switches mode and budget within what create allocated, and takes logit
+ * rules and the JSON constraint (with the walk on the host); several GPUs run the
+ * mode they were created with and no rules.  The one-GPU engine reports the
  * auto budget's cost model it measured (ddt_engine_cost, the stats' cost_model),
  * so that it can be set beside measured round times.
  */
@@ -15,7 +16,7 @@
 /* SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER: the engine's ddt_engine_score /
  * set_logprobs / set_constraint / set_logit_rules / set_answer_start, or NULL (the
  * multi-GPU engine: its ranks' forwards run in lockstep threads that generate only) */
-#define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER)                                                                    \
+#define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER, SPECULATION)                                                                    \
     static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
                                     const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
         P *e = NULL;                                                                                              \
@@ -49,6 +50,7 @@
         .set_constraint = CONSTRAINT,                                                                             \
         .set_logit_rules = RULES,                                                                                 \
         .set_answer_start = ANSWER,                                                                               \
+        .set_speculation = SPECULATION,                                                                           \
     };
 
 static ddt_status cuda_score(void *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
@@ -70,6 +72,10 @@ static ddt_status cuda_set_logit_rules(void *e, const ddt_logit_rules *r, ddt_er
 
 static void cuda_set_answer_start(void *e, int32_t start) { ddt_engine_cuda_set_answer_start(e, start); }
 
+static ddt_status cuda_set_speculation(void *e, ddt_mode mode, int32_t budget, bool budget_auto, ddt_error *err) {
+    return ddt_engine_cuda_set_speculation(e, mode, budget, budget_auto, err);
+}
+
 CUDA_BACKEND(cuda, ddt_engine_cuda, cuda_score, cuda_set_logprobs, cuda_set_constraint, cuda_set_logit_rules,
-             cuda_set_answer_start)
-CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, NULL, NULL, NULL)
+             cuda_set_answer_start, cuda_set_speculation)
+CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, NULL, NULL, NULL, NULL)

@@ -275,8 +275,9 @@ ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budg
         (mode != DDT_MODE_TREE || (budget == e->opts.budget && budget_auto == e->opts.budget_auto)))
         return DDT_OK;
     if (!e->be->set_speculation)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "switching the mode or budget needs the CPU backend; the CUDA "
-                        "engine runs the %s mode it was started with", ddt_mode_name(e->opts.mode));
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "switching the mode or budget needs the CPU backend or one "
+                        "GPU; the %s engine runs the %s mode it was started with", e->be->name,
+                        ddt_mode_name(e->opts.mode));
     ddt_status st = e->be->set_speculation(e->impl, mode, budget, budget_auto, err);
     if (st) return st;
     e->opts.mode = mode;

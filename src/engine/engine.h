@@ -171,10 +171,12 @@ const ddt_model_config *ddt_engine_model_config(const ddt_engine *e);
 ddt_status ddt_engine_set_sampling(ddt_engine *e, const ddt_sampling *s, ddt_error *err);
 /*
  * Switch later generations to another mode / budget (budget_auto: cost-aware,
- * capped by budget) without reloading the model.  CPU engines only, and only
- * within what create allocated (opts.reserve_budget, or the mode it was made
- * for); a value outside gives DDT_ERR_RANGE or DDT_ERR_UNSUPPORTED with a message.
- * The first auto budget on an engine not created with one measures its cost table.
+ * capped by budget) without reloading the model.  CPU engines and one GPU, only
+ * within what create allocated (CPU: opts.reserve_budget, or the mode it was made
+ * for; one GPU: chain and tree up to the created budget where a drafter was
+ * loaded, the auto budget only where created with it); a value outside gives
+ * DDT_ERR_RANGE or DDT_ERR_UNSUPPORTED with a message.  On the CPU the first auto
+ * budget on an engine not created with one measures its cost table.
  */
 ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budget, bool budget_auto,
                                       ddt_error *err);

@@ -60,7 +60,8 @@ struct ddt_engine_cuda {
        the builder's cost table and verify buckets (tree_cuda.h: ddt_cuda_tree_auto),
        on the host (host-sampled rounds) the CPU builder and pinned staging of table
        and tree */
-    bool auto_budget;
+    bool auto_budget;      /* this generation's setting (ddt_engine_cuda_set_speculation) */
+    bool auto_ready;       /* created with --budget auto: the cost model, builder and buckets exist */
     ddt_builder *builder;
     ddt_cost_model cost;
     float cost_nodes[DDT_ENGINE_COST_POINTS], cost_verify[DDT_ENGINE_COST_POINTS];
@@ -81,7 +82,11 @@ struct ddt_engine_cuda {
     cudaGraphExec_t bgraph[DDT_CUDA_TREE_MAX_BUCKETS];
     int32_t n_bgraphs;
     int32_t auto_bucket;   /* the bucket this round may verify: the rule's choice the round before */
-    /* the greedy round as a graph, captured on first use for budget graph_budget */
+    /* the round as graphs for the setting of graph_mode / graph_budget / graph_auto and
+       the pick graph_next: one fixed round (or ar step), or with the auto budget argraph
+       and the bucket graphs; captured again when a generation starts with another */
+    ddt_mode graph_mode;
+    bool graph_auto;
     cudaGraphExec_t graph;
     int32_t graph_budget;
     int32_t graph_kernels; /* kernel nodes of the captured round (ddt_gen_stats.round_kernels) */
@@ -310,7 +315,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
             goto fail;
         }
     }
-    e->auto_budget = opts->mode == DDT_MODE_TREE && opts->budget_auto;
+    e->auto_budget = e->auto_ready = opts->mode == DDT_MODE_TREE && opts->budget_auto;
     if (e->auto_budget) {
         /* the host builder serves host-sampled rounds (the graph's builder the rest) */
         if ((st = ddt_builder_create(e->max_nodes - 1, &e->builder, err))) goto fail;
@@ -443,7 +448,9 @@ static ddt_status launch_ar_step(ddt_engine_cuda *e, int mode, bool feed, ddt_er
 /* The whole device round (the graph's body), greedy or with the device sampler
  * (mode); AR (budget 0): one target step. */
 static ddt_status launch_device_round(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
-    if (e->opts.mode == DDT_MODE_AR) return launch_ar_step(e, e->graph_next, false, err);
+    /* an engine with a drafter feeds it in ar steps too, so that it can draft again
+       after a switch (ddt_engine_cuda_set_speculation) with its context the target's */
+    if (e->opts.mode == DDT_MODE_AR) return launch_ar_step(e, e->graph_next, e->drafter != NULL, err);
     /* the auto budget outside the graph (the context's last rounds): one verify
        bucket, the whole budget, since the host cannot see the device's choice */
     const ddt_cuda_tree_auto one_bucket = single_bucket(e, budget);
@@ -545,12 +552,27 @@ static ddt_status capture_ar_graph(ddt_engine_cuda *e, ddt_error *err) {
     return DDT_OK;
 }
 
+/* The graphs of the current setting (mode, auto) for rounds of `budget` nodes and
+ * k candidates a depth (an ar step: 0, 1); those of another setting go first. */
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err) {
     if (e->graph) {
         DDT_CUDA_TRY(cudaGraphExecDestroy(e->graph), err);
         e->graph = NULL;
     }
+    if (e->argraph) {
+        DDT_CUDA_TRY(cudaGraphExecDestroy(e->argraph), err);
+        e->argraph = NULL;
+    }
+    for (int32_t j = 0; j < e->n_bgraphs; j++)
+        if (e->bgraph[j]) {
+            DDT_CUDA_TRY(cudaGraphExecDestroy(e->bgraph[j]), err);
+            e->bgraph[j] = NULL;
+        }
+    e->n_bgraphs = 0;
+    e->graph_budget = -1; /* nothing captured, until the end */
     e->graph_next = next_mode(e) == NEXT_SAMPLE ? NEXT_SAMPLE : NEXT_ARGMAX;
+    e->graph_mode = e->opts.mode;
+    e->graph_auto = e->auto_budget;
     cudaGraph_t g = NULL;
     ddt_status st;
     cudaError_t ce = cudaSuccess;
@@ -851,6 +873,29 @@ static ddt_status stop_exchange(ddt_engine_cuda *e, float flag, ddt_error *err) 
  * here and drops the round's tokens. */
 static bool stop_all(const ddt_engine_cuda *e) { return e->stop_d && e->stop_h[1] > 0.0f; }
 
+ddt_status ddt_engine_cuda_set_speculation(ddt_engine_cuda *e, ddt_mode mode, int32_t budget, bool budget_auto,
+                                          ddt_error *err) {
+    if (e->world > 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "switching the mode: one GPU or the CPU backend only");
+    if (mode != DDT_MODE_AR && !e->drafter)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode %s needs a drafter, and this engine was started in ar mode",
+                        ddt_mode_name(mode));
+    if (mode == DDT_MODE_CHAIN && e->depth + 1 > e->max_nodes)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mode chain verifies %d nodes, the engine holds %d (start it with "
+                        "a budget of at least %d)", e->depth + 1, e->max_nodes, e->depth);
+    if (mode == DDT_MODE_TREE && (budget < 1 || budget > e->max_nodes - 1))
+        return ddt_fail(err, DDT_ERR_RANGE, "budget %d outside the 1..%d nodes this engine allocated", budget,
+                        e->max_nodes - 1);
+    if (mode == DDT_MODE_TREE && budget_auto && (!e->auto_ready || budget != e->max_nodes - 1))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the auto budget on the GPU needs an engine started with it (its "
+                        "cost table and verify buckets are made then), and its budget (%d)", e->max_nodes - 1);
+    /* the graphs follow at the next generation's start */
+    e->opts.mode = mode;
+    if (mode == DDT_MODE_TREE) e->opts.budget = budget;
+    e->auto_budget = e->opts.budget_auto = mode == DDT_MODE_TREE && budget_auto;
+    return DDT_OK;
+}
+
 ddt_status ddt_engine_cuda_set_constraint(ddt_engine_cuda *e, const ddt_json_constraint *c, ddt_error *err) {
     if (e->world > 1) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: one GPU or the CPU backend only");
     return ddt_choice_set_constraint(&e->ch, c, err);
@@ -944,11 +989,15 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     memset(&s, 0, sizeof s);
     const int mode = next_mode(e);
     const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
-    /* settings changed since the graph was captured (set_sampling): capture it again
-       for the full budget, before the first round */
-    if (on_device && !auto_host(e) && e->graph_next != mode)
-        TRY(capture_graph(e, e->opts.mode == DDT_MODE_AR ? 0 : e->max_nodes - 1,
-                          e->opts.mode == DDT_MODE_TREE ? e->kmax : 1, err));
+    /* settings changed since the graphs were captured (set_sampling, set_speculation):
+       capture them again for the full round, before the first one */
+    int32_t full_k = 1;
+    const int32_t full = e->opts.mode == DDT_MODE_AR ? 0
+                       : ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, e->max_ctx, e->kmax, &full_k);
+    if (on_device && !auto_host(e) &&
+        (e->graph_next != mode || e->graph_mode != e->opts.mode || e->graph_budget != full ||
+         e->graph_auto != e->auto_budget))
+        TRY(capture_graph(e, full, full_k, err));
     /* options.prefix_cache: the rows of the longest common prefix of the last context
        and this prompt stay (not the prompt's last token: its logits give the first new
        token); every rank computes the same from the same ids */
@@ -1011,7 +1060,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             TRY(record_logprobs(e, false, &bonus, 1, em.n, err));
             ddt_emitter_push(&em, &bonus, 1);
         } else if (e->opts.mode == DDT_MODE_AR) {
-            TRY(ddt_cuda_target_prefill(e->target, e->tree.root_token, 1, e->logits, false, err));
+            TRY(launch_ar_step(e, NEXT_HOST, e->drafter != NULL, err));
             e->kv_ids[n_kv++] = bonus;
             TRY(next_token(e, round, &bonus, err)); /* synchronises */
             if (stop_all(e)) break;
@@ -1054,9 +1103,9 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                 TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
-                if (budget == e->max_nodes - 1 && e->n_bgraphs > 0) {
+                if (budget == e->graph_budget && e->n_bgraphs > 0) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->bgraph[e->auto_bucket], e->s), err);
-                } else if (budget == e->max_nodes - 1) {
+                } else if (budget == e->graph_budget) {
                     DDT_CUDA_TRY(cudaGraphLaunch(e->graph, e->s), err);
                 } else {
                     TRY(launch_device_round(e, budget, k, err)); /* the context's last rounds */
@@ -1079,7 +1128,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             /* the next round's graph: the bucket this round's rule chose (the tree
                sizes of consecutive rounds follow each other; a round whose cap was
                below the rule's choice verified its cap's prefix) */
-            if (e->n_bgraphs > 0 && budget == e->max_nodes - 1 && on_device && !auto_host(e)) {
+            if (e->n_bgraphs > 0 && budget == e->graph_budget && on_device && !auto_host(e)) {
                 /* (a host-built round set auto_bucket itself; the device word is stale then) */
                 const int32_t c = e->emit_h[DDT_CUDA_EMIT_WORDS];
                 e->auto_bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;

@@ -52,6 +52,14 @@ void ddt_engine_cuda_set_logprobs(ddt_engine_cuda *e, ddt_token_logprobs *out, i
  * every row's logits, copied back and log-softmaxed on the host (logprobs.h). */
 ddt_status ddt_engine_cuda_score(ddt_engine_cuda *e, const int32_t *ids, int32_t n, int32_t n_top,
                                  ddt_token_logprobs *out, ddt_error *err);
+/* ddt_engine_set_speculation on one GPU (a rank of several refuses): ar always;
+ * chain and tree with a drafter, within what create allocated (chain: a budget of
+ * at least the draft depth; tree: budgets up to the created one); the auto budget
+ * only on an engine created with it, at its budget.  The round's graphs are
+ * captured again at the next generation's start (a few ms).  A speculative
+ * engine's ar steps feed the drafter, so its context stays the target's. */
+ddt_status ddt_engine_cuda_set_speculation(ddt_engine_cuda *e, ddt_mode mode, int32_t budget, bool budget_auto,
+                                          ddt_error *err);
 /* ddt_engine_set_constraint / set_logit_rules / set_answer_start on one GPU (a rank
  * of several refuses): while a constraint or a rule is set, every choice is made
  * on the host (engine/choice.h) over the rows copied back, the ar step and the

@@ -651,7 +651,13 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                                                                      j->budget_auto == s->budget_auto));
     const char *why = NULL;
     if (j->mode != DDT_MODE_AR && !s->o.has_draft) why = "the server was started without a drafter (--draft)";
-    else if (!same && !s->o.can_switch) why = "this server's engine runs one mode and budget (the CUDA backend)";
+    else if (!same && !s->o.can_switch) why = "this server's engine runs one mode and budget (several GPUs, or a GPU "
+                                                         "started in ar mode)";
+    else if (!same && j->mode == DDT_MODE_CHAIN && !s->o.can_chain)
+        why = "this server's GPU engine holds fewer nodes than a chain round verifies (start it with a larger "
+              "--budget)";
+    else if (!same && j->mode == DDT_MODE_TREE && j->budget_auto && !s->o.can_auto)
+        why = "the auto budget on the GPU needs a server started with --budget auto";
     else if (j->mode == DDT_MODE_TREE && j->budget > s->o.max_budget) why = "the budget is over the server's --max-budget";
     if (why) {
         char b[32] = "";

@@ -41,7 +41,9 @@ typedef struct ddt_server_options {
     int max_connections;     /* open connections, 0 = default */
     ddt_sampling sampling;   /* defaults for fields a request leaves out */
     bool has_draft;          /* a drafter is loaded: chain and tree may be asked for */
-    bool can_switch;         /* the engine takes per-request mode / budget (CPU backend) */
+    bool can_switch;         /* the engine takes per-request mode / budget (CPU backend, one GPU) */
+    bool can_chain;          /* ... and chain among them (a GPU engine needs room for the chain's nodes) */
+    bool can_auto;           /* ... and the auto budget (a GPU engine only when started with it) */
     bool can_logprobs;       /* the engine reports log-probabilities (CPU backend) */
     bool can_json;           /* the engine takes a JSON constraint: response_format json_object / json_schema,
                                 and tool calls' arguments (CPU backend or one GPU; else those run unconstrained) */

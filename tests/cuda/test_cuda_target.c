@@ -21,7 +21,8 @@
  *  7. logit rules and the JSON constraint on one GPU (the host-walk rounds): GPU
  *     ar == chain == tree (fixed and auto) token for token under each, == the
  *     CPU engine's ar, different from the unruled output, every token stepping
- *     the grammar at T = 0 and T = 1.
+ *     the grammar at T = 0 and T = 1;
+ *  8. ddt_engine_set_speculation on one GPU (test_switch).
  * Unused device memory is poisoned with NaN where the test owns it.
  * Run by scripts/gpu-test.sh from the repository root (--quick: fewer cases;
  * --sweep-fast N: the fast attention over N seeds; --diag-fast SEED...: why a
@@ -37,6 +38,7 @@
 #include "backend/cuda/mla_verify_cuda.h"
 #include "cuda_test.h"
 #include "engine/engine.h"
+#include "io/drafter_config.h"
 #include "model/target.h"
 #include "model/target_cuda.h"
 #include "text/json_grammar.h"
@@ -1405,6 +1407,99 @@ static void test_rules_json(const char *model, const char *draft, const int32_t 
     ddt_tokenizer_free(tok);
 }
 
+/* 8: ddt_engine_set_speculation on one GPU: a tree-16 engine (prefix cache on) runs ar,
+ * chain, tree 8, tree 16, ar, tree 4 in turn, each generation's greedy ids the GPU ar
+ * engine's and its rounds the setting's (ar: one node, fixed trees: budget + 1); a
+ * prompt extended by the last answer reuses the context across a switch; at T = 1 a
+ * setting's tokens come back after a switch away and back (the graphs captured again);
+ * the auto budget switches off and on again on an engine created with it; refusals. */
+static void test_switch(const char *model, const char *draft, const int32_t *prompt, int np) {
+    enum { NG = 40 };
+    ddt_error xe; /* the refusals' */
+    run_out ref, x;
+    run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_AR, 0, 0.0f, prompt, np, NG, &ref);
+    ddt_engine_options o = {0};
+    o.mode = DDT_MODE_TREE;
+    o.backend = DDT_BACKEND_CUDA;
+    o.draft_dir = draft;
+    o.budget = 16;
+    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 13};
+    o.n_threads = 2;
+    o.prefix_cache = true;
+    ddt_engine *e;
+    OK(ddt_engine_create(model, &o, &e, &err_));
+    const struct { ddt_mode m; int b; } seq[] = {{DDT_MODE_AR, 0},   {DDT_MODE_CHAIN, 0}, {DDT_MODE_TREE, 8},
+                                                 {DDT_MODE_TREE, 16}, {DDT_MODE_AR, 0},    {DDT_MODE_TREE, 4}};
+    ddt_drafter_config dc;
+    OK(ddt_drafter_config_load(draft, &dc, &err_));
+    const int depth = dc.block_size - 1;
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        OK(ddt_engine_set_speculation(e, seq[i].m, seq[i].b, false, &err_));
+        OK(ddt_engine_generate(e, prompt, np, NG, NULL, 0, x.ids, &x.n, NULL, NULL, &x.st, &err_));
+        CHECK(same_ids(&x, &ref), "%s: switched to mode %d budget %d: ids != GPU ar", model, (int)seq[i].m, seq[i].b);
+        const int per = seq[i].m == DDT_MODE_AR ? 1 : seq[i].m == DDT_MODE_CHAIN ? depth + 1 : seq[i].b + 1;
+        CHECK(x.st.nodes_verified == (int64_t)per * x.st.rounds && x.st.round_kernels > 0,
+              "%s: mode %d budget %d: %lld nodes in %d rounds (%d a round expected), %d kernels", model,
+              (int)seq[i].m, seq[i].b, (long long)x.st.nodes_verified, x.st.rounds, per, x.st.round_kernels);
+    }
+    /* the context across a switch: the prompt plus the answer, then tree 16 after ar */
+    static int32_t p2[512];
+    memcpy(p2, prompt, sizeof(int32_t) * (size_t)np);
+    memcpy(p2 + np, ref.ids, sizeof(int32_t) * NG);
+    run_out c1, c2;
+    OK(ddt_engine_set_speculation(e, DDT_MODE_AR, 0, false, &err_));
+    OK(ddt_engine_generate(e, p2, np + NG, 24, NULL, 0, c1.ids, &c1.n, NULL, NULL, &c1.st, &err_));
+    OK(ddt_engine_set_speculation(e, DDT_MODE_TREE, 16, false, &err_));
+    OK(ddt_engine_generate(e, p2, np + NG, 24, NULL, 0, c2.ids, &c2.n, NULL, NULL, &c2.st, &err_));
+    CHECK(same_ids(&c1, &c2) && c2.st.cached_tokens == np + NG - 1,
+          "%s: tree after ar on the same prompt: ids %s, %d cached tokens (expected %d)", model,
+          same_ids(&c1, &c2) ? "equal" : "differ", c2.st.cached_tokens, np + NG - 1);
+    /* refusals: past the allocation, auto on an engine created without it */
+    CHECK(ddt_engine_set_speculation(e, DDT_MODE_TREE, 17, false, &xe) == DDT_ERR_RANGE,
+          "%s: tree 17 on a tree-16 engine was taken", model);
+    CHECK(ddt_engine_set_speculation(e, DDT_MODE_TREE, 16, true, &xe) == DDT_ERR_UNSUPPORTED,
+          "%s: the auto budget on an engine created without it was taken", model);
+    /* T = 1: tree 16's draws come back after ar in between */
+    const ddt_sampling hot = {1.0f, 0, 1.0f, 13};
+    OK(ddt_engine_set_sampling(e, &hot, &err_));
+    run_out t1, t2;
+    OK(ddt_engine_generate(e, prompt, np, NG, NULL, 0, t1.ids, &t1.n, NULL, NULL, &t1.st, &err_));
+    OK(ddt_engine_set_speculation(e, DDT_MODE_AR, 0, false, &err_));
+    OK(ddt_engine_generate(e, prompt, np, NG, NULL, 0, x.ids, &x.n, NULL, NULL, &x.st, &err_));
+    OK(ddt_engine_set_speculation(e, DDT_MODE_TREE, 16, false, &err_));
+    OK(ddt_engine_generate(e, prompt, np, NG, NULL, 0, t2.ids, &t2.n, NULL, NULL, &t2.st, &err_));
+    CHECK(same_ids(&t1, &t2), "%s: T 1 tree 16 after a switch to ar and back: other draws", model);
+    ddt_engine_free(e);
+    /* an ar engine has no drafter to switch to */
+    o.mode = DDT_MODE_AR;
+    o.draft_dir = NULL;
+    o.sampling.temperature = 0.0f;
+    OK(ddt_engine_create(model, &o, &e, &err_));
+    CHECK(ddt_engine_set_speculation(e, DDT_MODE_CHAIN, 0, false, &xe) == DDT_ERR_UNSUPPORTED,
+          "%s: chain on an ar engine was taken", model);
+    ddt_engine_free(e);
+    /* auto off and on again */
+    o.mode = DDT_MODE_TREE;
+    o.draft_dir = draft;
+    o.budget_auto = true;
+    OK(ddt_engine_create(model, &o, &e, &err_));
+    const struct { int b; bool a; } aseq[] = {{8, false}, {16, true}, {16, false}, {16, true}};
+    for (size_t i = 0; i < sizeof aseq / sizeof aseq[0]; i++) {
+        OK(ddt_engine_set_speculation(e, DDT_MODE_TREE, aseq[i].b, aseq[i].a, &err_));
+        OK(ddt_engine_generate(e, prompt, np, NG, NULL, 0, x.ids, &x.n, NULL, NULL, &x.st, &err_));
+        CHECK(same_ids(&x, &ref), "%s: auto engine at budget %d auto %d: ids != GPU ar", model, aseq[i].b,
+              (int)aseq[i].a);
+        CHECK(aseq[i].a || x.st.nodes_verified == (int64_t)(aseq[i].b + 1) * x.st.rounds,
+              "%s: auto engine at fixed budget %d: %lld nodes in %d rounds", model, aseq[i].b,
+              (long long)x.st.nodes_verified, x.st.rounds);
+    }
+    CHECK(ddt_engine_set_speculation(e, DDT_MODE_TREE, 8, true, &xe) == DDT_ERR_UNSUPPORTED,
+          "%s: the auto budget at another budget than the engine's was taken", model);
+    ddt_engine_free(e);
+    printf("  set_speculation on one GPU: ar / chain / tree 8, 16, 4 == GPU ar; context kept across a switch; "
+           "T = 1 draws back after one; auto off and on\n");
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--diag-fast")) {
@@ -1438,6 +1533,7 @@ int main(int argc, char **argv) {
     test_given_cost("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64);
     test_auto_convex("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40, quick ? 24 : 64, false);
     test_serving("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
+    test_switch("tests/fixtures/target/fp32", "tests/fixtures/drafter/fp32", prompt, 40);
     if (!quick) {
         printf("engine, shipped pair on a held-out prompt:\n");
         static int32_t ids[8192];
