@@ -3,7 +3,8 @@
 
 Made for the GPU machine (stdlib only: it has no pip), where it checks that a one-GPU server answers
 JSON mode (response_format json_object), tool calls whose arguments follow the function's schema,
-logit_bias and the penalties with the tokens a CPU server gives (both walk the same rules over the same
+logit_bias, the penalties and per-request speculation (ar, chain, tree 8 / 16) with the tokens a CPU
+server gives (both walk the same rules over the same
 greedy choices; tests/cuda/test_cuda_target.c checks the engine itself):
 
     python3 scripts/serve-compare.py --build $DDT_BIN --a "--backend cpu" --b "--backend cuda"
@@ -144,6 +145,11 @@ def cases():
                 return f"arguments no JSON: {e}"
         return None
     out.append(("forced tool call", "/v1/chat/completions", tool_body, tool_ok))
+    # per-request speculation: every mode's greedy ids are the same (a GPU engine switches its graphs)
+    for spec in ({"mode": "ar"}, {"mode": "chain"}, {"mode": "tree", "budget": 8}, {"mode": "tree", "budget": 16}):
+        name = "speculative " + spec["mode"] + (f" {spec['budget']}" if "budget" in spec else "")
+        out.append((name, "/v1/completions", {"prompt": RULE_PROMPTS[0], "max_tokens": 64, "speculative": spec},
+                    None))
     return out
 
 

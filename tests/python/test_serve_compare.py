@@ -19,6 +19,7 @@ def test_tree_and_ar_servers_agree():
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    for name in ("json_object 0", "json_object 1", "penalties 0", "penalties 1", "forced tool call", "logit_bias"):
+    for name in ("json_object 0", "json_object 1", "penalties 0", "penalties 1", "forced tool call", "logit_bias",
+                 "speculative ar", "speculative chain", "speculative tree 8", "speculative tree 16"):
         assert any(l.startswith(name) and " ok " in l for l in lines), (name, r.stdout)
     assert lines[-1] == "serve-compare: all requests agree"
