@@ -4,6 +4,7 @@
 #include "engine/round.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <time.h>
 
 _Static_assert(DDT_MAX_BUDGET <= 1024, "DDT_ENGINE_COST_POINTS = 12 holds the cost points of budgets up to 1024");
@@ -91,6 +92,9 @@ void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *ver
 
 void ddt_ar_fallback_start(ddt_ar_fallback *f, bool on) {
     f->on = on;
+    /* DDT_AR_FALLBACK_DECAY (0..1): the smoothing's weight on the past, for measuring it */
+    const char *d = getenv("DDT_AR_FALLBACK_DECAY");
+    f->decay = d && atof(d) > 0.0 && atof(d) < 1.0 ? atof(d) : 0.75;
     f->tau_avg = -1.0;
     f->hold = 0;
     f->backoff = DDT_AR_HOLD_MIN;
@@ -107,7 +111,8 @@ void ddt_ar_fallback_after_round(ddt_ar_fallback *f, uint64_t round, int32_t acc
     if (!f->on) return;
     /* a probe after a hold starts the average afresh: the text may have changed */
     const bool probe = round > 1 && f->tau_avg >= 0.0 && f->backoff > DDT_AR_HOLD_MIN;
-    f->tau_avg = f->tau_avg < 0.0 || probe ? (double)accepted : 0.75 * f->tau_avg + 0.25 * (double)accepted;
+    f->tau_avg = f->tau_avg < 0.0 || probe ? (double)accepted
+                                              : f->decay * f->tau_avg + (1.0 - f->decay) * (double)accepted;
     const double spec = f->tau_avg / ((double)c->draft + (double)ddt_cost_verify(c, (float)(nodes - 1)));
     const double plain = 1.0 / (double)ddt_cost_verify(c, 0.0f);
     if (spec < plain) {

@@ -83,6 +83,7 @@ typedef struct ddt_ar_fallback {
     bool on;        /* an auto-budget tree generation with a cost table */
     double tau_avg; /* tokens a speculative round yields, smoothed (< 0: none yet) */
     int32_t hold, backoff;
+    double decay;   /* the smoothing's weight on the past */
 } ddt_ar_fallback;
 
 /* A generation's start: nothing held; off unless `on`. */
