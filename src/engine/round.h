@@ -72,7 +72,9 @@ void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *ver
  * draft), then one speculative round probes again; a probe that still loses
  * doubles the hold, one that wins resets it.  The hold is also scaled by how far
  * speculation is from paying (ar rate over its rate): a probe costs a draft,
- * which on a CPU is several ar steps.  Costs are the auto budget's table, so the
+ * which on a CPU is several ar steps.  The average weighs the past 0.85
+ * (DDT_AR_FALLBACK_DECAY overrides it; bench/bench_fallback_model.c ranks values
+ * under a GPU's costs).  Costs are the auto budget's table, so the
  * choice is deterministic for an engine; tokens are the target's either way
  * (greedy: equal; sampled: each a target sample).
  */
