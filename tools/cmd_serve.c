@@ -162,8 +162,8 @@ int ddt_cmd_serve(int argc, char **argv) {
         }
     }
     so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
-    so.can_json = cpu || a.eng.gpus <= 1; /* the multi-GPU engine takes no rules or grammar */
-    so.can_logit_rules = cpu || a.eng.gpus <= 1;
+    so.can_json = true; /* every engine takes the grammars and the rules (the GPUs' rounds walk on the host) */
+    so.can_logit_rules = true;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;
     so.default_budget = (int32_t)a.eng.budget;
     so.chat_template = chat;

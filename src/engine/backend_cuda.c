@@ -3,9 +3,9 @@
  * (engine_cuda.h) and several over NCCL (engine_multi_cuda.h).  Both take the
  * same calls on their own engine type (named as their functions' prefix); the
  * adapters are written once, below.
- * One GPU switches mode and budget within what create allocated, and takes logit
- * rules and the JSON constraint (with the walk on the host); several GPUs run the
- * mode they were created with and no rules.  The one-GPU engine reports the
+ * Both take logit rules and the JSON constraint (with the walk on the host); one
+ * GPU also switches mode and budget within what create allocated, several GPUs
+ * run the mode they were created with.  The one-GPU engine reports the
  * auto budget's cost model it measured (ddt_engine_cost, the stats' cost_model),
  * so that it can be set beside measured round times.
  */
@@ -13,9 +13,11 @@
 #include "engine/engine_cuda.h"
 #include "engine/engine_multi_cuda.h"
 
-/* SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER: the engine's ddt_engine_score /
- * set_logprobs / set_constraint / set_logit_rules / set_answer_start, or NULL (the
- * multi-GPU engine: its ranks' forwards run in lockstep threads that generate only) */
+/* SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER, SPECULATION: the engine's
+ * ddt_engine_score / set_logprobs / set_constraint / set_logit_rules /
+ * set_answer_start / set_speculation, or NULL (the multi-GPU engine has no scoring,
+ * log-probabilities or switching: its ranks' forwards run in lockstep threads that
+ * generate only) */
 #define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER, SPECULATION)                                                                    \
     static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
                                     const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
@@ -78,4 +80,15 @@ static ddt_status cuda_set_speculation(void *e, ddt_mode mode, int32_t budget, b
 
 CUDA_BACKEND(cuda, ddt_engine_cuda, cuda_score, cuda_set_logprobs, cuda_set_constraint, cuda_set_logit_rules,
              cuda_set_answer_start, cuda_set_speculation)
-CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, NULL, NULL, NULL, NULL)
+static ddt_status multi_set_constraint(void *m, const ddt_json_constraint *c, ddt_error *err) {
+    return ddt_engine_multi_set_constraint(m, c, err);
+}
+
+static ddt_status multi_set_logit_rules(void *m, const ddt_logit_rules *r, ddt_error *err) {
+    return ddt_engine_multi_set_logit_rules(m, r, err);
+}
+
+static void multi_set_answer_start(void *m, int32_t start) { ddt_engine_multi_set_answer_start(m, start); }
+
+CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, multi_set_constraint, multi_set_logit_rules, multi_set_answer_start,
+             NULL)

@@ -231,8 +231,7 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
     if (c && !c->vocab) c = NULL;
     if (!e->be->set_constraint) {
         if (!c) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON-constrained decoding runs on the CPU backend or one GPU "
-                        "(this is the %s engine)", e->be->name);
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "this engine (%s) takes no JSON constraint", e->be->name);
     }
     if (c && ddt_json_vocab_size(c->vocab) != e->be->vocab(e->impl))
         return ddt_fail(err, DDT_ERR_INVALID, "JSON constraint built for a vocabulary of %d ids, the model has %d",
@@ -247,8 +246,8 @@ ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, d
         r = NULL;
     if (!e->be->set_logit_rules) {
         if (!r) return DDT_OK;
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit_bias and the presence / frequency / repetition penalties run on the CPU "
-                        "backend or one GPU (this is the %s engine)", e->be->name);
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "this engine (%s) takes no logit_bias or presence / frequency / "
+                        "repetition penalties", e->be->name);
     }
     return e->be->set_logit_rules(e->impl, r, err);
 }

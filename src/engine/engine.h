@@ -227,9 +227,9 @@ ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32
  * tokens the grammar refuses simply never match.  Log-probabilities stay those of
  * the raw logits (as vLLM reports them).  vocab is the caller's, shared read-only,
  * and must outlive the setting; c NULL (or c->vocab NULL) turns it off.  The first
- * call allocates a mask of the vocabulary.  CPU engines and one GPU (whose rounds
- * then walk on the host: engine_cuda.h); the multi-GPU engine gives
- * DDT_ERR_UNSUPPORTED.
+ * call allocates a mask of the vocabulary.  Every backend: the CUDA engines' rounds
+ * then walk on the host (engine_cuda.h; on several GPUs every rank does, over the
+ * same logits).
  */
 typedef struct ddt_json_constraint {
     const ddt_json_vocab *vocab; /* built for this engine's vocabulary (ddt_json_vocab_create) */
@@ -255,9 +255,8 @@ ddt_status ddt_engine_set_constraint(ddt_engine *e, const ddt_json_constraint *c
  * r in (0, DDT_REPETITION_LIMIT]; anything else is refused and the previous rules
  * stay.  r NULL (or all zero) turns them off.  The values are copied.
  * Log-probabilities stay those of the raw logits.  The first call allocates the
- * counts (13 bytes an id).  CPU engines and one GPU (whose rounds then walk on
- * the host, the drafts without the bias: engine_cuda.h); the multi-GPU engine
- * gives DDT_ERR_UNSUPPORTED for any rule.
+ * counts (13 bytes an id).  Every backend: the CUDA engines' rounds then walk on
+ * the host, the drafts without the bias (engine_cuda.h).
  */
 #define DDT_LOGIT_BIAS_MAX 1024
 #define DDT_LOGIT_BIAS_LIMIT 100.0f

@@ -896,13 +896,13 @@ ddt_status ddt_engine_cuda_set_speculation(ddt_engine_cuda *e, ddt_mode mode, in
     return DDT_OK;
 }
 
+/* A rank of several takes them too: every rank holds the same logits after each
+ * all-reduce, so every rank's host walk picks the same tokens. */
 ddt_status ddt_engine_cuda_set_constraint(ddt_engine_cuda *e, const ddt_json_constraint *c, ddt_error *err) {
-    if (e->world > 1) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "JSON constraint: one GPU or the CPU backend only");
     return ddt_choice_set_constraint(&e->ch, c, err);
 }
 
 ddt_status ddt_engine_cuda_set_logit_rules(ddt_engine_cuda *e, const ddt_logit_rules *r, ddt_error *err) {
-    if (e->world > 1) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "logit rules: one GPU or the CPU backend only");
     return ddt_choice_set_rules(&e->ch, r, err);
 }
 

@@ -60,12 +60,13 @@ ddt_status ddt_engine_cuda_score(ddt_engine_cuda *e, const int32_t *ids, int32_t
  * engine's ar steps feed the drafter, so its context stays the target's. */
 ddt_status ddt_engine_cuda_set_speculation(ddt_engine_cuda *e, ddt_mode mode, int32_t budget, bool budget_auto,
                                           ddt_error *err);
-/* ddt_engine_set_constraint / set_logit_rules / set_answer_start on one GPU (a rank
- * of several refuses): while a constraint or a rule is set, every choice is made
- * on the host (engine/choice.h) over the rows copied back, the ar step and the
- * round run as launches (no graph) with the walk on the host, as a host-sampled
- * round does; the tree is the device builder's, without the grammar (refused
- * nodes are verified but never reached), and the drafts do not see the bias. */
+/* ddt_engine_set_constraint / set_logit_rules / set_answer_start (one GPU, or a
+ * rank of several: the ranks' logits are the same bytes, so are their picks):
+ * while a constraint or a rule is set, every choice is made on the host
+ * (engine/choice.h) over the rows copied back, the ar step and the round run as
+ * launches (no graph) with the walk on the host, as a host-sampled round does;
+ * the tree is the device builder's, without the grammar (refused nodes are
+ * verified but never reached), and the drafts do not see the bias. */
 ddt_status ddt_engine_cuda_set_constraint(ddt_engine_cuda *e, const ddt_json_constraint *c, ddt_error *err);
 ddt_status ddt_engine_cuda_set_logit_rules(ddt_engine_cuda *e, const ddt_logit_rules *r, ddt_error *err);
 void ddt_engine_cuda_set_answer_start(ddt_engine_cuda *e, int32_t start);

@@ -227,6 +227,27 @@ void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s) {
     for (int32_t r = 0; r < m->world; r++) ddt_engine_cuda_set_sampling(m->rank[r], s);
 }
 
+/* Every rank takes the same constraint and rules (its own state and masks). */
+ddt_status ddt_engine_multi_set_constraint(ddt_engine_multi *m, const ddt_json_constraint *c, ddt_error *err) {
+    for (int32_t r = 0; r < m->world; r++) {
+        ddt_status st = ddt_engine_cuda_set_constraint(m->rank[r], c, err);
+        if (st != DDT_OK) return st;
+    }
+    return DDT_OK;
+}
+
+ddt_status ddt_engine_multi_set_logit_rules(ddt_engine_multi *m, const ddt_logit_rules *rl, ddt_error *err) {
+    for (int32_t r = 0; r < m->world; r++) {
+        ddt_status st = ddt_engine_cuda_set_logit_rules(m->rank[r], rl, err);
+        if (st != DDT_OK) return st;
+    }
+    return DDT_OK;
+}
+
+void ddt_engine_multi_set_answer_start(ddt_engine_multi *m, int32_t start) {
+    for (int32_t r = 0; r < m->world; r++) ddt_engine_cuda_set_answer_start(m->rank[r], start);
+}
+
 /* ------------------------------------------------------------------ generate */
 
 static ddt_status generate_job(rank_job *j) {

@@ -29,6 +29,11 @@ int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
 const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m);
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);
+/* ddt_engine_set_constraint / set_logit_rules / set_answer_start: every rank takes
+ * them (engine_cuda.h: host-walk rounds, the same picks on every rank). */
+ddt_status ddt_engine_multi_set_constraint(ddt_engine_multi *m, const ddt_json_constraint *c, ddt_error *err);
+ddt_status ddt_engine_multi_set_logit_rules(ddt_engine_multi *m, const ddt_logit_rules *r, ddt_error *err);
+void ddt_engine_multi_set_answer_start(ddt_engine_multi *m, int32_t start);
 /* As ddt_engine_cuda_generate; emit_fn is called on the caller's thread (rank 0).
  * When it returns false every rank stops after the next round (whose tokens are
  * dropped), so generate returns on all of them. */

@@ -15,6 +15,8 @@
  *     model every step's argmax is the same (= the same greedy output).  World 3
  *     leaves 4 heads unsplit: the replicated-attention path.
  *  3. Errors: more GPUs than devices, --gpus with the CPU backend.
+ *  3b. Logit rules and the JSON constraint over NCCL (one rank): the single-GPU
+ *     engine's tokens (test_rules_json).
  *  4. A cancel on an emulated world of 2 engines (ddt_engine_cuda_create_rank,
  *     one thread each): rank 0's emit callback stops the generation, and every
  *     rank returns (the stop flag summed at the start of each round reaches
@@ -37,6 +39,8 @@
 #include <time.h>
 
 #include "backend/cuda/nn_cuda.h"
+#include "text/json_vocab.h"
+#include "text/tokenizer.h"
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "engine/engine_cuda.h"
@@ -288,6 +292,60 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
            "T=1 tree vs single-GPU (failures so far: %d)\n", model, multi.n, g_failures);
 }
 
+/* Logit rules and the JSON constraint on the multi-GPU engine (one rank over NCCL):
+ * every rank walks on the host over the same logits, so the tokens are the
+ * single-GPU engine's under the same rules, greedy ar and tree 16. */
+static ddt_status ruled_engine(const char *model, const char *draft, ddt_mode mode, int gpus, bool nccl,
+                               const ddt_logit_rules *rules, const ddt_json_vocab *v, const int32_t *prompt, int np,
+                               int max_new, run_out *r, ddt_error *err) {
+    ddt_engine_options o = {0};
+    o.mode = mode;
+    o.backend = DDT_BACKEND_CUDA;
+    o.draft_dir = mode == DDT_MODE_AR ? NULL : draft;
+    o.budget = 16;
+    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 11};
+    o.n_threads = 2;
+    o.gpus = gpus;
+    o.nccl_always = nccl;
+    ddt_engine *e;
+    ddt_status st = ddt_engine_create(model, &o, &e, err);
+    if (st != DDT_OK) return st;
+    const ddt_json_constraint jc = {v, true, NULL};
+    const int32_t eos = 4097; /* the shipped target's eos_token_id */
+    if ((st = ddt_engine_set_logit_rules(e, rules, err)) == DDT_OK &&
+        (st = ddt_engine_set_constraint(e, v ? &jc : NULL, err)) == DDT_OK)
+        st = ddt_engine_generate(e, prompt, np, max_new, &eos, 1, r->ids, &r->n, NULL, NULL, NULL, err);
+    ddt_engine_free(e);
+    return st;
+}
+
+static void test_rules_json(const char *model, const char *draft, const int32_t *prompt, int np) {
+    ddt_tokenizer *tok;
+    ddt_json_vocab *v;
+    OK(ddt_tokenizer_load(model, &tok, &err_));
+    OK(ddt_json_vocab_create(tok, 4352, &v, &err_));
+    static run_out plain, one, multi;
+    OK(ruled_engine(model, draft, DDT_MODE_AR, 0, false, NULL, NULL, prompt, np, 48, &plain, &err_));
+    const int32_t ids[2] = {plain.ids[0], plain.ids[1]};
+    const float bias[2] = {-8.0f, 2.0f};
+    const ddt_logit_rules rules = {ids, bias, 2, 0.6f, 0.4f, 1.2f};
+    int runs = 0;
+    for (int c = 0; c < 2; c++)
+        for (int m = 0; m < 2; m++) {
+            const ddt_mode mode = m ? DDT_MODE_TREE : DDT_MODE_AR;
+            OK(ruled_engine(model, draft, mode, 0, false, &rules, c ? v : NULL, prompt, np, 48, &one, &err_));
+            OK(ruled_engine(model, draft, mode, 1, true, &rules, c ? v : NULL, prompt, np, 48, &multi, &err_));
+            CHECK(same_out(&one, &multi), "%s: mode %d, rules%s: over NCCL != single GPU", model, (int)mode,
+                  c ? " + json" : "");
+            CHECK(!same_out(&one, &plain), "%s: mode %d: the rules changed nothing", model, (int)mode);
+            runs++;
+        }
+    printf("  %s: rules and the JSON constraint over NCCL (1 GPU) == single GPU, ar and tree 16 (%d runs)\n", model,
+           runs);
+    ddt_json_vocab_free(v);
+    ddt_tokenizer_free(tok);
+}
+
 static void test_errors(void) {
     int n_dev = 0;
     CU(cudaGetDeviceCount(&n_dev));
@@ -457,6 +515,7 @@ int main(int argc, char **argv) {
         test_emulated(sm, ids, (int)n_ids, 64, V, 2, true);
         test_emulated(sm, ids, (int)n_ids, 64, V, 4, true);
         test_engine(sm, "models/pystdlib-dflash", ids, (int)n_ids, 128);
+        test_rules_json(sm, "models/pystdlib-dflash", ids, (int)n_ids < 60 ? (int)n_ids : 60);
         printf("errors:\n");
         test_errors();
     }
