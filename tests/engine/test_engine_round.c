@@ -4,12 +4,14 @@
  * round's nodes cut to the context's room with k = min(nodes, K) in tree mode,
  * 1 in chain mode; the cost points of every budget fit DDT_ENGINE_COST_POINTS;
  * the measurement takes the best run after a warm-up and is non-decreasing; a
- * given table is copied into the engine's own arrays.
+ * given table is copied into the engine's own arrays; the auto budget's fallback
+ * to ar steps holds, probes and backs off as round.h says.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 
 #include "engine/round.h"
@@ -144,6 +146,63 @@ static void test_adopt_cost(void **state) {
     assert_true(ddt_cost_verify(&c, 10.0f) == 2e-3f + 0.5f * (5e-3f - 2e-3f));
 }
 
+/* The auto budget's fallback to ar steps (ddt_ar_fallback): a draft of 200 us and a
+ * verify of 250 us (the root) to 280 us (16 nodes) break even at 1.92 tokens a round.
+ * After a 4-token round, poor 1-token rounds pull the average (0.85 on the past) under
+ * that at the 8th: a hold of 4 x ceil(plain / spec) = 8 ar steps, then a probe; a
+ * losing probe doubles the hold (16), a winning one resets it; the longest is 64;
+ * DDT_AR_FALLBACK_DECAY overrides the weight (0.5: the 2nd poor round holds); off, it
+ * never holds. */
+static void test_ar_fallback(void **state) {
+    (void)state;
+    static const float nodes[2] = {0.0f, 16.0f}, verify[2] = {2.5e-4f, 2.8e-4f};
+    const ddt_cost_model c = {2e-4f, 2, nodes, 1, NULL, verify, 0.0f};
+    unsetenv("DDT_AR_FALLBACK_DECAY");
+    ddt_ar_fallback f;
+    ddt_ar_fallback_start(&f, false);
+    for (int i = 1; i <= 20; i++) ddt_ar_fallback_after_round(&f, (uint64_t)i, 1, 17, &c);
+    assert_false(ddt_ar_fallback_step(&f));
+    ddt_ar_fallback_start(&f, true);
+    assert_true(f.decay == 0.85);
+    uint64_t round = 1;
+    ddt_ar_fallback_after_round(&f, round++, 4, 17, &c);
+    assert_int_equal(f.hold, 0);
+    int poor = 0;
+    while (f.hold == 0 && poor < 20) {
+        ddt_ar_fallback_after_round(&f, round++, 1, 17, &c);
+        poor++;
+    }
+    assert_int_equal(poor, 8);
+    assert_int_equal(f.hold, 8);
+    int held = 0;
+    while (ddt_ar_fallback_step(&f)) held++, round++;
+    assert_int_equal(held, 8);
+    ddt_ar_fallback_after_round(&f, round++, 1, 17, &c); /* a losing probe: the average starts at 1 */
+    assert_int_equal(f.hold, 16);
+    while (ddt_ar_fallback_step(&f)) round++;
+    ddt_ar_fallback_after_round(&f, round++, 5, 17, &c); /* a winning one */
+    assert_int_equal(f.hold, 0);
+    assert_int_equal(f.backoff, DDT_AR_HOLD_MIN);
+    /* a draft of 100 ms never pays: the longest hold */
+    const ddt_cost_model dear = {0.1f, 2, nodes, 1, NULL, verify, 0.0f};
+    ddt_ar_fallback_start(&f, true);
+    ddt_ar_fallback_after_round(&f, 1, 16, 17, &dear);
+    assert_int_equal(f.hold, DDT_AR_HOLD_MAX);
+    /* the weight from the environment */
+    setenv("DDT_AR_FALLBACK_DECAY", "0.5", 1);
+    ddt_ar_fallback_start(&f, true);
+    assert_true(f.decay == 0.5);
+    ddt_ar_fallback_after_round(&f, 1, 4, 17, &c);
+    ddt_ar_fallback_after_round(&f, 2, 1, 17, &c);
+    assert_int_equal(f.hold, 0);
+    ddt_ar_fallback_after_round(&f, 3, 1, 17, &c);
+    assert_true(f.hold > 0);
+    setenv("DDT_AR_FALLBACK_DECAY", "1.5", 1); /* out of (0, 1): the default */
+    ddt_ar_fallback_start(&f, true);
+    assert_true(f.decay == 0.85);
+    unsetenv("DDT_AR_FALLBACK_DECAY");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_cap),
@@ -151,6 +210,7 @@ int main(void) {
         cmocka_unit_test(test_cost_points),
         cmocka_unit_test(test_measure_cost),
         cmocka_unit_test(test_adopt_cost),
+        cmocka_unit_test(test_ar_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
