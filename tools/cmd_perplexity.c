@@ -87,8 +87,6 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
     int sources = (a->file != NULL) + (a->text != NULL) + (a->ids_arg != NULL);
     if (sources == 0) return cli_usage_error("perplexity", "a text is required: --file PATH, --text TEXT or --ids LIST");
     if (sources > 1) return cli_usage_error("perplexity", "give one of --file, --text and --ids");
-    if (a->eng.gpus > 1)
-        return cli_usage_error("perplexity", "--gpus %lld: scoring runs on one GPU or the CPU", a->eng.gpus);
     return cli_engine_check(&a->eng);
 }
 

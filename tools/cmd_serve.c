@@ -161,7 +161,7 @@ int ddt_cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    so.can_logprobs = cpu || a.eng.gpus <= 1; /* the multi-GPU engine reports none */
+    so.can_logprobs = true; /* every engine reports them and scores (several GPUs: rank 0's rows) */
     so.can_json = true; /* every engine takes the grammars and the rules (the GPUs' rounds walk on the host) */
     so.can_logit_rules = true;
     so.max_budget = cpu && a.eng.draft ? reserve : eo.budget;

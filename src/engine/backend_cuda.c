@@ -15,9 +15,8 @@
 
 /* SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER, SPECULATION: the engine's
  * ddt_engine_score / set_logprobs / set_constraint / set_logit_rules /
- * set_answer_start / set_speculation, or NULL (the multi-GPU engine has no scoring,
- * log-probabilities or switching: its ranks' forwards run in lockstep threads that
- * generate only) */
+ * set_answer_start / set_speculation, or NULL (the multi-GPU engine does not switch
+ * modes: its ranks' graphs are captured for the mode they were created in) */
 #define CUDA_BACKEND(NAME, P, SCORE, LOGPROBS, CONSTRAINT, RULES, ANSWER, SPECULATION)                                                                    \
     static ddt_status NAME##_create(const char *model_dir, const ddt_engine_options *opts,                        \
                                     const ddt_engine_setup *setup, void **out, ddt_error *err) {                  \
@@ -90,5 +89,14 @@ static ddt_status multi_set_logit_rules(void *m, const ddt_logit_rules *r, ddt_e
 
 static void multi_set_answer_start(void *m, int32_t start) { ddt_engine_multi_set_answer_start(m, start); }
 
-CUDA_BACKEND(multi, ddt_engine_multi, NULL, NULL, multi_set_constraint, multi_set_logit_rules, multi_set_answer_start,
-             NULL)
+static ddt_status multi_score(void *m, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
+                              ddt_error *err) {
+    return ddt_engine_multi_score(m, ids, n, n_top, out, err);
+}
+
+static void multi_set_logprobs(void *m, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
+    ddt_engine_multi_set_logprobs(m, out, capacity, n_top);
+}
+
+CUDA_BACKEND(multi, ddt_engine_multi, multi_score, multi_set_logprobs, multi_set_constraint, multi_set_logit_rules,
+             multi_set_answer_start, NULL)

@@ -205,9 +205,9 @@ typedef struct ddt_token_logprobs {
  * before the emit callback that hands over that token; n_top alternatives
  * (0..DDT_MAX_TOP_LOGPROBS).  out NULL turns it off (the default).  A tree round
  * reads the verify logits of the accepted path, which are bitwise the logits of
- * a one-token-at-a-time decode, so every mode gives ar's values.  CPU engines and
- * one GPU (each round's emitted rows copied back to the host); the multi-GPU
- * engine gives DDT_ERR_UNSUPPORTED.
+ * a one-token-at-a-time decode, so every mode gives ar's values.  Every backend
+ * (the CUDA engines copy each round's emitted rows back to the host; on several
+ * GPUs rank 0 does).
  */
 ddt_status ddt_engine_set_logprobs(ddt_engine *e, ddt_token_logprobs *out, int32_t capacity, int32_t n_top,
                                    ddt_error *err);
@@ -290,9 +290,9 @@ void ddt_engine_set_answer_start(ddt_engine *e, int32_t start);
  * values a generation reports for the same tokens (bit for bit: the rows do not
  * depend on how many go through a forward).  out[0] gets a NaN logprob and no
  * alternatives (nothing predicts the first token).  2 <= n <= the context.  The
- * prefix cache is cleared.  CPU engines and one GPU (the first call allocates a
- * logits buffer of DDT_ENGINE_PREFILL_CHUNK rows); the multi-GPU engine gives
- * DDT_ERR_UNSUPPORTED.
+ * prefix cache is cleared.  Every backend (a CUDA engine's first call allocates
+ * a logits buffer of DDT_ENGINE_PREFILL_CHUNK rows; on several GPUs every rank
+ * runs the forwards).
  */
 ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                             ddt_error *err);

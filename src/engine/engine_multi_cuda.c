@@ -61,6 +61,10 @@ typedef struct rank_job {
     ddt_emit_fn emit;
     void *emit_ctx;
     ddt_gen_stats *stats;
+    /* score */
+    const int32_t *ids;
+    int32_t n_ids, n_top;
+    ddt_token_logprobs *lp;
     /* result */
     ddt_status st;
     ddt_error err;
@@ -225,6 +229,34 @@ const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m)
 }
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s) {
     for (int32_t r = 0; r < m->world; r++) ddt_engine_cuda_set_sampling(m->rank[r], s);
+}
+
+/* Log-probabilities: rank 0 alone copies its rows back (every rank holds the same
+ * logits), after the round's synchronisation, so the others never wait for it. */
+void ddt_engine_multi_set_logprobs(ddt_engine_multi *m, ddt_token_logprobs *out, int32_t capacity, int32_t n_top) {
+    ddt_engine_cuda_set_logprobs(m->rank[0], out, capacity, n_top);
+}
+
+static ddt_status score_job(rank_job *j) {
+    return ddt_engine_cuda_score(j->m->rank[j->r], j->ids, j->n_ids, j->n_top, j->lp, &j->err);
+}
+
+/* Every rank runs the prefill forwards (their all-reduces must match); rank 0's
+ * values go to out, the others' to a scratch array made for the call (scoring is no
+ * decoding round). */
+ddt_status ddt_engine_multi_score(ddt_engine_multi *m, const int32_t *ids, int32_t n, int32_t n_top,
+                                  ddt_token_logprobs *out, ddt_error *err) {
+    ddt_token_logprobs *scratch = NULL;
+    if (m->world > 1 && !(scratch = ddt_calloc_array((size_t)(m->world - 1) * (size_t)n, sizeof *scratch)))
+        return ddt_fail(err, DDT_ERR_NOMEM, "out of memory scoring %d tokens on %d GPUs", n, m->world);
+    rank_job jobs[DDT_ENGINE_MAX_GPUS];
+    memset(jobs, 0, sizeof(rank_job) * (size_t)m->world);
+    for (int32_t r = 0; r < m->world; r++)
+        jobs[r] = (rank_job){.m = m, .r = r, .fn = score_job, .ids = ids, .n_ids = n, .n_top = n_top,
+                             .lp = r == 0 ? out : scratch + (size_t)(r - 1) * (size_t)n};
+    const ddt_status st = run_ranks(m, jobs, err);
+    free(scratch);
+    return st;
 }
 
 /* Every rank takes the same constraint and rules (its own state and masks). */

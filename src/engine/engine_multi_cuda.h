@@ -29,6 +29,11 @@ int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
 const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m);
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);
+/* ddt_engine_set_logprobs: rank 0 reports them (every rank holds the same logits). */
+void ddt_engine_multi_set_logprobs(ddt_engine_multi *m, ddt_token_logprobs *out, int32_t capacity, int32_t n_top);
+/* ddt_engine_score: every rank runs the prefill forwards, rank 0's values are out's. */
+ddt_status ddt_engine_multi_score(ddt_engine_multi *m, const int32_t *ids, int32_t n, int32_t n_top,
+                                  ddt_token_logprobs *out, ddt_error *err);
 /* ddt_engine_set_constraint / set_logit_rules / set_answer_start: every rank takes
  * them (engine_cuda.h: host-walk rounds, the same picks on every rank). */
 ddt_status ddt_engine_multi_set_constraint(ddt_engine_multi *m, const ddt_json_constraint *c, ddt_error *err);

@@ -16,7 +16,8 @@
  *     leaves 4 heads unsplit: the replicated-attention path.
  *  3. Errors: more GPUs than devices, --gpus with the CPU backend.
  *  3b. Logit rules and the JSON constraint over NCCL (one rank): the single-GPU
- *     engine's tokens (test_rules_json).
+ *     engine's tokens (test_rules_json); scoring and log-probabilities: its values,
+ *     bitwise (test_logprobs_score).
  *  4. A cancel on an emulated world of 2 engines (ddt_engine_cuda_create_rank,
  *     one thread each): rank 0's emit callback stops the generation, and every
  *     rank returns (the stop flag summed at the start of each round reaches
@@ -346,6 +347,47 @@ static void test_rules_json(const char *model, const char *draft, const int32_t 
     ddt_tokenizer_free(tok);
 }
 
+/* Scoring and log-probabilities on the multi-GPU engine (one rank over NCCL): the
+ * single-GPU engine's values, bitwise (the same logits). */
+static void test_logprobs_score(const char *model, const char *draft, const int32_t *prompt, int np) {
+    enum { NS = 100, NG = 24 };
+    static ddt_token_logprobs a[NS], b[NS], la[NG], lb[NG];
+    static run_out ra, rb;
+    ddt_engine *e[2];
+    for (int k = 0; k < 2; k++) {
+        ddt_engine_options o = {0};
+        o.mode = DDT_MODE_TREE;
+        o.backend = DDT_BACKEND_CUDA;
+        o.draft_dir = draft;
+        o.budget = 16;
+        o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 11};
+        o.n_threads = 2;
+        o.gpus = k;
+        o.nccl_always = k == 1;
+        OK(ddt_engine_create(model, &o, &e[k], &err_));
+    }
+    const int n = np < NS ? np : NS;
+    OK(ddt_engine_score(e[0], prompt, n, 5, a, &err_));
+    OK(ddt_engine_score(e[1], prompt, n, 5, b, &err_));
+    int diff = 0;
+    for (int i = 1; i < n; i++)
+        diff += memcmp(&a[i].logprob, &b[i].logprob, sizeof(float)) != 0 || a[i].n_top != b[i].n_top ||
+                memcmp(a[i].top_id, b[i].top_id, sizeof(int32_t) * (size_t)a[i].n_top) != 0;
+    CHECK(diff == 0, "%s: score over NCCL: %d of %d tokens differ from the single GPU's", model, diff, n - 1);
+    OK(ddt_engine_set_logprobs(e[0], la, NG, 3, &err_));
+    OK(ddt_engine_set_logprobs(e[1], lb, NG, 3, &err_));
+    OK(ddt_engine_generate(e[0], prompt, np < 40 ? np : 40, NG, NULL, 0, ra.ids, &ra.n, NULL, NULL, NULL, &err_));
+    OK(ddt_engine_generate(e[1], prompt, np < 40 ? np : 40, NG, NULL, 0, rb.ids, &rb.n, NULL, NULL, NULL, &err_));
+    diff = 0;
+    for (int i = 0; i < NG; i++)
+        diff += memcmp(&la[i].logprob, &lb[i].logprob, sizeof(float)) != 0 || la[i].n_top != 3 ||
+                memcmp(la[i].top_id, lb[i].top_id, 3 * sizeof(int32_t)) != 0;
+    CHECK(same_out(&ra, &rb) && diff == 0, "%s: logprobs over NCCL: %d of %d tokens differ", model, diff, NG);
+    printf("  %s: score (%d tokens) and tree-16 logprobs over NCCL (1 GPU) == single GPU, bitwise\n", model, n - 1);
+    ddt_engine_free(e[0]);
+    ddt_engine_free(e[1]);
+}
+
 static void test_errors(void) {
     int n_dev = 0;
     CU(cudaGetDeviceCount(&n_dev));
@@ -516,6 +558,7 @@ int main(int argc, char **argv) {
         test_emulated(sm, ids, (int)n_ids, 64, V, 4, true);
         test_engine(sm, "models/pystdlib-dflash", ids, (int)n_ids, 128);
         test_rules_json(sm, "models/pystdlib-dflash", ids, (int)n_ids < 60 ? (int)n_ids : 60);
+        test_logprobs_score(sm, "models/pystdlib-dflash", ids, (int)n_ids);
         printf("errors:\n");
         test_errors();
     }

@@ -107,7 +107,7 @@ def test_bad_input():
         (["--ids", "1,99999999"], "vocabulary"),
         (["--ids", "5"], "at least 2"),
         (["--text", "ab", "--max-tokens", "1"], "--max-tokens"),
-        (["--text", "ab", "--backend", "cuda", "--gpus", "2"], "one GPU"),
+        (["--text", "ab cd ef gh", "--backend", "cpu", "--gpus", "2"], "needs the CUDA backend"),
         (["--text", "ab", "--bogus"], "unknown option"),
     ]
     try:
