@@ -149,7 +149,8 @@ void ddt_choice_tree_states(ddt_choice *c, const ddt_tree *t) {
     ddt_choice_root(c);
     /* a parent precedes its children in every tree the builders make (ddt_tree_from_parents
        checks); a refused node keeps its parent's state (the grammar steps atomically) */
-    for (int32_t v = 1; v < t->n_nodes && v < c->capacity; v++) (void)ddt_choice_allows(c, t->parent[v], v, t->token[v]);
+    for (int32_t v = 1; v < t->n_nodes && v < c->capacity; v++)
+        (void)ddt_choice_allows(c, t->parent[v], v, t->token[v]);
 }
 
 void ddt_choice_bias_rows(const ddt_choice *c, float *rows, int32_t n_rows) {

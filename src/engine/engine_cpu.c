@@ -236,7 +236,9 @@ static ddt_status cpu_set_logit_rules(void *impl, const ddt_logit_rules *r, ddt_
     return ddt_choice_set_rules(&((cpu_engine *)impl)->ch, r, err);
 }
 
-static void cpu_set_answer_start(void *impl, int32_t start) { ddt_choice_set_answer_start(&((cpu_engine *)impl)->ch, start); }
+static void cpu_set_answer_start(void *impl, int32_t start) {
+    ddt_choice_set_answer_start(&((cpu_engine *)impl)->ch, start);
+}
 
 /* The target's token from a logits row after the emitted tokens (choice.h). */
 static ddt_status choose(cpu_engine *e, const float *row, uint64_t round, int32_t *token, ddt_error *err) {

@@ -761,7 +761,8 @@ static ddt_status time_in_graph(ddt_engine_cuda *e, graph_work_fn fn, int32_t n,
     ddt_status st = fn(e, n, err);
     cudaError_t ce = end_capture(e, &g);
     int32_t converted = 0; /* the cost of the round's work as the round's graph runs it */
-    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e)) st = programmatic_edges(e, g, e->opts.mode == DDT_MODE_AR, &converted, err);
+    if (st == DDT_OK && ce == cudaSuccess && use_pdl(e))
+        st = programmatic_edges(e, g, e->opts.mode == DDT_MODE_AR, &converted, err);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&x, g, 0);
     if (g) cudaGraphDestroy(g);
     if (st == DDT_OK && ce == cudaSuccess) ce = cudaGraphLaunch(x, e->s);
