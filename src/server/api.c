@@ -148,7 +148,7 @@ char *ddt_api_chunk_event(const ddt_api_ids *r, bool role, const char *text, siz
                           const ddt_api_extra *ex, const char *finish_reason, const ddt_api_logprobs *lp,
                           size_t *len) {
     json_t *o = head(r, true);
-    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, "finish_reason", str_or_null(finish_reason),
+    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", (int)r->index, "finish_reason", str_or_null(finish_reason),
                                "logprobs", logprobs_json(r->kind, lp));
     json_t *t = text ? json_stringn(text, text_len) : NULL;
     if (!o || !choice || (text && !t)) {

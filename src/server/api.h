@@ -24,6 +24,7 @@ typedef struct ddt_api_ids {
     const char *id;      /* "chatcmpl-..." / "cmpl-..." */
     long long created;   /* Unix seconds */
     const char *model;
+    int32_t index;       /* the choice a stream chunk belongs to (n choices stream one after another) */
 } ddt_api_ids;
 
 /* The log-probabilities of tokens [first, first + n) of a response (engine.h

@@ -543,8 +543,6 @@ static ddt_status parse_fields(ddt_api_request *r, json_t *root, ddt_error *err)
     }
     if ((st = parse_stop(r, root, err))) return st;
     if ((st = get_bool(r, root, "stream", &r->stream, err))) return st;
-    if (r->stream && r->n > 1)
-        return FAIL(r, DDT_ERR_UNSUPPORTED, "n", "'n' > 1 with 'stream' is not supported (ask without stream)");
     if (r->stream && r->echo)
         return FAIL(r, DDT_ERR_UNSUPPORTED, "echo", "'echo' with 'stream' is not supported (ask without stream)");
     json_t *so = json_object_get(root, "stream_options");

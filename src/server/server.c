@@ -673,9 +673,15 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
 
 /* ------------------------------------------------------------------ streaming */
 
+/* A stream of n choices: the jobs' chunks one choice after another (each with
+ * its index; a chat choice opens with its role), then the usage (the prompt once,
+ * every completion) and [DONE]. */
 typedef struct sse {
     ddt_server *srv;
-    ddt_job *job;
+    ddt_job *job;        /* jobs[cur] */
+    ddt_job *jobs[DDT_API_MAX_N];
+    int n_jobs, cur;
+    int64_t completion_sum; /* the finished choices' counted tokens */
     ddt_api_ids ids;
     char id[64];
     bool include_usage;
@@ -784,7 +790,20 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             if (!sse_append(x, ddt_api_chunk_event(&x->ids, false, NULL, 0, NULL, finish, lpp, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             x->lp_sent = (int32_t)completion;
-            if (x->include_usage && !sse_append(x, ddt_api_usage_event(&x->ids, prompt, completion, cached, &n), &n))
+            x->completion_sum += completion;
+            if (x->cur + 1 < x->n_jobs) { /* the next choice, from its start */
+                x->cur++;
+                x->job = x->jobs[x->cur];
+                x->ids.index = x->cur;
+                x->seen = 0;
+                x->role_sent = false;
+                x->lp_sent = 0;
+                x->lp_offset = 0;
+                x->calls_sent = 0;
+                continue;
+            }
+            if (x->include_usage &&
+                !sse_append(x, ddt_api_usage_event(&x->ids, prompt, x->completion_sum, cached, &n), &n))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         static const char done_ev[] = "data: [DONE]\n\n";
@@ -799,10 +818,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) {
     sse *x = cls;
-    pthread_mutex_lock(&x->job->mu);
-    if (!x->job->done) x->job->cancel = true; /* the connection ended before the generation */
-    pthread_mutex_unlock(&x->job->mu);
-    ddt_job_release(x->job);
+    for (int k = 0; k < x->n_jobs; k++) {
+        pthread_mutex_lock(&x->jobs[k]->mu);
+        if (!x->jobs[k]->done) x->jobs[k]->cancel = true; /* the connection ended before the generation */
+        pthread_mutex_unlock(&x->jobs[k]->mu);
+        ddt_job_release(x->jobs[k]);
+    }
     free(x->pending);
     free(x);
 }
@@ -932,16 +953,19 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         }
     }
     ddt_job *j = jobs[0];
-    ddt_api_ids ids = {kind, NULL, (long long)time(NULL), s->model_name};
+    ddt_api_ids ids = {kind, NULL, (long long)time(NULL), s->model_name, 0};
     int fd = conn_fd(c);
-    if (stream) { /* n is 1 (the parser refuses more with stream) */
+    if (stream) {
         sse *x = calloc(1, sizeof *x);
         if (!x) {
             release_jobs(jobs, nc, true);
             return send_error(s, c, 500, "out of memory", NULL);
         }
         x->srv = s;
-        x->job = j; /* the HTTP side's reference moves to the stream */
+        /* the HTTP side's references move to the stream */
+        for (int k = 0; k < nc; k++) x->jobs[k] = jobs[k];
+        x->n_jobs = nc;
+        x->job = j;
         make_id(s, kind, x->id, sizeof x->id);
         x->ids = ids;
         x->ids.id = x->id;

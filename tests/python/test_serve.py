@@ -377,6 +377,42 @@ def test_n_choices(server):
     assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
 
 
+def test_n_choices_streamed(server):
+    """n choices streamed: one choice after another, each chunk with its index, each choice's text
+    and finish reason those of the unstreamed answer; the usage chunk counts the prompt once and
+    every completion; chat through the openai client: each choice opens with its role."""
+    kw = {"max_tokens": 12, "temperature": 1.0, "seed": 40, "n": 3}
+    whole = complete(server, PROMPTS[3], **kw)
+    chunks = list(server.client().completions.create(model="m", prompt=PROMPTS[3], stream=True,
+                                                     stream_options={"include_usage": True}, **kw))
+    texts, finish, order = ["", "", ""], [None] * 3, []
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+            if not order or order[-1] != c.index:
+                order.append(c.index)
+    assert order == [0, 1, 2]  # one choice after another
+    assert texts == [c["text"] for c in whole["choices"]]
+    assert finish == [c["finish_reason"] for c in whole["choices"]]
+    usage = [ch.usage for ch in chunks if ch.usage]
+    assert len(usage) == 1 and usage[0].completion_tokens == whole["usage"]["completion_tokens"]
+    assert usage[0].prompt_tokens == whole["usage"]["prompt_tokens"]
+    msgs = [{"role": "user", "content": "x = "}]
+    c = server.client()
+    plain = c.chat.completions.create(model="m", messages=msgs, n=2, max_tokens=6, temperature=1.0, seed=3)
+    roles, content = {}, ["", ""]
+    for ch in c.chat.completions.create(model="m", messages=msgs, n=2, max_tokens=6, temperature=1.0, seed=3,
+                                        stream=True):
+        for d in ch.choices:
+            if d.delta.role:
+                roles[d.index] = roles.get(d.index, 0) + 1
+            content[d.index] += d.delta.content or ""
+    assert roles == {0: 1, 1: 1}
+    assert content == [ch.message.content for ch in plain.choices]
+
+
 def test_sampling_seeded_and_prompt_ids(server):
     a = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     b = complete(server, PROMPTS[3], max_tokens=20, temperature=1.0, top_p=0.9, seed=5)
@@ -475,7 +511,7 @@ BAD = [
     ("/v1/completions", b'{"prompt": "a", "seed": 1e308}', 400, "seed"),
     ("/v1/completions", b'{"prompt": "\xff\xfe\xfd"}', 400, None),  # invalid UTF-8
     ("/v1/completions", b'{"prompt": "a", "n": 17}', 400, "n"),
-    ("/v1/completions", b'{"prompt": "a", "n": 2, "stream": true}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "a", "n": 2, "stream": true, "echo": true}', 400, "echo"),
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 5000}', 400, "max_tokens"),  # over the context
     ("/v1/completions", json.dumps({"prompt": [7] * 1100}).encode(), 400, "prompt"),  # prompt over the context
     ("/v1/completions", b'{"prompt": [999999]}', 400, "prompt"),  # outside the vocabulary

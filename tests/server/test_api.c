@@ -35,7 +35,7 @@ static void test_tool_call_response(void **state) {
     (void)state;
     ddt_chat_tool_call calls[2] = {{"functions.get_weather:0", "get_weather", "{\"city\": \"Paris\"}"},
                                    {"functions.bad:1", "bad", "\xff{}"}};
-    ddt_api_ids ids = {DDT_API_CHAT, "chatcmpl-1", 7, "m"};
+    ddt_api_ids ids = {DDT_API_CHAT, "chatcmpl-1", 7, "m", 0};
     int32_t out_ids[2] = {5, 6}, prompt_ids[3] = {1, 2, 3};
     ddt_api_result res = {"", 0, "tool_calls", 3, 2, 0, out_ids, 2, prompt_ids, 3, NULL, DDT_MODE_AR, NULL,
                           {"I should look it up.", 20, calls, 0, 2}};

@@ -354,7 +354,7 @@ static void test_bad_bodies(void **state) {
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 17}", "n"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 0}", "n"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 100000000}", "n"},
-        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2, \"stream\": true}", "n"},
+        {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2, \"stream\": true, \"echo\": true}", "echo"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}", "stream"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": 1}", "stream_options"},
         {DDT_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": 1}}",
