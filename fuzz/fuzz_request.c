@@ -70,7 +70,7 @@ static void check_stream(const ddt_api_request *r, const uint8_t *text, size_t n
     size_t wl;
     if (ddt_textstream_take(&b, true, &whole, &wl, &err) != DDT_OK) __builtin_trap();
     if (wl != jl || (wl && memcmp(whole, joined, wl))) __builtin_trap();
-    ddt_api_ids ids = {r->kind, "id-1", 1, "m"};
+    ddt_api_ids ids = {r->kind, "id-1", 1, "m", 0};
     ddt_token_logprobs lp[FZ_LP];
     int32_t lp_ids[FZ_LP];
     int64_t offset = 0;
