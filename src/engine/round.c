@@ -97,7 +97,8 @@ void ddt_ar_fallback_start(ddt_ar_fallback *f, bool on) {
        T = 0 auto 1.85x -> 1.88x ar, tree 16 1.89x; T > 0 within the draws' noise);
        DDT_AR_FALLBACK_DECAY (0..1) overrides it, for measuring */
     const char *d = getenv("DDT_AR_FALLBACK_DECAY");
-    f->decay = d && atof(d) > 0.0 && atof(d) < 1.0 ? atof(d) : 0.85;
+    const double v = d ? atof(d) : 0.0;
+    f->decay = v > 0.0 && v < 1.0 ? v : 0.85;
     f->tau_avg = -1.0;
     f->hold = 0;
     f->backoff = DDT_AR_HOLD_MIN;

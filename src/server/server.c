@@ -678,9 +678,8 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
  * every completion) and [DONE]. */
 typedef struct sse {
     ddt_server *srv;
-    ddt_job *job;        /* jobs[cur] */
     ddt_job *jobs[DDT_API_MAX_N];
-    int n_jobs, cur;
+    int n_jobs, cur;     /* jobs[cur]: the choice being streamed */
     int64_t completion_sum; /* the finished choices' counted tokens */
     ddt_api_ids ids;
     char id[64];
@@ -733,7 +732,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
-        ddt_job *j = x->job;
+        ddt_job *j = x->jobs[x->cur];
         pthread_mutex_lock(&j->mu);
         if (!wait_change(j, &x->seen, x->fd)) {
             pthread_mutex_unlock(&j->mu);
@@ -793,7 +792,6 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             x->completion_sum += completion;
             if (x->cur + 1 < x->n_jobs) { /* the next choice, from its start */
                 x->cur++;
-                x->job = x->jobs[x->cur];
                 x->ids.index = x->cur;
                 x->seen = 0;
                 x->role_sent = false;
@@ -952,7 +950,6 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
             return send_error(s, c, 503, err.msg, NULL);
         }
     }
-    ddt_job *j = jobs[0];
     ddt_api_ids ids = {kind, NULL, (long long)time(NULL), s->model_name, 0};
     int fd = conn_fd(c);
     if (stream) {
@@ -965,7 +962,6 @@ static enum MHD_Result serve_generation(ddt_server *s, struct MHD_Connection *c,
         /* the HTTP side's references move to the stream */
         for (int k = 0; k < nc; k++) x->jobs[k] = jobs[k];
         x->n_jobs = nc;
-        x->job = j;
         make_id(s, kind, x->id, sizeof x->id);
         x->ids = ids;
         x->ids.id = x->id;

@@ -248,9 +248,9 @@ typedef struct run_out {
     int32_t n;
 } run_out;
 
-static ddt_status run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget,
-                             float temp, int gpus, bool nccl, const int32_t *prompt, int np, int max_new, run_out *r,
-                             ddt_error *err) {
+/* The engines of these tests: seed 11, two CPU threads. */
+static ddt_engine_options engine_opts(ddt_backend be, ddt_mode mode, const char *draft, int budget, float temp,
+                                      int gpus, bool nccl) {
     ddt_engine_options o = {0};
     o.mode = mode;
     o.backend = be;
@@ -260,6 +260,13 @@ static ddt_status run_engine(const char *model, const char *draft, ddt_backend b
     o.n_threads = 2;
     o.gpus = gpus;
     o.nccl_always = nccl;
+    return o;
+}
+
+static ddt_status run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget,
+                             float temp, int gpus, bool nccl, const int32_t *prompt, int np, int max_new, run_out *r,
+                             ddt_error *err) {
+    const ddt_engine_options o = engine_opts(be, mode, draft, budget, temp, gpus, nccl);
     ddt_engine *e;
     ddt_status st = ddt_engine_create(model, &o, &e, err);
     if (st != DDT_OK) return st;
@@ -299,15 +306,8 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
 static ddt_status ruled_engine(const char *model, const char *draft, ddt_mode mode, int gpus, bool nccl,
                                const ddt_logit_rules *rules, const ddt_json_vocab *v, const int32_t *prompt, int np,
                                int max_new, run_out *r, ddt_error *err) {
-    ddt_engine_options o = {0};
-    o.mode = mode;
-    o.backend = DDT_BACKEND_CUDA;
-    o.draft_dir = mode == DDT_MODE_AR ? NULL : draft;
-    o.budget = 16;
-    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 11};
-    o.n_threads = 2;
-    o.gpus = gpus;
-    o.nccl_always = nccl;
+    const ddt_engine_options o =
+        engine_opts(DDT_BACKEND_CUDA, mode, mode == DDT_MODE_AR ? NULL : draft, 16, 0.0f, gpus, nccl);
     ddt_engine *e;
     ddt_status st = ddt_engine_create(model, &o, &e, err);
     if (st != DDT_OK) return st;
@@ -354,16 +354,8 @@ static void test_logprobs_score(const char *model, const char *draft, const int3
     static ddt_token_logprobs a[NS], b[NS], la[NG], lb[NG];
     static run_out ra, rb;
     ddt_engine *e[2];
-    for (int k = 0; k < 2; k++) {
-        ddt_engine_options o = {0};
-        o.mode = DDT_MODE_TREE;
-        o.backend = DDT_BACKEND_CUDA;
-        o.draft_dir = draft;
-        o.budget = 16;
-        o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 11};
-        o.n_threads = 2;
-        o.gpus = k;
-        o.nccl_always = k == 1;
+    for (int k = 0; k < 2; k++) { /* one GPU, then one rank over NCCL */
+        const ddt_engine_options o = engine_opts(DDT_BACKEND_CUDA, DDT_MODE_TREE, draft, 16, 0.0f, k, k == 1);
         OK(ddt_engine_create(model, &o, &e[k], &err_));
     }
     const int n = np < NS ? np : NS;
