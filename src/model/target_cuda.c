@@ -94,6 +94,8 @@ struct ddt_cuda_target {
     size_t moe_ws_bytes;
     void *mm_ws;         /* tensor cores: the projections' split activations (mm_workspace_bytes) */
     size_t mm_ws_bytes;
+    void *mm_next;       /* the same size: the planes a product's epilogue writes for the next product
+                            (W_UK^T's from q_b, o_proj's from W_UV), apart from the planes it reads */
     int32_t n_capture, capture_layer[DDT_TARGET_MAX_CAPTURE];
     float *capture; /* [n_capture][max_tokens][hidden] */
     ddt_cuda_target_probe probe; /* tests (ddt_cuda_target_set_probe); every pointer NULL otherwise */
@@ -358,6 +360,8 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
     A(t->iota, T, int32_t);
     t->mm_ws_bytes = mm_workspace_bytes(t);
     if (t->mm_ws_bytes > 0 && (st = ddt_cuda_malloc_array(&t->mm_ws, t->mm_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK)
+        return st;
+    if (t->mm_ws_bytes > 0 && (st = ddt_cuda_malloc_array(&t->mm_next, t->mm_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK)
         return st;
     A(t->cos_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
     A(t->sin_t, (size_t)t->max_ctx * (size_t)(t->dims.rope / 2), float);
@@ -678,7 +682,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->kv.ticket, t->x,
                     t->xn, t->qa, t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u,
-                    t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->capture, t->q16,
+                    t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->mm_next, t->capture, t->q16,
                     t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
@@ -835,12 +839,38 @@ static const ddt_qweight *attn_input_product(const ddt_cuda_target *t, int32_t l
     return t->dims.q_lora > 0 && L->qkv_a.data ? &L->qkv_a : NULL;
 }
 
+/* Where the product `from` writes, in its epilogue, the split planes of the
+ * grouped product `to` (count groups of `width` output columns, `cols` of each
+ * read) into mm_next, so that `to` runs without its split launch: true and *out
+ * set when both are on the wgmma path (ddt_cuda_matmul_writes_next). */
+static bool next_planes_for(const ddt_cuda_target *t, const ddt_qweight *from, const ddt_qweight *to, int32_t count,
+                            int64_t width, int64_t cols, int32_t n, ddt_cuda_next_planes *out) {
+    memset(out, 0, sizeof *out);
+    if (!from || !from->data || !to || !to->data || !ddt_cuda_matmul_writes_next(from, t->mm) ||
+        !ddt_cuda_matmul_split_planes_grouped(to, t->mm, count, n, t->mm_next, t->mm_ws_bytes, &out->planes))
+        return false;
+    out->width = width;
+    out->cols = cols;
+    return true;
+}
+
 /* x W^T of the normed input whose split planes the norm wrote for this weight
  * (planes.hi), or the plain product that splits x itself. */
 static ddt_status product_of_normed(ddt_cuda_target *t, const ddt_qweight *w, const ddt_cuda_split_planes *planes,
                                     const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_error *err) {
     if (planes->hi) return ddt_cuda_matmul_presplit(w, t->mm, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
     return ddt_cuda_matmul_mode(w, t->mm, x, ldx, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
+}
+
+/* product_of_normed whose epilogue also writes the next product's planes (next
+ * from next_planes_for; NULL: product_of_normed). */
+static ddt_status product_of_normed_next(ddt_cuda_target *t, const ddt_qweight *w,
+                                         const ddt_cuda_split_planes *planes, const float *x, int64_t ldx, int32_t n,
+                                         float *y, int64_t ldy, const ddt_cuda_next_planes *next, ddt_error *err) {
+    if (!next) return product_of_normed(t, w, planes, x, ldx, n, y, ldy, err);
+    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+    return ddt_cuda_matmul_grouped_next(w, t->mm, &g, planes->hi ? NULL : x, ldx, n, y, ldy, t->mm_ws,
+                                        t->mm_ws_bytes, next, t->stream, err);
 }
 
 static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
@@ -863,6 +893,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         const float *kva = t->kva;
         int64_t kva_ld = width;
         bool roped = false; /* the queries' rope and the cache row written (rope_folds) */
+        ddt_cuda_next_planes uk_next; /* W_UK^T's split planes, when q_b's epilogue writes them */
+        bool uk_pre = false;
+        ddt_cuda_split_planes uv_planes; /* W_UV's, when the attention's merge writes them */
+        bool uv_pre = false;
         if (t->dims.q_lora > 0) {
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
@@ -887,10 +921,13 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
                 roped = true;
             } else {
-                /* q_b reads the q latent's split planes written by the norms' launch */
+                /* q_b reads the q latent's split planes written by the norms' launch,
+                   and writes W_UK^T's (each head's nope columns) for it */
                 const ddt_cuda_split_planes qa_planes = planes_for(t, &L->q_b, n);
                 TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
-                TRY(product_of_normed(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd, err));
+                uk_pre = next_planes_for(t, &L->q_b, &L->uk_t, heads, qd, t->dims.nope, n, &uk_next);
+                TRY(product_of_normed_next(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
+                                           uk_pre ? &uk_next : NULL, err));
             }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
@@ -905,8 +942,12 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         }
         if (L->uk_t.data) { /* the transposed copy exists (make_uk_t) */
             const ddt_row_groups ukt = uk_t_groups(t);
-            TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
-                                             (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));
+            if (uk_pre) /* the rope (between) changes only the rope columns: the planes hold */
+                TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, NULL, 0, n, t->q_lat, (int64_t)heads * rank,
+                                                 t->mm_next, t->mm_ws_bytes, NULL, s, err));
+            else
+                TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
+                                                 (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));
         } else {
             const ddt_row_groups uk = uk_groups(t);
             TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,
@@ -919,11 +960,15 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
                                     s, err));
             TRY(probe_copy(t, t->probe.q16, l, T, sizeof(uint16_t) * (size_t)heads * width, t->q16, n, err));
+            /* the merge writes W_UV's split planes beside o_lat (its split launch's bits) */
+            uv_pre = ddt_cuda_matmul_split_planes_grouped(&L->kv_b, t->mm, heads, n, t->mm_ws, t->mm_ws_bytes,
+                                                          &uv_planes);
             ddt_cuda_mla_verify va = {.n_tokens = n, .n_heads = heads, .q = t->q16, .kv = (const uint16_t *)layer_cache,
                                       .kv_ld = width, .kv_rows = t->max_ctx, .n_prefix = t->kv.len,
                                       .max_prefix = t->max_ctx - n, .vis = vis ? vis : t->causal, .scale = t->dims.softmax_scale,
                                       .out = t->o_lat, .out_fp32 = 1, .out_ld = rank, .lse = NULL,
-                                      .workspace = t->mla_ws, .path = DDT_MLA_PATH_AUTO};
+                                      .workspace = t->mla_ws, .path = DDT_MLA_PATH_AUTO,
+                                      .out_planes = uv_pre ? uv_planes : (ddt_cuda_split_planes){NULL, NULL, 0}};
             TRY(ddt_cuda_mla_verify_run(&va, s, err));
         } else {
             ddt_cuda_mla_attn_args aa = {.n = n, .heads = heads, .rank = rank, .rope = rope, .q_lat = t->q_lat,
@@ -937,10 +982,19 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(probe_copy(t, t->probe.o_lat, l, T, sizeof(float) * (size_t)heads * rank, t->o_lat, n, err));
         ddt_row_groups uv = {.count = heads, .w_row_stride = t->dims.nope + t->dims.vdim, .w_row_offset = t->dims.nope,
                               .rows = t->dims.vdim, .x_stride = rank, .y_stride = t->dims.vdim};
-        TRY(ddt_cuda_matmul_grouped_mode(&L->kv_b, t->mm, &uv, t->o_lat, (int64_t)heads * rank, n, t->o_v,
-                                         (int64_t)heads * t->dims.vdim, t->mm_ws, t->mm_ws_bytes, s, err));
-        TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, (int64_t)heads * t->dims.vdim, n, t->tmp, H,
-                                 t->mm_ws, t->mm_ws_bytes, s, err));
+        /* W_UV's epilogue writes o_proj's split planes (one group: the whole row) */
+        const int64_t vw = (int64_t)heads * t->dims.vdim;
+        ddt_cuda_next_planes o_next;
+        const bool o_pre = next_planes_for(t, &L->kv_b, &L->o_proj, 1, vw, vw, n, &o_next);
+        TRY(ddt_cuda_matmul_grouped_next(&L->kv_b, t->mm, &uv, uv_pre ? NULL : t->o_lat, (int64_t)heads * rank, n,
+                                         t->o_v, vw, t->mm_ws, t->mm_ws_bytes, o_pre ? &o_next : NULL, s, err));
+        if (o_pre) {
+            const ddt_row_groups og = {1, 0, 0, L->o_proj.rows, 0, 0};
+            TRY(ddt_cuda_matmul_grouped_next(&L->o_proj, t->mm, &og, NULL, 0, n, t->tmp, H, t->mm_next,
+                                             t->mm_ws_bytes, NULL, s, err));
+        } else {
+            TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, vw, n, t->tmp, H, t->mm_ws, t->mm_ws_bytes, s, err));
+        }
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         /* the front (router | shared gate | up) reads xn's split planes from this norm */
         const bool front_plain = L->moe && L->front.data && !L->shared.paired;

@@ -11,7 +11,10 @@
  * expected; 1e-2 leaves room and still catches any wrong row or mask), the
  * log-sum-exp on the small cases (< 4e-3, see LSE_BOUND), two runs bitwise
  * equal, both merge paths
- * bitwise equal, padding untouched, and a bad n_prefix giving NaN.
+ * bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
+ * output, the output's split planes for W_UV (out_planes, head-major rows) from
+ * the auto and the global merge: the output the same bits, the planes its exact
+ * bf16 split, their pitch padding untouched, a short pitch refused.
  * Usage: test_cuda_mla_verify [--quick]   (run by scripts/gpu-test.sh)
  */
 #include <cuda_runtime_api.h>
@@ -275,6 +278,48 @@ static void run_case(const mla_case *c, int check_paths) {
             paths++;
         }
     }
+    /* fp32 output: its split planes as W_UV reads them (head-major rows h * T + t, a
+       pitch past 512), written beside it by the merge of either path; the output the
+       same bits, the planes its bf16 split, the rest of the planes poison */
+    if (c->out_fp32) {
+        const int64_t pitch = DDT_MLA_DV + 8;
+        const size_t pn = (size_t)H * (size_t)T * (size_t)pitch;
+        uint16_t *dpl, *hpl = malloc(2 * pn * 2);
+        CU(cudaMalloc((void **)&dpl, 2 * pn * 2));
+        for (int pass = 0; pass < (check_paths ? 2 : 1); pass++) {
+            CU(cudaMemset(dpl, 0xFF, 2 * pn * 2));
+            a.out_planes = (ddt_cuda_split_planes){dpl, dpl + pn, pitch};
+            gpu_run(&a, out_bytes, ws, pass ? DDT_MLA_PATH_GLOBAL : DDT_MLA_PATH_AUTO, again, lse2, n_rows);
+            a.out_planes = (ddt_cuda_split_planes){NULL, NULL, 0};
+            CU(cudaMemcpy(hpl, dpl, 2 * pn * 2, cudaMemcpyDeviceToHost));
+            int64_t bad = 0, stray = 0;
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++)
+                    for (int64_t k = 0; k < pitch; k++) {
+                        const size_t r = ((size_t)h * T + t) * (size_t)pitch + (size_t)k;
+                        if (k >= DDT_MLA_DV) {
+                            stray += hpl[r] != 0xFFFF || hpl[pn + r] != 0xFFFF;
+                            continue;
+                        }
+                        const float v = ((const float *)got)[((size_t)t * H + h) * (size_t)c->out_ld + (size_t)k];
+                        const uint16_t hi = ddt_f32_to_bf16(v), lo = ddt_f32_to_bf16(v - ddt_bf16_to_f32(hi));
+                        bad += hpl[r] != hi || hpl[pn + r] != lo;
+                    }
+            CHECK(memcmp(got, again, out_bytes) == 0 && bad == 0 && stray == 0,
+                  "np %d T %d H %d %s path: output with split planes %s, %lld planes values not its split, %lld stray",
+                  np, T, H, pass ? "global" : "auto", memcmp(got, again, out_bytes) ? "differs" : "the same",
+                  (long long)bad, (long long)stray);
+        }
+        /* refused: planes of bf16 output, a pitch under 512 */
+        a.out_planes = (ddt_cuda_split_planes){dpl, dpl + pn, DDT_MLA_DV - 4};
+        ddt_error e;
+        CHECK(ddt_cuda_mla_verify_run(&a, NULL, &e) == DDT_ERR_INVALID && strstr(e.msg, "pitch") != NULL,
+              "split planes of pitch %d accepted (%s)", DDT_MLA_DV - 4, e.msg);
+        a.out_planes = (ddt_cuda_split_planes){NULL, NULL, 0};
+        CU(cudaFree(dpl));
+        free(hpl);
+    }
+
     int32_t S, bps;
     ddt_cuda_mla_verify_plan(T, H, np, &S, &bps);
     char lse_txt[32];

@@ -22,7 +22,14 @@
  *     plain norm then ddt_cuda_matmul_mode (norm output, residual sum and product),
  *     rows of 200 / 1032 / 2080 (256 and 1024 norm threads), both summation paths
  *     (aligned rows and a stride off 4), n = 1, 5, 17, workspace NaN-poisoned;
- *     refusals of planes a product does not read.
+ *     refusals of planes a product does not read;
+ *   - a product whose epilogue writes the next product's split planes
+ *     (ddt_cuda_matmul_grouped_next): its own output bitwise the plain product's,
+ *     the planes bitwise the bf16 split of that output where the next product's
+ *     groups read it and NaN poison elsewhere, and the next product run from them
+ *     (x NULL) bitwise the plain one run from the output: q_b -> W_UK^T's shape
+ *     (each head's first columns of its row, heads as groups) and W_UV -> o_proj's
+ *     (groups into one row), odd sizes, n = 1, 3, 17, 64, 70; refusals.
  * --quick: fewer token counts (the sanitizer's run).
  */
 #include <cuda_runtime_api.h>
@@ -175,29 +182,50 @@ static void wg_case(int64_t rows, int64_t cols, int count, int nmax) {
 }
 
 static void ksplit_rule(void) {
-    /* K2.6's dense products, and small ones: a split keeps >= 2 k-blocks */
+    /* K2.6's dense products, and small ones: a split keeps >= 2 k-blocks, its CTAs one wave,
+       its clusters within the capacities (the device's, or none: powers of two) */
     static const int64_t sh[][3] = {{24576, 1536, 1}, {163840, 7168, 1}, {7168, 8192, 1}, {1536, 7168, 1},
-                                    {576, 7168, 1},   {37, 200, 1},      {40, 2080, 1},  {5, 64, 3}};
-    for (int i = 0; i < 8; i++) {
-        const int32_t ks = ddt_cuda_wg_ksplit(sh[i][0], (int32_t)sh[i][2], sh[i][1]);
-        const int64_t nkb = (sh[i][1] + 63) / 64;
-        CHECK((ks == 1 || ks == 2 || ks == 4 || ks == 8) && (ks == 1 || nkb >= 2 * ks),
-              "k-split of [%lld x %lld]: %d", (long long)sh[i][0], (long long)sh[i][1], ks);
-    }
-    /* one wave: o_proj (56 tiles) splits 2 ways, q_a (12 tiles) 8, q_a | kv_a (17) 4; q_b of 192
-       tiles and the LM head have more tiles than SMs and do not split */
-    CHECK(ddt_cuda_wg_ksplit(24576, 1, 1536) == 1 && ddt_cuda_wg_ksplit(7168, 1, 8192) == 2 &&
-              ddt_cuda_wg_ksplit(163840, 1, 7168) == 1 && ddt_cuda_wg_ksplit(1536, 1, 7168) == 8 &&
-              ddt_cuda_wg_ksplit(2112, 1, 7168) == 4,
-          "k-split of the K2.6 shapes: q_b %d o_proj %d LM head %d q_a %d q_a|kv_a %d",
-          ddt_cuda_wg_ksplit(24576, 1, 1536), ddt_cuda_wg_ksplit(7168, 1, 8192), ddt_cuda_wg_ksplit(163840, 1, 7168),
-          ddt_cuda_wg_ksplit(1536, 1, 7168), ddt_cuda_wg_ksplit(2112, 1, 7168));
+                                    {576, 7168, 1},   {37, 200, 1},      {40, 2080, 1},  {5, 64, 3},
+                                    {2112, 7168, 1},  {4480, 7168, 1},   {50, 384, 1},   {70, 640, 1}};
+    const int32_t *dev = ddt_cuda_wg_cluster_caps();
+    CHECK(dev != NULL, "no cluster capacities after ddt_cuda_ws_prepare");
+    /* gpc: 8 GPCs of 16 SMs, floor(16 / ks) clusters each */
+    int32_t gpc[9] = {0, 132};
+    for (int k = 2; k <= 8; k++) gpc[k] = 8 * (16 / k);
+    for (int i = 0; i < 12; i++)
+        for (int t = 0; t < 3; t++) {
+            const int32_t *cap = t == 0 ? NULL : t == 1 ? gpc : dev;
+            const int32_t ks = ddt_cuda_wg_ksplit_rule(sh[i][0], (int32_t)sh[i][2], sh[i][1], cap);
+            const int64_t nkb = (sh[i][1] + 63) / 64, tiles = (sh[i][0] + 127) / 128 * sh[i][2];
+            CHECK(ks >= 1 && ks <= 8 && (ks == 1 || (nkb >= 2 * ks && tiles * ks <= 132)) &&
+                      (cap ? ks == 1 || tiles <= cap[ks] : (ks & (ks - 1)) == 0),
+                  "k-split of [%lld x %lld] (caps %d): %d", (long long)sh[i][0], (long long)sh[i][1], t, ks);
+        }
+    /* without capacities, the powers of two: o_proj (56 tiles) splits 2 ways, q_a (12 tiles) 8,
+       q_a | kv_a (17) 4; q_b of 192 tiles and the LM head do not split */
+    CHECK(ddt_cuda_wg_ksplit_rule(24576, 1, 1536, NULL) == 1 && ddt_cuda_wg_ksplit_rule(7168, 1, 8192, NULL) == 2 &&
+              ddt_cuda_wg_ksplit_rule(163840, 1, 7168, NULL) == 1 && ddt_cuda_wg_ksplit_rule(1536, 1, 7168, NULL) == 8 &&
+              ddt_cuda_wg_ksplit_rule(2112, 1, 7168, NULL) == 4,
+          "k-split of the K2.6 shapes without capacities");
+    /* with 8 GPCs of 16: q_a | kv_a 5 ways (17 clusters of 6 or 7 would not all fit), the front
+       (35 tiles) 3, o_proj 2; small k: [50 x 384] 3, [70 x 640] 5 */
+    CHECK(ddt_cuda_wg_ksplit_rule(2112, 1, 7168, gpc) == 5 && ddt_cuda_wg_ksplit_rule(4480, 1, 7168, gpc) == 3 &&
+              ddt_cuda_wg_ksplit_rule(7168, 1, 8192, gpc) == 2 && ddt_cuda_wg_ksplit_rule(50, 1, 384, gpc) == 3 &&
+              ddt_cuda_wg_ksplit_rule(70, 1, 640, gpc) == 5,
+          "k-split under 8 GPCs of 16: q_a|kv_a %d front %d o_proj %d [50x384] %d [70x640] %d",
+          ddt_cuda_wg_ksplit_rule(2112, 1, 7168, gpc), ddt_cuda_wg_ksplit_rule(4480, 1, 7168, gpc),
+          ddt_cuda_wg_ksplit_rule(7168, 1, 8192, gpc), ddt_cuda_wg_ksplit_rule(50, 1, 384, gpc),
+          ddt_cuda_wg_ksplit_rule(70, 1, 640, gpc));
     for (int64_t r = 64; r <= 40000; r = r * 3 / 2 + 7) /* never more CTAs than one wave holds, unless 1 */
         for (int64_t c = 64; c <= 20000; c = c * 2 + 8) {
             const int32_t ks = ddt_cuda_wg_ksplit(r, 1, c);
-            CHECK(ks == 1 || ((r + 127) / 128) * ks <= 132, "k-split %d of [%lld x %lld]: past one wave", ks,
-                  (long long)r, (long long)c);
+            CHECK(ks == 1 || (((r + 127) / 128) * ks <= 132 && (r + 127) / 128 <= dev[ks]),
+                  "k-split %d of [%lld x %lld]: past one wave", ks, (long long)r, (long long)c);
         }
+    printf("this device's cluster capacities (ks 2..8):");
+    for (int k = 2; k <= 8; k++) printf(" %d", dev[k]);
+    printf("; k-splits: q_a|kv_a %d, front %d, o_proj %d, q_a %d\n", ddt_cuda_wg_ksplit(2112, 1, 7168),
+           ddt_cuda_wg_ksplit(4480, 1, 7168), ddt_cuda_wg_ksplit(7168, 1, 8192), ddt_cuda_wg_ksplit(1536, 1, 7168));
 }
 
 static void refusals(void) {
@@ -315,6 +343,146 @@ static void presplit_case(int kind, int dim, int n, bool aligned) {
     ct_free_weight(&hw), ct_free_weight(&he);
 }
 
+/* Product 1 (count1 groups of rows1 rows over cols1 columns, y at group stride
+ * rows1, no gaps) writes product 2's planes: count2 groups of `width` of its output
+ * columns, ncols read of each, rows2 output rows a group. */
+static void next_case(int count1, int64_t rows1, int64_t cols1, int count2, int64_t width, int64_t ncols,
+                      int64_t rows2, int n) {
+    const int64_t ldy1 = (int64_t)count1 * rows1, ldx1 = (int64_t)count1 * (cols1 + 3);
+    const ddt_row_groups g1 = {count1, rows1 + 5, 3, rows1, cols1 + 3, rows1};
+    const ddt_row_groups g2 = {count2, rows2, 0, rows2, width, rows2};
+    const int64_t ldy2 = (int64_t)count2 * rows2;
+    ct_weight h1 = ct_make_weight(&g_rng, 1, (int64_t)count1 * (rows1 + 5) + 3, cols1, &k_values);
+    ct_weight h2 = ct_make_weight(&g_rng, 1, (int64_t)count2 * rows2, ncols, &k_values);
+    ddt_qweight w1, w2;
+    OK(ddt_cuda_qweight_upload(&h1.w, &w1, &err_));
+    OK(ddt_cuda_qweight_upload(&h2.w, &w2, &err_));
+    const size_t xc = (size_t)n * (size_t)ldx1, y1c = (size_t)n * (size_t)ldy1, y2c = (size_t)n * (size_t)ldy2;
+    float *hx = malloc(sizeof(float) * xc);
+    for (size_t i = 0; i < xc; i++) hx[i] = ct_frand(&g_rng);
+    const size_t ws1 = ddt_cuda_matmul_workspace_bytes(cols1, count1, n), ws2 = ddt_cuda_matmul_workspace_bytes(ncols, count2, n);
+    float *dx = dev_of(hx, xc), *dy1[2], *dy2[2];
+    void *dws1, *dws2;
+    CU(cudaMalloc(&dws1, ws1));
+    CU(cudaMalloc(&dws2, ws2));
+    ddt_cuda_next_planes next;
+    memset(&next, 0, sizeof next);
+    CHECK(ddt_cuda_matmul_writes_next(&w1, DDT_CUDA_MM_TENSOR) && !ddt_cuda_matmul_writes_next(&w1, DDT_CUDA_MM_FP32),
+          "writes_next of a bf16 weight: tensor mode only");
+    CHECK(ddt_cuda_matmul_split_planes_grouped(&w2, DDT_CUDA_MM_TENSOR, count2, n, dws2, ws2, &next.planes) &&
+              next.planes.hi && next.planes.pitch >= ncols,
+          "no grouped split planes for %d groups of [%lld x %lld]", count2, (long long)rows2, (long long)ncols);
+    next.width = width;
+    next.cols = ncols;
+    for (int v = 0; v < 2; v++) { /* v = 0: plain products; 1: planes from the epilogue, product 2 presplit */
+        CU(cudaMalloc((void **)&dy1[v], sizeof(float) * y1c));
+        CU(cudaMalloc((void **)&dy2[v], sizeof(float) * y2c));
+        CU(cudaMemset(dy1[v], 0xFF, sizeof(float) * y1c));
+        CU(cudaMemset(dy2[v], 0xFF, sizeof(float) * y2c));
+        CU(cudaMemset(dws1, 0xFF, ws1));
+        CU(cudaMemset(dws2, 0xFF, ws2)); /* NaN as bf16 */
+        if (v == 0) {
+            OK(ddt_cuda_matmul_grouped_mode(&w1, DDT_CUDA_MM_TENSOR, &g1, dx, ldx1, n, dy1[0], ldy1, dws1, ws1, NULL,
+                                            &err_));
+            OK(ddt_cuda_matmul_grouped_mode(&w2, DDT_CUDA_MM_TENSOR, &g2, dy1[0], ldy1, n, dy2[0], ldy2, dws2, ws2,
+                                            NULL, &err_));
+        } else {
+            OK(ddt_cuda_matmul_grouped_next(&w1, DDT_CUDA_MM_TENSOR, &g1, dx, ldx1, n, dy1[1], ldy1, dws1, ws1, &next,
+                                            NULL, &err_));
+            CU(cudaDeviceSynchronize());
+            /* the planes: the split of y1 where product 2 reads, poison elsewhere */
+            const size_t pc = 2 * (size_t)next.planes.pitch * (size_t)count2 * (size_t)n;
+            uint16_t *hp = malloc(sizeof(uint16_t) * pc);
+            float *hy = malloc(sizeof(float) * y1c);
+            CU(cudaMemcpy(hp, next.planes.hi, sizeof(uint16_t) * pc, cudaMemcpyDeviceToHost));
+            host_of(hy, dy1[1], y1c);
+            const size_t lo_off = (size_t)(next.planes.lo - next.planes.hi);
+            char *hit = calloc(pc / 2, 1);
+            int64_t bad = 0, wrote = 0, stray = 0;
+            for (int t = 0; t < n; t++)
+                for (int64_t c = 0; c < ldy1; c++) {
+                    const int64_t ng = c / width, col = c % width;
+                    if (col >= ncols || ng >= count2) continue;
+                    const size_t r = (size_t)((ng * n + t) * next.planes.pitch + col);
+                    const uint16_t h = ddt_f32_to_bf16(hy[t * ldy1 + c]),
+                                   l = ddt_f32_to_bf16(hy[t * ldy1 + c] - ddt_bf16_to_f32(ddt_f32_to_bf16(hy[t * ldy1 + c])));
+                    bad += hp[r] != h || hp[lo_off + r] != l;
+                    hit[r] = 1;
+                    wrote++;
+                }
+            for (size_t r = 0; r < pc / 2; r++)
+                if (!hit[r]) stray += hp[r] != 0xFFFF || hp[lo_off + r] != 0xFFFF;
+            CHECK(bad == 0 && stray == 0 && wrote == (int64_t)n * count2 * ncols,
+                  "next planes [%d x %lld -> %d x %lld of %lld] n %d: %lld not the split of y, %lld stray, %lld of %lld "
+                  "written", count1, (long long)rows1, count2, (long long)ncols, (long long)width, n, (long long)bad,
+                  (long long)stray, (long long)wrote, (long long)n * count2 * ncols);
+            free(hp), free(hy), free(hit);
+            OK(ddt_cuda_matmul_grouped_next(&w2, DDT_CUDA_MM_TENSOR, &g2, NULL, 0, n, dy2[1], ldy2, dws2, ws2, NULL,
+                                            NULL, &err_));
+        }
+        CU(cudaDeviceSynchronize());
+    }
+    float *a = malloc(sizeof(float) * (y1c > y2c ? y1c : y2c)), *b = malloc(sizeof(float) * (y1c > y2c ? y1c : y2c));
+    host_of(a, dy1[0], y1c);
+    host_of(b, dy1[1], y1c);
+    CHECK(same_bits(a, b, y1c), "next planes [%d x %lld] n %d: the product's own output differs", count1,
+          (long long)rows1, n);
+    host_of(a, dy2[0], y2c);
+    host_of(b, dy2[1], y2c);
+    bool finite = true;
+    for (size_t i = 0; i < y2c; i++) finite &= isfinite(b[i]) != 0;
+    CHECK(finite && same_bits(a, b, y2c), "next planes [%d x %lld -> %d x %lld] n %d: the presplit next product %s",
+          count1, (long long)rows1, count2, (long long)rows2, n, finite ? "differs from the plain one" : "is not finite");
+    printf("next planes [%d x %4lld x %4lld] -> [%d x %3lld of %4lld] -> %3lld rows, n=%2d: checked\n", count1,
+           (long long)rows1, (long long)cols1, count2, (long long)ncols, (long long)width, (long long)rows2, n);
+    free(a), free(b), free(hx);
+    for (int v = 0; v < 2; v++) {
+        CU(cudaFree(dy1[v]));
+        CU(cudaFree(dy2[v]));
+    }
+    CU(cudaFree(dx));
+    CU(cudaFree(dws1));
+    CU(cudaFree(dws2));
+    ddt_cuda_qweight_free(&w1), ddt_cuda_qweight_free(&w2);
+    ct_free_weight(&h1), ct_free_weight(&h2);
+}
+
+static void next_refusals(void) {
+    ct_weight h = ct_make_weight(&g_rng, 1, 10, 36, &k_values); /* not wgmma-eligible */
+    ddt_qweight dw;
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    void *ws;
+    float *dy, *dx;
+    CU(cudaMalloc(&ws, 1 << 16));
+    CU(cudaMalloc((void **)&dy, 4 * 256));
+    CU(cudaMalloc((void **)&dx, 4 * 256));
+    ddt_error e;
+    const ddt_row_groups g = {1, 0, 0, 10, 0, 0};
+    ddt_cuda_next_planes next = {{(uint16_t *)ws, (uint16_t *)ws + 1024, 16}, 10, 8};
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 36, 2, dy, 10, ws, 1 << 15, &next, NULL, &e) ==
+              DDT_ERR_UNSUPPORTED && strstr(e.msg, "wgmma") != NULL,
+          "next planes from a weight off the wgmma path accepted (%s)", e.msg);
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, NULL, 0, 2, dy, 10, ws, 1 << 15, NULL, NULL, &e) ==
+              DDT_ERR_UNSUPPORTED,
+          "a presplit product off the wgmma path accepted");
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    h = ct_make_weight(&g_rng, 1, 10, 40, &k_values);
+    OK(ddt_cuda_qweight_upload(&h.w, &dw, &err_));
+    next.cols = 12; /* more than the width */
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 40, 2, dy, 10, ws, 1 << 15, &next, NULL, &e) ==
+              DDT_ERR_INVALID && strstr(e.msg, "width") != NULL,
+          "next planes of 12 columns in groups of 10 accepted (%s)", e.msg);
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_FP32, &g, NULL, 0, 2, dy, 10, ws, 1 << 15, NULL, NULL, &e) ==
+              DDT_ERR_UNSUPPORTED,
+          "a presplit product in FP32 mode accepted");
+    ddt_cuda_qweight_free(&dw);
+    ct_free_weight(&h);
+    CU(cudaFree(ws));
+    CU(cudaFree(dy));
+    CU(cudaFree(dx));
+}
+
 static void presplit_refusals(void) {
     ct_weight h = ct_make_weight(&g_rng, 1, 10, 36, &k_values); /* not wgmma-eligible */
     ddt_qweight dw;
@@ -368,6 +536,16 @@ int main(int argc, char **argv) {
     ksplit_rule();
     refusals();
     presplit_refusals();
+    next_refusals();
+    /* q_b -> W_UK^T: 5 heads of 40 columns, the first 24 read, rows of 33; W_UV ->
+       o_proj: 3 groups of 40 rows into one row of 120 read by 70 rows (ks > 1 on the
+       first product: 1032 columns) */
+    static const int nn[] = {1, 3, 17, 64, 70};
+    for (int i = 0; i < 5; i++) {
+        if (quick && (i == 1 || i == 4)) continue;
+        next_case(1, 5 * 40, 136, 5, 40, 24, 33, nn[i]);
+        next_case(3, 40, 1032, 1, 120, 120, 70, nn[i]);
+    }
     static const int dims[] = {200, 1032, 2080}, pns[] = {1, 5, 17};
     for (int kind = 0; kind < 3; kind++)
         for (int d = 0; d < 3; d++)
@@ -377,10 +555,12 @@ int main(int argc, char **argv) {
                     presplit_case(kind, dims[d], pns[i], al == 1);
                 }
     /* [37 x 200]: one row tile, ks 2, columns off 64; [131 x 1032]: 3 row tiles;
-       [40 x 2080]: ks 8; [300 x 96]: 5 tiles; groups of 21 rows in a larger weight */
-    static const int64_t sh[][3] = {{37, 200, 1}, {131, 1032, 1}, {40, 2080, 1}, {300, 96, 1}, {21, 136, 3}};
+       [40 x 2080]: ks 8; [300 x 96]: 5 tiles; groups of 21 rows in a larger weight; odd
+       splits: [50 x 384] 3, [70 x 640] 5, [200 x 896] 7 (two tiles) */
+    static const int64_t sh[][3] = {{37, 200, 1},  {131, 1032, 1}, {40, 2080, 1}, {300, 96, 1},
+                                    {21, 136, 3},  {50, 384, 1},   {70, 640, 1},  {200, 896, 1}};
     static const int ns[] = {1, 3, 17, 64, 70, 130};
-    for (int s = 0; s < 5; s++)
+    for (int s = 0; s < 8; s++)
         for (int i = 0; i < 6; i++) {
             if (quick && (i == 1 || i == 5)) continue;
             wg_case(sh[s][0], sh[s][1], (int)sh[s][2], ns[i]);

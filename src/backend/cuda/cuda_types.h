@@ -20,4 +20,15 @@ typedef struct {
     int64_t pitch; /* elements */
 } ddt_cuda_split_planes;
 
+/* A product's output as the split planes of the product that reads it next (the
+ * wgmma path's epilogue, ddt_cuda_matmul_grouped_next): output column c of token t
+ * is column c % width of the next product's group c / width, whose token t is
+ * plane row (c / width) * n + t; a group's columns from `cols` on are not written
+ * (the next product reads cols of each width: W_UK^T reads the nope part of each
+ * head's qk row). */
+typedef struct {
+    ddt_cuda_split_planes planes;
+    int64_t width, cols;
+} ddt_cuda_next_planes;
+
 #endif

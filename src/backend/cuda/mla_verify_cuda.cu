@@ -42,7 +42,9 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "backend/cuda/bf16_split_dev.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/mla_verify_cuda.h"
@@ -111,6 +113,8 @@ struct Params {
     int out_fp32;
     long long out_ld;
     float *lse;
+    __nv_bfloat16 *ph, *pl; /* out's split planes (fp32 out), row h * T + t; ph NULL: none */
+    long long ppitch;
 };
 
 /* ---- split plan: a function of (n_prefix, query tiles) only ---- */
@@ -255,6 +259,13 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
     }
     if (p.out_fp32) {
         *(float4 *)((float *)p.out + grow * p.out_ld + c4) = res;
+        if (p.ph) { /* W_UV's activations, head-major: its split launch's planes, bitwise */
+            const long long t = grow / p.H, h = grow - t * p.H, r = (h * p.T + t) * p.ppitch + c4;
+            bf16_split(res.x, p.ph[r], p.pl[r]);
+            bf16_split(res.y, p.ph[r + 1], p.pl[r + 1]);
+            bf16_split(res.z, p.ph[r + 2], p.pl[r + 2]);
+            bf16_split(res.w, p.ph[r + 3], p.pl[r + 3]);
+        }
     } else {
         __nv_bfloat162 lo = __floats2bfloat162_rn(res.x, res.y), hi = __floats2bfloat162_rn(res.z, res.w);
         uint2 u;
@@ -694,6 +705,7 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
         return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: cuTensorMapEncodeTiled refused the q or cache layout");
 
     Params p;
+    memset(&p, 0, sizeof p);
     p.n_prefix = a->n_prefix;
     p.vis = a->vis;
     p.T = a->n_tokens;
@@ -710,6 +722,15 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     p.out_fp32 = a->out_fp32 ? 1 : 0;
     p.out_ld = a->out_ld;
     p.lse = a->lse;
+    if (a->out_planes.hi) {
+        if (!a->out_fp32 || !a->out_planes.lo || a->out_planes.pitch < DV)
+            return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: split planes of the output need fp32 output and a pitch "
+                            ">= %d (%s, pitch %lld)", DV, a->out_fp32 ? "fp32" : "bf16",
+                            (long long)a->out_planes.pitch);
+        p.ph = (__nv_bfloat16 *)a->out_planes.hi;
+        p.pl = (__nv_bfloat16 *)a->out_planes.lo;
+        p.ppitch = a->out_planes.pitch;
+    }
 
     DDT_CUDA_TRY(prepare_kernels(), err);
     bool cluster;

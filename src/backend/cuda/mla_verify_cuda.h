@@ -68,6 +68,9 @@ typedef struct ddt_cuda_mla_verify {
                                  weights that also normalise out (|error| <= ~2e-3) */
     void *workspace;          /* DEVICE, ddt_cuda_mla_verify_workspace() bytes, 16-byte aligned */
     int32_t path;             /* DDT_MLA_PATH_* (AUTO unless testing) */
+    ddt_cuda_split_planes out_planes; /* optional (hi NULL: none; fp32 out only): the output's bf16 split
+                                 (cuda_types.h) as W_UV's grouped product reads it, head h's token t at
+                                 plane row h * T + t, so that product needs no split launch */
 } ddt_cuda_mla_verify;
 
 /* Workspace bytes for any T' <= n_tokens tokens, H heads and contexts up to

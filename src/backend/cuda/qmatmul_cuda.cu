@@ -829,6 +829,37 @@ extern "C" ddt_status ddt_cuda_matmul_presplit(const ddt_qweight *w, ddt_cuda_mm
     return ddt_cuda_wg_matmul_presplit(w, n, y, ldy, workspace, workspace_bytes, stream, err);
 }
 
+extern "C" bool ddt_cuda_matmul_writes_next(const ddt_qweight *w, ddt_cuda_mm_mode mode) {
+    return w && mode == DDT_CUDA_MM_TENSOR && ddt_cuda_wg_eligible(w);
+}
+
+extern "C" bool ddt_cuda_matmul_split_planes_grouped(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t count,
+                                                     int32_t n, void *workspace, size_t workspace_bytes,
+                                                     ddt_cuda_split_planes *out) {
+    if (!out) return false;
+    memset(out, 0, sizeof *out);
+    if (!ddt_cuda_matmul_writes_next(w, mode)) return false; /* the wgmma path's layout only */
+    return ddt_cuda_wg_split_planes_grouped(w, count, n, workspace, workspace_bytes, out);
+}
+
+extern "C" ddt_status ddt_cuda_matmul_grouped_next(const ddt_qweight *w, ddt_cuda_mm_mode mode,
+                                                   const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
+                                                   float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                                   const ddt_cuda_next_planes *next, ddt_cuda_stream stream,
+                                                   ddt_error *err) {
+    if (x && !next) return ddt_cuda_matmul_grouped_mode(w, mode, g, x, ldx, n, y, ldy, workspace, workspace_bytes,
+                                                        stream, err);
+    ddt_status st = check_weight(w, "matmul (next)", err);
+    if (st != DDT_OK) return st;
+    if ((st = check_groups(w, g, "matmul (next)", err)) != DDT_OK) return st;
+    if (!ddt_cuda_matmul_writes_next(w, mode))
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (next): weight [%lld, %lld] in mode %d is not on the wgmma "
+                        "path (ddt_cuda_matmul_writes_next): it neither reads pre-split activations nor writes "
+                        "the next product's", (long long)w->rows, (long long)w->cols, (int)mode);
+    if (n < 1 || !y) return ddt_fail(err, DDT_ERR_INVALID, "matmul (next): %d tokens, output %p", n, (void *)y);
+    return ddt_cuda_wg_matmul_next(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, next, stream, err);
+}
+
 extern "C" ddt_status ddt_cuda_matmul(const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                                       int64_t ldy, ddt_cuda_stream stream, ddt_error *err) {
     return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_FP32, x, ldx, n, y, ldy, NULL, 0, stream, err);

@@ -267,6 +267,28 @@ bool ddt_cuda_matmul_split_planes(const ddt_qweight *w, ddt_cuda_mm_mode mode, i
 ddt_status ddt_cuda_matmul_presplit(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, float *y, int64_t ldy,
                                     void *workspace, size_t workspace_bytes, ddt_cuda_stream stream, ddt_error *err);
 
+/* Does w's product at mode write the next product's split planes in its epilogue
+ * and read pre-split grouped activations (the wgmma path: tensor-core mode, dense
+ * bf16)?  A property of the weight and the mode only. */
+bool ddt_cuda_matmul_writes_next(const ddt_qweight *w, ddt_cuda_mm_mode mode);
+
+/* ddt_cuda_matmul_split_planes for a grouped product of `count` groups (plane row
+ * g * n + t): where ddt_cuda_matmul_grouped_next with x NULL reads them. */
+bool ddt_cuda_matmul_split_planes_grouped(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t count, int32_t n,
+                                          void *workspace, size_t workspace_bytes, ddt_cuda_split_planes *out);
+
+/* The grouped product of ddt_cuda_matmul_grouped_mode, bitwise, with two options
+ * for the wgmma path (ddt_cuda_matmul_writes_next; DDT_ERR_UNSUPPORTED elsewhere):
+ * x NULL: its activations are already split in the workspace
+ * (ddt_cuda_matmul_split_planes_grouped, written by their producer: no split
+ * launch); next non-NULL: the epilogue also writes each output value's split
+ * where the next product reads it (cuda_types.h), so that product may run with x
+ * NULL in its own workspace.  x given and next NULL is ddt_cuda_matmul_grouped_mode. */
+ddt_status ddt_cuda_matmul_grouped_next(const ddt_qweight *w, ddt_cuda_mm_mode mode, const ddt_row_groups *g,
+                                        const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                        void *workspace, size_t workspace_bytes, const ddt_cuda_next_planes *next,
+                                        ddt_cuda_stream stream, ddt_error *err);
+
 /* Tests and benchmarks: a device weight of the given format and shape filled on the
  * device with hash-random values (dense: uniform in [-amp, amp); FP8: random
  * non-NaN bytes with scales in [amp/2, amp); INT4: random nibbles with bf16

@@ -8,9 +8,18 @@
  * 128-byte swizzle wgmma reads: W [128 rows][64 k], x_hi [xr tokens][64 k], x_lo
  * the same (xr = the launch's token rows rounded to 8, at most 64: a decode
  * step does not stream 63 rows of zero fill; the rows past xr hold stale bytes
- * that feed only token columns no output takes).  Both operands are K-major, so
+ * that feed only token columns no output takes).  A stage is as large as its
+ * x regions need (xa = max(xr, the instruction's N) rows each: the wgmma reads N
+ * rows), and a launch asks for shared memory for the stages it uses alone
+ * (at most 10 at xa = 8, 6 at 64, never more than a split's k-blocks): a small
+ * product's CTAs then share an SM (K2.6's W_UK^T, 256 CTAs of 2 k-blocks, runs
+ * 3 an SM in one wave instead of two waves: 10.1 -> 8.2 us at n = 1 on the
+ * H200).  More stages in flight alone did not speed up the big single-wave
+ * products (q_a | kv_a, q_b: the same time at 6 and 10 stages on the H100), so
+ * their streams are not bound by the bytes in flight.  Both operands are K-major, so
  * D[row][token] += W x_hi^T then W x_lo^T, 4 k-steps of m64n64k16 each; the two
- * warpgroups share the x tiles, so x costs half of W's bytes from L2 at n = 64.  A ring of S stages keeps S-1 k-blocks in flight;
+ * warpgroups share the x tiles, so x costs half of W's bytes from L2 at n = 64.
+ * A ring of S stages keeps S-1 k-blocks in flight;
  * thread 0 refills the stage the previous k-block used once every warp has
  * retired its wgmmas (wait_group 1 keeps one group of tensor work running while
  * the refill is issued).  Weight tiles of the first S stages are issued before
@@ -27,6 +36,9 @@
  * row g*n + t, pitch round8(cols) bf16; the x maps cover count*n rows, so the
  * last tile's rows past the end are TMA zero fill.  A tile's rows past n that
  * belong to the next group feed only output columns that are never stored.
+ * Where the activations' producer wrote the planes itself (a norm, the MLA
+ * merge, or another product's epilogue: ddt_cuda_wg_matmul_next's `next`, the
+ * split of each output value stored beside it), the split pass is skipped.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -47,16 +59,23 @@ namespace {
 
 constexpr int WG_BM = 128, WG_BN = 64, WG_BK = 64; /* weight rows (two warpgroups of 64), tokens, k per stage */
 constexpr int WG_TILE = 8192;                       /* one 64x64 bf16 tile */
-constexpr int WG_OFF_XH = 2 * WG_TILE, WG_OFF_XL = 3 * WG_TILE; /* W [128][64] first, then x_hi, x_lo [<=64][64] */
-constexpr int WG_STAGE = 4 * WG_TILE;
-constexpr int WG_S = 6;                             /* stages: 192 KB, one CTA an SM, 5 k-blocks in flight */
+constexpr int WG_STAGES_BYTES = 6 * 4 * WG_TILE;   /* the ring: 192 KB, one CTA an SM (6 stages at xr = 64) */
+constexpr int WG_MAX_S = 10;                        /* stages at xr = 8: 10 x 18 KB */
 constexpr int WG_THREADS = 256;
-constexpr int WG_OFF_BAR = WG_S * WG_STAGE;
-constexpr int WG_SMEM = WG_OFF_BAR + WG_S * 8 + 1024; /* + room to align the base to 1024 */
+constexpr int WG_OFF_BAR = WG_STAGES_BYTES;
+constexpr int WG_SMEM = WG_OFF_BAR + WG_MAX_S * 8 + 1024; /* + room to align the base to 1024 */
 constexpr int WG_RS = WG_BM + 4;                    /* row stride of the [token][row] partials */
 constexpr int WG_SLOTS = 132;                       /* H200: 132 SMs x 1 CTA; a constant, not the device's */
 constexpr int WG_MAX_KS = 8;                       /* portable cluster size */
-static_assert(WG_BN * WG_RS * 4 <= WG_OFF_BAR, "the partials reuse the stages");
+static_assert(WG_BN * WG_RS * 4 <= WG_OFF_BAR / 2, "the partials reuse the stages (at least half the ring)");
+
+/* A stage's bytes for x boxes of xr rows (a multiple of 8: each box 1024-byte
+ * aligned, as the swizzle needs), and the stages the ring holds. */
+__host__ __device__ constexpr int wg_stage_bytes(int xr) { return 2 * WG_TILE + 2 * xr * 128; }
+__host__ __device__ constexpr int wg_stages(int xr) {
+    return WG_OFF_BAR / wg_stage_bytes(xr) < WG_MAX_S ? WG_OFF_BAR / wg_stage_bytes(xr) : WG_MAX_S;
+}
+static_assert(wg_stages(8) == WG_MAX_S && wg_stages(64) == 6, "stages at 8 and 64 token rows");
 
 struct WgArgs {
     int64_t rows;              /* output rows per group */
@@ -64,8 +83,16 @@ struct WgArgs {
     int32_t n, count, ks;
     int32_t nkb, kb_per_split; /* k-blocks of the row, of a split */
     int32_t xr;                /* token rows the x boxes carry: min(64, round8(count * n)) */
+    int32_t xa;                /* token rows a stage's x regions hold: max(xr, the instruction's N), since
+                                  the wgmma reads N rows (those past xr stale, into unread columns) */
+    int32_t stages, stage_bytes; /* the ring: min(wg_stages(xa), a split's k-blocks), wg_stage_bytes(xa) */
+    int32_t off_bar;             /* the stages' mbarriers, past the ring and the partials */
     float *y;
     int64_t ldy, y_stride;
+    /* the next product's split planes, or nh NULL (ddt_cuda_next_planes): output column
+       c = grp * y_stride + row is its group c / n_width's column c % n_width */
+    __nv_bfloat16 *nh, *nl;
+    int64_t n_pitch, n_width, n_cols;
 };
 
 #define WG_SPLIT_THREADS 256
@@ -110,18 +137,20 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int nk = kb0 >= a.nkb ? 0 : (a.nkb - kb0 < a.kb_per_split ? a.nkb - kb0 : a.kb_per_split);
     const int wrow = (int)(grp * a.w_row_stride + a.w_row_offset + rt * WG_BM);
     const int xrow = grp * a.n + tt * WG_BN;
-    auto bar = [&](int s) { return sb + WG_OFF_BAR + 8 * s; };
-    auto stage = [&](int s) { return sb + s * WG_STAGE; };
+    auto bar = [&](int s) { return sb + (uint32_t)a.off_bar + 8 * s; };
+    const int S = a.stages;
+    const uint32_t off_xh = 2 * WG_TILE, off_xl = off_xh + (uint32_t)a.xa * 128u;
+    auto stage = [&](int s) { return sb + (uint32_t)s * (uint32_t)a.stage_bytes; };
 
     if (tid == 0) {
-        for (int s = 0; s < WG_S; s++) mbar_init(bar(s), 1);
+        for (int s = 0; s < S; s++) mbar_init(bar(s), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmw) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmxh) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmxl) : "memory");
     }
     __syncthreads();
-    const int npre = nk < WG_S ? nk : WG_S;
+    const int npre = nk < S ? nk : S;
     if (tid == 0)
         for (int s = 0; s < npre; s++) { /* the weights: nothing in a round writes them */
             mbar_expect_tx(bar(s), stage_tx);
@@ -130,19 +159,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     DDT_GRID_DEP_WAIT(); /* x (the split pass's planes) and y are the predecessors' */
     if (tid == 0)
         for (int s = 0; s < npre; s++) {
-            tma_load_2d(stage(s) + WG_OFF_XH, &tmxh, (kb0 + s) * WG_BK, xrow, bar(s));
-            tma_load_2d(stage(s) + WG_OFF_XL, &tmxl, (kb0 + s) * WG_BK, xrow, bar(s));
+            tma_load_2d(stage(s) + off_xh, &tmxh, (kb0 + s) * WG_BK, xrow, bar(s));
+            tma_load_2d(stage(s) + off_xl, &tmxl, (kb0 + s) * WG_BK, xrow, bar(s));
         }
 
     float acc[NI / 2];
 #pragma unroll
     for (int i = 0; i < NI / 2; i++) acc[i] = 0.f;
-    for (int i = 0; i < nk; i++) {
-        const int s = i % WG_S;
-        mbar_wait(bar(s), (uint32_t)(i / WG_S) & 1u);
+    /* s: k-block i's stage, ph: its fill's parity, sp: k-block i-1's stage */
+    for (int i = 0, s = 0, sp = S - 1, ph = 0; i < nk; i++) {
+        mbar_wait(bar(s), (uint32_t)ph);
         /* this warpgroup's 64 weight rows; x rows past xr are stale, read only into
            token columns no output takes */
-        const uint32_t w = stage(s) + wg * WG_TILE, xh = stage(s) + WG_OFF_XH, xl = stage(s) + WG_OFF_XL;
+        const uint32_t w = stage(s) + wg * WG_TILE, xh = stage(s) + off_xh, xl = stage(s) + off_xl;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -151,16 +180,20 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         wgmma_commit();
         wgmma_wait<1>(); /* k-block i-1's tensor work is done: its stage may be refilled */
-        const int j = i - 1 + WG_S;
+        const int j = i - 1 + S;
         if (i >= 1 && j < nk) {
             bar_sync(1, WG_THREADS); /* every warp has retired it */
             if (tid == 0) {
-                const int sp = (i - 1) % WG_S;
                 mbar_expect_tx(bar(sp), stage_tx);
                 tma_load_2d(stage(sp), &tmw, (kb0 + j) * WG_BK, wrow, bar(sp));
-                tma_load_2d(stage(sp) + WG_OFF_XH, &tmxh, (kb0 + j) * WG_BK, xrow, bar(sp));
-                tma_load_2d(stage(sp) + WG_OFF_XL, &tmxl, (kb0 + j) * WG_BK, xrow, bar(sp));
+                tma_load_2d(stage(sp) + off_xh, &tmxh, (kb0 + j) * WG_BK, xrow, bar(sp));
+                tma_load_2d(stage(sp) + off_xl, &tmxl, (kb0 + j) * WG_BK, xrow, bar(sp));
             }
+        }
+        sp = s;
+        if (++s == S) {
+            s = 0;
+            ph ^= 1;
         }
     }
     wgmma_wait<0>();
@@ -187,6 +220,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const int i = tok * WG_RS + row;
         const float v = a.ks > 1 ? cluster_sum_f32(red_addr + 4u * (uint32_t)i, a.ks) : red[i];
         a.y[(int64_t)otok * a.ldy + (int64_t)grp * a.y_stride + orow] = v;
+        if (a.nh) { /* the split the next product's launch would have made of this value */
+            const int64_t c = (int64_t)grp * a.y_stride + orow, ng = c / a.n_width, col = c - ng * a.n_width;
+            if (col < a.n_cols) {
+                const int64_t r = (ng * a.n + otok) * a.n_pitch + col;
+                bf16_split(v, a.nh[r], a.nl[r]);
+            }
+        }
     }
     if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
 #endif
@@ -215,7 +255,12 @@ extern "C" bool ddt_cuda_wg_eligible(const ddt_qweight *w) {
            (uintptr_t)w->data % 16 == 0 && w->rows > 0 && w->rows <= 0x7FFFFFFF && w->cols <= 0x7FFFFFFF;
 }
 
-extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols) {
+/* Clusters of ks CTAs (ks = 1..WG_MAX_KS) of the product kernel that run at once on this
+ * device (cudaOccupancyMaxActiveClusters), measured by ddt_cuda_wg_prepare; [1] = 0 until
+ * then. */
+static int32_t wg_cluster_cap[WG_MAX_KS + 1];
+
+extern "C" int32_t ddt_cuda_wg_ksplit_rule(int64_t rows, int32_t count, int64_t cols, const int32_t *cap) {
     const int64_t tiles = (rows + WG_BM - 1) / WG_BM * (count > 0 ? count : 1), nkb = (cols + WG_BK - 1) / WG_BK;
     /* One wave: the most splits (1, 2, 4 or 8, each at least two k-blocks) whose CTAs all
        run at once on the 132 SMs, one CTA an SM; a product with more tiles than that is not
@@ -223,13 +268,24 @@ extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols)
        68 CTAs ran at 2 TB/s) and pays a fixed ramp and reduction, so more splits than SMs only
        add waves of fixed costs: the wave model this replaces split K2.6's q_b (96 tiles) 4 ways
        into 3 waves (23 us for 38 MB) and the front (35 tiles) 8 ways into 3 waves. */
+    /* With the device's cluster capacities (cap) any size 2..8 whose clusters all run at
+       once: K2.6's q_a | kv_a (17 tiles) took 4 (68 CTAs) where 5 or 6 fit, the front (35
+       tiles) 2 (70) where 3 fit; a cluster must sit in one GPC, so a size whose clusters do
+       not all fit at once (17 of 7 on a GPU of 8 GPCs of 16-18 SMs) would add a wave.
+       Without (cap NULL), powers of two. */
     int32_t best = 1;
-    for (int32_t ks = 2; ks <= WG_MAX_KS; ks *= 2) {
+    for (int32_t ks = 2; ks <= WG_MAX_KS; ks++) {
         if (nkb < 2 * ks || tiles * ks > WG_SLOTS) break;
-        best = ks;
+        if (cap ? tiles <= cap[ks] : (ks & (ks - 1)) == 0) best = ks;
     }
     return best;
 }
+
+extern "C" int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols) {
+    return ddt_cuda_wg_ksplit_rule(rows, count, cols, wg_cluster_cap[1] > 0 ? wg_cluster_cap : NULL);
+}
+
+extern "C" const int32_t *ddt_cuda_wg_cluster_caps(void) { return wg_cluster_cap[1] > 0 ? wg_cluster_cap : NULL; }
 
 extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
     if (wg_prepared) return DDT_OK;
@@ -237,6 +293,22 @@ extern "C" ddt_status ddt_cuda_wg_prepare(ddt_error *err) {
     DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
     DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
     DDT_CUDA_TRY(cudaFuncSetAttribute(wg_gemm_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM), err);
+    /* the k-split rule's cluster capacities: every instance has the same block, shared
+       memory and cluster shape, so one stands for all */
+    int32_t cap[WG_MAX_KS + 1] = {0};
+    cap[1] = WG_SLOTS;
+    for (int ks = 2; ks <= WG_MAX_KS; ks++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)(ks * WG_SLOTS), 1, 1);
+        cfg.blockDim = dim3(WG_THREADS);
+        cfg.dynamicSmemBytes = WG_SMEM;
+        cudaLaunchAttribute attr;
+        ddt_cuda_set_cluster(&cfg, &attr, (unsigned)ks, 1);
+        int n = 0;
+        DDT_CUDA_TRY(cudaOccupancyMaxActiveClusters(&n, (void *)wg_gemm_kernel<8>, &cfg), err);
+        cap[ks] = n;
+    }
+    memcpy(wg_cluster_cap, cap, sizeof cap);
     wg_prepared = true;
     return DDT_OK;
 }
@@ -258,10 +330,11 @@ static WgPlanes wg_planes(int64_t cols, int64_t rows, void *workspace) {
     return p;
 }
 
-/* The product; x NULL: the planes are already in the workspace (presplit). */
+/* The product; x NULL: the planes are already in the workspace (presplit); next:
+ * the epilogue also writes them for the next product (NULL: not). */
 static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx, int32_t n,
-                            float *y, int64_t ldy, void *workspace, size_t workspace_bytes, cudaStream_t s,
-                            ddt_error *err) {
+                            float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                            const ddt_cuda_next_planes *next, cudaStream_t s, ddt_error *err) {
     if (!ddt_cuda_wg_eligible(w))
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "matmul (wgmma): weight [%lld, %lld] is not dense bf16 with "
                         "columns a multiple of 8 and 16-byte aligned data", (long long)w->rows, (long long)w->cols);
@@ -302,9 +375,31 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     a.nkb = (int32_t)((w->cols + WG_BK - 1) / WG_BK);
     a.kb_per_split = (a.nkb + ks - 1) / ks;
     a.xr = xr;
+    /* no more stages than a split has k-blocks, and shared memory for those alone:
+       W_UK^T's 256 CTAs of 2 k-blocks each (K2.6) then run 5 an SM in one wave, not
+       one an SM in two waves of fixed costs (11.6 us for 8.4 MB on the H100) */
+    const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
+    a.xa = xr > ni ? xr : ni;
+    a.stages = wg_stages(a.xa) < a.kb_per_split ? wg_stages(a.xa) : a.kb_per_split;
+    a.stage_bytes = wg_stage_bytes(a.xa);
+    {
+        const int ring = a.stages * a.stage_bytes, red = WG_BN * WG_RS * 4;
+        a.off_bar = ring > red ? ring : red;
+    }
     a.y = y;
     a.ldy = ldy;
     a.y_stride = g->y_stride;
+    if (next) {
+        if (!next->planes.hi || !next->planes.lo || next->width < 1 || next->cols < 1 || next->cols > next->width ||
+            next->planes.pitch < next->cols)
+            return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): next product's planes: width %lld, %lld columns, "
+                            "pitch %lld", (long long)next->width, (long long)next->cols, (long long)next->planes.pitch);
+        a.nh = (__nv_bfloat16 *)next->planes.hi;
+        a.nl = (__nv_bfloat16 *)next->planes.lo;
+        a.n_pitch = next->planes.pitch;
+        a.n_width = next->width;
+        a.n_cols = next->cols;
+    }
 
     if (x) {
         const int64_t quads = (int64_t)n * g->count * ((w->cols + 3) / 4);
@@ -317,14 +412,13 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(rtiles * ks), (unsigned)ttiles, (unsigned)g->count);
     cfg.blockDim = dim3(WG_THREADS);
-    cfg.dynamicSmemBytes = WG_SMEM;
+    cfg.dynamicSmemBytes = (size_t)a.off_bar + 8u * (size_t)a.stages + 1024u; /* <= WG_SMEM */
     cfg.stream = s;
     cudaLaunchAttribute attr;
     if (ks > 1) ddt_cuda_set_cluster(&cfg, &attr, (unsigned)ks, 1);
     /* the instruction's token columns: the fewest of 8, 16, 32, 64 that hold a tile's tokens
        (a wgmma's tensor time grows with N; the column dot products do not change with it,
        test_cuda_wgmma_gemm checks a token's bits alone and in batches of 17 / 64 / 70 / 130) */
-    const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
     const cudaError_t e = ni == 8    ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<8>, tmw, tmxh, tmxl, a)
                           : ni == 16 ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<16>, tmw, tmxh, tmxl, a)
                           : ni == 32 ? cudaLaunchKernelEx(&cfg, wg_gemm_kernel<32>, tmw, tmxh, tmxl, a)
@@ -339,14 +433,29 @@ extern "C" ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_gro
                                          int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
                                          ddt_cuda_stream stream, ddt_error *err) {
     if (!x) return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): no activations");
-    return wg_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, (cudaStream_t)stream, err);
+    return wg_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, NULL, (cudaStream_t)stream, err);
+}
+
+extern "C" ddt_status ddt_cuda_wg_matmul_next(const ddt_qweight *w, const ddt_row_groups *g, const float *x,
+                                              int64_t ldx, int32_t n, float *y, int64_t ldy, void *workspace,
+                                              size_t workspace_bytes, const ddt_cuda_next_planes *next,
+                                              ddt_cuda_stream stream, ddt_error *err) {
+    if (!w || !g) return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): no weight or groups");
+    return wg_matmul(w, g, x, ldx, n, y, ldy, workspace, workspace_bytes, next, (cudaStream_t)stream, err);
 }
 
 extern "C" bool ddt_cuda_wg_split_planes(const ddt_qweight *w, int32_t n, void *workspace, size_t workspace_bytes,
                                          ddt_cuda_split_planes *out) {
+    return ddt_cuda_wg_split_planes_grouped(w, 1, n, workspace, workspace_bytes, out);
+}
+
+extern "C" bool ddt_cuda_wg_split_planes_grouped(const ddt_qweight *w, int32_t count, int32_t n, void *workspace,
+                                                 size_t workspace_bytes, ddt_cuda_split_planes *out) {
     memset(out, 0, sizeof *out);
-    if (!ddt_cuda_wg_eligible(w) || n < 1 || !workspace || (uintptr_t)workspace % 16 != 0) return false;
-    const WgPlanes pl = wg_planes(w->cols, n, workspace); /* wg_matmul's layout, one group */
+    if (!ddt_cuda_wg_eligible(w) || n < 1 || count < 1 || (int64_t)count * n > 0x7FFFFFFF || !workspace ||
+        (uintptr_t)workspace % 16 != 0)
+        return false;
+    const WgPlanes pl = wg_planes(w->cols, (int64_t)count * n, workspace); /* wg_matmul's layout: row g*n + t */
     if (workspace_bytes < (size_t)pl.plane * 4) return false;
     out->hi = (uint16_t *)pl.hi;
     out->lo = (uint16_t *)pl.lo;
@@ -359,5 +468,5 @@ extern "C" ddt_status ddt_cuda_wg_matmul_presplit(const ddt_qweight *w, int32_t 
                                                   ddt_error *err) {
     if (!w) return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma, presplit): no weight");
     const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
-    return wg_matmul(w, &g, NULL, 0, n, y, ldy, workspace, workspace_bytes, (cudaStream_t)stream, err);
+    return wg_matmul(w, &g, NULL, 0, n, y, ldy, workspace, workspace_bytes, NULL, (cudaStream_t)stream, err);
 }

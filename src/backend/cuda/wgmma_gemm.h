@@ -43,10 +43,16 @@ bool ddt_cuda_wg_eligible(const ddt_qweight *w);
 
 /* The k-split (a thread-block cluster of this many CTAs per 128-row tile) for a
  * product of `count` groups of `rows` rows over `cols` columns: from the shape
- * alone, the most splits whose CTAs (one per SM) all fit the H200's 132
- * multiprocessors in one wave, each at least two 64-column k-blocks.  1, 2, 4 or
- * 8. */
+ * and the device alone (never n), the most splits whose CTAs (one per SM) fit
+ * 132 multiprocessors in one wave, each at least two 64-column k-blocks, and
+ * whose clusters all run at once: cap[ks] clusters of ks CTAs can (cap NULL:
+ * only 1, 2, 4 or 8 are taken).  1..8. */
+int32_t ddt_cuda_wg_ksplit_rule(int64_t rows, int32_t count, int64_t cols, const int32_t *cap);
+/* The rule under this device's capacities (measured by ddt_cuda_wg_prepare;
+ * before it, the powers of two): what every product launch uses. */
 int32_t ddt_cuda_wg_ksplit(int64_t rows, int32_t count, int64_t cols);
+/* The capacities ddt_cuda_wg_prepare measured ([ks] for ks = 1..8), NULL before. */
+const int32_t *ddt_cuda_wg_cluster_caps(void);
 
 /* y[t][g*y_stride + o] = sum_j x[t][g*x_stride + j] * w[g*w_row_stride + w_row_offset + o][j]
  * for an eligible weight, n >= 1 tokens: the activations are split into bf16 hi
@@ -63,6 +69,23 @@ ddt_status ddt_cuda_wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, con
  * is missing, misaligned or short. */
 bool ddt_cuda_wg_split_planes(const ddt_qweight *w, int32_t n, void *workspace, size_t workspace_bytes,
                               ddt_cuda_split_planes *out);
+
+/* The split planes of `count` groups (rows g * n + t) of an eligible weight's
+ * grouped product: ddt_cuda_wg_split_planes for count groups; what
+ * ddt_cuda_wg_matmul_next with x NULL reads. */
+bool ddt_cuda_wg_split_planes_grouped(const ddt_qweight *w, int32_t count, int32_t n, void *workspace,
+                                      size_t workspace_bytes, ddt_cuda_split_planes *out);
+
+/* ddt_cuda_wg_matmul with two options: x NULL reads the split planes already in
+ * the workspace (ddt_cuda_wg_split_planes_grouped for g->count groups, written by
+ * the activations' producer: the product launch alone), and next (NULL: none)
+ * makes the epilogue also write each output value's split into the planes the
+ * product that reads this output takes (cuda_types.h, ddt_cuda_next_planes): the
+ * planes that product's own split launch would write, bitwise, so it may run
+ * presplit.  The next planes must overlap neither y nor this workspace's. */
+ddt_status ddt_cuda_wg_matmul_next(const ddt_qweight *w, const ddt_row_groups *g, const float *x, int64_t ldx,
+                                   int32_t n, float *y, int64_t ldy, void *workspace, size_t workspace_bytes,
+                                   const ddt_cuda_next_planes *next, ddt_cuda_stream stream, ddt_error *err);
 
 /* ddt_cuda_wg_matmul of one group with the split planes already written (by the
  * activations' producer, at ddt_cuda_wg_split_planes): the product launch alone,
