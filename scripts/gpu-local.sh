@@ -9,13 +9,21 @@
 #            binaries, the device tool carries 64 MiB in all), with the shared libraries they
 #            need that the GPU machine's image may lack (ldd; not glibc, libstdc++, libgcc, NCCL
 #            or cuBLAS, which it has)
+#   here:    scripts/gpu-local.sh merge
+#            every pack under $GPU_LOCAL_DIR in one solid archive, all.tar.xz (and into it, if one is
+#            there): the builds share most of their bytes, which xz finds across them with a
+#            dictionary as large as the binaries (five builds of 20 binaries: 8.8 MB against 8.2
+#            MB for one).  The device tool carries 64 MiB and the working tree with the models is
+#            ~40 MB, so more than two per-build packs do not travel; merged, five do
+#            (GPU_LOCAL_XZ_PRESET: xz's preset, 9e unless set; the tests take 0 for speed)
 #   device:  scripts/gpu-local.sh run NAME 'COMMAND'
-#            unpacks NAME once (into NAME/bin, NAME/lib), then runs COMMAND under bash with
+#            unpacks NAME once (into NAME/bin, NAME/lib; from all.tar.xz where NAME has no pack of
+#            its own), then runs COMMAND under bash with
 #            DDT_BIN=that bin folder and LD_LIBRARY_PATH set (NAME/lib, the CUDA toolkit's, the
 #            NCCL and cuBLAS wheels'), e.g. 'python3 bench/e2e.py --build $DDT_BIN --backend cuda ...'
 #   here:    scripts/gpu-ab.sh clean (or rm -rf ab) afterwards; never commit ab/
 #
-# Exit status: pack 2 on a usage error or a missing binary; run: COMMAND's.
+# Exit status: pack 2 on a usage error or a missing binary; merge 2 with no packs; run: COMMAND's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${GPU_LOCAL_DIR:-ab}
@@ -50,9 +58,33 @@ case $cmd in
     (cd "$out" && tar cf - bin lib | xz -9 -T1 > pack.tar.xz) && rm -rf "$out/lib" "$out/bin"
     echo "gpu-local: $name: $* from $build -> $out ($(du -sh "$out" | cut -f1))"
     exit 0 ;;
+  merge)
+    packs=("$ROOT"/*/pack.tar.xz)
+    [ -e "${packs[0]}" ] || { echo "gpu-local: no packs under $ROOT"; exit 2; }
+    tmp=$(mktemp -d) && mkdir "$tmp/t" || exit 2
+    if [ -f "$ROOT/all.tar.xz" ]; then tar xJf "$ROOT/all.tar.xz" -C "$tmp/t" || exit 2; fi
+    for p in "${packs[@]}"; do
+      n=$(basename "$(dirname "$p")")
+      rm -rf "${tmp:?}/t/$n" && mkdir -p "$tmp/t/$n" && tar xJf "$p" -C "$tmp/t/$n" || exit 2
+    done
+    # files ordered by name, so each binary's builds sit next to each other in the stream
+    (cd "$tmp/t" && find . -type f | awk -F/ '{print $NF"\t"$0}' | sort | cut -f2 > "$tmp/list" &&
+      tar cf - -T "$tmp/list" | xz -T1 --lzma2="preset=${GPU_LOCAL_XZ_PRESET:-9e},dict=256MiB" > "$tmp/all.tar.xz") ||
+      exit 2
+    mv "$tmp/all.tar.xz" "$ROOT/all.tar.xz" && rm -rf "$tmp"
+    for p in "${packs[@]}"; do rm -rf "$(dirname "$p")"; done
+    echo "gpu-local: $ROOT/all.tar.xz holds $(tar tJf "$ROOT/all.tar.xz" | cut -d/ -f2 | sort -u | tr '\n' ' ')($(du -sh "$ROOT/all.tar.xz" | cut -f1))"
+    exit 0 ;;
   run)
     [ $# -ge 2 ] || { echo "usage: scripts/gpu-local.sh run NAME 'COMMAND'"; exit 2; }
     dir=$ROOT/$1
+    if [ ! -d "$dir" ] && [ -f "$ROOT/all.tar.xz" ]; then
+      python3 - "$ROOT" <<'EOF' || exit 2
+import os, sys, tarfile
+with tarfile.open(os.path.join(sys.argv[1], "all.tar.xz")) as t:
+    t.extractall(sys.argv[1])
+EOF
+    fi
     [ -d "$dir" ] || { echo "gpu-local: no packed build $dir"; exit 2; }
     if [ ! -d "$dir/bin" ]; then
       # python's tarfile: no xz binary needed on the GPU machine
@@ -78,5 +110,5 @@ EOF
     shift
     bash -c "$*"
     exit $? ;;
-  *) echo "usage: scripts/gpu-local.sh pack NAME BUILD_DIR BIN... | run NAME 'COMMAND'"; exit 2 ;;
+  *) echo "usage: scripts/gpu-local.sh pack NAME BUILD_DIR BIN... | merge | run NAME 'COMMAND'"; exit 2 ;;
 esac

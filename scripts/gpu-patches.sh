@@ -3,11 +3,12 @@
 # device call: every GPU test and compute-sanitizer memcheck on main + all of them, and the K2.6 /
 # end-to-end benchmarks of main, main + all, and main + all but each patch named in GPU_PATCH_AB
 # (the ones that may lose; default: none), side by side on the same GPU, and the patched build's
-# benchmarks again under each environment setting in GPU_PATCH_ENV (default: DDT_WG_MAX_CLUSTER=8,
-# the wgmma plans held to portable clusters).
+# benchmarks again under each environment setting in GPU_PATCH_ENV (e.g. "DDT_AR_FALLBACK_DECAY=0.9";
+# default: none).
 #
 #   here:    scripts/gpu-patches.sh prepare    # builds each tree in a worktree (sm_90a), packs its
-#                                              # binaries into ab/NAME (scripts/gpu-local.sh)
+#                                              # binaries (scripts/gpu-local.sh), all trees merged
+#                                              # into one archive, ab/all.tar.xz
 #   device:  scripts/gpu-patches.sh run [tests|bench]   # through the device tool; writes
 #                                              # $OUT/patches-*.log (no phase: both; each phase
 #                                              # alone fits one 10-minute device command)
@@ -18,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 AB=${GPU_PATCH_AB:-}
-ENVS=${GPU_PATCH_ENV-DDT_WG_MAX_CLUSTER=8}
+ENVS=${GPU_PATCH_ENV-}
 BINS="ddtree cuda_bench_k26 cuda_bench_moe $(cd tests/cuda && ls test_cuda_*.c | sed 's/\.c$//' | tr '\n' ' ')"
 
 # tree NAME, then the patches it holds: a worktree of HEAD with them applied, built and packed
@@ -53,7 +54,9 @@ case ${1:-} in
       for p in "${all[@]}"; do [ "$p" = "patches/$a.patch" ] || rest+=("$p"); done
       build_tree "without-$a" "${rest[@]}" || exit 1
     done
-    du -sh ab
+    # one solid archive of every tree: per-tree packs (~8 MB each) beside the ~40 MB working tree
+    # overflow the device tool's 64 MiB from the third on
+    scripts/gpu-local.sh merge || exit 1
     exit 0 ;;
   run)
     OUT=${OUT:-out}

@@ -14,7 +14,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "gpu-local.sh")
 
 
 def sh(*args, env_dir):
-    env = dict(os.environ, GPU_LOCAL_DIR=str(env_dir))
+    env = dict(os.environ, GPU_LOCAL_DIR=str(env_dir), GPU_LOCAL_XZ_PRESET="0")  # merge: fast, still solid
     return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -37,6 +37,36 @@ def test_pack_and_run_round_trip(tmp_path):
     # a second run reuses the unpacked folder; the command's status is the script's
     r = sh("run", "t", "exit 7", env_dir=tmp_path)
     assert r.returncode == 7
+
+
+def test_merge_and_run(tmp_path):
+    """Two packs merged into one solid archive (smaller than the two: the same binary twice),
+    the per-build packs gone; `run` of either name unpacks the archive and runs; a name the
+    archive lacks is still a usage error; a third pack merges into the archive."""
+    build = os.path.dirname(ddtree_path())
+    for name in ("a", "b"):
+        r = sh("pack", name, build, "ddtree", env_dir=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+    two = os.path.getsize(tmp_path / "a" / "pack.tar.xz") + os.path.getsize(tmp_path / "b" / "pack.tar.xz")
+    r = sh("merge", env_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["all.tar.xz"], os.listdir(tmp_path)
+    assert os.path.getsize(tmp_path / "all.tar.xz") < two
+    assert "a b" in r.stdout, r.stdout
+    r = sh("run", "b", '"$DDT_BIN/ddtree" --help; echo "BIN=$DDT_BIN"', env_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "usage: ddtree" in r.stdout and f"BIN={tmp_path}/b/bin" in r.stdout
+    r = sh("run", "a", "exit 3", env_dir=tmp_path)
+    assert r.returncode == 3
+    r = sh("run", "c", "true", env_dir=tmp_path)
+    assert r.returncode == 2 and "no packed build" in r.stdout
+    r = sh("pack", "c", build, "ddtree", env_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = sh("merge", env_dir=tmp_path)
+    assert r.returncode == 0 and "a b c" in r.stdout, r.stdout + r.stderr
+    os.makedirs(tmp_path / "empty")
+    r = sh("merge", env_dir=tmp_path / "empty")
+    assert r.returncode == 2 and "no packs" in r.stdout
 
 
 def test_usage_errors(tmp_path):
