@@ -682,8 +682,8 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     if (!t->tied) ddt_cuda_qweight_free(&t->lm_head);
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->kv.ticket, t->x,
                     t->xn, t->qa, t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u,
-                    t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->mm_next, t->capture, t->q16,
-                    t->causal, t->mla_ws};
+                    t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->mm_next,
+                    t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     if (t->desc) {
@@ -855,22 +855,18 @@ static bool next_planes_for(const ddt_cuda_target *t, const ddt_qweight *from, c
 }
 
 /* x W^T of the normed input whose split planes the norm wrote for this weight
- * (planes.hi), or the plain product that splits x itself. */
+ * (planes.hi), or the plain product that splits x itself; next (from
+ * next_planes_for, or NULL): the epilogue also writes the next product's planes. */
 static ddt_status product_of_normed(ddt_cuda_target *t, const ddt_qweight *w, const ddt_cuda_split_planes *planes,
-                                    const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy, ddt_error *err) {
+                                    const float *x, int64_t ldx, int32_t n, float *y, int64_t ldy,
+                                    const ddt_cuda_next_planes *next, ddt_error *err) {
+    if (next) {
+        const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
+        return ddt_cuda_matmul_grouped_next(w, t->mm, &g, planes->hi ? NULL : x, ldx, n, y, ldy, t->mm_ws,
+                                            t->mm_ws_bytes, next, t->stream, err);
+    }
     if (planes->hi) return ddt_cuda_matmul_presplit(w, t->mm, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
     return ddt_cuda_matmul_mode(w, t->mm, x, ldx, n, y, ldy, t->mm_ws, t->mm_ws_bytes, t->stream, err);
-}
-
-/* product_of_normed whose epilogue also writes the next product's planes (next
- * from next_planes_for; NULL: product_of_normed). */
-static ddt_status product_of_normed_next(ddt_cuda_target *t, const ddt_qweight *w,
-                                         const ddt_cuda_split_planes *planes, const float *x, int64_t ldx, int32_t n,
-                                         float *y, int64_t ldy, const ddt_cuda_next_planes *next, ddt_error *err) {
-    if (!next) return product_of_normed(t, w, planes, x, ldx, n, y, ldy, err);
-    const ddt_row_groups g = {1, 0, 0, w->rows, 0, 0};
-    return ddt_cuda_matmul_grouped_next(w, t->mm, &g, planes->hi ? NULL : x, ldx, n, y, ldy, t->mm_ws,
-                                        t->mm_ws_bytes, next, t->stream, err);
 }
 
 static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, const int32_t *depth,
@@ -901,7 +897,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
                 qa_ld = t->dims.q_lora + width;
-                TRY(product_of_normed(t, &L->qkv_a, &xn_planes, t->xn, H, n, t->qa, qa_ld, err));
+                TRY(product_of_normed(t, &L->qkv_a, &xn_planes, t->xn, H, n, t->qa, qa_ld, NULL, err));
                 kva = t->qa + t->dims.q_lora;
                 kva_ld = qa_ld;
             } else {
@@ -926,8 +922,8 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 const ddt_cuda_split_planes qa_planes = planes_for(t, &L->q_b, n);
                 TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
                 uk_pre = next_planes_for(t, &L->q_b, &L->uk_t, heads, qd, t->dims.nope, n, &uk_next);
-                TRY(product_of_normed_next(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
-                                           uk_pre ? &uk_next : NULL, err));
+                TRY(product_of_normed(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
+                                      uk_pre ? &uk_next : NULL, err));
             }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
@@ -988,13 +984,10 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         const bool o_pre = next_planes_for(t, &L->kv_b, &L->o_proj, 1, vw, vw, n, &o_next);
         TRY(ddt_cuda_matmul_grouped_next(&L->kv_b, t->mm, &uv, uv_pre ? NULL : t->o_lat, (int64_t)heads * rank, n,
                                          t->o_v, vw, t->mm_ws, t->mm_ws_bytes, o_pre ? &o_next : NULL, s, err));
-        if (o_pre) {
-            const ddt_row_groups og = {1, 0, 0, L->o_proj.rows, 0, 0};
-            TRY(ddt_cuda_matmul_grouped_next(&L->o_proj, t->mm, &og, NULL, 0, n, t->tmp, H, t->mm_next,
-                                             t->mm_ws_bytes, NULL, s, err));
-        } else {
+        if (o_pre)
+            TRY(ddt_cuda_matmul_presplit(&L->o_proj, t->mm, n, t->tmp, H, t->mm_next, t->mm_ws_bytes, s, err));
+        else
             TRY(ddt_cuda_matmul_mode(&L->o_proj, t->mm, t->o_v, vw, n, t->tmp, H, t->mm_ws, t->mm_ws_bytes, s, err));
-        }
         if (t->sharded && t->shard.split_heads) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
         /* the front (router | shared gate | up) reads xn's split planes from this norm */
         const bool front_plain = L->moe && L->front.data && !L->shared.paired;
@@ -1022,7 +1015,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                     TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
             } else if (L->front.data) { /* router | shared gate | shared up: one product */
                 ld_rl = L->front.rows;
-                TRY(product_of_normed(t, &L->front, &xn_planes, t->xn, H, n, t->front, ld_rl, err));
+                TRY(product_of_normed(t, &L->front, &xn_planes, t->xn, H, n, t->front, ld_rl, NULL, err));
                 rlogits = t->front;
                 TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
             } else {

@@ -302,7 +302,7 @@ static void run_case(const mla_case *c, int check_paths) {
                             continue;
                         }
                         const float v = ((const float *)got)[((size_t)t * H + h) * (size_t)c->out_ld + (size_t)k];
-                        const uint16_t hi = ddt_f32_to_bf16(v), lo = ddt_f32_to_bf16(v - ddt_bf16_to_f32(hi));
+                        const uint16_t hi = f2bf(v), lo = f2bf(v - bf2f(hi));
                         bad += hpl[r] != hi || hpl[pn + r] != lo;
                     }
             CHECK(memcmp(got, again, out_bytes) == 0 && bad == 0 && stray == 0,

@@ -809,11 +809,7 @@ extern "C" ddt_status ddt_cuda_matmul_mode(const ddt_qweight *w, ddt_cuda_mm_mod
 
 extern "C" bool ddt_cuda_matmul_split_planes(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, void *workspace,
                                              size_t workspace_bytes, ddt_cuda_split_planes *out) {
-    if (!out) return false;
-    memset(out, 0, sizeof *out);
-    /* the wgmma path only: the mma.sync stream reads another layout (ws_presplit's) */
-    if (!w || mode != DDT_CUDA_MM_TENSOR) return false;
-    return ddt_cuda_wg_split_planes(w, n, workspace, workspace_bytes, out);
+    return ddt_cuda_matmul_split_planes_grouped(w, mode, 1, n, workspace, workspace_bytes, out);
 }
 
 extern "C" ddt_status ddt_cuda_matmul_presplit(const ddt_qweight *w, ddt_cuda_mm_mode mode, int32_t n, float *y,
@@ -838,7 +834,8 @@ extern "C" bool ddt_cuda_matmul_split_planes_grouped(const ddt_qweight *w, ddt_c
                                                      ddt_cuda_split_planes *out) {
     if (!out) return false;
     memset(out, 0, sizeof *out);
-    if (!ddt_cuda_matmul_writes_next(w, mode)) return false; /* the wgmma path's layout only */
+    /* the wgmma path only: the mma.sync stream reads another layout (ws_presplit's) */
+    if (!ddt_cuda_matmul_writes_next(w, mode)) return false;
     return ddt_cuda_wg_split_planes_grouped(w, count, n, workspace, workspace_bytes, out);
 }
 

@@ -376,7 +376,7 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     a.kb_per_split = (a.nkb + ks - 1) / ks;
     a.xr = xr;
     /* no more stages than a split has k-blocks, and shared memory for those alone:
-       W_UK^T's 256 CTAs of 2 k-blocks each (K2.6) then run 5 an SM in one wave, not
+       W_UK^T's 256 CTAs of 2 k-blocks each (K2.6) then run 3 an SM in one wave, not
        one an SM in two waves of fixed costs (11.6 us for 8.4 MB on the H100) */
     const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
     a.xa = xr > ni ? xr : ni;
