@@ -17,11 +17,14 @@
  * Everything is measured twice: with the target's tensor_cores option off (fp32
  * CUDA-core matmuls) and on (the weight-streaming mma.sync kernels, wstream.cuh).
  *
- *   cuda_bench_k26 [--quick | --tc | --profile n]   (markdown on stdout)
+ *   cuda_bench_k26 [--quick | --tc | --profile n [graph]] [--fork M]   (markdown on stdout)
  * --quick: n <= 8, N <= 4096, both settings; --tc: tensor_cores on only, every n,
  * N <= 4096 (what one device call affords); --profile n: one MoE layer's verify of
  * n tokens at N = 4096 (tensor cores) between cudaProfilerStart and Stop, for
- * `ncu --profile-from-start off` (the time of every kernel of a layer).
+ * `ncu --profile-from-start off` (the time of every kernel of a layer); with
+ * `graph`, captured as a graph with programmatic edges and replayed once in that
+ * range (for a timeline: `nsys --cuda-graph-trace=node`); --fork M: the targets'
+ * shared_fork option (target_cuda.h; default 0).
  */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -36,6 +39,8 @@
 #include "backend/cuda/qmatmul_cuda.h"
 #include "model/target_cuda.h"
 #include "cuda_bench_k26.h"
+
+static int32_t g_fork; /* --fork: ddt_cuda_target_options.shared_fork */
 
 /* How a verify forward is timed: launched into the stream kernel by kernel (each
  * kernel starts after the previous one ended), or captured once into a CUDA graph
@@ -99,7 +104,7 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     /* MoE layers */
     ddt_model_config c = bench_k26_config(MOE_LAYERS, 0);
     ddt_cuda_target_options o = {.max_ctx = 65536 + 128, .max_tokens = 64, .fast_attention = true,
-                                 .tensor_cores = tc};
+                                 .tensor_cores = tc, .shared_fork = g_fork};
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
                                  .seed = 1};
     ddt_cuda_target *t;
@@ -261,9 +266,10 @@ static void run_all(bool quick, bool short_ctx, bool tc, double bw) {
     cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
 }
 
-static void profile_layer(int n) {
+static void profile_layer(int n, bool graph) {
     ddt_model_config c = bench_k26_config(1, 0);
-    ddt_cuda_target_options o = {.max_ctx = 4096 + 128, .max_tokens = 64, .fast_attention = true, .tensor_cores = true};
+    ddt_cuda_target_options o = {.max_ctx = 4096 + 128, .max_tokens = 64, .fast_attention = true, .tensor_cores = true,
+                                 .shared_fork = g_fork};
     ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false,
                                  .seed = 1};
     ddt_cuda_target *t;
@@ -280,18 +286,36 @@ static void profile_layer(int n) {
     CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
     for (int r = 0; r < 3; r++) OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
     CU(cudaDeviceSynchronize());
+    cudaGraphExec_t ge = NULL;
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+    if (graph) {
+        cudaGraph_t g;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+        CU(cudaStreamEndCapture(s, &g));
+        OK(ddt_cuda_graph_programmatic(g, false, NULL, &err_));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        CU(cudaGraphDestroy(g));
+        for (int r = 0; r < 3; r++) CU(cudaGraphLaunch(ge, s));
+        CU(cudaDeviceSynchronize());
+    }
     CU(cudaProfilerStart());
-    OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
+    if (graph) CU(cudaGraphLaunch(ge, s));
+    else OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, n, NULL, &err_));
     CU(cudaDeviceSynchronize());
     CU(cudaProfilerStop());
-    printf("profiled one MoE layer's verify of %d tokens at N = 4096\n", n);
+    if (ge) CU(cudaGraphExecDestroy(ge));
+    printf("profiled one MoE layer's verify of %d tokens at N = 4096 (%s, %d layers on the side branch)\n", n,
+           graph ? "graph + PDL" : "stream", ddt_cuda_target_forked_layers(t));
     cudaFree(dtok), cudaFree(ddep), cudaFree(dvis);
     ddt_cuda_target_free(t);
 }
 
 int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--fork")) g_fork = atoi(argv[i + 1]);
     if (argc > 2 && !strcmp(argv[1], "--profile")) {
-        profile_layer(atoi(argv[2]));
+        profile_layer(atoi(argv[2]), argc > 3 && !strcmp(argv[3], "graph"));
         return g_failures ? 1 : 0;
     }
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), tc_only = argc > 1 && !strcmp(argv[1], "--tc");

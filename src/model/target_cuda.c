@@ -40,6 +40,9 @@ typedef struct dev_layer {
     bool moe, has_shared;
     bool shared_in_moe; /* the shared expert's down runs in the routed experts' down launch
                            (ddt_cuda_moe_args.shared_down; fuse_shared_down) */
+    bool shared_fork;   /* the shared expert's down (silu_split + product) runs on a side stream
+                           beside the route and the routed experts, joined before their
+                           combine (plan_shared_fork) */
     dev_mlp mlp, shared;
     ddt_cuda_moe_layer experts;
 } dev_layer;
@@ -49,6 +52,11 @@ struct ddt_cuda_target {
     const ddt_model_config *cfg;
     ddt_model_config synth_cfg; /* a synthetic target's config (shallow copy: no ignore list) */
     cudaStream_t stream;
+    /* the side branch of a MoE layer (plan_shared_fork): its stream, the event the
+       branch waits on (the front written) and the one the combine waits on */
+    cudaStream_t side;
+    cudaEvent_t fork_ev, join_ev;
+    int32_t fork_opt; /* ddt_cuda_target_options.shared_fork */
     int32_t max_ctx, max_tokens;
     /* target_desc.h; multi-GPU: dims.heads is the rank's own count (shard.n_heads),
        dims.n_experts stays the router's global count */
@@ -222,6 +230,40 @@ static void fuse_shared_down(const ddt_cuda_target *t, dev_layer *d) {
                        d->shared.paired && ddt_cuda_moe_shared_down_ok(&d->experts, &d->shared.down);
 }
 
+/* A shared expert this large (bytes of its down product's weights) runs its down
+ * on a side branch (shared_fork).  Below it the layer is launch-bound (the
+ * shipped pair's is 98 KB: a branch costs more than it hides, as the fork-join
+ * measured on the tiny model); K2.6's is 29 MB, which streams while the route and
+ * sort (one latency-bound block) and the routed experts run beside it.  A
+ * property of the weights, never of n. */
+#define SHARED_FORK_MIN_BYTES (4u << 20)
+
+/* Unsharded on the tensor-core path, with the front stacked (router | shared gate
+ * | up, one product, its shared half not paired): the shared expert's down needs
+ * only the front's output, and only the MoE combine reads its own, so it runs as a
+ * graph branch (forward: fork after the front, join before the combine).  The same
+ * kernels on the same inputs, so the same bits.  Measured (sixteenth session, one
+ * K2.6 MoE layer at N = 4096, graph + PDL): n = 1 0.271 -> 0.261 ms on the H100,
+ * 0.231 -> 0.228 on the H200; the whole shared expert on the branch with the
+ * router alone on the main stream gained nothing (the router alone costs 9 us
+ * packed, 17 us on the FP32 path). */
+static void plan_shared_fork(const ddt_cuda_target *t, dev_layer *d) {
+    d->shared_fork = t->fork_opt >= 0 && !t->sharded && t->mm == DDT_CUDA_MM_TENSOR && d->moe && d->has_shared &&
+                     d->front.data && !d->shared.paired && !d->shared_in_moe &&
+                     (t->fork_opt > 0 || ddt_cuda_qweight_bytes(&d->shared.down) >= SHARED_FORK_MIN_BYTES);
+}
+
+/* The side stream and its two events, once, when a layer forks (no allocation in a forward). */
+static ddt_status make_side(ddt_cuda_target *t, ddt_error *err) {
+    bool any = false;
+    for (int32_t l = 0; l < t->dims.n_layers; l++) any = any || t->layers[l].shared_fork;
+    if (!any || t->side) return DDT_OK;
+    DDT_CUDA_TRY(cudaStreamCreateWithFlags(&t->side, cudaStreamNonBlocking), err);
+    DDT_CUDA_TRY(cudaEventCreateWithFlags(&t->fork_ev, cudaEventDisableTiming), err);
+    DDT_CUDA_TRY(cudaEventCreateWithFlags(&t->join_ev, cudaEventDisableTiming), err);
+    return DDT_OK;
+}
+
 /* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
 static bool owns_dense(const ddt_cuda_target *t) { return !t->sharded || t->shard.dense; }
 
@@ -298,6 +340,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     if (d->has_shared && (st = up_mlp(t, &h->shared, &d->shared, err)) != DDT_OK) return st;
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
+    plan_shared_fork(t, d);
     return DDT_OK;
 }
 
@@ -439,6 +482,7 @@ static void init_dims(ddt_cuda_target *t, const ddt_model_config *c, const ddt_c
     for (int32_t i = 0; i < opts->n_capture; i++) t->capture_layer[i] = opts->capture_layers[i];
     t->fast = opts->fast_attention;
     t->mm = opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+    t->fork_opt = opts->shared_fork;
     t->route = ddt_target_route_params(c, &t->dims);
 }
 
@@ -515,6 +559,7 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
     }
     for (int32_t l = 0; l < t->dims.n_layers; l++)
         if ((st = upload_layer(t, l, err)) != DDT_OK) goto fail;
+    if ((st = make_side(t, err)) != DDT_OK) goto fail;
     if ((st = alloc_state(t, err)) != DDT_OK) goto fail;
     *out = t;
     return DDT_OK;
@@ -602,6 +647,7 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         return st;
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
+    plan_shared_fork(t, d);
     return DDT_OK;
 }
 
@@ -644,6 +690,7 @@ ddt_status ddt_cuda_target_synthetic(const ddt_model_config *cfg, const ddt_cuda
     }
     for (int32_t l = 0; l < t->dims.n_layers; l++)
         if ((st = rand_layer(t, l, so, &seed, err))) goto fail;
+    if ((st = make_side(t, err))) goto fail;
     if ((st = alloc_state(t, err))) goto fail;
     DDT_CUDA_TRY(cudaStreamSynchronize(t->stream), err);
     *out = t;
@@ -686,6 +733,9 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
                     t->capture, t->q16, t->causal, t->mla_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
+    if (t->side) cudaStreamDestroy(t->side);
+    if (t->fork_ev) cudaEventDestroy(t->fork_ev);
+    if (t->join_ev) cudaEventDestroy(t->join_ev);
     if (t->desc) {
         ddt_target_desc_free(t->desc);
         free(t->desc);
@@ -696,6 +746,11 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
 const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t) { return t->cfg; }
 int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->dims.vocab; }
 int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t) { return t->max_ctx; }
+int32_t ddt_cuda_target_forked_layers(const ddt_cuda_target *t) {
+    int32_t k = 0;
+    for (int32_t l = 0; l < t->dims.n_layers; l++) k += t->layers[l].shared_fork;
+    return k;
+}
 int32_t ddt_cuda_target_max_tokens(const ddt_cuda_target *t) { return t->max_tokens; }
 void *ddt_cuda_target_stream(const ddt_cuda_target *t) { return t->stream; }
 const ddt_cuda_kv *ddt_cuda_target_kv(const ddt_cuda_target *t) { return &t->kv; }
@@ -741,14 +796,20 @@ ddt_status ddt_cuda_target_reset(ddt_cuda_target *t, ddt_error *err) {
  * for an ar step (bitwise silu_mul then down), those two for a verify or with the
  * tensor cores (whose product splits its activations into mm_ws first), g
  * overwritten. */
-static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
-                           ddt_error *err) {
+/* ws: the split workspace (mm_ws, or mm_next on the side branch: apart from the
+   planes the main stream's products read meanwhile) */
+static ddt_status mlp_down_on(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
+                              void *ws, cudaStream_t s, ddt_error *err) {
     const int64_t inter = m->down.cols;
     if (m->paired)
-        return ddt_cuda_matmul_mode(&m->down, t->mm, gu, ld, n, out, t->dims.hidden, t->mm_ws, t->mm_ws_bytes,
-                                    t->stream, err);
-    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, t->mm_ws,
-                                     t->mm_ws_bytes, t->stream, err);
+        return ddt_cuda_matmul_mode(&m->down, t->mm, gu, ld, n, out, t->dims.hidden, ws, t->mm_ws_bytes, s, err);
+    return ddt_cuda_matmul_silu_mode(&m->down, t->mm, gu, ld, gu + inter, ld, n, out, t->dims.hidden, ws,
+                                     t->mm_ws_bytes, s, err);
+}
+
+static ddt_status mlp_down(ddt_cuda_target *t, const dev_mlp *m, float *gu, int64_t ld, int32_t n, float *out,
+                           ddt_error *err) {
+    return mlp_down_on(t, m, gu, ld, n, out, t->mm_ws, t->stream, err);
 }
 
 /* out[n][hidden] = down(silu(gate(in)) * up(in)) */
@@ -932,15 +993,26 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
         char *layer_cache = layer_cache_of(t, l);
+        /* the fast attention's bf16 query written by the launches that make its parts
+           (the rope's by rope_write, the latent's by W_UK^T's epilogue), the same bits
+           as the pack launch they replace */
+        const bool q16_pre = t->fast && !roped && L->uk_t.data && ddt_cuda_matmul_writes_next(&L->uk_t, t->mm);
+        ddt_cuda_next_planes q16_out;
+        memset(&q16_out, 0, sizeof q16_out);
+        q16_out.b16 = t->q16, q16_out.b16_ld = (int64_t)heads * width, q16_out.b16_gstride = width;
         if (!roped) {
-            const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+            ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+            if (q16_pre) ra.q16 = t->q16;
             TRY(ddt_cuda_mla_rope_write(&ra, s, err));
         }
         if (L->uk_t.data) { /* the transposed copy exists (make_uk_t) */
             const ddt_row_groups ukt = uk_t_groups(t);
             if (uk_pre) /* the rope (between) changes only the rope columns: the planes hold */
                 TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, NULL, 0, n, t->q_lat, (int64_t)heads * rank,
-                                                 t->mm_next, t->mm_ws_bytes, NULL, s, err));
+                                                 t->mm_next, t->mm_ws_bytes, q16_pre ? &q16_out : NULL, s, err));
+            else if (q16_pre)
+                TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
+                                                 (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, &q16_out, s, err));
             else
                 TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
                                                  (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));
@@ -953,8 +1025,9 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         TRY(probe_copy(t, t->probe.q, l, T, sizeof(float) * (size_t)heads * qd, t->q, n, err));
         TRY(probe_copy(t, t->probe.q_lat, l, T, sizeof(float) * (size_t)heads * rank, t->q_lat, n, err));
         if (t->fast) {
-            TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope, t->q16,
-                                    s, err));
+            if (!q16_pre)
+                TRY(ddt_cuda_mla_pack_q(t->q_lat, t->q + t->dims.nope, (int64_t)heads * qd, qd, n, heads, rank, rope,
+                                        t->q16, s, err));
             TRY(probe_copy(t, t->probe.q16, l, T, sizeof(uint16_t) * (size_t)heads * width, t->q16, n, err));
             /* the merge writes W_UV's split planes beside o_lat (its split launch's bits) */
             uv_pre = ddt_cuda_matmul_split_planes_grouped(&L->kv_b, t->mm, heads, n, t->mm_ws, t->mm_ws_bytes,
@@ -1017,7 +1090,18 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 ld_rl = L->front.rows;
                 TRY(product_of_normed(t, &L->front, &xn_planes, t->xn, H, n, t->front, ld_rl, NULL, err));
                 rlogits = t->front;
-                TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
+                if (L->shared_fork) {
+                    /* the branch: after the front, beside the route and the experts; its
+                       split in mm_next, apart from the planes of this stream's products
+                       (the combine, after the join, writes the next layer's in mm_ws) */
+                    DDT_CUDA_TRY(cudaEventRecord(t->fork_ev, s), err);
+                    DDT_CUDA_TRY(cudaStreamWaitEvent(t->side, t->fork_ev, 0), err);
+                    TRY(mlp_down_on(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, t->mm_next,
+                                    t->side, err));
+                    DDT_CUDA_TRY(cudaEventRecord(t->join_ev, t->side), err);
+                } else {
+                    TRY(mlp_down(t, &L->shared, t->front + t->dims.n_experts, ld_rl, n, t->tmp, err));
+                }
             } else {
                 TRY(ddt_cuda_matmul(&L->router, t->xn, H, n, t->rlogits, t->dims.n_experts, s, err));
                 if (L->has_shared) TRY(mlp_forward(t, &L->shared, t->xn, n, t->tmp, err));
@@ -1028,6 +1112,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                     .logits = rlogits, .ld_logits = ld_rl, .idx = t->ridx, .w = t->rw,
                                     .out = t->acc, .ldo = H, .workspace = t->moe_ws,
                                     .workspace_bytes = t->moe_ws_bytes};
+            if (L->shared_fork) ma.join = t->join_ev; /* the branch's end, before the combine */
             if (!t->sharded) {
                 ma.out = t->xn; /* the experts read xn in earlier launches */
                 ma.resid = t->x, ma.ld_resid = H;

@@ -56,6 +56,11 @@ typedef struct ddt_cuda_target_options {
                                       with the shared expert's gate / up as one product where they
                                       stack (unsharded; else on the FP32 path).  Tree == AR equality
                                       still holds (both use the same kernels) */
+    int32_t shared_fork;           /* a MoE layer's shared-expert down on a side branch beside the route
+                                      and the routed experts (unsharded, tensor cores): 0 = where its
+                                      weights are >= 4 MB (K2.6: yes; the shipped pair: no), 1 =
+                                      wherever it can, -1 = never.  The same kernels on the same inputs:
+                                      the same bits either way */
     /* Multi-GPU (model/shard.h): shard_world 0 = the whole model on this GPU, no
        reduction (the single-GPU path).  shard_world >= 1: this target is rank
        shard_rank of shard_world; it holds the rank's heads and experts and calls
@@ -66,6 +71,10 @@ typedef struct ddt_cuda_target_options {
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
 } ddt_cuda_target_options;
+
+/* How many MoE layers run their shared expert's down on the side branch
+ * (ddt_cuda_target_options.shared_fork): tests and benchmarks. */
+int32_t ddt_cuda_target_forked_layers(const ddt_cuda_target *t);
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
                                 ddt_error *err);

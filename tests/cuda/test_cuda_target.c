@@ -34,11 +34,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/graph_cuda.h"
 #include "backend/cuda/kv_cuda.h"
 #include "backend/cuda/mla_verify_cuda.h"
 #include "cuda_test.h"
 #include "engine/engine.h"
 #include "io/drafter_config.h"
+#include "io/safetensors.h"
 #include "model/target.h"
 #include "model/target_cuda.h"
 #include "text/json_grammar.h"
@@ -1500,6 +1502,160 @@ static void test_switch(const char *model, const char *draft, const int32_t *pro
            "T = 1 draws back after one; auto off and on\n");
 }
 
+/* The shared expert's down on a side branch (ddt_cuda_target_options.shared_fork)
+ * on the K2.6-width synthetic model with tensor cores, forced on (its shared
+ * expert is below the size rule's 4 MB, where the default does not fork) against
+ * one stream (forced off): the same kernels on the same inputs, so prefill and
+ * verify logits bitwise equal; and its tree verify captured into a graph with
+ * every kernel edge programmatic (the engine's round), replayed twice, bitwise
+ * the eager verify (where the branch really runs on its own stream beside the
+ * route and experts), finite over NaN-poisoned outputs. */
+static void test_shared_fork(uint64_t seed) {
+    ddt_model_config c;
+    tc_config(&c);
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = true,
+                                 .seed = 9};
+    ddt_cuda_target_options go = {.max_ctx = TC_CTX, .max_tokens = TC_TOK, .tensor_cores = true, .shared_fork = -1};
+    ddt_cuda_target *one, *forked, *deflt;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &one, &err_));
+    go.shared_fork = 0;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &deflt, &err_));
+    go.shared_fork = 1;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &forked, &err_));
+    CHECK(ddt_cuda_target_forked_layers(one) == 0 && ddt_cuda_target_forked_layers(deflt) == 0 &&
+              ddt_cuda_target_forked_layers(forked) == 1,
+          "shared fork: forked layers %d / %d / %d (never / by size / always: 0 / 0 / 1 expected)",
+          ddt_cuda_target_forked_layers(one), ddt_cuda_target_forked_layers(deflt),
+          ddt_cuda_target_forked_layers(forked));
+    ddt_cuda_target_free(deflt);
+    const int V = c.vocab_size, NP = 37, NT = 29;
+    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
+    uint64_t vis[40], *dvis;
+    float *dl, *ref[2], *fk[2], *fg = malloc(sizeof(float) * 40 * V);
+    CU(cudaMalloc((void **)&ids, sizeof prompt));
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&ddep, sizeof depth));
+    CU(cudaMalloc((void **)&dvis, sizeof vis));
+    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
+    tc_inputs(seed, V, NP, NT, prompt, tok, par, depth, vis);
+    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    ddt_cuda_target *ts[2] = {one, forked};
+    float **outs[2] = {ref, fk};
+    for (int k = 0; k < 2; k++) { /* eager: prefill, then the verify */
+        cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(ts[k]);
+        for (int p = 0; p < 2; p++) {
+            outs[k][p] = malloc(sizeof(float) * 40 * V);
+            nan_fill(dl, (size_t)40 * V);
+            if (p == 0) OK(ddt_cuda_target_prefill(ts[k], ids, NP, dl, true, &err_));
+            else OK(ddt_cuda_target_verify(ts[k], dtok, ddep, dvis, 1, NT, dl, &err_));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(outs[k][p], dl, sizeof(float) * (size_t)(p ? NT : NP) * V, cudaMemcpyDeviceToHost));
+        }
+    }
+    /* the forked verify as the engine runs a round */
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(forked);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    OK(ddt_cuda_target_verify(forked, dtok, ddep, dvis, 1, NT, dl, &err_));
+    CU(cudaStreamEndCapture(s, &g));
+    int32_t pdl = 0;
+    OK(ddt_cuda_graph_programmatic(g, false, &pdl, &err_));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    for (int r = 0; r < 2; r++) { /* twice: a replay leaves nothing behind that the next reads */
+        nan_fill(dl, (size_t)40 * V);
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaStreamSynchronize(s));
+    }
+    CU(cudaMemcpy(fg, dl, sizeof(float) * (size_t)NT * V, cudaMemcpyDeviceToHost));
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    bool finite = true;
+    for (size_t i = 0; i < (size_t)NP * V; i++) finite &= isfinite(fk[0][i]) != 0;
+    for (size_t i = 0; i < (size_t)NT * V; i++) finite &= isfinite(fk[1][i]) != 0 && isfinite(fg[i]) != 0;
+    CHECK(finite && !memcmp(fk[0], ref[0], sizeof(float) * (size_t)NP * V) &&
+              !memcmp(fk[1], ref[1], sizeof(float) * (size_t)NT * V),
+          "shared fork: logits differ from one stream's (prefill %.3g, verify %.3g%s)",
+          nerr(fk[0], ref[0], (size_t)NP * V), nerr(fk[1], ref[1], (size_t)NT * V), finite ? "" : ", non-finite");
+    CHECK(!memcmp(fg, fk[1], sizeof(float) * (size_t)NT * V),
+          "shared fork: the graph + PDL verify differs from the eager one (%.3g)", nerr(fg, fk[1], (size_t)NT * V));
+    printf("  shared expert's down on a side branch: prefill and verify bitwise one stream's; graph + PDL (%d "
+           "programmatic edges) == eager, bitwise\n", pdl);
+    for (int k = 0; k < 2; k++) free(outs[k][0]), free(outs[k][1]);
+    free(fg);
+    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    ddt_cuda_target_free(one);
+    ddt_cuda_target_free(forked);
+}
+
+/* The fast attention's bf16 query q16 written by the launches that make its parts
+ * (rope_write: the rotated rope part; W_UK^T's epilogue: the latent part), where a
+ * pack launch copied them: every layer's q16 of a tree verify (probes) must be
+ * bf16(q_lat | the rotated q rope), round to nearest, bitwise, on the tensor-core
+ * K2.6-width model. */
+static void test_q16_epilogues(uint64_t seed) {
+    ddt_model_config c;
+    tc_config(&c);
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = true,
+                                 .seed = 11};
+    ddt_cuda_target_options go = {.max_ctx = TC_CTX, .max_tokens = TC_TOK, .fast_attention = true,
+                                  .tensor_cores = true};
+    ddt_cuda_target *t;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &t, &err_));
+    const int L = c.num_hidden_layers, H = c.num_attention_heads, rank = c.kv_lora_rank, rope = c.qk_rope_head_dim,
+              nope = c.qk_nope_head_dim, qd = nope + rope, w = rank + rope, T = TC_TOK, V = c.vocab_size, NP = 37,
+              NT = 29;
+    const size_t nq = (size_t)L * T * H * qd, nl = (size_t)L * T * H * rank, n16 = (size_t)L * T * H * w;
+    ddt_cuda_target_probe pr;
+    memset(&pr, 0, sizeof pr);
+    CU(cudaMalloc((void **)&pr.q, sizeof(float) * nq));
+    CU(cudaMalloc((void **)&pr.q_lat, sizeof(float) * nl));
+    CU(cudaMalloc((void **)&pr.q16, sizeof(uint16_t) * n16));
+    CU(cudaMemset(pr.q16, 0xFF, sizeof(uint16_t) * n16));
+    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
+    uint64_t vis[40], *dvis;
+    float *dl;
+    CU(cudaMalloc((void **)&ids, sizeof prompt));
+    CU(cudaMalloc((void **)&dtok, sizeof tok));
+    CU(cudaMalloc((void **)&ddep, sizeof depth));
+    CU(cudaMalloc((void **)&dvis, sizeof vis));
+    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
+    tc_inputs(seed, V, NP, NT, prompt, tok, par, depth, vis);
+    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    OK(ddt_cuda_target_prefill(t, ids, NP, dl, true, &err_));
+    ddt_cuda_target_set_probe(t, &pr);
+    OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, NT, dl, &err_));
+    CU(cudaStreamSynchronize((cudaStream_t)ddt_cuda_target_stream(t)));
+    float *q = malloc(sizeof(float) * nq), *ql = malloc(sizeof(float) * nl);
+    uint16_t *q16 = malloc(sizeof(uint16_t) * n16);
+    CU(cudaMemcpy(q, pr.q, sizeof(float) * nq, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(ql, pr.q_lat, sizeof(float) * nl, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(q16, pr.q16, sizeof(uint16_t) * n16, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < NT; i++)
+            for (int h = 0; h < H; h++) {
+                const size_t r = ((size_t)l * T + (size_t)i) * (size_t)H + (size_t)h;
+                for (int d = 0; d < w; d++) {
+                    const float v = d < rank ? ql[r * (size_t)rank + (size_t)d] : q[r * (size_t)qd + (size_t)(nope + d - rank)];
+                    bad += q16[r * (size_t)w + (size_t)d] != ddt_f32_to_bf16(v);
+                }
+            }
+    CHECK(bad == 0, "q16 from the epilogues: %lld of %lld values not bf16(q_lat | q rope)", (long long)bad,
+          (long long)L * NT * H * w);
+    printf("  the fast attention's bf16 query from rope_write and W_UK^T's epilogue: bf16(q_lat | q rope), bitwise\n");
+    free(q), free(ql), free(q16);
+    cudaFree(pr.q), cudaFree(pr.q_lat), cudaFree(pr.q16);
+    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    ddt_cuda_target_free(t);
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 2 && !strcmp(argv[1], "--diag-fast")) {
@@ -1525,6 +1681,8 @@ int main(int argc, char **argv) {
     static const uint64_t seeds[] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull};
     for (int i = 0; i < 3; i++) test_tc_option(true, false, seeds[i]);
     test_tc_option(false, true, seeds[0]);
+    test_shared_fork(seeds[1]);
+    test_q16_epilogues(seeds[2]);
     printf("engine, fixture pair (fp32 target + fp32 drafter):\n");
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);

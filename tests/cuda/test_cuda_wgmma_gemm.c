@@ -387,9 +387,37 @@ static void next_case(int count1, int64_t rows1, int64_t cols1, int count2, int6
             OK(ddt_cuda_matmul_grouped_mode(&w2, DDT_CUDA_MM_TENSOR, &g2, dy1[0], ldy1, n, dy2[0], ldy2, dws2, ws2,
                                             NULL, &err_));
         } else {
+            /* and the output as bf16 at its own strides (the MLA query's latent part: groups
+               rows1 + 3 apart, tokens 5 more than the groups), poison around it */
+            const int64_t bg = rows1 + 3, bld = (int64_t)count1 * bg + 5;
+            const size_t bc = (size_t)n * (size_t)bld;
+            uint16_t *db16;
+            CU(cudaMalloc((void **)&db16, sizeof(uint16_t) * bc));
+            CU(cudaMemset(db16, 0xFF, sizeof(uint16_t) * bc));
+            next.b16 = db16, next.b16_ld = bld, next.b16_gstride = bg;
             OK(ddt_cuda_matmul_grouped_next(&w1, DDT_CUDA_MM_TENSOR, &g1, dx, ldx1, n, dy1[1], ldy1, dws1, ws1, &next,
                                             NULL, &err_));
             CU(cudaDeviceSynchronize());
+            next.b16 = NULL;
+            {
+                uint16_t *hb = malloc(sizeof(uint16_t) * bc);
+                float *hy = malloc(sizeof(float) * y1c);
+                CU(cudaMemcpy(hb, db16, sizeof(uint16_t) * bc, cudaMemcpyDeviceToHost));
+                host_of(hy, dy1[1], y1c);
+                int64_t bad = 0;
+                for (int t = 0; t < n; t++)
+                    for (int64_t c = 0; c < bld; c++) {
+                        const int64_t grp = c / bg, row = c % bg;
+                        const uint16_t want = grp < count1 && row < rows1
+                                                  ? ddt_f32_to_bf16(hy[(size_t)t * ldy1 + grp * rows1 + row])
+                                                  : 0xFFFF;
+                        bad += hb[(size_t)t * bld + c] != want;
+                    }
+                CHECK(bad == 0, "bf16 output [%d x %lld] n %d: %lld values not bf16(y) or written out of place", count1,
+                      (long long)rows1, n, (long long)bad);
+                free(hb), free(hy);
+                CU(cudaFree(db16));
+            }
             /* the planes: the split of y1 where product 2 reads, poison elsewhere */
             const size_t pc = 2 * (size_t)next.planes.pitch * (size_t)count2 * (size_t)n;
             uint16_t *hp = malloc(sizeof(uint16_t) * pc);
@@ -458,7 +486,7 @@ static void next_refusals(void) {
     CU(cudaMalloc((void **)&dx, 4 * 256));
     ddt_error e;
     const ddt_row_groups g = {1, 0, 0, 10, 0, 0};
-    ddt_cuda_next_planes next = {{(uint16_t *)ws, (uint16_t *)ws + 1024, 16}, 10, 8};
+    ddt_cuda_next_planes next = {{(uint16_t *)ws, (uint16_t *)ws + 1024, 16}, 10, 8, NULL, 0, 0};
     CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 36, 2, dy, 10, ws, 1 << 15, &next, NULL, &e) ==
               DDT_ERR_UNSUPPORTED && strstr(e.msg, "wgmma") != NULL,
           "next planes from a weight off the wgmma path accepted (%s)", e.msg);
@@ -476,6 +504,19 @@ static void next_refusals(void) {
     CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_FP32, &g, NULL, 0, 2, dy, 10, ws, 1 << 15, NULL, NULL, &e) ==
               DDT_ERR_UNSUPPORTED,
           "a presplit product in FP32 mode accepted");
+    /* a bf16 output whose groups or tokens overlap, and a next with nothing to write */
+    ddt_cuda_next_planes b = {{NULL, NULL, 0}, 0, 0, (uint16_t *)ws, 12, 9};
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 40, 2, dy, 10, ws, 1 << 15, &b, NULL, &e) ==
+              DDT_ERR_INVALID && strstr(e.msg, "bf16") != NULL,
+          "a bf16 output of group stride 9 for rows of 10 accepted (%s)", e.msg);
+    b.b16_gstride = 10, b.b16_ld = 9;
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 40, 2, dy, 10, ws, 1 << 15, &b, NULL, &e) ==
+              DDT_ERR_INVALID && strstr(e.msg, "token stride") != NULL,
+          "a bf16 output of token stride 9 for rows of 10 accepted (%s)", e.msg);
+    b.b16 = NULL;
+    CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 40, 2, dy, 10, ws, 1 << 15, &b, NULL, &e) ==
+              DDT_ERR_INVALID,
+          "a next with neither planes nor a bf16 output accepted");
     ddt_cuda_qweight_free(&dw);
     ct_free_weight(&h);
     CU(cudaFree(ws));

@@ -95,6 +95,9 @@ rope_write_kernel(ddt_cuda_mla_rope_args a) {
     for (int it = threadIdx.x; it < a.heads * a.rope; it += ROPE_THREADS) {
         const int h = it / a.rope, d = it % a.rope;
         a.q[((int64_t)i * a.heads + h) * a.qdim + a.nope + d] = stage[it];
+        if (a.q16) /* pack_q's copy of the same value */
+            ((__nv_bfloat16 *)a.q16)[((int64_t)i * a.heads + h) * (a.rank + a.rope) + a.rank + d] =
+                __float2bfloat16(stage[it]);
     }
 }
 

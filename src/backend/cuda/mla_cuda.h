@@ -45,6 +45,9 @@ typedef struct ddt_cuda_mla_rope_args {
     void *cache;                        /* device layer base [capacity][rank + rope], fp32 or bf16 */
     int32_t capacity;
     bool bf16_cache;                    /* rows are bf16 (the tensor-core path of mla_verify_cuda.h) */
+    uint16_t *q16;                      /* or NULL: the rotated query parts also as bf16 into the tensor-core
+                                           path's query, q16[i][h][rank + d] ([n][heads][rank + rope]),
+                                           as ddt_cuda_mla_pack_q would copy them (ddt_cuda_mla_rope_write) */
 } ddt_cuda_mla_rope_args;
 
 /* Rotate the queries' rope parts and write cache rows *len + i = [kvn[i], rope(k_rope[i])]. */

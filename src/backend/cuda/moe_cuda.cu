@@ -1363,6 +1363,8 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         }
     }
     if (st != DDT_OK) return st;
+    /* a side branch's output (the shared expert) is read from here on */
+    if (args->join) DDT_CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)args->join, 0), err);
     if (args->norm_w) {
         const void *ptrs[4] = {args->resid, args->shared, args->norm_w, args->out};
         const int64_t lds[4] = {args->ld_resid, args->ld_shared, 0, args->ldo};

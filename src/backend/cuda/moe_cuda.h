@@ -134,6 +134,8 @@ typedef struct ddt_cuda_moe_args {
     float *shared_y; int64_t ld_shared_y;   /* [n][hidden] its output */
     ddt_cuda_split_planes norm_split;       /* with norm_w: out's split planes for the next product too
                                                (ddt_cuda_add_rmsnorm_split's sp; hi NULL: none) */
+    void *join;                             /* a cudaEvent_t the stream waits on before the combine
+                                               launch (a side branch that writes `shared`), or NULL */
 } ddt_cuda_moe_args;
 
 ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cuda_moe_args *a, ddt_cuda_stream stream,

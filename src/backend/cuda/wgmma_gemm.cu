@@ -93,6 +93,9 @@ struct WgArgs {
        c = grp * y_stride + row is its group c / n_width's column c % n_width */
     __nv_bfloat16 *nh, *nl;
     int64_t n_pitch, n_width, n_cols;
+    /* the output as bf16 too, or b16 NULL (ddt_cuda_next_planes.b16) */
+    __nv_bfloat16 *b16;
+    int64_t b16_ld, b16_gstride;
 };
 
 #define WG_SPLIT_THREADS 256
@@ -227,6 +230,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 bf16_split(v, a.nh[r], a.nl[r]);
             }
         }
+        if (a.b16) a.b16[(int64_t)otok * a.b16_ld + (int64_t)grp * a.b16_gstride + orow] = __float2bfloat16(v);
     }
     if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
 #endif
@@ -389,8 +393,8 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     a.y = y;
     a.ldy = ldy;
     a.y_stride = g->y_stride;
-    if (next) {
-        if (!next->planes.hi || !next->planes.lo || next->width < 1 || next->cols < 1 || next->cols > next->width ||
+    if (next && next->planes.hi) {
+        if (!next->planes.lo || next->width < 1 || next->cols < 1 || next->cols > next->width ||
             next->planes.pitch < next->cols)
             return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): next product's planes: width %lld, %lld columns, "
                             "pitch %lld", (long long)next->width, (long long)next->cols, (long long)next->planes.pitch);
@@ -399,6 +403,18 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
         a.n_pitch = next->planes.pitch;
         a.n_width = next->width;
         a.n_cols = next->cols;
+    }
+    if (next && next->b16) {
+        /* every token's row of every group inside [0, b16_ld): no group's rows reach the next's */
+        if (next->b16_gstride < g->rows || next->b16_ld < (int64_t)(g->count - 1) * next->b16_gstride + g->rows)
+            return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): bf16 output: %lld rows a group, group stride %lld, "
+                            "token stride %lld", (long long)g->rows, (long long)next->b16_gstride,
+                            (long long)next->b16_ld);
+        a.b16 = (__nv_bfloat16 *)next->b16;
+        a.b16_ld = next->b16_ld;
+        a.b16_gstride = next->b16_gstride;
+    } else if (next && !next->planes.hi) {
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): a next with neither planes nor a bf16 output");
     }
 
     if (x) {
