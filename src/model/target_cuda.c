@@ -860,6 +860,14 @@ static bool rope_folds(const ddt_cuda_target *t) {
            t->dims.rope % 2 == 0 && t->dims.rope >= 2;
 }
 
+/* The same fold on the tensor-core path: q_b on the wgmma kernel, whose epilogue
+ * applies the rope (ddt_cuda_next_planes.rope); the cache row in the norms' launch
+ * beside q_b's split planes (ddt_cuda_mla_norm_write's sp0). */
+static bool rope_folds_tc(const ddt_cuda_target *t, const dev_layer *L) {
+    return t->mm == DDT_CUDA_MM_TENSOR && t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 &&
+           t->dims.rope % 2 == 0 && t->dims.rope >= 2 && ddt_cuda_matmul_writes_next(&L->q_b, t->mm);
+}
+
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {
     for (int32_t s = 0; s < t->n_capture; s++)
         if (t->capture_layer[s] == layer)
@@ -954,6 +962,11 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         bool uk_pre = false;
         ddt_cuda_split_planes uv_planes; /* W_UV's, when the attention's merge writes them */
         bool uv_pre = false;
+        /* the fast attention's bf16 query written by the launches that make its parts
+           (the rope's by rope_write or q_b's epilogue, the latent's by W_UK^T's), the
+           same bits as the pack launch they replace */
+        const bool q16_pre =
+            t->fast && !rope_folds(t) && L->uk_t.data && ddt_cuda_matmul_writes_next(&L->uk_t, t->mm);
         if (t->dims.q_lora > 0) {
             int64_t qa_ld = t->dims.q_lora;
             if (L->qkv_a.data) {
@@ -974,17 +987,26 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                    q_b's epilogue: rope_write's two halves, the same bits, one
                    launch fewer (mla_cuda.h) */
                 const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
-                TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, s, err));
+                TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, NULL, s, err));
                 TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
                 roped = true;
             } else {
                 /* q_b reads the q latent's split planes written by the norms' launch,
-                   and writes W_UK^T's (each head's nope columns) for it */
+                   and writes W_UK^T's (each head's nope columns) for it; on the wgmma
+                   path rope_write's halves fold too: the cache row into the norms'
+                   launch, the queries' rope (and their bf16 copy for the fast
+                   attention) into q_b's epilogue, the same bits, one launch fewer */
                 const ddt_cuda_split_planes qa_planes = planes_for(t, &L->q_b, n);
-                TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
+                const bool tc_rope = rope_folds_tc(t, L);
+                ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+                ra.q16 = q16_pre ? t->q16 : NULL;
+                if (tc_rope) TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, &qa_planes, s, err));
+                else TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
                 uk_pre = next_planes_for(t, &L->q_b, &L->uk_t, heads, qd, t->dims.nope, n, &uk_next);
+                if (tc_rope) uk_next.rope = &ra;
                 TRY(product_of_normed(t, &L->q_b, &qa_planes, t->qa, qa_ld, n, t->q, (int64_t)heads * qd,
-                                      uk_pre ? &uk_next : NULL, err));
+                                      uk_pre || tc_rope ? &uk_next : NULL, err));
+                roped = tc_rope;
             }
         } else {
             TRY(ddt_cuda_matmul_mode(&L->q_proj, t->mm, t->xn, H, n, t->q, (int64_t)heads * qd,
@@ -993,10 +1015,6 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
             TRY(ddt_cuda_rmsnorm(kva, kva_ld, n, rank, L->kv_a_norm, LATENT_NORM_EPS, t->kvn, rank, s, err));
         }
         char *layer_cache = layer_cache_of(t, l);
-        /* the fast attention's bf16 query written by the launches that make its parts
-           (the rope's by rope_write, the latent's by W_UK^T's epilogue), the same bits
-           as the pack launch they replace */
-        const bool q16_pre = t->fast && !roped && L->uk_t.data && ddt_cuda_matmul_writes_next(&L->uk_t, t->mm);
         ddt_cuda_next_planes q16_out;
         memset(&q16_out, 0, sizeof q16_out);
         q16_out.b16 = t->q16, q16_out.b16_ld = (int64_t)heads * width, q16_out.b16_gstride = width;

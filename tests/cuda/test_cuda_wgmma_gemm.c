@@ -486,7 +486,7 @@ static void next_refusals(void) {
     CU(cudaMalloc((void **)&dx, 4 * 256));
     ddt_error e;
     const ddt_row_groups g = {1, 0, 0, 10, 0, 0};
-    ddt_cuda_next_planes next = {{(uint16_t *)ws, (uint16_t *)ws + 1024, 16}, 10, 8, NULL, 0, 0};
+    ddt_cuda_next_planes next = {{(uint16_t *)ws, (uint16_t *)ws + 1024, 16}, 10, 8, NULL, 0, 0, NULL};
     CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 36, 2, dy, 10, ws, 1 << 15, &next, NULL, &e) ==
               DDT_ERR_UNSUPPORTED && strstr(e.msg, "wgmma") != NULL,
           "next planes from a weight off the wgmma path accepted (%s)", e.msg);
@@ -505,7 +505,7 @@ static void next_refusals(void) {
               DDT_ERR_UNSUPPORTED,
           "a presplit product in FP32 mode accepted");
     /* a bf16 output whose groups or tokens overlap, and a next with nothing to write */
-    ddt_cuda_next_planes b = {{NULL, NULL, 0}, 0, 0, (uint16_t *)ws, 12, 9};
+    ddt_cuda_next_planes b = {{NULL, NULL, 0}, 0, 0, (uint16_t *)ws, 12, 9, NULL};
     CHECK(ddt_cuda_matmul_grouped_next(&dw, DDT_CUDA_MM_TENSOR, &g, dx, 40, 2, dy, 10, ws, 1 << 15, &b, NULL, &e) ==
               DDT_ERR_INVALID && strstr(e.msg, "bf16") != NULL,
           "a bf16 output of group stride 9 for rows of 10 accepted (%s)", e.msg);

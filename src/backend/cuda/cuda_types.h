@@ -10,6 +10,8 @@
 
 typedef struct CUstream_st *ddt_cuda_stream; /* cudaStream_t without including CUDA */
 
+struct ddt_cuda_mla_rope_args; /* mla_cuda.h */
+
 /* The bf16 hi / lo planes of a tensor-core product's activations (x_hi = bf16(x),
  * x_lo = bf16(x - x_hi), round to nearest), row t at hi + t * pitch and lo + t *
  * pitch: where ddt_cuda_matmul_split_planes says the product reads them, written by
@@ -35,6 +37,12 @@ typedef struct {
        wrote) */
     uint16_t *b16;
     int64_t b16_ld, b16_gstride;
+    /* or NULL: MLA's query rope in the epilogue (mla_cuda.h), as ddt_cuda_mla_rope_write
+       applies it to the rows (one group of rope->heads heads of rope->qdim rows: nope
+       plain, then the rope rows in interleaved pairs, stored de-interleaved), and with
+       rope->q16 their bf16 into the query's rope part; the cache row is the norm
+       launch's (ddt_cuda_mla_norm_write).  The planes above cover nope columns only */
+    const struct ddt_cuda_mla_rope_args *rope;
 } ddt_cuda_next_planes;
 
 #endif

@@ -118,6 +118,7 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
 struct MlaNormPair {
     ddt_cuda_norm_job job[2];
     bool vec[2];
+    ddt_cuda_split_planes sp0; /* job 0's output planes, or none */
 };
 
 /* NT: norm_threads of the longer row; each row is normed by its own count */
@@ -127,7 +128,8 @@ mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_ar
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];
     norm_row<NT>((float *)j.x + (int64_t)blockIdx.x * j.ldx, j.dim, NormNoResid{}, j.w, eps,
-             j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y]);
+                 j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y],
+                 blockIdx.y == 0 ? norm_split_row(p.sp0, blockIdx.x) : NormSplitRow{nullptr, nullptr});
     if (blockIdx.y == 1) {
         __syncthreads();
         mla_rope_k_row(a, blockIdx.x, threadIdx.x, NT);
@@ -135,8 +137,8 @@ mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_ar
 }
 
 extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], float eps,
-                                              const ddt_cuda_mla_rope_args *a, ddt_cuda_stream stream,
-                                              ddt_error *err) {
+                                              const ddt_cuda_mla_rope_args *a, const ddt_cuda_split_planes *sp0,
+                                              ddt_cuda_stream stream, ddt_error *err) {
     if (!jobs || !a) return ddt_fail(err, DDT_ERR_INVALID, "mla norm_write: NULL argument");
     if (a->n < 1 || a->n > 65535 || a->rope < 2 || a->rope % 2 || a->rank < 1)
         return ddt_fail(err, DDT_ERR_INVALID, "mla norm_write: %d tokens, rope dim %d, rank %d", a->n, a->rope,
@@ -146,6 +148,8 @@ extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], f
                         "mla norm_write: the kv norm must write the rows the cache write reads (kvn, %d wide)",
                         a->rank);
     MlaNormPair p;
+    const ddt_status sst = norm_split_check("mla norm_write", sp0, jobs[0].dim, &p.sp0, err);
+    if (sst != DDT_OK) return sst;
     for (int i = 0; i < 2; i++) {
         const ddt_cuda_norm_job &j = jobs[i];
         if (j.dim < 1 || !j.x || !j.w || !j.out)

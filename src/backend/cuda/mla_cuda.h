@@ -58,10 +58,12 @@ ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, ddt_cuda_str
  * of ddt_cuda_mla_rope_write in one launch: cache rows *len + i = [kvn[i],
  * rope(k_rope[i])], the same bits (the same device functions).  jobs[1] must be
  * the kv norm writing a->kvn with row stride a->rank; a->q is not touched (the
- * queries' rope then runs in q_b's epilogue: ddt_cuda_matmul_rope).
+ * queries' rope then runs in q_b's epilogue: ddt_cuda_matmul_rope, or on the
+ * wgmma path ddt_cuda_next_planes.rope).  sp0: job 0's output split planes too
+ * (ddt_cuda_rmsnorm_pair_split's; NULL or hi NULL: none).
  */
 ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], float eps, const ddt_cuda_mla_rope_args *a,
-                                   ddt_cuda_stream stream, ddt_error *err);
+                                   const ddt_cuda_split_planes *sp0, ddt_cuda_stream stream, ddt_error *err);
 
 /*
  * y = x W^T (FP32 path) with the queries' rope applied as ddt_cuda_mla_rope_write

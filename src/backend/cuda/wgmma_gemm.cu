@@ -49,6 +49,7 @@
 #include "backend/cuda/bf16_split_dev.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hopper_dev.cuh"
+#include "backend/cuda/mla_rope_dev.cuh"
 #include "backend/cuda/wgmma_gemm.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -96,6 +97,11 @@ struct WgArgs {
     /* the output as bf16 too, or b16 NULL (ddt_cuda_next_planes.b16) */
     __nv_bfloat16 *b16;
     int64_t b16_ld, b16_gstride;
+    /* MLA's query rope in the epilogue (ddt_cuda_next_planes.rope), or r_rope 0 */
+    int32_t r_rope, r_nope, r_qdim, r_heads, r_rank, r_max_pos, r_capacity;
+    const int32_t *r_len, *r_depth;
+    const float *r_cos, *r_sin;
+    __nv_bfloat16 *r_q16;
 };
 
 #define WG_SPLIT_THREADS 256
@@ -215,14 +221,44 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (a.ks > 1) cluster_sync();
     else __syncthreads();
     const uint32_t red_addr = smem_u32(red);
+    /* every thread of the CTA takes the same number of elements (WG_BM * WG_BN is a
+       multiple of WG_THREADS), and element q + 1 of an even q is lane + 1's, with the
+       same token and (rows even) the same bounds: the rope's pairs meet by one
+       shuffle among the lanes in bounds.  Elements out of bounds are not summed (at
+       n = 1, 63 of a tile's 64 token columns) */
     for (int q = split * WG_THREADS + tid; q < WG_BM * WG_BN; q += a.ks * WG_THREADS) {
         const int tok = q / WG_BM, row = q % WG_BM;
         const int64_t orow = rt * WG_BM + row;
         const int otok = tt * WG_BN + tok;
-        if (orow >= a.rows || otok >= a.n) continue;
+        const bool in = orow < a.rows && otok < a.n;
+        const unsigned in_lanes = a.r_rope ? __ballot_sync(0xffffffffu, in) : 0u;
+        if (!in) continue;
         const int i = tok * WG_RS + row;
-        const float v = a.ks > 1 ? cluster_sum_f32(red_addr + 4u * (uint32_t)i, a.ks) : red[i];
-        a.y[(int64_t)otok * a.ldy + (int64_t)grp * a.y_stride + orow] = v;
+        float v = a.ks > 1 ? cluster_sum_f32(red_addr + 4u * (uint32_t)i, a.ks) : red[i];
+        int64_t ycol = (int64_t)grp * a.y_stride + orow;
+        if (a.r_rope) {
+            /* ddt_cuda_mla_rope_write's rotation of the pair (even row: x0, odd: x1), stored
+               de-interleaved; a token whose cache row is outside the cache keeps its
+               product values where they are, as rope_write leaves them */
+            const float pv = __shfl_xor_sync(in_lanes, v, 1);
+            const int j = (int)(orow % a.r_qdim);
+            int pos, crow;
+            bool bad;
+            if (j >= a.r_nope &&
+                mla_rope_where(a.r_len, a.r_depth, otok, a.r_max_pos, a.r_capacity, &pos, &crow, &bad)) {
+                const int half = a.r_rope / 2, p = (j - a.r_nope) >> 1, odd = (j - a.r_nope) & 1;
+                const int64_t h = orow / a.r_qdim;
+                const float *cs = a.r_cos + (int64_t)(bad ? 0 : pos) * half, *sn = a.r_sin + (int64_t)(bad ? 0 : pos) * half;
+                float r0, r1;
+                mla_rope_rotate(odd ? pv : v, odd ? v : pv, cs[p], sn[p], r0, r1);
+                v = bad ? NAN : odd ? r1 : r0;
+                const int d = p + (odd ? half : 0);
+                ycol = h * a.r_qdim + a.r_nope + d;
+                if (a.r_q16)
+                    a.r_q16[((int64_t)otok * a.r_heads + h) * (a.r_rank + a.r_rope) + a.r_rank + d] = __float2bfloat16(v);
+            }
+        }
+        a.y[(int64_t)otok * a.ldy + ycol] = v;
         if (a.nh) { /* the split the next product's launch would have made of this value */
             const int64_t c = (int64_t)grp * a.y_stride + orow, ng = c / a.n_width, col = c - ng * a.n_width;
             if (col < a.n_cols) {
@@ -413,9 +449,32 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
         a.b16 = (__nv_bfloat16 *)next->b16;
         a.b16_ld = next->b16_ld;
         a.b16_gstride = next->b16_gstride;
-    } else if (next && !next->planes.hi) {
-        return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): a next with neither planes nor a bf16 output");
     }
+    if (next && next->rope) {
+        const ddt_cuda_mla_rope_args &r = *next->rope;
+        /* one group of heads x (nope + rope) rows, pairs interleaved; the planes (when
+           written too) only of nope columns, which the rope leaves alone */
+        if (!r.interleave || r.rope < 2 || r.rope % 2 || r.nope < 0 || r.nope % 2 || r.qdim != r.nope + r.rope ||
+            r.heads < 1 || g->count != 1 || g->rows != (int64_t)r.heads * r.qdim || !r.len || !r.depth || !r.cos_t ||
+            !r.sin_t || (next->planes.hi && next->cols > r.nope))
+            return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): query rope over %lld rows in %d groups: %d heads x "
+                            "(%d + %d)%s", (long long)g->rows, g->count, r.heads, r.nope, r.rope,
+                            r.interleave ? "" : ", pairs not interleaved");
+        a.r_rope = r.rope;
+        a.r_nope = r.nope;
+        a.r_qdim = r.qdim;
+        a.r_heads = r.heads;
+        a.r_rank = r.rank;
+        a.r_max_pos = r.max_pos;
+        a.r_capacity = r.capacity;
+        a.r_len = r.len;
+        a.r_depth = r.depth;
+        a.r_cos = r.cos_t;
+        a.r_sin = r.sin_t;
+        a.r_q16 = (__nv_bfloat16 *)r.q16;
+    }
+    if (next && !next->planes.hi && !next->b16 && !next->rope)
+        return ddt_fail(err, DDT_ERR_INVALID, "matmul (wgmma): a next with no planes, bf16 output or rope");
 
     if (x) {
         const int64_t quads = (int64_t)n * g->count * ((w->cols + 3) / 4);
