@@ -234,6 +234,36 @@ static void tc_inputs(uint64_t seed, int V, int NP, int NT, int32_t *prompt, int
     random_tree(NT, V, tok, par, depth, vis);
 }
 
+/* tc_inputs of a seed on the device: the prompt (ids), the tree (tok, dep, vis; its
+ * depths kept on the host too) and a logits buffer of 40 rows of V. */
+typedef struct tc_dev {
+    int32_t *ids, *tok, *dep;
+    uint64_t *vis;
+    float *dl;
+    int32_t depth[40];
+} tc_dev;
+
+static tc_dev tc_dev_inputs(uint64_t seed, int V, int NP, int NT) {
+    tc_dev d;
+    int32_t prompt[40], tok[40], par[40];
+    uint64_t vis[40];
+    tc_inputs(seed, V, NP, NT, prompt, tok, par, d.depth, vis);
+    CU(cudaMalloc((void **)&d.ids, sizeof prompt));
+    CU(cudaMalloc((void **)&d.tok, sizeof tok));
+    CU(cudaMalloc((void **)&d.dep, sizeof d.depth));
+    CU(cudaMalloc((void **)&d.vis, sizeof vis));
+    CU(cudaMalloc((void **)&d.dl, sizeof(float) * 40 * (size_t)V));
+    CU(cudaMemcpy(d.ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d.tok, tok, sizeof tok, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d.dep, d.depth, sizeof d.depth, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d.vis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void tc_dev_free(tc_dev *d) {
+    cudaFree(d->ids), cudaFree(d->tok), cudaFree(d->dep), cudaFree(d->vis), cudaFree(d->dl);
+}
+
 /* A tensor-core option inside the target against the exact fp32 path, on a
  * synthetic model with K2.6's attention widths (rank 512, rope 64) and the same
  * random weights: prefill and tree verify logits.
@@ -264,19 +294,11 @@ static void test_tc_option(bool fast_attn, bool tc, uint64_t seed) {
     const char *what = tc ? "tensor-core matmuls" : "fast attention";
     const double tol = tc ? 1e-3 : 2e-2;
     const int V = c.vocab_size, NP = 37, NT = 29;
-    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
-    uint64_t vis[40], *dvis;
-    float *dl, *a = malloc(sizeof(float) * 40 * V), *b = malloc(sizeof(float) * 40 * V);
-    CU(cudaMalloc((void **)&ids, sizeof prompt));
-    CU(cudaMalloc((void **)&dtok, sizeof tok));
-    CU(cudaMalloc((void **)&ddep, sizeof depth));
-    CU(cudaMalloc((void **)&dvis, sizeof vis));
-    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
-    tc_inputs(seed, V, NP, NT, prompt, tok, par, depth, vis);
-    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    tc_dev in = tc_dev_inputs(seed, V, NP, NT);
+    const int32_t *ids = in.ids, *dtok = in.tok, *ddep = in.dep, *depth = in.depth;
+    const uint64_t *dvis = in.vis;
+    float *dl = in.dl;
+    float *a = malloc(sizeof(float) * 40 * V), *b = malloc(sizeof(float) * 40 * V);
     double e[2];
     for (int pass = 0; pass < 2; pass++) {
         ddt_cuda_target *ts[2] = {exact, fast};
@@ -325,7 +347,7 @@ static void test_tc_option(bool fast_attn, bool tc, uint64_t seed) {
     printf("  %s vs exact (seed %016llx, tree depth %d): prefill %.2e, verify %.2e\n",
            tc ? "tensor-core matmuls (INT4 experts)" : "fast (bf16, tensor-core) attention", (unsigned long long)seed,
            maxd, e[0], e[1]);
-    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    tc_dev_free(&in);
     free(a), free(b);
     ddt_cuda_target_free(exact);
     ddt_cuda_target_free(fast);
@@ -1529,19 +1551,11 @@ static void test_shared_fork(uint64_t seed) {
           ddt_cuda_target_forked_layers(forked));
     ddt_cuda_target_free(deflt);
     const int V = c.vocab_size, NP = 37, NT = 29;
-    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
-    uint64_t vis[40], *dvis;
-    float *dl, *ref[2], *fk[2], *fg = malloc(sizeof(float) * 40 * V);
-    CU(cudaMalloc((void **)&ids, sizeof prompt));
-    CU(cudaMalloc((void **)&dtok, sizeof tok));
-    CU(cudaMalloc((void **)&ddep, sizeof depth));
-    CU(cudaMalloc((void **)&dvis, sizeof vis));
-    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
-    tc_inputs(seed, V, NP, NT, prompt, tok, par, depth, vis);
-    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    tc_dev in = tc_dev_inputs(seed, V, NP, NT);
+    const int32_t *ids = in.ids, *dtok = in.tok, *ddep = in.dep;
+    const uint64_t *dvis = in.vis;
+    float *dl = in.dl;
+    float *ref[2], *fk[2], *fg = malloc(sizeof(float) * 40 * V);
     ddt_cuda_target *ts[2] = {one, forked};
     float **outs[2] = {ref, fk};
     for (int k = 0; k < 2; k++) { /* eager: prefill, then the verify */
@@ -1586,7 +1600,7 @@ static void test_shared_fork(uint64_t seed) {
            "programmatic edges) == eager, bitwise\n", pdl);
     for (int k = 0; k < 2; k++) free(outs[k][0]), free(outs[k][1]);
     free(fg);
-    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    tc_dev_free(&in);
     ddt_cuda_target_free(one);
     ddt_cuda_target_free(forked);
 }
@@ -1615,19 +1629,10 @@ static void test_q16_epilogues(uint64_t seed) {
     CU(cudaMalloc((void **)&pr.q_lat, sizeof(float) * nl));
     CU(cudaMalloc((void **)&pr.q16, sizeof(uint16_t) * n16));
     CU(cudaMemset(pr.q16, 0xFF, sizeof(uint16_t) * n16));
-    int32_t prompt[40], tok[40], par[40], depth[40], *ids, *dtok, *ddep;
-    uint64_t vis[40], *dvis;
-    float *dl;
-    CU(cudaMalloc((void **)&ids, sizeof prompt));
-    CU(cudaMalloc((void **)&dtok, sizeof tok));
-    CU(cudaMalloc((void **)&ddep, sizeof depth));
-    CU(cudaMalloc((void **)&dvis, sizeof vis));
-    CU(cudaMalloc((void **)&dl, sizeof(float) * 40 * V));
-    tc_inputs(seed, V, NP, NT, prompt, tok, par, depth, vis);
-    CU(cudaMemcpy(ids, prompt, sizeof prompt, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dtok, tok, sizeof tok, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(ddep, depth, sizeof depth, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dvis, vis, sizeof vis, cudaMemcpyHostToDevice));
+    tc_dev in = tc_dev_inputs(seed, V, NP, NT);
+    const int32_t *ids = in.ids, *dtok = in.tok, *ddep = in.dep;
+    const uint64_t *dvis = in.vis;
+    float *dl = in.dl;
     OK(ddt_cuda_target_prefill(t, ids, NP, dl, true, &err_));
     ddt_cuda_target_set_probe(t, &pr);
     OK(ddt_cuda_target_verify(t, dtok, ddep, dvis, 1, NT, dl, &err_));
@@ -1652,7 +1657,7 @@ static void test_q16_epilogues(uint64_t seed) {
     printf("  the fast attention's bf16 query from rope_write and W_UK^T's epilogue: bf16(q_lat | q rope), bitwise\n");
     free(q), free(ql), free(q16);
     cudaFree(pr.q), cudaFree(pr.q_lat), cudaFree(pr.q16);
-    cudaFree(ids), cudaFree(dtok), cudaFree(ddep), cudaFree(dvis), cudaFree(dl);
+    tc_dev_free(&in);
     ddt_cuda_target_free(t);
 }
 
