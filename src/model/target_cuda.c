@@ -255,9 +255,7 @@ static void plan_shared_fork(const ddt_cuda_target *t, dev_layer *d) {
 
 /* The side stream and its two events, once, when a layer forks (no allocation in a forward). */
 static ddt_status make_side(ddt_cuda_target *t, ddt_error *err) {
-    bool any = false;
-    for (int32_t l = 0; l < t->dims.n_layers; l++) any = any || t->layers[l].shared_fork;
-    if (!any || t->side) return DDT_OK;
+    if (ddt_cuda_target_forked_layers(t) == 0 || t->side) return DDT_OK;
     DDT_CUDA_TRY(cudaStreamCreateWithFlags(&t->side, cudaStreamNonBlocking), err);
     DDT_CUDA_TRY(cudaEventCreateWithFlags(&t->fork_ev, cudaEventDisableTiming), err);
     DDT_CUDA_TRY(cudaEventCreateWithFlags(&t->join_ev, cudaEventDisableTiming), err);
@@ -838,16 +836,18 @@ static char *layer_cache_of(const ddt_cuda_target *t, int32_t l) {
     return (char *)t->kv.data + (size_t)l * (size_t)t->max_ctx * (size_t)t->kv.row_bytes;
 }
 
-/* rope_write's arguments for layer l's n tokens (kva: kv_a's output, row stride kva_ld). */
+/* rope_write's arguments for layer l's n tokens (kva: kv_a's output, row stride kva_ld;
+ * q16: the rotated queries' bf16 also into the fast attention's query, see q16_pre). */
 static ddt_cuda_mla_rope_args rope_args(const ddt_cuda_target *t, int32_t l, int32_t n, const int32_t *depth,
-                                        const float *kva, int64_t kva_ld) {
+                                        const float *kva, int64_t kva_ld, bool q16) {
     char *layer_cache = layer_cache_of(t, l);
     const ddt_cuda_mla_rope_args ra = {.n = n, .heads = t->dims.heads, .nope = t->dims.nope, .rope = t->dims.rope,
                                        .rank = t->dims.rank, .qdim = t->dims.qdim,
                                        .interleave = t->cfg->rope_interleave, .len = t->kv.len, .depth = depth,
                                        .cos_t = t->cos_t, .sin_t = t->sin_t, .max_pos = t->max_ctx, .q = t->q,
                                        .kvn = t->kvn, .kva = kva, .kva_ld = (int32_t)kva_ld, .cache = layer_cache,
-                                       .capacity = t->max_ctx, .bf16_cache = t->fast};
+                                       .capacity = t->max_ctx, .bf16_cache = t->fast,
+                                       .q16 = q16 ? t->q16 : NULL};
     return ra;
 }
 
@@ -986,7 +986,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                 /* the cache row written by the norms' launch, the queries' rope by
                    q_b's epilogue: rope_write's two halves, the same bits, one
                    launch fewer (mla_cuda.h) */
-                const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
+                const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld, false);
                 TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, NULL, s, err));
                 TRY(ddt_cuda_matmul_rope(&L->q_b, t->qa, qa_ld, t->q, (int64_t)heads * qd, &ra, 0, 0, s, err));
                 roped = true;
@@ -998,8 +998,7 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                    attention) into q_b's epilogue, the same bits, one launch fewer */
                 const ddt_cuda_split_planes qa_planes = planes_for(t, &L->q_b, n);
                 const bool tc_rope = rope_folds_tc(t, L);
-                ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
-                ra.q16 = q16_pre ? t->q16 : NULL;
+                const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld, q16_pre);
                 if (tc_rope) TRY(ddt_cuda_mla_norm_write(jobs, LATENT_NORM_EPS, &ra, &qa_planes, s, err));
                 else TRY(ddt_cuda_rmsnorm_pair_split(jobs, n, LATENT_NORM_EPS, &qa_planes, s, err));
                 uk_pre = next_planes_for(t, &L->q_b, &L->uk_t, heads, qd, t->dims.nope, n, &uk_next);
@@ -1019,21 +1018,17 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         memset(&q16_out, 0, sizeof q16_out);
         q16_out.b16 = t->q16, q16_out.b16_ld = (int64_t)heads * width, q16_out.b16_gstride = width;
         if (!roped) {
-            ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld);
-            if (q16_pre) ra.q16 = t->q16;
+            const ddt_cuda_mla_rope_args ra = rope_args(t, l, n, depth, kva, kva_ld, q16_pre);
             TRY(ddt_cuda_mla_rope_write(&ra, s, err));
         }
         if (L->uk_t.data) { /* the transposed copy exists (make_uk_t) */
             const ddt_row_groups ukt = uk_t_groups(t);
-            if (uk_pre) /* the rope (between) changes only the rope columns: the planes hold */
-                TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, NULL, 0, n, t->q_lat, (int64_t)heads * rank,
-                                                 t->mm_next, t->mm_ws_bytes, q16_pre ? &q16_out : NULL, s, err));
-            else if (q16_pre)
-                TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
-                                                 (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, &q16_out, s, err));
-            else
-                TRY(ddt_cuda_matmul_grouped_mode(&L->uk_t, t->mm, &ukt, t->q, (int64_t)heads * qd, n, t->q_lat,
-                                                 (int64_t)heads * rank, t->mm_ws, t->mm_ws_bytes, s, err));
+            /* from q_b's planes in mm_next (the rope between changes only the rope
+               columns: the planes hold), else splitting q itself; with neither planes
+               nor q16 this is the plain grouped product */
+            TRY(ddt_cuda_matmul_grouped_next(&L->uk_t, t->mm, &ukt, uk_pre ? NULL : t->q, (int64_t)heads * qd, n,
+                                             t->q_lat, (int64_t)heads * rank, uk_pre ? t->mm_next : t->mm_ws,
+                                             t->mm_ws_bytes, q16_pre ? &q16_out : NULL, s, err));
         } else {
             const ddt_row_groups uk = uk_groups(t);
             TRY(ddt_cuda_matmul_t_grouped(&L->kv_b, &uk, t->q, (int64_t)heads * qd, n, t->q_lat, (int64_t)heads * rank,

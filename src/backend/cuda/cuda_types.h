@@ -29,7 +29,7 @@ typedef struct {
  * (the next product reads cols of each width: W_UK^T reads the nope part of each
  * head's qk row). */
 typedef struct {
-    ddt_cuda_split_planes planes; /* hi NULL: none (then b16 must be set) */
+    ddt_cuda_split_planes planes; /* hi NULL: none (then b16 or rope must be set) */
     int64_t width, cols;
     /* and/or the output as bf16 (round to nearest, __float2bfloat16): token t's value
        of group g, row r at b16 + t * b16_ld + g * b16_gstride + r; NULL: none (W_UK^T

@@ -3,8 +3,9 @@
  * that applies it, so that they give the same bits: ddt_cuda_mla_rope_write (the
  * queries and the cache row in one launch), ddt_cuda_mla_norm_write (the cache
  * row after the latent norms) and the rope epilogues of ddt_cuda_matmul_rope and
- * of the wgmma product (ddt_cuda_next_planes.rope; the queries as q_b writes them).  A rotation pair (x0, x1) at table entry (c, s)
- * becomes (x0 c - x1 s, x1 c + x0 s), built with --fmad=false: no contraction.
+ * of the wgmma product (ddt_cuda_next_planes.rope; the queries as q_b writes
+ * them).  A rotation pair (x0, x1) at table entry (c, s) becomes (x0 c - x1 s,
+ * x1 c + x0 s), built with --fmad=false: no contraction.
  */
 #ifndef DDT_MLA_ROPE_DEV_CUH
 #define DDT_MLA_ROPE_DEV_CUH
