@@ -1605,6 +1605,68 @@ static void test_shared_fork(uint64_t seed) {
     ddt_cuda_target_free(forked);
 }
 
+/* The fast attention under programmatic edges: its kernel reads the committed
+ * length and TMA-loads its first prefix blocks before its grid wait, and the
+ * global merge path stages each split's rows for bulk copies.  A tree verify
+ * (29 tokens) and a one-token verify over a 2000-row context (11 splits: the
+ * global path) captured as the engine runs a round (graph, every edge
+ * programmatic) must give the eager forward's logits bitwise, twice. */
+static void test_fast_pdl(uint64_t seed) {
+    ddt_model_config c;
+    tc_config(&c);
+    ddt_cuda_synth_options so = {.dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = true,
+                                 .seed = 13};
+    enum { CTX = 2000 };
+    ddt_cuda_target_options go = {.max_ctx = CTX + TC_TOK, .max_tokens = TC_TOK, .fast_attention = true,
+                                  .tensor_cores = true};
+    ddt_cuda_target *t;
+    OK(ddt_cuda_target_synthetic(&c, &go, &so, &t, &err_));
+    OK(ddt_cuda_target_fake_context(t, CTX, seed, &err_));
+    const int V = c.vocab_size, NT = 29;
+    tc_dev in = tc_dev_inputs(seed, V, 37, NT);
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+    float *eager = malloc(sizeof(float) * (size_t)NT * V), *replay = malloc(sizeof(float) * (size_t)NT * V);
+    const int ns[2] = {NT, 1};
+    for (int k = 0; k < 2; k++) {
+        const int n = ns[k];
+        const size_t bytes = sizeof(float) * (size_t)n * V;
+        int32_t splits = 0, bps = 0;
+        ddt_cuda_mla_verify_plan(n, c.num_attention_heads, CTX, &splits, &bps);
+        nan_fill(in.dl, (size_t)40 * V);
+        OK(ddt_cuda_target_verify(t, in.tok, in.dep, in.vis, 1, n, in.dl, &err_));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(eager, in.dl, bytes, cudaMemcpyDeviceToHost));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        OK(ddt_cuda_target_verify(t, in.tok, in.dep, in.vis, 1, n, in.dl, &err_));
+        CU(cudaStreamEndCapture(s, &g));
+        int32_t pdl = 0;
+        OK(ddt_cuda_graph_programmatic(g, false, &pdl, &err_));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        bool same = true, finite = true;
+        for (int r = 0; r < 2; r++) {
+            nan_fill(in.dl, (size_t)40 * V);
+            CU(cudaGraphLaunch(ge, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(replay, in.dl, bytes, cudaMemcpyDeviceToHost));
+            same &= !memcmp(replay, eager, bytes);
+        }
+        for (size_t i = 0; i < (size_t)n * V; i++) finite &= isfinite(eager[i]) != 0;
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+        CHECK(splits > 8, "fast attention under PDL: %d tokens over %d rows take %d splits (the global path needs > 8)",
+              n, CTX, splits);
+        CHECK(finite && same, "fast attention under PDL: %d tokens over %d rows: graph + PDL differs from eager "
+              "(%.3g%s)", n, CTX, nerr(replay, eager, (size_t)n * V), finite ? "" : ", non-finite");
+        printf("  fast attention, %d tokens over %d rows (%d splits, global merge): graph + PDL (%d programmatic "
+               "edges) == eager, bitwise, twice\n", n, CTX, splits, pdl);
+    }
+    free(eager), free(replay);
+    tc_dev_free(&in);
+    ddt_cuda_target_free(t);
+}
+
 /* The fast attention's bf16 query q16 written by the launches that make its parts
  * (rope_write: the rotated rope part; W_UK^T's epilogue: the latent part), where a
  * pack launch copied them: every layer's q16 of a tree verify (probes) must be
@@ -1688,6 +1750,7 @@ int main(int argc, char **argv) {
     test_tc_option(false, true, seeds[0]);
     test_shared_fork(seeds[1]);
     test_q16_epilogues(seeds[2]);
+    test_fast_pdl(seeds[2] ^ 0x5bd1e995u);
     printf("engine, fixture pair (fp32 target + fp32 drafter):\n");
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(rnd() % 300u);

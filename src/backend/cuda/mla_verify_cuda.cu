@@ -261,10 +261,15 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
         *(float4 *)((float *)p.out + grow * p.out_ld + c4) = res;
         if (p.ph) { /* W_UV's activations, head-major: its split launch's planes, bitwise */
             const long long t = grow / p.H, h = grow - t * p.H, r = (h * p.T + t) * p.ppitch + c4;
-            bf16_split(res.x, p.ph[r], p.pl[r]);
-            bf16_split(res.y, p.ph[r + 1], p.pl[r + 1]);
-            bf16_split(res.z, p.ph[r + 2], p.pl[r + 2]);
-            bf16_split(res.w, p.ph[r + 3], p.pl[r + 3]);
+            /* four columns a plane in one 8-byte store (r is a multiple of 4: the pitch is
+               a multiple of 8), bf16_split's values */
+            __nv_bfloat16 hv[4], lv[4];
+            bf16_split(res.x, hv[0], lv[0]);
+            bf16_split(res.y, hv[1], lv[1]);
+            bf16_split(res.z, hv[2], lv[2]);
+            bf16_split(res.w, hv[3], lv[3]);
+            *(uint2 *)(p.ph + r) = *(const uint2 *)hv;
+            *(uint2 *)(p.pl + r) = *(const uint2 *)lv;
         }
     } else {
         __nv_bfloat162 lo = __floats2bfloat162_rn(res.x, res.y), hi = __floats2bfloat162_rn(res.z, res.w);
@@ -278,11 +283,20 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
 
 /* ---- the split kernel ---- */
 
+/* Before its grid wait the kernel reads *n_prefix and TMA-loads its first
+ * prefix blocks: the committed rows [0, n_prefix) and n_prefix itself are
+ * written only between forwards (a round's commit, an advance, set_len: after
+ * the forward's last kernel in a graph, or in an earlier stream operation),
+ * never by a kernel of the forward this launch belongs to, so no programmatic
+ * predecessor writes them.  The queries, the tree's own rows and vis are the
+ * predecessors' and are read after the wait.  (A prefix block's rows past
+ * n_prefix may be loaded while written: they are zeroed before use.) */
 template <bool CLUSTER>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_attn_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmkv, const Params p) {
-    DDT_GRID_DEP_WAIT();
+    DDT_GRID_DEP_LATER();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    DDT_GRID_DEP_WAIT();
     __trap(); /* a pass for plain sm_90 (-arch=sm_90a also emits compute_90 PTX): wgmma needs sm_90a */
 #else
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -320,11 +334,23 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmq) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&tmkv) : "memory");
+            /* the first prefix blocks while the predecessors finish (the top says why) */
+            for (int i = 0; i < 2 && i < nblk; i++) {
+                const BlockGeom g = block_geom(b_begin + i, nbp, np, p.T);
+                if (!g.tail) load_block(&tmkv, sb, i, g.row0);
+            }
+        }
+    }
+    DDT_GRID_DEP_WAIT(); /* the queries, the tree's rows and vis are the predecessors' */
+    if (nblk > 0) {
+        if (tid == 0) {
             const uint32_t qbar = sb + OFF_BAR + BAR_Q * 8;
             mbar_expect_tx(qbar, BLK);
             for (int kt = 0; kt < KT; kt++) tma_load_2d(sb + OFF_Q + kt * TILE, &tmq, kt * 64, qtile * BM, qbar);
-            for (int i = 0; i < 2 && i < nblk; i++)
-                load_block(&tmkv, sb, i, block_geom(b_begin + i, nbp, np, p.T).row0);
+            for (int i = 0; i < 2 && i < nblk; i++) {
+                const BlockGeom g = block_geom(b_begin + i, nbp, np, p.T);
+                if (g.tail) load_block(&tmkv, sb, i, g.row0);
+            }
         }
         const uint32_t pb = sb + OFF_P;
 

@@ -334,9 +334,11 @@ extern "C" bool ddt_cuda_kernel_waits_late(const void *func) {
         cudaGetLastError(); /* a function that is no kernel of ours: not late */
         return false;
     }
-    /* mm_kernel's instances, mangled (_Z9mm_kernelI...) or not, and the wgmma product
-       (wgmma_gemm.cu's wg_gemm_kernel) */
-    return strstr(name, "mm_kernel") != NULL || strstr(name, "wg_gemm_kernel") != NULL;
+    /* mm_kernel's instances, mangled (_Z9mm_kernelI...) or not, the wgmma product
+       (wgmma_gemm.cu's wg_gemm_kernel) and the MLA verify attention (mla_verify_cuda.cu's
+       mla_attn_kernel: its first prefix blocks) */
+    return strstr(name, "mm_kernel") != NULL || strstr(name, "wg_gemm_kernel") != NULL ||
+           strstr(name, "mla_attn_kernel") != NULL;
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {
