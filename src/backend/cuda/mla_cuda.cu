@@ -123,7 +123,7 @@ struct MlaNormPair {
 
 /* NT: norm_threads of the longer row; each row is normed by its own count */
 template <int NT>
-static __global__ void __launch_bounds__(NT)
+static __global__ void __launch_bounds__(NT, 1)
 mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_args a) {
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];

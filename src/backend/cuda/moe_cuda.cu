@@ -934,7 +934,7 @@ static __device__ __forceinline__ void combine_resid_row(const TokenEntries &te,
 /* One block of NT = norm_threads(hidden) per token (grid n): its entries, the
  * residual add, then norm_row. */
 template <int NT>
-static __global__ void __launch_bounds__(NT)
+static __global__ void __launch_bounds__(NT, 1)
 moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws,
                         int hidden, float *x, int64_t ldx, const float *__restrict__ sh, int64_t ldsh,
                         const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec,

@@ -24,7 +24,7 @@ struct NormRowResid {
 /* One block per row (norm_dev.cuh).  RESID: x = x + r first (stored back: the
  * residual add of the layer), then the norm of the sum. */
 template <bool RESID, int NT>
-static __global__ void __launch_bounds__(NT)
+static __global__ void __launch_bounds__(NT, 1)
 rmsnorm_kernel(float *x, int64_t ldx, const float *__restrict__ r, int64_t ldr, int dim, const float *__restrict__ w,
                float eps, float *out, int64_t ldo, bool vec, const ddt_cuda_split_planes sp) {
     DDT_GRID_DEP_WAIT();
@@ -89,7 +89,7 @@ struct NormPair {
 
 /* NT: norm_threads of the longer row; each row is normed by its own count */
 template <int NT>
-static __global__ void __launch_bounds__(NT) rmsnorm_pair_kernel(const NormPair p, float eps) {
+static __global__ void __launch_bounds__(NT, 1) rmsnorm_pair_kernel(const NormPair p, float eps) {
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];
     float *xr = (float *)j.x + (int64_t)blockIdx.x * j.ldx;

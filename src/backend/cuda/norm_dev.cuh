@@ -139,12 +139,15 @@ static __device__ __forceinline__ void norm_row_nt(float *xr, int dim, const R &
     float s = 0.0f;
     const bool mine = threadIdx.x < NT; /* threads past NT hold no elements */
     if (vec) {
-        float4 v[VMAX];
+        /* the weights' float4 loaded with the row's, before the block sum: the scaling
+           then waits for no global round trip after the reduction (same arithmetic) */
+        float4 v[VMAX], g[VMAX];
         const int nv = mine ? dim / 4 : 0;
 #pragma unroll
         for (int k = 0; k < VMAX; k++) {
             const int i = threadIdx.x + k * NT;
             if (i < nv) {
+                g[k] = ((const float4 *)w)[i];
                 v[k] = ((const float4 *)xr)[i];
                 if (R::on) {
                     const float4 a = r.vec(i);
@@ -166,9 +169,8 @@ static __device__ __forceinline__ void norm_row_nt(float *xr, int dim, const R &
             const int i = threadIdx.x + k * NT;
             if (i < nv) {
                 if (R::on) ((float4 *)xr)[i] = v[k];
-                const float4 g = ((const float4 *)w)[i];
-                const float4 o = make_float4(g.x * (v[k].x * inv), g.y * (v[k].y * inv), g.z * (v[k].z * inv),
-                                             g.w * (v[k].w * inv));
+                const float4 o = make_float4(g[k].x * (v[k].x * inv), g[k].y * (v[k].y * inv),
+                                             g[k].z * (v[k].z * inv), g[k].w * (v[k].w * inv));
                 ((float4 *)orow)[i] = o;
                 sp.store4(i, o);
             }

@@ -1419,7 +1419,7 @@ extern "C" ddt_status ddt_cuda_embed(const ddt_qweight *w, const int32_t *ids, i
  * *first_id instead of ids[0] when first_id is given (the drafter's bonus token,
  * which saves a copy into its id block every round). */
 template <int NT>
-static __global__ void __launch_bounds__(NT)
+static __global__ void __launch_bounds__(NT, 1)
 embed_rmsnorm_kernel(const ddt_qweight w, const int32_t *__restrict__ ids, const int32_t *__restrict__ first_id,
                      float *x, int64_t ldx, const float *__restrict__ nw, float eps, float *xn, int64_t ldxn,
                      bool vec, const ddt_cuda_split_planes sp) {
