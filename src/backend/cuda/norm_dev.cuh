@@ -15,6 +15,10 @@
  * 256 threads is 7 float4 a thread, each a dependent round of loads in the MoE
  * combine (8 expert rows a float4); 512, not 1024: at 1024 a thread has 64
  * registers and the combine's batch of rows spilled (25.7 us a token on the H200).
+ * Every kernel that calls norm_row is bounded to one block an SM
+ * (__launch_bounds__(NT, 1)): left to itself ptxas held the add + norm at 64
+ * registers and spilled its row (seventeenth session), a round trip to local memory
+ * on a latency-bound path.
  */
 #ifndef DDT_CUDA_NORM_DEV_CUH
 #define DDT_CUDA_NORM_DEV_CUH
