@@ -1606,10 +1606,9 @@ static void test_shared_fork(uint64_t seed) {
 }
 
 /* The fast attention under programmatic edges: its kernel reads the committed
- * length and TMA-loads its first prefix blocks before its grid wait, and the
- * global merge path stages each split's rows for bulk copies.  A tree verify
- * (29 tokens) and a one-token verify over a 2000-row context (11 splits: the
- * global path) captured as the engine runs a round (graph, every edge
+ * length and TMA-loads its first prefix blocks before its grid wait.  A tree
+ * verify (29 tokens) and a one-token verify over a 2000-row context (11 splits:
+ * the global merge path) captured as the engine runs a round (graph, every edge
  * programmatic) must give the eager forward's logits bitwise, twice. */
 static void test_fast_pdl(uint64_t seed) {
     ddt_model_config c;
