@@ -851,21 +851,24 @@ static ddt_cuda_mla_rope_args rope_args(const ddt_cuda_target *t, int32_t l, int
     return ra;
 }
 
+/* The query rope can be applied where the rows are made: a q latent (q_b makes
+ * the queries), interleaved rope pairs and even sizes, so that a pair's two rows
+ * share a warp (FP32 path) or meet by one shuffle (the wgmma epilogue). */
+static bool rope_pairs_fold(const ddt_cuda_target *t) {
+    return t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 && t->dims.rope % 2 == 0 &&
+           t->dims.rope >= 2;
+}
+
 /* Whether rope_write's halves run inside the norms' launch and q_b's product
  * (ddt_cuda_mla_norm_write, ddt_cuda_matmul_rope): q_b on the FP32 path (the
- * tensor-core product has no such epilogue), interleaved rope pairs and even
- * sizes, so that a pair's two rows share a warp. */
-static bool rope_folds(const ddt_cuda_target *t) {
-    return t->mm == DDT_CUDA_MM_FP32 && t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 &&
-           t->dims.rope % 2 == 0 && t->dims.rope >= 2;
-}
+ * tensor-core path folds them as rope_folds_tc says). */
+static bool rope_folds(const ddt_cuda_target *t) { return t->mm == DDT_CUDA_MM_FP32 && rope_pairs_fold(t); }
 
 /* The same fold on the tensor-core path: q_b on the wgmma kernel, whose epilogue
  * applies the rope (ddt_cuda_next_planes.rope); the cache row in the norms' launch
  * beside q_b's split planes (ddt_cuda_mla_norm_write's sp0). */
 static bool rope_folds_tc(const ddt_cuda_target *t, const dev_layer *L) {
-    return t->mm == DDT_CUDA_MM_TENSOR && t->dims.q_lora > 0 && t->cfg->rope_interleave && t->dims.nope % 2 == 0 &&
-           t->dims.rope % 2 == 0 && t->dims.rope >= 2 && ddt_cuda_matmul_writes_next(&L->q_b, t->mm);
+    return t->mm == DDT_CUDA_MM_TENSOR && rope_pairs_fold(t) && ddt_cuda_matmul_writes_next(&L->q_b, t->mm);
 }
 
 static ddt_status capture_store(ddt_cuda_target *t, int32_t layer, const float *src, int32_t n, ddt_error *err) {

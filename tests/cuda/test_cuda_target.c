@@ -1524,6 +1524,36 @@ static void test_switch(const char *model, const char *draft, const int32_t *pro
            "T = 1 draws back after one; auto off and on\n");
 }
 
+/* The tree verify of n tokens (in's tree) captured as the engine runs a round (a
+ * graph, every kernel-to-kernel edge programmatic) and replayed twice, the logits
+ * NaN-poisoned before each (a replay must leave nothing behind that the next
+ * reads): true when both replays give ref's bits.  The last replay's logits go to
+ * out, the programmatic edges to *pdl. */
+static bool verify_pdl_replays(ddt_cuda_target *t, const tc_dev *in, int n, int V, const float *ref, float *out,
+                               int32_t *pdl) {
+    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(t);
+    const size_t bytes = sizeof(float) * (size_t)n * V;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    OK(ddt_cuda_target_verify(t, in->tok, in->dep, in->vis, 1, n, in->dl, &err_));
+    CU(cudaStreamEndCapture(s, &g));
+    *pdl = 0;
+    OK(ddt_cuda_graph_programmatic(g, false, pdl, &err_));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    bool same = true;
+    for (int r = 0; r < 2; r++) {
+        nan_fill(in->dl, (size_t)40 * V);
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(out, in->dl, bytes, cudaMemcpyDeviceToHost));
+        same &= !memcmp(out, ref, bytes);
+    }
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    return same;
+}
+
 /* The shared expert's down on a side branch (ddt_cuda_target_options.shared_fork)
  * on the K2.6-width synthetic model with tensor cores, forced on (its shared
  * expert is below the size rule's 4 MB, where the default does not fork) against
@@ -1570,23 +1600,8 @@ static void test_shared_fork(uint64_t seed) {
         }
     }
     /* the forked verify as the engine runs a round */
-    cudaStream_t s = (cudaStream_t)ddt_cuda_target_stream(forked);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    OK(ddt_cuda_target_verify(forked, dtok, ddep, dvis, 1, NT, dl, &err_));
-    CU(cudaStreamEndCapture(s, &g));
     int32_t pdl = 0;
-    OK(ddt_cuda_graph_programmatic(g, false, &pdl, &err_));
-    CU(cudaGraphInstantiate(&ge, g, 0));
-    for (int r = 0; r < 2; r++) { /* twice: a replay leaves nothing behind that the next reads */
-        nan_fill(dl, (size_t)40 * V);
-        CU(cudaGraphLaunch(ge, s));
-        CU(cudaStreamSynchronize(s));
-    }
-    CU(cudaMemcpy(fg, dl, sizeof(float) * (size_t)NT * V, cudaMemcpyDeviceToHost));
-    CU(cudaGraphExecDestroy(ge));
-    CU(cudaGraphDestroy(g));
+    const bool replays_same = verify_pdl_replays(forked, &in, NT, V, fk[1], fg, &pdl);
     bool finite = true;
     for (size_t i = 0; i < (size_t)NP * V; i++) finite &= isfinite(fk[0][i]) != 0;
     for (size_t i = 0; i < (size_t)NT * V; i++) finite &= isfinite(fk[1][i]) != 0 && isfinite(fg[i]) != 0;
@@ -1594,8 +1609,8 @@ static void test_shared_fork(uint64_t seed) {
               !memcmp(fk[1], ref[1], sizeof(float) * (size_t)NT * V),
           "shared fork: logits differ from one stream's (prefill %.3g, verify %.3g%s)",
           nerr(fk[0], ref[0], (size_t)NP * V), nerr(fk[1], ref[1], (size_t)NT * V), finite ? "" : ", non-finite");
-    CHECK(!memcmp(fg, fk[1], sizeof(float) * (size_t)NT * V),
-          "shared fork: the graph + PDL verify differs from the eager one (%.3g)", nerr(fg, fk[1], (size_t)NT * V));
+    CHECK(replays_same, "shared fork: the graph + PDL verify differs from the eager one (%.3g)",
+          nerr(fg, fk[1], (size_t)NT * V));
     printf("  shared expert's down on a side branch: prefill and verify bitwise one stream's; graph + PDL (%d "
            "programmatic edges) == eager, bitwise\n", pdl);
     for (int k = 0; k < 2; k++) free(outs[k][0]), free(outs[k][1]);
@@ -1635,25 +1650,10 @@ static void test_fast_pdl(uint64_t seed) {
         OK(ddt_cuda_target_verify(t, in.tok, in.dep, in.vis, 1, n, in.dl, &err_));
         CU(cudaStreamSynchronize(s));
         CU(cudaMemcpy(eager, in.dl, bytes, cudaMemcpyDeviceToHost));
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        OK(ddt_cuda_target_verify(t, in.tok, in.dep, in.vis, 1, n, in.dl, &err_));
-        CU(cudaStreamEndCapture(s, &g));
         int32_t pdl = 0;
-        OK(ddt_cuda_graph_programmatic(g, false, &pdl, &err_));
-        CU(cudaGraphInstantiate(&ge, g, 0));
-        bool same = true, finite = true;
-        for (int r = 0; r < 2; r++) {
-            nan_fill(in.dl, (size_t)40 * V);
-            CU(cudaGraphLaunch(ge, s));
-            CU(cudaStreamSynchronize(s));
-            CU(cudaMemcpy(replay, in.dl, bytes, cudaMemcpyDeviceToHost));
-            same &= !memcmp(replay, eager, bytes);
-        }
+        const bool same = verify_pdl_replays(t, &in, n, V, eager, replay, &pdl);
+        bool finite = true;
         for (size_t i = 0; i < (size_t)n * V; i++) finite &= isfinite(eager[i]) != 0;
-        CU(cudaGraphExecDestroy(ge));
-        CU(cudaGraphDestroy(g));
         CHECK(splits > 8, "fast attention under PDL: %d tokens over %d rows take %d splits (the global path needs > 8)",
               n, CTX, splits);
         CHECK(finite && same, "fast attention under PDL: %d tokens over %d rows: graph + PDL differs from eager "
