@@ -8,11 +8,13 @@
  * at C_draft + C_verify(mean nodes).  A model, not a measurement: it ranks settings
  * (DDT_AR_FALLBACK_DECAY) without a GPU; bench/e2e.py on the GPU is the measurement.
  *
- *   bench_fallback_model [draft_s verify0_s slope_s [temperature [max_tokens]]]
+ *   bench_fallback_model [draft_s verify0_s slope_s [temperature [max_tokens [calibration.json]]]]
  *
  * Defaults: the shipped pair on the H100 of the fourteenth session (an ar step 253 us,
  * a tree-16 round 500 us: draft 220 us, verify 253 us + 1.7 us a node).  Prints one
- * line per setting: fixed budget 16 (no fallback), then auto under each decay.
+ * line per setting: fixed budget 16 (no fallback), then auto under each decay; with a
+ * draft calibration (core/calibration.h) each setting again with it, since the
+ * calibrated weights change both the trees and the auto budget's Phi.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "io/draft_calibration.h"
 #include "text/tokenizer.h"
 
 #define MAX_PROMPT 8192
@@ -30,7 +33,8 @@ typedef struct model_run {
 } model_run;
 
 static int run(const char *target, const char *draft_dir, json_t *prompts, ddt_tokenizer *tok, bool autob,
-               const ddt_cost_model *cm, float temperature, int32_t max_new, model_run *out) {
+               const ddt_cost_model *cm, const ddt_draft_calibration *cal, float temperature, int32_t max_new,
+               model_run *out) {
     ddt_engine_options o;
     memset(&o, 0, sizeof o);
     o.mode = DDT_MODE_TREE;
@@ -38,6 +42,7 @@ static int run(const char *target, const char *draft_dir, json_t *prompts, ddt_t
     o.budget_auto = autob;
     o.cost = autob ? cm : NULL;
     o.draft_dir = draft_dir;
+    o.draft_calibration = cal;
     o.n_threads = 1;
     o.sampling = (ddt_sampling){temperature, 0, 1.0f, 1};
     ddt_error err = {0};
@@ -78,8 +83,18 @@ int main(int argc, char **argv) {
     const float temperature = argc > 4 ? (float)atof(argv[4]) : 0.0f;
     const int32_t max_new = argc > 5 ? atoi(argv[5]) : 128;
     if (!(draft > 0.0f && v0 > 0.0f && slope >= 0.0f && temperature >= 0.0f && max_new > 0 && max_new <= 4096)) {
-        fprintf(stderr, "usage: bench_fallback_model [draft_s verify0_s slope_s [temperature [max_tokens]]]\n");
+        fprintf(stderr, "usage: bench_fallback_model [draft_s verify0_s slope_s [temperature [max_tokens "
+                        "[calibration.json]]]]\n");
         return 2;
+    }
+    ddt_draft_calibration calv;
+    const bool with_cal = argc > 6;
+    if (with_cal) {
+        ddt_error cerr = {0};
+        if (ddt_calibration_load(argv[6], &calv, &cerr)) {
+            fprintf(stderr, "bench_fallback_model: %s\n", cerr.msg);
+            return 2;
+        }
     }
     static float nodes[6] = {0, 1, 2, 4, 8, 16}, verify[6];
     for (int i = 0; i < 6; i++) verify[i] = v0 + nodes[i] * slope;
@@ -101,15 +116,17 @@ int main(int argc, char **argv) {
     printf("| setting | tokens | rounds | ar steps | modeled tokens/s | vs ar |\n|---|---:|---:|---:|---:|---:|\n");
     static const char *const decays[] = {NULL, "0.75", "0.8", "0.85", "0.9"};
     int rc = 0;
-    for (size_t k = 0; k < sizeof decays / sizeof decays[0] && !rc; k++) {
-        model_run r;
-        if (decays[k]) setenv("DDT_AR_FALLBACK_DECAY", decays[k], 1);
-        rc = run(target, draft_dir, prompts, tok, decays[k] != NULL, &cm, temperature, max_new, &r);
-        if (!rc)
-            printf("| %s%s | %ld | %ld | %ld | %.1f | %.3f |\n", decays[k] ? "auto, decay " : "tree 16 (fixed)",
-                   decays[k] ? decays[k] : "", r.tokens, r.rounds, r.ar_rounds, (double)r.tokens / r.seconds,
-                   (double)r.tokens / r.seconds * (double)v0);
-    }
+    for (size_t k = 0; k < sizeof decays / sizeof decays[0] && !rc; k++)
+        for (int c = 0; c <= (int)with_cal && !rc; c++) {
+            model_run r;
+            if (decays[k]) setenv("DDT_AR_FALLBACK_DECAY", decays[k], 1);
+            rc = run(target, draft_dir, prompts, tok, decays[k] != NULL, &cm, c ? &calv : NULL, temperature, max_new,
+                     &r);
+            if (!rc)
+                printf("| %s%s%s | %ld | %ld | %ld | %.1f | %.3f |\n", decays[k] ? "auto, decay " : "tree 16 (fixed)",
+                       decays[k] ? decays[k] : "", c ? ", calibrated" : "", r.tokens, r.rounds, r.ar_rounds,
+                       (double)r.tokens / r.seconds, (double)r.tokens / r.seconds * (double)v0);
+        }
     ddt_tokenizer_free(tok);
     json_decref(doc);
     return rc;

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "io/draft_calibration.h"
+
 const char cli_engine_usage[] =
     "  --model DIR          target model folder (required)\n"
     "  --draft DIR          DFlash drafter folder (needed by --mode chain and tree)\n"
@@ -40,6 +42,9 @@ const char cli_engine_usage[] =
     "  --top-k K            sampling: keep the K most likely tokens (0 = off, default)\n"
     "  --top-p P            sampling: nucleus mass in (0, 1] (1 = off, default)\n"
     "  --seed S             sampling seed (default 0)\n"
+    "  --calibration FILE   the draft calibration the greedy trees are built with (ddtree calibrate);\n"
+    "                       default: the drafter folder's draft_calibration.json when it has one (CPU\n"
+    "                       backend: the GPU build applies none yet); none: the drafter's own q\n"
     "  --ctx N              context length (default: the model's maximum, at most 8192)\n"
     "  --threads N          CPU threads (default: every core)\n";
 
@@ -156,7 +161,7 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
                                          "--max-budget", "--temperature", "--top-k", "--top-p", "--seed",
-                                         "--ctx", "--threads", "--pdl-edges", "--chat-template"};
+                                         "--ctx", "--threads", "--pdl-edges", "--chat-template", "--calibration"};
     const char *v = NULL;
     int got = cli_flag_value(a->cmd, valued, sizeof valued / sizeof valued[0], argc, argv, i, &v);
     if (got != 1) return got;
@@ -166,6 +171,9 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
         a->model = v;
     } else if (!strcmp(f, "--chat-template")) {
         a->chat_template = v;
+    } else if (!strcmp(f, "--calibration")) {
+        if (!*v) return cli_usage_error(c, "--calibration: expected a file or none");
+        a->calibration = v;
     } else if (!strcmp(f, "--draft")) {
         a->draft = v;
     } else if (!strcmp(f, "--mode")) {
@@ -234,7 +242,32 @@ static bool is_dir(const char *p) {
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-int cli_engine_check(const cli_engine_args *a) {
+/* --calibration, or the drafter folder's file where the engine applies it: -1 when
+ * fine (a->have_cal says whether one was loaded), else 2 after a message. */
+static int load_calibration(cli_engine_args *a) {
+    a->have_cal = false;
+    char path[4096];
+    const char *file = a->calibration;
+    if (file && !strcmp(file, "none")) return -1;
+    if (!file) {
+        ddt_engine_options o;
+        cli_engine_options(a, &o);
+        struct stat sb;
+        if (!a->draft || ddt_engine_backend(&o) != DDT_BACKEND_CPU) return -1;
+        int k = snprintf(path, sizeof path, "%s/%s", a->draft, DDT_CALIBRATION_FILE);
+        if (k < 0 || (size_t)k >= sizeof path || stat(path, &sb) != 0) return -1;
+        file = path;
+    }
+    ddt_error err = {0};
+    if (ddt_calibration_load(file, &a->cal, &err) != DDT_OK) {
+        fprintf(stderr, "ddtree %s: --calibration: %s\n", a->cmd, err.msg);
+        return 2;
+    }
+    a->have_cal = true;
+    return -1;
+}
+
+int cli_engine_check(cli_engine_args *a) {
     const char *c = a->cmd;
     if (!a->model) return cli_usage_error(c, "--model is required");
     ddt_mode m;
@@ -253,7 +286,7 @@ int cli_engine_check(const cli_engine_args *a) {
         fprintf(stderr, "ddtree %s: --draft %s: not a drafter folder\n", c, a->draft);
         return 2;
     }
-    return -1;
+    return load_calibration(a);
 }
 
 void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
@@ -273,6 +306,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     o->sampling = (ddt_sampling){a->temperature, (int32_t)a->top_k, a->top_p, a->seed};
     o->max_ctx = (int32_t)a->ctx; /* 0: the engine's default */
     o->n_threads = (int32_t)a->threads;
+    o->draft_calibration = a->have_cal ? &a->cal : NULL;
 }
 
 int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {

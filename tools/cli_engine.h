@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 
+#include "core/calibration.h"
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "text/chat.h"
@@ -30,6 +31,9 @@ typedef struct cli_engine_args {
     long long ctx, threads, gpus;
     int pdl_edges; /* DDT_PDL_EDGES_* */
     bool fast_attention, tensor_cores, host_sampler, no_pdl, no_phase_times;
+    const char *calibration; /* --calibration FILE|none; NULL: the drafter folder's own, where it applies */
+    bool have_cal;           /* cli_engine_check loaded one into cal */
+    ddt_draft_calibration cal;
 } cli_engine_args;
 
 /* The defaults (mode ar, backend cpu, budget 32, auto cap 64, greedy). */
@@ -50,8 +54,11 @@ int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc
                    const char **value);
 
 /* Checks across options (a model given, mode and backend known, a drafter for
- * chain / tree) and that the folders exist: -1 when fine, else 2 after a message. */
-int cli_engine_check(const cli_engine_args *a);
+ * chain / tree) and that the folders exist, and loads the draft calibration
+ * (--calibration FILE; by default the drafter folder's draft_calibration.json
+ * when there is one and the engine runs on the CPU, the one backend that applies
+ * it so far): -1 when fine, else 2 after a message. */
+int cli_engine_check(cli_engine_args *a);
 
 /* The engine options these arguments ask for. */
 void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o);

@@ -198,8 +198,9 @@ static json_t *cost_json(const ddt_cost_model *c) {
 }
 
 static json_t *stats_json(const ddt_gen_stats *s, const char *mode, int32_t budget, bool autob) {
-    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
-                     "mode", mode, "budget", budget, "budget_auto", autob, "prompt_tokens", s->prompt_tokens,
+    return json_pack("{s:s, s:i, s:b, s:b, s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+                     "mode", mode, "budget", budget, "budget_auto", autob, "draft_calibrated", s->draft_calibrated,
+                     "prompt_tokens", s->prompt_tokens,
                      "tokens", s->tokens, "rounds", s->rounds, "ar_rounds", s->ar_rounds, "nodes_verified",
                      (json_int_t)s->nodes_verified,
                      "mean_acceptance", s->mean_acceptance, "expected_acceptance", s->expected_acceptance,
@@ -400,10 +401,11 @@ int ddt_cmd_generate(int argc, char **argv) {
     if (gs.stop_reason == DDT_STOP_CONTEXT)
         fprintf(stderr, "ddtree generate: stopped after %d tokens: the context of %lld tokens is full\n", n_out, ctx);
     fprintf(stderr,
-            "ddtree generate: mode %s%s on %s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
+            "ddtree generate: mode %s%s%s on %s, %d prompt tokens, %d generated (%s) in %d rounds: %.2f tokens/s, "
             "mean acceptance %.2f tokens/round, %lld nodes verified\n"
             "  time: prefill %.3f s, draft %.3f s, build %.3f s, verify %.3f s, walk %.3f s, commit %.3f s\n",
-            a.eng.mode, a.eng.budget_auto ? " (auto budget)" : "", ddt_backend_name(ddt_engine_backend(&eo)), gs.prompt_tokens, gs.tokens, why, gs.rounds,
+            a.eng.mode, a.eng.budget_auto ? " (auto budget)" : "", gs.draft_calibrated ? " (calibrated)" : "",
+            ddt_backend_name(ddt_engine_backend(&eo)), gs.prompt_tokens, gs.tokens, why, gs.rounds,
             gs.tokens_per_s, gs.mean_acceptance, (long long)gs.nodes_verified, gs.t_prefill, gs.t_draft,
             gs.t_build, gs.t_verify, gs.t_walk, gs.t_commit);
     rc = 0;

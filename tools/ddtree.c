@@ -18,6 +18,7 @@ static const subcommand k_commands[] = {
     {"chat", ddt_cmd_chat, "a conversation on the terminal, through the model's chat template"},
     {"serve", ddt_cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"perplexity", ddt_cmd_perplexity, "the target model's perplexity on a text (checks a checkpoint)"},
+    {"calibrate", ddt_cmd_calibrate, "fit a drafter's draft calibration for a target (better greedy trees)"},
 };
 
 static void usage(FILE *f) {

@@ -56,6 +56,9 @@ typedef struct ddt_engine_backend_ops {
     /* NULL: no scoring (ddt_engine_score; arguments checked there) */
     ddt_status (*score)(void *impl, const int32_t *ids, int32_t n, int32_t n_top, ddt_token_logprobs *out,
                         ddt_error *err);
+    /* NULL: no calibration data (ddt_engine_calibration_data; arguments checked there) */
+    ddt_status (*calibration_data)(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                   struct ddt_cal_stats *stats, int32_t *n_out, ddt_error *err);
     /* the cost model of the auto budget in use; NULL (the entry or its result): none to report */
     const ddt_cost_model *(*cost)(const void *impl);
     /* arguments checked by engine.c (prompt ids in the vocabulary and shorter than

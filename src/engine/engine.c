@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/calibration.h"
 #include "core/error.h"
 #include "engine/backend.h"
 #include "engine/round.h"
@@ -130,6 +131,13 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
         return ddt_fail(err, DDT_ERR_RANGE, "tree mode needs a budget of at least 1 node");
     if (o->reserve_budget < 0 || o->reserve_budget > DDT_MAX_BUDGET)
         return ddt_fail(err, DDT_ERR_RANGE, "reserved budget %d outside 0..%d", o->reserve_budget, DDT_MAX_BUDGET);
+    if (o->draft_calibration) {
+        if (ddt_engine_backend(o) == DDT_BACKEND_CUDA)
+            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "a draft calibration runs on the CPU backend only so far (the "
+                            "GPU tree build applies none): leave it out (--calibration none) or use --backend cpu");
+        ddt_status st = ddt_cal_check(o->draft_calibration, err);
+        if (st) return st;
+    }
     if (o->cost) {
         ddt_status st = ddt_cost_check(o->cost, err);
         if (st) return st;
@@ -168,6 +176,7 @@ ddt_status ddt_engine_create(const char *model_dir, const ddt_engine_options *op
     if (!e) return ddt_fail(err, DDT_ERR_NOMEM, "out of memory creating the engine");
     e->opts = *opts;
     e->opts.cost = NULL;
+    e->opts.draft_calibration = NULL; /* the backend keeps its copy */
     e->opts.backend = ddt_engine_backend(opts);
     e->be = backend_for(opts);
 
@@ -308,6 +317,24 @@ ddt_status ddt_engine_score(ddt_engine *e, const int32_t *ids, int32_t n, int32_
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "scoring needs the CPU backend; the %s engine keeps its logits on "
                         "the device", e->be->name);
     return e->be->score(e->impl, ids, n, n_top, out, err);
+}
+
+ddt_status ddt_engine_calibration_data(ddt_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                       struct ddt_cal_stats *stats, int32_t *n_out, ddt_error *err) {
+    if (!e || !prompt || !stats || !n_out)
+        return ddt_fail(err, DDT_ERR_INVALID, "ddt_engine_calibration_data: NULL argument");
+    *n_out = 0;
+    if (n_prompt < 1) return ddt_fail(err, DDT_ERR_INVALID, "the prompt is empty");
+    if (n_prompt >= e->max_ctx)
+        return ddt_fail(err, DDT_ERR_RANGE, "prompt of %d tokens does not fit the context of %d", n_prompt,
+                        e->max_ctx);
+    if (max_new < 1) return ddt_fail(err, DDT_ERR_RANGE, "calibration data needs at least 1 token to decode");
+    ddt_status st = check_ids(e, prompt, n_prompt, "prompt", err);
+    if (st) return st;
+    if (!e->be->calibration_data)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "calibration data needs the CPU backend (the %s engine drafts on "
+                        "the device)", e->be->name);
+    return e->be->calibration_data(e->impl, prompt, n_prompt, max_new, stats, n_out, err);
 }
 
 /* ------------------------------------------------------------------ generate */

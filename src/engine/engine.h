@@ -109,6 +109,12 @@ typedef struct ddt_engine_options {
                                   one (multi-turn chat re-sends the conversation): the same output
                                   bit for bit, since every cached row is what a prefill of its token
                                   computes (batch invariance).  CPU and CUDA engines. */
+    const struct ddt_draft_calibration *draft_calibration;
+                               /* the drafter's calibration (core/calibration.h), copied at create, NULL =
+                                  none: greedy trees are built from calibrated weights, a better tree for
+                                  the same budget (T > 0 keeps the drafter's own q; the output is the
+                                  target's either way).  CPU engine only, so far: the GPU build does not
+                                  apply one yet, and a CUDA engine given one refuses it */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
                                   programmatic edge crosses); the per-phase seconds then read 0, the
                                   totals stay; for measuring what the timing costs */
@@ -147,6 +153,7 @@ typedef struct ddt_gen_stats {
     double t_prefill, t_draft, t_build, t_verify, t_walk, t_commit, t_total; /* seconds */
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
+    bool draft_calibrated;     /* the trees were built from calibrated weights (options.draft_calibration) */
     int32_t round_kernels;     /* kernel launches in one round's CUDA graph (0: the round is no graph) */
     int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: --no-pdl,
                                   several GPUs or no graph) */
@@ -283,6 +290,19 @@ ddt_status ddt_engine_set_logit_rules(ddt_engine *e, const ddt_logit_rules *r, d
  * changed; engines without logit rules take it and ignore it.
  */
 void ddt_engine_set_answer_start(ddt_engine *e, int32_t start);
+
+/*
+ * Fit data for the draft calibration (core/calibration.h, `ddtree calibrate`):
+ * greedy-decode max_new tokens after the prompt as an ar generation does (the
+ * engine's logit rules and constraint apply; its temperature must be 0), and at
+ * every step draft the block after the committed context, the table a round there
+ * would build from; each table goes into stats (ddt_cal_stats_add_table) against
+ * the tokens the decode emitted next.  *n_out: tokens decoded.  Needs a DFlash
+ * drafter or draft_fn; CPU engine only.  The prefix cache is cleared.
+ */
+struct ddt_cal_stats;
+ddt_status ddt_engine_calibration_data(ddt_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                       struct ddt_cal_stats *stats, int32_t *n_out, ddt_error *err);
 
 /*
  * Score a text: out[i] for 1 <= i < n = ids[i]'s log-probability after ids[0..i)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/calibration.h"
 #include "core/error.h"
 #include "core/topk.h"
 #include "core/zsort.h"
@@ -47,6 +48,9 @@ typedef struct cpu_engine {
     /* the target's choice under the request's logit rules and JSON constraint (choice.h);
        its state table covers the tree's capacity */
     ddt_choice ch;
+    /* options.draft_calibration, copied: applied to greedy rounds' tables */
+    bool have_cal;
+    ddt_draft_calibration cal;
 } cpu_engine;
 
 /* ------------------------------------------------------------------ create */
@@ -191,6 +195,10 @@ static ddt_status cpu_create(const char *model_dir, const ddt_engine_options *op
     if (st) goto fail;
     st = ddt_sampler_create(e->vocab, &e->sampler, err);
     if (st) goto fail;
+    if (opts->draft_calibration) {
+        e->cal = *opts->draft_calibration;
+        e->have_cal = true;
+    }
     if (opts->mode == DDT_MODE_TREE && opts->budget_auto) {
         if (opts->cost) {
             ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
@@ -335,8 +343,13 @@ static ddt_status feed_drafter(cpu_engine *e, const int32_t *rows, int32_t m, dd
     return ddt_drafter_append_rows(e->drafter, layers, n_rows, rows, m, err);
 }
 
-/* Fill the draft table [depth][k] for the block after the committed context. */
-static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
+/* Whether this generation's trees take calibrated weights: a calibration is
+ * fitted on greedy decodes, and at T = 1 one gained nothing (calibration.h). */
+static bool calibrated(const cpu_engine *e) { return e->have_cal && e->opts.sampling.temperature == 0.0f; }
+
+/* Fill the draft table [depth][k] for the block after the committed context
+ * (the drafter's own log-probabilities: the caller calibrates). */
+static ddt_status draft_table_raw(cpu_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
     int32_t pos = ddt_target_len(e->target);
     if (e->opts.draft_fn)
         return e->opts.draft_fn(e->opts.draft_ctx, bonus, pos, e->depth, k, e->logq, e->table_tok, err);
@@ -349,6 +362,14 @@ static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error
                                  e->logq + (size_t)d * (size_t)k, e->table_tok + (size_t)d * (size_t)k, d, err);
         if (st) return st;
     }
+    return DDT_OK;
+}
+
+/* The round's table: the drafter's, calibrated where calibrated() says. */
+static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
+    ddt_status st = draft_table_raw(e, bonus, k, err);
+    if (st) return st;
+    if (calibrated(e)) ddt_cal_apply(&e->cal, e->logq, e->depth, k, k);
     return DDT_OK;
 }
 
@@ -485,6 +506,7 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     s.expected_acceptance = forecast_rounds ? forecast / (double)forecast_rounds : 0.0;
     *n_out = em.n;
+    s.draft_calibrated = calibrated(e) && e->opts.mode != DDT_MODE_AR;
     if (stats) *stats = s;
     return DDT_OK;
 }
@@ -514,6 +536,68 @@ static ddt_status cpu_score(void *impl, const int32_t *ids, int32_t n, int32_t n
     return DDT_OK;
 }
 
+/* engine.h ddt_engine_calibration_data: a greedy ar decode that drafts at every
+ * step; the tables are kept until the tokens after them are known. */
+static ddt_status calibration_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                   ddt_cal_stats *stats, int32_t *n_out, float *tab_q, int32_t *tab_t,
+                                   int32_t *toks, int32_t k, ddt_error *err) {
+    ddt_status st = ddt_choice_start(&e->ch, prompt, n_prompt, NULL, 0, err);
+    if (st) return st;
+    if ((st = ddt_target_rollback(e->target, 0, err))) return st;
+    if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
+    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
+        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
+        if ((st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err))) return st;
+        if ((st = feed_drafter(e, e->rows, c, err))) return st;
+    }
+    if ((st = choose(e, e->logits, 0, &toks[0], err))) return st;
+    if ((st = take_emitted(e, &toks[0], 1, err))) return st;
+    int32_t n = 1;
+    const size_t cells = (size_t)e->depth * (size_t)k;
+    for (; n < max_new && ddt_target_len(e->target) < e->max_ctx; n++) {
+        const int32_t bonus = toks[n - 1];
+        if ((st = draft_table_raw(e, bonus, k, err))) return st;
+        memcpy(tab_q + (size_t)(n - 1) * cells, e->logq, cells * sizeof(float));
+        memcpy(tab_t + (size_t)(n - 1) * cells, e->table_tok, cells * sizeof(int32_t));
+        if ((st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err))) return st;
+        if ((st = feed_drafter(e, e->rows, 1, err))) return st;
+        if ((st = choose(e, e->logits, (uint64_t)n, &toks[n], err))) return st;
+        if ((st = take_emitted(e, &toks[n], 1, err))) return st;
+    }
+    for (int32_t i = 0; i + 1 < n; i++)
+        ddt_cal_stats_add_table(stats, tab_q + (size_t)i * cells, tab_t + (size_t)i * cells, e->depth, k, toks + i + 1,
+                                n - i - 1);
+    *n_out = n;
+    return DDT_OK;
+}
+
+static ddt_status cpu_calibration_data(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
+                                       ddt_cal_stats *stats, int32_t *n_out, ddt_error *err) {
+    cpu_engine *e = impl;
+    if ((!e->drafter && !e->opts.draft_fn) || e->depth < 1)
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "calibration data needs a drafter, and this engine has none");
+    if (e->opts.sampling.temperature != 0.0f)
+        return ddt_fail(err, DDT_ERR_INVALID, "calibration data comes from greedy decodes: the temperature is %g, "
+                        "not 0", (double)e->opts.sampling.temperature);
+    const int32_t room = e->max_ctx - n_prompt; /* tokens that fit after the prompt */
+    if (max_new > room) max_new = room;
+    const int32_t k = e->kmax < DDT_CAL_RANKS ? e->kmax : DDT_CAL_RANKS;
+    const size_t cells = (size_t)e->depth * (size_t)k;
+    float *tab_q = ddt_malloc_array((size_t)max_new * cells, sizeof(float));
+    int32_t *tab_t = ddt_malloc_array((size_t)max_new * cells, sizeof(int32_t));
+    int32_t *toks = ddt_malloc_array((size_t)max_new, sizeof(int32_t));
+    ddt_status st;
+    if (!tab_q || !tab_t || !toks)
+        st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d draft tables of %zu cells", max_new, cells);
+    else
+        st = calibration_body(e, prompt, n_prompt, max_new, stats, n_out, tab_q, tab_t, toks, k, err);
+    free(tab_q);
+    free(tab_t);
+    free(toks);
+    e->n_kv = 0; /* the context is the decode's, which no generation tracked */
+    return st;
+}
+
 static ddt_status cpu_generate(void *impl, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
@@ -537,6 +621,7 @@ const ddt_engine_backend_ops ddt_engine_cpu_backend = {
     .set_logit_rules = cpu_set_logit_rules,
     .set_answer_start = cpu_set_answer_start,
     .score = cpu_score,
+    .calibration_data = cpu_calibration_data,
     .cost = cpu_cost,
     .generate = cpu_generate,
 };

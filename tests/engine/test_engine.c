@@ -18,6 +18,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "core/calibration.h"
 #include "engine/engine.h"
 
 #define MAX_GEN 40
@@ -92,20 +93,38 @@ static void fill_row(int32_t vocab, int32_t k, int32_t truth, int32_t at, float 
     }
 }
 
+/* Row d (1-based) of the oracle's table for the block after `position`. */
+static void oracle_row(const oracle *o, int32_t position, int32_t d, int32_t k, float *logq, int32_t *tok) {
+    int32_t p = position + d, truth = p < o->seq_len ? o->seq[p] : -1;
+    int32_t roll = (int32_t)(rnd() % 100), at;
+    if (truth < 0) at = -1;
+    else if (roll < o->right_percent) at = 0;
+    else if (roll < o->right_percent + (100 - o->right_percent) / 2) at = 1 + (int32_t)(rnd() % 3);
+    else at = -1;
+    fill_row(o->vocab, k > o->vocab - 1 ? o->vocab - 1 : k, truth < 0 ? o->vocab : truth, at, logq, tok);
+}
+
 static ddt_status oracle_draft(void *ctx, int32_t bonus, int32_t position, int32_t depth, int32_t k,
                                float *logq, int32_t *tok, ddt_error *err) {
     const oracle *o = ctx;
     (void)bonus;
     (void)err;
+    for (int32_t d = 1; d <= depth; d++)
+        oracle_row(o, position, d, k, logq + (size_t)(d - 1) * (size_t)k, tok + (size_t)(d - 1) * (size_t)k);
+    return DDT_OK;
+}
+
+/* The oracle with each row drawn from a generator seeded by its position alone:
+ * the same rows whatever ran before, and (rows draw their ranks in order) the same
+ * rank-0 token whatever k, so a chain and a tree see the same drafts. */
+static ddt_status oracle_fixed_draft(void *ctx, int32_t bonus, int32_t position, int32_t depth, int32_t k,
+                                     float *logq, int32_t *tok, ddt_error *err) {
+    const oracle *o = ctx;
+    (void)bonus;
+    (void)err;
     for (int32_t d = 1; d <= depth; d++) {
-        int32_t p = position + d, truth = p < o->seq_len ? o->seq[p] : -1;
-        int32_t roll = (int32_t)(rnd() % 100), at;
-        if (truth < 0) at = -1;
-        else if (roll < o->right_percent) at = 0;
-        else if (roll < o->right_percent + (100 - o->right_percent) / 2) at = 1 + (int32_t)(rnd() % 3);
-        else at = -1;
-        fill_row(o->vocab, k > o->vocab - 1 ? o->vocab - 1 : k, truth < 0 ? o->vocab : truth, at,
-                 logq + (size_t)(d - 1) * (size_t)k, tok + (size_t)(d - 1) * (size_t)k);
+        g_rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)(position + d) * 0xBF58476D1CE4E5B9ull);
+        oracle_row(o, position, d, k, logq + (size_t)(d - 1) * (size_t)k, tok + (size_t)(d - 1) * (size_t)k);
     }
     return DDT_OK;
 }
@@ -194,6 +213,9 @@ static void test_ar_matches_reference(void **state) {
     assert_memory_equal(out, want, (size_t)g * sizeof(int32_t));
 }
 
+/* The calibration check_invariant's engines take (NULL: none). */
+static const ddt_draft_calibration *g_cal;
+
 static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, bool autob,
                             int drafter, int32_t *total_rounds, double *mean_tau) {
     prompts ps;
@@ -212,6 +234,7 @@ static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, 
         o.budget_auto = autob;
         o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
         o.n_threads = 2;
+        o.draft_calibration = g_cal;
         char draft_dir[1024];
         snprintf(draft_dir, sizeof draft_dir, "%s", fixture("drafter/fp32"));
         if (drafter == 0) {
@@ -236,6 +259,7 @@ static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, 
                                     &st, &err))
                 fail_msg("generate: %s", err.msg);
             ddt_engine_free(e);
+            assert_true(st.draft_calibrated == (g_cal != NULL));
             *total_rounds += st.rounds;
             tau_sum += st.mean_acceptance;
             tau_n++;
@@ -506,6 +530,198 @@ static void test_auto_falls_back_to_ar(void **state) {
     }
 }
 
+
+/* ------------------------------------------------------------------ calibration */
+
+/* A calibration far from the identity: rank 0 worth much more than its q, the
+ * other ranks much less (deep, thin trees), with a depth term. */
+static void strong_calibration(ddt_draft_calibration *c) {
+    ddt_cal_identity(c);
+    c->w[0][0] = 3.0f;
+    c->w[0][2] = 1.0f;
+    for (int b = 1; b < DDT_CAL_BUCKETS; b++) {
+        c->w[b][0] = -2.0f;
+        c->w[b][1] = 1.5f;
+    }
+}
+
+/* Greedy tree output under a calibration is still ar's, token for token, for
+ * every drafter and for fixed and auto budgets; the stats say it was applied. */
+static void test_calibrated_invariant(void **state) {
+    (void)state;
+    ddt_draft_calibration c;
+    strong_calibration(&c);
+    g_cal = &c;
+    int32_t rounds = 0;
+    double tau;
+    for (int drafter = 0; drafter <= 2; drafter++) {
+        const int32_t budgets[] = {1, 7, 32};
+        for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
+            check_invariant("fp32", DDT_MODE_TREE, budgets[b], false, drafter, &rounds, &tau);
+            printf("  fp32 tree %2d calibrated drafter %d tau %.2f\n", budgets[b], drafter, tau);
+        }
+        check_invariant("fp32", DDT_MODE_TREE, 32, true, drafter, &rounds, &tau);
+        printf("  fp32 tree auto calibrated drafter %d tau %.2f\n", drafter, tau);
+    }
+    check_invariant("int4", DDT_MODE_TREE, 16, false, 2, &rounds, &tau);
+    g_cal = NULL;
+}
+
+/* The calibration reaches the build: with every rank but 0 made near-impossible,
+ * a tree of budget D (the draft depth) is the rank-0 chain, so it runs exactly the
+ * chain's rounds over the same drafts, where the uncalibrated tree does not. */
+static void test_calibration_shapes_tree(void **state) {
+    (void)state;
+    prompts ps;
+    load_prompts("fp32", &ps);
+    ddt_draft_calibration chainlike;
+    ddt_cal_identity(&chainlike);
+    for (int b = 1; b < DDT_CAL_BUCKETS; b++) chainlike.w[b][0] = -30.0f;
+    int64_t rounds[3] = {0}, nodes[3] = {0}; /* chain, tree calibrated, tree plain */
+    for (int32_t p = 0; p < ps.n; p++) {
+        int32_t ar[MAX_GEN], seq[64 + MAX_GEN];
+        ar_reference("fp32", ps.ids[p], ps.len[p], MAX_GEN, ar);
+        memcpy(seq, ps.ids[p], (size_t)ps.len[p] * sizeof(int32_t));
+        memcpy(seq + ps.len[p], ar, sizeof ar);
+        oracle orc = {seq, ps.len[p] + MAX_GEN, 0, 80};
+        for (int run = 0; run < 3; run++) {
+            ddt_engine_options o = {0};
+            o.mode = run == 0 ? DDT_MODE_CHAIN : DDT_MODE_TREE;
+            o.budget = 7;
+            o.draft_fn = oracle_fixed_draft;
+            o.draft_ctx = &orc;
+            o.draft_depth = 7;
+            o.n_threads = 2;
+            o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+            o.draft_calibration = run == 1 ? &chainlike : NULL;
+            ddt_engine *e;
+            ddt_error err;
+            if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+            orc.vocab = ddt_engine_vocab(e);
+            int32_t out[MAX_GEN], n;
+            ddt_gen_stats st;
+            if (ddt_engine_generate(e, ps.ids[p], ps.len[p], MAX_GEN, NULL, 0, out, &n, NULL, NULL, &st, &err))
+                fail_msg("generate: %s", err.msg);
+            ddt_engine_free(e);
+            assert_int_equal(n, MAX_GEN);
+            assert_memory_equal(out, ar, sizeof ar);
+            rounds[run] += st.rounds;
+            nodes[run] += st.nodes_verified;
+        }
+    }
+    printf("  budget 7: chain %lld rounds, tree calibrated to a chain %lld, tree %lld\n", (long long)rounds[0],
+           (long long)rounds[1], (long long)rounds[2]);
+    assert_int_equal(rounds[1], rounds[0]);
+    assert_int_equal(nodes[1], nodes[0]);
+    /* the plain tree spends nodes on side branches (the oracle's ranks 1-3 weigh more than its deep rank-0
+       cells), so over these drafts it accepts differently from the chain: the calibration above is what
+       made the tree a chain */
+    assert_int_not_equal(rounds[2], rounds[0]);
+}
+
+/* At T > 0 the engine keeps the drafter's own q (a greedy fit): the same seed
+ * gives the same tokens with and without a calibration, and the stats say so. */
+static void test_calibration_greedy_only(void **state) {
+    (void)state;
+    prompts ps;
+    load_prompts("fp32", &ps);
+    ddt_draft_calibration c;
+    strong_calibration(&c);
+    int32_t out[2][MAX_GEN], n;
+    for (int k = 0; k < 2; k++) {
+        ddt_engine_options o = {0};
+        o.mode = DDT_MODE_TREE;
+        o.budget = 16;
+        o.draft_dir = fixture("drafter/fp32");
+        o.n_threads = 2;
+        o.sampling = (ddt_sampling){1.0f, 0, 1.0f, 5};
+        o.draft_calibration = k ? &c : NULL;
+        char draft[1024];
+        snprintf(draft, sizeof draft, "%s", o.draft_dir);
+        o.draft_dir = draft;
+        ddt_engine *e;
+        ddt_error err;
+        if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+        ddt_gen_stats st;
+        if (ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, out[k], &n, NULL, NULL, &st, &err))
+            fail_msg("generate: %s", err.msg);
+        assert_false(st.draft_calibrated);
+        /* back to greedy: now it applies */
+        o.sampling.temperature = 0.0f;
+        assert_int_equal(ddt_engine_set_sampling(e, &o.sampling, &err), DDT_OK);
+        int32_t g[MAX_GEN];
+        if (ddt_engine_generate(e, ps.ids[0], ps.len[0], 8, NULL, 0, g, &n, NULL, NULL, &st, &err))
+            fail_msg("generate: %s", err.msg);
+        assert_true(st.draft_calibrated == (k == 1));
+        ddt_engine_free(e);
+    }
+    assert_memory_equal(out[0], out[1], sizeof out[0]);
+}
+
+/* ddt_engine_calibration_data: a greedy decode of max_new tokens with a table at
+ * every step but the last, each table's first row counted in full; refused at
+ * T > 0, without a drafter, and with bad arguments. */
+static void test_calibration_data(void **state) {
+    (void)state;
+    prompts ps;
+    load_prompts("fp32", &ps);
+    char draft[1024];
+    snprintf(draft, sizeof draft, "%s", fixture("drafter/fp32"));
+    ddt_engine_options o = {0};
+    o.mode = DDT_MODE_TREE;
+    o.budget = 16;
+    o.draft_dir = draft;
+    o.n_threads = 2;
+    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+    ddt_engine *e;
+    ddt_error err;
+    if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+    ddt_cal_stats *s = malloc(sizeof *s);
+    assert_non_null(s);
+    ddt_cal_stats_clear(s);
+    int32_t n = 0;
+    assert_int_equal(ddt_engine_calibration_data(e, ps.ids[0], ps.len[0], 20, s, &n, &err), DDT_OK);
+    assert_int_equal(n, 20);
+    assert_int_equal(s->tables, 19);
+    double row0 = 0.0;
+    for (int b = 0; b < DDT_CAL_BUCKETS; b++)
+        for (int i = 0; i < DDT_CAL_BINS; i++) row0 += s->n[b][0][i];
+    assert_true(row0 == 19.0 * DDT_CAL_RANKS);
+    /* the decode is ar's: a generation after it still gives ar's tokens */
+    int32_t ar[MAX_GEN], out[MAX_GEN];
+    ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
+    assert_int_equal(ddt_engine_generate(e, ps.ids[0], ps.len[0], MAX_GEN, NULL, 0, out, &n, NULL, NULL, NULL, &err),
+                     DDT_OK);
+    assert_memory_equal(out, ar, sizeof ar);
+    assert_int_equal(ddt_engine_calibration_data(e, ps.ids[0], ps.len[0], 0, s, &n, &err), DDT_ERR_RANGE);
+    assert_int_equal(ddt_engine_calibration_data(e, ps.ids[0], 0, 5, s, &n, &err), DDT_ERR_INVALID);
+    ddt_sampling t1 = {1.0f, 0, 1.0f, 0};
+    assert_int_equal(ddt_engine_set_sampling(e, &t1, &err), DDT_OK);
+    assert_int_equal(ddt_engine_calibration_data(e, ps.ids[0], ps.len[0], 5, s, &n, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "greedy"));
+    ddt_engine_free(e);
+    o.mode = DDT_MODE_AR;
+    o.draft_dir = NULL;
+    if (ddt_engine_create(fixture("target/fp32"), &o, &e, &err)) fail_msg("create: %s", err.msg);
+    assert_int_equal(ddt_engine_calibration_data(e, ps.ids[0], ps.len[0], 5, s, &n, &err), DDT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "drafter"));
+    ddt_engine_free(e);
+    /* a calibration the engine cannot use is refused at create, with the reason */
+    ddt_draft_calibration bad;
+    ddt_cal_identity(&bad);
+    bad.w[1][1] = -1.0f;
+    o.mode = DDT_MODE_TREE;
+    o.draft_dir = draft;
+    o.draft_calibration = &bad;
+    assert_int_equal(ddt_engine_create(fixture("target/fp32"), &o, &e, &err), DDT_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "weight 1"));
+    ddt_cal_identity(&bad);
+    o.backend = DDT_BACKEND_CUDA;
+    assert_int_equal(ddt_engine_create(fixture("target/fp32"), &o, &e, &err), DDT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "calibration"));
+    free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ar_matches_reference),
@@ -515,6 +731,10 @@ int main(void) {
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_given_cost),
         cmocka_unit_test(test_auto_falls_back_to_ar),
+        cmocka_unit_test(test_calibrated_invariant),
+        cmocka_unit_test(test_calibration_shapes_tree),
+        cmocka_unit_test(test_calibration_greedy_only),
+        cmocka_unit_test(test_calibration_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
