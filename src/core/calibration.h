@@ -74,6 +74,10 @@ DDT_CAL_HD static inline float ddt_cal_cell(const ddt_draft_calibration *c, floa
     return ddt_cal_log_sigmoid(z);
 }
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The identity: w = (0, 1, 0) in every bucket. */
 void ddt_cal_identity(ddt_draft_calibration *c);
 
@@ -118,5 +122,9 @@ typedef struct ddt_cal_fit_info {
  * a small ridge so that a bucket whose cells all hit or all miss stays finite).
  * Fails only when no bucket has enough data; info may be NULL. */
 ddt_status ddt_cal_fit(const ddt_cal_stats *s, ddt_draft_calibration *out, ddt_cal_fit_info *info, ddt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -717,6 +717,7 @@ static void test_calibration_data(void **state) {
     assert_non_null(strstr(err.msg, "weight 1"));
     ddt_cal_identity(&bad);
     o.backend = DDT_BACKEND_CUDA;
+    o.gpus = 2;
     assert_int_equal(ddt_engine_create(fixture("target/fp32"), &o, &e, &err), DDT_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "calibration"));
     free(s);
