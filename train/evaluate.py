@@ -9,7 +9,9 @@ Prompts: from the held-out files (manifest order), one per file: the 4 lines sta
 beginning with "def " or "    def " that lies at least 30 % into the file.  They are written to
 models/heldout_prompts.json (the test tests/python/test_shipped_models.py uses the first 3).
 
-For every prompt, `ddtree generate --json` runs greedy ar, chain, and tree at budgets 16, 32, 64 and auto;
+For every prompt, `ddtree generate --json` runs greedy ar, chain, and tree at budgets 16, 32, 64 and auto
+(the greedy trees under the drafter folder's draft calibration when it has one, as generate does by
+default; --calibration none measures the drafter's own q);
 the speculative outputs must equal ar's ids; the mean acceptance length (tokens committed per round,
 bonus included) is averaged over prompts (each prompt weighted by its rounds: total tokens / total
 rounds) and written to models/eval_results.json.
@@ -69,11 +71,13 @@ def read_prompts(path):
             for i, p in enumerate(prompts)]
 
 
-def generate(exe, target, drafter, prompt, max_tokens, extra, threads):
+def generate(exe, target, drafter, prompt, max_tokens, extra, threads, calibration=None):
     cmd = [exe, "generate", "--model", target, "--prompt", prompt, "--max-tokens", str(max_tokens), "--json",
            "--threads", str(threads)]
     if extra:
         cmd += ["--draft", drafter] + extra
+        if calibration:
+            cmd += ["--calibration", calibration]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:8])}...: exit {r.returncode}: {r.stderr}")
@@ -95,6 +99,9 @@ def main():
                          "writes) instead of picking them from --data; nothing is written to --prompts-out")
     ap.add_argument("--prompts-out", default=os.path.join(C.MODELS_DIR, "heldout_prompts.json"))
     ap.add_argument("--results-out", default=os.path.join(C.MODELS_DIR, "eval_results.json"))
+    ap.add_argument("--calibration", default=None,
+                    help="the draft calibration the greedy trees use (FILE or none; default: the drafter folder's "
+                         "draft_calibration.json when it has one, as ddtree generate does)")
     args = ap.parse_args()
     exe = os.path.join(args.build, "ddtree")
     if not os.path.isfile(exe):
@@ -119,7 +126,8 @@ def main():
         totals["ar"]["rounds"] += ar["stats"]["rounds"]
         totals["ar"]["seconds"] += ar["stats"]["seconds"]["total"]
         for name, extra in MODES.items():
-            out = generate(exe, args.target, args.drafter, p["text"], args.max_tokens, extra, args.threads)
+            out = generate(exe, args.target, args.drafter, p["text"], args.max_tokens, extra, args.threads,
+                           args.calibration)
             if out["ids"] != ar["ids"]:
                 raise SystemExit(f"{name} output differs from ar on {p['file']}")
             st = out["stats"]
@@ -131,7 +139,7 @@ def main():
             acc = []
             for seed in range(args.t1_seeds):
                 out = generate(exe, args.target, args.drafter, p["text"], args.max_tokens,
-                               extra + ["--temperature", "1", "--seed", str(seed)], args.threads)
+                               extra + ["--temperature", "1", "--seed", str(seed)], args.threads, args.calibration)
                 st = out["stats"]
                 acc.append(st["mean_acceptance"])
                 totals[name]["tokens"] += st["tokens"]
@@ -143,8 +151,12 @@ def main():
     summary = {m: {"mean_acceptance": round(t["tokens"] / max(1, t["rounds"]), 3),
                    "tokens_per_s": round(t["tokens"] / max(1e-9, t["seconds"]), 1)} for m, t in totals.items()}
     # Acceptance counts the tokens committed per round; the first token comes from the prefill.
+    cal = args.calibration or os.path.join(args.drafter, "draft_calibration.json")
+    calibrated = cal != "none" and os.path.isfile(cal)
     C.write_json(args.results_out, {"max_tokens": args.max_tokens, "threads": args.threads,
-                                    "n_prompts": len(prompts), "t1_seeds": args.t1_seeds, "summary": summary,
+                                    "n_prompts": len(prompts), "t1_seeds": args.t1_seeds,
+                                    "calibration": os.path.relpath(cal, C.ROOT) if calibrated else None,
+                                    "summary": summary,
                                     "per_prompt": per_prompt})
     print(json.dumps(summary, indent=1))
 
