@@ -70,6 +70,10 @@ typedef struct oracle {
     int32_t seq_len;
     int32_t vocab;
     int32_t right_percent; /* how often the true token sits at rank 0 */
+    /* each row from a generator seeded by its position alone: the same rows whatever
+       ran before, and (rows draw their ranks in order) the same rank-0 token whatever
+       k, so a chain and a tree see the same drafts */
+    bool fixed_rows;
 } oracle;
 
 /* A row of k distinct tokens with logq sorted descending; the true token (if any)
@@ -109,21 +113,8 @@ static ddt_status oracle_draft(void *ctx, int32_t bonus, int32_t position, int32
     const oracle *o = ctx;
     (void)bonus;
     (void)err;
-    for (int32_t d = 1; d <= depth; d++)
-        oracle_row(o, position, d, k, logq + (size_t)(d - 1) * (size_t)k, tok + (size_t)(d - 1) * (size_t)k);
-    return DDT_OK;
-}
-
-/* The oracle with each row drawn from a generator seeded by its position alone:
- * the same rows whatever ran before, and (rows draw their ranks in order) the same
- * rank-0 token whatever k, so a chain and a tree see the same drafts. */
-static ddt_status oracle_fixed_draft(void *ctx, int32_t bonus, int32_t position, int32_t depth, int32_t k,
-                                     float *logq, int32_t *tok, ddt_error *err) {
-    const oracle *o = ctx;
-    (void)bonus;
-    (void)err;
     for (int32_t d = 1; d <= depth; d++) {
-        g_rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)(position + d) * 0xBF58476D1CE4E5B9ull);
+        if (o->fixed_rows) g_rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)(position + d) * 0xBF58476D1CE4E5B9ull);
         oracle_row(o, position, d, k, logq + (size_t)(d - 1) * (size_t)k, tok + (size_t)(d - 1) * (size_t)k);
     }
     return DDT_OK;
@@ -227,7 +218,7 @@ static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, 
         ar_reference(variant, ps.ids[p], ps.len[p], MAX_GEN, ar);
         memcpy(seq, ps.ids[p], (size_t)ps.len[p] * sizeof(int32_t));
         memcpy(seq + ps.len[p], ar, sizeof ar);
-        oracle orc = {seq, ps.len[p] + MAX_GEN, 0, 85};
+        oracle orc = {seq, ps.len[p] + MAX_GEN, 0, 85, false};
         ddt_engine_options o = {0};
         o.mode = mode;
         o.budget = budget;
@@ -320,7 +311,7 @@ static void test_sampling(void **state) {
     ar_reference("fp32", ps.ids[0], ps.len[0], MAX_GEN, ar);
     memcpy(seq, ps.ids[0], (size_t)ps.len[0] * sizeof(int32_t));
     memcpy(seq + ps.len[0], ar, sizeof ar);
-    oracle orc = {seq, ps.len[0] + MAX_GEN, 0, 85};
+    oracle orc = {seq, ps.len[0] + MAX_GEN, 0, 85, false};
     ddt_engine_options tree = {0}, arm = {0};
     tree.mode = DDT_MODE_TREE;
     tree.budget = 16;
@@ -583,12 +574,12 @@ static void test_calibration_shapes_tree(void **state) {
         ar_reference("fp32", ps.ids[p], ps.len[p], MAX_GEN, ar);
         memcpy(seq, ps.ids[p], (size_t)ps.len[p] * sizeof(int32_t));
         memcpy(seq + ps.len[p], ar, sizeof ar);
-        oracle orc = {seq, ps.len[p] + MAX_GEN, 0, 80};
+        oracle orc = {seq, ps.len[p] + MAX_GEN, 0, 80, true};
         for (int run = 0; run < 3; run++) {
             ddt_engine_options o = {0};
             o.mode = run == 0 ? DDT_MODE_CHAIN : DDT_MODE_TREE;
             o.budget = 7;
-            o.draft_fn = oracle_fixed_draft;
+            o.draft_fn = oracle_draft;
             o.draft_ctx = &orc;
             o.draft_depth = 7;
             o.n_threads = 2;
