@@ -191,6 +191,24 @@ ddt_status ddt_tree_build_chain(const ddt_draft_table *table, int32_t root_token
 ddt_status ddt_tree_from_parents(const int32_t *tokens, const int32_t *parents, int32_t n,
                                  int32_t vocab, ddt_tree *tree, ddt_error *err);
 
+/*
+ * Graft a draft path onto a best-first tree (the context lookup, src/core/lookup.h):
+ * tree nodes 1..n-1 in pop order (logw non-increasing, as ddt_tree_build leaves
+ * them), path[0..len) the tokens below the root with v[0..len) the log-chance that
+ * each of its prefixes is accepted (<= 0, non-increasing).  The result holds the
+ * `budget` heaviest of both: a prefix of the pop order and a prefix of the path,
+ * merged by weight (the tree's node first on ties), a path prefix the kept tree
+ * already holds counted once; the path's other nodes follow the kept ones (rank -1,
+ * logw from v).  *grafted: the nodes appended.  Needs n_nodes <= budget + 1.
+ */
+ddt_status ddt_tree_graft(ddt_tree *tree, const int32_t *path, const float *v, int32_t len, int32_t budget,
+                          int32_t vocab, int32_t *grafted, ddt_error *err);
+/* The graft's plan without changing the tree (for a device twin's tests): twin[j]
+ * the tree's node for the path's first j + 1 tokens (-1: none), *keep the tree
+ * nodes kept (root included); returns the path tokens taken. */
+int32_t ddt_tree_graft_plan(const ddt_tree *tree, const int32_t *path, const float *v, int32_t len, int32_t budget,
+                            int32_t *twin, int32_t *keep);
+
 /* ------------------------------------------------------------------ walk */
 
 typedef struct ddt_walk_result {

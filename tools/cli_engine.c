@@ -45,6 +45,8 @@ const char cli_engine_usage[] =
     "  --calibration FILE   the draft calibration the greedy trees are built with (ddtree calibrate);\n"
     "                       default: the drafter folder's draft_calibration.json when it has one (CPU\n"
     "                       backend: the GPU build applies none yet); none: the drafter's own q\n"
+    "  --no-lookup          graft no context-lookup path onto the greedy trees (the calibration rates\n"
+    "                       the lookup; for comparison)\n"
     "  --ctx N              context length (default: the model's maximum, at most 8192)\n"
     "  --threads N          CPU threads (default: every core)\n";
 
@@ -157,6 +159,10 @@ int cli_engine_parse_flag(cli_engine_args *a, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--no-phase-times")) {
         a->no_phase_times = true;
+        return 1;
+    }
+    if (!strcmp(f, "--no-lookup")) {
+        a->no_lookup = true;
         return 1;
     }
     static const char *const valued[] = {"--model", "--draft", "--mode", "--backend", "--gpus", "--budget",
@@ -307,6 +313,7 @@ void cli_engine_options(const cli_engine_args *a, ddt_engine_options *o) {
     o->max_ctx = (int32_t)a->ctx; /* 0: the engine's default */
     o->n_threads = (int32_t)a->threads;
     o->draft_calibration = a->have_cal ? &a->cal : NULL;
+    o->no_lookup = a->no_lookup;
 }
 
 int cli_engine_load_tokenizer(const cli_engine_args *a, ddt_tokenizer **tok) {

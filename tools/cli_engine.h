@@ -30,7 +30,7 @@ typedef struct cli_engine_args {
     unsigned long long seed;
     long long ctx, threads, gpus;
     int pdl_edges; /* DDT_PDL_EDGES_* */
-    bool fast_attention, tensor_cores, host_sampler, no_pdl, no_phase_times;
+    bool fast_attention, tensor_cores, host_sampler, no_pdl, no_phase_times, no_lookup;
     const char *calibration; /* --calibration FILE|none; NULL: the drafter folder's own, where it applies */
     bool have_cal;           /* cli_engine_check loaded one into cal */
     ddt_draft_calibration cal;

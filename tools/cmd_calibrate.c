@@ -200,6 +200,15 @@ int ddt_cmd_calibrate(int argc, char **argv) {
         fprintf(stderr, "  %-10s %7.0f   %6.3f     %8.4f -> %8.4f%s   %.3f %.3f %.3f\n", names[b], info.cells[b],
                 info.cells[b] > 0 ? info.hits[b] / info.cells[b] : 0.0, info.loglik_identity[b], info.loglik[b],
                 info.identity[b] ? " (identity)" : "", (double)cal.w[b][0], (double)cal.w[b][1], (double)cal.w[b][2]);
+    if (cal.lookup)
+        fprintf(stderr, "  context lookup: %.0f proposals, first token accepted after a match of 2..8 tokens: %.2f %.2f "
+                        "%.2f %.2f %.2f %.2f %.2f, each next one: %.3f\n", info.lookup_proposals,
+                (double)cal.lookup_first[0], (double)cal.lookup_first[1], (double)cal.lookup_first[2],
+                (double)cal.lookup_first[3], (double)cal.lookup_first[4], (double)cal.lookup_first[5],
+                (double)cal.lookup_first[6], (double)cal.lookup_next);
+    else
+        fprintf(stderr, "  context lookup: %.0f proposals, too few to rate it (%d needed): no lookup path\n",
+                info.lookup_proposals, DDT_CAL_MIN_LOOKUP);
     rc = 0;
 done:
     ddt_engine_free(eng);

@@ -15,6 +15,7 @@
 #define CAL_MAX_ITER 100
 
 void ddt_cal_identity(ddt_draft_calibration *c) {
+    memset(c, 0, sizeof *c);
     for (int b = 0; b < DDT_CAL_BUCKETS; b++) {
         c->w[b][0] = 0.0f;
         c->w[b][1] = 1.0f;
@@ -35,6 +36,16 @@ ddt_status ddt_cal_check(const ddt_draft_calibration *c, ddt_error *err) {
             return ddt_fail(err, DDT_ERR_RANGE, "draft calibration: bucket %d (%s) weight 1 = %g must be > 0 (the "
                             "acceptance must grow with the drafter's probability)", b, names[b], (double)c->w[b][1]);
     }
+    if (c->lookup != 0 && c->lookup != 1)
+        return ddt_fail(err, DDT_ERR_RANGE, "draft calibration: lookup flag %d is neither 0 nor 1", (int)c->lookup);
+    if (!c->lookup) return DDT_OK;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++)
+        if (!(c->lookup_first[m] > 0.0f && c->lookup_first[m] <= 1.0f))
+            return ddt_fail(err, DDT_ERR_RANGE, "draft calibration: lookup first-token chance after a match of %d "
+                            "tokens = %g is not in (0, 1]", m + DDT_LOOKUP_MIN, (double)c->lookup_first[m]);
+    if (!(c->lookup_next > 0.0f && c->lookup_next <= 1.0f))
+        return ddt_fail(err, DDT_ERR_RANGE, "draft calibration: lookup next-token chance %g is not in (0, 1]",
+                        (double)c->lookup_next);
     return DDT_OK;
 }
 
@@ -75,6 +86,20 @@ void ddt_cal_stats_add_table(ddt_cal_stats *s, const float *logq, const int32_t 
             on_path |= hit;
         }
         if (!on_path) break;
+    }
+}
+
+void ddt_cal_stats_add_lookup(ddt_cal_stats *s, int32_t match_len, const int32_t *proposal, int32_t len,
+                              const int32_t *next, int32_t n_next) {
+    if (match_len < DDT_LOOKUP_MIN || match_len > DDT_LOOKUP_MAX || len < 1 || n_next < 1) return;
+    const int32_t m = match_len - DDT_LOOKUP_MIN;
+    s->lookup_n[m] += 1.0;
+    if (proposal[0] != next[0]) return;
+    s->lookup_hit[m] += 1.0;
+    for (int32_t j = 1; j < len && j < n_next; j++) {
+        s->lookup_next_n += 1.0;
+        if (proposal[j] != next[j]) return;
+        s->lookup_next_hit += 1.0;
     }
 }
 
@@ -200,6 +225,15 @@ ddt_status ddt_cal_fit(const ddt_cal_stats *s, ddt_draft_calibration *out, ddt_c
         info->loglik[b] = bucket_loglik(s, b, w, cells);
         for (int f = 0; f < DDT_CAL_FEATURES; f++) out->w[b][f] = (float)w[f];
     }
+    /* the lookup: (hits + 1) / (tries + 2), a chance that never reaches 0 or 1 on little data */
+    double proposals = 0.0;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) proposals += s->lookup_n[m];
+    info->lookup_proposals = proposals;
+    info->lookup_tokens = proposals + s->lookup_next_n;
+    out->lookup = proposals >= DDT_CAL_MIN_LOOKUP;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++)
+        out->lookup_first[m] = out->lookup ? (float)((s->lookup_hit[m] + 1.0) / (s->lookup_n[m] + 2.0)) : 0.0f;
+    out->lookup_next = out->lookup ? (float)((s->lookup_next_hit + 1.0) / (s->lookup_next_n + 2.0)) : 0.0f;
     if (!fitted)
         return ddt_fail(err, DDT_ERR_RANGE, "draft calibration: too little data to fit (rank-0 cells %.0f, hits %.0f; "
                         "each bucket needs %d cells and %d hits): decode more prompts or tokens",

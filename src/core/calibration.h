@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "core/detmath.h"
+#include "core/lookup.h"
 #include "ddtree.h"
 
 #ifdef __CUDACC__
@@ -44,8 +45,18 @@
 #define DDT_CAL_RANKS 16     /* ranks per row the samples cover */
 #define DDT_CAL_BINS 321     /* logit(q) in [-16, 16] in steps of 0.1 */
 
+/* The context lookup's match lengths (core/lookup.h) the calibration rates. */
+#define DDT_CAL_LOOKUP_LENS (DDT_LOOKUP_MAX - DDT_LOOKUP_MIN + 1)
+
 typedef struct ddt_draft_calibration {
     float w[DDT_CAL_BUCKETS][DDT_CAL_FEATURES];
+    /* the context lookup (core/lookup.h), fitted on the same decodes: lookup != 0 when rated;
+       lookup_first[m - DDT_LOOKUP_MIN] the chance that the first token proposed after a match
+       of m tokens is accepted, lookup_next the chance of each next one after the ones before
+       it were (an int, not a bool: the struct has no padding, so it compares by bytes) */
+    int32_t lookup;
+    float lookup_first[DDT_CAL_LOOKUP_LENS];
+    float lookup_next;
 } ddt_draft_calibration;
 
 DDT_CAL_HD static inline int32_t ddt_cal_bucket(int32_t rank) {
@@ -78,11 +89,26 @@ DDT_CAL_HD static inline float ddt_cal_cell(const ddt_draft_calibration *c, floa
 extern "C" {
 #endif
 
-/* The identity: w = (0, 1, 0) in every bucket. */
+/* The log-weights of a lookup proposal's prefixes after a match of match_len
+ * tokens: v[j] = log(first) + j log(next), accumulated in order (detmath: the GPU
+ * computes the same bits). */
+DDT_CAL_HD static inline void ddt_cal_lookup_weights(const ddt_draft_calibration *c, int32_t match_len, int32_t len,
+                                                    float *v) {
+    const float lf = ddt_log_det_inline(c->lookup_first[match_len - DDT_LOOKUP_MIN]);
+    const float ln = ddt_log_det_inline(c->lookup_next);
+    float acc = lf;
+    for (int32_t j = 0; j < len; j++) {
+        v[j] = acc;
+        acc = acc + ln;
+    }
+}
+
+/* The identity: w = (0, 1, 0) in every bucket, no lookup rating. */
 void ddt_cal_identity(ddt_draft_calibration *c);
 
 /* Check a calibration: finite weights, w_b1 > 0 (the weight grows with q) and
- * |w| <= 100; the message names the bucket and the weight. */
+ * |w| <= 100; with a lookup rating, chances in (0, 1]; the message names the
+ * bucket and the weight, or the lookup field. */
 ddt_status ddt_cal_check(const ddt_draft_calibration *c, ddt_error *err);
 
 /* Calibrate rows [0, depth) of a table in place: logq[row * ld + r] for r < k. */
@@ -100,12 +126,21 @@ typedef struct ddt_cal_stats {
     double n[DDT_CAL_BUCKETS][DDT_CAL_ROW_CAP + 1][DDT_CAL_BINS];
     double hit[DDT_CAL_BUCKETS][DDT_CAL_ROW_CAP + 1][DDT_CAL_BINS];
     int64_t tables, cells;
+    /* the lookup's proposals: first tokens by match length, then each next token whose
+       predecessors were all accepted */
+    double lookup_n[DDT_CAL_LOOKUP_LENS], lookup_hit[DDT_CAL_LOOKUP_LENS];
+    double lookup_next_n, lookup_next_hit;
 } ddt_cal_stats;
 
 void ddt_cal_stats_clear(ddt_cal_stats *s);
 /* Add one draft table (logq / tok [depth][k], row-major) against next[0..n_next). */
 void ddt_cal_stats_add_table(ddt_cal_stats *s, const float *logq, const int32_t *tok, int32_t depth, int32_t k,
                              const int32_t *next, int32_t n_next);
+
+/* Add one lookup proposal (match of match_len tokens, proposal[0..len)) against
+ * next[0..n_next), the tokens the target emitted after the context. */
+void ddt_cal_stats_add_lookup(ddt_cal_stats *s, int32_t match_len, const int32_t *proposal, int32_t len,
+                              const int32_t *next, int32_t n_next);
 
 /* What a fit found per bucket: cells and hits, the mean log-likelihood of the
  * hits under the fit and under the identity, and whether the bucket fell back to
@@ -116,11 +151,15 @@ typedef struct ddt_cal_fit_info {
     double cells[DDT_CAL_BUCKETS], hits[DDT_CAL_BUCKETS];
     double loglik[DDT_CAL_BUCKETS], loglik_identity[DDT_CAL_BUCKETS];
     bool identity[DDT_CAL_BUCKETS];
+    double lookup_proposals, lookup_tokens; /* proposals rated, tokens compared in all */
 } ddt_cal_fit_info;
 
 /* Maximum-likelihood weights per bucket (Newton's method on the binned cells,
- * a small ridge so that a bucket whose cells all hit or all miss stays finite).
- * Fails only when no bucket has enough data; info may be NULL. */
+ * a small ridge so that a bucket whose cells all hit or all miss stays finite),
+ * and the lookup's chances ((hits + 1) / (tries + 2) each) when it made at least
+ * DDT_CAL_MIN_LOOKUP proposals.  Fails only when no bucket has enough data; info
+ * may be NULL. */
+#define DDT_CAL_MIN_LOOKUP 20
 ddt_status ddt_cal_fit(const ddt_cal_stats *s, ddt_draft_calibration *out, ddt_cal_fit_info *info, ddt_error *err);
 
 #ifdef __cplusplus

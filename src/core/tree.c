@@ -304,6 +304,83 @@ ddt_status ddt_tree_build_chain(const ddt_draft_table *tb, int32_t root_token, i
     return DDT_OK;
 }
 
+/* The node of tree t below `parent` with token `tok` among nodes [0, limit), or -1. */
+static int32_t child_with(const ddt_tree *t, int32_t parent, int32_t tok, int32_t limit) {
+    for (int32_t c = t->first_child[parent]; c >= 0 && c < limit; c = t->next_sibling[c])
+        if (t->token[c] == tok) return c;
+    return -1;
+}
+
+int32_t ddt_tree_graft_plan(const ddt_tree *tree, const int32_t *path, const float *v, int32_t len, int32_t budget,
+                            int32_t *twin, int32_t *keep) {
+    const int32_t n = tree->n_nodes;
+    /* twin[j]: the tree's node for the path's prefix of j + 1 tokens, -1 when the tree has none */
+    for (int32_t j = 0, cur = 0; j < len; j++) {
+        cur = cur < 0 ? -1 : child_with(tree, cur, path[j], n);
+        twin[j] = cur;
+    }
+    /* merge the pop order (weights non-increasing) with the path's prefixes, heavier first,
+       the tree's node on ties; a tree node that is a taken path node's twin costs nothing, a
+       path node whose twin is kept already is skipped */
+    int32_t i = 1, j = 0, count = 0;
+    for (;;) {
+        while (j < len && twin[j] >= 1 && twin[j] < i) j++;
+        const bool has_tree = i < n, has_path = j < len;
+        if (!has_tree && !has_path) break;
+        if (has_tree && (!has_path || tree->logw[i] >= v[j])) {
+            bool taken_twin = false;
+            for (int32_t q = 0; q < j && !taken_twin; q++) taken_twin = twin[q] == i;
+            if (!taken_twin && count + 1 > budget) break;
+            count += taken_twin ? 0 : 1;
+            i++;
+        } else {
+            if (count + 1 > budget) break;
+            count++;
+            j++;
+        }
+    }
+    *keep = i;
+    return j;
+}
+
+ddt_status ddt_tree_graft(ddt_tree *tree, const int32_t *path, const float *v, int32_t len, int32_t budget,
+                          int32_t vocab, int32_t *grafted, ddt_error *err) {
+    if (grafted) *grafted = 0;
+    if (!tree || (len > 0 && (!path || !v))) return ddt_fail(err, DDT_ERR_INVALID, "ddt_tree_graft: NULL argument");
+    if (len < 0 || len > DDT_MAX_DEPTH)
+        return ddt_fail(err, DDT_ERR_RANGE, "graft of %d tokens: must be 0..%d", len, DDT_MAX_DEPTH);
+    if (budget < 0 || budget + 1 > tree->capacity)
+        return ddt_fail(err, DDT_ERR_RANGE, "graft budget %d: the tree holds %d nodes", budget, tree->capacity);
+    if (tree->n_nodes < 1 || tree->n_nodes > budget + 1)
+        return ddt_fail(err, DDT_ERR_RANGE, "graft onto a tree of %d nodes with budget %d", tree->n_nodes, budget);
+    for (int32_t j = 0; j < len; j++) {
+        ddt_status st = check_token(path[j], vocab, "graft path", j, 0, err);
+        if (st) return st;
+        if (v[j] != v[j] || v[j] > 0.0f || (j > 0 && v[j] > v[j - 1]))
+            return ddt_fail(err, DDT_ERR_INVALID, "graft weight %d = %g: weights must be <= 0 and non-increasing", j,
+                            (double)v[j]);
+    }
+    int32_t twin[DDT_MAX_DEPTH], keep;
+    const int32_t take = ddt_tree_graft_plan(tree, path, v, len, budget, twin, &keep);
+    int32_t n = keep, parent = 0;
+    for (int32_t j = 0; j < take; j++) {
+        if (twin[j] >= 1 && twin[j] < keep) { /* the kept tree holds this prefix */
+            parent = twin[j];
+            continue;
+        }
+        tree->token[n] = path[j];
+        tree->parent[n] = parent;
+        tree->depth[n] = tree->depth[parent] + 1;
+        tree->rank[n] = -1;
+        tree->logw[n] = v[j];
+        parent = n++;
+    }
+    if (grafted) *grafted = n - keep;
+    tree->n_nodes = n;
+    tree_link(tree);
+    return DDT_OK;
+}
+
 ddt_status ddt_tree_from_parents(const int32_t *tokens, const int32_t *parents, int32_t n,
                                  int32_t vocab, ddt_tree *tree, ddt_error *err) {
     if (!tree || !tokens || !parents)

@@ -112,9 +112,12 @@ typedef struct ddt_engine_options {
     const struct ddt_draft_calibration *draft_calibration;
                                /* the drafter's calibration (core/calibration.h), copied at create, NULL =
                                   none: greedy trees are built from calibrated weights, a better tree for
-                                  the same budget (T > 0 keeps the drafter's own q; the output is the
-                                  target's either way).  CPU engine only, so far: the GPU build does not
+                                  the same budget, and where it rates the context lookup, its path grafted
+                                  onto them (T > 0 keeps the drafter's own q and no lookup; the output is
+                                  the target's either way).  CPU engine only, so far: the GPU build does not
                                   apply one yet, and a CUDA engine given one refuses it */
+    bool no_lookup;            /* with a draft calibration that rates the context lookup (core/lookup.h):
+                                  graft no lookup path onto the greedy trees (for comparison) */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no
                                   programmatic edge crosses); the per-phase seconds then read 0, the
                                   totals stay; for measuring what the timing costs */
@@ -154,6 +157,8 @@ typedef struct ddt_gen_stats {
     double tokens_per_s;       /* emitted tokens over decode time (prefill excluded) */
     ddt_stop_reason stop_reason; /* why it ended, from the engine (callers need not guess) */
     bool draft_calibrated;     /* the trees were built from calibrated weights (options.draft_calibration) */
+    int64_t lookup_nodes;      /* tree nodes that came from the context lookup (core/lookup.h): grafted onto
+                                  the greedy trees where a calibration rates it */
     int32_t round_kernels;     /* kernel launches in one round's CUDA graph (0: the round is no graph) */
     int32_t round_pdl_edges;   /* its kernel-to-kernel edges made programmatic (0: --no-pdl,
                                   several GPUs or no graph) */
@@ -296,8 +301,9 @@ void ddt_engine_set_answer_start(ddt_engine *e, int32_t start);
  * greedy-decode max_new tokens after the prompt as an ar generation does (the
  * engine's logit rules and constraint apply; its temperature must be 0), and at
  * every step draft the block after the committed context, the table a round there
- * would build from; each table goes into stats (ddt_cal_stats_add_table) against
- * the tokens the decode emitted next.  *n_out: tokens decoded.  Needs a DFlash
+ * would build from, and take the context lookup's proposal (core/lookup.h); each
+ * goes into stats (ddt_cal_stats_add_table, _add_lookup) against the tokens the
+ * decode emitted next.  *n_out: tokens decoded.  Needs a DFlash
  * drafter or draft_fn; CPU engine only.  The prefix cache is cleared.
  */
 struct ddt_cal_stats;

@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/calibration.h"
 #include "core/error.h"
+#include "core/lookup.h"
 #include "core/topk.h"
 #include "core/zsort.h"
 #include "engine/backend.h"
@@ -365,6 +366,27 @@ static ddt_status draft_table_raw(cpu_engine *e, int32_t bonus, int32_t k, ddt_e
     return DDT_OK;
 }
 
+/* Whether this round's tree takes the context lookup's path: a calibration that
+ * rates it, greedy, a tree round, and no JSON constraint (whose build tracks the
+ * grammar per node, which a grafted node would lack). */
+static bool lookup_on(const cpu_engine *e) {
+    return calibrated(e) && e->cal.lookup && !e->opts.no_lookup && e->opts.mode == DDT_MODE_TREE &&
+           e->ch.json.vocab == NULL;
+}
+
+/* Graft the lookup's proposal for the committed context + bonus onto the round's
+ * tree, within `budget` nodes; *grafted: nodes appended. */
+static ddt_status graft_lookup(cpu_engine *e, int32_t bonus, int32_t budget, int32_t *grafted, ddt_error *err) {
+    *grafted = 0;
+    e->kv_ids[e->n_kv] = bonus; /* the round's commit writes the same id there */
+    int32_t path[DDT_MAX_DEPTH], ml;
+    const int32_t len = ddt_lookup_propose(e->kv_ids, e->n_kv + 1, e->depth, path, &ml);
+    if (len == 0) return DDT_OK;
+    float v[DDT_MAX_DEPTH];
+    ddt_cal_lookup_weights(&e->cal, ml, len, v);
+    return ddt_tree_graft(&e->tree, path, v, len, budget, e->vocab, grafted, err);
+}
+
 /* The round's table: the drafter's, calibrated where calibrated() says. */
 static ddt_status draft_table(cpu_engine *e, int32_t bonus, int32_t k, ddt_error *err) {
     ddt_status st = draft_table_raw(e, bonus, k, err);
@@ -460,6 +482,13 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
             t1 = ddt_engine_now();
             ddt_draft_table tb = {e->depth, k, e->logq, e->table_tok};
             if ((st = build_draft(e, &tb, bonus, budget, len, err))) return st;
+            if (lookup_on(e)) {
+                /* the auto budget's cut stands: the lookup competes within the nodes it chose */
+                int32_t grafted;
+                const int32_t b = e->opts.budget_auto ? e->tree.n_nodes - 1 : budget;
+                if ((st = graft_lookup(e, bonus, b, &grafted, err))) return st;
+                s.lookup_nodes += grafted;
+            }
             t2 = ddt_engine_now();
             n = e->tree.n_nodes;
             double phi = 1.0; /* the bonus, then each node's chance that its whole path is accepted */
@@ -540,7 +569,10 @@ static ddt_status cpu_score(void *impl, const int32_t *ids, int32_t n, int32_t n
  * step; the tables are kept until the tokens after them are known. */
 static ddt_status calibration_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                    ddt_cal_stats *stats, int32_t *n_out, float *tab_q, int32_t *tab_t,
-                                   int32_t *toks, int32_t k, ddt_error *err) {
+                                   int32_t *toks, int32_t *ctx, int32_t *props, int32_t k, ddt_error *err) {
+    /* props: per step, the lookup's match length, proposal length and proposal (depth + 2 ints) */
+    const size_t pstride = (size_t)e->depth + 2;
+    memcpy(ctx, prompt, sizeof(int32_t) * (size_t)n_prompt);
     ddt_status st = ddt_choice_start(&e->ch, prompt, n_prompt, NULL, 0, err);
     if (st) return st;
     if ((st = ddt_target_rollback(e->target, 0, err))) return st;
@@ -556,6 +588,9 @@ static ddt_status calibration_body(cpu_engine *e, const int32_t *prompt, int32_t
     const size_t cells = (size_t)e->depth * (size_t)k;
     for (; n < max_new && ddt_target_len(e->target) < e->max_ctx; n++) {
         const int32_t bonus = toks[n - 1];
+        ctx[n_prompt + n - 1] = bonus;
+        int32_t *pr = props + (size_t)(n - 1) * pstride;
+        pr[1] = ddt_lookup_propose(ctx, n_prompt + n, e->depth, pr + 2, &pr[0]);
         if ((st = draft_table_raw(e, bonus, k, err))) return st;
         memcpy(tab_q + (size_t)(n - 1) * cells, e->logq, cells * sizeof(float));
         memcpy(tab_t + (size_t)(n - 1) * cells, e->table_tok, cells * sizeof(int32_t));
@@ -564,9 +599,12 @@ static ddt_status calibration_body(cpu_engine *e, const int32_t *prompt, int32_t
         if ((st = choose(e, e->logits, (uint64_t)n, &toks[n], err))) return st;
         if ((st = take_emitted(e, &toks[n], 1, err))) return st;
     }
-    for (int32_t i = 0; i + 1 < n; i++)
+    for (int32_t i = 0; i + 1 < n; i++) {
         ddt_cal_stats_add_table(stats, tab_q + (size_t)i * cells, tab_t + (size_t)i * cells, e->depth, k, toks + i + 1,
                                 n - i - 1);
+        const int32_t *pr = props + (size_t)i * pstride;
+        ddt_cal_stats_add_lookup(stats, pr[0], pr + 2, pr[1], toks + i + 1, n - i - 1);
+    }
     *n_out = n;
     return DDT_OK;
 }
@@ -586,14 +624,18 @@ static ddt_status cpu_calibration_data(void *impl, const int32_t *prompt, int32_
     float *tab_q = ddt_malloc_array((size_t)max_new * cells, sizeof(float));
     int32_t *tab_t = ddt_malloc_array((size_t)max_new * cells, sizeof(int32_t));
     int32_t *toks = ddt_malloc_array((size_t)max_new, sizeof(int32_t));
+    int32_t *ctx = ddt_malloc_array((size_t)n_prompt + (size_t)max_new, sizeof(int32_t));
+    int32_t *props = ddt_malloc_array((size_t)max_new * ((size_t)e->depth + 2), sizeof(int32_t));
     ddt_status st;
-    if (!tab_q || !tab_t || !toks)
+    if (!tab_q || !tab_t || !toks || !ctx || !props)
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d draft tables of %zu cells", max_new, cells);
     else
-        st = calibration_body(e, prompt, n_prompt, max_new, stats, n_out, tab_q, tab_t, toks, k, err);
+        st = calibration_body(e, prompt, n_prompt, max_new, stats, n_out, tab_q, tab_t, toks, ctx, props, k, err);
     free(tab_q);
     free(tab_t);
     free(toks);
+    free(ctx);
+    free(props);
     e->n_kv = 0; /* the context is the decode's, which no generation tracked */
     return st;
 }

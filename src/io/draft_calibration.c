@@ -69,6 +69,30 @@ ddt_status ddt_calibration_parse(const char *text, size_t len, const char *where
             c->w[b][f] = (float)x;
         }
     }
+    c->lookup = 0;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) c->lookup_first[m] = 0.0f;
+    c->lookup_next = 0.0f;
+    json_t *lk = json_object_get(root, "lookup");
+    if (lk && !json_is_null(lk)) {
+        json_t *first = json_object_get(lk, "first"), *next = json_object_get(lk, "next");
+        if (!json_is_object(lk) || !json_is_array(first) || json_array_size(first) != DDT_CAL_LOOKUP_LENS ||
+            !json_is_number(next)) {
+            st = ddt_fail(err, DDT_ERR_FORMAT, "%s: field lookup must be {\"first\": [%d numbers, one per match "
+                          "length %d..%d], \"next\": a number}", where, DDT_CAL_LOOKUP_LENS, DDT_LOOKUP_MIN,
+                          DDT_LOOKUP_MAX);
+            goto out;
+        }
+        for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) {
+            json_t *v = json_array_get(first, (size_t)m);
+            if (!json_is_number(v)) {
+                st = ddt_fail(err, DDT_ERR_FORMAT, "%s: lookup.first[%d] is not a number", where, m);
+                goto out;
+            }
+            c->lookup_first[m] = (float)json_number_value(v);
+        }
+        c->lookup_next = (float)json_number_value(next);
+        c->lookup = 1;
+    }
     if ((st = ddt_cal_check(c, err)) != DDT_OK) ddt_error_prefix(err, "%s: ", where);
 out:
     json_decref(root);
@@ -103,6 +127,13 @@ ddt_status ddt_calibration_save(const char *path, const ddt_draft_calibration *c
     json_object_set_new(root, "rank_buckets", json_string("0, 1, 2-3, 4-7, 8+"));
     json_object_set_new(root, "model", json_string("p = sigmoid(w0 + w1 * logit(q) + w2 * min(depth - 1, 8) / 8)"));
     json_object_set_new(root, "weights", ws);
+    if (c->lookup) {
+        json_t *first = json_array();
+        for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) json_array_append_new(first, json_real((double)c->lookup_first[m]));
+        json_object_set_new(root, "lookup", json_pack("{s:o, s:f, s:s}", "first", first, "next", (double)c->lookup_next,
+                                                      "what", "chance the first token after a match of 2..8 tokens "
+                                                      "is accepted; chance each next one is"));
+    }
     if (info || note) {
         json_t *fit = json_object();
         if (note) json_object_set_new(fit, "note", json_string(note));
@@ -121,6 +152,8 @@ ddt_status ddt_calibration_save(const char *path, const ddt_draft_calibration *c
             json_object_set_new(fit, "mean_loglik", ll);
             json_object_set_new(fit, "mean_loglik_uncalibrated", lli);
             json_object_set_new(fit, "identity", idn);
+            json_object_set_new(fit, "lookup_proposals", json_real(info->lookup_proposals));
+            json_object_set_new(fit, "lookup_tokens", json_real(info->lookup_tokens));
         }
         json_object_set_new(root, "fit", fit);
     }

@@ -6,10 +6,13 @@
  *
  *   {"format": "ddtree-draft-calibration", "version": 1, "temperature": 0,
  *    "weights": [[w0, w1, w2], ... 5 rank buckets: 0, 1, 2-3, 4-7, 8+],
+ *    "lookup": {"first": [7 chances, match lengths 2..8], "next": chance},
  *    "fit": {...}}
  *
  * temperature: the sampling temperature the weights were fitted for; version 1
- * fits greedy decodes only, so it must be 0.  "fit" (what the fit saw) and any
+ * fits greedy decodes only, so it must be 0.  "lookup" (optional: without it the
+ * engine grafts no lookup path) rates the context lookup (core/lookup.h), each
+ * chance in (0, 1].  "fit" (what the fit saw) and any
  * other key are informational and ignored.  Every weight a finite number, each
  * bucket's w1 > 0 (ddt_cal_check); anything else is an error naming the file and
  * the field.

@@ -204,8 +204,11 @@ static void test_ar_matches_reference(void **state) {
     assert_memory_equal(out, want, (size_t)g * sizeof(int32_t));
 }
 
-/* The calibration check_invariant's engines take (NULL: none). */
+/* The calibration check_invariant's engines take (NULL: none), and the lookup
+ * nodes their generations grafted. */
 static const ddt_draft_calibration *g_cal;
+static bool g_no_lookup;
+static int64_t g_lookup_nodes;
 
 static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, bool autob,
                             int drafter, int32_t *total_rounds, double *mean_tau) {
@@ -226,6 +229,7 @@ static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, 
         o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
         o.n_threads = 2;
         o.draft_calibration = g_cal;
+        o.no_lookup = g_no_lookup;
         char draft_dir[1024];
         snprintf(draft_dir, sizeof draft_dir, "%s", fixture("drafter/fp32"));
         if (drafter == 0) {
@@ -251,6 +255,8 @@ static void check_invariant(const char *variant, ddt_mode mode, int32_t budget, 
                 fail_msg("generate: %s", err.msg);
             ddt_engine_free(e);
             assert_true(st.draft_calibrated == (g_cal != NULL));
+            if (!g_cal || !g_cal->lookup || g_no_lookup || mode != DDT_MODE_TREE) assert_int_equal(st.lookup_nodes, 0);
+            g_lookup_nodes += st.lookup_nodes;
             *total_rounds += st.rounds;
             tau_sum += st.mean_acceptance;
             tau_n++;
@@ -525,7 +531,8 @@ static void test_auto_falls_back_to_ar(void **state) {
 /* ------------------------------------------------------------------ calibration */
 
 /* A calibration far from the identity: rank 0 worth much more than its q, the
- * other ranks much less (deep, thin trees), with a depth term. */
+ * other ranks much less (deep, thin trees), with a depth term; the context
+ * lookup rated high, so its paths take nodes often. */
 static void strong_calibration(ddt_draft_calibration *c) {
     ddt_cal_identity(c);
     c->w[0][0] = 3.0f;
@@ -534,10 +541,14 @@ static void strong_calibration(ddt_draft_calibration *c) {
         c->w[b][0] = -2.0f;
         c->w[b][1] = 1.5f;
     }
+    c->lookup = 1;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) c->lookup_first[m] = 0.9f;
+    c->lookup_next = 0.95f;
 }
 
-/* Greedy tree output under a calibration is still ar's, token for token, for
- * every drafter and for fixed and auto budgets; the stats say it was applied. */
+/* Greedy tree output under a calibration (with the context lookup's paths, and
+ * without) is still ar's, token for token, for every drafter and for fixed and
+ * auto budgets; the stats say it was applied and count the grafted nodes. */
 static void test_calibrated_invariant(void **state) {
     (void)state;
     ddt_draft_calibration c;
@@ -545,6 +556,7 @@ static void test_calibrated_invariant(void **state) {
     g_cal = &c;
     int32_t rounds = 0;
     double tau;
+    g_lookup_nodes = 0;
     for (int drafter = 0; drafter <= 2; drafter++) {
         const int32_t budgets[] = {1, 7, 32};
         for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
@@ -555,6 +567,12 @@ static void test_calibrated_invariant(void **state) {
         printf("  fp32 tree auto calibrated drafter %d tau %.2f\n", drafter, tau);
     }
     check_invariant("int4", DDT_MODE_TREE, 16, false, 2, &rounds, &tau);
+    check_invariant("fp32", DDT_MODE_CHAIN, 0, false, 0, &rounds, &tau); /* a chain takes no lookup path */
+    printf("  lookup nodes grafted: %lld\n", (long long)g_lookup_nodes);
+    assert_true(g_lookup_nodes > 0);
+    g_no_lookup = true;
+    check_invariant("fp32", DDT_MODE_TREE, 32, false, 2, &rounds, &tau);
+    g_no_lookup = false;
     g_cal = NULL;
 }
 

@@ -21,6 +21,10 @@
 static void test_round_trip(void **state) {
     (void)state;
     ddt_draft_calibration c, back;
+    ddt_cal_identity(&c);
+    c.lookup = 1;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) c.lookup_first[m] = 0.3f + 0.0912345f * (float)m;
+    c.lookup_next = 0.9312345f;
     for (int b = 0; b < DDT_CAL_BUCKETS; b++) {
         c.w[b][0] = 0.1234567f * (float)(b + 1) - 0.3f;
         c.w[b][1] = 1.0f / (float)(b + 3) + 0.5f;
@@ -36,6 +40,13 @@ static void test_round_trip(void **state) {
     info.identity[4] = true;
     ddt_error err = {0};
     assert_int_equal(ddt_calibration_save(path, &c, &info, "a note", &err), DDT_OK);
+    assert_int_equal(ddt_calibration_load(path, &back, &err), DDT_OK);
+    assert_memory_equal(&c, &back, sizeof c);
+    /* and without a lookup rating: none read back */
+    c.lookup = 0;
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) c.lookup_first[m] = 0.0f;
+    c.lookup_next = 0.0f;
+    assert_int_equal(ddt_calibration_save(path, &c, NULL, NULL, &err), DDT_OK);
     assert_int_equal(ddt_calibration_load(path, &back, &err), DDT_OK);
     assert_memory_equal(&c, &back, sizeof c);
     unlink(path);
@@ -99,6 +110,21 @@ static void test_parse_errors(void **state) {
                  "bucket 4 (ranks 8+) weight 1");
     expect_error(HEAD "\"weights\": [[0,0,0],[0,1,0],[0,1,0],[0,1,0],[0,1,0]]}", DDT_ERR_RANGE, "must be > 0");
     expect_error("{\"format\": \"ddtree-draft-calibration\", \"format\": \"x\"}", DDT_ERR_FORMAT, "not valid JSON");
+    /* the lookup rating */
+    const char *lk = HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5,0.6,0.7,0.7,0.8,0.9,0.95], \"next\": 0.9}}";
+    assert_int_equal(ddt_calibration_parse(lk, strlen(lk), "cal.json", &c, &err), DDT_OK);
+    assert_true(c.lookup == 1 && c.lookup_first[6] == 0.95f && c.lookup_next == 0.9f);
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5], \"next\": 0.9}}", DDT_ERR_FORMAT,
+                 "field lookup");
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": [1]}", DDT_ERR_FORMAT, "field lookup");
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5,0.6,0.7,0.7,0.8,0.9,0.95]}}",
+                 DDT_ERR_FORMAT, "field lookup");
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5,0.6,0.7,\"a\",0.8,0.9,0.95], "
+                 "\"next\": 0.9}}", DDT_ERR_FORMAT, "lookup.first[3]");
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5,0.6,0.7,0.7,0.8,0.9,0], "
+                 "\"next\": 0.9}}", DDT_ERR_RANGE, "match of 8 tokens");
+    expect_error(HEAD "\"weights\": " W5 ", \"lookup\": {\"first\": [0.5,0.6,0.7,0.7,0.8,0.9,0.9], "
+                 "\"next\": 1.5}}", DDT_ERR_RANGE, "next-token chance");
     /* a missing file names its path */
     assert_int_equal(ddt_calibration_load("/nonexistent/cal.json", &c, &err), DDT_ERR_IO);
     assert_non_null(strstr(err.msg, "/nonexistent/cal.json"));

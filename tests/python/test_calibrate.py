@@ -1,7 +1,7 @@
 """The draft calibration from the command line: `ddtree calibrate` fits a drafter's calibration for a target
 and writes the file; `ddtree generate` loads the drafter folder's own by default on the CPU, takes another
 with --calibration FILE, none with --calibration none, and says in its stats whether the trees were built
-calibrated; greedy output stays ar's either way; the shipped pair's calibration (models/pystdlib-dflash/
+calibrated and how many nodes the context lookup grafted (none with --no-lookup); greedy output stays ar's either way; the shipped pair's calibration (models/pystdlib-dflash/
 draft_calibration.json, fitted on models/calibration_prompts.json) gives greedy trees more accepted tokens
 a round on the held-out prompts; bad files and flags are refused with a message that names them.
 Needs DDT_BUILD_DIR."""
@@ -44,7 +44,7 @@ def test_calibrate_writes_a_file_generate_uses(tmp_path):
     r = ddtree("calibrate", "--model", TARGET, "--draft", DRAFTER, "--prompts", str(prompts), "--max-tokens", "48",
                "--out", str(out), "--threads", "2")
     assert r.returncode == 0, r.stderr
-    assert "rank 0" in r.stderr and str(out) in r.stderr
+    assert "rank 0" in r.stderr and str(out) in r.stderr and "context lookup:" in r.stderr
     cal = json.loads(out.read_text())
     assert cal["format"] == "ddtree-draft-calibration" and cal["version"] == 1 and cal["temperature"] == 0
     assert len(cal["weights"]) == 5 and all(len(w) == 3 and w[1] > 0 for w in cal["weights"])
@@ -58,10 +58,13 @@ def test_calibrate_writes_a_file_generate_uses(tmp_path):
     ar = ddtree("generate", "--model", TARGET, "--prompt", prompt, "--json", "--threads", "2", *base)
     assert ar.returncode == 0, ar.stderr
     ar_ids = json.loads(ar.stdout)["ids"]
-    for flag, want in ((["--calibration", str(out)], True), (["--calibration", "none"], False), ([], True)):
+    for flag, want in ((["--calibration", str(out)], True), (["--calibration", "none"], False), ([], True),
+                       (["--no-lookup"], True)):
         got = gen_json(prompt, "--mode", "tree", "--budget", "16", *base, *flag)
         assert got["ids"] == ar_ids, flag
         assert got["stats"]["draft_calibrated"] is want, flag
+        if not want or flag == ["--no-lookup"]:
+            assert got["stats"]["lookup_nodes"] == 0, flag
     # at T > 0 the drafter's own q: not applied
     t1 = gen_json(prompt, "--mode", "tree", "--budget", "16", *base, "--temperature", "1", "--seed", "3")
     assert t1["stats"]["draft_calibrated"] is False
@@ -73,19 +76,25 @@ def test_calibrate_writes_a_file_generate_uses(tmp_path):
 
 def test_shipped_calibration_accepts_more():
     """Greedy tree 16 over the first 6 held-out prompts (never used by the fit): more tokens a round with the
-    shipped calibration than with the drafter's own q (the CPU engine is deterministic: one run decides)."""
-    tok = {False: 0, True: 0}
-    rounds = {False: 0, True: 0}
+    shipped calibration than with the drafter's own q, and more again with its context lookup (the CPU engine
+    is deterministic: one run decides)."""
+    runs = {"plain": ["--calibration", "none"], "calibrated": ["--calibration", SHIPPED, "--no-lookup"],
+            "lookup": ["--calibration", SHIPPED]}
+    tok = dict.fromkeys(runs, 0)
+    rounds = dict.fromkeys(runs, 0)
+    grafted = 0
     for prompt in heldout(6):
-        for cal in (False, True):
-            st = gen_json(prompt, "--mode", "tree", "--budget", "16", "--max-tokens", "96",
-                          "--calibration", SHIPPED if cal else "none")["stats"]
-            assert st["draft_calibrated"] is cal
-            tok[cal] += st["tokens"]
-            rounds[cal] += st["rounds"]
-    plain, calibrated = tok[False] / rounds[False], tok[True] / rounds[True]
-    print(f"tree 16 mean acceptance: drafter's q {plain:.3f}, calibrated {calibrated:.3f}")
-    assert calibrated > plain * 1.02, (plain, calibrated)
+        for name, flags in runs.items():
+            st = gen_json(prompt, "--mode", "tree", "--budget", "16", "--max-tokens", "96", *flags)["stats"]
+            assert st["draft_calibrated"] is (name != "plain")
+            tok[name] += st["tokens"]
+            rounds[name] += st["rounds"]
+            if name == "lookup":
+                grafted += st["lookup_nodes"]
+    acc = {k: tok[k] / rounds[k] for k in runs}
+    print(f"tree 16 mean acceptance: {acc}, {grafted} lookup nodes")
+    assert acc["calibrated"] > acc["plain"] * 1.02, acc
+    assert acc["lookup"] > acc["calibrated"] * 1.02 and grafted > 0, acc
 
 
 def test_bad_calibration_input(tmp_path):
