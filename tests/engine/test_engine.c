@@ -724,12 +724,17 @@ static void test_calibration_data(void **state) {
     o.draft_calibration = &bad;
     assert_int_equal(ddt_engine_create(fixture("target/fp32"), &o, &e, &err), DDT_ERR_RANGE);
     assert_non_null(strstr(err.msg, "weight 1"));
+    free(s);
+    /* the CUDA engines take none yet: refused with the reason (a build without CUDA refuses the backend) */
     ddt_cal_identity(&bad);
     o.backend = DDT_BACKEND_CUDA;
     o.gpus = 2;
-    assert_int_equal(ddt_engine_create(fixture("target/fp32"), &o, &e, &err), DDT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "calibration"));
-    free(s);
+    const ddt_status cst = ddt_engine_create(fixture("target/fp32"), &o, &e, &err);
+    assert_int_not_equal(cst, DDT_OK);
+    if (ddt_backend_cuda_built()) {
+        assert_int_equal(cst, DDT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "calibration"));
+    }
 }
 
 int main(void) {
