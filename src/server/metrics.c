@@ -29,6 +29,7 @@ void ddt_metrics_add_generation(ddt_metrics *m, ddt_mode mode, const ddt_gen_sta
         x->drafts += (uint64_t)s->rounds;
         x->draft_tokens += (uint64_t)(s->nodes_verified - s->rounds);
         x->accepted_tokens += (uint64_t)(s->accepted - s->rounds);
+        x->lookup_tokens += (uint64_t)s->lookup_nodes;
     }
     double decode = s->t_total - s->t_prefill;
     if (decode > 0) x->decode_seconds += decode;
@@ -124,6 +125,7 @@ static double g_last_tps(const ddt_metrics_mode *x) { return x->last_tokens_per_
 static double g_drafts(const ddt_metrics_mode *x) { return (double)x->drafts; }
 static double g_draft_tok(const ddt_metrics_mode *x) { return (double)x->draft_tokens; }
 static double g_accepted(const ddt_metrics_mode *x) { return (double)x->accepted_tokens; }
+static double g_lookup(const ddt_metrics_mode *x) { return (double)x->lookup_tokens; }
 static double g_accept_len(const ddt_metrics_mode *x) {
     return x->drafts ? 1.0 + (double)x->accepted_tokens / (double)x->drafts : 0.0;
 }
@@ -160,6 +162,8 @@ char *ddt_metrics_render(ddt_metrics *m, size_t *len) {
     family(&o, x, "ddtree_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed (tree nodes).",
            g_draft_tok);
     family(&o, x, "ddtree_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", g_accepted);
+    family(&o, x, "ddtree_spec_decode_num_lookup_tokens_total", "counter",
+           "Of the draft tokens, those the context lookup grafted onto the trees.", g_lookup);
     family(&o, x, "ddtree_spec_decode_mean_acceptance_length", "gauge",
            "1 + accepted / drafts: tokens emitted per round.", g_accept_len);
     put(&o, "# HELP ddtree_http_responses_total HTTP responses by status class.\n"

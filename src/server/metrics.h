@@ -21,6 +21,7 @@ typedef struct ddt_metrics_mode {
     uint64_t requests, prompt_tokens, generation_tokens;
     uint64_t cached_tokens; /* prompt tokens whose context was reused (engine.h prefix_cache) */
     uint64_t drafts, draft_tokens, accepted_tokens;
+    uint64_t lookup_tokens; /* of the draft tokens, those the context lookup grafted (core/lookup.h) */
     double decode_seconds, request_seconds, ttft_seconds;
     uint64_t ttft_count;
     double last_tokens_per_s;

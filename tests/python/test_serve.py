@@ -604,6 +604,7 @@ def test_metrics(server):
     accepted = metric(text, "ddtree_spec_decode_num_accepted_tokens_total", "tree")
     proposed = metric(text, "ddtree_spec_decode_num_draft_tokens_total", "tree")
     assert drafts >= 1 and proposed >= accepted >= 0
+    assert proposed >= metric(text, "ddtree_spec_decode_num_lookup_tokens_total", "tree") >= 0
     assert metric(text, "ddtree_spec_decode_mean_acceptance_length", "tree") == pytest.approx(
         1 + accepted / drafts, rel=1e-6)
     assert "# TYPE ddtree_requests_total counter" in text
