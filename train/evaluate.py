@@ -71,13 +71,15 @@ def read_prompts(path):
             for i, p in enumerate(prompts)]
 
 
-def generate(exe, target, drafter, prompt, max_tokens, extra, threads, calibration=None):
+def generate(exe, target, drafter, prompt, max_tokens, extra, threads, calibration=None, no_lookup=False):
     cmd = [exe, "generate", "--model", target, "--prompt", prompt, "--max-tokens", str(max_tokens), "--json",
            "--threads", str(threads)]
     if extra:
         cmd += ["--draft", drafter] + extra
         if calibration:
             cmd += ["--calibration", calibration]
+        if no_lookup:
+            cmd += ["--no-lookup"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:8])}...: exit {r.returncode}: {r.stderr}")
@@ -99,6 +101,8 @@ def main():
                          "writes) instead of picking them from --data; nothing is written to --prompts-out")
     ap.add_argument("--prompts-out", default=os.path.join(C.MODELS_DIR, "heldout_prompts.json"))
     ap.add_argument("--results-out", default=os.path.join(C.MODELS_DIR, "eval_results.json"))
+    ap.add_argument("--no-lookup", action="store_true",
+                    help="graft no context-lookup path onto the greedy trees (ddtree generate --no-lookup)")
     ap.add_argument("--calibration", default=None,
                     help="the draft calibration the greedy trees use (FILE or none; default: the drafter folder's "
                          "draft_calibration.json when it has one, as ddtree generate does)")
@@ -127,7 +131,7 @@ def main():
         totals["ar"]["seconds"] += ar["stats"]["seconds"]["total"]
         for name, extra in MODES.items():
             out = generate(exe, args.target, args.drafter, p["text"], args.max_tokens, extra, args.threads,
-                           args.calibration)
+                           args.calibration, args.no_lookup)
             if out["ids"] != ar["ids"]:
                 raise SystemExit(f"{name} output differs from ar on {p['file']}")
             st = out["stats"]
@@ -139,7 +143,8 @@ def main():
             acc = []
             for seed in range(args.t1_seeds):
                 out = generate(exe, args.target, args.drafter, p["text"], args.max_tokens,
-                               extra + ["--temperature", "1", "--seed", str(seed)], args.threads, args.calibration)
+                               extra + ["--temperature", "1", "--seed", str(seed)], args.threads, args.calibration,
+                               args.no_lookup)
                 st = out["stats"]
                 acc.append(st["mean_acceptance"])
                 totals[name]["tokens"] += st["tokens"]
@@ -156,6 +161,7 @@ def main():
     C.write_json(args.results_out, {"max_tokens": args.max_tokens, "threads": args.threads,
                                     "n_prompts": len(prompts), "t1_seeds": args.t1_seeds,
                                     "calibration": os.path.relpath(cal, C.ROOT) if calibrated else None,
+                                    "lookup": calibrated and not args.no_lookup,
                                     "summary": summary,
                                     "per_prompt": per_prompt})
     print(json.dumps(summary, indent=1))
