@@ -59,7 +59,7 @@ static void test_propose(void **state) {
         for (int32_t i = 0; i < n; i++) ctx[i] = (int32_t)(rnd() % (uint32_t)alpha);
         if (it % 7 == 0 && n > 20) { /* a planted repeat */
             const int32_t at = (int32_t)(rnd() % (uint32_t)(n - 12));
-            memcpy(ctx + n - 10, ctx + at, 10 * sizeof(int32_t));
+            memmove(ctx + n - 10, ctx + at, 10 * sizeof(int32_t)); /* may overlap */
         }
         int32_t ma, mb;
         const int32_t la = ddt_lookup_propose(ctx, n, max_len, a, &ma);
