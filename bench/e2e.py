@@ -48,8 +48,9 @@ def aggregate(outs):
     acc = sum(o["stats"]["mean_acceptance"] * o["stats"]["rounds"] for o in outs)
     phases = {p: sum(o["stats"]["seconds"][p] for o in outs) for p in ("draft", "build", "verify", "walk", "commit")}
     kernels = max((o["stats"].get("round_kernels", 0) for o in outs), default=0)
+    lookup = sum(o["stats"].get("lookup_nodes", 0) for o in outs)  # nodes the context lookup grafted
     return {"tps": tokens / decode if decode > 0 else 0.0, "tau": acc / rounds if rounds else 0.0,
-            "phases": phases, "decode": decode, "kernels": kernels}
+            "phases": phases, "decode": decode, "kernels": kernels, "lookup": lookup / rounds if rounds else 0.0}
 
 
 def encode(model_dir, prompt):
@@ -134,13 +135,14 @@ def main():
     hf_tps, hf_note = (None, "not run (--no-hf)") if args.no_hf else hf_baseline(args, [encode(args.model, p) for p in prompts])
     lines = [f"{len(prompts)} held-out prompts, {args.max_tokens} new tokens each; tokens/s counts decode "
              "(prompt pass excluded).", "",
-             "| T | mode | budget | tokens/s | speed-up vs ar | mean acceptance | kernels per round | draft s | build s | "
-             "verify s | walk s | commit s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| T | mode | budget | tokens/s | speed-up vs ar | mean acceptance | lookup nodes per round | "
+             "kernels per round | draft s | build s | verify s | walk s | commit s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ph = r["phases"]
         lines.append(f"| {r['temp']:g} | {r['mode']} | {r['budget'] if r['budget'] is not None else '-'} | "
-                     f"{r['tps']:.1f} | {r['speedup']:.2f} | {r['tau']:.2f} | {r.get('kernels') or '-'} | "
+                     f"{r['tps']:.1f} | {r['speedup']:.2f} | {r['tau']:.2f} | {r['lookup']:.2f} | "
+                     f"{r.get('kernels') or '-'} | "
                      f"{ph['draft']:.3f} | {ph['build']:.3f} | "
                      f"{ph['verify']:.3f} | {ph['walk']:.3f} | {ph['commit']:.3f} |")
     ar0 = next(r["tps"] for r in rows if r["mode"] == "ar" and r["temp"] == temps[0])
