@@ -4,7 +4,8 @@
  * draft_calibration.json, which generate / chat / serve then load by default.
  * Each prompt is decoded greedily for --max-tokens tokens with a draft at every
  * step (ddt_engine_calibration_data); the rank buckets' weights are fitted on all
- * of them (ddt_cal_fit) and the fit's per-bucket report goes to stderr.  Use
+ * of them (ddt_cal_fit), with the context lookup's rating (core/lookup.h), and
+ * the fit's per-bucket report goes to stderr.  Use
  * prompts like the ones the pair will serve, and not the ones it is evaluated on.
  */
 #include <jansson.h>
@@ -29,8 +30,10 @@ static const char k_usage_head[] =
     "Fits the draft calibration of the drafter in --draft for the target in --model: each prompt is\n"
     "decoded greedily with a draft at every step, and the drafter's top-16 log-probabilities per\n"
     "depth are mapped to how often the target accepted those tokens (a logistic fit per rank\n"
-    "bucket).  Greedy trees built from calibrated weights hold more accepted tokens for the same\n"
-    "budget; the output is the target's either way.  CPU backend.\n"
+    "bucket), and the context lookup is rated: how often the continuation of an earlier occurrence of\n"
+    "the context's last 2-8 tokens is accepted.  Greedy trees built from calibrated weights, with the\n"
+    "lookup's path grafted where it weighs more, hold more accepted tokens for the same budget; the\n"
+    "output is the target's either way.  CPU backend.\n"
     "Options (of the engine's, --model, --draft, --ctx and --threads apply):\n";
 static const char k_usage_tail[] =
     "  --prompts FILE       the prompts: a JSON array of strings, or {\"prompts\": [{\"text\": ...}, ...]}\n"
