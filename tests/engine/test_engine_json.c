@@ -33,6 +33,7 @@
 #include "core/error.h"
 
 #include "engine/engine.h"
+#include "io/draft_calibration.h"
 #include "text/json_vocab.h"
 #include "text/tokenizer.h"
 #include "ddtree.h"
@@ -479,6 +480,51 @@ static void test_tree_refills_budget(void **state) {
     assert_int_equal(ddt_engine_set_constraint(f->e, NULL, &err), DDT_OK);
 }
 
+/* Under the shipped pair's draft calibration the constrained trees are built from
+ * calibrated weights (the refusals still filter the build) and take no context
+ * lookup path (a grafted node would carry no grammar state): greedy tree output is
+ * still ar's, complete documents end with the stop id, and the stats say so. */
+static void test_calibrated_constrained(void **state) {
+    fixture *f = *state;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s", g_draft, DDT_CALIBRATION_FILE);
+    ddt_draft_calibration cal;
+    ddt_error err = {0};
+    if (ddt_calibration_load(path, &cal, &err)) fail_msg("calibration: %s", err.msg);
+    assert_int_equal(cal.lookup, 1);
+    ddt_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.mode = DDT_MODE_TREE;
+    o.budget = 16;
+    o.draft_dir = g_draft;
+    o.sampling.top_p = 1.0f;
+    o.n_threads = 2;
+    o.draft_calibration = &cal;
+    fixture g = *f;
+    if (ddt_engine_create(g_target, &o, &g.e, &err) != DDT_OK) fail_msg("create: %s", err.msg);
+    ddt_json_constraint c = {f->v, true, NULL};
+    if (ddt_engine_set_constraint(f->e, &c, &err) || ddt_engine_set_constraint(g.e, &c, &err))
+        fail_msg("constraint: %s", err.msg);
+    for (size_t p = 0; p < 3; p++) {
+        run ar;
+        gen(f, prompts[p], DDT_MODE_AR, N_GEN, &ar);
+        int32_t ids[256], out[N_GEN], n_out;
+        size_t n;
+        if (ddt_tokenizer_encode(f->tok, prompts[p], strlen(prompts[p]), 0, ids, 256, &n, &err))
+            fail_msg("encode: %s", err.msg);
+        const int32_t stop = EOS;
+        ddt_gen_stats st;
+        if (ddt_engine_generate(g.e, ids, (int32_t)n, N_GEN, &stop, 1, out, &n_out, NULL, NULL, &st, &err))
+            fail_msg("generate: %s", err.msg);
+        assert_int_equal(n_out, ar.n);
+        assert_memory_equal(out, ar.ids, (size_t)ar.n * sizeof(int32_t));
+        assert_true(st.draft_calibrated);
+        assert_int_equal(st.lookup_nodes, 0);
+    }
+    assert_int_equal(ddt_engine_set_constraint(f->e, NULL, &err), DDT_OK);
+    ddt_engine_free(g.e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_modes_agree),
@@ -486,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_sampled_is_grammatical),
         cmocka_unit_test(test_off_again_and_errors),
         cmocka_unit_test(test_schema_greedy_modes_agree),
+        cmocka_unit_test(test_calibrated_constrained),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
