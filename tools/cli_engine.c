@@ -266,7 +266,11 @@ static int load_calibration(cli_engine_args *a) {
     }
     ddt_error err = {0};
     if (ddt_calibration_load(file, &a->cal, &err) != DDT_OK) {
-        fprintf(stderr, "ddtree %s: --calibration: %s\n", a->cmd, err.msg);
+        if (a->calibration)
+            fprintf(stderr, "ddtree %s: --calibration: %s\n", a->cmd, err.msg);
+        else /* the drafter folder's own, which the user did not name */
+            fprintf(stderr, "ddtree %s: the drafter's draft calibration: %s (--calibration none runs without it)\n",
+                    a->cmd, err.msg);
         return 2;
     }
     a->have_cal = true;

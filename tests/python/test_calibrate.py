@@ -110,6 +110,19 @@ def test_bad_calibration_input(tmp_path):
     assert r.returncode == 2 and "bad.json" in r.stderr and "bucket 2" in r.stderr, r.stderr
     r = ddtree(*base, "--calibration", "")
     assert r.returncode == 2 and "--calibration" in r.stderr
+    # a broken file in the drafter folder, loaded by default: named, with the way around it
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    for name in os.listdir(DRAFTER):
+        if name != "draft_calibration.json":
+            os.symlink(os.path.join(DRAFTER, name), folder / name)
+    (folder / "draft_calibration.json").write_text("{")
+    fb = ["generate", "--model", TARGET, "--draft", str(folder), "--prompt", prompt, "--mode", "tree",
+          "--max-tokens", "4"]
+    r = ddtree(*fb)
+    assert r.returncode == 2 and "draft_calibration.json" in r.stderr and "--calibration none" in r.stderr, r.stderr
+    r = ddtree(*fb, "--calibration", "none", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["stats"]["draft_calibrated"] is False, r.stderr
     # calibrate's own checks
     cal = ["calibrate", "--model", TARGET, "--draft", DRAFTER]
     r = ddtree(*cal)
