@@ -374,13 +374,19 @@ static bool lookup_on(const cpu_engine *e) {
            e->ch.json.vocab == NULL;
 }
 
+/* The lookup's proposal (at most depth tokens into path, match length *ml) for the
+ * committed context kv_ids[0..n_kv) followed by the round's root. */
+static int32_t propose_lookup(cpu_engine *e, int32_t bonus, int32_t *path, int32_t *ml) {
+    e->kv_ids[e->n_kv] = bonus; /* the round's commit writes the same id there */
+    return ddt_lookup_propose(e->kv_ids, e->n_kv + 1, e->depth, path, ml);
+}
+
 /* Graft the lookup's proposal for the committed context + bonus onto the round's
  * tree, within `budget` nodes; *grafted: nodes appended. */
 static ddt_status graft_lookup(cpu_engine *e, int32_t bonus, int32_t budget, int32_t *grafted, ddt_error *err) {
     *grafted = 0;
-    e->kv_ids[e->n_kv] = bonus; /* the round's commit writes the same id there */
     int32_t path[DDT_MAX_DEPTH], ml;
-    const int32_t len = ddt_lookup_propose(e->kv_ids, e->n_kv + 1, e->depth, path, &ml);
+    const int32_t len = propose_lookup(e, bonus, path, &ml);
     if (len == 0) return DDT_OK;
     float v[DDT_MAX_DEPTH];
     ddt_cal_lookup_weights(&e->cal, ml, len, v);
@@ -409,6 +415,20 @@ static int32_t reusable_prefix(const cpu_engine *e, const int32_t *prompt, int32
     return keep;
 }
 
+/* Prefill prompt[from..n) after the context, in chunks: their ids into kv_ids, and
+ * every chunk's features to the drafter. */
+static ddt_status prefill_prompt(cpu_engine *e, const int32_t *prompt, int32_t from, int32_t n, ddt_error *err) {
+    for (int32_t i = from; i < n; i += DDT_ENGINE_PREFILL_CHUNK) {
+        int32_t c = n - i < DDT_ENGINE_PREFILL_CHUNK ? n - i : DDT_ENGINE_PREFILL_CHUNK;
+        ddt_status st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
+        if (st) return st;
+        memcpy(e->kv_ids + e->n_kv, prompt + i, sizeof(int32_t) * (size_t)c);
+        e->n_kv += c;
+        if ((st = feed_drafter(e, e->rows, c, err))) return st;
+    }
+    return DDT_OK;
+}
+
 static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                 const int32_t *stop, int32_t n_stop, int32_t *out, int32_t *n_out, ddt_emit_fn emit_fn,
                                 void *emit_ctx, ddt_gen_stats *stats, ddt_error *err) {
@@ -428,16 +448,8 @@ static ddt_status generate_body(cpu_engine *e, const int32_t *prompt, int32_t n_
     double t_start = ddt_engine_now();
     s.prompt_tokens = n_prompt;
     s.cached_tokens = keep;
-    /* the rest of the prompt, in chunks; the drafter gets every chunk's features */
-    for (int32_t i = keep; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
-        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
-        st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err);
-        if (st) return st;
-        memcpy(e->kv_ids + e->n_kv, prompt + i, sizeof(int32_t) * (size_t)c);
-        e->n_kv += c;
-        st = feed_drafter(e, e->rows, c, err);
-        if (st) return st;
-    }
+    /* the rest of the prompt */
+    if ((st = prefill_prompt(e, prompt, keep, n_prompt, err))) return st;
     int32_t bonus;
     st = choose(e, e->logits, 0, &bonus, err);
     if (st) return st;
@@ -566,35 +578,32 @@ static ddt_status cpu_score(void *impl, const int32_t *ids, int32_t n, int32_t n
 }
 
 /* engine.h ddt_engine_calibration_data: a greedy ar decode that drafts at every
- * step; the tables are kept until the tokens after them are known. */
+ * step; the tables are kept until the tokens after them are known.  kv_ids follows
+ * the context, as in a generation, for the lookup's proposals. */
 static ddt_status calibration_body(cpu_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_new,
                                    ddt_cal_stats *stats, int32_t *n_out, float *tab_q, int32_t *tab_t,
-                                   int32_t *toks, int32_t *ctx, int32_t *props, int32_t k, ddt_error *err) {
+                                   int32_t *toks, int32_t *props, int32_t k, ddt_error *err) {
     /* props: per step, the lookup's match length, proposal length and proposal (depth + 2 ints) */
     const size_t pstride = (size_t)e->depth + 2;
-    memcpy(ctx, prompt, sizeof(int32_t) * (size_t)n_prompt);
     ddt_status st = ddt_choice_start(&e->ch, prompt, n_prompt, NULL, 0, err);
     if (st) return st;
     if ((st = ddt_target_rollback(e->target, 0, err))) return st;
     if (e->drafter && (st = ddt_drafter_rollback(e->drafter, 0, err))) return st;
-    for (int32_t i = 0; i < n_prompt; i += DDT_ENGINE_PREFILL_CHUNK) {
-        int32_t c = n_prompt - i < DDT_ENGINE_PREFILL_CHUNK ? n_prompt - i : DDT_ENGINE_PREFILL_CHUNK;
-        if ((st = ddt_target_prefill(e->target, prompt + i, c, e->logits, false, err))) return st;
-        if ((st = feed_drafter(e, e->rows, c, err))) return st;
-    }
+    e->n_kv = 0;
+    if ((st = prefill_prompt(e, prompt, 0, n_prompt, err))) return st;
     if ((st = choose(e, e->logits, 0, &toks[0], err))) return st;
     if ((st = take_emitted(e, &toks[0], 1, err))) return st;
     int32_t n = 1;
     const size_t cells = (size_t)e->depth * (size_t)k;
     for (; n < max_new && ddt_target_len(e->target) < e->max_ctx; n++) {
         const int32_t bonus = toks[n - 1];
-        ctx[n_prompt + n - 1] = bonus;
         int32_t *pr = props + (size_t)(n - 1) * pstride;
-        pr[1] = ddt_lookup_propose(ctx, n_prompt + n, e->depth, pr + 2, &pr[0]);
+        pr[1] = propose_lookup(e, bonus, pr + 2, &pr[0]);
         if ((st = draft_table_raw(e, bonus, k, err))) return st;
         memcpy(tab_q + (size_t)(n - 1) * cells, e->logq, cells * sizeof(float));
         memcpy(tab_t + (size_t)(n - 1) * cells, e->table_tok, cells * sizeof(int32_t));
         if ((st = ddt_target_prefill(e->target, &bonus, 1, e->logits, false, err))) return st;
+        e->kv_ids[e->n_kv++] = bonus;
         if ((st = feed_drafter(e, e->rows, 1, err))) return st;
         if ((st = choose(e, e->logits, (uint64_t)n, &toks[n], err))) return st;
         if ((st = take_emitted(e, &toks[n], 1, err))) return st;
@@ -624,17 +633,15 @@ static ddt_status cpu_calibration_data(void *impl, const int32_t *prompt, int32_
     float *tab_q = ddt_malloc_array((size_t)max_new * cells, sizeof(float));
     int32_t *tab_t = ddt_malloc_array((size_t)max_new * cells, sizeof(int32_t));
     int32_t *toks = ddt_malloc_array((size_t)max_new, sizeof(int32_t));
-    int32_t *ctx = ddt_malloc_array((size_t)n_prompt + (size_t)max_new, sizeof(int32_t));
     int32_t *props = ddt_malloc_array((size_t)max_new * ((size_t)e->depth + 2), sizeof(int32_t));
     ddt_status st;
-    if (!tab_q || !tab_t || !toks || !ctx || !props)
+    if (!tab_q || !tab_t || !toks || !props)
         st = ddt_fail(err, DDT_ERR_NOMEM, "out of memory for %d draft tables of %zu cells", max_new, cells);
     else
-        st = calibration_body(e, prompt, n_prompt, max_new, stats, n_out, tab_q, tab_t, toks, ctx, props, k, err);
+        st = calibration_body(e, prompt, n_prompt, max_new, stats, n_out, tab_q, tab_t, toks, props, k, err);
     free(tab_q);
     free(tab_t);
     free(toks);
-    free(ctx);
     free(props);
     e->n_kv = 0; /* the context is the decode's, which no generation tracked */
     return st;

@@ -49,10 +49,8 @@ typedef struct fixture {
     ddt_json_vocab *v;
 } fixture;
 
-static int setup(void **state) {
-    snprintf(g_target, sizeof g_target, "%s/models/pystdlib-target", DDT_SOURCE_DIR);
-    snprintf(g_draft, sizeof g_draft, "%s/models/pystdlib-dflash", DDT_SOURCE_DIR);
-    fixture *f = calloc(1, sizeof *f);
+/* The shipped pair's tree-16 engine (switchable to every mode), under cal (NULL: none). */
+static ddt_engine *pair_engine(const ddt_draft_calibration *cal) {
     ddt_engine_options o;
     memset(&o, 0, sizeof o);
     o.mode = DDT_MODE_TREE;
@@ -61,8 +59,19 @@ static int setup(void **state) {
     o.draft_dir = g_draft;
     o.sampling.top_p = 1.0f;
     o.n_threads = 2;
+    o.draft_calibration = cal;
+    ddt_engine *e;
     ddt_error err = {0};
-    if (ddt_engine_create(g_target, &o, &f->e, &err) != DDT_OK) fail_msg("create: %s", err.msg);
+    if (ddt_engine_create(g_target, &o, &e, &err) != DDT_OK) fail_msg("create: %s", err.msg);
+    return e;
+}
+
+static int setup(void **state) {
+    snprintf(g_target, sizeof g_target, "%s/models/pystdlib-target", DDT_SOURCE_DIR);
+    snprintf(g_draft, sizeof g_draft, "%s/models/pystdlib-dflash", DDT_SOURCE_DIR);
+    fixture *f = calloc(1, sizeof *f);
+    ddt_error err = {0};
+    f->e = pair_engine(NULL);
     if (ddt_tokenizer_load(g_target, &f->tok, &err) != DDT_OK) fail_msg("tokenizer: %s", err.msg);
     if (ddt_json_vocab_create(f->tok, ddt_engine_vocab(f->e), &f->v, &err) != DDT_OK) fail_msg("vocab: %s", err.msg);
     *state = f;
@@ -492,16 +501,8 @@ static void test_calibrated_constrained(void **state) {
     ddt_error err = {0};
     if (ddt_calibration_load(path, &cal, &err)) fail_msg("calibration: %s", err.msg);
     assert_int_equal(cal.lookup, 1);
-    ddt_engine_options o;
-    memset(&o, 0, sizeof o);
-    o.mode = DDT_MODE_TREE;
-    o.budget = 16;
-    o.draft_dir = g_draft;
-    o.sampling.top_p = 1.0f;
-    o.n_threads = 2;
-    o.draft_calibration = &cal;
     fixture g = *f;
-    if (ddt_engine_create(g_target, &o, &g.e, &err) != DDT_OK) fail_msg("create: %s", err.msg);
+    g.e = pair_engine(&cal);
     ddt_json_constraint c = {f->v, true, NULL};
     if (ddt_engine_set_constraint(f->e, &c, &err) || ddt_engine_set_constraint(g.e, &c, &err))
         fail_msg("constraint: %s", err.msg);
