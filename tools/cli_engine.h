@@ -56,8 +56,7 @@ int cli_flag_value(const char *cmd, const char *const *names, size_t n, int argc
 /* Checks across options (a model given, mode and backend known, a drafter for
  * chain / tree) and that the folders exist, and loads the draft calibration
  * (--calibration FILE; by default the drafter folder's draft_calibration.json
- * when there is one and the engine runs on the CPU, the one backend that applies
- * it so far): -1 when fine, else 2 after a message. */
+ * when there is one): -1 when fine, else 2 after a message. */
 int cli_engine_check(cli_engine_args *a);
 
 /* The engine options these arguments ask for. */

@@ -132,9 +132,6 @@ static ddt_status check_options(const ddt_engine_options *o, ddt_error *err) {
     if (o->reserve_budget < 0 || o->reserve_budget > DDT_MAX_BUDGET)
         return ddt_fail(err, DDT_ERR_RANGE, "reserved budget %d outside 0..%d", o->reserve_budget, DDT_MAX_BUDGET);
     if (o->draft_calibration) {
-        if (ddt_engine_backend(o) == DDT_BACKEND_CUDA)
-            return ddt_fail(err, DDT_ERR_UNSUPPORTED, "a draft calibration runs on the CPU backend only so far (the "
-                            "GPU tree build applies none): leave it out (--calibration none) or use --backend cpu");
         ddt_status st = ddt_cal_check(o->draft_calibration, err);
         if (st) return st;
     }

@@ -114,8 +114,8 @@ typedef struct ddt_engine_options {
                                   none: greedy trees are built from calibrated weights, a better tree for
                                   the same budget, and where it rates the context lookup, its path grafted
                                   onto them (T > 0 keeps the drafter's own q and no lookup; the output is
-                                  the target's either way).  CPU engine only, so far: the GPU build does not
-                                  apply one yet, and a CUDA engine given one refuses it */
+                                  the target's either way).  Every backend (the device build applies it,
+                                  bitwise the CPU's; on several GPUs every rank does) */
     bool no_lookup;            /* with a draft calibration that rates the context lookup (core/lookup.h):
                                   graft no lookup path onto the greedy trees (for comparison) */
     bool cuda_no_phase_times;  /* cuda: no timing events inside the round graph (each is a node that no

@@ -19,6 +19,7 @@
 #include "backend/cuda/tree_cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/lookup.h"
 #include "engine/choice.h"
 #include "engine/emitter.h"
 #include "engine/logprobs.h"
@@ -48,6 +49,15 @@ struct ddt_engine_cuda {
     int32_t *emit_d;       /* [DDT_CUDA_EMIT_WORDS + 1]: the emit block, then the auto rule's bucket */
     int32_t *one;          /* [1] = 1 */
     ddt_cuda_tree tree;
+    bool have_cal; /* options.draft_calibration, copied into tree.cal */
+    /* the context lookup (core/lookup.h) on greedy tree rounds where the calibration rates
+       it: the host proposes from the context it knows (kv_ids) into pinned prop_h ([0]
+       length, [1] match length, [2..] tokens), which the round's graft kernel reads;
+       lookup_d counts the device's grafted nodes, lookup_host the host builds' */
+    bool lookup_on;
+    int32_t *prop_h;
+    int32_t *lookup_d;
+    int64_t lookup_host;
     /* host (pinned where copied asynchronously) */
     int32_t *emit_h;       /* [DDT_CUDA_EMIT_WORDS + 1] */
     int32_t *walk_h;       /* [DDT_MAX_PATH + 2]: path, length, bonus for the device after a host walk */
@@ -182,6 +192,8 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
+    if (e->prop_h) cudaFreeHost(e->prop_h);
+    if (e->lookup_d) cudaFree(e->lookup_d);
     void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h,
                       e->sp_h, e->stop_h, e->score_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
@@ -207,6 +219,25 @@ const ddt_model_config *ddt_engine_cuda_model_config(const ddt_engine_cuda *e) {
     return ddt_cuda_target_config(e->target);
 }
 void ddt_engine_cuda_set_sampling(ddt_engine_cuda *e, const ddt_sampling *s) { e->opts.sampling = *s; }
+
+/* Whether the builds take the draft calibration: greedy rounds only, as on the CPU
+ * (engine_cpu.c); set before every capture and host build, so a graph holds the
+ * setting of its sampling mode (a change of T between 0 and > 0 changes the mode,
+ * which captures the graphs again). */
+static void set_calibration(ddt_engine_cuda *e) {
+    e->tree.cal_on = e->have_cal && e->opts.sampling.temperature <= 0.0f;
+    /* a JSON constraint tracks the grammar per built node (the CPU engine's rule too) */
+    e->lookup_on = e->tree.cal_on && e->tree.cal.lookup && !e->opts.no_lookup && e->opts.mode == DDT_MODE_TREE &&
+                   e->ch.json.vocab == NULL;
+}
+
+/* The lookup's proposal for the next round: the committed context kv_ids[0..n_kv)
+ * and the round's root, into prop_h (the previous round has finished: the host
+ * synchronised on its emitted tokens). */
+static void stage_lookup(ddt_engine_cuda *e, int32_t n_kv, int32_t bonus) {
+    e->kv_ids[n_kv] = bonus; /* the round's commit makes it so */
+    e->prop_h[0] = ddt_lookup_propose(e->kv_ids, n_kv + 1, e->depth, e->prop_h + 2, &e->prop_h[1]);
+}
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
@@ -276,6 +307,20 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     e->topk_ws_bytes = ddt_cuda_topk_workspace_bytes((int32_t)drows, e->vocab, e->kmax);
     if ((st = ddt_cuda_malloc_array(&e->topk_ws, e->topk_ws_bytes, 1, NULL, err))) goto fail;
     if ((st = ddt_cuda_tree_alloc(e->max_nodes - 1, &e->tree, err))) goto fail;
+    if (opts->draft_calibration) {
+        e->tree.cal = *opts->draft_calibration;
+        e->have_cal = true;
+    }
+    {
+        cudaError_t ce = cudaMallocHost((void **)&e->prop_h, (2 + DDT_MAX_DEPTH) * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->lookup_d, sizeof(int32_t));
+        if (ce != cudaSuccess) {
+            st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: lookup buffers: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
+        memset(e->prop_h, 0, (2 + DDT_MAX_DEPTH) * sizeof(int32_t));
+    }
+    set_calibration(e);
     {
         int32_t one = 1;
         cudaError_t ce = cudaMemcpy(e->one, &one, sizeof one, cudaMemcpyHostToDevice);
@@ -378,6 +423,8 @@ static ddt_status launch_draft_build(ddt_engine_cuda *e, int32_t budget, int32_t
                                  e->topk_ws_bytes, e->s, err));
     if (a) TRY(ddt_cuda_tree_build_auto(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, a, e->s, err));
     else TRY(ddt_cuda_tree_build(&e->tree, e->logq, e->table_tok, e->depth, k, budget, e->vocab, e->s, err));
+    /* the auto budget's cut stands: the lookup competes within the nodes it kept */
+    if (e->lookup_on) TRY(ddt_cuda_tree_graft(&e->tree, e->prop_h, budget, a != NULL, e->lookup_d, e->s, err));
     DDT_CUDA_TRY(mark(e, 2), err);
     return DDT_OK;
 }
@@ -682,6 +729,7 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     DDT_CUDA_TRY(cudaMemcpyAsync(e->ttok_h, e->table_tok, sizeof(int32_t) * cells, cudaMemcpyDeviceToHost, e->s),
                  err);
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
+    if (e->tree.cal_on) ddt_cal_apply(&e->tree.cal, e->logq_h, e->depth, k, k); /* the device build's weights */
     ddt_draft_table tb = {e->depth, k, e->logq_h, e->ttok_h};
     /* the graph round's rule on the host: the full tree, cut at the best verify
        bucket (ddt_cost_bucket_cut; the device's cut is the same), so host- and
@@ -699,7 +747,14 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
         }
         e->auto_bucket = j;
     }
-    if (keep < e->htree.n_nodes) { /* the kept prefix as a walkable tree of its own */
+    if (e->lookup_on) { /* the graft keeps at most the cut's nodes and leaves a walkable tree */
+        float v[DDT_MAX_DEPTH];
+        const int32_t len = e->prop_h[0];
+        if (len > 0) ddt_cal_lookup_weights(&e->tree.cal, e->prop_h[1], len, v);
+        int32_t grafted;
+        TRY(ddt_tree_graft(&e->htree, e->prop_h + 2, v, len, keep - 1, e->vocab, &grafted, err));
+        e->lookup_host += grafted;
+    } else if (keep < e->htree.n_nodes) { /* the kept prefix as a walkable tree of its own */
         memcpy(e->tok_h, e->htree.token, sizeof(int32_t) * (size_t)keep);
         memcpy(e->par_h, e->htree.parent, sizeof(int32_t) * (size_t)keep);
         TRY(ddt_tree_from_parents(e->tok_h, e->par_h, keep, e->vocab, &e->htree, err));
@@ -990,6 +1045,9 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     memset(&s, 0, sizeof s);
     const int mode = next_mode(e);
     const bool on_device = mode != NEXT_HOST; /* the round runs as the graph, argmax or device sampler */
+    set_calibration(e);
+    e->lookup_host = 0;
+    DDT_CUDA_TRY(cudaMemsetAsync(e->lookup_d, 0, sizeof(int32_t), e->s), err);
     /* settings changed since the graphs were captured (set_sampling, set_speculation):
        capture them again for the full round, before the first one */
     int32_t full_k = 1;
@@ -1100,6 +1158,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
                token emitted, as the CPU loop does (the build, sampler and walk
                kernels take a tree of one node) */
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
+            if (e->lookup_on) stage_lookup(e, n_kv, bonus);
             if (e->auto_budget && (!on_device || auto_host(e))) {
                 TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, err));
             } else if (on_device) {
@@ -1165,6 +1224,12 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
     double t_end = ddt_engine_now();
     ddt_emitter_finish_stats(&em, t_start, t_decode, t_end, &s);
     s.round_kernels = on_device && !auto_host(e) ? e->graph_kernels : 0;
+    s.draft_calibrated = e->tree.cal_on && e->opts.mode != DDT_MODE_AR;
+    {
+        int32_t dev = 0;
+        DDT_CUDA_TRY(cudaMemcpy(&dev, e->lookup_d, sizeof(int32_t), cudaMemcpyDeviceToHost), err);
+        s.lookup_nodes = (int64_t)dev + e->lookup_host;
+    }
     s.round_pdl_edges = on_device && !auto_host(e) ? e->graph_pdl : 0;
     *n_out = em.n;
     if (stats) *stats = s;

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "backend/cuda/nn_cuda.h"
+#include "core/calibration.h"
 #include "text/json_vocab.h"
 #include "text/tokenizer.h"
 #include "ddtree.h"
@@ -249,9 +250,12 @@ typedef struct run_out {
 } run_out;
 
 /* The engines of these tests: seed 11, two CPU threads. */
+static const ddt_draft_calibration *g_cal; /* engine_opts' options.draft_calibration */
+
 static ddt_engine_options engine_opts(ddt_backend be, ddt_mode mode, const char *draft, int budget, float temp,
                                       int gpus, bool nccl) {
     ddt_engine_options o = {0};
+    o.draft_calibration = g_cal;
     o.mode = mode;
     o.backend = be;
     o.draft_dir = draft;
@@ -293,11 +297,25 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         CHECK(same_out(&one, &multi), "%s: greedy tree %d over NCCL != single-GPU tree", model, budgets[b]);
         CHECK(same_out(&cpu, &multi), "%s: greedy tree %d over NCCL != CPU ar", model, budgets[b]);
     }
+    /* a draft calibration: every rank builds the calibrated tree, the tokens stay the single GPU's and ar's */
+    ddt_draft_calibration cal;
+    ddt_cal_identity(&cal);
+    cal.w[0][0] = 3.0f;
+    for (int b = 1; b < DDT_CAL_BUCKETS; b++) cal.w[b][0] = -2.0f;
+    cal.lookup = 1; /* every rank grafts the same lookup path (the same context on each) */
+    for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) cal.lookup_first[m] = 0.9f;
+    cal.lookup_next = 0.95f;
+    g_cal = &cal;
+    OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, 0, false, prompt, np, max_new, &one, &err_));
+    OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, 1, true, prompt, np, max_new, &multi, &err_));
+    g_cal = NULL;
+    CHECK(same_out(&one, &multi) && same_out(&cpu, &multi), "%s: calibrated greedy tree 16 over NCCL != single GPU / ar",
+          model);
     OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, 0, false, prompt, np, max_new, &one, &err_));
     OK(run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, 1, true, prompt, np, max_new, &multi, &err_));
     CHECK(same_out(&one, &multi), "%s: sampled tree (T=1) over NCCL != single-GPU sampled tree", model);
-    printf("  %s: engine over NCCL (1 GPU), %d tokens: ar vs CPU ar, tree 1/16/63 vs single-GPU tree and CPU ar, "
-           "T=1 tree vs single-GPU (failures so far: %d)\n", model, multi.n, g_failures);
+    printf("  %s: engine over NCCL (1 GPU), %d tokens: ar vs CPU ar, tree 1/16/63 (and 16 calibrated) vs single-GPU "
+           "tree and CPU ar, T=1 tree vs single-GPU (failures so far: %d)\n", model, multi.n, g_failures);
 }
 
 /* Logit rules and the JSON constraint on the multi-GPU engine (one rank over NCCL):

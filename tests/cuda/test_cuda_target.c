@@ -38,6 +38,7 @@
 #include "backend/cuda/kv_cuda.h"
 #include "backend/cuda/mla_verify_cuda.h"
 #include "cuda_test.h"
+#include "core/calibration.h"
 #include "engine/engine.h"
 #include "io/drafter_config.h"
 #include "io/safetensors.h"
@@ -914,6 +915,8 @@ static int32_t g_pdl_edges = DDT_PDL_EDGES_DEFAULT; /* which edges become progra
 static bool g_no_phase_times = false; /* run_engine's engines time no phases (--no-phase-times) */
 static int32_t g_max_ctx = 0; /* run_engine's context (0: the model's default) */
 static const ddt_cost_model *g_cost = NULL; /* run_engine's options.cost (auto budget) */
+static const ddt_draft_calibration *g_cal = NULL; /* run_engine's options.draft_calibration */
+static bool g_no_lookup = false;                  /* run_engine's options.no_lookup */
 
 /* budget < 0: --budget auto capped at -budget */
 static void run_engine(const char *model, const char *draft, ddt_backend be, ddt_mode mode, int budget, float temp,
@@ -933,6 +936,8 @@ static void run_engine(const char *model, const char *draft, ddt_backend be, ddt
     o.n_threads = 2;
     o.max_ctx = g_max_ctx;
     o.cost = g_cost;
+    o.draft_calibration = g_cal;
+    o.no_lookup = g_no_lookup;
     ddt_engine *e;
     OK(ddt_engine_create(model, &o, &e, &err_));
     OK(ddt_engine_generate(e, prompt, np, max_new, NULL, 0, r->ids, &r->n, NULL, NULL, &r->st, &err_));
@@ -974,6 +979,49 @@ static void test_engine(const char *model, const char *draft, const int32_t *pro
         run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, budgets[b], 0.0f, prompt, np, max_new, &x);
         CHECK(same_ids(&x, &ar), "%s: GPU tree budget %d != GPU ar", model, budgets[b]);
         printf("  tree budget %d: tau %.2f, %.1f tok/s\n", budgets[b], x.st.mean_acceptance, x.st.tokens_per_s);
+    }
+    /* the draft calibration on one GPU: greedy trees (fixed and auto budget) built from
+       calibrated weights still give ar's tokens, and the stats say they were; the CPU
+       engine with the same calibration too; at T = 1 it is not applied */
+    {
+        ddt_draft_calibration c;
+        ddt_cal_identity(&c);
+        c.w[0][0] = 3.0f;
+        c.w[0][2] = 1.0f;
+        for (int b = 1; b < DDT_CAL_BUCKETS; b++) {
+            c.w[b][0] = -2.0f;
+            c.w[b][1] = 1.5f;
+        }
+        c.lookup = 1; /* the context lookup rated high: its paths take nodes often */
+        for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) c.lookup_first[m] = 0.9f;
+        c.lookup_next = 0.95f;
+        run_out tc, tcc, tca, t1, tnl;
+        g_cal = &c;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tc);
+        run_engine(model, draft, DDT_BACKEND_CPU, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tcc);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -32, 0.0f, prompt, np, max_new, &tca);
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 1.0f, prompt, np, max_new, &t1);
+        g_no_lookup = true;
+        run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, 16, 0.0f, prompt, np, max_new, &tnl);
+        g_no_lookup = false;
+        g_cal = NULL;
+        CHECK(same_ids(&tnl, &ar) && tnl.st.lookup_nodes == 0, "%s: calibrated GPU tree 16 without the lookup: != ar "
+              "or %lld lookup nodes", model, (long long)tnl.st.lookup_nodes);
+        CHECK(t1.st.lookup_nodes == 0, "%s: T = 1 rounds grafted %lld lookup nodes", model,
+              (long long)t1.st.lookup_nodes);
+        CHECK(tcc.st.lookup_nodes == 0 || tc.st.lookup_nodes > 0 || tca.st.lookup_nodes > 0,
+              "%s: the CPU grafted %lld lookup nodes, the GPU none", model, (long long)tcc.st.lookup_nodes);
+        CHECK(same_ids(&tc, &ar) && tc.st.draft_calibrated, "%s: calibrated GPU tree 16 != ar (calibrated %d)", model,
+              (int)tc.st.draft_calibrated);
+        CHECK(same_ids(&tca, &ar) && tca.st.draft_calibrated, "%s: calibrated GPU tree auto != ar (calibrated %d)",
+              model, (int)tca.st.draft_calibrated);
+        CHECK(same_ids(&tcc, &cpu) && tcc.st.draft_calibrated, "%s: calibrated CPU tree 16 != CPU ar", model);
+        CHECK(!t1.st.draft_calibrated, "%s: T = 1 rounds calibrated", model);
+        printf("  calibrated tree 16: GPU tau %.2f in %d rounds (%lld lookup nodes), CPU tau %.2f in %d rounds (%lld); "
+               "auto tau %.2f (%lld); without the lookup tau %.2f\n",
+               tc.st.mean_acceptance, tc.st.rounds, (long long)tc.st.lookup_nodes, tcc.st.mean_acceptance,
+               tcc.st.rounds, (long long)tcc.st.lookup_nodes, tca.st.mean_acceptance, (long long)tca.st.lookup_nodes,
+               tnl.st.mean_acceptance);
     }
     /* programmatic dependent launch (chain and tree rounds) changes when kernels
        start, never what they compute: plain edges give the same tokens, greedy and

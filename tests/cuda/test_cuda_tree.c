@@ -16,6 +16,9 @@
  *    crafted cost tables (steps, steep, flat, tied buckets);
  *  - argmax per row vs CPU (lowest id on ties, the two zeros equal), float4 and
  *    single-float loads, rows past the device-side count left untouched;
+ *  - the draft calibration applied by the build (fixed and auto) vs ddt_cal_apply +
+ *    the CPU builder, bitwise, under random calibrations;
+ *  - the context lookup's graft vs ddt_tree_graft, bitwise, fixed and auto budgets;
  *  - walk vs ddt_tree_walk; damaged trees and targets give status codes.
  * Output buffers are poisoned (0xFF bytes: NaN floats, -1 ints) before each
  * launch so unwritten entries show.  Exit status 0 only when every check passes.
@@ -27,6 +30,8 @@
 #include <string.h>
 
 #include "backend/cuda/tree_cuda.h"
+#include "core/calibration.h"
+#include "core/lookup.h"
 #include "core/topk.h"
 #include "ddtree.h"
 #include "backend_ops.h"
@@ -193,13 +198,27 @@ static void build_ctx_close(build_ctx *c) {
 
 static float g_logq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
 static int32_t g_tok[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+/* With g_cal set the GPU builds take it (dt.cal_on) over the raw table and the CPU
+ * builds the table ddt_cal_apply made of it: they must agree bitwise. */
+static const ddt_draft_calibration *g_cal;
+static float g_calq[DDT_MAX_DEPTH * DDT_MAX_TOPK];
+
+/* The table the CPU builds from, and the GPU's calibration setting to match. */
+static const float *cpu_table(build_ctx *c, int D, int K) {
+    c->dt.cal_on = g_cal != NULL;
+    if (!g_cal) return g_logq;
+    c->dt.cal = *g_cal;
+    memcpy(g_calq, g_logq, (size_t)D * (size_t)K * sizeof(float));
+    ddt_cal_apply(g_cal, g_calq, D, K, K);
+    return g_calq;
+}
 
 /* Builds g_logq/g_tok ([D][K]) on the CPU and the GPU and compares every node
  * bitwise, the visibility rows, then a random walk.  Returns 1 when they differ. */
 static int compare_build(build_ctx *c, int D, int K, int B, const char *what) {
     static host_tree h;
     int32_t root = (int32_t)(rnd() % 5000);
-    ddt_draft_table tb = {D, K, g_logq, g_tok};
+    ddt_draft_table tb = {D, K, cpu_table(c, D, K), g_tok};
     OK(ddt_tree_build(c->b, &tb, root, B, NULL, 5000, &c->ct, &err_));
     const ddt_tree *ct = &c->ct;
     poison_tree(&c->dt);
@@ -592,7 +611,7 @@ static int check_capped(build_ctx *c, int D, int K, int B, int32_t root, const d
 static int check_auto(build_ctx *c, int D, int K, int B, int32_t root, const float *vc, ddt_cuda_tree_auto *a,
                       float *dvcost) {
     static host_tree h;
-    ddt_draft_table tb = {D, K, g_logq, g_tok};
+    ddt_draft_table tb = {D, K, cpu_table(c, D, K), g_tok};
     OK(ddt_tree_build(c->b, &tb, root, B, NULL, 5000, &c->ct, &err_));
     const ddt_tree *ct = &c->ct;
     a->vcost = dvcost;
@@ -600,7 +619,7 @@ static int check_auto(build_ctx *c, int D, int K, int B, int32_t root, const flo
     int32_t bj = -1, built = -1;
     const int keep = ddt_cost_bucket_cut(ct->logw, ct->n_nodes, vc, a->draft_cost, a->bucket, a->n_buckets, &bj);
     int positive = 0;
-    for (int d = 0; d < D; d++) positive |= g_logq[d * K] > 0.0f;
+    for (int d = 0; d < D; d++) positive |= tb.logq[d * K] > 0.0f;
     poison_tree(&c->dt);
     CU(cudaMemset(c->dbuilt, 0xff, 4));
     CU(cudaMemcpy(dvcost, vc, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
@@ -802,6 +821,161 @@ static void test_build_auto(int iters) {
     CU(cudaFree(dvcost));
 }
 
+/* The draft calibration in the device build (fixed and auto budgets) against
+ * ddt_cal_apply + the CPU builder, bitwise: random weights whose buckets disagree
+ * (rows the running minimum flattens), tables with ties, -inf and zeros of both
+ * signs, rows of up to 1024 ranks (many chunks of the warp's min-scan). */
+static void test_build_calibrated(int iters) {
+    static build_ctx c;
+    build_ctx_open(&c);
+    float *dvcost;
+    CU(cudaMalloc((void **)&dvcost, DDT_MAX_NODES * 4));
+    ddt_draft_calibration cal;
+    int bad = 0, bad_auto = 0;
+    static const int kinds[] = {FILL_UNIFORM, FILL_TIES, FILL_NEGINF, FILL_SIGNED_ZERO, FILL_INTS, FILL_ZERO};
+    for (int it = 0; it < iters; it++) {
+        for (int b = 0; b < DDT_CAL_BUCKETS; b++) {
+            cal.w[b][0] = 6.0f * rndf() - 3.0f;
+            cal.w[b][1] = 0.1f + 2.0f * rndf();
+            cal.w[b][2] = 4.0f * rndf() - 2.0f;
+        }
+        g_cal = &cal;
+        int D = 1 + (int)(rnd() % (it % 3 ? 15 : 31));
+        int K = (it % 5 == 0) ? 1 + (int)(rnd() % 1024) : 1 + (int)(rnd() % 64);
+        int B = it % 4 ? (int)(rnd() % 129) : (int)(rnd() % 1025);
+        fill_table(D, K, kinds[it % 6]);
+        bad += compare_build(&c, D, K, B, "calibrated");
+        bad_auto += compare_build_auto(&c, D, K, B < 256 ? B : 256, dvcost);
+    }
+    g_cal = NULL;
+    c.dt.cal_on = false;
+    CHECK(bad == 0 && bad_auto == 0, "calibrated builds: %d fixed and %d auto of %d differ from the CPU", bad, bad_auto,
+          iters);
+    printf("calibrated build: %d random problems with random calibrations, %d fixed and %d auto differ from the CPU\n",
+           iters, bad, bad_auto);
+    build_ctx_close(&c);
+    CU(cudaFree(dvcost));
+}
+
+/* The lookup graft on the device (ddt_cuda_tree_graft) against ddt_tree_graft on
+ * the CPU, after calibrated builds of random tables: fixed budgets, and the auto
+ * budget's cut (use_n: the graft keeps within the nodes the device kept); paths
+ * that follow the tree's ranks for a while (shared prefixes) or leave it at once,
+ * of every length up to the depth; the nodes bitwise, the visibility rows, the
+ * freed rows padded, the count of grafted nodes, and nothing done when the
+ * proposal is empty or the calibration rates no lookup. */
+static void test_graft(int iters) {
+    static build_ctx c;
+    static host_tree h;
+    build_ctx_open(&c);
+    int32_t *prop_h, *dcount;
+    CU(cudaMallocHost((void **)&prop_h, (2 + DDT_MAX_DEPTH) * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&dcount, 4));
+    float *dvcost;
+    CU(cudaMalloc((void **)&dvcost, DDT_MAX_NODES * 4));
+    ddt_draft_calibration cal;
+    int bad = 0, grafted_total = 0, cut = 0;
+    for (int it = 0; it < iters; it++) {
+        ddt_cal_identity(&cal);
+        for (int b = 0; b < DDT_CAL_BUCKETS; b++) {
+            cal.w[b][0] = 4.0f * rndf() - 2.0f;
+            cal.w[b][1] = 0.2f + 1.5f * rndf();
+        }
+        cal.lookup = it % 10 != 9; /* one in ten: no rating, no graft */
+        for (int m = 0; m < DDT_CAL_LOOKUP_LENS; m++) cal.lookup_first[m] = 0.05f + 0.95f * rndf();
+        cal.lookup_next = 0.5f + 0.5f * rndf();
+        g_cal = &cal;
+        const int D = 1 + (int)(rnd() % 15), K = 1 + (int)(rnd() % 16), B = 1 + (int)(rnd() % 96);
+        const bool autob = it % 3 == 2;
+        fill_table(D, K, it % 4 == 0 ? FILL_TIES : FILL_UNIFORM);
+        const int32_t root = (int32_t)(rnd() % 5000);
+        /* the proposal: the tree's own ranks for a while, then other tokens */
+        const int len = it % 8 == 0 ? 0 : 1 + (int)(rnd() % (uint32_t)D), ml = DDT_LOOKUP_MIN + (int)(rnd() % 7);
+        const int along = (int)(rnd() % (uint32_t)(len + 1));
+        prop_h[0] = len;
+        prop_h[1] = ml;
+        for (int j = 0; j < len; j++) prop_h[2 + j] = j < along ? g_tok[j * K + (int)(rnd() % 2 < 1 || K < 2 ? 0 : 1)]
+                                                                : 4000 + (int)(rnd() % 999);
+        /* the device: build (fixed or auto), graft */
+        const float *cq = cpu_table(&c, D, K);
+        CU(cudaMemcpy(c.dq, g_logq, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(c.dtok, g_tok, (size_t)D * (size_t)K * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(c.dt.root_token, &root, 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dcount, 0, 4));
+        poison_tree(&c.dt);
+        if (autob) {
+            static float nodes[16], verify[16], vc[DDT_MAX_NODES];
+            ddt_cost_model cm;
+            random_cost(B, nodes, verify, &cm);
+            for (int q = 0; q <= B; q++) vc[q] = ddt_cost_verify(&cm, (float)q);
+            CU(cudaMemcpy(dvcost, vc, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
+            ddt_cuda_tree_auto a;
+            memset(&a, 0, sizeof a);
+            a.draft_cost = cm.draft;
+            a.vcost = dvcost;
+            for (int q = (int)(rnd() % 3); q < B && a.n_buckets < DDT_CUDA_TREE_MAX_BUCKETS - 1; q += 1 + (int)(rnd() % 9))
+                a.bucket[a.n_buckets++] = q;
+            a.bucket[a.n_buckets++] = B;
+            OK(ddt_cuda_tree_build_auto(&c.dt, c.dq, c.dtok, D, K, B, 5000, &a, NULL, &err_));
+        } else {
+            OK(ddt_cuda_tree_build(&c.dt, c.dq, c.dtok, D, K, B, 5000, NULL, &err_));
+        }
+        int32_t n_built = 0;
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(&n_built, c.dt.n_nodes, 4, cudaMemcpyDeviceToHost));
+        OK(ddt_cuda_tree_graft(&c.dt, prop_h, B, autob, dcount, NULL, &err_));
+        CU(cudaDeviceSynchronize());
+        fetch_tree(&c.dt, &h);
+        int32_t count = -1;
+        CU(cudaMemcpy(&count, dcount, 4, cudaMemcpyDeviceToHost));
+        /* the CPU: the built prefix (pop order) and the same graft */
+        ddt_draft_table tb = {D, K, cq, g_tok};
+        OK(ddt_tree_build(c.b, &tb, root, n_built - 1, NULL, 5000, &c.ct, &err_));
+        int32_t grafted = 0;
+        if (cal.lookup && len > 0) {
+            float v[DDT_MAX_DEPTH];
+            ddt_cal_lookup_weights(&cal, ml, len, v);
+            OK(ddt_tree_graft(&c.ct, prop_h + 2, v, len, autob ? n_built - 1 : B, 5000, &grafted, &err_));
+        }
+        const ddt_tree *ct = &c.ct;
+        int wrong = h.status != 0 || h.n != ct->n_nodes || count != grafted, first = -1;
+        for (int i = 0; !wrong && i < h.n; i++) {
+            wrong |= h.token[i] != ct->token[i] || h.parent[i] != ct->parent[i] || h.depth[i] != ct->depth[i] ||
+                     h.rank[i] != ct->rank[i] || memcmp(&h.logw[i], &ct->logw[i], 4) != 0;
+            wrong |= memcmp(h.vis + (size_t)i * (size_t)c.dt.vis_words, ct->vis + (size_t)i * (size_t)ct->vis_words,
+                            (size_t)ct->vis_words * 8) != 0;
+            if (wrong) first = i;
+        }
+        for (int i = h.n; !wrong && i < n_built; i++) { /* freed rows: padding */
+            const uint64_t *vr = h.vis + (size_t)i * (size_t)c.dt.vis_words;
+            wrong |= h.token[i] != root || h.parent[i] != 0 || h.depth[i] != 1;
+            for (int w = 0; w < c.dt.vis_words; w++)
+                wrong |= vr[w] != ((w == 0 ? 1ull : 0ull) | (w == (i >> 6) ? 1ull << (i & 63) : 0ull));
+            if (wrong) first = i;
+        }
+        if (wrong) {
+            if (bad < 8)
+                fprintf(stderr, "graft mismatch: D %d K %d B %d auto %d len %d (along %d) match %d: gpu n %d status %d "
+                                "count %d, cpu n %d grafted %d, built %d; row %d\n",
+                        D, K, B, (int)autob, len, along, ml, h.n, h.status, count, ct->n_nodes, grafted, n_built, first);
+            bad++;
+        }
+        grafted_total += grafted;
+        cut += ct->n_nodes - grafted < n_built;
+    }
+    g_cal = NULL;
+    c.dt.cal_on = false;
+    CHECK(bad == 0, "%d of %d grafts differ from the CPU", bad, iters);
+    CHECK(grafted_total > iters && cut * 4 > iters, "the grafts were too few to test: %d nodes, %d cut trees",
+          grafted_total, cut);
+    printf("graft: %d random problems (a third under the auto budget), %d differ from the CPU; %d nodes grafted, %d "
+           "trees cut for them\n", iters, bad, grafted_total, cut);
+    CU(cudaFreeHost(prop_h));
+    CU(cudaFree(dcount));
+    CU(cudaFree(dvcost));
+    build_ctx_close(&c);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* for compute-sanitizer */
     setvbuf(stdout, NULL, _IONBF, 0); /* failures (stderr) print beside the case they belong to */
@@ -833,6 +1007,8 @@ int main(int argc, char **argv) {
     if (!quick) test_topk(65, 16384, 64, TOPK_RANDOM);
     test_build_and_walk(quick ? 20 : 400);
     test_build_auto(quick ? 20 : 600);
+    test_build_calibrated(quick ? 20 : 300);
+    test_graft(quick ? 30 : 600);
     test_pipeline();
     test_argmax(37, 50257);
     test_argmax(5, 163840);

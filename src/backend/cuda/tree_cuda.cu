@@ -16,7 +16,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/tree_cuda.h"
+#include "core/calibration.h"
 #include "core/detmath.h"
+#include "core/lookup.h"
 
 #define TOPK_THREADS 1024
 #define BUILD_THREADS 1024
@@ -828,8 +830,37 @@ static __device__ int bucket_cut(const ddt_cuda_tree_auto *a, const build_node *
 #define BUILD_STAGE_BYTES (DDT_MAX_DEPTH * DDT_MAX_TOPK * 4)
 
 /*
+ * The draft calibration over the staged table (rows of `ld` columns), the bits of
+ * ddt_cal_apply (core/calibration.c): each cell through ddt_cal_cell (detmath,
+ * no FMA: the library builds with --fmad=false), then each row's running minimum
+ * as a warp's min-scan, 32 ranks at a time with the carry (a minimum is exact in
+ * any order).  Warps take rows in turn; called by every thread of the block, and
+ * ends with a barrier.
+ */
+static __device__ void calibrate_stage(const ddt_draft_calibration *c, float *s_logq, int depth, int ld) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
+    for (int d = warp; d < depth; d += nw) {
+        float carry = 0.0f;
+        for (int c0 = 0; c0 < ld; c0 += 32) {
+            const int r = c0 + lane;
+            float v = r < ld ? ddt_cal_cell(c, s_logq[d * ld + r], d, r) : INFINITY;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float u = __shfl_up_sync(full, v, o);
+                if (lane >= o) v = fminf(v, u);
+            }
+            if (c0 > 0) v = fminf(v, carry);
+            if (r < ld) s_logq[d * ld + r] = v;
+            carry = __shfl_sync(full, v, 31);
+        }
+    }
+    __syncthreads();
+}
+
+/*
  * One block.  All threads check the table and stage its first `ld` columns of
- * logq in shared memory; warp 0 runs the loop; all threads write the nodes and
+ * logq in shared memory (and calibrate them: t.cal_on); warp 0 runs the loop; all threads write the nodes and
  * the visibility rows.  AUTO: p.a.vcost is set (the cost-aware cut); two
  * instances so that the fixed budget's carries none of the auto code.
  */
@@ -872,6 +903,7 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     }
     if (bad) atomicOr(&s_bad, 1);
     __syncthreads();
+    if (p.t.cal_on && !s_bad) calibrate_stage(&p.t.cal, s_logq, p.depth, ld); /* uniform: every thread */
     if (s_bad) {
         /* never hand a bad table's tree to verify: a root-only tree */
         if (tid == 0) {
@@ -950,6 +982,144 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
             mask = 0;
         }
     }
+}
+
+/* ------------------------------------------------------------------ graft */
+
+#define GRAFT_THREADS 256
+
+typedef struct graft_params {
+    ddt_cuda_tree t;
+    const int32_t *prop; /* host memory the device reads: [0] length, [1] match length, [2..] tokens */
+    int32_t budget;      /* use_n: the built tree's node count - 1 instead (the auto budget's cut) */
+    int use_n;
+    int32_t *count;      /* grafted nodes, summed (device [1]) */
+} graft_params;
+
+/*
+ * The context lookup's path grafted onto the built tree, the device twin of
+ * ddt_tree_graft (core/tree.c), same plan and same bits: the path's twins found
+ * by all threads (a node of the tree whose parent is the previous twin and whose
+ * token is the path's), the merge by weight in one thread over the staged pop
+ * order, the appended nodes and their visibility rows (parents first: one thread
+ * a word), the rows the graft freed padded as the auto build pads (root token,
+ * under the root, seeing it and itself), then the node count.  The proposal is
+ * the host's (it knows the context), read from pinned host memory: the host wrote
+ * it before launching the round and the device reads it once.  A length of 0 (no
+ * match) leaves the tree.
+ */
+static __global__ void __launch_bounds__(GRAFT_THREADS) tree_graft_kernel(graft_params p) {
+    DDT_GRID_DEP_WAIT();
+    __shared__ int32_t s_path[DDT_MAX_DEPTH], s_twin[DDT_MAX_DEPTH], s_len, s_ml, s_found, s_keep, s_take, s_n;
+    __shared__ float s_v[DDT_MAX_DEPTH], s_logw[DDT_MAX_NODES];
+    __shared__ int32_t s_apar[DDT_MAX_DEPTH]; /* parent of each appended node */
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        const volatile int32_t *hp = p.prop;
+        int len = hp[0], ml = hp[1];
+        if (len < 0 || len > DDT_MAX_DEPTH || ml < DDT_LOOKUP_MIN || ml > DDT_LOOKUP_MAX || !p.t.cal_on ||
+            !p.t.cal.lookup)
+            len = 0;
+        for (int j = 0; j < len; j++) s_path[j] = hp[2 + j];
+        s_len = len;
+        s_ml = ml;
+        if (len > 0) ddt_cal_lookup_weights(&p.t.cal, ml, len, s_v);
+    }
+    __syncthreads();
+    const int len = s_len, n = *p.t.n_nodes;
+    if (len == 0 || n < 1) return;
+    const int budget = p.use_n ? n - 1 : p.budget;
+    for (int i = tid; i < n; i += blockDim.x) s_logw[i] = p.t.logw[i];
+    /* the twins, prefix by prefix: at most one node matches (siblings' tokens differ) */
+    int prev = 0;
+    for (int j = 0; j < len; j++) {
+        if (tid == 0) s_found = -1;
+        __syncthreads();
+        if (prev >= 0)
+            for (int c = 1 + tid; c < n; c += blockDim.x)
+                if (p.t.parent[c] == prev && p.t.token[c] == s_path[j]) s_found = c;
+        __syncthreads();
+        prev = s_found;
+        if (tid == 0) s_twin[j] = prev;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        int i = 1, j = 0, count = 0;
+        for (;;) {
+            while (j < len && s_twin[j] >= 1 && s_twin[j] < i) j++;
+            const bool has_tree = i < n, has_path = j < len;
+            if (!has_tree && !has_path) break;
+            if (has_tree && (!has_path || s_logw[i] >= s_v[j])) {
+                bool taken_twin = false;
+                for (int q = 0; q < j && !taken_twin; q++) taken_twin = s_twin[q] == i;
+                if (!taken_twin && count + 1 > budget) break;
+                count += taken_twin ? 0 : 1;
+                i++;
+            } else {
+                if (count + 1 > budget) break;
+                count++;
+                j++;
+            }
+        }
+        /* the appended nodes: tokens, parents, depths, weights */
+        int m = i, parent = 0;
+        for (int q = 0; q < j; q++) {
+            if (s_twin[q] >= 1 && s_twin[q] < i) {
+                parent = s_twin[q];
+                continue;
+            }
+            p.t.token[m] = s_path[q];
+            p.t.parent[m] = parent;
+            p.t.depth[m] = p.t.depth[parent] + 1;
+            p.t.rank[m] = -1;
+            p.t.logw[m] = s_v[q];
+            s_apar[m - i] = parent;
+            parent = m++;
+        }
+        s_keep = i;
+        s_take = j;
+        s_n = m;
+        if (m > i) atomicAdd(p.count, m - i);
+    }
+    __syncthreads();
+    const int keep = s_keep, m = s_n, words = p.t.vis_words;
+    /* visibility of the appended nodes, in order (a node's parent may be one of them) */
+    for (int w = tid; w < words; w += blockDim.x)
+        for (int a = keep; a < m; a++) {
+            const int par = s_apar[a - keep];
+            p.t.vis[(size_t)a * words + w] =
+                p.t.vis[(size_t)par * words + w] | (w == (a >> 6) ? 1ull << (a & 63) : 0ull);
+        }
+    /* the rows the graft freed, padded */
+    const int32_t root = *p.t.root_token;
+    for (int r = m + tid; r < n; r += blockDim.x) {
+        p.t.token[r] = root;
+        p.t.parent[r] = 0;
+        p.t.depth[r] = 1;
+        p.t.rank[r] = -1;
+        p.t.logw[r] = -INFINITY;
+        uint64_t *vrow = p.t.vis + (size_t)r * (size_t)words;
+        for (int w = 0; w < words; w++)
+            vrow[w] = (w == 0 ? 1ull : 0ull) | (w == (r >> 6) ? 1ull << (r & 63) : 0ull);
+    }
+    __syncthreads();
+    if (tid == 0) *p.t.n_nodes = m;
+}
+
+extern "C" ddt_status ddt_cuda_tree_graft(ddt_cuda_tree *t, const int32_t *prop, int32_t budget, bool use_n,
+                                          int32_t *count, ddt_cuda_stream stream, ddt_error *err) {
+    if (!t || !prop || !count) return ddt_fail(err, DDT_ERR_INVALID, "ddt_cuda_tree_graft: NULL argument");
+    if (!use_n && (budget < 0 || budget > t->capacity - 1))
+        return ddt_fail(err, DDT_ERR_RANGE, "graft budget %d outside 0..%d", budget, t->capacity - 1);
+    graft_params p;
+    p.t = *t;
+    p.prop = prop;
+    p.budget = budget;
+    p.use_n = use_n ? 1 : 0;
+    p.count = count;
+    tree_graft_kernel<<<1, GRAFT_THREADS, 0, (cudaStream_t)stream>>>(p);
+    DDT_CUDA_LAUNCHED("tree_graft", (cudaStream_t)stream, err);
+    return DDT_OK;
 }
 
 /* ------------------------------------------------------------------ argmax */

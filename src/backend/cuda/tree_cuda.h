@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_types.h"
+#include "core/calibration.h"
 #include "ddtree.h"
 
 #ifdef __cplusplus
@@ -50,6 +51,12 @@ typedef struct ddt_cuda_tree {
     int32_t *path;         /* [DDT_MAX_PATH] accepted node ids */
     int32_t *path_len;     /* [1] */
     int32_t *bonus;        /* [1] */
+    /* host-side settings, passed by value to the build: with cal_on the table's weights are
+       calibrated (core/calibration.h: each cell mapped, then each row's running minimum) before
+       the build, the bits ddt_cal_apply gives on the CPU; the caller sets it before a launch
+       (or a graph capture) */
+    bool cal_on;
+    ddt_draft_calibration cal;
 } ddt_cuda_tree;
 
 ddt_status ddt_cuda_tree_alloc(int32_t max_budget, ddt_cuda_tree *t, ddt_error *err);
@@ -68,7 +75,8 @@ ddt_status ddt_cuda_topk_logsoftmax(const float *logits, int32_t rows, int32_t v
 
 /* Best-first build from a device table [depth][k] with *t->root_token as root:
  * the tree ddt_tree_build gives for a fixed budget (no cost model), node for
- * node and bitwise, ties included.  Unlike the CPU it does not reject a row
+ * node and bitwise, ties included (with t->cal_on: for the table ddt_cal_apply
+ * makes of this one).  Unlike the CPU it does not reject a row
  * whose used ranks repeat a token. */
 ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_t *token,
                                int32_t depth, int32_t k, int32_t budget, int32_t vocab,
@@ -115,6 +123,20 @@ ddt_status ddt_cuda_tree_build_auto(ddt_cuda_tree *t, const float *logq, const i
                                     int32_t depth, int32_t k, int32_t budget, int32_t vocab,
                                     const ddt_cuda_tree_auto *a, ddt_cuda_stream stream,
                                     ddt_error *err);
+
+/*
+ * The context lookup's path (core/lookup.h) grafted onto the tree the build left:
+ * the tree ddt_tree_graft gives, node for node and bitwise, from the proposal in
+ * `prop` ([0] its length, 0..DDT_MAX_DEPTH, [1] the match length, [2..] its tokens:
+ * host memory the device can read, e.g. cudaMallocHost's, written before the
+ * launch) weighted by t->cal's lookup rating (nothing happens unless t->cal_on and
+ * the calibration rates the lookup), within `budget` nodes (use_n: the built
+ * tree's own count - 1, the auto budget's cut).  Rows the graft frees up to the
+ * old count are padded as the auto build pads (root token under the root).
+ * *count (device) adds the nodes appended.  One block, no host synchronisation.
+ */
+ddt_status ddt_cuda_tree_graft(ddt_cuda_tree *t, const int32_t *prop, int32_t budget, bool use_n, int32_t *count,
+                               ddt_cuda_stream stream, ddt_error *err);
 
 /* target_next[i] = argmax over logits[i][:] (lowest id on ties) for i < *n_nodes. */
 ddt_status ddt_cuda_argmax_rows(const float *logits, int32_t max_rows, const int32_t *n_rows,
