@@ -8,8 +8,6 @@ import os
 import shutil
 import subprocess
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATCHES = sorted(glob.glob(os.path.join(ROOT, "patches", "*.patch")))
 
@@ -18,10 +16,10 @@ def git_apply_check(cwd, patch):
     return subprocess.run(["git", "apply", "--check", patch], cwd=cwd, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("patch", PATCHES, ids=[os.path.basename(p) for p in PATCHES])
-def test_patch_applies(patch):
-    r = git_apply_check(ROOT, patch)
-    assert r.returncode == 0, f"{os.path.basename(patch)} does not apply: {r.stderr}"
+def test_each_patch_applies():
+    """One test over every patch (none waiting is a pass, not a skip: there is nothing to rebase)."""
+    broken = [f"{os.path.basename(p)}: {r.stderr}" for p in PATCHES for r in [git_apply_check(ROOT, p)] if r.returncode]
+    assert not broken, "patches that do not apply:\n" + "\n".join(broken)
 
 
 def test_patches_apply_together(tmp_path):
