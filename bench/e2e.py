@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--backend", default="cpu", help="cpu or cuda (ddtree generate --backend)")
     ap.add_argument("--budgets", default="8,16,32,64,128,256,auto")
-    ap.add_argument("--max-auto-budget", type=int, default=64)  # the CLI default (ddtree generate)
+    ap.add_argument("--max-auto-budget", type=int, default=32)  # the CLI default (ddtree generate)
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--n-prompts", type=int, default=0, help="use the first N prompts (0 = all)")
     ap.add_argument("--no-hf", action="store_true")

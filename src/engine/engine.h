@@ -194,7 +194,7 @@ ddt_status ddt_engine_set_speculation(ddt_engine *e, ddt_mode mode, int32_t budg
                                       ddt_error *err);
 /* The mode, budget and auto flag later generations run with. */
 void ddt_engine_speculation(const ddt_engine *e, ddt_mode *mode, int32_t *budget, bool *budget_auto);
-/* The node counts (0, 1, 2, 4, ... and budget itself, at most max_points) at which
+/* The node counts (0, 1, 2, 4, 8, 10, 12, 16, 20, 24, 32, ... and budget itself, at most max_points) at which
  * the CPU and CUDA engines measure C_verify for the auto budget; returns how many. */
 int32_t ddt_engine_cost_points(int32_t budget, float *nodes, int32_t max_points);
 /* The cost model in use for the auto budget (measured or given), NULL otherwise. */

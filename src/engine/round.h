@@ -16,9 +16,9 @@
 
 #define DDT_ENGINE_PREFILL_CHUNK 64 /* prompt tokens per forward */
 /* Node-count points of a measured verify cost: ddt_engine_cost_points gives at
- * most 12 for any budget up to DDT_MAX_BUDGET = 1024 (0, 1, 2, 4, ..., 512 and
- * the budget); tests/engine/test_engine_round.c checks every budget. */
-#define DDT_ENGINE_COST_POINTS 12
+ * most 26 for any budget up to DDT_MAX_BUDGET = 1024 (0, 1, 2, 4, 8, 10, 12, 16, 20,
+ * 24, ..., 768 and the budget); tests/engine/test_engine_round.c checks every budget. */
+#define DDT_ENGINE_COST_POINTS 26
 /* The context (rows already in the cache) a GPU measures its verify costs after:
  * about a short prompt plus a reply so far. */
 #define DDT_ENGINE_COST_CONTEXT 128

@@ -62,11 +62,16 @@ static void test_cost_points(void **state) {
         if (n > most) most = n;
     }
     assert_int_equal(most, DDT_ENGINE_COST_POINTS); /* and the constant is not larger than needed */
-    int32_t n = ddt_engine_cost_points(16, nodes, 64);
-    assert_int_equal(n, 6); /* 0 1 2 4 8 16 */
-    n = ddt_engine_cost_points(12, nodes, 64);
-    assert_int_equal(n, 6); /* 0 1 2 4 8 12 */
-    assert_true(nodes[5] == 12.0f);
+    static const float want64[] = {0, 1, 2, 4, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64};
+    int32_t n = ddt_engine_cost_points(64, nodes, 64);
+    assert_int_equal(n, 14);
+    for (int32_t i = 0; i < n; i++) assert_true(nodes[i] == want64[i]);
+    n = ddt_engine_cost_points(22, nodes, 64);
+    assert_int_equal(n, 10); /* 0 1 2 4 8 10 12 16 20 22 */
+    assert_true(nodes[8] == 20.0f && nodes[9] == 22.0f);
+    n = ddt_engine_cost_points(5, nodes, 64);
+    assert_int_equal(n, 5); /* 0 1 2 4 5 */
+    assert_true(nodes[4] == 5.0f);
 }
 
 /* A fake backend: forward times fall with each call of a sweep (so the warm-up is

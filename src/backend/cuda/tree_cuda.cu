@@ -999,8 +999,8 @@ typedef struct graft_params {
 /*
  * The context lookup's path grafted onto the built tree, the device twin of
  * ddt_tree_graft (core/tree.c), same plan and same bits: the path's twins found
- * by all threads (a node of the tree whose parent is the previous twin and whose
- * token is the path's), the merge by weight in one thread over the staged pop
+ * by one warp over the staged nodes (a node of the tree whose parent is the previous
+ * twin and whose token is the path's), the merge by weight in one thread over the staged pop
  * order, the appended nodes and their visibility rows (parents first: one thread
  * a word), the rows the graft freed padded as the auto build pads (root token,
  * under the root, seeing it and itself), then the node count.  The proposal is
@@ -1009,40 +1009,60 @@ typedef struct graft_params {
  * match) leaves the tree.
  */
 static __global__ void __launch_bounds__(GRAFT_THREADS) tree_graft_kernel(graft_params p) {
-    DDT_GRID_DEP_WAIT();
-    __shared__ int32_t s_path[DDT_MAX_DEPTH], s_twin[DDT_MAX_DEPTH], s_len, s_ml, s_found, s_keep, s_take, s_n;
+    DDT_GRID_DEP_LATER(); /* the proposal first: no kernel writes it (the wait follows) */
+    __shared__ int32_t s_prop[2 + DDT_MAX_DEPTH], s_twin[DDT_MAX_DEPTH], s_len, s_keep, s_n;
+    __shared__ int32_t s_par[DDT_MAX_NODES], s_tok[DDT_MAX_NODES];
     __shared__ float s_v[DDT_MAX_DEPTH], s_logw[DDT_MAX_NODES];
     __shared__ int32_t s_apar[DDT_MAX_DEPTH]; /* parent of each appended node */
     const int tid = threadIdx.x;
+    /* The proposal is the host's, written before the round was launched: read
+       before the wait on the build (its PCIe round trip overlaps the build), one
+       word a thread, all in one trip (read by one thread, as before, each word
+       was a round trip of its own) */
+    if (tid < 2 + DDT_MAX_DEPTH) s_prop[tid] = ((const volatile int32_t *)p.prop)[tid];
+    DDT_GRID_DEP_WAIT();
+    __syncthreads();
     if (tid == 0) {
-        const volatile int32_t *hp = p.prop;
-        int len = hp[0], ml = hp[1];
+        int len = s_prop[0];
+        const int ml = s_prop[1];
         if (len < 0 || len > DDT_MAX_DEPTH || ml < DDT_LOOKUP_MIN || ml > DDT_LOOKUP_MAX || !p.t.cal_on ||
             !p.t.cal.lookup)
             len = 0;
-        for (int j = 0; j < len; j++) s_path[j] = hp[2 + j];
         s_len = len;
-        s_ml = ml;
         if (len > 0) ddt_cal_lookup_weights(&p.t.cal, ml, len, s_v);
     }
     __syncthreads();
     const int len = s_len, n = *p.t.n_nodes;
     if (len == 0 || n < 1) return;
+    const int32_t *s_path = s_prop + 2;
     const int budget = p.use_n ? n - 1 : p.budget;
-    for (int i = tid; i < n; i += blockDim.x) s_logw[i] = p.t.logw[i];
-    /* the twins, prefix by prefix: at most one node matches (siblings' tokens differ) */
-    int prev = 0;
-    for (int j = 0; j < len; j++) {
-        if (tid == 0) s_found = -1;
-        __syncthreads();
-        if (prev >= 0)
-            for (int c = 1 + tid; c < n; c += blockDim.x)
-                if (p.t.parent[c] == prev && p.t.token[c] == s_path[j]) s_found = c;
-        __syncthreads();
-        prev = s_found;
-        if (tid == 0) s_twin[j] = prev;
-        __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+        s_logw[i] = p.t.logw[i];
+        s_par[i] = p.t.parent[i];
+        s_tok[i] = p.t.token[i];
     }
+    __syncthreads();
+    /* the twins, prefix by prefix, by warp 0 over the staged nodes: at most one
+       node matches (siblings' tokens differ), so the ballot has at most one bit */
+    if (tid < 32) {
+        int prev = 0;
+        for (int j = 0; j < len; j++) {
+            int found = -1;
+            if (prev >= 0)
+                for (int c0 = 1; c0 < n; c0 += 32) {
+                    const int c = c0 + tid;
+                    const unsigned hit =
+                        __ballot_sync(0xffffffffu, c < n && s_par[c] == prev && s_tok[c] == s_path[j]);
+                    if (hit) {
+                        found = c0 + __ffs(hit) - 1;
+                        break;
+                    }
+                }
+            prev = found;
+            if (tid == 0) s_twin[j] = prev;
+        }
+    }
+    __syncthreads();
     if (tid == 0) {
         int i = 1, j = 0, count = 0;
         for (;;) {
@@ -1077,7 +1097,6 @@ static __global__ void __launch_bounds__(GRAFT_THREADS) tree_graft_kernel(graft_
             parent = m++;
         }
         s_keep = i;
-        s_take = j;
         s_n = m;
         if (m > i) atomicAdd(p.count, m - i);
     }

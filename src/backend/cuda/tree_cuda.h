@@ -98,7 +98,7 @@ ddt_status ddt_cuda_tree_build(ddt_cuda_tree *t, const float *logq, const int32_
  * invariance), so padding changes nothing.  Uncapped, the tree is padded to
  * the picked bucket; `capped`, the graph is one bucket's (see the fields).
  */
-#define DDT_CUDA_TREE_MAX_BUCKETS 16
+#define DDT_CUDA_TREE_MAX_BUCKETS 28 /* the cost points of any budget (DDT_ENGINE_COST_POINTS) */
 typedef struct ddt_cuda_tree_auto {
     const float *vcost;   /* device [budget + 1]: C_verify(n) for n = 0..budget (ddt_cost_verify) */
     float draft_cost;     /* C_draft, same unit */
