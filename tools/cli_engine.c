@@ -252,7 +252,7 @@ static bool is_dir(const char *p) {
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-/* --calibration, or the drafter folder's file where the engine applies it: -1 when
+/* --calibration, or else the drafter folder's file when it has one: -1 when
  * fine (a->have_cal says whether one was loaded), else 2 after a message. */
 static int load_calibration(cli_engine_args *a) {
     a->have_cal = false;
@@ -260,10 +260,7 @@ static int load_calibration(cli_engine_args *a) {
     const char *file = a->calibration;
     if (file && !strcmp(file, "none")) return -1;
     if (!file) {
-        ddt_engine_options o;
-        cli_engine_options(a, &o);
         struct stat sb;
-        (void)o;
         if (!a->draft) return -1;
         int k = snprintf(path, sizeof path, "%s/%s", a->draft, DDT_CALIBRATION_FILE);
         if (k < 0 || (size_t)k >= sizeof path || stat(path, &sb) != 0) return -1;
