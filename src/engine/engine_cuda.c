@@ -188,14 +188,12 @@ void ddt_engine_cuda_free(ddt_engine_cuda *e) {
     if (e->side) cudaStreamDestroy(e->side);
     ddt_cuda_drafter_free(e->drafter);
     void *dev[] = {e->ids, e->logits, e->draft_logits, e->logq, e->table_tok, e->topk_ws, e->target_next,
-                   e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d, e->score_d};
+                   e->emit_d, e->one, e->sp_d, e->stop_d, e->vcost_d, e->score_d, e->lookup_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     ddt_cuda_tree_free(&e->tree);
-    if (e->prop_h) cudaFreeHost(e->prop_h);
-    if (e->lookup_d) cudaFree(e->lookup_d);
     void *pinned[] = {e->emit_h, e->walk_h, e->logits_h, e->logq_h, e->ttok_h, e->tok_h, e->par_h, e->dep_h, e->vis_h,
-                      e->sp_h, e->stop_h, e->score_h};
+                      e->sp_h, e->stop_h, e->score_h, e->prop_h};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     ddt_builder_destroy(e->builder);
@@ -311,15 +309,6 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         e->tree.cal = *opts->draft_calibration;
         e->have_cal = true;
     }
-    {
-        cudaError_t ce = cudaMallocHost((void **)&e->prop_h, (2 + DDT_MAX_DEPTH) * sizeof(int32_t));
-        if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->lookup_d, sizeof(int32_t));
-        if (ce != cudaSuccess) {
-            st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: lookup buffers: %s", cudaGetErrorString(ce));
-            goto fail;
-        }
-        memset(e->prop_h, 0, (2 + DDT_MAX_DEPTH) * sizeof(int32_t));
-    }
     set_calibration(e);
     {
         int32_t one = 1;
@@ -331,6 +320,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->logits_h, (size_t)e->max_nodes * V * sizeof(float));
         if (ce == cudaSuccess && world > 1) ce = cudaMalloc((void **)&e->stop_d, sizeof(float));
         if (ce == cudaSuccess && world > 1) ce = cudaMallocHost((void **)&e->stop_h, 2 * sizeof(float));
+        if (ce == cudaSuccess) ce = cudaMallocHost((void **)&e->prop_h, (2 + DDT_MAX_DEPTH) * sizeof(int32_t));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&e->lookup_d, sizeof(int32_t));
         for (int i = 0; i < N_EVENTS && ce == cudaSuccess; i++) ce = cudaEventCreate(&e->ev[i]);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->fork_ev, cudaEventDisableTiming);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->join_ev, cudaEventDisableTiming);
@@ -339,6 +330,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
             st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: engine buffers: %s", cudaGetErrorString(ce));
             goto fail;
         }
+        memset(e->prop_h, 0, (2 + DDT_MAX_DEPTH) * sizeof(int32_t)); /* no proposal */
     }
     if ((st = ddt_tree_alloc(e->max_nodes, &e->htree, err))) goto fail;
     ddt_choice_init(&e->ch, e->vocab, e->htree.capacity);
