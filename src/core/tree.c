@@ -32,6 +32,7 @@
 #include "core/alloc.h"
 #include "core/best_first.h"
 #include "core/error.h"
+#include "core/graft_merge.h"
 #include "ddtree.h"
 
 /* Open-addressing set of token ids, stamped with an epoch so it never needs clearing. */
@@ -319,28 +320,8 @@ int32_t ddt_tree_graft_plan(const ddt_tree *tree, const int32_t *path, const flo
         cur = cur < 0 ? -1 : child_with(tree, cur, path[j], n);
         twin[j] = cur;
     }
-    /* merge the pop order (weights non-increasing) with the path's prefixes, heavier first,
-       the tree's node on ties; a tree node that is a taken path node's twin costs nothing, a
-       path node whose twin is kept already is skipped */
-    int32_t i = 1, j = 0, count = 0;
-    for (;;) {
-        while (j < len && twin[j] >= 1 && twin[j] < i) j++;
-        const bool has_tree = i < n, has_path = j < len;
-        if (!has_tree && !has_path) break;
-        if (has_tree && (!has_path || tree->logw[i] >= v[j])) {
-            bool taken_twin = false;
-            for (int32_t q = 0; q < j && !taken_twin; q++) taken_twin = twin[q] == i;
-            if (!taken_twin && count + 1 > budget) break;
-            count += taken_twin ? 0 : 1;
-            i++;
-        } else {
-            if (count + 1 > budget) break;
-            count++;
-            j++;
-        }
-    }
-    *keep = i;
-    return j;
+    /* merge the pop order with the path's prefixes (core/graft_merge.h, the GPU's too) */
+    return ddt_graft_merge(tree->logw, n, twin, v, len, budget, keep);
 }
 
 ddt_status ddt_tree_graft(ddt_tree *tree, const int32_t *path, const float *v, int32_t len, int32_t budget,

@@ -18,6 +18,7 @@
 #include "backend/cuda/tree_cuda.h"
 #include "core/calibration.h"
 #include "core/detmath.h"
+#include "core/graft_merge.h"
 #include "core/lookup.h"
 
 #define TOPK_THREADS 1024
@@ -545,6 +546,20 @@ topk_small_kernel(const float *__restrict__ logits, int vocab, int k, float *__r
  * node, the root's children included; no FMA is involved.
  */
 
+/* A padding row i of tree t: the root's token under the root, seeing the root and
+ * itself (a valid tree row; its logits are never read).  The auto build pads up to
+ * its verify bucket with it and the graft the rows it freed. */
+static __device__ __forceinline__ void pad_row(const ddt_cuda_tree &t, int i, int32_t root) {
+    t.token[i] = root;
+    t.parent[i] = 0;
+    t.depth[i] = 1;
+    t.rank[i] = -1;
+    t.logw[i] = -INFINITY;
+    uint64_t *vrow = t.vis + (size_t)i * (size_t)t.vis_words;
+    for (int w = 0; w < t.vis_words; w++)
+        vrow[w] = (w == 0 ? 1ull : 0ull) | (w == (i >> 6) ? 1ull << (i & 63) : 0ull);
+}
+
 /* One built node; 16 bytes, so one shared load fetches all of it. */
 typedef struct build_node {
     float logw;
@@ -945,18 +960,8 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
     }
     __syncthreads();
     const int n = s_n, words = p.t.vis_words;
-    /* padding up to the verify bucket: the root's token under the root, seeing
-     * the root and itself (a valid tree row; its logits are never read) */
-    for (int i = n + tid; i < s_rows; i += blockDim.x) {
-        p.t.token[i] = root;
-        p.t.parent[i] = 0;
-        p.t.depth[i] = 1;
-        p.t.rank[i] = -1;
-        p.t.logw[i] = -INFINITY;
-        uint64_t *vrow = p.t.vis + (size_t)i * (size_t)words;
-        for (int w = 0; w < words; w++)
-            vrow[w] = (w == 0 ? 1ull : 0ull) | (w == (i >> 6) ? 1ull << (i & 63) : 0ull);
-    }
+    /* padding up to the verify bucket (pad_row) */
+    for (int i = n + tid; i < s_rows; i += blockDim.x) pad_row(p.t, i, root);
     for (int i = tid; i < n; i += blockDim.x) {
         const build_node v = s_node[i];
         p.t.token[i] = i == 0 ? root : p.tok[(size_t)(v.depth - 1) * (size_t)p.k + v.rank];
@@ -1064,23 +1069,9 @@ static __global__ void __launch_bounds__(GRAFT_THREADS) tree_graft_kernel(graft_
     }
     __syncthreads();
     if (tid == 0) {
-        int i = 1, j = 0, count = 0;
-        for (;;) {
-            while (j < len && s_twin[j] >= 1 && s_twin[j] < i) j++;
-            const bool has_tree = i < n, has_path = j < len;
-            if (!has_tree && !has_path) break;
-            if (has_tree && (!has_path || s_logw[i] >= s_v[j])) {
-                bool taken_twin = false;
-                for (int q = 0; q < j && !taken_twin; q++) taken_twin = s_twin[q] == i;
-                if (!taken_twin && count + 1 > budget) break;
-                count += taken_twin ? 0 : 1;
-                i++;
-            } else {
-                if (count + 1 > budget) break;
-                count++;
-                j++;
-            }
-        }
+        /* the merge by weight: the CPU's lines (core/graft_merge.h) over the staged nodes */
+        int32_t i = 0;
+        const int32_t j = ddt_graft_merge(s_logw, n, s_twin, s_v, len, budget, &i);
         /* the appended nodes: tokens, parents, depths, weights */
         int m = i, parent = 0;
         for (int q = 0; q < j; q++) {
@@ -1111,16 +1102,7 @@ static __global__ void __launch_bounds__(GRAFT_THREADS) tree_graft_kernel(graft_
         }
     /* the rows the graft freed, padded */
     const int32_t root = *p.t.root_token;
-    for (int r = m + tid; r < n; r += blockDim.x) {
-        p.t.token[r] = root;
-        p.t.parent[r] = 0;
-        p.t.depth[r] = 1;
-        p.t.rank[r] = -1;
-        p.t.logw[r] = -INFINITY;
-        uint64_t *vrow = p.t.vis + (size_t)r * (size_t)words;
-        for (int w = 0; w < words; w++)
-            vrow[w] = (w == 0 ? 1ull : 0ull) | (w == (r >> 6) ? 1ull << (r & 63) : 0ull);
-    }
+    for (int r = m + tid; r < n; r += blockDim.x) pad_row(p.t, r, root);
     __syncthreads();
     if (tid == 0) *p.t.n_nodes = m;
 }
