@@ -88,13 +88,16 @@ typedef struct bench_ctx {
     ddt_tree ct;
 } bench_ctx;
 
-/* Replays a graph of 10 rounds (build, or build + accept); microseconds per round. */
-static int time_graph(bench_ctx *c, int D_, int K, int B, int with_accept, double *us) {
+/* Replays a graph of 10 rounds (build, or build + accept; the build under the auto
+ * rule a when a is not NULL); microseconds per round. */
+static int time_graph_auto(bench_ctx *c, int D_, int K, int B, int with_accept, const ddt_cuda_tree_auto *a,
+                           double *us) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CU(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < 10; i++) {
-        OK(ddt_cuda_tree_build(&c->dt, c->dq, c->dtok, D_, K, B, 0, (ddt_cuda_stream)c->s, &err_));
+        if (a) OK(ddt_cuda_tree_build_auto(&c->dt, c->dq, c->dtok, D_, K, B, 0, a, (ddt_cuda_stream)c->s, &err_));
+        else OK(ddt_cuda_tree_build(&c->dt, c->dq, c->dtok, D_, K, B, 0, (ddt_cuda_stream)c->s, &err_));
         if (with_accept) OK(ddt_cuda_tree_accept(&c->dt, c->dnext, 0, (ddt_cuda_stream)c->s, &err_));
     }
     CU(cudaStreamEndCapture(c->s, &g));
@@ -127,6 +130,74 @@ static int time_graph(bench_ctx *c, int D_, int K, int B, int with_accept, doubl
     }
     CU(cudaGraphExecDestroy(ge));
     CU(cudaGraphDestroy(g));
+    return 0;
+}
+
+static int time_graph(bench_ctx *c, int D_, int K, int B, int with_accept, double *us) {
+    return time_graph_auto(c, D_, K, B, with_accept, NULL, us);
+}
+
+/*
+ * The auto budget's build against the fixed budget's, at the engine's settings
+ * (cap 32, K = 32; the fixed default 20, K = 20) on a peaked table, under the verify
+ * costs measured on an H100 for the shipped pair (us: 0 nodes 286, 1-4 307, 8-20 314,
+ * 24 347, 32 379; draft + top-K + build 137) and the engine's buckets (0 1 2 4 8 10 12
+ * 16 20 24 32).  Rows: the fixed builds at 20 and 32 (what 12 more pops cost), auto
+ * with one bucket (no early stop, a trivial cut: the auto instance's fixed costs),
+ * auto with the buckets (the stop and the cut), and as the engine's graphs run it
+ * (capped at the bucket of 20).  Nodes: built before the stop / kept.
+ */
+static int bench_auto(bench_ctx *c, float *logq, int32_t *tok) {
+    enum { CAP = 32 };
+    static const int32_t buckets[] = {0, 1, 2, 4, 8, 10, 12, 16, 20, 24, 32};
+    const int nb = (int)(sizeof buckets / sizeof buckets[0]);
+    float vcost[CAP + 1];
+    for (int n = 0; n <= CAP; n++)
+        vcost[n] = n == 0 ? 286.0f : n <= 4 ? 307.0f : n <= 20 ? 314.0f : n <= 24 ? 347.0f : 379.0f;
+    float *dv;
+    int32_t *dbuilt;
+    CU(cudaMalloc((void **)&dv, sizeof vcost));
+    CU(cudaMalloc((void **)&dbuilt, 4));
+    CU(cudaMemcpy(dv, vcost, sizeof vcost, cudaMemcpyHostToDevice));
+    ddt_cuda_tree_auto one = {0}, all = {0}, capped;
+    one.vcost = all.vcost = dv;
+    one.draft_cost = all.draft_cost = 137.0f;
+    one.n_buckets = 1;
+    one.bucket[0] = CAP;
+    all.n_buckets = nb;
+    for (int j = 0; j < nb; j++) all.bucket[j] = buckets[j];
+    all.built = dbuilt;
+    capped = all;
+    capped.capped = true;
+    capped.cap = 8; /* bucket[8] = 20 */
+    printf("\nThe auto budget's build (cap %d, K = %d) against the fixed budget's, peaked rows, D = %d, graph:\n\n",
+           CAP, CAP, D);
+    printf("| build | K | GPU build (us) | nodes built / kept |\n|---|---:|---:|---:|\n");
+    for (int row = 0; row < 5; row++) {
+        const int K = row == 0 ? 20 : CAP, B = row == 0 ? 20 : CAP;
+        srand(7); /* the same table in every row: K = 20 takes each row's first 20 ranks */
+        fill_table(logq, tok, CAP, 1);
+        for (int d = 0; d < D; d++)
+            for (int r = 0; r < K; r++) {
+                logq[d * K + r] = logq[d * CAP + r];
+                tok[d * K + r] = tok[d * CAP + r];
+            }
+        CU(cudaMemcpy(c->dq, logq, (size_t)D * K * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(c->dtok, tok, (size_t)D * K * 4, cudaMemcpyHostToDevice));
+        const ddt_cuda_tree_auto *a = row <= 1 ? NULL : row == 2 ? &one : row == 3 ? &all : &capped;
+        static const char *names[] = {"fixed 20", "fixed 32", "auto, one bucket (no stop)", "auto, the engine's buckets",
+                                      "auto, capped at 20 (the engine's graph)"};
+        CU(cudaMemset(dbuilt, 0, 4));
+        double us;
+        if (time_graph_auto(c, D, K, B, 0, a, &us)) return 1;
+        int32_t built = 0, kept = 0;
+        CU(cudaMemcpy(&kept, c->dt.n_nodes, 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&built, dbuilt, 4, cudaMemcpyDeviceToHost));
+        if (a != &all && a != &capped) built = kept;
+        printf("| %s | %d | %.2f | %d / %d |\n", names[row], K, us, built, kept);
+    }
+    CU(cudaFree(dv));
+    CU(cudaFree(dbuilt));
     return 0;
 }
 
@@ -219,6 +290,7 @@ int main(int argc, char **argv) {
             return 1;
         printf("| %d | %d | %.2f | %.2f | %.2f |\n", B, maxd, build_us, gpu_us, cpu_us);
     }
+    if (bench_auto(&c, logq, tok)) return 1;
     ddt_cuda_tree_free(&c.dt);
     ddt_tree_free(&c.ct);
     ddt_builder_destroy(c.b);

@@ -198,11 +198,12 @@ static json_t *cost_json(const ddt_cost_model *c) {
 }
 
 static json_t *stats_json(const ddt_gen_stats *s, const char *mode, int32_t budget, bool autob) {
-    return json_pack("{s:s, s:i, s:b, s:b, s:I, s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+    return json_pack("{s:s, s:i, s:b, s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
                      "mode", mode, "budget", budget, "budget_auto", autob, "draft_calibrated", s->draft_calibrated,
                      "lookup_nodes", (json_int_t)s->lookup_nodes,
                      "prompt_tokens", s->prompt_tokens,
-                     "tokens", s->tokens, "rounds", s->rounds, "ar_rounds", s->ar_rounds, "nodes_verified",
+                     "tokens", s->tokens, "rounds", s->rounds, "ar_rounds", s->ar_rounds,
+                     "auto_capped_rounds", s->auto_capped_rounds, "nodes_verified",
                      (json_int_t)s->nodes_verified,
                      "mean_acceptance", s->mean_acceptance, "expected_acceptance", s->expected_acceptance,
                      "tokens_per_s", s->tokens_per_s, "round_kernels",

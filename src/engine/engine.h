@@ -147,6 +147,10 @@ typedef struct ddt_gen_stats {
     int32_t rounds;            /* verify forwards after the prompt (AR: one per token) */
     int32_t ar_rounds;         /* of those, the plain ar steps an auto-budget tree generation ran while
                                   speculation did not pay (CPU engine; see engine_cpu.c) */
+    int32_t auto_capped_rounds; /* of the speculative rounds of an auto-budget generation on the GPU, those
+                                  whose rule chose a larger verify bucket than the round verified: each
+                                  round's graph verifies the bucket the round before chose, so a tree
+                                  that grows is cut there (engine_cuda.c); 0 on the CPU */
     int64_t nodes_verified;    /* tree nodes scored, roots included */
     int64_t accepted;          /* tokens emitted by rounds (accepted nodes + bonus) */
     double mean_acceptance;    /* accepted / rounds: tau */

@@ -707,10 +707,11 @@ static ddt_status walk_on_host(ddt_engine_cuda *e, uint64_t round, ddt_error *er
  * device, the D x K table comes to the host, where the CPU builder grows the
  * tree and cuts it at the best verify bucket, as the device does; the tree goes
  * back to the device for verify, then the device walk (greedy) or the logits to
- * the host for the host walk.
+ * the host for the host walk.  *capped counts the rounds cut at the bucket the
+ * round before chose (the bucket graphs' rule, kept so both paths verify the same).
  */
 static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int32_t bonus, uint64_t round,
-                             bool greedy, int32_t *n_out, ddt_error *err) {
+                             bool greedy, int32_t *n_out, int32_t *capped, ddt_error *err) {
     const size_t cells = (size_t)e->depth * (size_t)k;
     DDT_CUDA_TRY(mark(e, 0), err);
     TRY(ddt_cuda_drafter_draft(e->drafter, e->tree.root_token, e->draft_logits, e->s, err));
@@ -735,6 +736,7 @@ static ddt_status auto_round(ddt_engine_cuda *e, int32_t budget, int32_t k, int3
     if (a.n_buckets == e->tauto.n_buckets) { /* the bucket graphs' rule, as the device runs it */
         if (j > e->auto_bucket) {
             const int32_t b = a.bucket[e->auto_bucket];
+            ++*capped;
             keep = (b < e->htree.n_nodes - 1 ? b : e->htree.n_nodes - 1) + 1;
         }
         e->auto_bucket = j;
@@ -1152,7 +1154,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             int32_t k, budget = ddt_engine_round_nodes(e->opts.mode, e->opts.budget, e->depth, room, e->kmax, &k);
             if (e->lookup_on) stage_lookup(e, n_kv, bonus);
             if (e->auto_budget && (!on_device || auto_host(e))) {
-                TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, err));
+                TRY(auto_round(e, budget, k, bonus, round, mode == NEXT_ARGMAX, &n, &s.auto_capped_rounds, err));
             } else if (on_device) {
                 if (mode == NEXT_SAMPLE) TRY(stage_sampling(e, round, err));
                 if (budget == e->graph_budget && e->n_bgraphs > 0) {
@@ -1183,6 +1185,7 @@ ddt_status ddt_engine_cuda_generate(ddt_engine_cuda *e, const int32_t *prompt, i
             if (e->n_bgraphs > 0 && budget == e->graph_budget && on_device && !auto_host(e)) {
                 /* (a host-built round set auto_bucket itself; the device word is stale then) */
                 const int32_t c = e->emit_h[DDT_CUDA_EMIT_WORDS];
+                if (c > e->auto_bucket) s.auto_capped_rounds++;
                 e->auto_bucket = c >= 0 && c < e->n_bgraphs ? c : e->n_bgraphs - 1;
             }
             if (!e->opts.cuda_no_phase_times) {

@@ -166,6 +166,7 @@ static void merge_stats(ddt_gen_stats *a, const ddt_gen_stats *b) {
     a->tokens += b->tokens;
     a->rounds = rounds;
     a->ar_rounds += b->ar_rounds;
+    a->auto_capped_rounds += b->auto_capped_rounds;
     a->nodes_verified += b->nodes_verified;
     a->accepted += b->accepted;
     a->mean_acceptance = rounds ? (double)a->accepted / rounds : 0.0;

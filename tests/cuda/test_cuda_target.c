@@ -1198,6 +1198,10 @@ static void test_given_cost(const char *model, const char *draft, const int32_t 
               model, kind ? "flat" : "steep", (long long)x.st.nodes_verified, (long long)x.st.rounds, want);
         CHECK(x.st.ar_rounds == 0, "%s: given %s cost table: %d ar steps (a free draft always pays)", model,
               kind ? "flat" : "steep", x.st.ar_rounds);
+        /* the rule's bucket never rises (always the root alone, always the budget): no round is cut
+           at the bucket the round before chose */
+        CHECK(x.st.auto_capped_rounds == 0, "%s: given %s cost table: %d rounds counted as capped", model,
+              kind ? "flat" : "steep", x.st.auto_capped_rounds);
         printf("  given %s cost table, auto budget (max 8): %lld nodes in %lld rounds\n", kind ? "flat" : "steep",
                (long long)x.st.nodes_verified, (long long)x.st.rounds);
     }
@@ -1245,8 +1249,12 @@ static void test_auto_convex(const char *model, const char *draft, const int32_t
         CHECK(x.st.nodes_verified > x.st.rounds && x.st.nodes_verified < 17LL * x.st.rounds,
           "%s: given convex cost table: %lld nodes in %lld rounds (want a cut between 1 and 17 per round)", model,
           (long long)x.st.nodes_verified, (long long)x.st.rounds);
-    printf("  given convex cost table, auto budget (max 16): %.2f nodes per round, greedy == ar, %d kernels per round\n",
-           (double)x.st.nodes_verified / (double)x.st.rounds, x.st.round_kernels);
+    CHECK(x.st.auto_capped_rounds >= 0 && x.st.auto_capped_rounds <= x.st.rounds - x.st.ar_rounds,
+          "%s: given convex cost table: %d capped rounds of %d speculative", model, x.st.auto_capped_rounds,
+          x.st.rounds - x.st.ar_rounds);
+    printf("  given convex cost table, auto budget (max 16): %.2f nodes per round, greedy == ar, %d kernels per round, "
+           "%d rounds capped by the previous pick\n",
+           (double)x.st.nodes_verified / (double)x.st.rounds, x.st.round_kernels, x.st.auto_capped_rounds);
     run_out dv, hs;
     run_engine(model, draft, DDT_BACKEND_CUDA, DDT_MODE_TREE, -16, 1.0f, prompt, np, max_new, &dv);
     g_host_sampler = true;
@@ -1254,6 +1262,9 @@ static void test_auto_convex(const char *model, const char *draft, const int32_t
     g_host_sampler = false;
     g_cost = NULL;
     const bool eq = same_ids(&dv, &hs);
+    CHECK(dv.st.auto_capped_rounds == hs.st.auto_capped_rounds,
+          "%s: T=1 auto, convex table: %d rounds capped on the device, %d on the host", model,
+          dv.st.auto_capped_rounds, hs.st.auto_capped_rounds);
     CHECK(eq && dv.st.nodes_verified == hs.st.nodes_verified,
           "%s: T=1 auto, convex table: device round (%lld nodes) != host round (%lld nodes)", model,
           (long long)dv.st.nodes_verified, (long long)hs.st.nodes_verified);

@@ -488,6 +488,7 @@ static void test_given_cost(void **state) {
         if (kind == 0) assert_int_equal(st.nodes_verified, st.rounds); /* the root alone, every round */
         else assert_int_equal(st.nodes_verified, st.rounds * 9);       /* the whole budget, every round */
         assert_int_equal(st.ar_rounds, 0); /* a free draft always pays */
+        assert_int_equal(st.auto_capped_rounds, 0); /* the CPU verifies every round's own cut */
         ddt_engine_free(e);
     }
 }

@@ -48,6 +48,7 @@ def test_cli_tree_and_chain_equal_ar(prompt):
         assert st["tokens"] == 30 and st["rounds"] >= 1
         assert st["mean_acceptance"] >= 1.0
         assert st["nodes_verified"] >= st["rounds"]
+        assert st["auto_capped_rounds"] == 0  # the CPU verifies each round's own cut (the GPU's graphs lag)
         for phase in ("prefill", "draft", "build", "verify", "walk", "commit"):
             assert st["seconds"][phase] >= 0.0
 

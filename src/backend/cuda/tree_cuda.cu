@@ -662,6 +662,7 @@ typedef struct auto_stop {
     double phi, best, den; /* den: this lane's bucket's draft + vcost */
     int bend;              /* this lane's bucket end, INT_MAX past the buckets */
     int jc, next;          /* first incomplete bucket, and its end */
+    int bj;                /* the first of the highest theta among the complete buckets */
     bool on;               /* the stop is allowed at all */
 } auto_stop;
 
@@ -675,6 +676,7 @@ static __device__ void auto_stop_init(auto_stop *s, const ddt_cuda_tree_auto *a,
     s->phi = 0.0;
     s->best = 0.0;
     s->jc = 0;
+    s->bj = 0;
     s->on = __all_sync(full, lane >= D || sq[(size_t)lane * (size_t)ld] <= 0.0f) && nb > 1;
     if (__shfl_sync(full, s->bend, 0) == 0) { /* a bucket of the root alone: complete already */
         s->best = (1.0 + s->phi) / __shfl_sync(full, s->den, 0);
@@ -694,7 +696,10 @@ static __device__ bool auto_stop_step(auto_stop *s, const ddt_cuda_tree_auto *a,
         s->phi = s->phi + (double)__shfl_sync(full, e, i);
         if (n0 + i == s->next) { /* buckets rise: at most one ends at a node */
             const double th = (1.0 + s->phi) / __shfl_sync(full, s->den, s->jc);
-            if (s->jc == 0 || th > s->best) s->best = th;
+            if (s->jc == 0 || th > s->best) {
+                s->best = th;
+                s->bj = s->jc;
+            }
             s->jc++;
             s->next = __shfl_sync(full, s->bend, s->jc & 31);
         }
@@ -719,10 +724,9 @@ static __device__ bool auto_stop_step(auto_stop *s, const ddt_cuda_tree_auto *a,
  */
 template <bool AUTO>
 static __device__ int build_warp(const float *sq, int ld, int D, int want, build_node *nd,
-                                 uint2 *cand, const ddt_cuda_tree_auto *a) {
+                                 uint2 *cand, const ddt_cuda_tree_auto *a, auto_stop &st) {
     const unsigned full = 0xffffffffu;
     const int lane = (int)(threadIdx.x & 31);
-    auto_stop st;
     if (AUTO) auto_stop_init(&st, a, sq, ld, D);
     uint32_t bkey = 0u;
     int bidx = -1;
@@ -841,6 +845,31 @@ static __device__ int bucket_cut(const ddt_cuda_tree_auto *a, const build_node *
 }
 
 
+/*
+ * bucket_cut's result from the early stop's scan (auto_stop), without a second pass
+ * over the nodes: the scan holds theta's best over the complete buckets (those that
+ * end at or before the last node built, in order, the first of the highest) and phi
+ * over every node built, which is phi[n - 1] of bucket_cut.  The buckets left end
+ * past the last node (m = n - 1), so each is (1 + phi) / den, one lane each; the
+ * first of the highest over them wins only above the complete buckets' best, so the
+ * pick is bucket_cut's, same doubles, same bits.  Warp-uniform.
+ */
+static __device__ int stop_cut(const auto_stop *s, const ddt_cuda_tree_auto *a, int n, int *index) {
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31);
+    const bool mine = lane >= s->jc && lane < a->n_buckets;
+    const double th = mine ? (1.0 + s->phi) / s->den : -INFINITY;
+    double top = th;
+    for (int o = 16; o > 0; o >>= 1) top = fmax(top, __shfl_xor_sync(full, top, o));
+    const unsigned at = __ballot_sync(full, mine && th == top);
+    if (at && (s->jc == 0 || top > s->best)) {
+        *index = __ffs(at) - 1;
+        return n;
+    }
+    *index = s->bj;
+    return __shfl_sync(full, s->bend, s->bj) + 1;
+}
+
 /* Shared memory for the staged table at the largest D x K (opted in at alloc). */
 #define BUILD_STAGE_BYTES (DDT_MAX_DEPTH * DDT_MAX_TOPK * 4)
 
@@ -929,13 +958,15 @@ static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_
             *p.t.n_nodes = 1;
         }
     } else if (tid < 32) {
-        int n = build_warp<AUTO>(s_logq, ld, p.depth, p.want, s_node, s_cand, AUTO ? &p.a : NULL);
+        auto_stop st;
+        int n = build_warp<AUTO>(s_logq, ld, p.depth, p.want, s_node, s_cand, AUTO ? &p.a : NULL, st);
         /* the candidates are spent: their slots hold the cut's phi (8 bytes each) */
         int bj = 0;
         if (AUTO) {
             if (p.a.built && tid == 0) *p.a.built = n;
             const int n_built = n;
-            n = bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
+            /* the stop's scan has every complete bucket's theta: only the rest are left */
+            n = st.on ? stop_cut(&st, &p.a, n, &bj) : bucket_cut(&p.a, s_node, (double *)s_cand, n, &bj);
             if (p.a.choice && tid == 0) *p.a.choice = bj;
             if (p.a.capped && bj > p.a.cap) { /* this graph verifies bucket cap: its prefix (pop order) */
                 bj = p.a.cap;
