@@ -108,6 +108,16 @@ def main():
     ap.add_argument("--extra-args", default="", help="more `ddtree generate` flags for every run (e.g. --no-pdl)")
     ap.add_argument("--out-md")
     ap.add_argument("--out-png")
+    ap.add_argument("--replot", metavar="MD", help="only redraw --out-png from a table --out-md saved")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--replot")
+    pre.add_argument("--out-png")
+    known, _ = pre.parse_known_args()
+    if known.replot:
+        if not known.out_png:
+            ap.error("--replot needs --out-png")
+        replot(known.replot, known.out_png)
+        return
     args = ap.parse_args()
     with open(args.prompts) as f:
         prompts = json.load(f)
@@ -154,25 +164,54 @@ def main():
         with open(args.out_md, "w") as f:
             f.write(md + "\n")
     if args.out_png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for t, pts in curves.items():
-            fixed = [(b, s) for b, s in pts if b != "auto"]
-            ax.plot([b for b, _ in fixed], [s for _, s in fixed], marker="o", label=f"tree, T={t:g}")
-            for b, s in pts:
-                if b == "auto":
-                    ax.axhline(s, linestyle="--", linewidth=1, label=f"tree auto, T={t:g}")
-            chain = next(r["speedup"] for r in rows if r["mode"] == "chain" and r["temp"] == t)
-            ax.axhline(chain, linestyle=":", linewidth=1, label=f"chain, T={t:g}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tree budget (nodes)")
-        ax.set_ylabel("speed-up over ar (tokens/s)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.out_png, dpi=120)
+        plot(rows, curves, args.out_png)
 
+
+def plot(rows, curves, path):
+    """Speed-up over ar against the tree budget, one colour per temperature: the fixed budgets
+    as points, auto dashed and chain dotted in the same colour, ar at 1."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ticks = set()
+    for t, pts in curves.items():
+        fixed = [(b, s) for b, s in pts if b != "auto"]
+        ticks.update(b for b, _ in fixed)
+        line, = ax.plot([b for b, _ in fixed], [s for _, s in fixed], marker="o", label=f"tree, T={t:g}")
+        for b, s in pts:
+            if b == "auto":
+                ax.axhline(s, linestyle="--", linewidth=1, color=line.get_color(), label=f"tree auto, T={t:g}")
+        chain = next(r["speedup"] for r in rows if r["mode"] == "chain" and r["temp"] == t)
+        ax.axhline(chain, linestyle=":", linewidth=1, color=line.get_color(), label=f"chain, T={t:g}")
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="ar")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks))
+    ax.set_xticklabels([str(b) for b in sorted(ticks)])
+    ax.minorticks_off()
+    ax.set_xlabel("tree budget (nodes)")
+    ax.set_ylabel("speed-up over ar (tokens/s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def replot(md_path, png_path):
+    """The plot of a saved run: the table --out-md wrote (T, mode, budget, ..., speed-up vs ar, ...)."""
+    rows, curves = [], {}
+    with open(md_path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 5 or cells[1] not in ("ar", "chain", "tree"):
+                continue
+            t, mode, b, sp = float(cells[0]), cells[1], cells[2], float(cells[4])
+            b = None if b == "-" else (b if b == "auto" else int(b))
+            rows.append({"temp": t, "mode": mode, "budget": b, "speedup": sp})
+            if mode == "tree":
+                curves.setdefault(t, []).append((b, sp))
+    if not curves:
+        raise SystemExit(f"{md_path}: no tree rows in an e2e table")
+    plot(rows, curves, png_path)
 
 if __name__ == "__main__":
     main()
