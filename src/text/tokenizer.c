@@ -476,6 +476,16 @@ static ddt_status compile_pattern(ddt_tokenizer *tok, const ddt_tokenizer_source
 
 /* ------------------------------------------------------------------ load */
 
+/* The BPE merge workspace's arrays (tok_workspace_reserve), freed. */
+static void workspace_free(ddt_tokenizer *tok) {
+    free(tok->ws_next);
+    free(tok->ws_prev);
+    free(tok->ws_rank);
+    free(tok->ws_alive);
+    free(tok->ws_heap);
+    free(tok->ws_sym);
+}
+
 void ddt_tokenizer_free(ddt_tokenizer *tok) {
     if (!tok) return;
     free(tok->pool);
@@ -489,12 +499,7 @@ void ddt_tokenizer_free(ddt_tokenizer *tok) {
     pcre2_match_context_free(tok->mctx);
     pcre2_jit_stack_free(tok->jit_stack);
     pcre2_code_free(tok->re);
-    free(tok->ws_next);
-    free(tok->ws_prev);
-    free(tok->ws_rank);
-    free(tok->ws_alive);
-    free(tok->ws_heap);
-    free(tok->ws_sym);
+    workspace_free(tok);
     tok_hf_free(tok->hf);
     free(tok);
 }
@@ -590,12 +595,7 @@ ddt_status tok_workspace_reserve(ddt_tokenizer *tok, size_t n, ddt_error *err) {
     if (cap < 64) cap = 64;
     size_t heap_n;
     if (!ddt_mul_size(cap, 3, &heap_n)) return ddt_fail(err, DDT_ERR_RANGE, "tokenizer: piece of %zu bytes too long", n);
-    free(tok->ws_next);
-    free(tok->ws_prev);
-    free(tok->ws_rank);
-    free(tok->ws_alive);
-    free(tok->ws_heap);
-    free(tok->ws_sym);
+    workspace_free(tok);
     tok->ws_next = ddt_malloc_array(cap, sizeof *tok->ws_next);
     tok->ws_prev = ddt_malloc_array(cap, sizeof *tok->ws_prev);
     tok->ws_rank = ddt_malloc_array(cap, sizeof *tok->ws_rank);
