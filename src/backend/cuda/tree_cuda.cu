@@ -25,6 +25,7 @@
 #define BUILD_THREADS 1024
 
 static_assert(DDT_MAX_TOPK == TOPK_THREADS, "top-K sorts one candidate per thread");
+static_assert(DDT_CUDA_TREE_MAX_BUCKETS <= 32, "the auto build's stop and cut hold one verify bucket a lane of a warp");
 
 /* ------------------------------------------------------------------ helpers */
 
