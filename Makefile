@@ -11,7 +11,7 @@ FUZZ_SECONDS ?= 20
 # on the GPU when the build has CUDA and one is present, else on the CPU.
 demo: deps build
 	./$(BUILD)/ddtree generate --model models/pystdlib-target --draft models/pystdlib-dflash \
-	    --mode tree --budget 16 --prompt-file examples/heldout_prompt.py --max-tokens 128 --backend auto
+	    --mode tree --budget 20 --prompt-file examples/heldout_prompt.py --max-tokens 128 --backend auto
 
 # The tree builder and walk on a small problem, drawn.
 tree-demo: build
