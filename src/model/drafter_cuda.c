@@ -55,10 +55,11 @@
 #include "core/error.h"
 #include "model/drafter_desc.h"
 
-/* Rows per attention split while the context is short (one 32-row tile per
- * block); long contexts get longer splits, whole tiles, so the partial-result
- * scratch and the last split's merge stay within ATTN_MAX_SPLITS splits. */
-#define ATTN_SPLIT_MIN 32
+/* Rows per attention split: the attention kernel's own (ddt_dflash_attn_split_hint:
+ * a 32-row tile for each of its warps, 256 rows at the shipped drafter's head_dim
+ * of 64, so a context that short takes one block per column and no merge); very
+ * long contexts get longer splits, whole tiles, so the partial-result scratch and
+ * the last split's merge stay within ATTN_MAX_SPLITS splits. */
 #define ATTN_MAX_SPLITS 128
 
 #define TRY(call)                                \
@@ -399,7 +400,7 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
     d->V = t->vocab_size;
     d->max_ctx = max_ctx;
     d->cap = max_ctx + d->dims.L;
-    int32_t split = ATTN_SPLIT_MIN;
+    int32_t split = ddt_dflash_attn_split_hint(d->dims.hd);
     if ((d->cap + split - 1) / split > ATTN_MAX_SPLITS)
         split = ((d->cap + ATTN_MAX_SPLITS - 1) / ATTN_MAX_SPLITS + 31) / 32 * 32;
     d->attn = (ddt_dflash_attn){.n_block = d->dims.L, .heads = d->dims.heads, .kv_heads = d->dims.kv_heads, .hd = d->dims.hd,

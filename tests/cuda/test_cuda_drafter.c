@@ -22,7 +22,8 @@
  *   - the block attention alone (ddt_dflash_attention) against its CPU twin
  *     ddt_cpu_dflash_attention (backend/cpu/dflash.h) on random q / K / V: the
  *     shipped drafter's shape (4 heads over 2 kv heads of 64, a block of 16,
- *     split 32) over lengths 0..1030 in one cache of 1040 rows (tile and split
+ *     split 32, and the split the drafter takes, ddt_dflash_attn_split_hint's
+ *     256; head_dim 128 at its 128) over lengths 0..1030 in one cache of 1040 rows (tile and split
  *     edges, rows clamped at the cache's end), and odd shapes (GQA groups 1, 2,
  *     3, 4, head_dim 1..512 across the kernel's register widths and both staging
  *     paths, blocks not filling a query chunk, contexts shorter than, equal to
@@ -479,6 +480,18 @@ static void test_attention_op(bool quick) {
      * and at and past the cache's end (rows clamped to max_rows) */
     const int32_t shipped[] = {700, 0, 5, 16, 63, 64, 65, 1024, 1030, 3};
     attention_lengths(pool, 16, 4, 2, 64, 1040, 32, shipped, (int)(sizeof shipped / sizeof shipped[0]));
+    /* the same with the split the drafter takes now (ddt_dflash_attn_split_hint: 256
+     * at head_dim 64, a tile for each of the kernel's 8 warps): lengths within one
+     * split (no merge through the scratch), across it, and warps without a tile */
+    CHECK(ddt_dflash_attn_split_hint(64) == 256 && ddt_dflash_attn_split_hint(128) == 128 &&
+              ddt_dflash_attn_split_hint(129) == 32,
+          "split hints %d / %d / %d", ddt_dflash_attn_split_hint(64), ddt_dflash_attn_split_hint(128),
+          ddt_dflash_attn_split_hint(129));
+    const int32_t hinted[] = {700, 0, 5, 16, 100, 239, 240, 241, 495, 496, 1024, 1030, 3};
+    attention_lengths(pool, 16, 4, 2, 64, 1040, ddt_dflash_attn_split_hint(64), hinted,
+                      (int)(sizeof hinted / sizeof hinted[0]));
+    attention_lengths(pool, 16, 8, 2, 128, 600, ddt_dflash_attn_split_hint(128), hinted, 9);
+    attention_lengths(pool, 7, 6, 3, 40, 600, 200, hinted, 9); /* a split not of whole tiles */
     /* odd shapes: head_dim 40 / 72 / 33 (scalar staging), group 4, group 1, a block
      * of 7 / 5 / 3 (query chunks of 8 not full), splits not whole tiles */
     const int32_t some[] = {0, 9, 40, 100, 250};

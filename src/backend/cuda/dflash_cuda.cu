@@ -18,7 +18,10 @@
  * its queries, split of rows).  It stages its rows' K and V a tile of 32 rows at
  * a time in shared memory with every load in flight, scores a row per lane
  * against the queries held in shared memory, and keeps an online softmax per
- * query taken a tile at a time; a context within one split ends there, else the
+ * query taken a tile at a time (head_dim <= 128, attn_rows_kernel: the split's
+ * tiles spread over the block's warps, each warp for all the block's queries,
+ * merged in the block; larger head_dim, attn_kernel: every tile in all warps,
+ * 2 queries a warp); a context within one split ends there, else the
  * splits' partials are merged in increasing split order by whichever split
  * finishes last (an arrival ticket per column in the scratch, back at 0 after
  * every launch).  The split length is fixed per drafter and every sum has a fixed
@@ -311,6 +314,84 @@ static __device__ __forceinline__ void stage_tile(const attn_args &p, int g, int
     }
 }
 
+/* The splits' merge, by NT threads of a block that has written its split's
+ * partials (m, l, acc of each of its n_qb queries) to the scratch: the last split
+ * of the column to arrive merges all n_used of them in increasing split order and
+ * writes the output (the ticket back at 0).  Ps: shared [ATTN_QPB][32]. */
+template <int NI, int NT>
+static __device__ __forceinline__ void merge_if_last(const attn_args &p, int col, int g, int q0, int n_qb,
+                                                     int n_used, float *Ps, int &is_last, float *mrg_max,
+                                                     float *mrg_inv) {
+    constexpr int U = (ATTN_QPB * 32 * NI + NT - 1) / NT; /* outputs a thread merges: ATTN_QPB * hd at most */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = p.hd;
+    const size_t n_all = (size_t)p.n_block * p.heads;
+    /* release: each thread's partials reach device scope before the block's ticket */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(p.arrivals + col, 1u) == (unsigned)(n_used - 1);
+    __syncthreads();
+    if (!is_last) return;
+    /* acquire: the other splits' partials, read below past L1 (__ldcg) */
+    __threadfence();
+    if (tid == 0) atomicExch(p.arrivals + col, 0u); /* every live split has arrived */
+
+    /* merge: per query the max M over splits and 1 / sum_s l_s exp(m_s - M) ... */
+    for (int lq = warp; lq < n_qb; lq += NT / 32) {
+        const float *ml = p.part_ml + query_offset(p, g, q0 + lq) / hd * 2;
+        float mx = -INFINITY;
+        for (int s = lane; s < n_used; s += 32) mx = fmaxf(mx, __ldcg(ml + (size_t)s * n_all * 2));
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int s = lane; s < n_used; s += 32)
+            sum += __ldcg(ml + (size_t)s * n_all * 2 + 1) * expf(__ldcg(ml + (size_t)s * n_all * 2) - mx);
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            mrg_max[lq] = mx;
+            mrg_inv[lq] = 1.0f / sum;
+        }
+    }
+    /* ... then sum_s exp(m_s - M) acc_s in increasing s, 32 splits at a time: their
+     * weights in Ps ([ATTN_QPB][32]), the block's n_qb * hd outputs spread over
+     * the threads (e = tid + u * NT), so each thread has many loads in flight */
+    float out[U];
+    int off[U]; /* within one split's [n_block * heads][hd] (< 2^31, checked) */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = tid + u * NT, lq = e / hd;
+        out[u] = 0.0f;
+        off[u] = lq < n_qb ? (int)query_offset(p, g, q0 + lq) + (e - lq * hd) : 0;
+    }
+    const size_t acc_stride = n_all * hd;
+    for (int s0 = 0; s0 < n_used; s0 += 32) {
+        const int cnt = n_used - s0 < 32 ? n_used - s0 : 32;
+        __syncthreads(); /* mrg_max is written; the previous chunk's weights are read */
+        for (int e = tid; e < ATTN_QPB * 32; e += NT) {
+            const int lq = e >> 5, k = e & 31;
+            float w = 0.0f;
+            if (lq < n_qb && k < cnt) {
+                const size_t slot = (size_t)(s0 + k) * n_all + query_offset(p, g, q0 + lq) / hd;
+                w = expf(__ldcg(p.part_ml + slot * 2) - mrg_max[lq]);
+            }
+            Ps[e] = w;
+        }
+        __syncthreads();
+        const float *pa = p.part_acc + (size_t)s0 * acc_stride;
+#pragma unroll 4
+        for (int k = 0; k < cnt; k++) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = tid + u * NT, lq = e / hd;
+                if (lq < n_qb) out[u] = fmaf(Ps[lq * 32 + k], __ldcg(pa + (size_t)k * acc_stride + off[u]), out[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = tid + u * NT, lq = e / hd;
+        if (lq < n_qb) p.o[off[u]] = out[u] * mrg_inv[lq];
+    }
+}
+
 /*
  * Block (col, split) = (kv head g and ATTN_QPB of its queries, rows
  * [split * p.split, + p.split) of the live rows).  NI = ceil(hd / 32) rounded to
@@ -473,71 +554,225 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(const attn_ar
                 if (j < hd) p.part_acc[slot * hd + j] = acc[b][i];
             }
         }
-    /* release: each thread's partials reach device scope before the block's ticket */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(p.arrivals + col, 1u) == (unsigned)(n_used - 1);
-    __syncthreads();
-    if (!is_last) return;
-    /* acquire: the other splits' partials, read below past L1 (__ldcg) */
-    __threadfence();
-    if (tid == 0) atomicExch(p.arrivals + col, 0u); /* every live split has arrived */
+    merge_if_last<NI, ATTN_THREADS>(p, col, g, q0, n_qb, n_used, Ps, is_last, mrg_max, mrg_inv);
+}
 
-    /* merge: per query the max M over splits and 1 / sum_s l_s exp(m_s - M) ... */
-    for (int lq = warp; lq < n_qb; lq += ATTN_WARPS) {
-        const float *ml = p.part_ml + query_offset(p, g, q0 + lq) / hd * 2;
+/*
+ * The attention with a split's tiles spread over the block's warps (head_dim <=
+ * 128: ATTNR_MAX_NI registers a lane): block (col, split) as attn_kernel's, NW
+ * warps, warp w taking the split's 32-row tiles w, w + NW, ... in increasing
+ * order, each for every one of the block's ATTN_QPB queries (attn_kernel keeps
+ * every tile in all of its warps, 2 queries a warp, so a split of T tiles is T
+ * dependent steps; here it is ceil(T / NW)).  A warp stages its tile's K and V in
+ * its own shared region with every load in flight, scores a row per lane against
+ * the queries in shared memory, and keeps its online softmax per query; then the
+ * warps' (m, l, acc) are merged in the block in increasing warp order, and the
+ * split's result goes out as attn_kernel's does (the output, or a partial and the
+ * splits' merge).  The drafter takes splits of 32 NW rows
+ * (ddt_dflash_attn_split_hint), so a context of up to 32 NW rows is one block a
+ * column and needs no merge through the scratch.  Every sum has a fixed order
+ * given the split and the length: the result depends on neither the launch nor
+ * which block comes last.
+ */
+#define ATTNR_MAX_NI 4 /* the launcher's switch: NI 1, 2, 4 here, 8, 16 on attn_kernel */
+
+static __host__ __device__ constexpr int attnr_warps(int ni) { return ni <= 2 ? 8 : 4; }
+
+/* Floats of one warp's region: K [ATTN_T][ks], V [ATTN_T][hd4], P [ATTN_QPB][ATTN_T]. */
+static __host__ __device__ constexpr int attnr_warp_floats(int hd4, int ks) {
+    return ATTN_T * ks + ATTN_T * hd4 + ATTN_QPB * ATTN_T;
+}
+
+template <int NI>
+static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(const attn_args p) {
+    DDT_GRID_DEP_WAIT();
+    constexpr int NW = attnr_warps(NI), NT = NW * 32, Q = ATTN_QPB;
+    extern __shared__ float4 attn_smem4[];
+    __shared__ int is_last;
+    __shared__ float mrg_max[Q], mrg_inv[Q], Pm[Q * 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hd = p.hd, hd4 = p.hd4, ks = p.ks, c4 = hd4 >> 2;
+    float *const Qs = reinterpret_cast<float *>(attn_smem4); /* [Q][hd4] */
+    float *const Ks = Qs + Q * hd4 + warp * attnr_warp_floats(hd4, ks);
+    float *const Vs = Ks + ATTN_T * ks, *const Ps = Vs + ATTN_T * hd4;
+    const int n_q = p.n_block * (p.heads / p.kv_heads), qchunks = (n_q + Q - 1) / Q;
+    const int col = blockIdx.x, g = col / qchunks, q0 = (col % qchunks) * Q;
+    const int n_qb = n_q - q0 < Q ? n_q - q0 : Q;
+    const int n_rows = rows_to_read(p.len, p.n_block, p.max_rows);
+    const int r0 = blockIdx.y * p.split;
+    if (n_rows == 0) { /* no rows: 0 / 0, as the CPU twin's empty softmax */
+        if (blockIdx.y == 0)
+            for (int e = tid; e < n_qb * hd; e += NT) p.o[query_offset(p, g, q0 + e / hd) + e % hd] = NAN;
+        return;
+    }
+    if (r0 >= n_rows) return;
+    const int r1 = r0 + p.split < n_rows ? r0 + p.split : n_rows;
+    for (int e = tid; e < Q * hd4; e += NT) { /* the queries, zero past n_qb and hd */
+        const int lq = e / hd4, j = e - lq * hd4;
+        Qs[e] = lq < n_qb && j < hd ? p.q[query_offset(p, g, q0 + lq) + j] : 0.0f;
+    }
+    const size_t kvd = (size_t)p.kv_heads * hd;
+    float m[Q], l[Q], acc[Q][NI];
+#pragma unroll
+    for (int b = 0; b < Q; b++) {
+        m[b] = -INFINITY;
+        l[b] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) acc[b][i] = 0.0f;
+    }
+    __syncthreads(); /* Qs */
+    const int ntiles = (r1 - r0 + ATTN_T - 1) / ATTN_T;
+    for (int ti = warp; ti < ntiles; ti += NW) {
+        const int rt = r0 + ti * ATTN_T, nt = r1 - rt < ATTN_T ? r1 - rt : ATTN_T;
+        __syncwarp(); /* the previous tile's reads of Ks / Vs / Ps are done */
+        /* stage rows rt.. of kv head g: zeros past nt (p = 0 multiplies them, and
+           0 * NaN would not vanish) and past hd */
+        const float *kb = p.kc + (size_t)rt * kvd + (size_t)g * hd, *vb = p.vc + (size_t)rt * kvd + (size_t)g * hd;
+        if (p.vec) { /* hd4 == hd */
+            for (int e0 = lane; e0 < ATTN_T * c4; e0 += 8 * 32) {
+                float4 kx[8], vx[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int e = e0 + u * 32, r = e / c4, c = e - r * c4;
+                    kx[u] = vx[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (e < ATTN_T * c4 && r < nt) {
+                        kx[u] = reinterpret_cast<const float4 *>(kb + (size_t)r * kvd)[c];
+                        vx[u] = reinterpret_cast<const float4 *>(vb + (size_t)r * kvd)[c];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int e = e0 + u * 32, r = e / c4, c = e - r * c4;
+                    if (e < ATTN_T * c4) {
+                        reinterpret_cast<float4 *>(Ks + r * ks)[c] = kx[u];
+                        reinterpret_cast<float4 *>(Vs + r * hd4)[c] = vx[u];
+                    }
+                }
+            }
+        } else {
+            for (int e0 = lane; e0 < ATTN_T * hd4; e0 += 16 * 32) {
+                float kx[16], vx[16];
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+                    const int e = e0 + u * 32, r = e / hd4, j = e - r * hd4;
+                    kx[u] = vx[u] = 0.0f;
+                    if (e < ATTN_T * hd4 && r < nt && j < hd) {
+                        kx[u] = kb[(size_t)r * kvd + j];
+                        vx[u] = vb[(size_t)r * kvd + j];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+                    const int e = e0 + u * 32, r = e / hd4, j = e - r * hd4;
+                    if (e < ATTN_T * hd4) {
+                        Ks[r * ks + j] = kx[u];
+                        Vs[r * hd4 + j] = vx[u];
+                    }
+                }
+            }
+        }
+        __syncwarp();
+        /* scores: lane = row, every query (queries past n_qb are zeros: unused) */
+        float sc[Q];
+#pragma unroll
+        for (int b = 0; b < Q; b++) sc[b] = 0.0f;
+        const float4 *k4 = reinterpret_cast<const float4 *>(Ks + lane * ks);
+        const float4 *q4 = reinterpret_cast<const float4 *>(Qs);
+        for (int c = 0; c < c4; c++) {
+            const float4 kv = k4[c];
+#pragma unroll
+            for (int b = 0; b < Q; b++) {
+                const float4 qv = q4[b * c4 + c];
+                sc[b] = fmaf(qv.x, kv.x, sc[b]);
+                sc[b] = fmaf(qv.y, kv.y, sc[b]);
+                sc[b] = fmaf(qv.z, kv.z, sc[b]);
+                sc[b] = fmaf(qv.w, kv.w, sc[b]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < Q; b++) {
+            const float x = lane < nt ? sc[b] * p.scale : -INFINITY;
+            const float mn = fmaxf(m[b], warp_max(x)); /* finite: lane 0 holds a row */
+            const float c = expf(m[b] - mn);           /* 0 on the warp's first tile (m = -inf) */
+            const float pr = expf(x - mn);             /* 0 past the tile's rows */
+            l[b] = l[b] * c + warp_sum(pr);
+#pragma unroll
+            for (int i = 0; i < NI; i++) acc[b][i] *= c;
+            m[b] = mn;
+            Ps[b * ATTN_T + lane] = pr;
+        }
+        __syncwarp();
+        /* rows past nt up to the next multiple of 4 have p = 0 and zero V */
+        for (int r = 0; r < nt; r += 4) {
+            float4 pw[Q];
+#pragma unroll
+            for (int b = 0; b < Q; b++) pw[b] = *reinterpret_cast<const float4 *>(Ps + b * ATTN_T + r);
+#pragma unroll
+            for (int rr = 0; rr < 4; rr++) {
+                const float *vr = Vs + (r + rr) * hd4;
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const int j = lane + 32 * i;
+                    if (j >= hd) continue;
+                    const float v = vr[j];
+#pragma unroll
+                    for (int b = 0; b < Q; b++) acc[b][i] = fmaf(f4_at(pw[b], rr), v, acc[b][i]);
+                }
+            }
+        }
+    }
+
+    /* the warps' states through shared memory (each in its own region: m, l, then
+       acc [Q][hd4]); a warp without tiles holds m = -inf, l = 0, acc = 0 */
+    __syncwarp();
+    if (lane < Q) {
+        float mv = m[0], lv = l[0];
+#pragma unroll
+        for (int b = 1; b < Q; b++)
+            if (lane == b) mv = m[b], lv = l[b];
+        Ks[lane] = mv;
+        Ks[Q + lane] = lv;
+    }
+#pragma unroll
+    for (int b = 0; b < Q; b++)
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int j = lane + 32 * i;
+            if (j < hd) Ks[2 * Q + b * hd4 + j] = acc[b][i];
+        }
+    __syncthreads();
+    /* per query: M = max over warps, L = sum_w l_w exp(m_w - M) in increasing w;
+       every thread computes its queries' weights itself, in the same order */
+    const float *W0 = Qs + Q * hd4;
+    const int wf = attnr_warp_floats(hd4, ks);
+    const int n_used = (n_rows + p.split - 1) / p.split;
+    const size_t n_all = (size_t)p.n_block * p.heads;
+    for (int e = tid; e < n_qb * hd; e += NT) {
+        const int lq = e / hd, j = e - lq * hd;
         float mx = -INFINITY;
-        for (int s = lane; s < n_used; s += 32) mx = fmaxf(mx, __ldcg(ml + (size_t)s * n_all * 2));
-        mx = warp_max(mx);
-        float sum = 0.0f;
-        for (int s = lane; s < n_used; s += 32)
-            sum += __ldcg(ml + (size_t)s * n_all * 2 + 1) * expf(__ldcg(ml + (size_t)s * n_all * 2) - mx);
-        sum = warp_sum(sum);
-        if (lane == 0) {
-            mrg_max[lq] = mx;
-            mrg_inv[lq] = 1.0f / sum;
-        }
-    }
-    /* ... then sum_s exp(m_s - M) acc_s in increasing s, 32 splits at a time: their
-     * weights in Ps ([ATTN_QPB][32]), the block's n_qb * hd outputs spread over
-     * the threads (e = tid + u * ATTN_THREADS), so each thread has many loads in flight */
-    float out[2 * NI];
-    int off[2 * NI]; /* within one split's [n_block * heads][hd] (< 2^31, checked) */
 #pragma unroll
-    for (int u = 0; u < 2 * NI; u++) {
-        const int e = tid + u * ATTN_THREADS, lq = e / hd;
-        out[u] = 0.0f;
-        off[u] = lq < n_qb ? (int)query_offset(p, g, q0 + lq) + (e - lq * hd) : 0;
-    }
-    const size_t acc_stride = n_all * hd;
-    for (int s0 = 0; s0 < n_used; s0 += 32) {
-        const int cnt = n_used - s0 < 32 ? n_used - s0 : 32;
-        __syncthreads(); /* mrg_max is written; the previous chunk's weights are read */
-        for (int e = tid; e < ATTN_QPB * 32; e += ATTN_THREADS) {
-            const int lq = e >> 5, k = e & 31;
-            float w = 0.0f;
-            if (lq < n_qb && k < cnt) {
-                const size_t slot = (size_t)(s0 + k) * n_all + query_offset(p, g, q0 + lq) / hd;
-                w = expf(__ldcg(p.part_ml + slot * 2) - mrg_max[lq]);
+        for (int w = 0; w < NW; w++) mx = fmaxf(mx, W0[w * wf + lq]);
+        float sum = 0.0f, a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float f = expf(W0[w * wf + lq] - mx);
+            sum = sum + W0[w * wf + Q + lq] * f;
+            a = fmaf(W0[w * wf + 2 * Q + lq * hd4 + j], f, a);
+        }
+        const size_t qo = query_offset(p, g, q0 + lq);
+        if (n_used == 1) {
+            p.o[qo + j] = a * (1.0f / sum);
+        } else {
+            const size_t slot = (size_t)blockIdx.y * n_all + qo / hd;
+            if (j == 0) {
+                p.part_ml[slot * 2] = mx;
+                p.part_ml[slot * 2 + 1] = sum;
             }
-            Ps[e] = w;
-        }
-        __syncthreads();
-        const float *pa = p.part_acc + (size_t)s0 * acc_stride;
-#pragma unroll 4
-        for (int k = 0; k < cnt; k++) {
-#pragma unroll
-            for (int u = 0; u < 2 * NI; u++) {
-                const int e = tid + u * ATTN_THREADS, lq = e / hd;
-                if (lq < n_qb) out[u] = fmaf(Ps[lq * 32 + k], __ldcg(pa + (size_t)k * acc_stride + off[u]), out[u]);
-            }
+            p.part_acc[slot * hd + j] = a;
         }
     }
-#pragma unroll
-    for (int u = 0; u < 2 * NI; u++) {
-        const int e = tid + u * ATTN_THREADS, lq = e / hd;
-        if (lq < n_qb) p.o[off[u]] = out[u] * mrg_inv[lq];
-    }
+    if (n_used == 1) return;
+    merge_if_last<NI, NT>(p, col, g, q0, n_qb, n_used, Pm, is_last, mrg_max, mrg_inv);
 }
 
 /* Launch shape, shared by the launcher, the scratch size and the preparation. */
@@ -546,7 +781,8 @@ struct attn_geom {
     int splits;   /* grid.y */
     int ctr;      /* scratch floats holding the tickets (whole float4) */
     int hd4, ks;  /* see attn_args */
-    int ni;       /* attn_kernel<NI> */
+    int ni;       /* attn_kernel<NI> / attn_rows_kernel<NI> */
+    bool rows;    /* attn_rows_kernel (NI <= ATTNR_MAX_NI) */
     size_t smem;  /* dynamic shared bytes */
 };
 
@@ -556,6 +792,10 @@ static size_t attn_smem_bytes(int hd4, int ks) {
 }
 
 static int attn_ks(int hd4) { return (hd4 / 4) % 2 ? hd4 : hd4 + 4; }
+
+static size_t attnr_smem_bytes(int ni, int hd4, int ks) {
+    return sizeof(float) * ((size_t)ATTN_QPB * hd4 + (size_t)attnr_warps(ni) * attnr_warp_floats(hd4, ks));
+}
 
 static bool attn_geometry(const ddt_dflash_attn *a, attn_geom *gm) {
     if (a->n_block < 1 || a->heads < 1 || a->kv_heads < 1 || a->heads % a->kv_heads || a->hd < 1 ||
@@ -573,7 +813,8 @@ static bool attn_geometry(const ddt_dflash_attn *a, attn_geom *gm) {
     gm->ks = attn_ks(gm->hd4);
     const int ni = (a->hd + 31) / 32;
     gm->ni = ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : ni <= 8 ? 8 : 16;
-    gm->smem = attn_smem_bytes(gm->hd4, gm->ks);
+    gm->rows = gm->ni <= ATTNR_MAX_NI;
+    gm->smem = gm->rows ? attnr_smem_bytes(gm->ni, gm->hd4, gm->ks) : attn_smem_bytes(gm->hd4, gm->ks);
     return true;
 }
 
@@ -596,9 +837,21 @@ extern "C" uint64_t ddt_dflash_attn_scratch_floats(const ddt_dflash_attn *a) {
  * same whatever head_dim asked first. */
 template <int NI> static cudaError_t attn_grant_smem() {
     const int hd4 = 32 * NI;
-    const size_t bytes = attn_smem_bytes(hd4, attn_ks(hd4));
-    if (bytes <= 48 * 1024) return cudaSuccess;
-    return cudaFuncSetAttribute(attn_kernel<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if constexpr (NI <= ATTNR_MAX_NI) {
+        const size_t bytes = attnr_smem_bytes(NI, hd4, attn_ks(hd4));
+        if (bytes <= 48 * 1024) return cudaSuccess;
+        return cudaFuncSetAttribute(attn_rows_kernel<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    } else {
+        const size_t bytes = attn_smem_bytes(hd4, attn_ks(hd4));
+        if (bytes <= 48 * 1024) return cudaSuccess;
+        return cudaFuncSetAttribute(attn_kernel<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    }
+}
+
+extern "C" int32_t ddt_dflash_attn_split_hint(int32_t hd) {
+    const int ni = (hd + 31) / 32;
+    const int n = ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : 8;
+    return n <= ATTNR_MAX_NI ? ATTN_T * attnr_warps(n) : ATTN_T;
 }
 
 extern "C" ddt_status ddt_dflash_attn_prepare(const ddt_dflash_attn *a, float *scratch, ddt_cuda_stream stream,
@@ -652,9 +905,9 @@ extern "C" ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)gm.cols, (unsigned)gm.splits);
     switch (gm.ni) {
-    case 1: attn_kernel<1><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
-    case 2: attn_kernel<2><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
-    case 4: attn_kernel<4><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
+    case 1: attn_rows_kernel<1><<<grid, attnr_warps(1) * 32, gm.smem, s>>>(p); break;
+    case 2: attn_rows_kernel<2><<<grid, attnr_warps(2) * 32, gm.smem, s>>>(p); break;
+    case 4: attn_rows_kernel<4><<<grid, attnr_warps(4) * 32, gm.smem, s>>>(p); break;
     case 8: attn_kernel<8><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
     default: attn_kernel<16><<<grid, ATTN_THREADS, gm.smem, s>>>(p); break;
     }

@@ -125,6 +125,12 @@ typedef struct ddt_dflash_attn {
     float scale;        /* softmax scale, head_dim^-0.5 */
 } ddt_dflash_attn;
 
+/* Rows per split that suit the attention's kernel for this head_dim: 256 for
+ * head_dim <= 64, 128 up to 128 (one 32-row tile for each of the block's warps,
+ * so a context that short is one block per column, with no merge through the
+ * scratch), 32 above.  Any split works; this one wastes no warp. */
+int32_t ddt_dflash_attn_split_hint(int32_t hd);
+
 /* Scratch floats the attention needs: its arrival tickets (kv_heads * ceil(n_block *
  * heads / kv_heads / 8), rounded up to 4) then, per split of ceil(max_rows /
  * split), n_block * heads * (hd + 2) partial results.  0 for a shape the
@@ -145,8 +151,9 @@ ddt_status ddt_dflash_attn_prepare(const ddt_dflash_attn *a, float *scratch, ddt
  * o[t][h*hd + j] = sum_r softmax_r(scale * q_t,h . k_r) v_r[j] over cache rows
  * r < *len + n_block (no mask), q [n_block][heads*hd], k/v cache [max_rows][kv_heads*hd].
  * Each split of `split` rows keeps an online softmax over its rows, taken 32 rows
- * at a time; the splits are combined in increasing order by the last split to
- * finish.  One launch; the scratch must have been through ddt_dflash_attn_prepare
+ * at a time (head_dim <= 128: tile t by warp t mod the block's warps, the warps
+ * combined in increasing order); the splits are combined in increasing order by
+ * the last split to finish.  One launch; the scratch must have been through ddt_dflash_attn_prepare
  * and is used by one attention at a time (calls on one stream, or ordered).
  */
 ddt_status ddt_dflash_attention(const ddt_dflash_attn *a, const float *q, const float *k_cache,
