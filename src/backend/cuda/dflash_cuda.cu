@@ -583,6 +583,28 @@ static __host__ __device__ constexpr int attnr_warp_floats(int hd4, int ks) {
     return ATTN_T * ks + ATTN_T * hd4 + ATTN_QPB * ATTN_T;
 }
 
+/* One warp's tile of rows rt.. (nt of them) of kv head g into Ks / Vs by cp.async,
+ * 16 bytes a copy with every copy in flight and no registers held: rows past nt
+ * are zero-filled (source size 0).  The float4 path only (hd % 4 == 0, aligned
+ * caches: hd4 == hd); the caller waits (cp.async.wait_all) and syncs the warp. */
+static __device__ __forceinline__ void attnr_tile_async(const attn_args &p, int g, int rt, int nt, float *Ks,
+                                                        float *Vs) {
+    const int lane = threadIdx.x & 31, c4 = p.hd >> 2;
+    const size_t kvd = (size_t)p.kv_heads * p.hd;
+    const float *kb = p.kc + (size_t)rt * kvd + (size_t)g * p.hd, *vb = p.vc + (size_t)rt * kvd + (size_t)g * p.hd;
+    for (int e = lane; e < ATTN_T * c4; e += 32) {
+        const int r = e / c4, c = e - r * c4;
+        const unsigned bytes = r < nt ? 16u : 0u;
+        const size_t src = r < nt ? (size_t)r * kvd + 4 * (size_t)c : 0; /* a valid address either way */
+        const unsigned kd = (unsigned)__cvta_generic_to_shared(Ks + r * p.ks + 4 * c);
+        const unsigned vd = (unsigned)__cvta_generic_to_shared(Vs + r * p.hd4 + 4 * c);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(kd), "l"(kb + src), "r"(bytes)
+                     : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(vd), "l"(vb + src), "r"(bytes)
+                     : "memory");
+    }
+}
+
 template <int NI>
 static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(const attn_args p) {
     DDT_GRID_DEP_WAIT();
@@ -607,6 +629,12 @@ static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(
     }
     if (r0 >= n_rows) return;
     const int r1 = r0 + p.split < n_rows ? r0 + p.split : n_rows;
+    const int ntiles = (r1 - r0 + ATTN_T - 1) / ATTN_T;
+    /* the float4 path: the warp's first tile in flight before the queries' loads */
+    if (p.vec && warp < ntiles) {
+        const int rt = r0 + warp * ATTN_T;
+        attnr_tile_async(p, g, rt, r1 - rt < ATTN_T ? r1 - rt : ATTN_T, Ks, Vs);
+    }
     for (int e = tid; e < Q * hd4; e += NT) { /* the queries, zero past n_qb and hd */
         const int lq = e / hd4, j = e - lq * hd4;
         Qs[e] = lq < n_qb && j < hd ? p.q[query_offset(p, g, q0 + lq) + j] : 0.0f;
@@ -621,34 +649,15 @@ static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(
         for (int i = 0; i < NI; i++) acc[b][i] = 0.0f;
     }
     __syncthreads(); /* Qs */
-    const int ntiles = (r1 - r0 + ATTN_T - 1) / ATTN_T;
     for (int ti = warp; ti < ntiles; ti += NW) {
         const int rt = r0 + ti * ATTN_T, nt = r1 - rt < ATTN_T ? r1 - rt : ATTN_T;
         __syncwarp(); /* the previous tile's reads of Ks / Vs / Ps are done */
         /* stage rows rt.. of kv head g: zeros past nt (p = 0 multiplies them, and
            0 * NaN would not vanish) and past hd */
         const float *kb = p.kc + (size_t)rt * kvd + (size_t)g * hd, *vb = p.vc + (size_t)rt * kvd + (size_t)g * hd;
-        if (p.vec) { /* hd4 == hd */
-            for (int e0 = lane; e0 < ATTN_T * c4; e0 += 8 * 32) {
-                float4 kx[8], vx[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int e = e0 + u * 32, r = e / c4, c = e - r * c4;
-                    kx[u] = vx[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (e < ATTN_T * c4 && r < nt) {
-                        kx[u] = reinterpret_cast<const float4 *>(kb + (size_t)r * kvd)[c];
-                        vx[u] = reinterpret_cast<const float4 *>(vb + (size_t)r * kvd)[c];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int e = e0 + u * 32, r = e / c4, c = e - r * c4;
-                    if (e < ATTN_T * c4) {
-                        reinterpret_cast<float4 *>(Ks + r * ks)[c] = kx[u];
-                        reinterpret_cast<float4 *>(Vs + r * hd4)[c] = vx[u];
-                    }
-                }
-            }
+        if (p.vec) { /* hd4 == hd; the warp's first tile was issued before the queries */
+            if (ti != warp) attnr_tile_async(p, g, rt, nt, Ks, Vs);
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
         } else {
             for (int e0 = lane; e0 < ATTN_T * hd4; e0 += 16 * 32) {
                 float kx[16], vx[16];
