@@ -802,6 +802,13 @@ static size_t attn_smem_bytes(int hd4, int ks) {
 
 static int attn_ks(int hd4) { return (hd4 / 4) % 2 ? hd4 : hd4 + 4; }
 
+/* Registers a lane holds for a query's output, ceil(hd / 32) rounded up to the
+ * kernels' instances (1, 2, 4: attn_rows_kernel; 8, 16: attn_kernel). */
+static int attn_ni(int hd) {
+    const int ni = (hd + 31) / 32;
+    return ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : ni <= 8 ? 8 : 16;
+}
+
 static size_t attnr_smem_bytes(int ni, int hd4, int ks) {
     return sizeof(float) * ((size_t)ATTN_QPB * hd4 + (size_t)attnr_warps(ni) * attnr_warp_floats(hd4, ks));
 }
@@ -820,8 +827,7 @@ static bool attn_geometry(const ddt_dflash_attn *a, attn_geom *gm) {
     gm->ctr = (int)((cols + 3) / 4 * 4);
     gm->hd4 = (a->hd + 3) / 4 * 4;
     gm->ks = attn_ks(gm->hd4);
-    const int ni = (a->hd + 31) / 32;
-    gm->ni = ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : ni <= 8 ? 8 : 16;
+    gm->ni = attn_ni(a->hd);
     gm->rows = gm->ni <= ATTNR_MAX_NI;
     gm->smem = gm->rows ? attnr_smem_bytes(gm->ni, gm->hd4, gm->ks) : attn_smem_bytes(gm->hd4, gm->ks);
     return true;
@@ -858,9 +864,8 @@ template <int NI> static cudaError_t attn_grant_smem() {
 }
 
 extern "C" int32_t ddt_dflash_attn_split_hint(int32_t hd) {
-    const int ni = (hd + 31) / 32;
-    const int n = ni <= 1 ? 1 : ni <= 2 ? 2 : ni <= 4 ? 4 : 8;
-    return n <= ATTNR_MAX_NI ? ATTN_T * attnr_warps(n) : ATTN_T;
+    const int ni = attn_ni(hd);
+    return ni <= ATTNR_MAX_NI ? ATTN_T * attnr_warps(ni) : ATTN_T;
 }
 
 extern "C" ddt_status ddt_dflash_attn_prepare(const ddt_dflash_attn *a, float *scratch, ddt_cuda_stream stream,
