@@ -428,11 +428,16 @@ static ddt_status launch_verify(ddt_engine_cuda *e, int32_t n, ddt_error *err) {
     return DDT_OK;
 }
 
-/* Commit the path in tree.path / path_len, feed the drafter, pack the emitted tokens. */
+/* Commit the path in tree.path / path_len, feed the drafter, pack the emitted tokens.
+ * The drafter's append computes max_m rows and stores path_len of them: a path is
+ * the root and at most depth nodes (the build's table has depth rows, the lookup
+ * proposes at most depth tokens), so depth + 1 rows, 16 for the shipped drafter
+ * where DDT_MAX_PATH would be 32 (a path longer than max_m would be refused by the
+ * append, its status word set, never stored in part). */
 static ddt_status launch_commit(ddt_engine_cuda *e, ddt_error *err) {
     TRY(ddt_cuda_target_commit(e->target, e->tree.path, e->tree.path_len, err));
-    TRY(ddt_cuda_drafter_append_rows(e->drafter, e->capture, e->tree.path, e->tree.path_len, DDT_MAX_PATH, e->s,
-                                     err));
+    const int32_t max_m = e->depth + 1 < DDT_MAX_PATH ? e->depth + 1 : DDT_MAX_PATH;
+    TRY(ddt_cuda_drafter_append_rows(e->drafter, e->capture, e->tree.path, e->tree.path_len, max_m, e->s, err));
     TRY(ddt_cuda_tree_emit(&e->tree, e->emit_d, e->s, err));
     DDT_CUDA_TRY(mark(e, 5), err);
     return DDT_OK;
