@@ -907,14 +907,23 @@ moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w,
  * to local memory, and the launch took 17.7 us for one K2.6 token on the H200.
  * Here each float4 is one round of K + 2 loads, and the norm reads the stored row
  * back from L1 / L2.
+ *
+ * Why a cluster.  A K2.6 row is 1792 float4 over 512 threads: one block ran 4
+ * rounds of K + 2 loads one after the other, each a memory latency, on a path
+ * where nothing else runs (ncu, H100: the launch added 10.5 us to the layer at
+ * n = 1).  The sums are elementwise, so any CTA may store any of them: a token's
+ * cl CTAs (one cluster, cl = the rounds one block would run, at most 8) each store
+ * one slice of the row in one round, then after the cluster barrier (release /
+ * acquire at cluster scope: the slices the others stored are visible) the first
+ * CTA norms the whole row exactly as before: the same bits.
  */
+/* The sums of the row's float4 [lo, hi) (vec) or elements [lo, hi) (not vec). */
 template <int NT>
 static __device__ __forceinline__ void combine_resid_row(const TokenEntries &te, int K, const float *o, int hidden,
-                                                         const float *sh, float *xr, bool vec) {
+                                                         const float *sh, float *xr, bool vec, int lo, int hi) {
     if (vec) {
-        const int nv = hidden / 4;
 #pragma unroll 1
-        for (int i = threadIdx.x; i < nv; i += NT) {
+        for (int i = lo + (int)threadIdx.x; i < hi; i += NT) {
             const float4 acc = combine_at4(te, K, o, hidden, i);
             const float4 a = sh ? ((const float4 *)sh)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 v = ((float4 *)xr)[i];
@@ -925,27 +934,43 @@ static __device__ __forceinline__ void combine_resid_row(const TokenEntries &te,
         return;
     }
 #pragma unroll 1
-    for (int d = threadIdx.x; d < hidden; d += NT) {
+    for (int d = lo + (int)threadIdx.x; d < hi; d += NT) {
         const float acc = combine_at(te, K, o, hidden, d);
         xr[d] = xr[d] + (sh ? sh[d] + acc : acc);
     }
 }
 
-/* One block of NT = norm_threads(hidden) per token (grid n): its entries, the
- * residual add, then norm_row. */
+/* The CTAs (one cluster) a token's combine + norm takes: the rounds of loads one
+ * block of nt threads would run over the row's units (float4 when vec, else
+ * elements), at most 8 (the portable cluster size). */
+static int combine_cluster(int hidden, bool vec, int nt) {
+    const int units = vec ? hidden / 4 : hidden, rounds = (units + nt - 1) / nt;
+    return rounds < 1 ? 1 : rounds > 8 ? 8 : rounds;
+}
+
+/* cl CTAs of NT = norm_threads(hidden) per token (grid n * cl; for cl > 1 one
+ * cluster a token, launched with cl as its size): the token's entries in each,
+ * the residual add of CTA r's slice of the row, then norm_row by CTA 0. */
 template <int NT>
 static __global__ void __launch_bounds__(NT, 1)
 moe_combine_norm_kernel(const int32_t *__restrict__ idx, const float *__restrict__ w, int K, int E_total, MoeWs ws,
                         int hidden, float *x, int64_t ldx, const float *__restrict__ sh, int64_t ldsh,
                         const float *__restrict__ norm_w, float eps, float *out, int64_t ldo, bool vec,
-                        const ddt_cuda_split_planes sp) {
+                        const ddt_cuda_split_planes sp, int cl) {
     DDT_GRID_DEP_WAIT();
     __shared__ TokenEntries te;
-    const int t = blockIdx.x;
+    const int t = blockIdx.x / cl, r = blockIdx.x % cl; /* r: the CTA's rank in its cluster (x-major) */
     token_entries(idx, w, K, E_total, ws, t, te);
     float *xr = x + (int64_t)t * ldx;
-    combine_resid_row<NT>(te, K, ws.o, hidden, sh ? sh + (int64_t)t * ldsh : nullptr, xr, vec);
-    __syncthreads(); /* the norm's threads read sums other threads stored */
+    const int units = vec ? hidden / 4 : hidden, per = (units + cl - 1) / cl;
+    const int lo = r * per < units ? r * per : units, hi = lo + per < units ? lo + per : units;
+    combine_resid_row<NT>(te, K, ws.o, hidden, sh ? sh + (int64_t)t * ldsh : nullptr, xr, vec, lo, hi);
+    if (cl > 1) {
+        cluster_sync(); /* every slice stored and, at cluster scope, visible */
+        if (r != 0) return;
+    } else {
+        __syncthreads(); /* the norm's threads read sums other threads stored */
+    }
     norm_row<NT>(xr, hidden, NormNoResid{}, norm_w, eps, out + (int64_t)t * ldo, vec, norm_split_row(sp, t));
 }
 
@@ -1372,12 +1397,22 @@ extern "C" ddt_status ddt_cuda_moe_run(const ddt_cuda_moe_layer *m, const ddt_cu
         ddt_cuda_split_planes sp;
         const ddt_status sst = norm_split_check("moe_run", &args->norm_split, m->hidden, &sp, err);
         if (sst != DDT_OK) return sst;
+        const int cl = combine_cluster(m->hidden, vec, norm_threads(m->hidden));
+        cudaError_t ce = cudaSuccess;
         norm_launch(norm_threads(m->hidden), [&](auto nt) {
             constexpr int NT = decltype(nt)::value;
-            moe_combine_norm_kernel<NT><<<(unsigned)n, NT, 0, s>>>(
-                idx, w, top_k, m->total_experts, ws, m->hidden, args->resid, args->ld_resid, args->shared,
-                args->ld_shared, args->norm_w, args->eps, args->out, args->ldo, vec, sp);
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr[1];
+            cfg.gridDim = dim3((unsigned)(n * cl));
+            cfg.blockDim = dim3(NT);
+            cfg.stream = s;
+            if (cl > 1) ddt_cuda_set_cluster(&cfg, attr, (unsigned)cl, 1);
+            ce = cudaLaunchKernelEx(&cfg, moe_combine_norm_kernel<NT>, idx, (const float *)w, top_k,
+                                    (int)m->total_experts, ws, (int)m->hidden, args->resid, args->ld_resid,
+                                    (const float *)args->shared, args->ld_shared, (const float *)args->norm_w,
+                                    args->eps, args->out, args->ldo, vec, sp, cl);
         });
+        DDT_CUDA_TRY(ce, err);
         DDT_CUDA_LAUNCHED("moe_combine_norm", s, err);
         return DDT_OK;
     }
