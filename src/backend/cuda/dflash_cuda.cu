@@ -314,6 +314,68 @@ static __device__ __forceinline__ void stage_tile(const attn_args &p, int g, int
     }
 }
 
+/* One staged tile of nt rows (Ks [ATTN_T][ks], Vs [ATTN_T][hd4]) for B queries
+ * (Qw [B][hd4], zero past hd) by the calling warp: scores with lane = row (the
+ * dot over float4 columns of the lane's K row, the row stride an odd number of
+ * float4 so the 8 lanes of a 16-byte phase hit distinct banks), the tile's max and
+ * sum by butterflies merged into the running (m, l) -- the online rule a tile at
+ * a time -- p written to the warp's Pw [B][ATTN_T], then P V with lanes over head
+ * dims (j = lane + 32 i), p broadcast four rows at a time.  attn_kernel (B = 2
+ * queries a warp) and attn_rows_kernel (B = 8) share it: one arithmetic. */
+template <int B, int NI>
+static __device__ __forceinline__ void attn_tile(const float *Ks, int ks, const float *Vs, int hd4, int hd,
+                                                 const float *Qw, float *Pw, int nt, float scale, float (&m)[B],
+                                                 float (&l)[B], float (&acc)[B][NI]) {
+    const int lane = threadIdx.x & 31, c4 = hd4 >> 2;
+    float s[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) s[b] = 0.0f;
+    const float4 *k4 = reinterpret_cast<const float4 *>(Ks + lane * ks);
+    const float4 *q4 = reinterpret_cast<const float4 *>(Qw);
+    for (int c = 0; c < c4; c++) {
+        const float4 kv = k4[c];
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const float4 qv = q4[b * c4 + c];
+            s[b] = fmaf(qv.x, kv.x, s[b]);
+            s[b] = fmaf(qv.y, kv.y, s[b]);
+            s[b] = fmaf(qv.z, kv.z, s[b]);
+            s[b] = fmaf(qv.w, kv.w, s[b]);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float sc = lane < nt ? s[b] * scale : -INFINITY;
+        const float mn = fmaxf(m[b], warp_max(sc)); /* finite: lane 0 holds a row */
+        const float c = expf(m[b] - mn);            /* 0 on the first tile (m = -inf) */
+        const float pr = expf(sc - mn);             /* 0 past the tile's rows */
+        l[b] = l[b] * c + warp_sum(pr);
+#pragma unroll
+        for (int i = 0; i < NI; i++) acc[b][i] *= c;
+        m[b] = mn;
+        Pw[b * ATTN_T + lane] = pr;
+    }
+    __syncwarp();
+    /* rows past nt up to the next multiple of 4 have p = 0 and zero V */
+    for (int r = 0; r < nt; r += 4) {
+        float4 pw[B];
+#pragma unroll
+        for (int b = 0; b < B; b++) pw[b] = *reinterpret_cast<const float4 *>(Pw + b * ATTN_T + r);
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++) {
+            const float *vr = Vs + (r + rr) * hd4;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int j = lane + 32 * i;
+                if (j >= hd) continue;
+                const float v = vr[j];
+#pragma unroll
+                for (int b = 0; b < B; b++) acc[b][i] = fmaf(f4_at(pw[b], rr), v, acc[b][i]);
+            }
+        }
+    }
+}
+
 /* The splits' merge, by NT threads of a block that has written its split's
  * partials (m, l, acc of each of its n_qb queries) to the scratch: the last split
  * of the column to arrive merges all n_used of them in increasing split order and
@@ -469,55 +531,8 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(const attn_ar
         }
         __syncthreads();
         if (!live) continue;
-        float s[ATTN_QB];
-#pragma unroll
-        for (int b = 0; b < ATTN_QB; b++) s[b] = 0.0f;
-        const float4 *k4 = reinterpret_cast<const float4 *>(Ks + lane * p.ks);
-        const float4 *q4 = reinterpret_cast<const float4 *>(Qs + warp * ATTN_QB * hd4);
-        const int c4 = hd4 >> 2;
-        for (int c = 0; c < c4; c++) {
-            const float4 kv = k4[c];
-#pragma unroll
-            for (int b = 0; b < ATTN_QB; b++) {
-                const float4 qv = q4[b * c4 + c];
-                s[b] = fmaf(qv.x, kv.x, s[b]);
-                s[b] = fmaf(qv.y, kv.y, s[b]);
-                s[b] = fmaf(qv.z, kv.z, s[b]);
-                s[b] = fmaf(qv.w, kv.w, s[b]);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < ATTN_QB; b++) {
-            const float sc = lane < nt ? s[b] * p.scale : -INFINITY;
-            const float mn = fmaxf(m[b], warp_max(sc)); /* finite: lane 0 holds a row */
-            const float c = expf(m[b] - mn);            /* 0 on the first tile (m = -inf) */
-            const float pr = expf(sc - mn);             /* 0 past the tile's rows */
-            l[b] = l[b] * c + warp_sum(pr);
-#pragma unroll
-            for (int i = 0; i < NI; i++) acc[b][i] *= c;
-            m[b] = mn;
-            Ps[(warp * ATTN_QB + b) * ATTN_T + lane] = pr;
-        }
-        __syncwarp();
-        /* rows past nt up to the next multiple of 4 have p = 0 and zero V */
-        for (int r = 0; r < nt; r += 4) {
-            float4 pw[ATTN_QB];
-#pragma unroll
-            for (int b = 0; b < ATTN_QB; b++)
-                pw[b] = *reinterpret_cast<const float4 *>(Ps + (warp * ATTN_QB + b) * ATTN_T + r);
-#pragma unroll
-            for (int rr = 0; rr < 4; rr++) {
-                const float *vr = Vs + (r + rr) * hd4;
-#pragma unroll
-                for (int i = 0; i < NI; i++) {
-                    const int j = lane + 32 * i;
-                    if (j >= hd) continue;
-                    const float v = vr[j];
-#pragma unroll
-                    for (int b = 0; b < ATTN_QB; b++) acc[b][i] = fmaf(f4_at(pw[b], rr), v, acc[b][i]);
-                }
-            }
-        }
+        attn_tile<ATTN_QB, NI>(Ks, p.ks, Vs, hd4, hd, Qs + warp * ATTN_QB * hd4, Ps + warp * ATTN_QB * ATTN_T, nt,
+                               p.scale, m, l, acc);
     }
 
     const int n_used = (n_rows + p.split - 1) / p.split;
@@ -613,7 +628,7 @@ static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(
     __shared__ int is_last;
     __shared__ float mrg_max[Q], mrg_inv[Q], Pm[Q * 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int hd = p.hd, hd4 = p.hd4, ks = p.ks, c4 = hd4 >> 2;
+    const int hd = p.hd, hd4 = p.hd4, ks = p.ks;
     float *const Qs = reinterpret_cast<float *>(attn_smem4); /* [Q][hd4] */
     float *const Ks = Qs + Q * hd4 + warp * attnr_warp_floats(hd4, ks);
     float *const Vs = Ks + ATTN_T * ks, *const Ps = Vs + ATTN_T * hd4;
@@ -681,54 +696,8 @@ static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(
             }
         }
         __syncwarp();
-        /* scores: lane = row, every query (queries past n_qb are zeros: unused) */
-        float sc[Q];
-#pragma unroll
-        for (int b = 0; b < Q; b++) sc[b] = 0.0f;
-        const float4 *k4 = reinterpret_cast<const float4 *>(Ks + lane * ks);
-        const float4 *q4 = reinterpret_cast<const float4 *>(Qs);
-        for (int c = 0; c < c4; c++) {
-            const float4 kv = k4[c];
-#pragma unroll
-            for (int b = 0; b < Q; b++) {
-                const float4 qv = q4[b * c4 + c];
-                sc[b] = fmaf(qv.x, kv.x, sc[b]);
-                sc[b] = fmaf(qv.y, kv.y, sc[b]);
-                sc[b] = fmaf(qv.z, kv.z, sc[b]);
-                sc[b] = fmaf(qv.w, kv.w, sc[b]);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < Q; b++) {
-            const float x = lane < nt ? sc[b] * p.scale : -INFINITY;
-            const float mn = fmaxf(m[b], warp_max(x)); /* finite: lane 0 holds a row */
-            const float c = expf(m[b] - mn);           /* 0 on the warp's first tile (m = -inf) */
-            const float pr = expf(x - mn);             /* 0 past the tile's rows */
-            l[b] = l[b] * c + warp_sum(pr);
-#pragma unroll
-            for (int i = 0; i < NI; i++) acc[b][i] *= c;
-            m[b] = mn;
-            Ps[b * ATTN_T + lane] = pr;
-        }
-        __syncwarp();
-        /* rows past nt up to the next multiple of 4 have p = 0 and zero V */
-        for (int r = 0; r < nt; r += 4) {
-            float4 pw[Q];
-#pragma unroll
-            for (int b = 0; b < Q; b++) pw[b] = *reinterpret_cast<const float4 *>(Ps + b * ATTN_T + r);
-#pragma unroll
-            for (int rr = 0; rr < 4; rr++) {
-                const float *vr = Vs + (r + rr) * hd4;
-#pragma unroll
-                for (int i = 0; i < NI; i++) {
-                    const int j = lane + 32 * i;
-                    if (j >= hd) continue;
-                    const float v = vr[j];
-#pragma unroll
-                    for (int b = 0; b < Q; b++) acc[b][i] = fmaf(f4_at(pw[b], rr), v, acc[b][i]);
-                }
-            }
-        }
+        /* queries past n_qb are zeros: unused */
+        attn_tile<Q, NI>(Ks, ks, Vs, hd4, hd, Qs, Ps, nt, p.scale, m, l, acc);
     }
 
     /* the warps' states through shared memory (each in its own region: m, l, then
