@@ -107,6 +107,8 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
         return ddt_fail(err, DDT_ERR_INVALID, "mla rope: %d tokens, rope dim %d, %d heads", a->n, a->rope, a->heads);
     size_t smem = sizeof(float) * (size_t)a->heads * (size_t)a->rope;
     if (smem > 48 * 1024) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla rope: %d heads x %d rope dims", a->heads, a->rope);
+    if (a->rope / 2 > ROPE_THREADS) /* a thread a pair of the cache row (mla_k_row_store) */
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla rope: rope dim %d (at most %d)", a->rope, 2 * ROPE_THREADS);
     rope_write_kernel<<<a->n, ROPE_THREADS, smem, (cudaStream_t)stream>>>(*a);
     DDT_CUDA_LAUNCHED("mla_rope_write", (cudaStream_t)stream, err);
     return DDT_OK;
@@ -114,7 +116,10 @@ extern "C" ddt_status ddt_cuda_mla_rope_write(const ddt_cuda_mla_rope_args *a, d
 
 /* ddt_cuda_mla_norm_write: blockIdx.y picks the norm (0: q_a, 1: kv_a), blockIdx.x
  * the token; the kv_a blocks then write their token's cache row from the row they
- * normed (visible to the block after the barrier). */
+ * normed (visible to the block after the barrier).  The row's place and its k_rope
+ * pairs are loaded before the norm, so their round trips (the position, then the
+ * pair and its table entries) run beside the norm's instead of after it: the kv
+ * block was four dependent round trips on the layer's path. */
 struct MlaNormPair {
     ddt_cuda_norm_job job[2];
     bool vec[2];
@@ -127,12 +132,14 @@ static __global__ void __launch_bounds__(NT, 1)
 mla_norm_write_kernel(const MlaNormPair p, float eps, const ddt_cuda_mla_rope_args a) {
     DDT_GRID_DEP_WAIT();
     const ddt_cuda_norm_job &j = p.job[blockIdx.y];
+    MlaKRow k = {};
+    if (blockIdx.y == 1) k = mla_k_row_load(a, blockIdx.x, threadIdx.x);
     norm_row<NT>((float *)j.x + (int64_t)blockIdx.x * j.ldx, j.dim, NormNoResid{}, j.w, eps,
                  j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y],
                  blockIdx.y == 0 ? norm_split_row(p.sp0, blockIdx.x) : NormSplitRow{nullptr, nullptr});
     if (blockIdx.y == 1) {
-        __syncthreads();
-        mla_rope_k_row(a, blockIdx.x, threadIdx.x, NT);
+        __syncthreads(); /* kvn: the row the block normed */
+        mla_k_row_store(a, blockIdx.x, k, threadIdx.x, NT);
     }
 }
 
@@ -159,7 +166,11 @@ extern "C" ddt_status ddt_cuda_mla_norm_write(const ddt_cuda_norm_job jobs[2], f
         const int64_t lds[3] = {j.ldx, 0, j.ldo};
         p.vec[i] = norm_vec_ok(j.dim, ptrs, lds, 3);
     }
-    norm_launch(max(norm_threads(jobs[0].dim), norm_threads(jobs[1].dim)), [&](auto nt) {
+    const int nt_launch = max(norm_threads(jobs[0].dim), norm_threads(jobs[1].dim));
+    if (a->rope / 2 > nt_launch) /* a thread a pair of the cache row (mla_k_row_store) */
+        return ddt_fail(err, DDT_ERR_UNSUPPORTED, "mla norm_write: rope dim %d (at most %d here)", a->rope,
+                        2 * nt_launch);
+    norm_launch(nt_launch, [&](auto nt) {
         constexpr int NT = decltype(nt)::value;
         mla_norm_write_kernel<NT><<<dim3((unsigned)a->n, 2), NT, 0, (cudaStream_t)stream>>>(p, eps, *a);
     });

@@ -31,40 +31,64 @@ static __device__ __forceinline__ bool mla_rope_where(const int32_t *len, const 
     return *row >= 0 && *row < capacity;
 }
 
-/* Cache row *len + i = [kvn[i], rope(k_rope[i])], by threads tid, tid + nt, ...
- * of the caller (its k half of ddt_cuda_mla_rope_write). */
-static __device__ __forceinline__ void mla_rope_k_row(const ddt_cuda_mla_rope_args &a, int i, int tid, int nt) {
+/* Token i's cache row, in two steps so that a caller can issue the loads of the
+ * first with other work (norm_write: with the latent norm's, whose output the
+ * second reads): mla_k_row_load finds the row and loads the thread's rotation pair p
+ * (p < rope / 2; none past it) with its table entries; mla_k_row_store writes the
+ * row = [kvn[i], rope(k_rope[i])], the latents by threads tid, tid + nt, ... and
+ * pair tid rotated by thread tid (the launchers check rope / 2 <= nt). */
+struct MlaKRow {
+    bool live, bad;
+    int row;
+    float x0, x1, c, s; /* pair p and its table entries */
+};
+
+static __device__ __forceinline__ MlaKRow mla_k_row_load(const ddt_cuda_mla_rope_args &a, int i, int p) {
+    MlaKRow k;
+    int pos;
     const int half = a.rope / 2;
-    int pos, row;
-    bool bad;
-    if (!mla_rope_where(a.len, a.depth, i, a.max_pos, a.capacity, &pos, &row, &bad)) return;
-    const float *cs = a.cos_t + (int64_t)(bad ? 0 : pos) * half;
-    const float *sn = a.sin_t + (int64_t)(bad ? 0 : pos) * half;
-    const int64_t base = (int64_t)row * (a.rank + a.rope);
+    k.live = mla_rope_where(a.len, a.depth, i, a.max_pos, a.capacity, &pos, &k.row, &k.bad);
+    k.x0 = k.x1 = k.c = k.s = 0.0f;
+    if (k.live && p < half) {
+        const float *kr = a.kva + (int64_t)i * a.kva_ld + a.rank;
+        const int64_t te = (int64_t)(k.bad ? 0 : pos) * half + p;
+        if (a.interleave) { k.x0 = kr[2 * p]; k.x1 = kr[2 * p + 1]; }
+        else { k.x0 = kr[p]; k.x1 = kr[p + half]; }
+        k.c = a.cos_t[te];
+        k.s = a.sin_t[te];
+    }
+    return k;
+}
+
+static __device__ __forceinline__ void mla_k_row_store(const ddt_cuda_mla_rope_args &a, int i, const MlaKRow &k,
+                                                       int tid, int nt) {
+    if (!k.live) return;
+    const int half = a.rope / 2;
+    const int64_t base = (int64_t)k.row * (a.rank + a.rope);
     float *dst = a.bf16_cache ? NULL : (float *)a.cache + base;
     __nv_bfloat16 *dst16 = a.bf16_cache ? (__nv_bfloat16 *)a.cache + base : NULL;
     for (int d = tid; d < a.rank; d += nt) {
-        float v = bad ? NAN : a.kvn[(int64_t)i * a.rank + d];
+        float v = k.bad ? NAN : a.kvn[(int64_t)i * a.rank + d];
         if (dst16) dst16[d] = __float2bfloat16(v);
         else dst[d] = v;
     }
-    /* k_rope: one thread per rotation pair */
-    const float *kr = a.kva + (int64_t)i * a.kva_ld + a.rank;
-    for (int p = tid; p < half; p += nt) {
-        float x0, x1;
-        if (a.interleave) { x0 = kr[2 * p]; x1 = kr[2 * p + 1]; }
-        else { x0 = kr[p]; x1 = kr[p + half]; }
+    if (tid < half) { /* k_rope: one thread per rotation pair */
         float r0, r1;
-        mla_rope_rotate(x0, x1, cs[p], sn[p], r0, r1);
-        if (bad) r0 = r1 = NAN;
+        mla_rope_rotate(k.x0, k.x1, k.c, k.s, r0, r1);
+        if (k.bad) r0 = r1 = NAN;
         if (dst16) {
-            dst16[a.rank + p] = __float2bfloat16(r0);
-            dst16[a.rank + p + half] = __float2bfloat16(r1);
+            dst16[a.rank + tid] = __float2bfloat16(r0);
+            dst16[a.rank + tid + half] = __float2bfloat16(r1);
         } else {
-            dst[a.rank + p] = r0;
-            dst[a.rank + p + half] = r1;
+            dst[a.rank + tid] = r0;
+            dst[a.rank + tid + half] = r1;
         }
     }
+}
+
+/* Both steps at once (ddt_cuda_mla_rope_write's k half). */
+static __device__ __forceinline__ void mla_rope_k_row(const ddt_cuda_mla_rope_args &a, int i, int tid, int nt) {
+    mla_k_row_store(a, i, mla_k_row_load(a, i, tid), tid, nt);
 }
 
 #endif
