@@ -4,6 +4,10 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
+# the wall-clock second make started, and a line per stage with the seconds since: CI's log
+# then says which stage took its time (CI stops at 90 minutes)
+T0 := $(shell date +%s)
+STAMP = echo "== make $$(date +%T) ($$(($$(date +%s) - $(T0))) s in):"
 
 .PHONY: demo tree-demo test deps deps-test build build-asan build-tsan build-fuzz unit pytest asan tsan fuzz bench clean
 
@@ -18,7 +22,7 @@ tree-demo: build
 	./$(BUILD)/ddtree tree --draw < examples/tree_problem.json
 
 test: deps-test build unit pytest asan tsan fuzz
-	@echo "make test: all tests passed"
+	@echo "make test: all tests passed ($$(($$(date +%s) - $(T0))) s)"
 
 deps:
 	scripts/install-deps.sh
@@ -26,20 +30,25 @@ deps-test:
 	scripts/install-deps.sh --tests
 
 build:
+	@$(STAMP) build
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
 unit: build
+	@$(STAMP) unit
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 pytest: build
+	@$(STAMP) pytest
 	DDT_BUILD_DIR=$(abspath $(BUILD)) python3 -m pytest -q tests/python
 
 build-asan:
+	@$(STAMP) build-asan
 	CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDT_SANITIZE=ON -DDDT_CUDA=OFF >/dev/null
 	cmake --build build-asan -j $(JOBS)
 
 asan: build-asan
+	@$(STAMP) asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	DDT_BUILD_DIR=$(abspath build-asan) DDT_PYTEST_QUICK=1 ASAN_OPTIONS=detect_leaks=0 python3 -m pytest -q tests/python -k "cli"
 
@@ -47,17 +56,21 @@ asan: build-asan
 # the chat templates rendered from several threads at once
 TSAN_TESTS = test_cpu_ops test_engine test_jinja
 build-tsan:
+	@$(STAMP) build-tsan
 	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDT_TSAN=ON -DDDT_CUDA=OFF >/dev/null
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
 
 tsan: build-tsan
+	@$(STAMP) tsan
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R '^($(subst $() ,|,$(TSAN_TESTS)))$$'
 
 build-fuzz:
+	@$(STAMP) build-fuzz
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDDT_FUZZ=ON -DDDT_CUDA=OFF >/dev/null
 	cmake --build build-fuzz -j $(JOBS)
 
 fuzz: build-fuzz
+	@$(STAMP) fuzz
 	scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 bench: build
