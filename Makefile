@@ -7,7 +7,8 @@ FUZZ_SECONDS ?= 20
 # the wall-clock second make started, and a line per stage with the seconds since: CI's log
 # then says which stage took its time (CI stops at 90 minutes)
 T0 := $(shell date +%s)
-STAMP = echo "== make $$(date +%T) ($$(($$(date +%s) - $(T0))) s in):"
+ELAPSED = $$(($$(date +%s) - $(T0)))
+STAMP = echo "== make $$(date +%T) ($(ELAPSED) s in):"
 
 .PHONY: demo tree-demo test deps deps-test build build-asan build-tsan build-fuzz unit pytest asan tsan fuzz bench clean
 
@@ -22,7 +23,7 @@ tree-demo: build
 	./$(BUILD)/ddtree tree --draw < examples/tree_problem.json
 
 test: deps-test build unit pytest asan tsan fuzz
-	@echo "make test: all tests passed ($$(($$(date +%s) - $(T0))) s)"
+	@echo "make test: all tests passed ($(ELAPSED) s)"
 
 deps:
 	scripts/install-deps.sh
