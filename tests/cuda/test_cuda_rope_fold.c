@@ -17,6 +17,10 @@
  *     planes, q_b on the wgmma kernel with the rope in its epilogue and the fast
  *     attention's bf16 query (q16), against the split norm pair, the presplit
  *     product and rope_write with q16 (K2.6's head shape among them);
+ *   - the norms' register path (vec: q_a / kv_a rows 16-byte aligned, a row stride of
+ *     whole float4): rope 6, so a cache row of rank + 6 values leaves every other
+ *     row's 4-value stores unaligned (fp32 and bf16), and K2.6's head shape; the
+ *     other cases' rows (stride + 3) take the strided path;
  *   - refusals: rope pairs not interleaved, an odd nope, rows that are not heads x
  *     (nope + rope), a kv norm that does not write kvn.
  * --quick: fewer cases (for compute-sanitizer).
@@ -48,7 +52,9 @@ static int same(const void *dev_a, const void *dev_b, size_t bytes) {
 }
 
 /* One case: f the q_b weight's format (0 F32, 1 BF16), heads x (nope + rope),
- * kv rank, q_lora, n tokens, bf16 cache or fp32, warp shape (wr, wt) or (0, 0).
+ * kv rank, q_lora, n tokens, bf16 cache or fp32, warp shape (wr, wt) or (0, 0);
+ * vec: the qkv_a rows' stride a multiple of 4 (q_lora and rank too: the norms'
+ * register path), else 3 past a multiple (their strided path).
  * tc: the tensor-core fold instead (BF16, q_lora a multiple of 8: the wgmma
  * path's): ddt_cuda_mla_norm_write with q_b's split planes, then q_b on the wgmma
  * kernel with the rope in its epilogue (ddt_cuda_next_planes.rope) and the fast
@@ -56,9 +62,11 @@ static int same(const void *dev_a, const void *dev_b, size_t bytes) {
  * presplit wgmma q_b and rope_write with q16; the planes and q16 compared too
  * (q16's latent part is never written: it stays poisoned in both). */
 static void run_case(int f, int heads, int nope, int rope, int rank, int q_lora, int n, int bf16, int wr, int wt,
-                     int tc) {
+                     int tc, int vec) {
     const int qd = nope + rope, half = rope / 2, max_pos = 48, capacity = 45, len = 7, w = rank + rope;
-    const int64_t qa_ld = q_lora + rank + rope + 3; /* q_a | kv_a side by side, as the target's qkv_a */
+    /* q_a | kv_a side by side, as the target's qkv_a */
+    const int64_t qa_ld = q_lora + rank + rope + (vec ? 4 + (4 - (q_lora + rank + rope) % 4) % 4 : 3);
+    CHECK(!vec || (q_lora % 4 == 0 && rank % 4 == 0), "vec case with q_lora %d, rank %d", q_lora, rank);
     const int64_t ldq = (int64_t)heads * qd; /* packed query rows: rope_write has no row stride */
     ct_weight wq = ct_make_weight(&g_rng, tc ? 1 : f, (int64_t)heads * qd, q_lora, &k_values);
     const size_t nqa = (size_t)n * qa_ld, nq = (size_t)n * ldq, nkvn = (size_t)n * rank, n16 = (size_t)n * heads * w;
@@ -161,8 +169,9 @@ static void run_case(int f, int heads, int nope, int rope, int rank, int q_lora,
     CHECK(written > 0 && !ct_is_poison(&qh[nope]) && (!tc || (q16[rank] != 0xFFFF && q16[0] == 0xFFFF)),
           "n=%d: the reference wrote nothing", n);
     if (wr == 0)
-        printf("%-5s heads %d x (%3d + %2d) rank %3d q_lora %3d n=%2d %s cache: %s\n", tc ? "wgmma" : f ? "BF16" : "F32",
-               heads, nope, rope, rank, q_lora, n, bf16 ? "bf16" : "fp32", all ? "bitwise" : "DIFFERENT");
+        printf("%-5s heads %d x (%3d + %2d) rank %3d q_lora %3d n=%2d %s cache%s: %s\n", tc ? "wgmma" : f ? "BF16" : "F32",
+               heads, nope, rope, rank, q_lora, n, bf16 ? "bf16" : "fp32", vec ? ", register norms" : "",
+               all ? "bitwise" : "DIFFERENT");
     free(qh);
     ddt_cuda_qweight_free(&dw);
     for (int k = 0; k < 2; k++) {
@@ -246,16 +255,18 @@ int main(int argc, char **argv) {
         for (int bf16 = 0; bf16 < 2; bf16++)
             for (int ni = 0; ni < 4; ni++) {
                 if (quick && ni % 2 == 1) continue;
-                run_case(f, 3, 6, 4, 12, 14, ns[ni], bf16, 0, 0, 0);
-                if (!quick) run_case(f, 5, 32, 16, 64, 96, ns[ni], bf16, 0, 0, 0);
+                run_case(f, 3, 6, 4, 12, 14, ns[ni], bf16, 0, 0, 0, 0);
+                run_case(f, 3, 6, 6, 12, 16, ns[ni], bf16, 0, 0, 0, 1);
+                if (!quick) run_case(f, 5, 32, 16, 64, 96, ns[ni], bf16, 0, 0, 0, 0);
                 for (int s = 0; s < 6 && !quick && bf16 == 0; s++)
-                    run_case(f, 3, 6, 4, 12, 14, ns[ni], bf16, shapes[s][0], shapes[s][1], 0);
+                    run_case(f, 3, 6, 4, 12, 14, ns[ni], bf16, shapes[s][0], shapes[s][1], 0, 0);
             }
     OK(ddt_cuda_ws_prepare(&err_));
     for (int ni = 0; ni < 4; ni++) {
         if (quick && ni % 2 == 1) continue;
-        run_case(1, 5, 32, 16, 64, 96, ns[ni], 1, 0, 0, 1);
-        if (!quick) run_case(1, 7, 128, 64, 512, 160, ns[ni], ni % 2, 0, 0, 1);
+        run_case(1, 5, 32, 16, 64, 96, ns[ni], 1, 0, 0, 1, 0);
+        run_case(1, 5, 32, 16, 64, 96, ns[ni], ni % 2, 0, 0, 1, 1);
+        if (!quick) run_case(1, 7, 128, 64, 512, 160, ns[ni], ni % 2, 0, 0, 1, ni < 2);
     }
     refusals();
     return ct_report("test_cuda_rope_fold");

@@ -91,10 +91,13 @@ struct NormPair {
 template <int NT>
 static __global__ void __launch_bounds__(NT, 1) rmsnorm_pair_kernel(const NormPair p, float eps) {
     DDT_GRID_DEP_WAIT();
-    const ddt_cuda_norm_job &j = p.job[blockIdx.y];
+    /* the job by a select of constant indices: p.job[blockIdx.y] put the parameter struct
+       in local memory (a 128-byte stack frame, a store and a load before the norm) */
+    const bool second = blockIdx.y != 0;
+    const ddt_cuda_norm_job j = second ? p.job[1] : p.job[0];
     float *xr = (float *)j.x + (int64_t)blockIdx.x * j.ldx;
-    norm_row<NT>(xr, j.dim, NormNoResid{}, j.w, eps, j.out + (int64_t)blockIdx.x * j.ldo, p.vec[blockIdx.y],
-                 blockIdx.y == 0 ? norm_split_row(p.sp0, blockIdx.x) : NormSplitRow{nullptr, nullptr});
+    norm_row<NT>(xr, j.dim, NormNoResid{}, j.w, eps, j.out + (int64_t)blockIdx.x * j.ldo, second ? p.vec[1] : p.vec[0],
+                 second ? NormSplitRow{nullptr, nullptr} : norm_split_row(p.sp0, blockIdx.x));
 }
 
 extern "C" ddt_status ddt_cuda_rmsnorm_pair(const ddt_cuda_norm_job jobs[2], int32_t n, float eps,

@@ -907,10 +907,13 @@ static __device__ void calibrate_stage(const ddt_draft_calibration *c, float *s_
  * One block.  All threads check the table and stage its first `ld` columns of
  * logq in shared memory (and calibrate them: t.cal_on); warp 0 runs the loop; all threads write the nodes and
  * the visibility rows.  AUTO: p.a.vcost is set (the cost-aware cut); two
- * instances so that the fixed budget's carries none of the auto code.
+ * instances so that the fixed budget's carries none of the auto code.  One
+ * block an SM (__launch_bounds__'s 1): at the default 32 registers ptxas spilled
+ * 20 bytes of the fixed budget's instance, two reloads inside warp 0's pop loop;
+ * with the bound it takes 40 and spills none.
  */
 template <bool AUTO>
-static __global__ void __launch_bounds__(BUILD_THREADS) tree_build_kernel(build_params p) {
+static __global__ void __launch_bounds__(BUILD_THREADS, 1) tree_build_kernel(build_params p) {
     DDT_GRID_DEP_WAIT();
     __shared__ int s_bad, s_n, s_rows, s_bucket;
     __shared__ build_node s_node[DDT_MAX_NODES];

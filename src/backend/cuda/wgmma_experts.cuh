@@ -50,9 +50,15 @@
  * A CTA (WX_WG = 4 warpgroups) = one item x 256 weight rows: down, 16 m-tiles of
  * the expert's down projection; gate/up, 8 m-tiles of gate and the same 8 of up
  * (a warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
- * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Stages of 4 units
- * (128 columns): every warp's 4 packed units and their scales, the item's token
- * rows of 2 blocks (hi and lo), by cp.async, WX_S stages in flight.
+ * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Stages of WX_U = 8
+ * units (256 columns): every warp's 8 packed units and their scales, the item's
+ * token rows of 4 blocks (hi and lo), by cp.async, WX_S = 2 stages (one in flight
+ * while the other is read: 32 KB of weights a CTA ahead).  8 units a stage, not
+ * 4: the stage's head (loop test, barrier, copies and their addresses, the
+ * descriptor, ~70 issue slots at 4 units, ~87 at 8) is paid once for twice the
+ * units, and the stream is issue-bound on the H200: ~57.5 -> ~49.6 slots a unit
+ * with wx_partial's 32-bit descriptors (SASS of the m64n8k16 class).  On an H100
+ * (twenty-fourth session): n = 1 99.4 -> 95.3 us, the K2.6 layer -3 us at n = 1.
  *
  * What sets the rate (H200, K2.6 experts; BENCHMARKS has the steps).  Instruction
  * issue first: ncu found ~98 instructions a 256-byte unit and 0.71-0.76 warps
@@ -82,11 +88,12 @@
 #define WX_WARPS (4 * WX_WG)
 #define WX_ROWS (64 * WX_WG)
 #define WX_THREADS (128 * WX_WG)
-#define WX_U 4         /* units (32 columns) a stage */
-#define WX_S 4         /* stages */
-/* stage layout: B (2 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one 32-row
-   K-major tile a block), W (warps x 4 units x 256), scales (warps x 4 units x 32) */
-#define WX_OFF_W 8192
+#define WX_U 8         /* INT4 units (32 columns) a stage (FP8: WX_U / 2 of 512 bytes) */
+#define WX_S 2         /* stages (a power of two) */
+#define WX_WB (WX_U * 256) /* weight bytes a warp a stage, either format */
+/* stage layout: B (WX_U / 2 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one
+   32-row K-major tile a block), W (warps x WX_U units x 256), scales (warps x WX_U units x 32) */
+#define WX_OFF_W (WX_U / 2 * 4096)
 #define WX_OFF_SC (WX_OFF_W + WX_WARPS * WX_U * 256)
 #define WX_STAGE ((WX_OFF_SC + WX_WARPS * WX_U * 32 + 1023) / 1024 * 1024)
 #define WX_SMEM (WX_S * WX_STAGE + 1024)
@@ -94,6 +101,7 @@
 
 enum { WX_GATEUP = 0, WX_DOWN = 1 };
 static_assert(WX_N * WX_RS * 4 <= WX_STAGE * WX_S, "the partials reuse the stages");
+static_assert((WX_S & (WX_S - 1)) == 0 && WX_U % 4 == 0, "stage index by mask; whole 16-byte lanes");
 static_assert(WX_N == WX_WARPS, "one token row a warp: warp r copies the item's row r");
 
 /* bytes of a wq row of `cols` columns */
@@ -199,13 +207,18 @@ static __device__ __forceinline__ void wx_keep(uint32_t (&r)[N]) {
 }
 
 /* A unit's partial P over its two k-steps: P = A0 B[k-step 0] (overwriting), then += A1
-   B[k-step 1], the B tile at descriptor db (k-step 1 is 32 bytes further); the wait makes P
-   readable and A0, A1 reusable. */
-template <int N>
-static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&A0)[4], uint32_t (&A1)[4], uint64_t db) {
+   B[k-step 1], the B tile's descriptor (kmajor_desc's, the 8-row stride SBO bytes) given by
+   its low word lo (k-step 1 is 32 bytes further); the wait makes P readable and A0, A1
+   reusable.  The descriptor as a 32-bit low word beside a constant high word: a shared
+   address past the stage's fits the low word's 14-bit field (< 256 KB), and a 64-bit sum
+   made ptxas rebuild the constant high word around every wgmma (5 uniform instructions a
+   wgmma, 2.5 of a unit's ~43 issue slots). */
+template <int N, int SBO>
+static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&A0)[4], uint32_t (&A1)[4], uint32_t lo) {
+    constexpr uint64_t hi = ((uint64_t)(SBO >> 4) << 32) | (1ull << 62);
     wgmma_fence();
-    wx_mma<N>(P, A0, db, 0);
-    wx_mma<N>(P, A1, db + (32 >> 4), 1);
+    wx_mma<N>(P, A0, hi | lo, 0);
+    wx_mma<N>(P, A1, hi | (lo + (32 >> 4)), 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(P);
@@ -233,9 +246,10 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     DDT_GRID_DEP_WAIT();
     static_assert(F == QF_INT4 || F == QF_FP8, "INT4 group 32 or FP8 blocks");
     /* a unit (16 rows x 32 columns a warp): INT4 256 bytes + scales in the stage, FP8 512 bytes
-       (its block scale read per unit, as wstream.cuh's FP8 path); a stage is 1 KB of a warp's
-       weights either way: 4 INT4 units (2 token blocks), 2 FP8 units (1 block) */
-    constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = 1024 / UB, BPS = UPS / 2;
+       (its block scale read per unit, as wstream.cuh's FP8 path); a stage is WX_WB = 2 KB of a
+       warp's weights either way: 8 INT4 units (4 token blocks), 4 FP8 units (2 blocks) */
+    constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = WX_WB / UB, BPS = UPS / 2;
+    constexpr int WCH = WX_WB / 512, XCH = (BPS + 1) / 2; /* 16-byte copies a lane: weights, x */
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
 #else
@@ -267,13 +281,13 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     const int nunits = uend > ubeg ? (int)(uend - ubeg) : 0;
     const int u0 = (int)ubeg, upb = F == QF_FP8 ? a.fp8_block / 32 : 1; /* FP8: units a scale block */
     const int nst = (nunits + UPS - 1) / UPS;
-    /* weights: chunks lane and lane + 32 of the warp's 4 units (chunk c = unit c / 16's 16-byte
-       piece c % 16), so a stage's source is contiguous; scales: lanes 0..7 */
+    /* weights: chunks lane + 32 i of the warp's stage (chunk c = unit c / (UB / 16)'s 16-byte
+       piece), so a stage's source is contiguous; scales: lanes 0 .. 2 UPS - 1 */
     const uint8_t *const wp0 = wsrc + ubeg * UB + lane * 16;
     const uint8_t *const sp0 = ssrc + ubeg * 32 + lane * 16;
-    const uint32_t wdst = WX_OFF_W + warp * (WX_U * 256) + lane * 16, sdst = WX_OFF_SC + warp * (WX_U * 32) + lane * 16;
-    /* the item's token row this warp copies (row warp of the item: XR is 1), 2 blocks x 2
-       planes x 8 chunks, swizzled (chunk c of row r at chunk c ^ (r & 7)); block b's tile
+    const uint32_t wdst = WX_OFF_W + warp * WX_WB + lane * 16, sdst = WX_OFF_SC + warp * (WX_U * 32) + lane * 16;
+    /* the item's token row this warp copies (row warp of the item: XR is 1), BPS blocks x 2
+       planes x 8 chunks (lane: plane xp, chunk xc of blocks xb + 2j), swizzled (chunk c of row r at chunk c ^ (r & 7)); block b's tile
        holds the hi rows as its rows 0..15 and the lo rows as 16..31; blocks past the row zero;
        rows past the item are not copied (stale bytes: they feed only token columns no output
        takes) */
@@ -284,8 +298,8 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         xrow_live ? a.xs + (KIND == WX_GATEUP ? (int64_t)a.sorted_tok[item.off + warp] : (int64_t)(item.off + warp)) * a.ldxs
                   : a.xs;
     const uint8_t *const xp0 = xrow_live ? xrow + (ubeg / 2 + xb) * 256 + xp * 128 + xc * 16 : a.xs;
-    /* the lane's block at stage st is ubeg / 2 + xb + BPS st: in the row while BPS st < xlim (FP8:
-       one block a stage, lanes 16..31 copy none) */
+    /* the lane's block j at stage st is ubeg / 2 + xb + 2j + BPS st: in the row while
+       BPS st + 2j < xlim */
     const int xlim = (int)((a.cols + 63) / 64 - (ubeg / 2 + xb));
     /* the tile row of token `warp`'s plane xp: the hi rows 0..15 and the lo rows 16..31; for items
        of at most 4 entries hi and lo interleaved in rows 0..7 (token r: 2r, 2r + 1), one 8-row
@@ -297,24 +311,28 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         if (st >= nst) return;
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE; /* shared addresses: 32 bits */
         const int left = nunits - st * UPS; /* units of this stage: UPS but at the end */
-        const uint8_t *wp = wp0 + (int64_t)st * 1024;
+        const uint8_t *wp = wp0 + (int64_t)st * WX_WB;
         if (left >= UPS) {
-            wx_cp16(s + wdst, wp);
-            wx_cp16(s + wdst + 512, wp + 512);
-            if (F == QF_INT4 && lane < 8) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+#pragma unroll
+            for (int i = 0; i < WCH; i++) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
+            if (F == QF_INT4 && lane < 2 * UPS) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
         } else { /* chunk c holds unit c / (UB / 16) */
-            if (lane / (UB / 16) < left) wx_cp16(s + wdst, wp);
-            if ((lane + 32) / (UB / 16) < left) wx_cp16(s + wdst + 512, wp + 512);
-            if (F == QF_INT4 && lane < 8 && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+#pragma unroll
+            for (int i = 0; i < WCH; i++)
+                if ((lane + 32 * i) / (UB / 16) < left) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
+            if (F == QF_INT4 && lane < 2 * UPS && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
         }
-        if (xrow_live && (BPS == 2 || xb == 0)) {
-            if (BPS * st < xlim) wx_cp16(s + xdst, xp0 + (int64_t)st * (BPS * 256));
-            else st_shared_zero16(s + xdst);
-        }
+        /* the lane's blocks of the stage: xb + 2j (8 KB apart in the tile, 512 bytes in the row) */
+#pragma unroll
+        for (int j = 0; j < XCH; j++)
+            if (xrow_live && xb + 2 * j < BPS) {
+                if (BPS * st + 2 * j < xlim) wx_cp16(s + xdst + 8192 * j, xp0 + (int64_t)st * (BPS * 256) + 512 * j);
+                else st_shared_zero16(s + xdst + 8192 * j);
+            }
     };
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
-    const uint32_t wrd = WX_OFF_W + warp * 1024 + lane * (UB / 32), srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
+    const uint32_t wrd = WX_OFF_W + warp * WX_WB + lane * (UB / 32), srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
@@ -325,7 +343,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     constexpr int cls = decltype(cls_tag)::value; /* 0: <= 4 entries, 1: <= 8, 2: <= 16 */
     ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
-        const uint64_t d0 = kmajor_desc(s);
+        const uint32_t d0 = (uint32_t)kmajor_desc(s); /* the low word (wx_partial) */
         const int left = nunits - st * UPS;
         /* unit uu: P = W x_hi + W x_lo over its two k-steps (the hi rows and the lo rows are
            the B tile's rows 0..15 and 16..31, 2048 bytes apart), then acc = fma(scale, P, acc) */
@@ -359,12 +377,12 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
             }
             /* k-steps 2uu, 2uu+1: block uu / 2, k-steps (uu % 2) * 2 + {0, 1}; descriptor
                addresses count 16 bytes */
-            const uint64_t db = d0 + (uint64_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
+            const uint32_t db = d0 + (uint32_t)(((uu >> 1) * 4096 + (uu & 1) * 64) >> 4);
             if constexpr (cls == 0) {
                 /* at most 4 tokens: rows 2r, 2r + 1 of the tile's first 8-row group are token r's hi
                    and lo, the 8 columns of m64n8k16 (the column dot products of the wider shapes) */
                 float P[4];
-                wx_partial<8>(P, A0, A1, db);
+                wx_partial<8, 1024>(P, A0, A1, db);
                 /* P[c]: column 2t + (c & 1), row g (+8 for c & 2): token t's hi partial, then its lo */
                 acc[0] = __fmaf_rn(sc0, P[0] + P[1], acc[0]);
                 acc[2] = __fmaf_rn(sc1, P[2] + P[3], acc[2]);
@@ -373,13 +391,13 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
                    (atom 2) as the 16 columns of m64n16k16, the descriptor's 8-row stride 2048
                    bytes: the same column dot products as m64n32k16's, half its tensor work */
                 float P[8];
-                wx_partial<16>(P, A0, A1, db + ((uint64_t)(2048 - 1024) >> 4 << 32));
+                wx_partial<16, 2048>(P, A0, A1, db);
                 /* P[c]: token 2t + (c & 1)'s hi partial, row g (+8 for c & 2); P[4 + c] its lo */
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn((i & 2) ? sc1 : sc0, P[i] + P[i + 4], acc[i]);
             } else {
                 float P[16];
-                wx_partial<32>(P, A0, A1, db);
+                wx_partial<32, 1024>(P, A0, A1, db);
                 /* P[4j + c]: column 8j + 2t + (c & 1), row g (+8 for c & 2): token 8j + 2t + (c & 1)'s
                    hi partial for j < 2, its lo partial at j + 2 */
 #pragma unroll
