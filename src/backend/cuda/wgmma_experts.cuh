@@ -50,10 +50,10 @@
  * A CTA (WX_WG = 4 warpgroups) = one item x 256 weight rows: down, 16 m-tiles of
  * the expert's down projection; gate/up, 8 m-tiles of gate and the same 8 of up
  * (a warpgroup: 2 of gate in warps 0, 1, the same 2 of up in warps 2, 3), so the
- * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  Stages of WX_U = 8
- * units (256 columns): every warp's 8 packed units and their scales, the item's
- * token rows of 4 blocks (hi and lo), by cp.async, WX_S = 2 stages (one in flight
- * while the other is read: 32 KB of weights a CTA ahead).  8 units a stage, not
+ * SiLU-mul of 128 intermediate rows is the CTA's epilogue.  INT4 stages of 8
+ * units (256 columns, WxStage): every warp's 8 packed units and their scales,
+ * the item's token rows of 4 blocks (hi and lo), by cp.async, 2 stages (one in
+ * flight while the other is read: 32 KB of weights a CTA ahead).  8 units a stage, not
  * 4: the stage's head (loop test, barrier, copies and their addresses, the
  * descriptor, ~70 issue slots at 4 units, ~87 at 8) is paid once for twice the
  * units, and the stream is issue-bound on the H200: ~57.5 -> ~49.6 slots a unit
@@ -88,20 +88,30 @@
 #define WX_WARPS (4 * WX_WG)
 #define WX_ROWS (64 * WX_WG)
 #define WX_THREADS (128 * WX_WG)
-#define WX_U 8         /* INT4 units (32 columns) a stage (FP8: WX_U / 2 of 512 bytes) */
-#define WX_S 2         /* stages (a power of two) */
-#define WX_WB (WX_U * 256) /* weight bytes a warp a stage, either format */
-/* stage layout: B (WX_U / 2 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one
-   32-row K-major tile a block), W (warps x WX_U units x 256), scales (warps x WX_U units x 32) */
-#define WX_OFF_W (WX_U / 2 * 4096)
-#define WX_OFF_SC (WX_OFF_W + WX_WARPS * WX_U * 256)
-#define WX_STAGE ((WX_OFF_SC + WX_WARPS * WX_U * 32 + 1023) / 1024 * 1024)
-#define WX_SMEM (WX_S * WX_STAGE + 1024)
+#define WX_U 8         /* units (32 columns) a k-split is rounded to: an INT4 stage's */
 #define WX_RS (WX_ROWS + 4) /* row stride of the [token][rows] partials */
 
+/* A stage by weight format.  INT4: 8 units (2 KB a warp) in 2 stages; FP8: 2 units of 512 bytes
+ * (1 KB a warp) in 4, where 4 units in 2 stages measured 2-5% slower at n = 4..64 on an H100
+ * (twenty-fourth session: the FP8 stream is not issue-bound, its copies want the depth).  Layout:
+ * B (WB / 512 blocks x [16 hi rows, 16 lo rows] x 128 bytes, 1024-aligned atoms: one 32-row
+ * K-major tile a block), W (warps x WB), INT4 scales (warps x WB / 256 units x 32).  Both formats
+ * take the same shared memory, WX_SMEM. */
+template <int F>
+struct WxStage {
+    static constexpr int WB = F == QF_INT4 ? 2048 : 1024; /* weight bytes a warp a stage */
+    static constexpr int S = F == QF_INT4 ? 2 : 4;        /* stages (a power of two) */
+    static constexpr int OFF_W = WB / 512 * 4096;
+    static constexpr int OFF_SC = OFF_W + WX_WARPS * WB;
+    static constexpr int BYTES = (OFF_SC + WX_WARPS * (WB / 256) * 32 + 1023) / 1024 * 1024;
+    static_assert((S & (S - 1)) == 0 && WB % 512 == 0, "stage index by mask; whole 16-byte lanes");
+};
+#define WX_SMEM (WxStage<QF_INT4>::S * WxStage<QF_INT4>::BYTES + 1024)
+
 enum { WX_GATEUP = 0, WX_DOWN = 1 };
-static_assert(WX_N * WX_RS * 4 <= WX_STAGE * WX_S, "the partials reuse the stages");
-static_assert((WX_S & (WX_S - 1)) == 0 && WX_U % 4 == 0, "stage index by mask; whole 16-byte lanes");
+static_assert(WxStage<QF_FP8>::S * WxStage<QF_FP8>::BYTES + 1024 == WX_SMEM, "one shared size for both formats");
+static_assert(WX_N * WX_RS * 4 <= WX_SMEM - 1024, "the partials reuse the stages");
+static_assert(WX_U % (WxStage<QF_INT4>::WB / 256) == 0, "a k-split of whole stages");
 static_assert(WX_N == WX_WARPS, "one token row a warp: warp r copies the item's row r");
 
 /* bytes of a wq row of `cols` columns */
@@ -246,10 +256,11 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     DDT_GRID_DEP_WAIT();
     static_assert(F == QF_INT4 || F == QF_FP8, "INT4 group 32 or FP8 blocks");
     /* a unit (16 rows x 32 columns a warp): INT4 256 bytes + scales in the stage, FP8 512 bytes
-       (its block scale read per unit, as wstream.cuh's FP8 path); a stage is WX_WB = 2 KB of a
-       warp's weights either way: 8 INT4 units (4 token blocks), 4 FP8 units (2 blocks) */
-    constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = WX_WB / UB, BPS = UPS / 2;
-    constexpr int WCH = WX_WB / 512, XCH = (BPS + 1) / 2; /* 16-byte copies a lane: weights, x */
+       (its block scale read per unit, as wstream.cuh's FP8 path); a stage (WxStage): 8 INT4
+       units (4 token blocks), 2 FP8 units (1 block) */
+    using G = WxStage<F>;
+    constexpr int UB = F == QF_INT4 ? 256 : 512, UPS = G::WB / UB, BPS = UPS / 2;
+    constexpr int WCH = G::WB / 512, XCH = (BPS + 1) / 2; /* 16-byte copies a lane: weights, x */
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
 #else
@@ -285,7 +296,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        piece), so a stage's source is contiguous; scales: lanes 0 .. 2 UPS - 1 */
     const uint8_t *const wp0 = wsrc + ubeg * UB + lane * 16;
     const uint8_t *const sp0 = ssrc + ubeg * 32 + lane * 16;
-    const uint32_t wdst = WX_OFF_W + warp * WX_WB + lane * 16, sdst = WX_OFF_SC + warp * (WX_U * 32) + lane * 16;
+    const uint32_t wdst = G::OFF_W + warp * G::WB + lane * 16, sdst = G::OFF_SC + warp * (UPS * 32) + lane * 16;
     /* the item's token row this warp copies (row warp of the item: XR is 1), BPS blocks x 2
        planes x 8 chunks (lane: plane xp, chunk xc of blocks xb + 2j), swizzled (chunk c of row r at chunk c ^ (r & 7)); block b's tile
        holds the hi rows as its rows 0..15 and the lo rows as 16..31; blocks past the row zero;
@@ -309,18 +320,18 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
 
     auto load_stage = [&](int st) {
         if (st >= nst) return;
-        const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE; /* shared addresses: 32 bits */
+        const uint32_t s = sb + (uint32_t)(st & (G::S - 1)) * G::BYTES; /* shared addresses: 32 bits */
         const int left = nunits - st * UPS; /* units of this stage: UPS but at the end */
-        const uint8_t *wp = wp0 + (int64_t)st * WX_WB;
+        const uint8_t *wp = wp0 + (int64_t)st * G::WB;
         if (left >= UPS) {
 #pragma unroll
             for (int i = 0; i < WCH; i++) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
-            if (F == QF_INT4 && lane < 2 * UPS) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+            if (F == QF_INT4 && lane < 2 * UPS) wx_cp16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
         } else { /* chunk c holds unit c / (UB / 16) */
 #pragma unroll
             for (int i = 0; i < WCH; i++)
                 if ((lane + 32 * i) / (UB / 16) < left) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
-            if (F == QF_INT4 && lane < 2 * UPS && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (WX_U * 32));
+            if (F == QF_INT4 && lane < 2 * UPS && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
         }
         /* the lane's blocks of the stage: xb + 2j (8 KB apart in the tile, 512 bytes in the row) */
 #pragma unroll
@@ -332,7 +343,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     };
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
-    const uint32_t wrd = WX_OFF_W + warp * WX_WB + lane * (UB / 32), srd = WX_OFF_SC + warp * (WX_U * 32) + g * 4;
+    const uint32_t wrd = G::OFF_W + warp * G::WB + lane * (UB / 32), srd = G::OFF_SC + warp * (UPS * 32) + g * 4;
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
@@ -341,8 +352,8 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        instruction still takes its issue slot) */
     auto stream = [&](auto cls_tag) {
     constexpr int cls = decltype(cls_tag)::value; /* 0: <= 4 entries, 1: <= 8, 2: <= 16 */
-    ws_pipeline<WX_S>(nst, load_stage, [&](int st) {
-        const uint32_t s = sb + (uint32_t)(st & (WX_S - 1)) * WX_STAGE;
+    ws_pipeline<G::S>(nst, load_stage, [&](int st) {
+        const uint32_t s = sb + (uint32_t)(st & (G::S - 1)) * G::BYTES;
         const uint32_t d0 = (uint32_t)kmajor_desc(s); /* the low word (wx_partial) */
         const int left = nunits - st * UPS;
         /* unit uu: P = W x_hi + W x_lo over its two k-steps (the hi rows and the lo rows are
