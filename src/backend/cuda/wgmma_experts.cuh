@@ -88,7 +88,6 @@
 #define WX_WARPS (4 * WX_WG)
 #define WX_ROWS (64 * WX_WG)
 #define WX_THREADS (128 * WX_WG)
-#define WX_U 8         /* units (32 columns) a k-split is rounded to: an INT4 stage's */
 #define WX_RS (WX_ROWS + 4) /* row stride of the [token][rows] partials */
 
 /* A stage by weight format.  INT4: 8 units (2 KB a warp) in 2 stages; FP8: 2 units of 512 bytes
@@ -107,11 +106,11 @@ struct WxStage {
     static_assert((S & (S - 1)) == 0 && WB % 512 == 0, "stage index by mask; whole 16-byte lanes");
 };
 #define WX_SMEM (WxStage<QF_INT4>::S * WxStage<QF_INT4>::BYTES + 1024)
+#define WX_U (WxStage<QF_INT4>::WB / 256) /* units (32 columns) a k-split is rounded to: an INT4 stage's */
 
 enum { WX_GATEUP = 0, WX_DOWN = 1 };
 static_assert(WxStage<QF_FP8>::S * WxStage<QF_FP8>::BYTES + 1024 == WX_SMEM, "one shared size for both formats");
 static_assert(WX_N * WX_RS * 4 <= WX_SMEM - 1024, "the partials reuse the stages");
-static_assert(WX_U % (WxStage<QF_INT4>::WB / 256) == 0, "a k-split of whole stages");
 static_assert(WX_N == WX_WARPS, "one token row a warp: warp r copies the item's row r");
 
 /* bytes of a wq row of `cols` columns */
@@ -225,7 +224,7 @@ static __device__ __forceinline__ void wx_keep(uint32_t (&r)[N]) {
    wgmma, 2.5 of a unit's ~43 issue slots). */
 template <int N, int SBO>
 static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&A0)[4], uint32_t (&A1)[4], uint32_t lo) {
-    constexpr uint64_t hi = ((uint64_t)(SBO >> 4) << 32) | (1ull << 62);
+    const uint64_t hi = make_desc(0, 0, SBO); /* the high word alone (a constant) */
     wgmma_fence();
     wx_mma<N>(P, A0, hi | lo, 0);
     wx_mma<N>(P, A1, hi | (lo + (32 >> 4)), 1);
