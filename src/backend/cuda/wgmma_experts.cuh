@@ -56,7 +56,7 @@
  * flight while the other is read: 32 KB of weights a CTA ahead).  8 units a stage, not
  * 4: the stage's head (loop test, barrier, copies and their addresses, the
  * descriptor, ~70 issue slots at 4 units, ~87 at 8) is paid once for twice the
- * units, and the stream is issue-bound on the H200: ~57.5 -> ~49.6 slots a unit
+ * units, and the stream was issue-bound on the H200: ~57.5 -> ~49.6 slots a unit
  * with wx_partial's 32-bit descriptors (SASS of the m64n8k16 class).  On an H100
  * (twenty-fourth session): n = 1 99.4 -> 95.3 us, the K2.6 layer -3 us at n = 1.
  *
@@ -69,7 +69,12 @@
  * from the stage's, whole stages without unit tests, absent tokens' FADD / FFMA
  * compiled out.  Then the wgmmas' tensor time, which the item classes cut: n = 1
  * / 16 / 64 at 53 / 75 / 69% of copy bandwidth.  A producer warp with TMA and
- * mbarriers instead of the per-stage barrier measured no faster.
+ * mbarriers instead of the per-stage barrier measured no faster.  Since the
+ * stages of 8 units the stream is no longer issue-bound (twenty-fifth session):
+ * 4-7 fewer issue slots a unit (the INT4 bias taken off the partials instead of
+ * each weight) gained nothing on an H100 or an H200, nor did each warp's weights
+ * by bulk copies; at n = 1 what is left is each kernel's one-wave tail and, on
+ * the H200, a per-SM limit (BENCHMARKS, "The INT4 experts at n = 1 CTA by CTA").
  */
 #ifndef DDT_CUDA_WGMMA_EXPERTS_CUH
 #define DDT_CUDA_WGMMA_EXPERTS_CUH
