@@ -13,8 +13,9 @@
  * bytes read + written per second).  For the experts the bytes are those of the
  * experts the routing touched (gate + up + down + scales, each read once).
  * Weights are generated on the device (no 8.4 GB host copy).  Times are medians of
- * 25 single calls after warm-up, by CUDA events, and the mean of 25 calls queued
- * back to back.  Every table is printed for both computations of qmatmul_cuda.h:
+ * 25 single calls after warm-up, by CUDA events, the mean of 25 calls queued
+ * back to back, and for the experts the per-call time of 20 calls in one graph
+ * with programmatic edges (the engine's round graph: graph_pdl_ms).  Every table is printed for both computations of qmatmul_cuda.h:
  * FP32 (CUDA cores, the reference) and TENSOR (mma.sync bf16 -> fp32).  Prints
  * markdown tables.
  *   cuda_bench_moe [iterations [dense-name-substring [tokens]]]
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/graph_cuda.h"
 #include "backend/cuda/moe_cuda.h"
 #include "../tests/cuda/cuda_test.h"
 
@@ -85,6 +87,34 @@ static float median(float *v, int n) {
         queued_ms = tot_ / iters;                                             \
     } while (0)
 
+/* The experts as the engine's round graph runs them: G calls captured on stream gs into one
+ * graph whose kernel edges are all programmatic (ddt_cuda_graph_programmatic), so a launch's
+ * blocks are resident while the one before it runs (the wgmma down launch then starts by its
+ * flags); the median over 7 launches of the graph, per call (ms). */
+static float graph_pdl_ms(const ddt_cuda_moe_layer *layer, const float *x, int H, int n, const int32_t *idx,
+                          const float *w, int K, float *out, void *ws, size_t wsb, cudaStream_t gs, cudaEvent_t ev0,
+                          cudaEvent_t ev1) {
+    enum { G = 20, R = 7 };
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < G; i++) OK(ddt_cuda_moe_experts(layer, x, H, n, idx, w, K, out, H, ws, wsb, gs, &err_));
+    CU(cudaStreamEndCapture(gs, &g));
+    OK(ddt_cuda_graph_programmatic(g, false, NULL, &err_));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    float t[R];
+    for (int r = -2; r < R; r++) {
+        CU(cudaEventRecord(ev0, gs));
+        CU(cudaGraphLaunch(ge, gs));
+        CU(cudaEventRecord(ev1, gs));
+        CU(cudaEventSynchronize(ev1));
+        if (r >= 0) CU(cudaEventElapsedTime(&t[r], ev0, ev1));
+    }
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    return median(t, R) / G;
+}
+
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 25;
     const char *only = argc > 2 ? argv[2] : NULL;
@@ -95,6 +125,8 @@ int main(int argc, char **argv) {
     CU(cudaEventCreate(&ev0));
     CU(cudaEventCreate(&ev1));
     float *times = malloc(sizeof(float) * (size_t)iters);
+    cudaStream_t gs; /* graph_pdl_ms's capture stream */
+    CU(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
 
@@ -180,8 +212,8 @@ int main(int argc, char **argv) {
         } else {
             printf("\n## experts on %s\n\n", mi ? "tensor cores (DDT_CUDA_MM_TENSOR, packed)" : "CUDA cores (DDT_CUDA_MM_FP32)");
             printf("| tokens | touched experts | MB read | floor us | route us (median / queued) | experts us (median) | GB/s | of copy bw | "
-                   "experts us (queued) | of copy bw (queued) | vs n=1 |\n");
-            printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                   "experts us (queued) | of copy bw (queued) | experts us (graph + PDL) | of copy bw (graph) | vs n=1 |\n");
+            printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         }
         for (int ni = 0; ni < 6; ni++) {
             const int n = ns[ni];
@@ -210,12 +242,15 @@ int main(int argc, char **argv) {
                 continue;
             }
             TIME_CALLS(ddt_cuda_moe_experts(&layer, x, H, n, idx, w, K, out, H, ws, wsb, NULL, &err_), ms, q);
+            const float gms = graph_pdl_ms(&layer, x, H, n, idx, w, K, out, ws, wsb, gs, ev0, ev1);
             const int slot = mi > 1 ? 1 : mi;
             ex_us[slot][ni] = ms * 1e3;
-            const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9;
-            printf("| %d | %d | %.0f | %.1f | %.1f / %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.2fx |\n", n, touched,
-                   bytes / 1e6, bytes / copy_gbs / 1e3, route_ms * 1e3, route_q * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs, q * 1e3,
-                   100.0 * gq / copy_gbs, ex_us[slot][ni] / ex_us[slot][0]);
+            const double bytes = touched * expert_bytes, gbs = bytes / (ms * 1e-3) / 1e9, gq = bytes / (q * 1e-3) / 1e9,
+                         gg = bytes / (gms * 1e-3) / 1e9;
+            printf("| %d | %d | %.0f | %.1f | %.1f / %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.0f%% | %.2fx |\n", n,
+                   touched, bytes / 1e6, bytes / copy_gbs / 1e3, route_ms * 1e3, route_q * 1e3, ms * 1e3, gbs,
+                   100.0 * gbs / copy_gbs, q * 1e3, 100.0 * gq / copy_gbs, gms * 1e3, 100.0 * gg / copy_gbs,
+                   ex_us[slot][ni] / ex_us[slot][0]);
         }
     }
     for (int e = 0; e < NB; e++) ddt_cuda_qweight_free(&bgu[e]), ddt_cuda_qweight_free(&bdn[e]);
