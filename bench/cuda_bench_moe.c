@@ -15,9 +15,9 @@
  * Weights are generated on the device (no 8.4 GB host copy).  Times are medians of
  * 25 single calls after warm-up, by CUDA events, the mean of 25 calls queued
  * back to back, and for the experts the per-call time of 20 calls in one graph
- * with programmatic edges (the engine's round graph: graph_pdl_ms).  Every table is printed for both computations of qmatmul_cuda.h:
- * FP32 (CUDA cores, the reference) and TENSOR (mma.sync bf16 -> fp32).  Prints
- * markdown tables.
+ * with programmatic edges (the engine's round graph: graph_pdl_ms).  Every table
+ * is printed for both computations of qmatmul_cuda.h: FP32 (CUDA cores, the
+ * reference) and TENSOR (mma.sync bf16 -> fp32).  Prints markdown tables.
  *   cuda_bench_moe [iterations [dense-name-substring [tokens]]]
  * (a name skips the experts and runs only the matching dense shapes, in tensor
  * mode at the given token count: for profiling one kernel with ncu; "experts-nt"
@@ -328,6 +328,7 @@ int main(int argc, char **argv) {
     CU(cudaFree(bias));
     CU(cudaFree(w));
     CU(cudaFree(idx));
+    CU(cudaStreamDestroy(gs));
     free(times);
     free(hidx);
     return g_failures != 0;
