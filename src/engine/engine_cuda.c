@@ -153,10 +153,9 @@ static int next_mode(const ddt_engine_cuda *e) {
     return ddt_cuda_sample_supported(&e->opts.sampling, e->vocab) ? NEXT_SAMPLE : NEXT_HOST;
 }
 
-/* Auto rounds of one rank of several stay on the host path, greedy ones too:
- * the multi-GPU engine refuses --budget auto (each GPU would time its own
- * costs), and the emulated ranks of the tests reduce on the host, which no
- * graph can hold. */
+/* Auto rounds of one rank of several stay on the host path, greedy ones too
+ * (every rank under rank 0's cost table, share_cost): the emulated ranks of the
+ * tests reduce on the host, which no graph can hold. */
 static bool auto_host(const ddt_engine_cuda *e) { return e->auto_budget && e->world > 1; }
 
 /* The auto budget's buckets for a round of `budget` nodes that is not the full
@@ -239,6 +238,7 @@ static void stage_lookup(ddt_engine_cuda *e, int32_t n_kv, int32_t bonus) {
 
 static ddt_status capture_graph(ddt_engine_cuda *e, int32_t budget, int32_t k, ddt_error *err);
 static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
+static ddt_status share_cost(ddt_engine_cuda *e, bool source, ddt_error *err);
 static ddt_status setup_auto(ddt_engine_cuda *e, ddt_error *err);
 
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
@@ -359,6 +359,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
         /* a table the caller gave is used as given (as on the CPU); else this GPU is timed */
         if (opts->cost) ddt_engine_adopt_cost(opts->cost, e->cost_nodes, e->cost_verify, &e->cost);
         else if ((st = measure_cost(e, err))) goto fail;
+        /* one rank of several: rank 0's table on every rank (each timed its own GPU) */
+        if (world > 1 && (st = share_cost(e, rank == 0, err))) goto fail;
         if ((st = setup_auto(e, err))) goto fail;
     }
     /* capture the full-budget greedy round now, so that no generation pays for it */
@@ -880,6 +882,27 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
     DDT_CUDA_TRY(cudaStreamSynchronize(e->s), err);
     e->cost = cost;
     return DDT_OK;
+}
+
+/* The ranks of a multi-GPU engine each measured (or were given) a cost table, but
+ * must build the same trees, so they agree on rank 0's: one all-reduce of rank 0's packed table and every other rank's zeros
+ * (round.h, ddt_engine_cost_pack), eager, at creation, where every rank's thread
+ * creates its engine at the same time (engine_multi_cuda.c run_ranks). */
+static ddt_status share_cost(ddt_engine_cuda *e, bool source, ddt_error *err) {
+    float h[DDT_ENGINE_COST_WIRE];
+    ddt_engine_cost_pack(&e->cost, source, h);
+    float *d = NULL;
+    TRY(ddt_cuda_malloc_array((void **)&d, DDT_ENGINE_COST_WIRE, sizeof(float), NULL, err));
+    ddt_status st = DDT_OK;
+    cudaError_t ce = cudaMemcpyAsync(d, h, sizeof h, cudaMemcpyHostToDevice, e->s);
+    if (ce == cudaSuccess) st = e->allreduce(e->allreduce_ctx, d, DDT_ENGINE_COST_WIRE, e->s, err);
+    if (ce == cudaSuccess && st == DDT_OK) ce = cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, e->s);
+    if (ce == cudaSuccess && st == DDT_OK) ce = cudaStreamSynchronize(e->s);
+    cudaFree(d);
+    if (st != DDT_OK) return st;
+    if (ce != cudaSuccess)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: sharing the auto budget's cost table: %s", cudaGetErrorString(ce));
+    return ddt_engine_cost_unpack(h, e->cost_nodes, e->cost_verify, &e->cost, err);
 }
 
 /* The auto budget's device side: the verify cost per node count the CPU builder

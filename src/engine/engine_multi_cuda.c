@@ -174,13 +174,6 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
     const int32_t W = opts->gpus > 1 ? opts->gpus : 1;
     if (W > DDT_ENGINE_MAX_GPUS)
         return ddt_fail(err, DDT_ERR_RANGE, "--gpus %d: at most %d", W, DDT_ENGINE_MAX_GPUS);
-    /* every rank must build the same tree, and each would time its own GPU for the
-       cost model (engine_cuda.c measure_cost): budgets could differ and the ranks'
-       collectives would no longer match */
-    if (W > 1 && opts->mode == DDT_MODE_TREE && opts->budget_auto)
-        return ddt_fail(err, DDT_ERR_UNSUPPORTED,
-                        "--budget auto is not supported with --gpus %d yet (each GPU would measure its own cost "
-                        "model and choose its own budget); give a number", W);
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
     if (ce != cudaSuccess) return ddt_fail(err, DDT_ERR_UNSUPPORTED, "--gpus %d: no CUDA device: %s", W,
@@ -220,10 +213,8 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
 }
 
 int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m) { return ddt_engine_cuda_vocab(m->rank[0]); }
-const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m) {
-    (void)m;
-    return NULL;
-}
+/* every rank holds rank 0's table (engine_cuda.c share_cost) */
+const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m) { return ddt_engine_cuda_cost(m->rank[0]); }
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m) {
     return ddt_engine_cuda_model_config(m->rank[0]);
 }

@@ -25,7 +25,9 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
                                    ddt_engine_multi **out, ddt_error *err);
 void ddt_engine_multi_free(ddt_engine_multi *m);
 int32_t ddt_engine_multi_vocab(const ddt_engine_multi *m);
-/* NULL: the multi-GPU engine has no auto budget. */
+/* The auto budget's cost table, rank 0's (every rank measures its own GPU at
+ * creation, then all take rank 0's, engine_cuda.c share_cost, so that they build
+ * the same trees); NULL without --budget auto. */
 const ddt_cost_model *ddt_engine_multi_cost(const ddt_engine_multi *m);
 const ddt_model_config *ddt_engine_multi_model_config(const ddt_engine_multi *m);
 void ddt_engine_multi_set_sampling(ddt_engine_multi *m, const ddt_sampling *s);

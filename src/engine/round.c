@@ -3,6 +3,8 @@
  */
 #include "engine/round.h"
 
+#include "core/error.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -103,6 +105,38 @@ void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *ver
     out->nodes = nodes;
     out->verify = verify;
     out->contexts = NULL; /* one context row: never read, and the caller's may go away */
+}
+
+void ddt_engine_cost_pack(const ddt_cost_model *c, bool source, float *buf) {
+    for (int32_t i = 0; i < DDT_ENGINE_COST_WIRE; i++) buf[i] = 0.0f;
+    if (!source) return;
+    const int32_t n = c->n_nodes < DDT_ENGINE_COST_POINTS ? c->n_nodes : DDT_ENGINE_COST_POINTS;
+    buf[0] = c->draft;
+    buf[1] = (float)n; /* exact: at most DDT_ENGINE_COST_POINTS */
+    for (int32_t i = 0; i < n; i++) {
+        buf[2 + i] = c->nodes[i];
+        buf[2 + DDT_ENGINE_COST_POINTS + i] = c->verify[i]; /* the one context row */
+    }
+}
+
+ddt_status ddt_engine_cost_unpack(const float *buf, float *nodes, float *verify, ddt_cost_model *out,
+                                  ddt_error *err) {
+    const float fn = buf[1];
+    if (!(fn >= 1.0f && fn <= (float)DDT_ENGINE_COST_POINTS) || fn != floorf(fn))
+        return ddt_fail(err, DDT_ERR_INVALID, "shared cost table: point count %g is not 1..%d", (double)fn,
+                        DDT_ENGINE_COST_POINTS);
+    const int32_t n = (int32_t)fn;
+    for (int32_t i = n; i < DDT_ENGINE_COST_POINTS; i++)
+        if (buf[2 + i] != 0.0f || buf[2 + DDT_ENGINE_COST_POINTS + i] != 0.0f)
+            return ddt_fail(err, DDT_ERR_INVALID, "shared cost table: entry %d past its %d points is not zero", i, n);
+    for (int32_t i = 0; i < n; i++) {
+        nodes[i] = buf[2 + i];
+        verify[i] = buf[2 + DDT_ENGINE_COST_POINTS + i];
+    }
+    *out = (ddt_cost_model){buf[0], n, nodes, 1, NULL, verify, 0.0f};
+    ddt_status st = ddt_cost_check(out, err);
+    if (st) ddt_error_prefix(err, "shared cost table: ");
+    return st;
 }
 
 void ddt_ar_fallback_start(ddt_ar_fallback *f, bool on) {

@@ -66,6 +66,22 @@ ddt_status ddt_engine_measure_cost(int32_t budget, ddt_cost_timer_fn forward, dd
 void ddt_engine_adopt_cost(const ddt_cost_model *given, float *nodes, float *verify, ddt_cost_model *out);
 
 /*
+ * The auto budget over several ranks (the multi-GPU engine): every rank must build
+ * the same trees, so every rank takes rank 0's table, whatever its own GPU timed.
+ * One all-reduce (a sum) carries it: ddt_engine_cost_pack writes rank 0's model into
+ * buf [DDT_ENGINE_COST_WIRE] (draft cost, point count, the node and verify columns
+ * zero-padded) and zeros on every other rank; x + 0 = x exactly, in any order, so
+ * after the sum every rank holds rank 0's bits, which ddt_engine_cost_unpack turns
+ * back into a model over the rank's own nodes / verify [DDT_ENGINE_COST_POINTS]
+ * (DDT_ERR_INVALID, naming the entry, for a buffer that is no packed model: ranks
+ * that did not all take part, or a source rank that packed none).
+ */
+#define DDT_ENGINE_COST_WIRE (2 + 2 * DDT_ENGINE_COST_POINTS)
+void ddt_engine_cost_pack(const ddt_cost_model *c, bool source, float *buf);
+ddt_status ddt_engine_cost_unpack(const float *buf, float *nodes, float *verify, ddt_cost_model *out,
+                                  ddt_error *err);
+
+/*
  * --budget auto's fallback to plain ar steps, for every backend's loop: when a
  * speculative round's tokens per cost (smoothed) fall below an ar step's, the
  * next `hold` rounds are ar steps (the drafter still fed, so a later round can

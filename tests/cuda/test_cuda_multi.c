@@ -25,8 +25,11 @@
  *     ever; a 120 s watchdog fails the test instead of hanging); rank 0 emits
  *     the uncancelled run's tokens up to the cancel, stop reason cancelled, and
  *     the engines decode as before afterwards.  The engines run the auto budget
- *     under a given cost table: no CUDA graph (the emulated all-reduce
- *     synchronises, which capture forbids) and the same trees on both ranks.
+ *     under given cost tables: no CUDA graph (the emulated all-reduce
+ *     synchronises, which capture forbids).  Each rank is given another table, as
+ *     each would time its own GPU; created at the same time (one thread each, as
+ *     the multi-GPU engine does), every rank holds rank 0's, bitwise, and builds
+ *     the same trees (the same rounds and node counts on both ranks).
  * --quick (compute-sanitizer) runs the emulation on the fixture only, without
  * NCCL (whose own transports are not under test), and says so.
  */
@@ -46,6 +49,7 @@
 #include "ddtree.h"
 #include "engine/engine.h"
 #include "engine/engine_cuda.h"
+#include "io/config.h"
 #include "model/target_cuda.h"
 #include "cuda_test.h"
 
@@ -481,27 +485,78 @@ static bool gen_all(ddt_engine_cuda **e, int world, const int32_t *prompt, int n
     return true;
 }
 
+/* One rank's engine made on its own thread: the ranks of a world are created at
+ * the same time, as engine_multi_cuda.c does (creation shares rank 0's cost table
+ * through the all-reduce). */
+typedef struct create_job {
+    const char *model;
+    const ddt_engine_options *o;
+    int ctx, r, world;
+    emu_rank *er;
+    ddt_engine_cuda *e;
+    ddt_status st;
+    ddt_error err;
+} create_job;
+
+static void *create_thread(void *p) {
+    create_job *j = p;
+    CU(cudaSetDevice(0));
+    j->st = ddt_engine_cuda_create_rank(j->model, j->o, j->ctx, j->r, j->world, emu_reduce, j->er, &j->e, &j->err);
+    return NULL;
+}
+
 static void test_cancel_lockstep(const char *model, const char *draft, const int32_t *prompt, int np) {
     enum { W = 2, MAX_NEW = 48, CANCEL = 4 };
+    /* each rank is given its own table (as each would time its own GPU): rank 1's
+       steep one alone would cut every tree to the root; every rank must take rank 0's */
     static const float nodes[2] = {0.0f, 8.0f}, flat[2] = {1e-3f, 1e-3f};
-    const ddt_cost_model cost = {0.0f, 2, nodes, 1, NULL, flat, 0.0f};
-    ddt_engine_options o = {0};
-    o.mode = DDT_MODE_TREE;
-    o.budget = 8;
-    o.budget_auto = true;
-    o.cost = &cost;
-    o.draft_dir = draft;
-    o.sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+    static const float nodes1[3] = {0.0f, 4.0f, 8.0f}, steep[3] = {1e-3f, 5e-2f, 1.0f};
+    const ddt_cost_model cost[W] = {{0.0f, 2, nodes, 1, NULL, flat, 0.0f}, {2e-3f, 3, nodes1, 1, NULL, steep, 0.0f}};
+    ddt_engine_options o[W];
+    for (int r = 0; r < W; r++) {
+        memset(&o[r], 0, sizeof o[r]);
+        o[r].mode = DDT_MODE_TREE;
+        o[r].budget = 8;
+        o[r].budget_auto = true;
+        o[r].cost = &cost[r];
+        o[r].draft_dir = draft;
+        o[r].sampling = (ddt_sampling){0.0f, 0, 1.0f, 0};
+    }
     emu_comm c = {.world = W};
     pthread_barrier_init(&c.bar, NULL, W);
+    ddt_model_config cfg;
+    OK(ddt_config_load(model, &cfg, &err_));
+    c.cap = (int64_t)CHUNK * cfg.hidden_size;
+    ddt_config_free(&cfg);
+    for (int r = 0; r < W; r++) CU(cudaMalloc((void **)&c.stage[r], sizeof(float) * (size_t)c.cap));
     emu_rank er[W];
     ddt_engine_cuda *e[W];
+    create_job cj[W];
+    pthread_t th[W];
     for (int r = 0; r < W; r++) {
         er[r] = (emu_rank){&c, r};
-        OK(ddt_engine_cuda_create_rank(model, &o, np + MAX_NEW + 16, r, W, emu_reduce, &er[r], &e[r], &err_));
+        cj[r] = (create_job){.model = model, .o = &o[r], .ctx = np + MAX_NEW + 16, .r = r, .world = W, .er = &er[r]};
+        pthread_create(&th[r], NULL, create_thread, &cj[r]);
     }
-    c.cap = (int64_t)CHUNK * ddt_engine_cuda_model_config(e[0])->hidden_size;
-    for (int r = 0; r < W; r++) CU(cudaMalloc((void **)&c.stage[r], sizeof(float) * (size_t)c.cap));
+    for (int r = 0; r < W; r++) {
+        pthread_join(th[r], NULL);
+        if (cj[r].st != DDT_OK) {
+            fprintf(stderr, "FAIL %s: rank %d of %d: create: %s\n", model, r, W, cj[r].err.msg);
+            exit(1);
+        }
+        e[r] = cj[r].e;
+    }
+    /* every rank holds rank 0's table, bit for bit */
+    for (int r = 0; r < W; r++) {
+        const ddt_cost_model *h = ddt_engine_cuda_cost(e[r]);
+        bool same = h && h->n_nodes == cost[0].n_nodes && h->n_contexts == 1 &&
+                    !memcmp(&h->draft, &cost[0].draft, sizeof h->draft);
+        for (int i = 0; same && i < cost[0].n_nodes; i++)
+            same = !memcmp(&h->nodes[i], &cost[0].nodes[i], sizeof(float)) &&
+                   !memcmp(&h->verify[i], &cost[0].verify[i], sizeof(float));
+        CHECK(same, "%s rank %d: its cost table is not rank 0's (%d points, draft %g)", model, r, h ? h->n_nodes : -1,
+              h ? (double)h->draft : -1.0);
+    }
     static gen_job ref[W], cut[W], again[W];
     bool ok = gen_all(e, W, prompt, np, MAX_NEW, 0, ref) && gen_all(e, W, prompt, np, MAX_NEW, CANCEL, cut) &&
               gen_all(e, W, prompt, np, MAX_NEW, 0, again);
@@ -515,6 +570,9 @@ static void test_cancel_lockstep(const char *model, const char *draft, const int
               "%s rank %d: generate failed: %s %s %s", model, r, ref[r].err.msg, cut[r].err.msg, again[r].err.msg);
         CHECK(ref[r].n == MAX_NEW && !memcmp(ref[r].out, ref[0].out, sizeof(int32_t) * MAX_NEW),
               "%s rank %d: uncancelled output differs from rank 0's", model, r);
+        CHECK(ref[r].st.rounds == ref[0].st.rounds && ref[r].st.nodes_verified == ref[0].st.nodes_verified,
+              "%s rank %d: %d rounds of %lld nodes, rank 0 %d of %lld (not the same trees)", model, r,
+              ref[r].st.rounds, (long long)ref[r].st.nodes_verified, ref[0].st.rounds, (long long)ref[0].st.nodes_verified);
         CHECK(again[r].n == MAX_NEW && !memcmp(again[r].out, ref[0].out, sizeof(int32_t) * MAX_NEW),
               "%s rank %d: the run after the cancel differs", model, r);
     }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "engine/round.h"
@@ -151,6 +152,73 @@ static void test_adopt_cost(void **state) {
     assert_true(ddt_cost_verify(&c, 10.0f) == 2e-3f + 0.5f * (5e-3f - 2e-3f));
 }
 
+/* The multi-GPU engine's shared cost table (ddt_engine_cost_pack / _unpack): W
+ * simulated ranks, each with its own measured table (different point counts, a
+ * draft cost of 0), rank 0 packing its own, the others zeros; the sum
+ * over the ranks, taken in several orders (as an all-reduce may), unpacks on every
+ * rank to rank 0's model bit for bit.  A buffer no rank packed, a point count past
+ * the wire's, and padding that is not zero (ranks out of step) are errors that say
+ * so; so is a packed table ddt_cost_check refuses. */
+static void test_cost_share(void **state) {
+    (void)state;
+    enum { W = 4 };
+    float n0[DDT_ENGINE_COST_POINTS], v0[DDT_ENGINE_COST_POINTS];
+    const int32_t pts0 = ddt_engine_cost_points(64, n0, DDT_ENGINE_COST_POINTS);
+    for (int32_t i = 0; i < pts0; i++) v0[i] = 1e-4f * (1.0f + 0.37f * (float)i);
+    float n1[3] = {0.0f, 4.0f, 8.0f}, v1[3] = {1.0f, 2.0f, 3.0f};
+    float n2[DDT_ENGINE_COST_POINTS], v2[DDT_ENGINE_COST_POINTS];
+    const int32_t pts2 = ddt_engine_cost_points(1024, n2, DDT_ENGINE_COST_POINTS);
+    for (int32_t i = 0; i < pts2; i++) v2[i] = 5e-3f + 1e-3f * (float)i;
+    const ddt_cost_model rank[W] = {{3.25e-4f, pts0, n0, 1, NULL, v0, 0.0f},
+                                    {0.0f, 3, n1, 1, NULL, v1, 0.0f},
+                                    {1.0f, pts2, n2, 1, NULL, v2, 0.0f},
+                                    {2e-4f, 3, n1, 1, NULL, v1, 0.0f}};
+    float buf[W][DDT_ENGINE_COST_WIRE];
+    for (int r = 0; r < W; r++) ddt_engine_cost_pack(&rank[r], r == 0, buf[r]);
+    static const int order[3][W] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}};
+    for (int o = 0; o < 3; o++) {
+        float sum[DDT_ENGINE_COST_WIRE];
+        for (int i = 0; i < DDT_ENGINE_COST_WIRE; i++) {
+            sum[i] = buf[order[o][0]][i];
+            for (int k = 1; k < W; k++) sum[i] += buf[order[o][k]][i];
+        }
+        float nodes[DDT_ENGINE_COST_POINTS], verify[DDT_ENGINE_COST_POINTS];
+        ddt_cost_model c;
+        ddt_error err;
+        assert_int_equal(ddt_engine_cost_unpack(sum, nodes, verify, &c, &err), DDT_OK);
+        assert_int_equal(c.n_nodes, pts0);
+        assert_int_equal(c.n_contexts, 1);
+        assert_null(c.contexts);
+        assert_ptr_equal(c.nodes, nodes);
+        assert_ptr_equal(c.verify, verify);
+        assert_memory_equal(&c.draft, &rank[0].draft, sizeof c.draft);
+        assert_memory_equal(nodes, n0, sizeof(float) * (size_t)pts0);
+        assert_memory_equal(verify, v0, sizeof(float) * (size_t)pts0);
+    }
+    /* what is not a packed model */
+    float nodes[DDT_ENGINE_COST_POINTS], verify[DDT_ENGINE_COST_POINTS], bad[DDT_ENGINE_COST_WIRE];
+    ddt_cost_model c;
+    ddt_error err;
+    ddt_engine_cost_pack(&rank[1], false, bad); /* nobody packed: all zeros */
+    assert_int_equal(ddt_engine_cost_unpack(bad, nodes, verify, &c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "point count 0"));
+    ddt_engine_cost_pack(&rank[1], true, bad);
+    bad[1] = (float)(DDT_ENGINE_COST_POINTS + 1);
+    assert_int_equal(ddt_engine_cost_unpack(bad, nodes, verify, &c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "point count"));
+    bad[1] = 2.5f;
+    assert_int_equal(ddt_engine_cost_unpack(bad, nodes, verify, &c, &err), DDT_ERR_INVALID);
+    ddt_engine_cost_pack(&rank[1], true, bad);
+    bad[2 + DDT_ENGINE_COST_POINTS + 5] = 1.0f; /* a verify entry past the 3 points */
+    assert_int_equal(ddt_engine_cost_unpack(bad, nodes, verify, &c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "entry 5"));
+    ddt_engine_cost_pack(&rank[1], true, bad);
+    bad[2 + DDT_ENGINE_COST_POINTS + 1] = -1.0f; /* a verify cost ddt_cost_check refuses */
+    assert_int_equal(ddt_engine_cost_unpack(bad, nodes, verify, &c, &err), DDT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "shared cost table: "));
+    assert_non_null(strstr(err.msg, "verify"));
+}
+
 /* The auto budget's fallback to ar steps (ddt_ar_fallback): a draft of 200 us and a
  * verify of 250 us (the root) to 280 us (16 nodes) break even at 1.92 tokens a round.
  * After a 4-token round, poor 1-token rounds pull the average (0.85 on the past) under
@@ -215,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_cost_points),
         cmocka_unit_test(test_measure_cost),
         cmocka_unit_test(test_adopt_cost),
+        cmocka_unit_test(test_cost_share),
         cmocka_unit_test(test_ar_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
