@@ -496,12 +496,19 @@ typedef struct create_job {
     ddt_engine_cuda *e;
     ddt_status st;
     ddt_error err;
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *finished;
 } create_job;
 
 static void *create_thread(void *p) {
     create_job *j = p;
     CU(cudaSetDevice(0));
     j->st = ddt_engine_cuda_create_rank(j->model, j->o, j->ctx, j->r, j->world, emu_reduce, j->er, &j->e, &j->err);
+    pthread_mutex_lock(j->mu);
+    (*j->finished)++;
+    pthread_cond_broadcast(j->cv);
+    pthread_mutex_unlock(j->mu);
     return NULL;
 }
 
@@ -533,10 +540,29 @@ static void test_cancel_lockstep(const char *model, const char *draft, const int
     ddt_engine_cuda *e[W];
     create_job cj[W];
     pthread_t th[W];
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int finished = 0;
     for (int r = 0; r < W; r++) {
         er[r] = (emu_rank){&c, r};
-        cj[r] = (create_job){.model = model, .o = &o[r], .ctx = np + MAX_NEW + 16, .r = r, .world = W, .er = &er[r]};
+        cj[r] = (create_job){.model = model, .o = &o[r], .ctx = np + MAX_NEW + 16, .r = r, .world = W, .er = &er[r],
+                             .mu = &mu, .cv = &cv, .finished = &finished};
         pthread_create(&th[r], NULL, create_thread, &cj[r]);
+    }
+    /* a rank that fails before the shared table leaves the others in the all-reduce:
+       a watchdog fails the test instead of hanging */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 120;
+    pthread_mutex_lock(&mu);
+    while (finished < W)
+        if (pthread_cond_timedwait(&cv, &mu, &dl) != 0) break;
+    const bool all = finished == W;
+    pthread_mutex_unlock(&mu);
+    if (!all) {
+        fprintf(stderr, "FAIL %s: the ranks' creation did not end within 120 s (hung sharing the cost table)\n",
+                model);
+        exit(1);
     }
     for (int r = 0; r < W; r++) {
         pthread_join(th[r], NULL);
