@@ -459,6 +459,21 @@ static void *gen_thread(void *p) {
     return NULL;
 }
 
+/* Whether `world` threads counted themselves in *finished (under mu, signalling cv)
+ * within 120 s: a watchdog, so a rank left waiting in a collective fails the test
+ * instead of hanging it. */
+static bool all_finished(pthread_mutex_t *mu, pthread_cond_t *cv, int *finished, int world) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 120;
+    pthread_mutex_lock(mu);
+    while (*finished < world)
+        if (pthread_cond_timedwait(cv, mu, &dl) != 0) break;
+    const bool all = *finished == world;
+    pthread_mutex_unlock(mu);
+    return all;
+}
+
 /* Generate on every rank at once (rank 0 with a callback cancelling on call
  * cancel_call, 0 = never); false when some rank did not return in 120 s. */
 static bool gen_all(ddt_engine_cuda **e, int world, const int32_t *prompt, int np, int max_new, int cancel_call,
@@ -472,15 +487,8 @@ static bool gen_all(ddt_engine_cuda **e, int world, const int32_t *prompt, int n
                             .cancel_call = r == 0 ? cancel_call : 0, .mu = &mu, .cv = &cv, .finished = &finished};
         pthread_create(&th[r], NULL, gen_thread, &jobs[r]);
     }
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 120;
-    pthread_mutex_lock(&mu);
-    while (finished < world)
-        if (pthread_cond_timedwait(&cv, &mu, &dl) != 0) break;
-    const bool all = finished == world;
-    pthread_mutex_unlock(&mu);
-    if (!all) return false; /* the stuck threads are left behind: the caller exits */
+    /* the stuck threads are left behind: the caller exits */
+    if (!all_finished(&mu, &cv, &finished, world)) return false;
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
     return true;
 }
@@ -551,15 +559,7 @@ static void test_cancel_lockstep(const char *model, const char *draft, const int
     }
     /* a rank that fails before the shared table leaves the others in the all-reduce:
        a watchdog fails the test instead of hanging */
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 120;
-    pthread_mutex_lock(&mu);
-    while (finished < W)
-        if (pthread_cond_timedwait(&cv, &mu, &dl) != 0) break;
-    const bool all = finished == W;
-    pthread_mutex_unlock(&mu);
-    if (!all) {
+    if (!all_finished(&mu, &cv, &finished, W)) {
         fprintf(stderr, "FAIL %s: the ranks' creation did not end within 120 s (hung sharing the cost table)\n",
                 model);
         exit(1);
@@ -598,7 +598,8 @@ static void test_cancel_lockstep(const char *model, const char *draft, const int
               "%s rank %d: uncancelled output differs from rank 0's", model, r);
         CHECK(ref[r].st.rounds == ref[0].st.rounds && ref[r].st.nodes_verified == ref[0].st.nodes_verified,
               "%s rank %d: %d rounds of %lld nodes, rank 0 %d of %lld (not the same trees)", model, r,
-              ref[r].st.rounds, (long long)ref[r].st.nodes_verified, ref[0].st.rounds, (long long)ref[0].st.nodes_verified);
+              ref[r].st.rounds, (long long)ref[r].st.nodes_verified, ref[0].st.rounds,
+              (long long)ref[0].st.nodes_verified);
         CHECK(again[r].n == MAX_NEW && !memcmp(again[r].out, ref[0].out, sizeof(int32_t) * MAX_NEW),
               "%s rank %d: the run after the cancel differs", model, r);
     }
