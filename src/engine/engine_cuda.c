@@ -885,9 +885,12 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err) {
 }
 
 /* The ranks of a multi-GPU engine each measured (or were given) a cost table, but
- * must build the same trees, so they agree on rank 0's: one all-reduce of rank 0's packed table and every other rank's zeros
- * (round.h, ddt_engine_cost_pack), eager, at creation, where every rank's thread
- * creates its engine at the same time (engine_multi_cuda.c run_ranks). */
+ * must build the same trees, so they agree on rank 0's: one all-reduce of rank 0's
+ * packed table and every other rank's zeros (round.h, ddt_engine_cost_pack), eager,
+ * at creation, where every rank's thread creates its engine at the same time
+ * (engine_multi_cuda.c run_ranks).  Every rank measures, though only rank 0's table
+ * is kept: the timed forwards of a sharded target hold its all-reduces, which need
+ * every rank. */
 static ddt_status share_cost(ddt_engine_cuda *e, bool source, ddt_error *err) {
     float h[DDT_ENGINE_COST_WIRE];
     ddt_engine_cost_pack(&e->cost, source, h);
@@ -901,7 +904,8 @@ static ddt_status share_cost(ddt_engine_cuda *e, bool source, ddt_error *err) {
     cudaFree(d);
     if (st != DDT_OK) return st;
     if (ce != cudaSuccess)
-        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: sharing the auto budget's cost table: %s", cudaGetErrorString(ce));
+        return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: sharing the auto budget's cost table: %s",
+                        cudaGetErrorString(ce));
     return ddt_engine_cost_unpack(h, e->cost_nodes, e->cost_verify, &e->cost, err);
 }
 

@@ -129,11 +129,8 @@ ddt_status ddt_engine_cost_unpack(const float *buf, float *nodes, float *verify,
     for (int32_t i = n; i < DDT_ENGINE_COST_POINTS; i++)
         if (buf[2 + i] != 0.0f || buf[2 + DDT_ENGINE_COST_POINTS + i] != 0.0f)
             return ddt_fail(err, DDT_ERR_INVALID, "shared cost table: entry %d past its %d points is not zero", i, n);
-    for (int32_t i = 0; i < n; i++) {
-        nodes[i] = buf[2 + i];
-        verify[i] = buf[2 + DDT_ENGINE_COST_POINTS + i];
-    }
-    *out = (ddt_cost_model){buf[0], n, nodes, 1, NULL, verify, 0.0f};
+    const ddt_cost_model wire = {buf[0], n, buf + 2, 1, NULL, buf + 2 + DDT_ENGINE_COST_POINTS, 0.0f};
+    ddt_engine_adopt_cost(&wire, nodes, verify, out); /* the tables copied out of buf */
     ddt_status st = ddt_cost_check(out, err);
     if (st) ddt_error_prefix(err, "shared cost table: ");
     return st;

@@ -446,16 +446,21 @@ static bool cancel_emit(void *ctx, const int32_t *ids, int32_t n) {
     return ++j->calls != j->cancel_call;
 }
 
+/* A rank's thread counting itself done (all_finished waits for the count). */
+static void mark_finished(pthread_mutex_t *mu, pthread_cond_t *cv, int *finished) {
+    pthread_mutex_lock(mu);
+    (*finished)++;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+}
+
 static void *gen_thread(void *p) {
     gen_job *j = p;
     CU(cudaSetDevice(0));
     j->calls = 0;
     j->status = ddt_engine_cuda_generate(j->e, j->prompt, j->np, j->max_new, NULL, 0, j->out, &j->n,
                                          j->cancel_call ? cancel_emit : NULL, j, &j->st, &j->err);
-    pthread_mutex_lock(j->mu);
-    (*j->finished)++;
-    pthread_cond_broadcast(j->cv);
-    pthread_mutex_unlock(j->mu);
+    mark_finished(j->mu, j->cv, j->finished);
     return NULL;
 }
 
@@ -513,10 +518,7 @@ static void *create_thread(void *p) {
     create_job *j = p;
     CU(cudaSetDevice(0));
     j->st = ddt_engine_cuda_create_rank(j->model, j->o, j->ctx, j->r, j->world, emu_reduce, j->er, &j->e, &j->err);
-    pthread_mutex_lock(j->mu);
-    (*j->finished)++;
-    pthread_cond_broadcast(j->cv);
-    pthread_mutex_unlock(j->mu);
+    mark_finished(j->mu, j->cv, j->finished);
     return NULL;
 }
 
