@@ -12,5 +12,6 @@ int ddt_cmd_serve(int argc, char **argv);
 int ddt_cmd_perplexity(int argc, char **argv);
 int ddt_cmd_chat(int argc, char **argv);
 int ddt_cmd_calibrate(int argc, char **argv);
+int ddt_cmd_inspect(int argc, char **argv);
 
 #endif

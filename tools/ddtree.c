@@ -19,6 +19,7 @@ static const subcommand k_commands[] = {
     {"serve", ddt_cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"perplexity", ddt_cmd_perplexity, "the target model's perplexity on a text (checks a checkpoint)"},
     {"calibrate", ddt_cmd_calibrate, "fit a drafter's draft calibration for a target (better greedy trees)"},
+    {"inspect", ddt_cmd_inspect, "what a checkpoint holds and what each GPU must hold to run it"},
 };
 
 static void usage(FILE *f) {

@@ -4,6 +4,7 @@
  */
 #include "model/shard.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,4 +129,135 @@ ddt_status ddt_shard_cols(const ddt_qweight *w, int64_t c0, int64_t n, ddt_qweig
     }
     *buf = p;
     return DDT_OK;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+/* A weight's bytes as stored: values (INT4: packed words) and scales. */
+static uint64_t stored_bytes(const ddt_qweight *w) {
+    const uint64_t rows = (uint64_t)w->rows;
+    uint64_t b = rows * (uint64_t)data_row_bytes(w, w->cols);
+    if (w->format == DDT_Q_FP8_BLOCK)
+        b += sizeof(float) * (uint64_t)ceil_div(w->rows, w->block) * (uint64_t)ceil_div(w->cols, w->block);
+    else if (w->format == DDT_Q_INT4_GROUP)
+        b += sizeof(uint16_t) * rows * (uint64_t)ceil_div(w->cols, w->group);
+    return b;
+}
+
+/* rows [.., + n) or columns [.., + n) of w: what ddt_shard_rows / _cols make of it */
+static uint64_t rows_bytes(const ddt_qweight *w, int64_t n) {
+    ddt_qweight v = *w;
+    v.rows = n;
+    return stored_bytes(&v);
+}
+
+static uint64_t cols_bytes(const ddt_qweight *w, int64_t n) {
+    ddt_qweight v = *w;
+    v.cols = n;
+    return stored_bytes(&v);
+}
+
+static uint64_t vec_bytes(const ddt_cpu_vec *v) { return (uint64_t)v->n * ddt_dtype_size(v->dtype); }
+
+static uint64_t mlp_bytes(const ddt_cpu_mlp *m) {
+    return stored_bytes(&m->gate) + stored_bytes(&m->up) + stored_bytes(&m->down);
+}
+
+void ddt_shard_weight_bytes(const ddt_target_desc *d, const ddt_shard *s, ddt_shard_bytes *out) {
+    memset(out, 0, sizeof *out);
+    const ddt_target_dims *D = &d->dims;
+    /* the heads and experts this rank uploads (target_cuda.c's upload_layer) */
+    const int64_t heads = s ? s->n_heads : D->heads;
+    const int32_t e0 = s ? s->expert0 : 0, ne = s ? s->n_experts : D->n_experts;
+    const bool dense = !s || s->dense;
+    out->embed = stored_bytes(&d->embed) + vec_bytes(&d->final_norm);
+    if (!d->cfg.tie_word_embeddings) out->embed += stored_bytes(&d->lm_head);
+    for (int32_t l = 0; l < D->n_layers; l++) {
+        const ddt_target_layer *L = &d->layers[l];
+        uint64_t a = vec_bytes(&L->attn_norm) + vec_bytes(&L->mlp_norm) + stored_bytes(&L->kv_a) +
+                     vec_bytes(&L->kv_a_norm) + rows_bytes(&L->kv_b, heads * (D->nope + D->vdim)) +
+                     cols_bytes(&L->o_proj, heads * D->vdim);
+        if (D->q_lora > 0) a += stored_bytes(&L->q_a) + vec_bytes(&L->q_a_norm) + rows_bytes(&L->q_b, heads * D->qdim);
+        else a += rows_bytes(&L->q_proj, heads * D->qdim);
+        out->attention += a;
+        if (!L->moe) {
+            if (dense) out->dense += mlp_bytes(&L->mlp);
+            continue;
+        }
+        out->router += stored_bytes(&L->router) + vec_bytes(&L->router_bias);
+        for (int32_t e = e0; e < e0 + ne; e++) out->routed += mlp_bytes(&L->experts[e]);
+        if (dense && L->has_shared) out->dense += mlp_bytes(&L->shared);
+    }
+    out->total = out->embed + out->attention + out->router + out->dense + out->routed;
+}
+
+uint64_t ddt_shard_kv_bytes(const ddt_target_dims *dims, int64_t max_ctx, int32_t kv_elem) {
+    return (uint64_t)dims->n_layers * (uint64_t)(max_ctx > 0 ? max_ctx : 0) * (uint64_t)(dims->rank + dims->rope) *
+           (uint64_t)kv_elem;
+}
+
+/* n bytes for a message: GiB, MiB or KiB with one decimal */
+static const char *fmt_bytes(char *buf, size_t cap, uint64_t n) {
+    const double v = (double)n;
+    if (v >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.1f GiB", v / (1024.0 * 1024 * 1024));
+    else if (v >= 1024.0 * 1024) snprintf(buf, cap, "%.1f MiB", v / (1024.0 * 1024));
+    else snprintf(buf, cap, "%.1f KiB", v / 1024.0);
+    return buf;
+}
+
+/* The largest weight bytes of any rank of `world` (0 when world is not a valid split). */
+static uint64_t world_max_bytes(const ddt_target_desc *d, int32_t world) {
+    uint64_t most = 0;
+    for (int32_t r = 0; r < world; r++) {
+        ddt_shard s;
+        ddt_error e;
+        if (ddt_shard_plan(&d->cfg, r, world, &s, &e) != DDT_OK) return 0;
+        ddt_shard_bytes b;
+        ddt_shard_weight_bytes(d, &s, &b);
+        if (b.total > most) most = b.total;
+    }
+    return most;
+}
+
+ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, int64_t max_ctx, int32_t kv_elem,
+                                  uint64_t free_bytes, int32_t device, ddt_error *err) {
+    ddt_shard_bytes b;
+    ddt_shard_weight_bytes(d, s, &b);
+    const uint64_t per_pos = ddt_shard_kv_bytes(&d->dims, 1, kv_elem), kv = per_pos * (uint64_t)max_ctx;
+    if (b.total + kv <= free_bytes) return DDT_OK;
+    char f[32], n[32], w[32], r[32], o[32], k[32], x[32];
+    const uint64_t other = b.embed + b.attention + b.router + b.dense;
+    /* what would fit: more GPUs (each holds less of the weights, the whole cache), or
+       on these GPUs a shorter context where the weights alone fit */
+    char advice[192] = "";
+    int32_t fit = 0, tried = s ? s->world : 1;
+    uint64_t fit_need = 0;
+    for (int32_t g = tried + 1; g <= DDT_SHARD_MAX_WORLD && !fit; g++) {
+        const uint64_t m = world_max_bytes(d, g);
+        if (m == 0) break; /* more GPUs than routed experts: no larger split either */
+        tried = g;
+        if (m + kv <= free_bytes) fit = g, fit_need = m + kv;
+    }
+    const uint64_t ctx_fit = b.total < free_bytes ? (free_bytes - b.total) / per_pos : 0;
+    if (fit)
+        snprintf(advice, sizeof advice, "; --gpus %d would need at least %s a GPU", fit,
+                 fmt_bytes(x, sizeof x, fit_need));
+    if (ctx_fit >= 1) {
+        const size_t used = strlen(advice);
+        snprintf(advice + used, sizeof advice - used, "%s --ctx %llu would fit", fit ? ", or" : ";",
+                 (unsigned long long)ctx_fit);
+    }
+    if (!fit && ctx_fit < 1)
+        snprintf(advice, sizeof advice, "; no split over up to %d GPUs (the most this model splits over) fits "
+                 "GPUs with this much free memory", tried);
+    char who[48] = "";
+    if (s && s->world > 1) snprintf(who, sizeof who, " (rank %d of %d)", s->rank, s->world);
+    return ddt_fail(err, DDT_ERR_NOMEM,
+                    "GPU %d has %s free, but the target%s needs at least %s there: weights %s as stored (routed "
+                    "experts %s, the rest %s) and a KV cache of %s (%lld positions x %d layers x %d values of %d "
+                    "bytes)%s",
+                    device, fmt_bytes(f, sizeof f, free_bytes), who, fmt_bytes(n, sizeof n, b.total + kv),
+                    fmt_bytes(w, sizeof w, b.total), fmt_bytes(r, sizeof r, b.routed), fmt_bytes(o, sizeof o, other),
+                    fmt_bytes(k, sizeof k, kv), (long long)max_ctx, d->dims.n_layers, d->dims.rank + d->dims.rope,
+                    kv_elem, advice);
 }

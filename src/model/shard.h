@@ -33,6 +33,7 @@
 #include "ddtree.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/target_desc.h"
 
 #define DDT_SHARD_MAX_WORLD 64
 
@@ -58,5 +59,46 @@ ddt_status ddt_shard_rows(const ddt_qweight *w, int64_t r0, int64_t n, ddt_qweig
  * c0 on a block boundary and c0 + n on one or at the end; INT4 the same with its
  * group.  Every format's elements are copied bit for bit. */
 ddt_status ddt_shard_cols(const ddt_qweight *w, int64_t c0, int64_t n, ddt_qweight *out, void **buf, ddt_error *err);
+
+/*
+ * What a rank's GPU must hold, known before anything is uploaded, so that a model
+ * too large for the GPUs fails in a second with the numbers instead of with an
+ * out-of-memory error minutes into the upload (Kimi K2.6's INT4 checkpoint is
+ * ~590 GB; a rank reads its share from disk before its first allocation fails).
+ *
+ * The weight bytes of a rank as the checkpoint stores them: quantised values and
+ * their scales (INT4's weight_shape tensors left out), norm weights and biases in
+ * their stored dtype, with the rank's slices of q_b / q_proj and kv_b (its heads'
+ * rows) and o_proj (its heads' columns), its routed experts, and the dense MLPs
+ * and shared experts on rank 0 only (the rules above).  The CUDA target holds no
+ * weight in fewer bytes than that (norms become fp32, products may gain a
+ * repacked or transposed copy), so weights plus the KV cache are a lower bound of
+ * the memory a rank allocates: a rank that does not fit it cannot load.
+ */
+typedef struct ddt_shard_bytes {
+    uint64_t embed;     /* the embedding, the final norm and an untied LM head (every rank) */
+    uint64_t attention; /* every layer's two norms, q / kv projections and o_proj (the rank's heads) */
+    uint64_t router;    /* the MoE layers' routers and their correction biases (every rank) */
+    uint64_t dense;     /* the dense MLPs and the shared experts (rank 0 of a split) */
+    uint64_t routed;    /* the rank's routed experts */
+    uint64_t total;     /* the sum of the five */
+} ddt_shard_bytes;
+
+/* The weight bytes of rank s (NULL: the whole model on one GPU) of the target d. */
+void ddt_shard_weight_bytes(const ddt_target_desc *d, const ddt_shard *s, ddt_shard_bytes *out);
+
+/* The latent KV cache of max_ctx positions: every layer's rows of kv_lora_rank +
+ * qk_rope_head_dim values of kv_elem bytes (4: fp32; 2: the bf16 cache of the
+ * fast attention).  Whole on every rank (MLA's latent serves all heads). */
+uint64_t ddt_shard_kv_bytes(const ddt_target_dims *dims, int64_t max_ctx, int32_t kv_elem);
+
+/* DDT_OK when rank s (NULL: unsharded) of d fits free_bytes of GPU `device`:
+ * its weight bytes plus its KV cache at most free_bytes.  Else DDT_ERR_NOMEM with
+ * a message that gives both figures, the parts of the need, and what would fit:
+ * the fewest GPUs (up to DDT_SHARD_MAX_WORLD) whose every rank fits GPUs of the
+ * same free memory, or, where the KV cache is what does not fit, the largest
+ * --ctx that does. */
+ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, int64_t max_ctx, int32_t kv_elem,
+                                  uint64_t free_bytes, int32_t device, ddt_error *err);
 
 #endif

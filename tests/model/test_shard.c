@@ -3,7 +3,12 @@
  * and experts each rank owns on the shipped model, Kimi K2.6 and a dense model,
  * that the ranks' parts cover the model exactly once, the errors for invalid GPU
  * counts and ranks, and that row / column slices of bf16, FP8-block and INT4
- * weights dequantise to the same values as the same elements of the whole weight.
+ * weights dequantise to the same values as the same elements of the whole weight;
+ * and what a rank must hold (ddt_shard_weight_bytes, ddt_shard_memory_check) on
+ * every fixture format: the whole model's bytes are the checkpoint's, the ranks'
+ * parts add up to the whole, and the memory check's verdict and advice at the
+ * edges (tests/python/test_inspect.py checks the bytes against the safetensors
+ * headers, independently).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -228,11 +233,138 @@ static void test_slice_int4(void **state) {
     assert_int_equal(ddt_shard_cols(&w, 8, 32, &p, &buf, &err), DDT_ERR_UNSUPPORTED);
 }
 
+/* ------------------------------------------------------------------ memory */
+
+static void load_desc(const char *rel, ddt_target_desc *d) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", DDT_SOURCE_DIR, rel);
+    ddt_error err;
+    if (ddt_target_desc_load(path, NULL, 0, d, &err) != DDT_OK) fail_msg("%s: %s", path, err.msg);
+}
+
+static int32_t count_int4(const ddt_qweight *w) { return w->format == DDT_Q_INT4_GROUP; }
+static int32_t count_int4_mlp(const ddt_cpu_mlp *m) {
+    return count_int4(&m->gate) + count_int4(&m->up) + count_int4(&m->down);
+}
+
+/* The whole model's bytes are what the description counted (which adds each INT4
+ * weight's 16-byte shape tensor, never uploaded); ranks of every valid split add
+ * up to it: routed experts once, dense parts on rank 0 once, the embedding and
+ * routers on every rank, attention split by heads or replicated. */
+static void check_bytes(const char *rel) {
+    ddt_target_desc d;
+    load_desc(rel, &d);
+    ddt_shard_bytes whole;
+    ddt_shard_weight_bytes(&d, NULL, &whole);
+    int32_t n_int4 = count_int4(&d.embed) + (d.cfg.tie_word_embeddings ? 0 : count_int4(&d.lm_head));
+    for (int32_t l = 0; l < d.dims.n_layers; l++) {
+        const ddt_target_layer *L = &d.layers[l];
+        n_int4 += count_int4(&L->q_a) + count_int4(&L->q_b) + count_int4(&L->q_proj) + count_int4(&L->kv_a) +
+                  count_int4(&L->kv_b) + count_int4(&L->o_proj);
+        if (!L->moe) {
+            n_int4 += count_int4_mlp(&L->mlp);
+            continue;
+        }
+        n_int4 += count_int4(&L->router);
+        for (int32_t e = 0; e < d.dims.n_experts; e++) n_int4 += count_int4_mlp(&L->experts[e]);
+        if (L->has_shared) n_int4 += count_int4_mlp(&L->shared);
+    }
+    assert_int_equal(whole.total + 16u * (uint64_t)n_int4, d.weight_bytes);
+    assert_int_equal(whole.embed + whole.attention + whole.router + whole.dense + whole.routed, whole.total);
+    for (int32_t w = 1; w <= 8; w++) {
+        uint64_t routed = 0, dense = 0, attention = 0;
+        bool ok = true;
+        for (int32_t r = 0; r < w && ok; r++) {
+            ddt_shard s;
+            ddt_error err;
+            if (ddt_shard_plan(&d.cfg, r, w, &s, &err) != DDT_OK) {
+                ok = false;
+                break;
+            }
+            ddt_shard_bytes b;
+            ddt_shard_weight_bytes(&d, &s, &b);
+            assert_int_equal(b.embed, whole.embed);
+            assert_int_equal(b.router, whole.router);
+            assert_int_equal(b.total, b.embed + b.attention + b.router + b.dense + b.routed);
+            if (!s.split_heads) assert_int_equal(b.attention, whole.attention);
+            assert_true(b.attention <= whole.attention);
+            if (r > 0) assert_int_equal(b.dense, 0);
+            routed += b.routed, dense += b.dense, attention += b.attention;
+        }
+        if (!ok) break;
+        assert_int_equal(routed, whole.routed);
+        assert_int_equal(dense, whole.dense);
+        /* split heads: the replicated parts (norms, q_a, kv_a) w times, the sliced ones once */
+        assert_true(attention >= whole.attention);
+        if (w == 1) assert_int_equal(attention, whole.attention);
+    }
+    ddt_target_desc_free(&d);
+}
+
+static void test_bytes_fixtures(void **state) {
+    (void)state;
+    static const char *const dirs[] = {"models/pystdlib-target",     "tests/fixtures/target/fp32",
+                                       "tests/fixtures/target/bf16", "tests/fixtures/target/fp8",
+                                       "tests/fixtures/target/int4", "tests/fixtures/target/kimi",
+                                       "tests/fixtures/target/dense3", "tests/fixtures/target/qlora_null",
+                                       "tests/fixtures/fused/fp8_fused"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) check_bytes(dirs[i]);
+}
+
+/* The verdict at the edge and the advice: more GPUs where the weights do not fit,
+ * a shorter context where only the cache does not, neither where nothing fits. */
+static void test_memory_check(void **state) {
+    (void)state;
+    ddt_target_desc d;
+    load_desc("models/pystdlib-target", &d);
+    ddt_shard_bytes whole, r0;
+    ddt_shard_weight_bytes(&d, NULL, &whole);
+    ddt_shard s;
+    ddt_error err;
+    assert_int_equal(ddt_shard_plan(&d.cfg, 0, 2, &s, &err), DDT_OK);
+    ddt_shard_weight_bytes(&d, &s, &r0); /* rank 0 of 2 holds the most of that split */
+    const int64_t ctx = 1024;
+    const uint64_t kv = ddt_shard_kv_bytes(&d.dims, ctx, 4), per_pos = ddt_shard_kv_bytes(&d.dims, 1, 4);
+    assert_int_equal(per_pos, (uint64_t)d.dims.n_layers * (uint64_t)(d.dims.rank + d.dims.rope) * 4u);
+    assert_int_equal(kv, per_pos * (uint64_t)ctx);
+    assert_int_equal(ddt_shard_kv_bytes(&d.dims, ctx, 2) * 2, kv);
+    const uint64_t need = whole.total + kv;
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, need, 0, &err), DDT_OK);
+    /* one byte short, two GPUs hold it: advice --gpus 2 with rank 0's need; the weights
+       fit one GPU, so a shorter context is advised too */
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, need - 1, 3, &err), DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "GPU 3 has"));
+    assert_non_null(strstr(err.msg, "KV cache"));
+    assert_non_null(strstr(err.msg, "--gpus 2 would need"));
+    char want[64];
+    snprintf(want, sizeof want, "--ctx %llu would fit", (unsigned long long)((need - 1 - whole.total) / per_pos));
+    assert_non_null(strstr(err.msg, want));
+    /* the weights alone do not fit one GPU: no --ctx advice, two GPUs do */
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, r0.total + kv, 0, &err), DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "--gpus 2 would need"));
+    assert_null(strstr(err.msg, "--ctx"));
+    /* rank 0 of 2 one byte short: the advice starts past 2 */
+    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, r0.total + kv, 0, &err), DDT_OK);
+    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, r0.total + kv - 1, 0, &err), DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "rank 0 of 2"));
+    assert_null(strstr(err.msg, "--gpus 2 "));
+    /* nothing fits: not the embedding alone on 8 GPUs (8 experts: the most it splits over) */
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, whole.embed, 0, &err), DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "no split over up to 8 GPUs"));
+    /* a context too long for any GPU count, weights that fit: the --ctx advice alone */
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, 1 << 30, 4, whole.total + 10 * per_pos, 0, &err),
+                     DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "; --ctx 10 would fit"));
+    assert_non_null(strstr(err.msg, "1073741824 positions"));
+    ddt_target_desc_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_shipped),     cmocka_unit_test(test_plan_k26_and_dense),
         cmocka_unit_test(test_plan_errors),      cmocka_unit_test(test_slice_bf16),
         cmocka_unit_test(test_slice_fp8),        cmocka_unit_test(test_slice_int4),
+        cmocka_unit_test(test_bytes_fixtures),   cmocka_unit_test(test_memory_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
