@@ -202,6 +202,11 @@ int ddt_cmd_inspect(int argc, char **argv) {
     formats_of(&d, &pf);
     const uint64_t kv_pos = ddt_shard_kv_bytes(&d.dims, 1, kv_elem), kv = kv_pos * (uint64_t)a.ctx;
     const uint64_t mem = a.have_mem ? (uint64_t)(a.mem_gib * 1024.0 * 1024.0 * 1024.0) : 0;
+    /* what one token's forward reads (ddt_target_decode_bytes' rule): one row of an
+       untied embedding table, top_k of each MoE layer's routed experts, the rest whole */
+    uint64_t step = whole.total;
+    if (!c->tie_word_embeddings) step = step - d.embed_bytes + d.embed_bytes / (uint64_t)d.dims.vocab;
+    if (d.dims.n_experts > 0) step = step - whole.routed + whole.routed / (uint64_t)d.dims.n_experts * (uint64_t)d.dims.top_k;
     int32_t n_moe = 0;
     for (int32_t l = 0; l < d.dims.n_layers; l++) n_moe += d.layers[l].moe;
     bool all_fit = true;
@@ -216,6 +221,7 @@ int ddt_cmd_inspect(int argc, char **argv) {
         json_object_set_new(o, "formats",
                             json_pack("{s:s, s:s, s:s, s:s, s:s}", "embed", pf.embed.s, "attention", pf.attention.s,
                                       "router", pf.router.s, "dense", pf.dense.s, "routed", pf.routed.s));
+        json_object_set_new(o, "decode_step_bytes", json_integer((json_int_t)step));
         json_object_set_new(o, "kv_bytes_per_position", json_integer((json_int_t)kv_pos));
         json_object_set_new(o, "kv_bytes", json_integer((json_int_t)kv));
         json_object_set_new(o, "gpus", json_integer(world));
@@ -234,6 +240,11 @@ int ddt_cmd_inspect(int argc, char **argv) {
         if (n_moe) printf("  %-32s %12s  %s\n", "routers", human(h, sizeof h, whole.router), pf.router.s);
         printf("  %-32s %12s  %s\n", "dense MLPs and shared experts", human(h, sizeof h, whole.dense), pf.dense.s);
         if (n_moe) printf("  %-32s %12s  %s\n", "routed experts", human(h, sizeof h, whole.routed), pf.routed.s);
+        if (n_moe)
+            printf("a decode step reads %s of them (one token: an embedding row, %d of %d routed experts a MoE "
+                   "layer)\n", human(h, sizeof h, step), d.dims.top_k, d.dims.n_experts);
+        else
+            printf("a decode step reads %s of them (one token: an embedding row)\n", human(h, sizeof h, step));
         printf("KV cache: %llu bytes a position (%s), %lld positions: %s on every GPU\n", (unsigned long long)kv_pos,
                a.fast ? "bf16" : "fp32", a.ctx, human(h, sizeof h, kv));
         printf("\n--gpus %d:\n\n| GPU | heads | routed experts | weights | + KV cache |%s\n|---:|---|---|---:|---:|%s\n",

@@ -161,6 +161,15 @@ def test_ranks_match_the_headers(model):
         assert got["kv_bytes_per_position"] == per_pos
         assert got["kv_bytes"] == per_pos * got["ctx"]
         assert got["ctx"] == min(c["max_position_embeddings"], 8192)
+        # one token reads an embedding row (untied), top_k of the routed experts, the rest whole
+        emb = ref.weight("model.embed_tokens")
+        E, k = c.get("n_routed_experts") or 0, c.get("num_experts_per_tok") or 0
+        one = got["weights"]["total"]
+        if not c.get("tie_word_embeddings", False):
+            one += emb // c["vocab_size"] - emb
+        if E and any(ref.is_moe(l) for l in range(n_layers)):
+            one += got["weights"]["routed"] // E * k - got["weights"]["routed"]
+        assert got["decode_step_bytes"] == one
 
 
 def test_formats_and_text():
