@@ -18,18 +18,22 @@
 #include "cli_engine.h"
 #include "commands.h"
 #include "ddtree.h"
+#include "model/drafter_desc.h"
 #include "model/shard.h"
 #include "model/target_desc.h"
 
 #define DEFAULT_CTX 8192 /* generate's default: the model's maximum, at most this (engine.c) */
 
 static const char k_usage[] =
-    "usage: ddtree inspect --model DIR [--gpus N] [--ctx N] [--fast-attention] [--gpu-memory GIB] [--json]\n"
+    "usage: ddtree inspect --model DIR [--draft DIR] [--gpus N] [--ctx N] [--fast-attention] [--gpu-memory GIB]\n"
+    "                      [--json]\n"
     "\n"
     "What a target checkpoint holds and what each GPU must hold to run it, from config.json and the\n"
     "safetensors headers alone (no weight is read, no GPU is needed).\n"
     "Options:\n"
     "  --model DIR          the target's folder (config.json + safetensors)\n"
+    "  --draft DIR          a DFlash drafter for it: its own weights and cache on every GPU (it shares\n"
+    "                       the target's embedding and LM head)\n"
     "  --gpus N             split over N GPUs as `generate --gpus N` does (default 1)\n"
     "  --ctx N              context length the KV cache holds (default: the model's maximum, at\n"
     "                       most 8192, as generate)\n"
@@ -44,7 +48,7 @@ static const char k_usage[] =
     "arguments or model.\n";
 
 typedef struct inspect_args {
-    const char *model;
+    const char *model, *draft;
     long long gpus, ctx;
     bool fast, json, have_mem;
     double mem_gib;
@@ -66,13 +70,15 @@ static int parse_args(int argc, char **argv, inspect_args *a) {
             a->fast = true;
             continue;
         }
-        static const char *const valued[] = {"--model", "--gpus", "--ctx", "--gpu-memory"};
+        static const char *const valued[] = {"--model", "--draft", "--gpus", "--ctx", "--gpu-memory"};
         const char *v = NULL;
         int has = cli_flag_value("inspect", valued, sizeof valued / sizeof valued[0], argc, argv, &i, &v);
         if (has == 2) return 2;
         if (!has) return cli_usage_error("inspect", "unknown option '%s'", f);
         if (!strcmp(f, "--model")) {
             a->model = v;
+        } else if (!strcmp(f, "--draft")) {
+            a->draft = v;
         } else if (!strcmp(f, "--gpus")) {
             if (!cli_parse_ll(v, 1, DDT_SHARD_MAX_WORLD, &a->gpus))
                 return cli_usage_error("inspect", "--gpus '%s': expected an integer in 1..%d", v, DDT_SHARD_MAX_WORLD);
@@ -155,6 +161,20 @@ static const char *human(char *buf, size_t cap, uint64_t b) {
     return buf;
 }
 
+/* A DFlash drafter's own weights as stored (the embedding and LM head are the
+ * target's) and its K / V cache a position: every layer's K and V rows of fp32 */
+static uint64_t drafter_bytes(const ddt_drafter_desc *g) {
+    uint64_t b = ddt_shard_stored_bytes(&g->fc) + ddt_shard_vec_bytes(&g->hidden_norm) + ddt_shard_vec_bytes(&g->final_norm);
+    for (int32_t l = 0; l < g->dims.n_layers; l++) {
+        const ddt_drafter_layer *L = &g->layers[l];
+        const ddt_cpu_vec *v[4] = {&L->attn_norm, &L->mlp_norm, &L->q_norm, &L->k_norm};
+        const ddt_qweight *w[7] = {&L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 4; i++) b += ddt_shard_vec_bytes(v[i]);
+        for (int i = 0; i < 7; i++) b += ddt_shard_stored_bytes(w[i]);
+    }
+    return b;
+}
+
 static json_t *bytes_json(const ddt_shard_bytes *b) {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "embed", (json_int_t)b->embed, "attention",
                      (json_int_t)b->attention, "router", (json_int_t)b->router, "dense", (json_int_t)b->dense,
@@ -196,6 +216,23 @@ int ddt_cmd_inspect(int argc, char **argv) {
             ddt_target_desc_free(&d);
             return 2;
         }
+    /* the drafter: on every GPU, its weights and its cache of ctx + one block */
+    uint64_t draft_w = 0, draft_kv = 0, draft_need = 0;
+    if (a.draft) {
+        ddt_drafter_desc g;
+        const ddt_drafter_target dt = {d.dims.hidden, d.dims.n_layers, d.dims.vocab, &d.embed, &d.lm_head};
+        if ((st = ddt_drafter_desc_load(a.draft, &dt, &g, &err)) != DDT_OK) {
+            fprintf(stderr, "ddtree inspect: drafter %s: %s\n", a.draft, err.msg);
+            ddt_drafter_desc_free(&g);
+            free(plans);
+            ddt_target_desc_free(&d);
+            return cli_status_exit(st);
+        }
+        draft_w = drafter_bytes(&g);
+        draft_kv = (uint64_t)g.dims.n_layers * 2u * (uint64_t)g.dims.kvd * sizeof(float) * (uint64_t)(a.ctx + g.dims.L);
+        draft_need = draft_w + draft_kv;
+        ddt_drafter_desc_free(&g);
+    }
     ddt_shard_bytes whole;
     ddt_shard_weight_bytes(&d, NULL, &whole);
     parts_fmt pf;
@@ -224,6 +261,9 @@ int ddt_cmd_inspect(int argc, char **argv) {
         json_object_set_new(o, "decode_step_bytes", json_integer((json_int_t)step));
         json_object_set_new(o, "kv_bytes_per_position", json_integer((json_int_t)kv_pos));
         json_object_set_new(o, "kv_bytes", json_integer((json_int_t)kv));
+        if (a.draft)
+            json_object_set_new(o, "drafter", json_pack("{s:I, s:I}", "weights", (json_int_t)draft_w, "kv_bytes",
+                                                        (json_int_t)draft_kv));
         json_object_set_new(o, "gpus", json_integer(world));
         ranks = json_array();
         json_object_set_new(o, "ranks", ranks);
@@ -247,8 +287,13 @@ int ddt_cmd_inspect(int argc, char **argv) {
             printf("a decode step reads %s of them (one token: an embedding row)\n", human(h, sizeof h, step));
         printf("KV cache: %llu bytes a position (%s), %lld positions: %s on every GPU\n", (unsigned long long)kv_pos,
                a.fast ? "bf16" : "fp32", a.ctx, human(h, sizeof h, kv));
-        printf("\n--gpus %d:\n\n| GPU | heads | routed experts | weights | + KV cache |%s\n|---:|---|---|---:|---:|%s\n",
-               world, a.have_mem ? " fits |" : "", a.have_mem ? "---|" : "");
+        if (a.draft) {
+            char h2[32];
+            printf("drafter %s: weights %s as stored, cache %s (%lld + a block of positions), on every GPU\n",
+                   a.draft, human(h, sizeof h, draft_w), human(h2, sizeof h2, draft_kv), a.ctx);
+        }
+        printf("\n--gpus %d:\n\n| GPU | heads | routed experts | weights | + KV cache%s |%s\n|---:|---|---|---:|---:|%s\n",
+               world, a.draft ? " + drafter" : "", a.have_mem ? " fits |" : "", a.have_mem ? "---|" : "");
     }
     char why[DDT_ERROR_MSG_MAX * 2] = "";
     for (int32_t r = 0; r < world; r++) {
@@ -258,14 +303,14 @@ int ddt_cmd_inspect(int argc, char **argv) {
         bool fits = true;
         if (a.have_mem) {
             ddt_error e = {0};
-            fits = ddt_shard_memory_check(&d, world > 1 ? s : NULL, a.ctx, kv_elem, mem, r, &e) == DDT_OK;
+            fits = ddt_shard_memory_check(&d, world > 1 ? s : NULL, a.ctx, kv_elem, draft_need, mem, r, &e) == DDT_OK;
             if (!fits && !why[0]) snprintf(why, sizeof why, "%s", e.msg);
             all_fit = all_fit && fits;
         }
         if (a.json) {
             json_t *x = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:I}", "rank", r, "head0", s->head0, "heads",
                                   s->n_heads, "expert0", s->expert0, "experts", s->n_experts, "dense", s->dense,
-                                  "need", (json_int_t)(b.total + kv));
+                                  "need", (json_int_t)(b.total + kv + draft_need));
             json_object_set_new(x, "bytes", bytes_json(&b));
             if (a.have_mem) json_object_set_new(x, "fits", json_boolean(fits));
             json_array_append_new(ranks, x);
@@ -277,7 +322,7 @@ int ddt_cmd_inspect(int argc, char **argv) {
             else snprintf(experts, sizeof experts, "-");
             char w[32], n[32];
             printf("| %d | %s | %s | %s | %s |%s\n", r, heads, experts, human(w, sizeof w, b.total),
-                   human(n, sizeof n, b.total + kv), a.have_mem ? (fits ? " yes |" : " **no** |") : "");
+                   human(n, sizeof n, b.total + kv + draft_need), a.have_mem ? (fits ? " yes |" : " **no** |") : "");
         }
     }
     if (a.json) {

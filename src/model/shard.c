@@ -159,6 +159,9 @@ static uint64_t cols_bytes(const ddt_qweight *w, int64_t n) {
 
 static uint64_t vec_bytes(const ddt_cpu_vec *v) { return (uint64_t)v->n * ddt_dtype_size(v->dtype); }
 
+uint64_t ddt_shard_stored_bytes(const ddt_qweight *w) { return stored_bytes(w); }
+uint64_t ddt_shard_vec_bytes(const ddt_cpu_vec *v) { return vec_bytes(v); }
+
 static uint64_t mlp_bytes(const ddt_cpu_mlp *m) {
     return stored_bytes(&m->gate) + stored_bytes(&m->up) + stored_bytes(&m->down);
 }
@@ -220,10 +223,10 @@ static uint64_t world_max_bytes(const ddt_target_desc *d, int32_t world) {
 }
 
 ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, int64_t max_ctx, int32_t kv_elem,
-                                  uint64_t free_bytes, int32_t device, ddt_error *err) {
+                                  uint64_t also, uint64_t free_bytes, int32_t device, ddt_error *err) {
     ddt_shard_bytes b;
     ddt_shard_weight_bytes(d, s, &b);
-    const uint64_t per_pos = ddt_shard_kv_bytes(&d->dims, 1, kv_elem), kv = per_pos * (uint64_t)max_ctx;
+    const uint64_t per_pos = ddt_shard_kv_bytes(&d->dims, 1, kv_elem), kv = per_pos * (uint64_t)max_ctx + also;
     if (b.total + kv <= free_bytes) return DDT_OK;
     char f[32], n[32], w[32], r[32], o[32], k[32], x[32];
     const uint64_t other = b.embed + b.attention + b.router + b.dense;
@@ -238,7 +241,7 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
         tried = g;
         if (m + kv <= free_bytes) fit = g, fit_need = m + kv;
     }
-    const uint64_t ctx_fit = b.total < free_bytes ? (free_bytes - b.total) / per_pos : 0;
+    const uint64_t ctx_fit = b.total + also < free_bytes ? (free_bytes - b.total - also) / per_pos : 0;
     if (fit)
         snprintf(advice, sizeof advice, "; --gpus %d would need at least %s a GPU", fit,
                  fmt_bytes(x, sizeof x, fit_need));
@@ -250,14 +253,15 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
     if (!fit && ctx_fit < 1)
         snprintf(advice, sizeof advice, "; no split over up to %d GPUs (the most this model splits over) fits "
                  "GPUs with this much free memory", tried);
-    char who[48] = "";
+    char who[48] = "", beside[64] = "", a[32];
     if (s && s->world > 1) snprintf(who, sizeof who, " (rank %d of %d)", s->rank, s->world);
+    if (also) snprintf(beside, sizeof beside, ", and the drafter's %s", fmt_bytes(a, sizeof a, also));
     return ddt_fail(err, DDT_ERR_NOMEM,
                     "GPU %d has %s free, but the target%s needs at least %s there: weights %s as stored (routed "
-                    "experts %s, the rest %s) and a KV cache of %s (%lld positions x %d layers x %d values of %d "
-                    "bytes)%s",
+                    "experts %s, the rest %s), a KV cache of %s (%lld positions x %d layers x %d values of %d "
+                    "bytes)%s%s",
                     device, fmt_bytes(f, sizeof f, free_bytes), who, fmt_bytes(n, sizeof n, b.total + kv),
                     fmt_bytes(w, sizeof w, b.total), fmt_bytes(r, sizeof r, b.routed), fmt_bytes(o, sizeof o, other),
-                    fmt_bytes(k, sizeof k, kv), (long long)max_ctx, d->dims.n_layers, d->dims.rank + d->dims.rope,
-                    kv_elem, advice);
+                    fmt_bytes(k, sizeof k, kv - also), (long long)max_ctx, d->dims.n_layers,
+                    d->dims.rank + d->dims.rope, kv_elem, beside, advice);
 }

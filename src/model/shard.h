@@ -93,12 +93,19 @@ void ddt_shard_weight_bytes(const ddt_target_desc *d, const ddt_shard *s, ddt_sh
 uint64_t ddt_shard_kv_bytes(const ddt_target_dims *dims, int64_t max_ctx, int32_t kv_elem);
 
 /* DDT_OK when rank s (NULL: unsharded) of d fits free_bytes of GPU `device`:
- * its weight bytes plus its KV cache at most free_bytes.  Else DDT_ERR_NOMEM with
- * a message that gives both figures, the parts of the need, and what would fit:
- * the fewest GPUs (up to DDT_SHARD_MAX_WORLD) whose every rank fits GPUs of the
- * same free memory, or, where the KV cache is what does not fit, the largest
- * --ctx that does. */
+ * its weight bytes plus its KV cache plus `also` (what the same GPU holds beside
+ * the target on every rank: the drafter; 0 for none) at most free_bytes.  Else
+ * DDT_ERR_NOMEM with a message that gives both figures, the parts of the need,
+ * and what would fit: the fewest GPUs (up to DDT_SHARD_MAX_WORLD) whose every
+ * rank fits GPUs of the same free memory, or, where the weights fit but the KV
+ * cache does not, the largest --ctx that does. */
 ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, int64_t max_ctx, int32_t kv_elem,
-                                  uint64_t free_bytes, int32_t device, ddt_error *err);
+                                  uint64_t also, uint64_t free_bytes, int32_t device, ddt_error *err);
+
+/* A weight's bytes as stored (values and scales; INT4's shape record left out) and
+ * a vector's (the rule of ddt_shard_weight_bytes, for callers that add up other
+ * models' weights the same way: ddtree inspect's drafter). */
+uint64_t ddt_shard_stored_bytes(const ddt_qweight *w);
+uint64_t ddt_shard_vec_bytes(const ddt_cpu_vec *v);
 
 #endif

@@ -507,7 +507,7 @@ static ddt_status check_memory(const ddt_cuda_target *t, ddt_error *err) {
     DDT_CUDA_TRY(cudaGetDevice(&dev), err);
     DDT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), err);
     return ddt_shard_memory_check(t->desc, t->sharded ? &t->shard : NULL, t->max_ctx, t->fast ? 2 : (int32_t)sizeof(float),
-                                  (uint64_t)free_b, dev, err);
+                                  0, (uint64_t)free_b, dev, err);
 }
 
 static ddt_status check_fast(const ddt_cuda_target *t, ddt_error *err) {

@@ -329,30 +329,34 @@ static void test_memory_check(void **state) {
     assert_int_equal(kv, per_pos * (uint64_t)ctx);
     assert_int_equal(ddt_shard_kv_bytes(&d.dims, ctx, 2) * 2, kv);
     const uint64_t need = whole.total + kv;
-    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, need, 0, &err), DDT_OK);
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 0, need, 0, &err), DDT_OK);
     /* one byte short, two GPUs hold it: advice --gpus 2 with rank 0's need; the weights
        fit one GPU, so a shorter context is advised too */
-    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, need - 1, 3, &err), DDT_ERR_NOMEM);
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 0, need - 1, 3, &err), DDT_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "GPU 3 has"));
     assert_non_null(strstr(err.msg, "KV cache"));
     assert_non_null(strstr(err.msg, "--gpus 2 would need"));
     char want[64];
     snprintf(want, sizeof want, "--ctx %llu would fit", (unsigned long long)((need - 1 - whole.total) / per_pos));
     assert_non_null(strstr(err.msg, want));
+    /* what the GPU holds beside the target (the drafter) counts in the need and the message */
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 4096, need + 4096, 0, &err), DDT_OK);
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 4096, need + 4095, 0, &err), DDT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "the drafter's 4.0 KiB"));
     /* the weights alone do not fit one GPU: no --ctx advice, two GPUs do */
-    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, r0.total + kv, 0, &err), DDT_ERR_NOMEM);
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 0, r0.total + kv, 0, &err), DDT_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "--gpus 2 would need"));
     assert_null(strstr(err.msg, "--ctx"));
     /* rank 0 of 2 one byte short: the advice starts past 2 */
-    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, r0.total + kv, 0, &err), DDT_OK);
-    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, r0.total + kv - 1, 0, &err), DDT_ERR_NOMEM);
+    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, 0, r0.total + kv, 0, &err), DDT_OK);
+    assert_int_equal(ddt_shard_memory_check(&d, &s, ctx, 4, 0, r0.total + kv - 1, 0, &err), DDT_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "rank 0 of 2"));
     assert_null(strstr(err.msg, "--gpus 2 "));
     /* nothing fits: not the embedding alone on 8 GPUs (8 experts: the most it splits over) */
-    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, whole.embed, 0, &err), DDT_ERR_NOMEM);
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, ctx, 4, 0, whole.embed, 0, &err), DDT_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "no split over up to 8 GPUs"));
     /* a context too long for any GPU count, weights that fit: the --ctx advice alone */
-    assert_int_equal(ddt_shard_memory_check(&d, NULL, 1 << 30, 4, whole.total + 10 * per_pos, 0, &err),
+    assert_int_equal(ddt_shard_memory_check(&d, NULL, 1 << 30, 4, 0, whole.total + 10 * per_pos, 0, &err),
                      DDT_ERR_NOMEM);
     assert_non_null(strstr(err.msg, "; --ctx 10 would fit"));
     assert_non_null(strstr(err.msg, "1073741824 positions"));

@@ -172,6 +172,30 @@ def test_ranks_match_the_headers(model):
         assert got["decode_step_bytes"] == one
 
 
+def test_drafter():
+    """--draft: the drafter's weights are every tensor of its folder (it shares the target's embedding
+    and LM head), its cache every layer's K and V rows of fp32 for ctx + one block, both on every GPU"""
+    target, draft = os.path.join(ROOT, "models/pystdlib-target"), os.path.join(ROOT, "models/pystdlib-dflash")
+    with open(os.path.join(draft, "config.json")) as f:
+        dc = json.load(f)
+    plain = json.loads(run("--model", target, "--gpus", "2", "--json").stdout)
+    r = run("--model", target, "--draft", draft, "--gpus", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    weights = sum(nbytes(*v) for v in headers(draft).values())
+    kv = dc["num_hidden_layers"] * 2 * dc["num_key_value_heads"] * dc["head_dim"] * 4 * (got["ctx"] + dc["block_size"])
+    assert got["drafter"] == {"weights": weights, "kv_bytes": kv}
+    for g, p in zip(got["ranks"], plain["ranks"]):
+        assert g["need"] == p["need"] + weights + kv
+    # the verdict counts the drafter: the target alone fits what target + drafter does not
+    gib = got["ranks"][0]["need"] / 2 ** 30
+    assert run("--model", target, "--gpus", "2", "--gpu-memory", repr(gib * 0.9999)).returncode == 0
+    short = run("--model", target, "--draft", draft, "--gpus", "2", "--gpu-memory", repr(gib * 0.9999))
+    assert short.returncode == 1 and "the drafter's" in short.stdout
+    bad = run("--model", target, "--draft", os.path.join(ROOT, "tests/fixtures/target/int4"))
+    assert bad.returncode == 2 and "drafter" in bad.stderr
+
+
 def test_formats_and_text():
     int4 = json.loads(run("--model", os.path.join(ROOT, "tests/fixtures/target/int4"), "--json").stdout)
     assert int4["formats"]["routed"] == "INT4 g32"
