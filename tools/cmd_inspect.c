@@ -161,20 +161,6 @@ static const char *human(char *buf, size_t cap, uint64_t b) {
     return buf;
 }
 
-/* A DFlash drafter's own weights as stored (the embedding and LM head are the
- * target's) and its K / V cache a position: every layer's K and V rows of fp32 */
-static uint64_t drafter_bytes(const ddt_drafter_desc *g) {
-    uint64_t b = ddt_shard_stored_bytes(&g->fc) + ddt_shard_vec_bytes(&g->hidden_norm) + ddt_shard_vec_bytes(&g->final_norm);
-    for (int32_t l = 0; l < g->dims.n_layers; l++) {
-        const ddt_drafter_layer *L = &g->layers[l];
-        const ddt_cpu_vec *v[4] = {&L->attn_norm, &L->mlp_norm, &L->q_norm, &L->k_norm};
-        const ddt_qweight *w[7] = {&L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 4; i++) b += ddt_shard_vec_bytes(v[i]);
-        for (int i = 0; i < 7; i++) b += ddt_shard_stored_bytes(w[i]);
-    }
-    return b;
-}
-
 static json_t *bytes_json(const ddt_shard_bytes *b) {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "embed", (json_int_t)b->embed, "attention",
                      (json_int_t)b->attention, "router", (json_int_t)b->router, "dense", (json_int_t)b->dense,
@@ -228,8 +214,8 @@ int ddt_cmd_inspect(int argc, char **argv) {
             ddt_target_desc_free(&d);
             return cli_status_exit(st);
         }
-        draft_w = drafter_bytes(&g);
-        draft_kv = (uint64_t)g.dims.n_layers * 2u * (uint64_t)g.dims.kvd * sizeof(float) * (uint64_t)(a.ctx + g.dims.L);
+        draft_w = ddt_drafter_desc_weight_bytes(&g);
+        draft_kv = ddt_drafter_desc_cache_bytes(&g, a.ctx);
         draft_need = draft_w + draft_kv;
         ddt_drafter_desc_free(&g);
     }

@@ -26,6 +26,8 @@
 #include "engine/round.h"
 #include "model/drafter.h"
 #include "model/drafter_cuda.h"
+#include "model/drafter_desc.h"
+#include "model/target_desc.h"
 #include "model/target_cuda.h"
 
 #define N_EVENTS 6
@@ -241,6 +243,25 @@ static ddt_status measure_cost(ddt_engine_cuda *e, ddt_error *err);
 static ddt_status share_cost(ddt_engine_cuda *e, bool source, ddt_error *err);
 static ddt_status setup_auto(ddt_engine_cuda *e, ddt_error *err);
 
+/* What the drafter will hold on this GPU beside the target (its own weights as
+ * stored and its cache), from the two folders' descriptions (headers only), for
+ * the target's memory check before its upload.  Best effort: 0 where either
+ * description does not load, whose loads then report it as before. */
+static uint64_t drafter_also(const char *model_dir, const char *draft_dir, int32_t max_ctx) {
+    ddt_target_desc td;
+    ddt_error e;
+    uint64_t b = 0;
+    if (ddt_target_desc_load(model_dir, NULL, 0, &td, &e) == DDT_OK) {
+        const ddt_drafter_target dt = {td.dims.hidden, td.dims.n_layers, td.dims.vocab, &td.embed, &td.lm_head};
+        ddt_drafter_desc dd;
+        if (ddt_drafter_desc_load(draft_dir, &dt, &dd, &e) == DDT_OK)
+            b = ddt_drafter_desc_weight_bytes(&dd) + ddt_drafter_desc_cache_bytes(&dd, max_ctx);
+        ddt_drafter_desc_free(&dd);
+    }
+    ddt_target_desc_free(&td);
+    return b;
+}
+
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err) {
     return ddt_engine_cuda_create_rank(model_dir, opts, max_ctx, 0, 0, NULL, NULL, out, err);
@@ -280,7 +301,8 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
                                     .shard_rank = rank,
                                     .shard_world = world,
                                     .allreduce = allreduce,
-                                    .allreduce_ctx = ctx};
+                                    .allreduce_ctx = ctx,
+                                    .also_bytes = dflash ? drafter_also(model_dir, opts->draft_dir, max_ctx) : 0};
     if ((st = ddt_cuda_target_load(model_dir, &topt, &e->target, err)) != DDT_OK) goto fail;
     e->s = (cudaStream_t)ddt_cuda_target_stream(e->target);
     e->vocab = ddt_cuda_target_vocab(e->target);

@@ -12,6 +12,7 @@
 #include "backend/cpu/rope.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "model/shard.h"
 
 #define NAME_MAX_LEN 512
 
@@ -191,4 +192,20 @@ void ddt_drafter_desc_free(ddt_drafter_desc *d) {
     free(d->layers);
     ddt_checkpoint_close(d->ck);
     memset(d, 0, sizeof *d);
+}
+
+uint64_t ddt_drafter_desc_weight_bytes(const ddt_drafter_desc *d) {
+    uint64_t b = ddt_shard_stored_bytes(&d->fc) + ddt_shard_vec_bytes(&d->hidden_norm) + ddt_shard_vec_bytes(&d->final_norm);
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
+        const ddt_drafter_layer *L = &d->layers[l];
+        const ddt_cpu_vec *v[4] = {&L->attn_norm, &L->mlp_norm, &L->q_norm, &L->k_norm};
+        const ddt_qweight *w[7] = {&L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 4; i++) b += ddt_shard_vec_bytes(v[i]);
+        for (int i = 0; i < 7; i++) b += ddt_shard_stored_bytes(w[i]);
+    }
+    return b;
+}
+
+uint64_t ddt_drafter_desc_cache_bytes(const ddt_drafter_desc *d, int64_t max_ctx) {
+    return (uint64_t)d->dims.n_layers * 2u * (uint64_t)d->dims.kvd * sizeof(float) * (uint64_t)(max_ctx + d->dims.L);
 }

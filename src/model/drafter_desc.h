@@ -69,4 +69,11 @@ ddt_status ddt_drafter_desc_load(const char *dir, const ddt_drafter_target *targ
                                  ddt_error *err);
 void ddt_drafter_desc_free(ddt_drafter_desc *d);
 
+/* What a GPU that runs the drafter holds at least (the `also` of model/shard.h's
+ * ddt_shard_memory_check): its own weights as stored (values and scales; the
+ * embedding and LM head are the target's), and its K / V cache, every layer's rows
+ * of fp32 for max_ctx positions and one block (drafter_cuda.c). */
+uint64_t ddt_drafter_desc_weight_bytes(const ddt_drafter_desc *d);
+uint64_t ddt_drafter_desc_cache_bytes(const ddt_drafter_desc *d, int64_t max_ctx);
+
 #endif

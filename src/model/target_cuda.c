@@ -501,13 +501,13 @@ static ddt_status setup_shard(ddt_cuda_target *t, const ddt_cuda_target_options 
  * what it allocates (model/shard.h), against the GPU's free memory, so that a
  * model too large for it fails at once with the figures and what would fit
  * (more GPUs, a shorter context) instead of out of memory minutes into the upload. */
-static ddt_status check_memory(const ddt_cuda_target *t, ddt_error *err) {
+static ddt_status check_memory(const ddt_cuda_target *t, uint64_t also, ddt_error *err) {
     size_t free_b = 0, total_b = 0;
     int dev = 0;
     DDT_CUDA_TRY(cudaGetDevice(&dev), err);
     DDT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), err);
     return ddt_shard_memory_check(t->desc, t->sharded ? &t->shard : NULL, t->max_ctx, t->fast ? 2 : (int32_t)sizeof(float),
-                                  0, (uint64_t)free_b, dev, err);
+                                  also, (uint64_t)free_b, dev, err);
 }
 
 static ddt_status check_fast(const ddt_cuda_target *t, ddt_error *err) {
@@ -553,7 +553,7 @@ ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *
     init_dims(t, &t->desc->cfg, opts);
     if ((st = setup_shard(t, opts, err)) != DDT_OK) goto fail;
     if ((st = check_fast(t, err)) != DDT_OK) goto fail;
-    if ((st = check_memory(t, err)) != DDT_OK) goto fail;
+    if ((st = check_memory(t, opts->also_bytes, err)) != DDT_OK) goto fail;
     if (cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: cannot create a stream");
         goto fail;

@@ -70,6 +70,10 @@ typedef struct ddt_cuda_target_options {
     int32_t shard_rank, shard_world;
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
+    /* Bytes the caller will hold on this GPU beside the target (the engine's drafter),
+       counted in the memory check before the upload (model/shard.h
+       ddt_shard_memory_check: a model too large fails there, at once); 0 for none. */
+    uint64_t also_bytes;
 } ddt_cuda_target_options;
 
 /* How many MoE layers run their shared expert's down on the side branch

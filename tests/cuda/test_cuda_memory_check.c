@@ -6,6 +6,8 @@
  *     rank's stored bytes (ddt_shard_weight_bytes), and its state at least the KV
  *     cache (ddt_shard_kv_bytes; fp32, and bf16 with the fast attention where the
  *     fixture allows it);
+ *   - the same for the shipped DFlash drafter (ddt_drafter_desc_weight_bytes and
+ *     _cache_bytes, which the engine passes as the check's also_bytes);
  *   - a context no GPU holds (2^30 positions) fails the load with DDT_ERR_NOMEM
  *     at once, with the figures and the --ctx advice in the message, and leaves
  *     the GPU's free memory as it was (nothing allocated, nothing leaked).
@@ -18,6 +20,8 @@
 #include <time.h>
 
 #include "cuda_test.h"
+#include "model/drafter_cuda.h"
+#include "model/drafter_desc.h"
 #include "model/shard.h"
 #include "model/target_cuda.h"
 #include "model/target_desc.h"
@@ -53,6 +57,35 @@ static void check_bound(const char *dir, bool tensor_cores, bool fast) {
     ddt_target_desc_free(&d);
 }
 
+static void check_drafter(void) {
+    const char *tdir = "models/pystdlib-target", *ddir = "models/pystdlib-dflash";
+    const int32_t ctx = 300;
+    ddt_target_desc td;
+    ddt_drafter_desc dd;
+    ddt_error err;
+    OK(ddt_target_desc_load(tdir, NULL, 0, &td, &err));
+    const ddt_drafter_target ht = {td.dims.hidden, td.dims.n_layers, td.dims.vocab, &td.embed, &td.lm_head};
+    OK(ddt_drafter_desc_load(ddir, &ht, &dd, &err));
+    const uint64_t w = ddt_drafter_desc_weight_bytes(&dd), c = ddt_drafter_desc_cache_bytes(&dd, ctx);
+    ddt_cuda_target_options o = {.max_ctx = ctx, .max_tokens = 17};
+    ddt_cuda_target *t = NULL;
+    OK(ddt_cuda_target_load(tdir, &o, &t, &err));
+    const ddt_model_config *tc = ddt_cuda_target_config(t);
+    ddt_cuda_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, ddt_cuda_target_vocab(t),
+                                  ddt_cuda_target_embed(t), ddt_cuda_target_lm_head(t)};
+    ddt_cuda_drafter *d = NULL;
+    OK(ddt_cuda_drafter_load(ddir, &dt, ctx, &d, &err));
+    const uint64_t dw = ddt_cuda_drafter_weight_bytes(d), ds = ddt_cuda_drafter_state_bytes(d);
+    CHECK(dw >= w, "drafter: uploaded weights %llu < stored %llu", (unsigned long long)dw, (unsigned long long)w);
+    CHECK(ds >= c, "drafter: state %llu < cache %llu", (unsigned long long)ds, (unsigned long long)c);
+    printf("drafter: stored %llu <= uploaded %llu; cache %llu <= state %llu\n", (unsigned long long)w,
+           (unsigned long long)dw, (unsigned long long)c, (unsigned long long)ds);
+    ddt_cuda_drafter_free(d);
+    ddt_cuda_target_free(t);
+    ddt_drafter_desc_free(&dd);
+    ddt_target_desc_free(&td);
+}
+
 static void check_refusal(const char *dir) {
     CU(cudaDeviceSynchronize());
     size_t free0 = 0, free1 = 0, total = 0;
@@ -84,6 +117,7 @@ int main(int argc, char **argv) {
         check_bound(dirs[i], false, false);
         check_bound(dirs[i], true, false);
     }
+    check_drafter();
     check_refusal("models/pystdlib-target");
     check_refusal("tests/fixtures/target/int4");
     return ct_report("test_cuda_memory_check");
