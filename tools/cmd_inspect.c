@@ -150,16 +150,8 @@ static void formats_of(const ddt_target_desc *d, parts_fmt *p) {
     }
 }
 
-static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
-
-/* bytes in words: GiB, MiB or KiB, three significant places at least */
-static const char *human(char *buf, size_t cap, uint64_t b) {
-    const double v = (double)b;
-    if (v >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.2f GiB", gib(b));
-    else if (v >= 1024.0 * 1024) snprintf(buf, cap, "%.2f MiB", v / (1024.0 * 1024));
-    else snprintf(buf, cap, "%.2f KiB", v / 1024.0);
-    return buf;
-}
+/* bytes in words for the tables: two decimals */
+static const char *human(char *buf, size_t cap, uint64_t b) { return ddt_shard_fmt_bytes(buf, cap, b, 2); }
 
 static json_t *bytes_json(const ddt_shard_bytes *b) {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "embed", (json_int_t)b->embed, "attention",

@@ -199,14 +199,16 @@ uint64_t ddt_shard_kv_bytes(const ddt_target_dims *dims, int64_t max_ctx, int32_
            (uint64_t)kv_elem;
 }
 
-/* n bytes for a message: GiB, MiB or KiB with one decimal */
-static const char *fmt_bytes(char *buf, size_t cap, uint64_t n) {
+const char *ddt_shard_fmt_bytes(char *buf, size_t cap, uint64_t n, int decimals) {
     const double v = (double)n;
-    if (v >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.1f GiB", v / (1024.0 * 1024 * 1024));
-    else if (v >= 1024.0 * 1024) snprintf(buf, cap, "%.1f MiB", v / (1024.0 * 1024));
-    else snprintf(buf, cap, "%.1f KiB", v / 1024.0);
+    if (v >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.*f GiB", decimals, v / (1024.0 * 1024 * 1024));
+    else if (v >= 1024.0 * 1024) snprintf(buf, cap, "%.*f MiB", decimals, v / (1024.0 * 1024));
+    else snprintf(buf, cap, "%.*f KiB", decimals, v / 1024.0);
     return buf;
 }
+
+/* a message's figures: one decimal */
+static const char *fmt_bytes(char *buf, size_t cap, uint64_t n) { return ddt_shard_fmt_bytes(buf, cap, n, 1); }
 
 /* The largest weight bytes of any rank of `world` (0 when world is not a valid split). */
 static uint64_t world_max_bytes(const ddt_target_desc *d, int32_t world) {
@@ -226,8 +228,10 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
                                   uint64_t also, uint64_t free_bytes, int32_t device, ddt_error *err) {
     ddt_shard_bytes b;
     ddt_shard_weight_bytes(d, s, &b);
-    const uint64_t per_pos = ddt_shard_kv_bytes(&d->dims, 1, kv_elem), kv = per_pos * (uint64_t)max_ctx + also;
-    if (b.total + kv <= free_bytes) return DDT_OK;
+    /* beside its weights every rank holds the whole cache and `also` */
+    const uint64_t per_pos = ddt_shard_kv_bytes(&d->dims, 1, kv_elem), cache = per_pos * (uint64_t)max_ctx;
+    const uint64_t beside_w = cache + also;
+    if (b.total + beside_w <= free_bytes) return DDT_OK;
     char f[32], n[32], w[32], r[32], o[32], k[32], x[32];
     const uint64_t other = b.embed + b.attention + b.router + b.dense;
     /* what would fit: more GPUs (each holds less of the weights, the whole cache), or
@@ -239,7 +243,7 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
         const uint64_t m = world_max_bytes(d, g);
         if (m == 0) break; /* more GPUs than routed experts: no larger split either */
         tried = g;
-        if (m + kv <= free_bytes) fit = g, fit_need = m + kv;
+        if (m + beside_w <= free_bytes) fit = g, fit_need = m + beside_w;
     }
     const uint64_t ctx_fit = b.total + also < free_bytes ? (free_bytes - b.total - also) / per_pos : 0;
     if (fit)
@@ -260,8 +264,8 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
                     "GPU %d has %s free, but the target%s needs at least %s there: weights %s as stored (routed "
                     "experts %s, the rest %s), a KV cache of %s (%lld positions x %d layers x %d values of %d "
                     "bytes)%s%s",
-                    device, fmt_bytes(f, sizeof f, free_bytes), who, fmt_bytes(n, sizeof n, b.total + kv),
+                    device, fmt_bytes(f, sizeof f, free_bytes), who, fmt_bytes(n, sizeof n, b.total + beside_w),
                     fmt_bytes(w, sizeof w, b.total), fmt_bytes(r, sizeof r, b.routed), fmt_bytes(o, sizeof o, other),
-                    fmt_bytes(k, sizeof k, kv - also), (long long)max_ctx, d->dims.n_layers,
+                    fmt_bytes(k, sizeof k, cache), (long long)max_ctx, d->dims.n_layers,
                     d->dims.rank + d->dims.rope, kv_elem, beside, advice);
 }

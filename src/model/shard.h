@@ -28,6 +28,7 @@
 #define DDT_MODEL_SHARD_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ddtree.h"
@@ -107,5 +108,9 @@ ddt_status ddt_shard_memory_check(const ddt_target_desc *d, const ddt_shard *s, 
  * models' weights the same way: ddtree inspect's drafter). */
 uint64_t ddt_shard_stored_bytes(const ddt_qweight *w);
 uint64_t ddt_shard_vec_bytes(const ddt_cpu_vec *v);
+
+/* n bytes in words, GiB, MiB or KiB with `decimals` decimals, into buf[cap]
+ * (the check's messages, ddtree inspect's tables); returns buf. */
+const char *ddt_shard_fmt_bytes(char *buf, size_t cap, uint64_t n, int decimals);
 
 #endif
