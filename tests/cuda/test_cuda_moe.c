@@ -20,7 +20,10 @@
  *     checked too);
  *   - output padding (NaN poison) untouched; workspace poisoned before use;
  *   - a bad expert index: a NaN row for that token on both backends, the other
- *     tokens as the CPU's.
+ *     tokens as the CPU's;
+ *   - two calls on one workspace in a graph with programmatic edges, replayed:
+ *     bitwise the eager calls (the wgmma down launch starts by flags), and the
+ *     products-only conversion takes exactly the wgmma down launches' edges.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
  */
 #include <cuda_runtime_api.h>
@@ -33,6 +36,7 @@
 #include "backend/cpu/moe.h"
 #include "backend/cpu/nn.h"
 #include "backend/cpu/qmatmul.h"
+#include "backend/cuda/graph_cuda.h"
 #include "backend/cuda/moe_cuda.h"
 #include "backend/cuda/nn_cuda.h"
 #include "backend_ops.h"
@@ -355,6 +359,75 @@ static ddt_qweight make_w(int f, int64_t rows, int64_t cols, void **data, void *
 
 static const char *fname(int f) { return f == 0 ? "bf16" : f == 1 ? "FP8" : "INT4"; }
 
+/* Two experts calls of one layer on one workspace (tokens 0..n-1, then 1..n-1 into another
+ * buffer) captured into a graph whose kernel edges are all programmatic (the engine's round),
+ * launched three times: both outputs bitwise the eager calls' each time, over NaN-poisoned
+ * outputs.  On wgmma (wx) the down launch starts by flags (wgmma_experts.cuh) as soon as its
+ * blocks are resident: a second call's down must not take the first call's flags, and a
+ * replay must not take the previous replay's.  Then the products-only conversion (the
+ * engine's ar step) must make exactly the edge into each wgmma down launch programmatic
+ * (ddt_cuda_kernel_waits_late), none on the other paths. */
+static void pdl_graph_check(const ddt_cuda_moe_layer *layer, const float *dx, const int32_t *didx, const float *dw,
+                            int n, int K, int H, int64_t ldo, void *dws, size_t wsb, bool wx, const char *what) {
+    const int nb = n > 1 ? n - 1 : 1;
+    const size_t bytes_a = sizeof(float) * (size_t)n * ldo, bytes_b = sizeof(float) * (size_t)nb * ldo;
+    float *da, *db, *wa = malloc(bytes_a), *wb = malloc(bytes_b), *ga = malloc(bytes_a), *gb = malloc(bytes_b);
+    CU(cudaMalloc((void **)&da, bytes_a));
+    CU(cudaMalloc((void **)&db, bytes_b));
+    const float *xb = n > 1 ? dx + H : dx;
+    const int32_t *ib = n > 1 ? didx + K : didx;
+    const float *wtb = n > 1 ? dw + K : dw;
+    bo_poison(da, bytes_a);
+    bo_poison(db, bytes_b);
+    OK(ddt_cuda_moe_experts(layer, dx, H, n, didx, dw, K, da, ldo, dws, wsb, NULL, &err_));
+    OK(ddt_cuda_moe_experts(layer, xb, H, nb, ib, wtb, K, db, ldo, dws, wsb, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(wa, da, bytes_a, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(wb, db, bytes_b, cudaMemcpyDeviceToHost));
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int products = 0; products < 2; products++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        OK(ddt_cuda_moe_experts(layer, dx, H, n, didx, dw, K, da, ldo, dws, wsb, s, &err_));
+        OK(ddt_cuda_moe_experts(layer, xb, H, nb, ib, wtb, K, db, ldo, dws, wsb, s, &err_));
+        CU(cudaStreamEndCapture(s, &g));
+        int32_t conv = 0;
+        OK(ddt_cuda_graph_programmatic(g, products != 0, &conv, &err_));
+        if (products)
+            CHECK(conv == (wx ? 2 : 0), "%s n=%d: %d edges made programmatic into the products, want %d", what, n,
+                  (int)conv, wx ? 2 : 0);
+        else
+            CHECK(conv >= 6, "%s n=%d: only %d edges made programmatic", what, n, (int)conv);
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        int bad = 0;
+        for (int r = 0; r < 3; r++) {
+            bo_poison(da, bytes_a);
+            bo_poison(db, bytes_b);
+            CU(cudaGraphLaunch(ge, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(ga, da, bytes_a, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(gb, db, bytes_b, cudaMemcpyDeviceToHost));
+            for (int t = 0; t < n; t++) bad += memcmp(ga + t * ldo, wa + t * ldo, sizeof(float) * (size_t)H) != 0;
+            for (int t = 0; t < nb; t++) bad += memcmp(gb + t * ldo, wb + t * ldo, sizeof(float) * (size_t)H) != 0;
+        }
+        CHECK(bad == 0, "%s n=%d: %d token rows of the programmatic graph's %s differ from the eager calls", what, n,
+              bad, products ? "products-only edges" : "edges");
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+    }
+    printf("%s n=%2d: two calls in a graph with programmatic edges, 3 replays == eager: %s\n", what, n,
+           g_failures ? "see above" : "yes");
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(da));
+    CU(cudaFree(db));
+    free(wa);
+    free(wb);
+    free(ga);
+    free(gb);
+}
+
 static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mode) {
     const char *mname = mode == DDT_CUDA_MM_TENSOR ? " TC" : "";
     const double tol = mode == DDT_CUDA_MM_TENSOR ? 5e-5 : 1e-5;
@@ -482,6 +555,8 @@ static void experts_case(int f, int E, int H, int I, int K, ddt_cuda_mm_mode mod
                mode != DDT_CUDA_MM_TENSOR ? "" : vs_old ? ", == old kernels NO" : ", == old kernels yes");
         char name[48];
         snprintf(name, sizeof name, "%s%s E=%d [%d, %d]", fname(f), mname, E, H, I);
+        const bool wx = mode == DDT_CUDA_MM_TENSOR && (f == 2 || (f == 1 && H % 32 == 0 && I % 32 == 0));
+        pdl_graph_check(&layer, dx, didx, dw, n, K, H, ldo, dws, wsb, wx, name);
         for (int v = 0; v < 4; v++) /* with and without a shared expert; register and strided norm paths */
             fused_end_check(&layer, &cpu_layer, dx, x, didx, idx, dw, wt, n, K, v & 1, v & 2 ? H + 1 : H + 8, dws, wsb,
                             tol, name);

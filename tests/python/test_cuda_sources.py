@@ -7,8 +7,10 @@ before it still runs.  That is safe only because every kernel opens with DDT_GRI
 forgets it would read half-written inputs, a race no test on the CPU (and few on the GPU) can
 catch, so this test reads the sources: every __global__ function under src/backend/cuda must
 make the wait its first statement, or mark with DDT_GRID_DEP_LATER() that it waits after loading
-the model's weights (mm_kernel); such a kernel may take no __restrict__ pointer, because ptxas
-hoists those reads (ld.global.nc) above the wait.
+the model's weights (mm_kernel), or with DDT_GRID_DEP_FLAGS() that it learns from flags in global
+memory that its inputs are written and executes the wait only at its end (the wgmma experts' down
+launch); such a kernel may take no __restrict__ pointer, because ptxas hoists those reads
+(ld.global.nc) above the wait, and a FLAGS kernel must still contain the wait.
 """
 
 import glob
@@ -42,14 +44,45 @@ def kernels_without_wait(src):
     """(line, kernel name) of every __global__ function whose body does not open with the wait
     (or with DDT_GRID_DEP_LATER(): a kernel that waits after loading the model's weights)."""
     return [(line, name) for line, name, _, body in kernel_definitions(strip_comments(src))
-            if not re.match(r"\s*DDT_GRID_DEP_(WAIT|LATER)\(\)\s*;", body)]
+            if not re.match(r"\s*DDT_GRID_DEP_(WAIT|LATER|FLAGS)\(\)\s*;", body)]
 
 
 def late_kernels_with_restrict(src):
-    """(line, kernel name) of every kernel that opens with DDT_GRID_DEP_LATER() and takes a
-    __restrict__ pointer: ptxas may hoist such a read (ld.global.nc) above the late wait."""
+    """(line, kernel name) of every kernel that opens with DDT_GRID_DEP_LATER() or
+    DDT_GRID_DEP_FLAGS() and takes a __restrict__ pointer: ptxas may hoist such a read
+    (ld.global.nc) above the late wait."""
     return [(line, name) for line, name, head, body in kernel_definitions(strip_comments(src))
-            if re.match(r"\s*DDT_GRID_DEP_LATER\(\)\s*;", body) and "__restrict__" in head]
+            if re.match(r"\s*DDT_GRID_DEP_(LATER|FLAGS)\(\)\s*;", body) and "__restrict__" in head]
+
+
+def kernel_body(body):
+    """The text of a kernel body (from after its opening brace) up to its closing brace."""
+    depth = 1
+    for i, c in enumerate(body):
+        depth += c == "{"
+        depth -= c == "}"
+        if depth == 0:
+            return body[:i]
+    return body
+
+
+def flag_kernels_without_wait(src):
+    """(line, kernel name) of every kernel that opens with DDT_GRID_DEP_FLAGS() but never
+    executes the grid wait: its end would no longer imply its predecessors' ends."""
+    return [(line, name) for line, name, _, body in kernel_definitions(strip_comments(src))
+            if re.match(r"\s*DDT_GRID_DEP_FLAGS\(\)\s*;", body)
+            and not re.search(r"DDT_GRID_DEP_WAIT\(\)\s*;", kernel_body(body))]
+
+
+def test_flag_kernels_still_wait_at_their_end():
+    flags, bad = scan_backend(r"DDT_GRID_DEP_FLAGS\(\)\s*;", flag_kernels_without_wait)
+    assert flags >= 1, "no kernel starts by flags: is the check still needed?"
+    assert not bad, "kernels that start by flags and never wait for their grid:\n" + "\n".join(bad)
+    good = "__global__ void f(int *p) {\n    DDT_GRID_DEP_FLAGS();\n    if (*p) { p[1] = 0; }\n    DDT_GRID_DEP_WAIT();\n}\n"
+    bad_src = ("__global__ void g(int *p) {\n    DDT_GRID_DEP_FLAGS();\n    if (*p) { p[1] = 0; }\n}\n"
+               "__global__ void h(int *p) {\n    DDT_GRID_DEP_WAIT();\n}\n")
+    assert flag_kernels_without_wait(good) == []
+    assert flag_kernels_without_wait(bad_src) == [(1, "g")]
 
 
 def scan_backend(pattern, check):

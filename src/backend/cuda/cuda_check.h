@@ -57,6 +57,15 @@
 #define DDT_GRID_DEP_LATER() \
     do {                     \
     } while (0)
+/* The first statement of a kernel that learns from flags in global memory, written
+ * with release semantics by a kernel that did wait, that what it reads is written
+ * (the wgmma experts' down launch, wgmma_experts.cuh: the gate/up launch's CTAs
+ * publish each slot's h), and executes griddepcontrol.wait only at its end, so
+ * that its end still implies its predecessors' ends.  Before the flag it may read
+ * only the model's weights.  A marker for the source check too. */
+#define DDT_GRID_DEP_FLAGS() \
+    do {                     \
+    } while (0)
 #endif
 
 /* A cudaLaunchKernelEx configuration's thread-block cluster of x * y * 1 CTAs (the

@@ -39,6 +39,7 @@
  */
 #include <cuda_runtime.h>
 #include <math.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -429,6 +430,8 @@ struct MoeWs {
                                                                ceil(inter / 32) units, as many floats */
     float *o;                                               /* [M][hidden] */
     uint4 *xs;                                              /* tensor path: x split, [n][ceil(hidden / 32) units] */
+    int32_t *done;                                          /* [min(M, E) + M] the wgmma down's flags (WxArgs) */
+    uint32_t *sync;                                         /* [2] the same: the call's gen, down CTAs counted */
     size_t bytes;
 };
 
@@ -448,6 +451,8 @@ static MoeWs ws_layout(void *base, int32_t E, int64_t M, int64_t n, int32_t hidd
     WS_TAKE(h, float, M * ((inter + 63) / 64 * 64))    /* also h's wq rows (wgmma_experts.cuh) */
     WS_TAKE(o, float, M * hidden)
     WS_TAKE(xs, uint4, n * ((hidden + 63) / 64 * 16)) /* also x's wq rows: 256 bytes a 64 columns */
+    WS_TAKE(done, int32_t, (E < M ? E : M) + M)
+    WS_TAKE(sync, uint32_t, 2)
 #undef WS_TAKE
     w.bytes = off;
     return w;
@@ -568,6 +573,10 @@ static __device__ __forceinline__ void sort_entries(const int32_t *idx, const So
         }
         off += c;
     }
+    /* the wgmma experts' flags (wgmma_experts.cuh, WxArgs): the down CTAs read them only after
+       the gate/up launch has passed its grid wait, so after this launch's end */
+    for (int sl = tid; sl < max_slots + big_slots; sl += SORT_THREADS) ws.done[sl] = 0;
+    if (tid == 0) ws.sync[1] = 0;
     __syncthreads();
     /* the grid has max_slots expert slots: the ones no expert took do nothing */
     for (int sl = (int)(sm.total & 0xFFFFFFFFll) + tid; sl < max_slots; sl += SORT_THREADS) ws.rec[sl].cnt = 0;
@@ -1109,19 +1118,50 @@ static WxArgs wx_args(const ddt_cuda_moe_layer *m, const MoeWs &ws, const uint8_
     return a;
 }
 
+/* A call's own value for the wgmma down launch's flags (WxArgs.gen): never 0 (the reset
+ * value) or ~0 (a poisoned workspace), and from a per-process random start, so a value a
+ * workspace holds from elsewhere is not taken for this call's.  Graph replays repeat their
+ * captured gens, which each call's last down CTA resets. */
+static uint32_t wx_next_gen() {
+    static uint32_t counter = 0; /* __atomic: calls from several host threads */
+    static uint32_t base = 0;
+    if (__atomic_load_n(&base, __ATOMIC_RELAXED) == 0) {
+        uint64_t h = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)&counter << 16) ^ (uint64_t)clock();
+        h *= 0x9E3779B97F4A7C15ull; /* spread the bits */
+        uint32_t b = (uint32_t)(h >> 32);
+        if (b == 0) b = 1;
+        uint32_t zero = 0;
+        __atomic_compare_exchange_n(&base, &zero, b, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    for (;;) {
+        const uint32_t g = __atomic_load_n(&base, __ATOMIC_RELAXED) + __atomic_add_fetch(&counter, 1u, __ATOMIC_RELAXED);
+        if (g != 0 && g != ~0u) return g;
+    }
+}
+
 /* The INT4 experts on wgmma (wgmma_experts.cuh): one list of items of at most
- * WX_N entries; gate/up then down, x and h in wq rows. */
+ * WX_N entries; gate/up then down, x and h in wq rows.  Down starts by flags: see
+ * WxArgs and wx_kernel (ddt_cuda_kernel_waits_late counts it, so a graph's edge
+ * into it is programmatic even where only the products' are). */
 template <int F>
 static ddt_status wx_experts(const ddt_cuda_moe_layer *m, int slots, const MoeWs &ws, cudaStream_t s, ddt_error *err) {
     const int H = m->hidden, I = m->inter;
     WxArgs a = wx_args(m, ws, (const uint8_t *)ws.xs, I, H); /* gate/up: x in, h out */
     a.hs = (uint8_t *)ws.h;
     a.ldhs = wx_row_bytes(I);
-    cudaError_t e = wx_launch<WX_GATEUP, F>(a, slots, (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2), s);
+    const int64_t gu_blocks = (I + WX_ROWS / 2 - 1) / (WX_ROWS / 2);
+    a.done = ws.done;
+    a.sync = ws.sync;
+    a.gen = wx_next_gen();
+    cudaError_t e = wx_launch<WX_GATEUP, F>(a, slots, gu_blocks, s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_gateup (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_gateup (wgmma)", s, err);
     WxArgs b = wx_args(m, ws, (const uint8_t *)ws.h, H, I); /* down: h in, one output row per entry */
     b.y = ws.o;
+    b.done = ws.done;
+    b.done_target = (int32_t)(gu_blocks * a.ks); /* the gate/up CTAs of a slot */
+    b.sync = ws.sync;
+    b.gen = a.gen;
     e = wx_launch<WX_DOWN, F>(b, slots, (H + WX_ROWS - 1) / WX_ROWS, s);
     if (e != cudaSuccess) return ddt_fail(err, DDT_ERR_INTERNAL, "CUDA: moe_down (wgmma): %s", cudaGetErrorString(e));
     DDT_CUDA_LAUNCHED("moe_down (wgmma)", s, err);

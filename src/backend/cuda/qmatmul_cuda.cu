@@ -335,10 +335,12 @@ extern "C" bool ddt_cuda_kernel_waits_late(const void *func) {
         return false;
     }
     /* mm_kernel's instances, mangled (_Z9mm_kernelI...) or not, the wgmma product
-       (wgmma_gemm.cu's wg_gemm_kernel) and the MLA verify attention (mla_verify_cuda.cu's
-       mla_attn_kernel: its first prefix blocks) */
+       (wgmma_gemm.cu's wg_gemm_kernel), the MLA verify attention (mla_verify_cuda.cu's
+       mla_attn_kernel: its first prefix blocks) and the wgmma experts' down launch
+       (wgmma_experts.cuh's wx_kernel<WX_DOWN = 1, F>: its first weight stages, then flags) */
     return strstr(name, "mm_kernel") != NULL || strstr(name, "wg_gemm_kernel") != NULL ||
-           strstr(name, "mla_attn_kernel") != NULL;
+           strstr(name, "mla_attn_kernel") != NULL || strstr(name, "wx_kernelILi1E") != NULL ||
+           strstr(name, "wx_kernel<1,") != NULL;
 }
 
 static int64_t mm_warps(const MMArgs &a, int R, int TB) {

@@ -252,12 +252,51 @@ struct WxArgs {
     int64_t ldhs;
     float *y;          /* down: [entries][rows] */
     int32_t fp8_block, fp8_scols; /* FP8: the scale block (a multiple of 32) and scale columns */
+    /* The down launch's start by flags (see wx_kernel): done[slot] counts the slot's gate/up CTAs
+       that have stored their h (the sort launch zeroes it), done_target is the gate/up grid's
+       CTAs a slot; sync[0] is set to gen by the gate/up CTA (0, 0) once its grid wait has
+       returned (the sort's items are then written) and reset to 0 by the call's last down CTA,
+       sync[1] counts the down CTAs past their wait (the sort zeroes it); gen is the call's own
+       value (never 0 or ~0). */
+    int32_t *done;
+    int32_t done_target;
+    uint32_t *sync;
+    uint32_t gen;
 };
+
+/* a gpu-scope acquire load: the writes released before the value was stored are visible after */
+static __device__ __forceinline__ uint32_t wx_ld_acquire(const void *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Thread 0's wait for a flag, polling with a backoff up to ~0.5 us: up to 264 waiting CTAs poll a
+   few lines, each in one L2 slice that also serves the gate/up stream's share of its bytes */
+template <typename Done>
+static __device__ __forceinline__ void wx_spin(Done done) {
+    unsigned ns = 32;
+    while (!done()) {
+        __nanosleep(ns);
+        if (ns < 512) ns *= 2;
+    }
+}
+
+/* a work item read through L2 (ld.global.cg): it may be newer than any line an SM's L1 holds */
+static __device__ __forceinline__ WsItem wx_item_cg(const WsItem *p) {
+    static_assert(sizeof(WsItem) % 8 == 0 && alignof(WsItem) == 8, "whole 8-byte words");
+    WsItem r;
+    const unsigned long long *src = reinterpret_cast<const unsigned long long *>(p);
+    unsigned long long *dst = reinterpret_cast<unsigned long long *>(&r);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(WsItem) / 8); i++) dst[i] = __ldcg(src + i);
+    return r;
+}
 
 /* grid (item, row block x k-split): gate/up WX_ROWS / 2 intermediate rows a block, down WX_ROWS hidden rows */
 template <int KIND, int F>
 static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a) {
-    DDT_GRID_DEP_WAIT();
+    DDT_GRID_DEP_FLAGS();
     static_assert(F == QF_INT4 || F == QF_FP8, "INT4 group 32 or FP8 blocks");
     /* a unit (16 rows x 32 columns a warp): INT4 256 bytes + scales in the stage, FP8 512 bytes
        (its block scale read per unit, as wstream.cuh's FP8 path); a stage (WxStage): 8 INT4
@@ -268,14 +307,37 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma needs sm_90a */
 #else
-    const WsItem item = a.items[blockIdx.x];
-    if (item.cnt == 0) return; /* the whole block, before any barrier */
+    const int tid = threadIdx.x;
+    /* The start.  Gate/up waits for its grid dependencies (the sort) as every kernel does,
+       then CTA (0, 0) publishes the call's gen: the items are written.  Down does not wait
+       for the whole gate/up grid (under a programmatic edge its CTAs take the SMs that gate/up
+       CTAs leave): it waits for the gen, reads its item, puts its first stages' weights in
+       flight (the expert's, never written by a kernel), and waits for its slot's gate/up CTAs
+       only before the h rows (below).  What the gen proves: gate/up CTA (0, 0) returned from
+       its grid wait, so every kernel before the sort has ended too; a value left by an earlier
+       call is 0 (its last down CTA's reset) or another call's gen. */
+    if constexpr (KIND == WX_GATEUP) {
+        DDT_GRID_DEP_WAIT();
+        if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(a.sync), "r"(a.gen) : "memory");
+    } else {
+        if (tid == 0) wx_spin([&] { return wx_ld_acquire(a.sync) == a.gen; });
+        __syncthreads();
+    }
+    const WsItem item = KIND == WX_GATEUP ? a.items[blockIdx.x] : wx_item_cg(a.items + blockIdx.x);
+    /* down: past the gen, this CTA counts itself in; the call's last resets the gen, so a
+       replay of the same call (a graph's) waits for its own gate/up again */
+    if (KIND == WX_DOWN && tid == 0 && atomicAdd(a.sync + 1, 1u) == gridDim.x * gridDim.y - 1u) atomicExch(a.sync, 0u);
+    if (item.cnt == 0) { /* the whole block, before any barrier */
+        if (KIND == WX_DOWN) DDT_GRID_DEP_WAIT(); /* see the end */
+        return;
+    }
     extern __shared__ __align__(1024) uint8_t wx_smem_raw[];
     const uint32_t raw = smem_u32(wx_smem_raw);
     const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
     uint8_t *const sm = wx_smem_raw + pad;
     const uint32_t sb = raw + pad;
-    const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, w4 = warp & 3, lane = tid & 31;
+    const int warp = tid >> 5, wg = warp >> 2, w4 = warp & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int rb = blockIdx.y / a.ks, split = blockIdx.y % a.ks, ntok = item.cnt;
     const int64_t ubeg = split * a.ups, uend = ubeg + a.ups < a.nu ? ubeg + a.ups : a.nu;
@@ -322,12 +384,14 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     const int xrw = ntok <= 4 ? 2 * warp + xp : warp + 16 * xp;
     const uint32_t xdst = xb * 4096 + (xrw >> 3) * 1024 + (xrw & 7) * 128 + ((xc ^ (xrw & 7)) * 16);
 
-    auto load_stage = [&](int st) {
+    /* a stage's copies: the weights (and INT4 scales) where w, then the token rows where x */
+    auto load_stage = [&](int st, bool w, bool x) {
         if (st >= nst) return;
         const uint32_t s = sb + (uint32_t)(st & (G::S - 1)) * G::BYTES; /* shared addresses: 32 bits */
         const int left = nunits - st * UPS; /* units of this stage: UPS but at the end */
         const uint8_t *wp = wp0 + (int64_t)st * G::WB;
-        if (left >= UPS) {
+        if (!w) {
+        } else if (left >= UPS) {
 #pragma unroll
             for (int i = 0; i < WCH; i++) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
             if (F == QF_INT4 && lane < 2 * UPS) wx_cp16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
@@ -340,11 +404,24 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         /* the lane's blocks of the stage: xb + 2j (8 KB apart in the tile, 512 bytes in the row) */
 #pragma unroll
         for (int j = 0; j < XCH; j++)
-            if (xrow_live && xb + 2 * j < BPS) {
+            if (x && xrow_live && xb + 2 * j < BPS) {
                 if (BPS * st + 2 * j < xlim) wx_cp16(s + xdst + 8192 * j, xp0 + (int64_t)st * (BPS * 256) + 512 * j);
                 else st_shared_zero16(s + xdst + 8192 * j);
             }
     };
+    /* Down: the weights of every stage buffer (G::S stages: 64 KB a CTA of INT4 or FP8) go
+       before the wait for its slot's h, so they stream while the slot's last gate/up CTAs
+       finish; ws_pipeline then copies the h rows of those stages (cp.async.cg reads L2: the
+       released h) and both of later ones.  Its first cp.async group holds the early weights
+       too. */
+    constexpr int PRE = KIND == WX_DOWN ? G::S : 0; /* stages whose weights go before the wait */
+#pragma unroll
+    for (int st = 0; st < PRE; st++) load_stage(st, true, false);
+    if constexpr (KIND == WX_DOWN) {
+        if (tid == 0) wx_spin([&] { return (int)wx_ld_acquire(a.done + blockIdx.x) >= a.done_target; });
+        __syncthreads();
+    }
+    auto load = [&](int st) { load_stage(st, st >= PRE, true); }; /* ws_pipeline's copies of stage st */
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
     const uint32_t wrd = G::OFF_W + warp * G::WB + lane * (UB / 32), srd = G::OFF_SC + warp * (UPS * 32) + g * 4;
@@ -356,7 +433,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        instruction still takes its issue slot) */
     auto stream = [&](auto cls_tag) {
     constexpr int cls = decltype(cls_tag)::value; /* 0: <= 4 entries, 1: <= 8, 2: <= 16 */
-    ws_pipeline<G::S>(nst, load_stage, [&](int st) {
+    ws_pipeline<G::S>(nst, load, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (G::S - 1)) * G::BYTES;
         const uint32_t d0 = (uint32_t)kmajor_desc(s); /* the low word (wx_partial) */
         const int left = nunits - st * UPS;
@@ -468,6 +545,13 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
             const float h = row < a.rows ? gv / (1.0f + expf(-gv)) * uv : 0.0f;
             wx_store_one(a.hs + (int64_t)(item.off + tok) * a.ldhs, row, h);
         }
+        /* the slot's down CTAs wait for this count: every thread's h stores made visible, the
+           cluster's partials read (the sync below), then one release a CTA */
+        __threadfence();
+        if (a.ks > 1) cluster_sync();
+        else __syncthreads();
+        if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.done + blockIdx.x) : "memory");
+        return;
     } else {
         for (int q = split * WX_THREADS + tid; q < WX_N * WX_ROWS; q += a.ks * WX_THREADS) {
             const int tok = q / WX_ROWS, r = q % WX_ROWS;
@@ -477,6 +561,10 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         }
     }
     if (a.ks > 1) cluster_sync(); /* no CTA leaves while another reads its partials */
+    /* The grid wait at last (every gate/up CTA of a live slot has ended its work by now): so
+       that this grid's end still means that every grid before it has ended, which the
+       kernels after it assume (an empty slot's gate/up CTA reads its item after its wait) */
+    DDT_GRID_DEP_WAIT();
 #endif
 }
 
