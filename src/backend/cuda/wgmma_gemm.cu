@@ -78,6 +78,32 @@ __host__ __device__ constexpr int wg_stages(int xr) {
 }
 static_assert(wg_stages(8) == WG_MAX_S && wg_stages(64) == 6, "stages at 8 and 64 token rows");
 
+/* CTAs of a product an SM holds.  Up to 132 CTAs run one an SM with the whole ring
+ * (the k-split rule fills the SMs).  A product of more row tiles (so never split) ran
+ * them one an SM in waves: K2.6's dense-layer gate | up (288 tiles) in 3, DeepSeek-V3's
+ * q_b (192) in 2, the LM head (1280) in 10, each wave paying its CTAs' ramp again.
+ * Those now share SMs, each CTA's ring cut so that they fit: 2 an SM up to 264 CTAs, 3
+ * up to 396 (one wave), 2 beyond (the LM head: 3 measured slower than 2).  Measured on
+ * an H100 (twenty-ninth session, BENCHMARKS): DeepSeek-V3's q_b at n = 1 43.3 -> 39.1
+ * us, K2.6's dense layer 0.412 -> 0.391 ms at n = 1, the LM head ~1% faster; the
+ * stages a CTA keeps never change the arithmetic. */
+__host__ __device__ constexpr int wg_per_sm(int64_t ctas) {
+    return ctas <= WG_SLOTS ? 1 : ctas > 2 * WG_SLOTS && ctas <= 3 * WG_SLOTS ? 3 : 2;
+}
+/* The bytes a CTA's ring may take when p CTAs share an SM: the SM's 228 KB less 1 KB a
+ * CTA the runtime reserves, less the alignment room and the barriers. */
+__host__ __device__ constexpr int wg_ring_bytes(int p) {
+    return p == 1 ? WG_STAGES_BYTES : (233472 / p - 1024) - 1024 - WG_MAX_S * 8;
+}
+__host__ __device__ constexpr int wg_stages_shared(int xa, int p) {
+    return wg_ring_bytes(p) / wg_stage_bytes(xa) < WG_MAX_S ? wg_ring_bytes(p) / wg_stage_bytes(xa) : WG_MAX_S;
+}
+static_assert(wg_stages_shared(8, 1) == WG_MAX_S && wg_stages_shared(64, 1) == 6, "one an SM: the whole ring");
+static_assert(wg_stages_shared(8, 2) == 6 && wg_stages_shared(64, 2) == 3 && wg_stages_shared(8, 3) == 4 &&
+                  wg_stages_shared(64, 3) == 2,
+              "stages when 2 or 3 share an SM: at least 2 (one in flight while one is read)");
+static_assert(WG_BN * WG_RS * 4 <= wg_ring_bytes(3), "the partials fit where 3 CTAs share an SM");
+
 struct WgArgs {
     int64_t rows;              /* output rows per group */
     int64_t w_row_stride, w_row_offset;
@@ -417,10 +443,12 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     a.xr = xr;
     /* no more stages than a split has k-blocks, and shared memory for those alone:
        W_UK^T's 256 CTAs of 2 k-blocks each (K2.6) then run 3 an SM in one wave, not
-       one an SM in two waves of fixed costs (11.6 us for 8.4 MB on the H100) */
+       one an SM in two waves of fixed costs (11.6 us for 8.4 MB on the H100); past
+       132 CTAs no more than wg_per_sm's share of an SM */
     const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
     a.xa = xr > ni ? xr : ni;
-    a.stages = wg_stages(a.xa) < a.kb_per_split ? wg_stages(a.xa) : a.kb_per_split;
+    const int per_sm = wg_per_sm(rtiles * ks * ttiles * g->count);
+    a.stages = wg_stages_shared(a.xa, per_sm) < a.kb_per_split ? wg_stages_shared(a.xa, per_sm) : a.kb_per_split;
     a.stage_bytes = wg_stage_bytes(a.xa);
     {
         const int ring = a.stages * a.stage_bytes, red = WG_BN * WG_RS * 4;
