@@ -14,7 +14,9 @@
  *   - through ddt_cuda_matmul_mode (tensor mode routes an eligible bf16 weight
  *     here): the same bits as the direct call;
  *   - the k-split rule depends on the shape only, keeps two k-blocks a split, fills at
- *     most one wave of the 132 SMs;
+ *     most one wave of the 132 SMs; launches of 133-266, 266-396 and more CTAs (2, 3
+ *     and 2 CTAs an SM, rings of 6 down to 2 stages) give the same accuracy and
+ *     batch invariance;
  *   - refusals: columns not a multiple of 8, a short or misaligned workspace;
  *   - the norms that write their output's split planes for the next product
  *     (ddt_cuda_add_rmsnorm_split, ddt_cuda_rmsnorm_pair_split,
@@ -605,6 +607,17 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 6; i++) {
             if (quick && (i == 1 || i == 5)) continue;
             wg_case(sh[s][0], sh[s][1], (int)sh[s][2], ns[i]);
+        }
+    /* launches past 132 CTAs, whose CTAs share SMs with rings cut to fit (wg_per_sm):
+       [17000 x 136] 133 row tiles (2 an SM: 6 stages at 8 token rows, 3 at 64; at 70
+       tokens two token tiles, 266 CTAs: 3 an SM, 2 stages), [33900 x 200] 265 (3 an SM,
+       4 stages), [51300 x 72] 401 (2 an SM again) */
+    static const int64_t big[][2] = {{17000, 136}, {33900, 200}, {51300, 72}};
+    static const int bn[] = {1, 17, 64, 70};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 4; i++) {
+            if (quick && i != 0 && i != 3) continue;
+            wg_case(big[s][0], big[s][1], 1, bn[i]);
         }
     /* every n from 1 to 64 on one shape (bitwise alone == batch for each) */
     if (!quick)

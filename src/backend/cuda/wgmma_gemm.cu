@@ -16,7 +16,9 @@
  * 3 an SM in one wave instead of two waves: 10.1 -> 8.2 us at n = 1 on the
  * H200).  More stages in flight alone did not speed up the big single-wave
  * products (q_a | kv_a, q_b: the same time at 6 and 10 stages on the H100), so
- * their streams are not bound by the bytes in flight.  Both operands are K-major, so
+ * their streams are not bound by the bytes in flight.  A launch of more than 132
+ * CTAs shares SMs, 2 or 3 CTAs an SM with their rings cut to fit (wg_per_sm), so
+ * that its CTAs do not queue in waves that each pay the ramp again.  Both operands are K-major, so
  * D[row][token] += W x_hi^T then W x_lo^T, 4 k-steps of m64n64k16 each; the two
  * warpgroups share the x tiles, so x costs half of W's bytes from L2 at n = 64.
  * A ring of S stages keeps S-1 k-blocks in flight;
