@@ -291,8 +291,9 @@ int main(int argc, char **argv) {
         printf("\n# dense %s [%d, %d] (%.1f MB; floor %.1f us) through ddt_cuda_matmul_mode, and cuBLAS bf16 "
                "(%.1f MB)\n\n", dense[di].name, R, C, wbytes / 1e6, wbytes / copy_gbs / 1e3, bbytes / 1e6);
         printf("| mode | tokens | us (median) | weight GB/s | of copy bw | vs floor | vs n=1 | GFLOP/s | us (queued) | "
-               "of copy bw (queued) | cuBLAS bf16 us | ours / cuBLAS |\n");
-        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+               "of copy bw (queued) | cuBLAS bf16 us | ours / cuBLAS | presplit us (median / queued) | "
+               "of copy bw (presplit, queued) |\n");
+        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         static const int dn[] = {1, 4, 8, 16, 32, 64};
         for (int mi = 0; mi < 2; mi++) {
             double t1 = 0;
@@ -304,11 +305,22 @@ int main(int argc, char **argv) {
                 TIME_CALLS(ddt_cuda_matmul_mode(&qb, mode, x, C, n, y, R, mws, mws_bytes, NULL, &err_), ms, q);
                 TIME_WITH(CB(gemm_bf16(cub, R, n, C, wb.data, xd.data, y, 0)), cms, cq);
                 if (t1 == 0) t1 = ms;
+                /* the product as a layer runs it: its activations split by their producer
+                   (a norm, the merge, another product's epilogue) into the planes it reads,
+                   so one launch; the planes here from the call above, which wrote them */
+                char pre[64] = "- | -";
+                ddt_cuda_split_planes planes;
+                if (mode == DDT_CUDA_MM_TENSOR && ddt_cuda_matmul_split_planes(&qb, mode, n, mws, mws_bytes, &planes)) {
+                    float pms, pq;
+                    TIME_CALLS(ddt_cuda_matmul_presplit(&qb, mode, n, y, R, mws, mws_bytes, NULL, &err_), pms, pq);
+                    snprintf(pre, sizeof pre, "%.1f / %.1f | %.0f%%", pms * 1e3, pq * 1e3,
+                             100.0 * wbytes / (pq * 1e-3) / 1e9 / copy_gbs);
+                }
                 const double gbs = wbytes / (ms * 1e-3) / 1e9, gq = wbytes / (q * 1e-3) / 1e9;
-                printf("| %s | %d | %.1f | %.0f | %.0f%% | %.2fx | %.2fx | %.0f | %.1f | %.0f%% | %.1f | %.2fx |\n",
+                printf("| %s | %d | %.1f | %.0f | %.0f%% | %.2fx | %.2fx | %.0f | %.1f | %.0f%% | %.1f | %.2fx | %s |\n",
                        mi ? "tensor" : "fp32", n, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
                        ms * 1e-3 / (wbytes / (copy_gbs * 1e9)), ms / t1, 2.0 * R * C * n / (ms * 1e-3) / 1e9, q * 1e3,
-                       100.0 * gq / copy_gbs, cms * 1e3, ms / cms);
+                       100.0 * gq / copy_gbs, cms * 1e3, ms / cms, pre);
                 (void)cq;
             }
         }
