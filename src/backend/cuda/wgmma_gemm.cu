@@ -86,9 +86,9 @@ static_assert(wg_stages(8) == WG_MAX_S && wg_stages(64) == 6, "stages at 8 and 6
  * q_b (192) in 2, the LM head (1280) in 10, each wave paying its CTAs' ramp again.
  * Those now share SMs, each CTA's ring cut so that they fit: 2 an SM up to 264 CTAs, 3
  * up to 396 (one wave), 2 beyond (the LM head: 3 measured slower than 2).  Measured on
- * an H100 (twenty-ninth session, BENCHMARKS): DeepSeek-V3's q_b at n = 1 43.3 -> 39.1
- * us, K2.6's dense layer 0.412 -> 0.391 ms at n = 1, the LM head ~1% faster; the
- * stages a CTA keeps never change the arithmetic. */
+ * an H100 against one an SM (twenty-ninth session, BENCHMARKS): DeepSeek-V3's q_b at
+ * n = 1 44 -> 41-43 us, K2.6's dense layer 1-3% faster (0.564 -> 0.548 ms at n = 64),
+ * the LM head ~1%; the stages a CTA keeps never change the arithmetic. */
 __host__ __device__ constexpr int wg_per_sm(int64_t ctas) {
     return ctas <= WG_SLOTS ? 1 : ctas > 2 * WG_SLOTS && ctas <= 3 * WG_SLOTS ? 3 : 2;
 }
