@@ -73,12 +73,8 @@ constexpr int WG_MAX_KS = 8;                       /* portable cluster size */
 static_assert(WG_BN * WG_RS * 4 <= WG_OFF_BAR / 2, "the partials reuse the stages (at least half the ring)");
 
 /* A stage's bytes for x boxes of xr rows (a multiple of 8: each box 1024-byte
- * aligned, as the swizzle needs), and the stages the ring holds. */
+ * aligned, as the swizzle needs). */
 __host__ __device__ constexpr int wg_stage_bytes(int xr) { return 2 * WG_TILE + 2 * xr * 128; }
-__host__ __device__ constexpr int wg_stages(int xr) {
-    return WG_OFF_BAR / wg_stage_bytes(xr) < WG_MAX_S ? WG_OFF_BAR / wg_stage_bytes(xr) : WG_MAX_S;
-}
-static_assert(wg_stages(8) == WG_MAX_S && wg_stages(64) == 6, "stages at 8 and 64 token rows");
 
 /* CTAs of a product an SM holds.  Up to 132 CTAs run one an SM with the whole ring
  * (the k-split rule fills the SMs).  A product of more row tiles (so never split) ran
@@ -97,12 +93,12 @@ __host__ __device__ constexpr int wg_per_sm(int64_t ctas) {
 __host__ __device__ constexpr int wg_ring_bytes(int p) {
     return p == 1 ? WG_STAGES_BYTES : (233472 / p - 1024) - 1024 - WG_MAX_S * 8;
 }
-__host__ __device__ constexpr int wg_stages_shared(int xa, int p) {
+/* The stages a ring of stages for xa token rows holds when p CTAs share an SM. */
+__host__ __device__ constexpr int wg_stages(int xa, int p) {
     return wg_ring_bytes(p) / wg_stage_bytes(xa) < WG_MAX_S ? wg_ring_bytes(p) / wg_stage_bytes(xa) : WG_MAX_S;
 }
-static_assert(wg_stages_shared(8, 1) == WG_MAX_S && wg_stages_shared(64, 1) == 6, "one an SM: the whole ring");
-static_assert(wg_stages_shared(8, 2) == 6 && wg_stages_shared(64, 2) == 3 && wg_stages_shared(8, 3) == 4 &&
-                  wg_stages_shared(64, 3) == 2,
+static_assert(wg_stages(8, 1) == WG_MAX_S && wg_stages(64, 1) == 6, "one an SM: the whole ring");
+static_assert(wg_stages(8, 2) == 6 && wg_stages(64, 2) == 3 && wg_stages(8, 3) == 4 && wg_stages(64, 3) == 2,
               "stages when 2 or 3 share an SM: at least 2 (one in flight while one is read)");
 static_assert(WG_BN * WG_RS * 4 <= wg_ring_bytes(3), "the partials fit where 3 CTAs share an SM");
 
@@ -114,7 +110,7 @@ struct WgArgs {
     int32_t xr;                /* token rows the x boxes carry: min(64, round8(count * n)) */
     int32_t xa;                /* token rows a stage's x regions hold: max(xr, the instruction's N), since
                                   the wgmma reads N rows (those past xr stale, into unread columns) */
-    int32_t stages, stage_bytes; /* the ring: min(wg_stages(xa), a split's k-blocks), wg_stage_bytes(xa) */
+    int32_t stages, stage_bytes; /* the ring: min(wg_stages(xa, wg_per_sm), a split's k-blocks), wg_stage_bytes(xa) */
     int32_t off_bar;             /* the stages' mbarriers, past the ring and the partials */
     float *y;
     int64_t ldy, y_stride;
@@ -450,7 +446,7 @@ static ddt_status wg_matmul(const ddt_qweight *w, const ddt_row_groups *g, const
     const int ni = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
     a.xa = xr > ni ? xr : ni;
     const int per_sm = wg_per_sm(rtiles * ks * ttiles * g->count);
-    a.stages = wg_stages_shared(a.xa, per_sm) < a.kb_per_split ? wg_stages_shared(a.xa, per_sm) : a.kb_per_split;
+    a.stages = wg_stages(a.xa, per_sm) < a.kb_per_split ? wg_stages(a.xa, per_sm) : a.kb_per_split;
     a.stage_bytes = wg_stage_bytes(a.xa);
     {
         const int ring = a.stages * a.stage_bytes, red = WG_BN * WG_RS * 4;
