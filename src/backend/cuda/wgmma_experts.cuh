@@ -240,6 +240,43 @@ static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&
     wx_keep(A1);
 }
 
+/* Stage st's copies have landed for this thread: the groups committed after the one holding its
+ * token rows may stay in flight.  wx_pipeline's group order: W 0 .. W S-1 (a stage's weights
+ * each), then X 0 .. X S-2 in one group, then per stage X st+S-1, W st+S: so 2 st groups after
+ * stage st's rows while st < S - 1 (they are in the prologue's group), 2S - 3 after. */
+template <int S>
+static __device__ __forceinline__ void wx_wait_stage(int st) {
+    static_assert(S == 2 || S == 4, "the waits below");
+    if (st >= S - 1) ws_wait<2 * S - 3>();
+    else if (st == 0) ws_wait<0>();
+    else if (st == 1) ws_wait<2>();
+    else ws_wait<4>();
+}
+
+/* The experts' S-stage pipeline (ws_pipeline's, but for the weights): a warp's weights and
+ * scales in a stage buffer are read by that warp alone, so each warp puts stage st + S's in
+ * flight into the buffer of stage st as soon as it has read them (after body(st), over a warp
+ * barrier), not after the CTA's barrier of the next stage and that stage's landing: while a warp
+ * waits for stage st + 1 it has S stages' weights in flight, not S - 1.  The token rows (read
+ * by every warp's wgmmas) keep the CTA barrier: X st+S-1 goes once all warps are past stage
+ * st - 1.  The caller has issued W 0 .. W S-1 (wload commits its group); xload / wload issue
+ * nothing past nst. */
+template <int S, class XLoad, class WLoad, class Body>
+static __device__ __forceinline__ void wx_pipeline(int nst, XLoad xload, WLoad wload, Body body) {
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) xload(st);
+    ws_commit();
+    for (int st = 0; st < nst; st++) {
+        wx_wait_stage<S>(st);
+        __syncthreads();
+        xload(st + S - 1);
+        ws_commit();
+        body(st);
+        __syncwarp();
+        wload(st + S);
+    }
+}
+
 struct WxArgs {
     const WsItem *items;
     const int32_t *sorted_tok;
@@ -409,19 +446,22 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
                 else st_shared_zero16(s + xdst + 8192 * j);
             }
     };
-    /* Down: the weights of every stage buffer (G::S stages: 64 KB a CTA of INT4 or FP8) go
-       before the wait for its slot's h, so they stream while the slot's last gate/up CTAs
-       finish; ws_pipeline then copies the h rows of those stages (cp.async.cg reads L2: the
-       released h) and both of later ones.  Its first cp.async group holds the early weights
-       too. */
-    constexpr int PRE = KIND == WX_DOWN ? G::S : 0; /* stages whose weights go before the wait */
+    /* The weights of every stage buffer first, one cp.async group a stage (down: before the wait
+       for its slot's h, so they stream while the slot's last gate/up CTAs finish; the expert's
+       weights are never written by a kernel); the token rows after (down: the released h,
+       cp.async.cg reads L2).  Later stages' weights go by each warp as soon as it has read its
+       own share of a stage buffer (wx_pipeline). */
+    auto wload = [&](int st) {
+        load_stage(st, true, false);
+        ws_commit();
+    };
+    auto xload = [&](int st) { load_stage(st, false, true); };
 #pragma unroll
-    for (int st = 0; st < PRE; st++) load_stage(st, true, false);
+    for (int st = 0; st < G::S; st++) wload(st);
     if constexpr (KIND == WX_DOWN) {
         if (tid == 0) wx_spin([&] { return (int)wx_ld_acquire(a.done + blockIdx.x) >= a.done_target; });
         __syncthreads();
     }
-    auto load = [&](int st) { load_stage(st, st >= PRE, true); }; /* ws_pipeline's copies of stage st */
 
     /* this thread's fragments in a stage: the unit's 8 bytes, the scale pair of row g (and g + 8) */
     const uint32_t wrd = G::OFF_W + warp * G::WB + lane * (UB / 32), srd = G::OFF_SC + warp * (UPS * 32) + g * 4;
@@ -433,7 +473,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        instruction still takes its issue slot) */
     auto stream = [&](auto cls_tag) {
     constexpr int cls = decltype(cls_tag)::value; /* 0: <= 4 entries, 1: <= 8, 2: <= 16 */
-    ws_pipeline<G::S>(nst, load, [&](int st) {
+    wx_pipeline<G::S>(nst, xload, wload, [&](int st) {
         const uint32_t s = sb + (uint32_t)(st & (G::S - 1)) * G::BYTES;
         const uint32_t d0 = (uint32_t)kmajor_desc(s); /* the low word (wx_partial) */
         const int left = nunits - st * UPS;
