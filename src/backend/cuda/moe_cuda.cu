@@ -174,6 +174,7 @@ route_kernel(const float *__restrict__ logits, int64_t ld, ddt_moe_route_params 
             if (!taken[e] && gkeep[e / per]) b = best_of(b, Best{choice[e], e});
         b = warp_best(b);
         const int e = b.i < 0 ? 0 : b.i; /* same in every lane */
+        __syncwarp(); /* every lane's reads of taken[] before lane 0's write (racecheck: the shuffles order no memory) */
         if (lane == 0) taken[e] = 1, chosen[k] = e;
         __syncwarp();
     }
