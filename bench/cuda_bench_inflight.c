@@ -32,7 +32,12 @@ static double time_probe(const uint8_t *src, int64_t per_cta, int ctas, int stag
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     CU(cudaEventRecord(e0, 0));
-    for (int r = 0; r < reps; r++) bench_probe_launch(src, per_cta, ctas, stage, stages, spin, sink, NULL);
+    for (int r = 0; r < reps; r++)
+        if (bench_probe_launch(src, per_cta, ctas, stage, stages, spin, sink, NULL)) {
+            fprintf(stderr, "probe launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            g_failures++;
+            break;
+        }
     CU(cudaEventRecord(e1, 0));
     CU(cudaEventSynchronize(e1));
     CU(cudaGetLastError());
