@@ -19,7 +19,6 @@
 #include "../tests/cuda/cuda_test.h"
 #include "cuda_bench_inflight.h"
 
-
 /* mean ms of reps launches after one warm-up */
 static double time_probe(const uint8_t *src, int64_t per_cta, int ctas, int stage, int stages, int spin,
                          uint32_t *sink, int reps) {
@@ -53,6 +52,10 @@ int main(void) {
     CU(cudaGetDevice(&dev));
     CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CU(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    if (bench_probe_init(232448)) { /* the most a Hopper CTA may use, set once outside the timed launches */
+        fprintf(stderr, "probe init failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        return 1;
+    }
     const double bw = ct_copy_bandwidth();
     const int64_t long_cta = (int64_t)4 << 20, short_cta = (int64_t)448 << 10;
     const size_t bytes = (size_t)2 * sms * long_cta;

@@ -11,6 +11,9 @@
 extern "C" {
 #endif
 
+/* once, before any launch: the dynamic shared memory a launch may ask for (at most max_smem bytes; the
+   cap only, not the occupancy); nonzero on a CUDA error */
+int bench_probe_init(int max_smem);
 /* ctas CTAs, each streaming per_cta bytes of src (a multiple of stage_bytes, itself a multiple
    of 16 x bench_probe_threads()) through a ring of `stages` (2, 3, 4 or 6) stages, waiting spin
    clock cycles a stage; nonzero on a CUDA error */

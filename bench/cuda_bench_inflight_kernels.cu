@@ -16,9 +16,12 @@
 #include <stdint.h>
 
 #include "../bench/cuda_bench_inflight.h"
+#include "backend/cuda/cuda_check.h" /* wstream.cuh's DDT_GRID_DEP_WAIT */
+#include "backend/cuda/wstream.cuh" /* ws_commit, ws_wait: the weight streams' own group waits */
 
 #define PROBE_THREADS 512
 
+/* wgmma_experts.cuh's wx_cp16 (that header is moe_cuda.cu's alone): the experts' exact copy */
 static __device__ __forceinline__ void probe_cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -37,7 +40,7 @@ static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8
             const uint8_t *s = base + (int64_t)st * stage_bytes + 16 * tid;
             for (int i = 0; i < per_thread; i++) probe_cp16(d + 16u * PROBE_THREADS * (uint32_t)i, s + 16 * PROBE_THREADS * i);
         }
-        asm volatile("cp.async.commit_group;\n" ::: "memory"); /* empty groups keep the count */
+        ws_commit(); /* empty groups keep the count */
     };
     for (int st = 0; st < stages - 1; st++) issue(st);
     uint32_t acc = 0;
@@ -45,11 +48,11 @@ static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8
         issue(st + stages - 1);
         /* the oldest of the stages groups in flight (stage st) has landed */
         switch (stages) {
-        case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 2: ws_wait<1>(); break;
+        case 3: ws_wait<2>(); break;
+        case 4: ws_wait<3>(); break;
+        case 6: ws_wait<5>(); break;
+        default: ws_wait<0>(); break;
         }
         __syncthreads();
         const uint4 v = *(const uint4 *)(probe_smem + (size_t)(st % stages) * stage_bytes + 16 * tid);
@@ -64,10 +67,13 @@ static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8
     if (acc == 0x9E3779B9u) sink[0] = acc + (uint32_t)tid; /* never, in practice; keeps the reads */
 }
 
+extern "C" int bench_probe_init(int max_smem) {
+    return cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem) != cudaSuccess;
+}
+
 extern "C" int bench_probe_launch(const uint8_t *src, int64_t per_cta, int ctas, int stage_bytes, int stages, int spin,
                                   uint32_t *sink, void *stream) {
     const int smem = stage_bytes * stages;
-    if (cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 1;
     probe_kernel<<<ctas, PROBE_THREADS, smem, (cudaStream_t)stream>>>(src, per_cta, stage_bytes, stages, spin, sink);
     return cudaGetLastError() != cudaSuccess;
 }
