@@ -180,10 +180,11 @@ template <int N> static __device__ __forceinline__ void ws_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* The S-stage cp.async pipeline both weight streams run (ws_kernel, wgmma_experts.cuh's
- * wx_kernel): stages 0 .. S-2 in flight first; then per stage st, once it has landed
- * for every thread (whose barrier also frees stage st-1's buffer), stage st+S-1 is
- * issued and body(st) consumes st.  load(st) must issue nothing for st >= nst. */
+/* The S-stage cp.async pipeline of ws_kernel (wgmma_experts.cuh's wx_kernel runs its
+ * own, wx_pipeline, whose warps refill their weights without the barrier): stages
+ * 0 .. S-2 in flight first; then per stage st, once it has landed for every thread
+ * (whose barrier also frees stage st-1's buffer), stage st+S-1 is issued and body(st)
+ * consumes st.  load(st) must issue nothing for st >= nst. */
 template <int S, class I, class Load, class Body>
 static __device__ __forceinline__ void ws_pipeline(I nst, Load load, Body body) {
 #pragma unroll
