@@ -10,8 +10,8 @@
  * 1e-3 in the output, and a bf16 output adds as much again, so ~2e-3 is
  * expected; 1e-2 leaves room and still catches any wrong row or mask), the
  * log-sum-exp on the small cases (< 4e-3, see LSE_BOUND), two runs bitwise
- * equal, both merge paths
- * bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
+ * equal, every merge path (cluster, the global combine in rounds of 8 splits
+ * and staged) bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
  * output, the output's split planes for W_UV (out_planes, head-major rows) from
  * the auto and the global merge: the output the same bits, the planes its exact
  * bf16 split, their pitch padding untouched, a short pitch refused.
@@ -267,6 +267,11 @@ static void run_case(const mla_case *c, int check_paths) {
         CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
               "np %d T %d H %d: global-merge path differs", np, T, H);
         paths++;
+        /* the staged combine kernel (GLOBAL's past 8 splits) at this case's split count */
+        gpu_run(&a, out_bytes, ws, DDT_MLA_PATH_GLOBAL_STAGED, again, lse2, n_rows);
+        CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
+              "np %d T %d H %d: staged global-merge path differs", np, T, H);
+        paths++;
         /* the grid's splits (the bound on S for max_prefix) must fit a cluster of 8 */
         long n_qtiles = (long)((n_rows + 63) / 64), smax = 132 / n_qtiles, nb_max = (max_prefix + 63) / 64 + 1;
         if (smax > (nb_max + 2) / 3) smax = (nb_max + 2) / 3; /* at least 3 blocks a split (DDT_MLA_MIN_BPS) */
@@ -286,10 +291,12 @@ static void run_case(const mla_case *c, int check_paths) {
         const size_t pn = (size_t)H * (size_t)T * (size_t)pitch;
         uint16_t *dpl, *hpl = malloc(2 * pn * 2);
         CU(cudaMalloc((void **)&dpl, 2 * pn * 2));
-        for (int pass = 0; pass < (check_paths ? 2 : 1); pass++) {
+        static const int32_t plane_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
+        static const char *const plane_names[3] = {"auto", "global", "staged global"};
+        for (int pass = 0; pass < (check_paths ? 3 : 1); pass++) {
             CU(cudaMemset(dpl, 0xFF, 2 * pn * 2));
             a.out_planes = (ddt_cuda_split_planes){dpl, dpl + pn, pitch};
-            gpu_run(&a, out_bytes, ws, pass ? DDT_MLA_PATH_GLOBAL : DDT_MLA_PATH_AUTO, again, lse2, n_rows);
+            gpu_run(&a, out_bytes, ws, plane_paths[pass], again, lse2, n_rows);
             a.out_planes = (ddt_cuda_split_planes){NULL, NULL, 0};
             CU(cudaMemcpy(hpl, dpl, 2 * pn * 2, cudaMemcpyDeviceToHost));
             int64_t bad = 0, stray = 0;
@@ -307,7 +314,7 @@ static void run_case(const mla_case *c, int check_paths) {
                     }
             CHECK(memcmp(got, again, out_bytes) == 0 && bad == 0 && stray == 0,
                   "np %d T %d H %d %s path: output with split planes %s, %lld planes values not its split, %lld stray",
-                  np, T, H, pass ? "global" : "auto", memcmp(got, again, out_bytes) ? "differs" : "the same",
+                  np, T, H, plane_names[pass], memcmp(got, again, out_bytes) ? "differs" : "the same",
                   (long long)bad, (long long)stray);
         }
         /* refused: planes of bf16 output, a pitch under 512 */
@@ -381,7 +388,9 @@ static void bad_prefix_case(void) {
     a.out = dout;
     a.out_ld = DDT_MLA_DV;
     a.workspace = dws;
-    for (int path = DDT_MLA_PATH_AUTO; path <= DDT_MLA_PATH_GLOBAL; path++) {
+    static const int32_t bad_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
+    for (int pi = 0; pi < 3; pi++) {
+        const int32_t path = bad_paths[pi];
         a.path = path;
         OK(ddt_cuda_mla_verify_run(&a, NULL, &err_));
         CU(cudaDeviceSynchronize());

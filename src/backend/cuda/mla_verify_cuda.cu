@@ -31,7 +31,9 @@
  * e.g. T >= 17 at H = 64) they merge through distributed shared memory (each
  * CTA pushes its rows to the CTA that merges them, over the then idle cache
  * stages) and nothing goes through HBM; otherwise through the workspace and a
- * second (combine) kernel.
+ * second (combine) kernel: past 8 splits one that stages every split's rows in
+ * shared memory at once (mla_combine_staged_kernel), else one that reads them in
+ * rounds of 8 (mla_combine_kernel).
  *
  * The softmax is taken in base 2 (scores scaled by scale*log2 e) with the
  * hardware exp2; P is rounded to bf16 for the tensor cores and the row sums add
@@ -617,6 +619,88 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
                 [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
 }
 
+/* ---- global-path merge of many splits: one CTA per query row and 128 output columns ---- */
+
+/* Every split's 128 columns of the row and its lse staged into shared memory by cp.async, all in
+ * flight at once (one round trip to L2 for any S), then one column a thread merged in split order:
+ * per column the arithmetic of combine_row (the cluster path's), hence the same bits.  The one
+ * CTA a row above reads 8 splits' rows a round: 3 dependent rounds at T = 1 and N = 4096 (22
+ * splits), 17 at N = 65536 (129).  Taken when the grid has more than 8 splits (one round of the
+ * kernel above), i.e. at few query tiles: on an H100 (thirty-first session, cuda_bench_mla, T =
+ * 1) N = 4096 18.3 -> 17.3 us, N = 65536 59.1 -> 53.2; at T = 16 (8 splits, 1024 rows: four times
+ * the CTAs, each with little to stage) it was 13% slower, so there the kernel above stays. */
+constexpr int MC_COLS = 128;        /* output columns of a merge CTA (its threads) */
+constexpr int MC_STAGED_ABOVE = 8;  /* grid splits past which the global path merges staged */
+
+__host__ __device__ inline int merge_lse_pad(int sgrid) { return (sgrid + 3) & ~3; }
+__host__ __device__ inline size_t merge_smem_bytes(int sgrid) {
+    return ((size_t)merge_lse_pad(sgrid) + (size_t)sgrid * MC_COLS) * 4;
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Params p) {
+    DDT_GRID_DEP_WAIT();
+    extern __shared__ __align__(16) float mc_smem[];
+    const long long grow = blockIdx.x;
+    const int col = blockIdx.y * MC_COLS + threadIdx.x;
+    const long long np = *p.n_prefix;
+    const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
+    int S = 0, bps = 0;
+    if (ok) split_plan(np, p.n_qtiles, S, bps);
+    const size_t nr = (size_t)p.n_rows;
+    float *const sl = mc_smem;                              /* [S] lse */
+    float *const sv = mc_smem + merge_lse_pad(p.s_grid);    /* [S][MC_COLS] */
+    const uint32_t slb = smem_u32(sl), svb = smem_u32(sv);
+    for (int s = threadIdx.x; s < S; s += MC_COLS) cp_async4(slb + s * 4, p.lse_part + (size_t)s * nr + grow);
+    const float *const src = p.o_part + grow * DV + blockIdx.y * MC_COLS;
+    for (int i = threadIdx.x; i < S * (MC_COLS / 4); i += MC_COLS) {
+        const int s = i / (MC_COLS / 4), q = i - s * (MC_COLS / 4);
+        cp_async16(svb + (uint32_t)(s * MC_COLS + q * 4) * 4, src + (size_t)s * nr * DV + q * 4);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    float res, lse_out;
+    if (!ok) {
+        res = NAN;
+        lse_out = NAN;
+    } else {
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, sl[s]);
+        if (M == -INFINITY) { /* no visible row (padding rows only) */
+            res = 0.f;
+            lse_out = -INFINITY;
+        } else {
+            float W = 0.f, acc = 0.f;
+            for (int s = 0; s < S; s++) {
+                const float w = ex2(sl[s] - M);
+                W += w;
+                acc += w * sv[s * MC_COLS + threadIdx.x];
+            }
+            res = acc / W;
+            lse_out = (M + log2f(W)) * 0.69314718055994531f;
+        }
+    }
+    if (p.out_fp32) {
+        ((float *)p.out)[grow * p.out_ld + col] = res;
+        if (p.ph) { /* W_UV's activations, head-major: its split launch's planes, bitwise */
+            const long long t = grow / p.H, h = grow - t * p.H, r = (h * p.T + t) * p.ppitch + col;
+            __nv_bfloat16 hv, lv;
+            bf16_split(res, hv, lv);
+            p.ph[r] = hv;
+            p.pl[r] = lv;
+        }
+    } else {
+        ((__nv_bfloat16 *)p.out)[grow * p.out_ld + col] = __float2bfloat16_rn(res);
+    }
+    if (col == 0 && p.lse) p.lse[grow] = lse_out;
+}
+
 /* ---- host side ---- */
 
 /* A [rows][576] bf16 matrix with a row pitch, read in 64x64 boxes, 128-byte swizzle. */
@@ -641,6 +725,9 @@ cudaError_t prepare_kernels() {
     cudaError_t e = cudaFuncSetAttribute(mla_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(mla_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(mla_combine_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)merge_smem_bytes(SPLIT_TARGET));
     if (e != cudaSuccess) return e;
     for (int C = 1; C <= MAX_CLUSTER; C++) {
         cudaLaunchConfig_t cfg = {};
@@ -716,7 +803,7 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
         return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: scale %g must be positive and finite", (double)a->scale);
     if (((uintptr_t)a->q | (uintptr_t)a->kv | (uintptr_t)a->out | (uintptr_t)a->workspace) & 15u)
         return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: q, kv, out and workspace must be 16-byte aligned");
-    if (a->path < DDT_MLA_PATH_AUTO || a->path > DDT_MLA_PATH_CLUSTER)
+    if (a->path < DDT_MLA_PATH_AUTO || a->path > DDT_MLA_PATH_GLOBAL_STAGED)
         return ddt_fail(err, DDT_ERR_INVALID, "MLA verify: unknown path %d", a->path);
 
     encode_tiled_fn enc = get_encoder();
@@ -760,7 +847,7 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
 
     DDT_CUDA_TRY(prepare_kernels(), err);
     bool cluster;
-    if (a->path == DDT_MLA_PATH_GLOBAL)
+    if (a->path == DDT_MLA_PATH_GLOBAL || a->path == DDT_MLA_PATH_GLOBAL_STAGED)
         cluster = false;
     else if (a->path == DDT_MLA_PATH_CLUSTER)
         cluster = sgrid <= MAX_CLUSTER;
@@ -783,8 +870,13 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     } else {
         mla_attn_kernel<false><<<dim3((unsigned)n_qtiles, (unsigned)sgrid, 1), NTHREADS, SMEM_BYTES, s>>>(tmq, tmkv, p);
         DDT_CUDA_LAUNCHED("mla_attn", s, err);
-        mla_combine_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);
-        DDT_CUDA_LAUNCHED("mla_combine", s, err);
+        if (sgrid > MC_STAGED_ABOVE || a->path == DDT_MLA_PATH_GLOBAL_STAGED) {
+            mla_combine_staged_kernel<<<dim3((unsigned)n_rows, DV / MC_COLS), MC_COLS, merge_smem_bytes(sgrid), s>>>(p);
+            DDT_CUDA_LAUNCHED("mla_combine_staged", s, err);
+        } else {
+            mla_combine_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);
+            DDT_CUDA_LAUNCHED("mla_combine", s, err);
+        }
     }
     return DDT_OK;
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# gpu-variant.sh — a compile-time variant of the CUDA benchmarks without a second build tree:
+# one source of libddt_cuda rebuilt with extra -D flags (the CMake build's own nvcc flags and
+# includes), put into a copy of libddt_cuda.a, and the named programs relinked against that copy,
+# into ab/var/NAME (untracked).  Seconds to a minute for one source on the 2-core machine,
+# where a second build tree takes ~6 minutes.  Then pack it for the GPU like any build:
+#     scripts/gpu-variant.sh bps1 src/backend/cuda/mla_verify_cuda.cu "-DDDT_MLA_MIN_BPS=1" cuda_bench_mla cuda_bench_k26
+#     scripts/gpu-local.sh pack vbps1 ab/var/bps1 cuda_bench_mla cuda_bench_k26
+# BUILD (default build) is a configured and built CMake tree of this checkout.
+# Exit status: 2 on a usage error or a missing build, else the compiler's or linker's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 4 ] || { echo "usage: scripts/gpu-variant.sh NAME SOURCE.cu \"-DFLAGS...\" PROGRAM..."; exit 2; }
+name=$1 src=$2 defs=$3
+shift 3
+root=$(pwd)
+build=$(cd "${BUILD:-build}" && pwd) || exit 2
+dir=$build/CMakeFiles/ddt_cuda.dir
+if [ ! -f "$dir/flags.make" ] || [ ! -f "$build/libddt_cuda.a" ] || [ ! -f "$root/$src" ]; then
+  echo "gpu-variant: no built CMake tree at $build, or no source $src"
+  exit 2
+fi
+out=$root/ab/var/$name
+rm -rf "$out" && mkdir -p "$out"
+flags=$(sed -n 's/^CUDA_FLAGS = //p' "$dir/flags.make")
+obj=$(basename "$src").o # the archive's member name (CMake names objects source.cu.o)
+# shellcheck disable=SC2086 # flags and defs are word lists
+(cd "$build" && nvcc -forward-unknown-to-host-compiler --options-file "$dir/includes_CUDA.rsp" $flags $defs \
+  -x cu -c "$root/$src" -o "$out/$obj")
+cp "$build/libddt_cuda.a" "$out/libddt_cuda.a"
+(cd "$out" && ar r libddt_cuda.a "$obj" && rm "$obj")
+for p in "$@"; do
+  link=$build/CMakeFiles/$p.dir
+  [ -f "$link/linkLibs.rsp" ] || { echo "gpu-variant: no program $p in $build"; exit 2; }
+  sed "s# libddt_cuda.a # $out/libddt_cuda.a #" "$link/linkLibs.rsp" > "$out/$p.rsp"
+  (cd "$build" && g++ "@CMakeFiles/$p.dir/objects1" -o "$out/$p" "@$out/$p.rsp" \
+    -L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib)
+  rm "$out/$p.rsp"
+done
+echo "gpu-variant: $name: $src with $defs -> $out ($*)"
