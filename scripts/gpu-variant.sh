@@ -2,11 +2,12 @@
 # gpu-variant.sh — a compile-time variant of the CUDA benchmarks without a second build tree:
 # one source of libddt_cuda rebuilt with extra -D flags (the CMake build's own nvcc flags and
 # includes), put into a copy of libddt_cuda.a, and the named programs relinked against that copy,
-# into ab/var/NAME (untracked).  Seconds to a minute for one source on the 2-core machine,
+# into $GPU_VARIANT_DIR/NAME (default ab/var/NAME: untracked).  Seconds to a minute for one source on the 2-core machine,
 # where a second build tree takes ~6 minutes.  Then pack it for the GPU like any build:
 #     scripts/gpu-variant.sh bps1 src/backend/cuda/mla_verify_cuda.cu "-DDDT_MLA_MIN_BPS=1" cuda_bench_mla cuda_bench_k26
 #     scripts/gpu-local.sh pack vbps1 ab/var/bps1 cuda_bench_mla cuda_bench_k26
-# BUILD (default build) is a configured and built CMake tree of this checkout.
+# PROGRAMs are CMake targets (ddtree_cli makes ddtree); each keeps its binary's name.  BUILD
+# (default build) is a configured and built CMake tree of this checkout, with the CUDA backend.
 # Exit status: 2 on a usage error or a missing build, else the compiler's or linker's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ if [ ! -f "$dir/flags.make" ] || [ ! -f "$build/libddt_cuda.a" ] || [ ! -f "$roo
   echo "gpu-variant: no built CMake tree at $build, or no source $src"
   exit 2
 fi
-out=$root/ab/var/$name
+out=${GPU_VARIANT_DIR:-$root/ab/var}/$name
 rm -rf "$out" && mkdir -p "$out"
 flags=$(sed -n 's/^CUDA_FLAGS = //p' "$dir/flags.make")
 obj=$(basename "$src").o # the archive's member name (CMake names objects source.cu.o)
@@ -31,9 +32,13 @@ cp "$build/libddt_cuda.a" "$out/libddt_cuda.a"
 (cd "$out" && ar r libddt_cuda.a "$obj" && rm "$obj")
 for p in "$@"; do
   link=$build/CMakeFiles/$p.dir
-  [ -f "$link/linkLibs.rsp" ] || { echo "gpu-variant: no program $p in $build"; exit 2; }
+  if [ ! -f "$link/linkLibs.rsp" ] || [ ! -f "$link/link.txt" ]; then
+    echo "gpu-variant: no program $p in $build"
+    exit 2
+  fi
+  bin=$(sed -n 's/.* -o \([^ ]*\) .*/\1/p' "$link/link.txt")
   sed "s# libddt_cuda.a # $out/libddt_cuda.a #" "$link/linkLibs.rsp" > "$out/$p.rsp"
-  (cd "$build" && g++ "@CMakeFiles/$p.dir/objects1" -o "$out/$p" "@$out/$p.rsp" \
+  (cd "$build" && g++ "@CMakeFiles/$p.dir/objects1" -o "$out/$bin" "@$out/$p.rsp" \
     -L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib)
   rm "$out/$p.rsp"
 done
