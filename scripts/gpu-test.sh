@@ -7,7 +7,9 @@
 #   scripts/gpu-test.sh [build|test|quicktest|sanitize|sweep|diag|bench|bench-experts|ncu-dense]...
 #                                                   (default: build test)
 #   test = every GPU test, then compute-sanitizer memcheck on each one's --quick
-#   run; quicktest = the tests alone; sanitize = the sanitizer alone; sweep = the
+#   run and racecheck on the wgmma experts (test_cuda_moe --quick --racecheck: the cases
+#   without cluster launches, where racecheck stops with an internal error; ~60 s on an
+#   H100); quicktest = the tests alone; sanitize = the sanitizer alone; sweep = the
 #   fast-attention check over 48 random trees; diag = test_cuda_target
 #   --diag-fast on failing seeds of the sweep ($DIAG_SEEDS; the report in
 #   $OUT/diag.log, a verdict per seed on the terminal); bench-experts = the
@@ -80,6 +82,11 @@ sanitize_all() {
       local s=$?; tail -2 $B/sanitizer.log
       [ $s -ne 0 ] && { echo "FAILED: sanitizer $n (exit $s)"; grep -m 20 "FAIL" $B/sanitizer.log; tail -30 $B/sanitizer.log; r=1; }
     done
+    echo "== compute-sanitizer racecheck test_cuda_moe --quick --racecheck (wx_kernel)"
+    compute-sanitizer --tool racecheck --error-exitcode 9 --kernel-name kns=wx_kernel $B/test_cuda_moe --quick \
+      --racecheck > $B/sanitizer.log 2>&1
+    local s=$?; tail -2 $B/sanitizer.log
+    [ $s -ne 0 ] && { echo "FAILED: racecheck test_cuda_moe (exit $s)"; tail -30 $B/sanitizer.log; r=1; }
   else
     echo "FAILED: compute-sanitizer not found"; r=1
   fi
