@@ -50,6 +50,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/mla_verify_cuda.h"
+#include "backend/cuda/wstream.cuh" /* ws_commit, ws_wait: the weight streams' cp.async group waits */
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* A plain sm_90 pass (-arch=sm_90a also emits compute_90 PTX) compiles the split
@@ -637,6 +638,8 @@ __host__ __device__ inline size_t merge_smem_bytes(int sgrid) {
     return ((size_t)merge_lse_pad(sgrid) + (size_t)sgrid * MC_COLS) * 4;
 }
 
+/* 4 and 16 bytes global -> shared at a shared address (wstream.cuh's ws_cp16 takes a generic
+   pointer and a source size in a register, which compiles to other address arithmetic) */
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -663,7 +666,8 @@ __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Param
         const int s = i / (MC_COLS / 4), q = i - s * (MC_COLS / 4);
         cp_async16(svb + (uint32_t)(s * MC_COLS + q * 4) * 4, src + (size_t)s * nr * DV + q * 4);
     }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    ws_commit();
+    ws_wait<0>();
     __syncthreads();
     float res, lse_out;
     if (!ok) {
