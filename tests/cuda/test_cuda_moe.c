@@ -622,10 +622,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const int tensor_only = g_racecheck;
     OK(ddt_cpu_pool_create(4, &g_pool, &err_));
     static const int ns[] = {1, 5, 33};
-    for (int i = 0; i < (tensor_only ? 0 : 3); i++) {
+    for (int i = 0; i < (g_racecheck ? 0 : 3); i++) {
         route_case(384, 8, 1, 1, ns[i], 0, 1, 1);   /* Kimi K2 */
         route_case(256, 8, 8, 4, ns[i], 0, 1, 1);   /* DeepSeek-V3 groups */
         route_case(64, 6, 8, 3, ns[i], 1, 1, 1);    /* ties everywhere */
@@ -634,7 +633,7 @@ int main(int argc, char **argv) {
         route_case(4096, 16, 16, 5, ns[i], 0, 1, 1); /* the limits */
     }
     static const int rs_ns[] = {1, 5, 33, 64, 65};
-    for (int i = 0; i < (tensor_only ? 0 : 5); i++) {
+    for (int i = 0; i < (g_racecheck ? 0 : 5); i++) {
         route_sort_case(384, 8, 1, 1, rs_ns[i], 0, 1);    /* Kimi K2 */
         route_sort_case(256, 8, 8, 4, rs_ns[i], 0, 1);    /* DeepSeek-V3 groups */
         route_sort_case(64, 6, 8, 3, rs_ns[i], 1, 1);     /* ties everywhere */
@@ -642,7 +641,7 @@ int main(int argc, char **argv) {
         route_sort_case(512, 16, 16, 5, rs_ns[i], 0, 1);  /* the warp router's limits */
         if (!quick || i == 0) route_sort_case(4096, 16, 16, 5, rs_ns[i], 0, 1); /* the block router: never fused */
     }
-    for (int mi = tensor_only; mi < 2; mi++) {
+    for (int mi = g_racecheck; mi < 2; mi++) { /* --racecheck: the tensor-core mode alone */
         const ddt_cuda_mm_mode mode = mi ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
         experts_case(0, 12, 200, 75, 4, mode);  /* bf16, odd inter: unaligned rows */
         experts_case(1, 10, 300, 130, 3, mode); /* FP8 partial 128-blocks (the mma.sync stream) */
