@@ -23,10 +23,12 @@ if [ ! -f "$dir/flags.make" ] || [ ! -f "$build/libddt_cuda.a" ] || [ ! -f "$roo
 fi
 out=${GPU_VARIANT_DIR:-$root/ab/var}/$name
 rm -rf "$out" && mkdir -p "$out"
-flags=$(sed -n 's/^CUDA_FLAGS = //p' "$dir/flags.make")
+# the build's own compiler, defines and flags (flags.make), and each program's own link line
+nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+flags="$(sed -n 's/^CUDA_DEFINES = //p' "$dir/flags.make") $(sed -n 's/^CUDA_FLAGS = //p' "$dir/flags.make")"
 obj=$(basename "$src").o # the archive's member name (CMake names objects source.cu.o)
 # shellcheck disable=SC2086 # flags and defs are word lists
-(cd "$build" && nvcc -forward-unknown-to-host-compiler --options-file "$dir/includes_CUDA.rsp" $flags $defs \
+(cd "$build" && "${nvcc:-nvcc}" -forward-unknown-to-host-compiler --options-file "$dir/includes_CUDA.rsp" $flags $defs \
   -x cu -c "$root/$src" -o "$out/$obj")
 cp "$build/libddt_cuda.a" "$out/libddt_cuda.a"
 (cd "$out" && ar r libddt_cuda.a "$obj" && rm "$obj")
@@ -38,8 +40,9 @@ for p in "$@"; do
   fi
   bin=$(sed -n 's/.* -o \([^ ]*\) .*/\1/p' "$link/link.txt")
   sed "s# libddt_cuda.a # $out/libddt_cuda.a #" "$link/linkLibs.rsp" > "$out/$p.rsp"
-  (cd "$build" && g++ "@CMakeFiles/$p.dir/objects1" -o "$out/$bin" "@$out/$p.rsp" \
-    -L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib)
-  rm "$out/$p.rsp"
+  # link.txt's command with the output and the library list moved to the variant's
+  sed "s# -o $bin # -o $out/$bin #; s#@CMakeFiles/$p.dir/linkLibs.rsp#@$out/$p.rsp#" "$link/link.txt" > "$out/$p.link"
+  (cd "$build" && bash "$out/$p.link")
+  rm "$out/$p.rsp" "$out/$p.link"
 done
 echo "gpu-variant: $name: $src with $defs -> $out ($*)"
