@@ -16,15 +16,9 @@
 #include <stdint.h>
 
 #include "../bench/cuda_bench_inflight.h"
-#include "backend/cuda/cuda_check.h" /* wstream.cuh's DDT_GRID_DEP_WAIT */
-#include "backend/cuda/wstream.cuh" /* ws_commit, ws_wait: the weight streams' own group waits */
+#include "backend/cuda/cp_async_dev.cuh"
 
 #define PROBE_THREADS 512
-
-/* wgmma_experts.cuh's wx_cp16 (that header is moe_cuda.cu's alone): the experts' exact copy */
-static __device__ __forceinline__ void probe_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
 
 static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8_t *__restrict__ src, int64_t per_cta,
                                                                     int stage_bytes, int stages, int spin,
@@ -38,9 +32,9 @@ static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8
         if (st < nst) {
             const uint32_t d = sb + (uint32_t)(st % stages) * (uint32_t)stage_bytes + 16u * (uint32_t)tid;
             const uint8_t *s = base + (int64_t)st * stage_bytes + 16 * tid;
-            for (int i = 0; i < per_thread; i++) probe_cp16(d + 16u * PROBE_THREADS * (uint32_t)i, s + 16 * PROBE_THREADS * i);
+            for (int i = 0; i < per_thread; i++) cp_async_cg16(d + 16u * PROBE_THREADS * (uint32_t)i, s + 16 * PROBE_THREADS * i);
         }
-        ws_commit(); /* empty groups keep the count */
+        cp_async_commit(); /* empty groups keep the count */
     };
     for (int st = 0; st < stages - 1; st++) issue(st);
     uint32_t acc = 0;
@@ -48,11 +42,11 @@ static __global__ void __launch_bounds__(PROBE_THREADS) probe_kernel(const uint8
         issue(st + stages - 1);
         /* the oldest of the stages groups in flight (stage st) has landed */
         switch (stages) {
-        case 2: ws_wait<1>(); break;
-        case 3: ws_wait<2>(); break;
-        case 4: ws_wait<3>(); break;
-        case 6: ws_wait<5>(); break;
-        default: ws_wait<0>(); break;
+        case 2: cp_async_wait<1>(); break;
+        case 3: cp_async_wait<2>(); break;
+        case 4: cp_async_wait<3>(); break;
+        case 6: cp_async_wait<5>(); break;
+        default: cp_async_wait<0>(); break;
         }
         __syncthreads();
         const uint4 v = *(const uint4 *)(probe_smem + (size_t)(st % stages) * stage_bytes + 16 * tid);

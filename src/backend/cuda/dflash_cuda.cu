@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "backend/cuda/cp_async_dev.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dflash_cuda.h"
 
@@ -613,10 +614,8 @@ static __device__ __forceinline__ void attnr_tile_async(const attn_args &p, int 
         const size_t src = r < nt ? (size_t)r * kvd + 4 * (size_t)c : 0; /* a valid address either way */
         const unsigned kd = (unsigned)__cvta_generic_to_shared(Ks + r * p.ks + 4 * c);
         const unsigned vd = (unsigned)__cvta_generic_to_shared(Vs + r * p.hd4 + 4 * c);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(kd), "l"(kb + src), "r"(bytes)
-                     : "memory");
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(vd), "l"(vb + src), "r"(bytes)
-                     : "memory");
+        cp_async_ca16_fill(kd, kb + src, (int)bytes);
+        cp_async_ca16_fill(vd, vb + src, (int)bytes);
     }
 }
 
@@ -672,7 +671,7 @@ static __global__ void __launch_bounds__(attnr_warps(NI) * 32) attn_rows_kernel(
         const float *kb = p.kc + (size_t)rt * kvd + (size_t)g * hd, *vb = p.vc + (size_t)rt * kvd + (size_t)g * hd;
         if (p.vec) { /* hd4 == hd; the warp's first tile was issued before the queries */
             if (ti != warp) attnr_tile_async(p, g, rt, nt, Ks, Vs);
-            asm volatile("cp.async.wait_all;\n" ::: "memory");
+            cp_async_wait_all();
         } else {
             for (int e0 = lane; e0 < ATTN_T * hd4; e0 += 16 * 32) {
                 float kx[16], vx[16];

@@ -47,10 +47,10 @@
 #include <string.h>
 
 #include "backend/cuda/bf16_split_dev.cuh"
+#include "backend/cuda/cp_async_dev.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hopper_dev.cuh"
 #include "backend/cuda/mla_verify_cuda.h"
-#include "backend/cuda/wstream.cuh" /* ws_commit, ws_wait: the weight streams' cp.async group waits */
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* A plain sm_90 pass (-arch=sm_90a also emits compute_90 PTX) compiles the split
@@ -638,15 +638,6 @@ __host__ __device__ inline size_t merge_smem_bytes(int sgrid) {
     return ((size_t)merge_lse_pad(sgrid) + (size_t)sgrid * MC_COLS) * 4;
 }
 
-/* 4 and 16 bytes global -> shared at a shared address (wstream.cuh's ws_cp16 takes a generic
-   pointer and a source size in a register, which compiles to other address arithmetic) */
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
 __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Params p) {
     DDT_GRID_DEP_WAIT();
     extern __shared__ __align__(16) float mc_smem[];
@@ -660,14 +651,14 @@ __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Param
     float *const sl = mc_smem;                              /* [S] lse */
     float *const sv = mc_smem + merge_lse_pad(p.s_grid);    /* [S][MC_COLS] */
     const uint32_t slb = smem_u32(sl), svb = smem_u32(sv);
-    for (int s = threadIdx.x; s < S; s += MC_COLS) cp_async4(slb + s * 4, p.lse_part + (size_t)s * nr + grow);
+    for (int s = threadIdx.x; s < S; s += MC_COLS) cp_async_ca4(slb + s * 4, p.lse_part + (size_t)s * nr + grow);
     const float *const src = p.o_part + grow * DV + blockIdx.y * MC_COLS;
     for (int i = threadIdx.x; i < S * (MC_COLS / 4); i += MC_COLS) {
         const int s = i / (MC_COLS / 4), q = i - s * (MC_COLS / 4);
-        cp_async16(svb + (uint32_t)(s * MC_COLS + q * 4) * 4, src + (size_t)s * nr * DV + q * 4);
+        cp_async_cg16(svb + (uint32_t)(s * MC_COLS + q * 4) * 4, src + (size_t)s * nr * DV + q * 4);
     }
-    ws_commit();
-    ws_wait<0>();
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
     float res, lse_out;
     if (!ok) {

@@ -194,11 +194,6 @@ __device__ __forceinline__ void wx_mma<32>(float (&d)[16], const uint32_t (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
 
-/* 16 bytes global -> shared (a 32-bit shared address), bypassing L1 */
-static __device__ __forceinline__ void wx_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
 /* nibbles i and i + 4 of w as a bf16 pair (q - 8), exactly (ws_int4_pair's arithmetic), the
    mask and the exponent bits in one lop3: (w >> 4i) & 0x000F000F | 0x43004300 */
 static __device__ __forceinline__ uint32_t wx_int4_pair(uint32_t w, int i) {
@@ -250,10 +245,10 @@ static __device__ __forceinline__ void wx_partial(float (&P)[N / 2], uint32_t (&
 template <int S>
 static __device__ __forceinline__ void wx_wait_stage(int st) {
     static_assert(S == 2 || S == 4, "the waits below");
-    if (st >= S - 1) ws_wait<2 * S - 3>();
-    else if (st == 0) ws_wait<0>();
-    else if (st == 1) ws_wait<2>();
-    else ws_wait<4>();
+    if (st >= S - 1) cp_async_wait<2 * S - 3>();
+    else if (st == 0) cp_async_wait<0>();
+    else if (st == 1) cp_async_wait<2>();
+    else cp_async_wait<4>();
 }
 
 /* The experts' S-stage pipeline (ws_pipeline's, but for the weights): a warp's weights and
@@ -268,12 +263,12 @@ template <int S, class XLoad, class WLoad, class Body>
 static __device__ __forceinline__ void wx_pipeline(int nst, XLoad xload, WLoad wload, Body body) {
 #pragma unroll
     for (int st = 0; st < S - 1; st++) xload(st);
-    ws_commit();
+    cp_async_commit();
     for (int st = 0; st < nst; st++) {
         wx_wait_stage<S>(st);
         __syncthreads();
         xload(st + S - 1);
-        ws_commit();
+        cp_async_commit();
         body(st);
         __syncwarp();
         wload(st + S);
@@ -433,19 +428,19 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
         if (!w) {
         } else if (left >= UPS) {
 #pragma unroll
-            for (int i = 0; i < WCH; i++) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
-            if (F == QF_INT4 && lane < 2 * UPS) wx_cp16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
+            for (int i = 0; i < WCH; i++) cp_async_cg16(s + wdst + 512 * i, wp + 512 * i);
+            if (F == QF_INT4 && lane < 2 * UPS) cp_async_cg16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
         } else { /* chunk c holds unit c / (UB / 16) */
 #pragma unroll
             for (int i = 0; i < WCH; i++)
-                if ((lane + 32 * i) / (UB / 16) < left) wx_cp16(s + wdst + 512 * i, wp + 512 * i);
-            if (F == QF_INT4 && lane < 2 * UPS && (lane >> 1) < left) wx_cp16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
+                if ((lane + 32 * i) / (UB / 16) < left) cp_async_cg16(s + wdst + 512 * i, wp + 512 * i);
+            if (F == QF_INT4 && lane < 2 * UPS && (lane >> 1) < left) cp_async_cg16(s + sdst, sp0 + (int64_t)st * (UPS * 32));
         }
         /* the lane's blocks of the stage: xb + 2j (8 KB apart in the tile, 512 bytes in the row) */
 #pragma unroll
         for (int j = 0; j < XCH; j++)
             if (x && xrow_live && xb + 2 * j < BPS) {
-                if (BPS * st + 2 * j < xlim) wx_cp16(s + xdst + 8192 * j, xp0 + (int64_t)st * (BPS * 256) + 512 * j);
+                if (BPS * st + 2 * j < xlim) cp_async_cg16(s + xdst + 8192 * j, xp0 + (int64_t)st * (BPS * 256) + 512 * j);
                 else st_shared_zero16(s + xdst + 8192 * j);
             }
     };
@@ -456,7 +451,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
        own share of a stage buffer (wx_pipeline). */
     auto wload = [&](int st) {
         load_stage(st, true, false);
-        ws_commit();
+        cp_async_commit();
     };
     auto xload = [&](int st) { load_stage(st, false, true); };
 #pragma unroll
@@ -553,7 +548,7 @@ static __global__ void __launch_bounds__(WX_THREADS, 2) wx_kernel(const WxArgs a
     if (ntok <= 4) stream(std::integral_constant<int, 0>{});
     else if (ntok <= 8) stream(std::integral_constant<int, 1>{});
     else stream(std::integral_constant<int, 2>{});
-    ws_wait<0>();
+    cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the stages: the partials take their place */
 
     /* acc i: CTA row 64 wg + 16 w4 + g (+8 for i & 2), token 8 (i / 4) + 2t (+1 for i & 1);

@@ -75,6 +75,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "backend/cuda/cp_async_dev.cuh"
 #include "backend/cuda/qmatmul_dev.cuh"
 
 namespace ws_cg = cooperative_groups;
@@ -172,12 +173,7 @@ static __device__ __forceinline__ uint32_t ws_smem_addr(const void *p) {
 
 /* 16 bytes global -> shared, bytes past `valid` zero-filled (valid 0..16). */
 static __device__ __forceinline__ void ws_cp16(void *dst, const void *src, int valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ws_smem_addr(dst)), "l"(src), "r"(valid)
-                 : "memory");
-}
-static __device__ __forceinline__ void ws_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void ws_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+    cp_async_cg16_fill(ws_smem_addr(dst), src, valid);
 }
 
 /* The S-stage cp.async pipeline of ws_kernel (wgmma_experts.cuh's wx_kernel runs its
@@ -190,13 +186,13 @@ static __device__ __forceinline__ void ws_pipeline(I nst, Load load, Body body) 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         load((I)s);
-        ws_commit();
+        cp_async_commit();
     }
     for (I st = 0; st < nst; st++) {
-        ws_wait<S - 2>();
+        cp_async_wait<S - 2>();
         __syncthreads();
         load(st + S - 1);
-        ws_commit();
+        cp_async_commit();
         body(st);
     }
 }
@@ -485,7 +481,7 @@ static __global__ void __launch_bounds__(ws_threads<F>(NT)) ws_kernel(const WsAr
             }
         }
     });
-    ws_wait<0>();
+    cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the pipeline buffers */
 
     /* ---- partials: red[wn][kw][e][lane], e = (i*NTW + n)*4 + c */
