@@ -14,7 +14,9 @@
  * and the kernel reads N from device memory, as in a captured round.
  * PyTorch's plain implementation (bench/mla_torch.py) is the baseline; run it
  * in the same session.  Markdown to stdout.
- * Usage: cuda_bench_mla [--quick]
+ * Usage: cuda_bench_mla [--quick | --shape T N]
+ *   --quick    T in {1, 16, 64} x N in {4096, 65536}
+ *   --shape    one T (1..64) and N (1..65536): what a profiler (ncu) is pointed at
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -80,8 +82,29 @@ static int time_graph(cudaGraphExec_t ge, cudaStream_t st, float *ms) {
     return 0;
 }
 
+/* a whole decimal number in [lo, hi], else -1 */
+static long parse_in(const char *s, long lo, long hi) {
+    char *end;
+    const long v = strtol(s, &end, 10);
+    return (*s && !*end && v >= lo && v <= hi) ? v : -1;
+}
+
 int main(int argc, char **argv) {
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0, only_t = 0, only_n = 0;
+    if (argc == 2 && strcmp(argv[1], "--quick") == 0) {
+        quick = 1;
+    } else if (argc == 4 && strcmp(argv[1], "--shape") == 0) {
+        const long t = parse_in(argv[2], 1, 64), n = parse_in(argv[3], 1, MAXN);
+        if (t < 0 || n < 0) {
+            fprintf(stderr, "cuda_bench_mla: --shape wants T in 1..64 and N in 1..%d, got '%s' '%s'\n", MAXN, argv[2],
+                    argv[3]);
+            return 2;
+        }
+        only_t = (int)t, only_n = (int)n;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: cuda_bench_mla [--quick | --shape T N]\n");
+        return 2;
+    }
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
@@ -182,7 +205,8 @@ int main(int argc, char **argv) {
     printf("|---|---|---|---|---|---|---|---|---|\n");
     for (int ti = 0; ti < 4; ti++)
         for (int ni = 0; ni < 4; ni++) {
-            const int T = Ts[ti], N = Ns[ni];
+            const int T = only_t ? only_t : Ts[ti], N = only_n ? only_n : Ns[ni];
+            if (only_t && (ti > 0 || ni > 0)) break;
             if (quick && !((T == 1 || T == 16 || T == 64) && (N == 4096 || N == 65536))) continue;
             CU(cudaMemcpy(dnp, &N, 4, cudaMemcpyHostToDevice));
             /* G calls per graph: enough cache regions to exceed L2 (about 150 MB), within the buffer */

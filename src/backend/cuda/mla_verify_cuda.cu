@@ -66,7 +66,11 @@ constexpr int BN = 64;          /* cache rows per block */
 constexpr int KT = DK / 64;     /* 9 column tiles of 64 per row */
 constexpr int TILE = 8192;      /* bytes of one 64x64 bf16 tile */
 constexpr int BLK = KT * TILE;  /* 73728: a Q tile or a cache block */
-constexpr int SPLIT_TARGET = 132; /* H200 multiprocessors; a constant so plans do not depend on the device */
+#ifndef DDT_MLA_SPLIT_TARGET
+#define DDT_MLA_SPLIT_TARGET 132
+#endif
+/* H200 multiprocessors; a constant so plans do not depend on the device (-D for measurements) */
+constexpr int SPLIT_TARGET = DDT_MLA_SPLIT_TARGET;
 constexpr int MAX_CLUSTER = 8;  /* portable cluster size */
 constexpr int NTHREADS = 256;
 constexpr int SO_LD = DV + 8;   /* fp32 row stride of the staged output (spreads banks) */
