@@ -215,11 +215,22 @@ __device__ __forceinline__ BlockGeom block_geom(int b, int nbp, long long np, in
     return g;
 }
 
+#ifndef DDT_MLA_KV_EVICT_FIRST
+#define DDT_MLA_KV_EVICT_FIRST 0
+#endif
 __device__ __forceinline__ void load_block(const CUtensorMap *tmkv, uint32_t sb, int stage, int row0) {
     const uint32_t dst = sb + OFF_KV + stage * BLK, bar = sb + OFF_BAR + (BAR_FULL + stage) * 8;
     mbar_expect_tx(bar, BLK);
+#if DDT_MLA_KV_EVICT_FIRST
+    /* experiment: the cache rows marked first to go from L2, so that the splits' partials
+       stay there for the merge (at N = 65536 the stream is 75 MB through a 50 MB L2) */
+    const uint64_t pol = l2_evict_first();
+#pragma unroll 1
+    for (int kt = 0; kt < KT; kt++) tma_load_2d_hint(dst + kt * TILE, tmkv, kt * 64, row0, bar, pol);
+#else
 #pragma unroll 1
     for (int kt = 0; kt < KT; kt++) tma_load_2d(dst + kt * TILE, tmkv, kt * 64, row0, bar);
+#endif
 }
 
 /* ---- the merge of the splits of one row, 4 output columns (shared by both paths) ---- */
