@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 AB=${GPU_PATCH_AB:-}
 ENVS=${GPU_PATCH_ENV-}
-BINS="ddtree cuda_bench_k26 cuda_bench_moe $(cd tests/cuda && ls test_cuda_*.c | sed 's/\.c$//' | tr '\n' ' ')"
+BINS="ddtree cuda_bench_k26 cuda_bench_moe cuda_bench_mla $(cd tests/cuda && ls test_cuda_*.c | sed 's/\.c$//' | tr '\n' ' ')"
 
 # tree NAME, then the patches it holds: a worktree of HEAD with them applied, built and packed
 build_tree() {
@@ -83,7 +83,7 @@ case ${1:-} in
     # the benchmarks of every tree, one after the other on the same GPU
     for name in main patched $(for a in $AB; do echo "without-$a"; done); do
       scripts/gpu-local.sh run "$name" '
-        $DDT_BIN/cuda_bench_k26 --tc; $DDT_BIN/cuda_bench_moe 20 bf16
+        $DDT_BIN/cuda_bench_k26 --tc; $DDT_BIN/cuda_bench_moe 20 bf16; $DDT_BIN/cuda_bench_mla --quick
         python3 bench/e2e.py --build $DDT_BIN --backend cuda --model models/pystdlib-target \
           --draft models/pystdlib-dflash --prompts models/heldout_prompts.json --max-tokens 128 \
           --budgets 16,32,auto --temperatures 0,1 --no-hf --n-prompts 5' > "$OUT/patches-bench-$name.log" 2>&1
