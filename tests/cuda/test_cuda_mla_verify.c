@@ -60,6 +60,11 @@ typedef struct mla_case {
 
 static ddt_cpu_pool *g_pool;
 static int g_diag = 0;
+
+/* the paths whose merge goes through the workspace or may (auto), each run by the plane and
+   bad-prefix checks; the cluster path has its own condition in run_case */
+static const int32_t k_global_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
+static const char *const k_global_path_names[3] = {"auto", "global", "staged global"};
 static double g_worst = 0.0;
 
 /* One GPU run into *out (poisoned first); returns the output bytes in host memory. */
@@ -291,12 +296,10 @@ static void run_case(const mla_case *c, int check_paths) {
         const size_t pn = (size_t)H * (size_t)T * (size_t)pitch;
         uint16_t *dpl, *hpl = malloc(2 * pn * 2);
         CU(cudaMalloc((void **)&dpl, 2 * pn * 2));
-        static const int32_t plane_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
-        static const char *const plane_names[3] = {"auto", "global", "staged global"};
         for (int pass = 0; pass < (check_paths ? 3 : 1); pass++) {
             CU(cudaMemset(dpl, 0xFF, 2 * pn * 2));
             a.out_planes = (ddt_cuda_split_planes){dpl, dpl + pn, pitch};
-            gpu_run(&a, out_bytes, ws, plane_paths[pass], again, lse2, n_rows);
+            gpu_run(&a, out_bytes, ws, k_global_paths[pass], again, lse2, n_rows);
             a.out_planes = (ddt_cuda_split_planes){NULL, NULL, 0};
             CU(cudaMemcpy(hpl, dpl, 2 * pn * 2, cudaMemcpyDeviceToHost));
             int64_t bad = 0, stray = 0;
@@ -314,7 +317,7 @@ static void run_case(const mla_case *c, int check_paths) {
                     }
             CHECK(memcmp(got, again, out_bytes) == 0 && bad == 0 && stray == 0,
                   "np %d T %d H %d %s path: output with split planes %s, %lld planes values not its split, %lld stray",
-                  np, T, H, plane_names[pass], memcmp(got, again, out_bytes) ? "differs" : "the same",
+                  np, T, H, k_global_path_names[pass], memcmp(got, again, out_bytes) ? "differs" : "the same",
                   (long long)bad, (long long)stray);
         }
         /* refused: planes of bf16 output, a pitch under 512 */
@@ -388,9 +391,8 @@ static void bad_prefix_case(void) {
     a.out = dout;
     a.out_ld = DDT_MLA_DV;
     a.workspace = dws;
-    static const int32_t bad_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
     for (int pi = 0; pi < 3; pi++) {
-        const int32_t path = bad_paths[pi];
+        const int32_t path = k_global_paths[pi];
         a.path = path;
         OK(ddt_cuda_mla_verify_run(&a, NULL, &err_));
         CU(cudaDeviceSynchronize());
