@@ -11,7 +11,8 @@
  * expected; 1e-2 leaves room and still catches any wrong row or mask), the
  * log-sum-exp on the small cases (< 4e-3, see LSE_BOUND), two runs bitwise
  * equal, every merge path (cluster, the global combine in rounds of 8 splits
- * and staged) bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
+ * and staged; with -DDDT_MLA_GROUPED=1, also clusters of 8 past 8 splits, whose
+ * merge the long extra cases take) bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
  * output, the output's split planes for W_UV (out_planes, head-major rows) from
  * the auto and the global merge: the output the same bits, the planes its exact
  * bf16 split, their pitch padding untouched, a short pitch refused.
@@ -61,8 +62,8 @@ typedef struct mla_case {
 static ddt_cpu_pool *g_pool;
 static int g_diag = 0;
 
-/* the paths whose merge goes through the workspace or may (auto), each run by the plane and
-   bad-prefix checks; the cluster path has its own condition in run_case */
+/* the paths whose merge goes through the workspace or may (auto), each run by the plane check;
+   the cluster path has its own condition in run_case (the bad-prefix check runs all four) */
 static const int32_t k_global_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED};
 static const char *const k_global_path_names[3] = {"auto", "global", "staged global"};
 static double g_worst = 0.0;
@@ -277,14 +278,27 @@ static void run_case(const mla_case *c, int check_paths) {
         CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
               "np %d T %d H %d: staged global-merge path differs", np, T, H);
         paths++;
-        /* the grid's splits (the bound on S for max_prefix) must fit a cluster of 8 */
+        /* the cluster path: taken whenever the grid's splits (the bound on S for max_prefix)
+           fit one cluster of 8; past 8, refused, or run in clusters of 8 by a build with
+           grouped merges (-DDDT_MLA_GROUPED=1), which must then give the same bits too */
         long n_qtiles = (long)((n_rows + 63) / 64), smax = 132 / n_qtiles, nb_max = (max_prefix + 63) / 64 + 1;
         if (smax > (nb_max + 2) / 3) smax = (nb_max + 2) / 3; /* at least 3 blocks a split (DDT_MLA_MIN_BPS) */
         if (smax < 1) smax = 1;
-        if ((smax < nb_max ? smax : nb_max) <= 8) {
-            gpu_run(&a, out_bytes, ws, DDT_MLA_PATH_CLUSTER, again, lse2, n_rows);
+        const int one_cluster = (smax < nb_max ? smax : nb_max) <= 8;
+        a.path = DDT_MLA_PATH_CLUSTER;
+        ddt_error e;
+        CU(cudaMemset(a.out, 0xFF, out_bytes));
+        CU(cudaMemset(a.workspace, 0xFF, ws));
+        CU(cudaMemset(a.lse, 0xFF, n_rows * 4));
+        const ddt_status cst = ddt_cuda_mla_verify_run(&a, NULL, &e);
+        CHECK(cst == DDT_OK || (!one_cluster && cst == DDT_ERR_UNSUPPORTED),
+              "np %d T %d H %d: cluster path refused (%s)", np, T, H, e.msg);
+        if (cst == DDT_OK) {
+            CU(cudaDeviceSynchronize());
+            CU(cudaMemcpy(again, a.out, out_bytes, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(lse2, a.lse, n_rows * 4, cudaMemcpyDeviceToHost));
             CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
-                  "np %d T %d H %d: cluster-merge path differs", np, T, H);
+                  "np %d T %d H %d: cluster-merge path%s differs", np, T, H, one_cluster ? "" : " (grouped)");
             paths++;
         }
     }
@@ -359,9 +373,10 @@ static void run_case(const mla_case *c, int check_paths) {
     free(lse2);
 }
 
-/* *n_prefix past max_prefix: every output must come out NaN (no fault). */
-static void bad_prefix_case(void) {
-    const int T = 3, H = 64, max_prefix = 100, np = 101, kv_rows = 300;
+/* *n_prefix past max_prefix: every output must come out NaN (no fault), on every path;
+ * the cluster path also past 8 grid splits where a build takes it there (grouped). */
+static void bad_prefix_case(int T, int max_prefix) {
+    const int H = 64, np = max_prefix + 1, kv_rows = 300;
     ddt_cuda_mla_verify a = {0};
     size_t n_rows = (size_t)T * H, out_bytes = n_rows * DDT_MLA_DV * 2, ws = ddt_cuda_mla_verify_workspace(T, H, max_prefix);
     void *dq, *dkv, *dout, *dws;
@@ -391,16 +406,23 @@ static void bad_prefix_case(void) {
     a.out = dout;
     a.out_ld = DDT_MLA_DV;
     a.workspace = dws;
-    for (int pi = 0; pi < 3; pi++) {
-        const int32_t path = k_global_paths[pi];
+    static const int32_t all_paths[4] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL, DDT_MLA_PATH_GLOBAL_STAGED,
+                                         DDT_MLA_PATH_CLUSTER};
+    for (int pi = 0; pi < 4; pi++) {
+        const int32_t path = all_paths[pi];
         a.path = path;
-        OK(ddt_cuda_mla_verify_run(&a, NULL, &err_));
+        CU(cudaMemset(dout, 0, out_bytes));
+        ddt_error e;
+        const ddt_status st = ddt_cuda_mla_verify_run(&a, NULL, &e);
+        if (path == DDT_MLA_PATH_CLUSTER && st == DDT_ERR_UNSUPPORTED && max_prefix > 1000) continue; /* > 8 splits */
+        CHECK(st == DDT_OK, "bad n_prefix, T %d, max prefix %d, path %d: %s", T, max_prefix, path, e.msg);
         CU(cudaDeviceSynchronize());
         uint16_t *h = malloc(out_bytes);
         CU(cudaMemcpy(h, dout, out_bytes, cudaMemcpyDeviceToHost));
         int nan = 0;
         for (size_t i = 0; i < out_bytes / 2; i++) nan += isnan(bf2f(h[i]));
-        CHECK(nan == (int)(out_bytes / 2), "bad n_prefix, path %d: %d of %zu outputs NaN", path, nan, out_bytes / 2);
+        CHECK(nan == (int)(out_bytes / 2), "bad n_prefix, T %d, max prefix %d, path %d: %d of %zu outputs NaN", T,
+              max_prefix, path, nan, out_bytes / 2);
         free(h);
     }
     CU(cudaFree(dq));
@@ -427,13 +449,15 @@ int main(int argc, char **argv) {
     /* no prefix; odd head counts (partial query tiles, heads straddling tiles); more sizes */
     const mla_case extra[] = {{0, 3, 64, 0, 576, 512},    {37, 3, 16, 1, 576, 512},   {1000, 5, 24, 0, 584, 520},
                               {130, 17, 64, 1, 576, 512}, {63, 64, 64, 0, 576, 512},  {64, 2, 64, 0, 576, 512},
-                              {777, 9, 8, 1, 576, 512},   {4099, 40, 64, 0, 576, 512}};
+                              {777, 9, 8, 1, 576, 512},   {4099, 40, 64, 0, 576, 512}, {9001, 1, 64, 1, 576, 512},
+                              {5003, 2, 64, 0, 584, 512}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (quick && extra[i].np > 1000) continue;
         run_case(&extra[i], 1);
         cases++;
     }
-    bad_prefix_case();
+    bad_prefix_case(3, 100);
+    bad_prefix_case(1, 20000);
     ddt_cpu_pool_destroy(g_pool);
     printf("mla verify: %d cases, worst normalised error %.3g (bound %.0e)\n", cases, g_worst, ERR_BOUND);
     if (g_failures) {

@@ -33,7 +33,8 @@
  * stages) and nothing goes through HBM; otherwise through the workspace and a
  * second (combine) kernel: past 8 splits one that stages every split's rows in
  * shared memory at once (mla_combine_staged_kernel), else one that reads them in
- * rounds of 8 (mla_combine_kernel).
+ * rounds of 8 (mla_combine_kernel).  (DDT_MLA_GROUPED, below: an experiment that
+ * merges past 8 splits in groups of 8, through clusters of 8.)
  *
  * The softmax is taken in base 2 (scores scaled by scale*log2 e) with the
  * hardware exp2; P is rounded to bf16 for the tensor cores and the row sums add
@@ -66,8 +67,31 @@ constexpr int BN = 64;          /* cache rows per block */
 constexpr int KT = DK / 64;     /* 9 column tiles of 64 per row */
 constexpr int TILE = 8192;      /* bytes of one 64x64 bf16 tile */
 constexpr int BLK = KT * TILE;  /* 73728: a Q tile or a cache block */
+/* Grouped merge (an experiment, compiled out by default; a variant build measures it):
+ * past 8 splits the attention runs in clusters of 8 CTAs along the splits, each
+ * cluster merges its group of 8 splits through distributed shared memory and writes
+ * one partial, and a last kernel merges the groups.  Why: at T = 1 every split
+ * writes a 64 x 512 fp32 partial (131 KB) that the merge reads back, 16.9 MB each
+ * way at N = 65536 (129 splits) against a 75 MB cache stream and 11 MB at N = 16384
+ * (86 splits) against 19 MB; grouped, an eighth of it.  Its arithmetic, on every
+ * path of such a build: up to 8 splits merged as before; past 8, splits 8g..8g+7
+ * merged into group g (merge_splits, log2 lse), then the groups merged in order
+ * (merge_splits again), so the cluster, global and staged paths keep giving the
+ * same bits.  Its split plan aims at 128 CTAs (16 clusters of 8: two a GPC) and,
+ * with DDT_MLA_GROUP_ROUND, takes a multiple of 8 splits past 8, so that every
+ * cluster of a launch is resident at once at T = 1..8. */
+#ifndef DDT_MLA_GROUPED
+#define DDT_MLA_GROUPED 0
+#endif
+#ifndef DDT_MLA_GROUP_ROUND
+#define DDT_MLA_GROUP_ROUND 1
+#endif
 #ifndef DDT_MLA_SPLIT_TARGET
+#if DDT_MLA_GROUPED
+#define DDT_MLA_SPLIT_TARGET 128
+#else
 #define DDT_MLA_SPLIT_TARGET 132
+#endif
 #endif
 /* H200 multiprocessors; a constant so plans do not depend on the device (-D for measurements) */
 constexpr int SPLIT_TARGET = DDT_MLA_SPLIT_TARGET;
@@ -140,6 +164,9 @@ struct Params {
 __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, int &bps) {
     const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
     long long smax = SPLIT_TARGET / n_qtiles;
+#if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
+    if (smax > MAX_CLUSTER) smax -= smax % MAX_CLUSTER; /* whole clusters of 8 */
+#endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
     if (smax > nb) smax = nb;
@@ -152,6 +179,9 @@ __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, i
 __host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
     const long long nb = (max_prefix + BN - 1) / BN + 1;
     long long smax = SPLIT_TARGET / n_qtiles;
+#if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
+    if (smax > MAX_CLUSTER) smax -= smax % MAX_CLUSTER;
+#endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
     return (int)(smax < nb ? smax : nb);
@@ -233,7 +263,45 @@ __device__ __forceinline__ void load_block(const CUtensorMap *tmkv, uint32_t sb,
 #endif
 }
 
-/* ---- the merge of the splits of one row, 4 output columns (shared by both paths) ---- */
+/* ---- the merge of the splits of one row, 4 output columns (shared by every path) ---- */
+
+/* S partial rows (normalised, each with its log2-sum-exp) merged in split order:
+ * res = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - M), M the largest lse_s,
+ * and lse_out = (M + log2 sum_s w_s) * lse_scale (1: log2, ln 2: natural); no
+ * visible row (M = -inf): res 0, lse_out -inf.  B loads in flight, the sums in
+ * split order (the same bits for any B). */
+template <int B, class OF>
+__device__ __forceinline__ void merge_splits(int S, const float *lse, int lse_stride, OF o_of, float lse_scale,
+                                             float4 &res, float &lse_out) {
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, lse[s * lse_stride]);
+    if (M == -INFINITY) { /* no visible row (padding rows only) */
+        res = make_float4(0.f, 0.f, 0.f, 0.f);
+        lse_out = -INFINITY;
+    } else {
+        float W = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < S; s0 += B) {
+            float4 v[B];
+#pragma unroll
+            for (int k = 0; k < B; k++)
+                if (s0 + k < S) v[k] = o_of(s0 + k);
+#pragma unroll
+            for (int k = 0; k < B; k++) {
+                if (s0 + k < S) {
+                    const float w = ex2(lse[(s0 + k) * lse_stride] - M);
+                    W += w;
+                    acc.x += w * v[k].x;
+                    acc.y += w * v[k].y;
+                    acc.z += w * v[k].z;
+                    acc.w += w * v[k].w;
+                }
+            }
+        }
+        res = make_float4(acc.x / W, acc.y / W, acc.z / W, acc.w / W);
+        lse_out = (M + log2f(W)) * lse_scale;
+    }
+}
 
 template <int B, class OF>
 __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, long long grow, int c4, bool write_lse,
@@ -244,36 +312,7 @@ __device__ __forceinline__ void combine_row(const Params &p, int S, bool ok, lon
         res = make_float4(NAN, NAN, NAN, NAN);
         lse_out = NAN;
     } else {
-        float M = -INFINITY;
-        for (int s = 0; s < S; s++) M = fmaxf(M, lse[s * lse_stride]);
-        if (M == -INFINITY) { /* no visible row (padding rows only) */
-            res = make_float4(0.f, 0.f, 0.f, 0.f);
-            lse_out = -INFINITY;
-        } else {
-            float W = 0.f;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int s0 = 0; s0 < S; s0 += B) {
-                /* B loads in flight, then the sums in split order (the same bits
-                   for any B) */
-                float4 v[B];
-#pragma unroll
-                for (int k = 0; k < B; k++)
-                    if (s0 + k < S) v[k] = o_of(s0 + k);
-#pragma unroll
-                for (int k = 0; k < B; k++) {
-                    if (s0 + k < S) {
-                        const float w = ex2(lse[(s0 + k) * lse_stride] - M);
-                        W += w;
-                        acc.x += w * v[k].x;
-                        acc.y += w * v[k].y;
-                        acc.z += w * v[k].z;
-                        acc.w += w * v[k].w;
-                    }
-                }
-            }
-            res = make_float4(acc.x / W, acc.y / W, acc.z / W, acc.w / W);
-            lse_out = (M + log2f(W)) * 0.69314718055994531f;
-        }
+        merge_splits<B>(S, lse, lse_stride, o_of, 0.69314718055994531f, res, lse_out);
     }
     if (p.out_fp32) {
         *(float4 *)((float *)p.out + grow * p.out_ld + c4) = res;
@@ -579,7 +618,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         /* Rows [lo(c), lo(c+1)) of the tile, lo(c) = c*64/C, are merged by CTA c of
          * the cluster.  Each split pushes its rows into the owner's shared memory
          * (remote stores do not wait), then every CTA merges from local memory. */
-        const int C = gridDim.y, rpm = (BM + C - 1) / C;
+#if DDT_MLA_GROUPED
+        /* past 8 grid splits, clusters of 8: this CTA's rank in its cluster and its group */
+        const int C = gridDim.y < MAX_CLUSTER ? (int)gridDim.y : MAX_CLUSTER, crank = split % C, grp = split / C;
+#else
+        const int C = gridDim.y, crank = split;
+#endif
+        const int rpm = (BM + C - 1) / C;
         const uint32_t recv_o = sb + OFF_KV, recv_lse = sb + OFF_P;
         cluster_sync(); /* every CTA is done with its stages: they become receive buffers */
         if (nblk > 0) {
@@ -591,22 +636,42 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     if (c * BM / C <= r) owner = c;
                 const int rl = r - owner * BM / C;
                 const float inv = h ? inv1 : inv0;
-                const uint32_t row = map_to_cta(recv_o + (uint32_t)((split * rpm + rl) * SO_LD + cbase) * 4, (uint32_t)owner);
+                const uint32_t row = map_to_cta(recv_o + (uint32_t)((crank * rpm + rl) * SO_LD + cbase) * 4, (uint32_t)owner);
 #pragma unroll
                 for (int jj = 0; jj < 32; jj++)
                     st_cluster_v2(row + jj * 32, o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
                 if (wg == 0 && quad == 0)
-                    st_cluster_f32(map_to_cta(recv_lse + (uint32_t)(split * rpm + rl) * 4, (uint32_t)owner), h ? lse1 : lse0);
+                    st_cluster_f32(map_to_cta(recv_lse + (uint32_t)(crank * rpm + rl) * 4, (uint32_t)owner), h ? lse1 : lse0);
             }
         }
         cluster_sync(); /* all pushes have landed */
-        const int lo = split * BM / C, hi = (split + 1) * BM / C;
+        const int lo = crank * BM / C, hi = (crank + 1) * BM / C;
         const float *const rlse = (const float *)(sg + OFF_P);
         const float *const ro = (const float *)(sg + OFF_KV);
+#if DDT_MLA_GROUPED
+        /* More than one group (S > 8): each cluster writes its group's partial (log2 lse)
+           where the global path's split partials go, for mla_combine_groups_kernel.  Else
+           cluster 0 holds every split (or none: a bad n_prefix) and writes the output. */
+        const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        const bool to_group = ok && G > 1;
+        if (to_group ? grp < G : grp == 0)
+#endif
         for (int item = tid; item < (hi - lo) * 128; item += NTHREADS) {
             const int rl = item >> 7, c4 = (item & 127) * 4;
             const long long grow = (long long)qtile * BM + lo + rl;
             if (grow >= p.n_rows) continue;
+#if DDT_MLA_GROUPED
+            if (to_group) {
+                float4 res;
+                float lse2;
+                merge_splits<8>(min(MAX_CLUSTER, S - grp * MAX_CLUSTER), rlse + rl, rpm,
+                                [&](int sp) { return *(const float4 *)(ro + (size_t)(sp * rpm + rl) * SO_LD + c4); },
+                                1.f, res, lse2);
+                *(float4 *)(p.o_part + ((size_t)grp * p.n_rows + grow) * DV + c4) = res;
+                if (c4 == 0) p.lse_part[(size_t)grp * p.n_rows + grow] = lse2;
+                continue;
+            }
+#endif
             combine_row<8>(p, S, ok, grow, c4, c4 == 0, rlse + rl, rpm,
                         [&](int sp) { return *(const float4 *)(ro + (size_t)(sp * rpm + rl) * SO_LD + c4); });
         }
@@ -634,6 +699,32 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
     combine_row<8>(p, S, ok, grow, c4, threadIdx.x == 0, sl, 1,
                 [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
 }
+
+#if DDT_MLA_GROUPED
+/* ---- grouped cluster path: the groups' partials merged, one CTA per query row ---- */
+
+/* The clusters of the attention wrote group g's merged rows and log2 lse where the
+ * global path writes split g's (o_part, lse_part); merged here in group order like
+ * mla_combine_kernel merges splits.  With one group (S <= 8) or a bad n_prefix the
+ * cluster wrote the output itself. */
+__global__ void __launch_bounds__(128) mla_combine_groups_kernel(const Params p) {
+    DDT_GRID_DEP_WAIT();
+    __shared__ float sl[(SPLIT_TARGET + MAX_CLUSTER - 1) / MAX_CLUSTER];
+    const long long grow = blockIdx.x;
+    const long long np = *p.n_prefix;
+    const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
+    int S = 0, bps = 0;
+    if (ok) split_plan(np, p.n_qtiles, S, bps);
+    const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+    if (G <= 1) return;
+    const size_t nr = (size_t)p.n_rows;
+    for (int g = threadIdx.x; g < G; g += blockDim.x) sl[g] = p.lse_part[(size_t)g * nr + grow];
+    __syncthreads();
+    const int c4 = threadIdx.x * 4;
+    combine_row<8>(p, G, true, grow, c4, threadIdx.x == 0, sl, 1,
+                   [&](int g) { return *(const float4 *)(p.o_part + ((size_t)g * nr + grow) * DV + c4); });
+}
+#endif
 
 /* ---- global-path merge of many splits: one CTA per query row and 128 output columns ---- */
 
@@ -679,7 +770,27 @@ __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Param
     if (!ok) {
         res = NAN;
         lse_out = NAN;
-    } else {
+    }
+#if DDT_MLA_GROUPED
+    else if (S > MAX_CLUSTER) {
+        /* splits 8g..8g+7 merged into group g, then the groups: the grouped cluster
+           path's order and arithmetic (merge_splits on .x: the other lanes are dead code) */
+        constexpr int GMAX = (SPLIT_TARGET + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        float og[GMAX], lg[GMAX];
+        const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        float4 r;
+        for (int g = 0; g < G; g++) {
+            const float *const gv = sv + g * MAX_CLUSTER * MC_COLS + threadIdx.x;
+            merge_splits<8>(min(MAX_CLUSTER, S - g * MAX_CLUSTER), sl + g * MAX_CLUSTER, 1,
+                            [&](int k) { return make_float4(gv[k * MC_COLS], 0.f, 0.f, 0.f); }, 1.f, r, lg[g]);
+            og[g] = r.x;
+        }
+        merge_splits<8>(G, lg, 1, [&](int g) { return make_float4(og[g], 0.f, 0.f, 0.f); }, 0.69314718055994531f, r,
+                        lse_out);
+        res = r.x;
+    }
+#endif
+    else {
         float M = -INFINITY;
         for (int s = 0; s < S; s++) M = fmaxf(M, sl[s]);
         if (M == -INFINITY) { /* no visible row (padding rows only) */
@@ -792,6 +903,11 @@ extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_hea
     if (n_qtiles < 1 || max_prefix < 0) return DDT_MLA_PATH_GLOBAL;
     const int sgrid = grid_splits(max_prefix, n_qtiles);
     if (prepare_kernels() != cudaSuccess) return DDT_MLA_PATH_GLOBAL;
+#if DDT_MLA_GROUPED
+    if (sgrid > MAX_CLUSTER)
+        return clusters_fit(MAX_CLUSTER, n_qtiles * ((sgrid + MAX_CLUSTER - 1) / MAX_CLUSTER)) ? DDT_MLA_PATH_CLUSTER
+                                                                                             : DDT_MLA_PATH_GLOBAL;
+#endif
     return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
 }
 
@@ -863,6 +979,17 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
         cluster = sgrid <= MAX_CLUSTER;
     else
         cluster = sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles);
+    int cy = sgrid, csize = sgrid; /* the cluster path's grid y and cluster size */
+#if DDT_MLA_GROUPED
+    /* past 8 grid splits, clusters of 8 along them, each merging its group */
+    bool grouped = false;
+    if (sgrid > MAX_CLUSTER && a->path != DDT_MLA_PATH_GLOBAL && a->path != DDT_MLA_PATH_GLOBAL_STAGED) {
+        const int ngroups = (sgrid + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        grouped = cluster = a->path == DDT_MLA_PATH_CLUSTER || clusters_fit(MAX_CLUSTER, n_qtiles * ngroups);
+        cy = ngroups * MAX_CLUSTER;
+        csize = MAX_CLUSTER;
+    }
+#endif
     if (a->path == DDT_MLA_PATH_CLUSTER && !cluster)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "MLA verify: %d splits do not fit a cluster of %d", sgrid, MAX_CLUSTER);
 
@@ -870,13 +997,19 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     if (cluster) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr;
-        cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)sgrid, 1);
+        cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)cy, 1);
         cfg.blockDim = dim3(NTHREADS, 1, 1);
         cfg.dynamicSmemBytes = SMEM_BYTES;
         cfg.stream = s;
-        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)sgrid);
+        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)csize);
         DDT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_attn_kernel<true>, tmq, tmkv, p), err);
         DDT_CUDA_LAUNCHED("mla_attn_cluster", s, err);
+#if DDT_MLA_GROUPED
+        if (grouped) {
+            mla_combine_groups_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);
+            DDT_CUDA_LAUNCHED("mla_combine_groups", s, err);
+        }
+#endif
     } else {
         mla_attn_kernel<false><<<dim3((unsigned)n_qtiles, (unsigned)sgrid, 1), NTHREADS, SMEM_BYTES, s>>>(tmq, tmkv, p);
         DDT_CUDA_LAUNCHED("mla_attn", s, err);

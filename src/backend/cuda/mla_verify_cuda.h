@@ -47,7 +47,9 @@ enum {
 enum {
     DDT_MLA_PATH_AUTO = 0,    /* cluster when the splits of a query tile fit one cluster */
     DDT_MLA_PATH_GLOBAL = 1,  /* partials through the workspace + a combine kernel */
-    DDT_MLA_PATH_CLUSTER = 2, /* partials through distributed shared memory (<= 8 splits) */
+    DDT_MLA_PATH_CLUSTER = 2, /* partials through distributed shared memory (<= 8 splits; a build
+                                 with -DDDT_MLA_GROUPED=1 also past 8, in clusters of 8 whose
+                                 group partials a last kernel merges) */
     DDT_MLA_PATH_GLOBAL_STAGED = 3 /* GLOBAL with the combine kernel that stages every split's rows in
                                       shared memory at once, which GLOBAL takes past 8 splits; at any
                                       split count (for tests: the same bits again) */
