@@ -985,7 +985,9 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     bool grouped = false;
     if (sgrid > MAX_CLUSTER && a->path != DDT_MLA_PATH_GLOBAL && a->path != DDT_MLA_PATH_GLOBAL_STAGED) {
         const int ngroups = (sgrid + MAX_CLUSTER - 1) / MAX_CLUSTER;
-        grouped = cluster = a->path == DDT_MLA_PATH_CLUSTER || clusters_fit(MAX_CLUSTER, n_qtiles * ngroups);
+        /* forced: one cluster of 8 resident at a time will do; auto: all of them at once */
+        grouped = cluster = a->path == DDT_MLA_PATH_CLUSTER ? clusters_fit(MAX_CLUSTER, 1)
+                                                             : clusters_fit(MAX_CLUSTER, n_qtiles * ngroups);
         cy = ngroups * MAX_CLUSTER;
         csize = MAX_CLUSTER;
     }
