@@ -440,7 +440,7 @@ static tools_mode tool_calls_mode(const ddt_server *s, const ddt_api_request *rq
     if (rq->kind != DDT_API_CHAT || !rq->tools) return TOOLS_NONE;
     if (!forces_call(rq) && (rq->json_object || rq->json_schema)) return TOOLS_NONE;
     if (!s->o.can_json || !s->json_vocab) {
-        *why = !s->o.can_json ? "the arguments' grammar runs on the CPU backend or one GPU"
+        *why = !s->o.can_json ? "this server's engine takes no grammar"
                              : "this model folder has no tokenizer to build the token masks from";
         return TOOLS_FREE;
     }
@@ -502,7 +502,7 @@ static bool tool_grammar(ddt_server *s, const ddt_api_request *rq, ddt_job *j, p
  * (x-ddtree-tool-arguments): "schema" (the function's parameters), "json_object"
  * (its parameters are outside the schema subset, malformed or absent: any JSON
  * object), "mixed" (the model names the call among several functions, some of
- * each), or "unconstrained" (a multi-GPU engine, which takes no grammar, or for "auto" a
+ * each), or "unconstrained" (an engine that takes no grammar, or for "auto" a
  * tokenizer without the tool-call markers).  note (x-ddtree-tool-arguments-note,
  * "" for none) says why: for "unconstrained", or the first function a call may
  * use that is not held to its schema, in printable ASCII (a header value cannot
@@ -588,7 +588,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
         return;
     }
     if (rq->json_object || rq->json_schema) {
-        const char *no = !s->o.can_json ? "JSON mode runs on the CPU backend or one GPU (this server's engine splits the model over several)"
+        const char *no = !s->o.can_json ? "this server's engine takes no JSON constraint"
                        : !s->json_vocab ? "this model folder has no tokenizer to build the token masks from"
                        : j->n_stop_ids == 0 ? "the model has no end-of-sequence token to end the object with"
                        : prompt_opens_thinking(s, j) ? "the prompt opens a thinking block, and the reasoning is "
@@ -616,8 +616,7 @@ static void prepare(ddt_server *s, const ddt_api_request *rq, prepared *p) {
                           : rq->presence_penalty != 0.0f ? "presence_penalty"
                           : rq->frequency_penalty != 0.0f ? "frequency_penalty" : "repetition_penalty";
         if (!s->o.can_logit_rules) {
-            prep_fail(p, 400, param, "'%s' runs on the CPU backend or one GPU (this server's engine splits the model "
-                      "over several)", param);
+            prep_fail(p, 400, param, "'%s' needs logit rules, which this server's engine does not take", param);
             ddt_job_release(j);
             return;
         }

@@ -44,10 +44,11 @@ typedef struct ddt_server_options {
     bool can_switch;         /* the engine takes per-request mode / budget (CPU backend, one GPU) */
     bool can_chain;          /* ... and chain among them (a GPU engine needs room for the chain's nodes) */
     bool can_auto;           /* ... and the auto budget (a GPU engine only when started with it) */
-    bool can_logprobs;       /* the engine reports log-probabilities (CPU backend) */
+    bool can_logprobs;       /* the engine reports log-probabilities (`ddtree serve`: every engine) */
     bool can_json;           /* the engine takes a JSON constraint: response_format json_object / json_schema,
-                                and tool calls' arguments (CPU backend or one GPU; else those run unconstrained) */
-    bool can_logit_rules;    /* the engine takes logit_bias and the penalties (CPU backend or one GPU) */
+                                and tool calls' arguments (`ddtree serve`: every engine; false: response_format
+                                refused, tool calls' arguments unconstrained) */
+    bool can_logit_rules;    /* the engine takes logit_bias and the penalties (`ddtree serve`: every engine) */
     int32_t max_budget;      /* the largest per-request tree budget (the engine's reserve) */
     int32_t default_budget;  /* tree budget for a request asking for tree without one */
     const ddt_chat_template *chat_template; /* the model's (chat.h); NULL: the built-in Kimi K2 one */
