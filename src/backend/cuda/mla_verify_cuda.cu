@@ -78,8 +78,9 @@ constexpr int BLK = KT * TILE;  /* 73728: a Q tile or a cache block */
  * merged into group g (merge_splits, log2 lse), then the groups merged in order
  * (merge_splits again), so the cluster, global and staged paths keep giving the
  * same bits.  Its split plan aims at 128 CTAs (16 clusters of 8: two a GPC) and,
- * with DDT_MLA_GROUP_ROUND, takes a multiple of 8 splits past 8, so that every
- * cluster of a launch is resident at once at T = 1..8. */
+ * with DDT_MLA_GROUP_ROUND, takes a multiple of 8 splits from 16 on, so that every
+ * cluster of a launch is resident at once at T = 1..8 (T = 9..15 keep their 9-14
+ * splits and, their clusters not resident at once, the staged global merge). */
 #ifndef DDT_MLA_GROUPED
 #define DDT_MLA_GROUPED 0
 #endif
@@ -165,7 +166,7 @@ __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, i
     const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
     long long smax = SPLIT_TARGET / n_qtiles;
 #if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
-    if (smax > MAX_CLUSTER) smax -= smax % MAX_CLUSTER; /* whole clusters of 8 */
+    if (smax >= 2 * MAX_CLUSTER) smax -= smax % MAX_CLUSTER; /* whole clusters of 8 */
 #endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
@@ -180,7 +181,7 @@ __host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
     const long long nb = (max_prefix + BN - 1) / BN + 1;
     long long smax = SPLIT_TARGET / n_qtiles;
 #if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
-    if (smax > MAX_CLUSTER) smax -= smax % MAX_CLUSTER;
+    if (smax >= 2 * MAX_CLUSTER) smax -= smax % MAX_CLUSTER;
 #endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
