@@ -898,6 +898,12 @@ extern "C" void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int6
     if (blocks_per_split) *blocks_per_split = b;
 }
 
+extern "C" int32_t ddt_cuda_mla_verify_grid_splits(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
+    if (n_tokens < 1 || n_heads < 1 || max_prefix < 0) return 0;
+    const long long n_rows = (long long)n_tokens * n_heads;
+    return grid_splits(max_prefix, (int)((n_rows + BM - 1) / BM));
+}
+
 extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
     const long long n_rows = (long long)n_tokens * n_heads;
     const int n_qtiles = (int)((n_rows + BM - 1) / BM);

@@ -89,6 +89,11 @@ size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t 
 void ddt_cuda_mla_verify_plan(int32_t n_tokens, int32_t n_heads, int64_t n_prefix, int32_t *splits,
                               int32_t *blocks_per_split);
 
+/* Splits of the launch grid for max_prefix (its y extent before clusters round it up): every
+ * n_prefix <= max_prefix plans at most this many, and the workspace holds this many partials
+ * (0 for sizes out of range).  For tests. */
+int32_t ddt_cuda_mla_verify_grid_splits(int32_t n_tokens, int32_t n_heads, int64_t max_prefix);
+
 /* The merge path DDT_MLA_PATH_AUTO takes for these sizes (CLUSTER or GLOBAL). */
 int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_heads, int64_t max_prefix);
 
