@@ -6,13 +6,14 @@
 #   - the INT4 experts: cuda_bench_moe 12 experts-nt (the graph + PDL column: as the engine runs them);
 #   - the dense products: cuda_bench_moe 12 bf16 (the presplit columns: as the layer runs them);
 #   - an SM's read rate against its bytes in flight: cuda_bench_inflight (the experts' stream geometry);
+#   - the tree-verify attention alone: cuda_bench_mla --quick (plain graph and with PDL, the floor);
 #   - issue 13's end to end: bench/e2e.py on the shipped pair at T = 0 and 1 (Hugging Face generate
 #     too where torch and transformers are installed, else --no-hf).
 #
-#   here:    scripts/gpu-local.sh pack rec build cuda_bench_k26 cuda_bench_moe ddtree cuda_bench_inflight
+#   here:    scripts/gpu-local.sh pack rec build cuda_bench_k26 cuda_bench_moe ddtree cuda_bench_inflight cuda_bench_mla
 #   device:  scripts/gpu-record.sh          (through the device tool; REQUIRE=H200 runs nothing
 #                                             unless nvidia-smi names that card)
-# Writes $OUT/record-card.log, -k26.log, -moe.log, -dense.log, -inflight.log, -e2e.log.  Each step has a timeout
+# Writes $OUT/record-card.log, -k26.log, -moe.log, -dense.log, -inflight.log, -mla.log, -e2e.log.  Each step has a timeout
 # that keeps the whole under one 10-minute device command.  Exit status: 2 without $OUT or the pack,
 # 0 otherwise (the logs say what failed).
 set -uo pipefail
@@ -34,6 +35,7 @@ done
 $L run "$PACK" 'timeout 60 $DDT_BIN/cuda_bench_moe 12 experts-nt' > "$OUT/record-moe.log" 2>&1
 $L run "$PACK" 'timeout 90 $DDT_BIN/cuda_bench_moe 12 bf16' > "$OUT/record-dense.log" 2>&1
 $L run "$PACK" 'timeout 60 $DDT_BIN/cuda_bench_inflight' > "$OUT/record-inflight.log" 2>&1
+$L run "$PACK" 'timeout 60 $DDT_BIN/cuda_bench_mla --quick' > "$OUT/record-mla.log" 2>&1
 HF=--no-hf
 python3 -c 'import torch, transformers' 2> /dev/null && HF=
 $L run "$PACK" "timeout 240 python3 bench/e2e.py --build \$DDT_BIN --backend cuda --model models/pystdlib-target \
