@@ -4,8 +4,9 @@
  *
  * One CUDA engine (engine_cuda.h) per GPU, each with its rank's part of the
  * target (model/shard.h: attention heads and routed experts split, partial
- * outputs summed by ncclAllReduce inside the forward).  An NCCL ring all-reduce
- * leaves the same bytes on every rank, so after each reduction every rank holds
+ * outputs summed inside the forward: ncclAllGather, then the partials added in
+ * rank order on every rank, an order that does not depend on the token count, so
+ * that a tree's verify and an ar step sum a token alike).  Every rank then holds
  * bitwise identical activations, logits and trees: every rank runs the same
  * round (drafter, tree build, verify, walk, commit) redundantly, captures it in
  * its own CUDA graph (NCCL calls are capturable), and takes the same decisions

@@ -494,7 +494,8 @@ static ddt_status setup_shard(ddt_cuda_target *t, const ddt_cuda_target_options 
     t->dims.heads = t->shard.n_heads;
     t->allreduce = opts->allreduce;
     t->allreduce_ctx = opts->allreduce_ctx;
-    return DDT_OK;
+    /* the largest sum a forward asks for: a hidden row a token (target_cuda.h: the reservation) */
+    return t->allreduce(t->allreduce_ctx, NULL, (int64_t)t->max_tokens * t->dims.hidden, NULL, err);
 }
 
 /* Before the upload: the rank's weights as stored and its KV cache, a lower bound of

@@ -36,8 +36,13 @@
 typedef struct ddt_cuda_target ddt_cuda_target;
 
 /* Sum buf[0..count) over the ranks, in place, on stream (cudaStream_t), so that
- * every rank holds the same bytes after it (engine_multi_cuda.c: ncclAllReduce).
- * Called inside forwards, so it must be graph-capturable and must not allocate. */
+ * every rank holds the same bytes after it, in an order that does not depend on
+ * count (engine_multi_cuda.c: an all-gather, then the partials added in rank
+ * order), so that a token's sums are the same at any token count.  Called inside
+ * forwards, so it must be graph-capturable and must not allocate.  buf NULL is a
+ * reservation, not a sum: every later call has count <= this one's; the target
+ * makes it once at load, outside any capture (stream NULL), so the function
+ * allocates its buffers there. */
 typedef ddt_status (*ddt_cuda_allreduce_fn)(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err);
 
 typedef struct ddt_cuda_target_options {

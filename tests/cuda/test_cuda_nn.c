@@ -9,7 +9,10 @@
  *   - ddt_cuda_add_rmsnorm: the stored sum bitwise the CPU's ddt_cpu_add, the norm
  *     within the same bound, and both bitwise ddt_cuda_add then ddt_cuda_rmsnorm;
  *   - every row alone bitwise the same row inside a batch;
- *   - ddt_cuda_rmsnorm_pair bitwise two ddt_cuda_rmsnorm launches, padding kept.
+ *   - ddt_cuda_rmsnorm_pair bitwise two ddt_cuda_rmsnorm launches, padding kept;
+ *   - ddt_cuda_sum_parts (the multi-GPU all-reduce's rank-order sum): bitwise the
+ *     host's ((p0 + p1) + p2) + ... for 1..8 parts of odd lengths, the output past
+ *     count (NaN poison) never written; bad arguments refused.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
  */
 #include <cuda_runtime_api.h>
@@ -175,6 +178,44 @@ static void norm_pair_case(int32_t dim0, int64_t ld0, int32_t dim1, int64_t ld1,
     free(x0), free(x1), free(w0), free(w1), free(a0), free(b0), free(a1), free(b1);
 }
 
+/* ddt_cuda_sum_parts against the host's sum in part order, bitwise. */
+static void sum_parts_case(int32_t n_parts, int64_t count) {
+    const size_t pn = (size_t)n_parts * (size_t)count, pad = 37;
+    float *hp = malloc(pn * sizeof(float)), *want = malloc((size_t)count * sizeof(float));
+    float *got = malloc(((size_t)count + pad) * sizeof(float));
+    for (size_t i = 0; i < pn; i++) hp[i] = frand() * (float)(1 + (i % 7) * 1000); /* mixed magnitudes: order shows */
+    for (int64_t i = 0; i < count; i++) {
+        float s = hp[i];
+        for (int32_t k = 1; k < n_parts; k++) s = s + hp[(size_t)k * (size_t)count + (size_t)i];
+        want[i] = s;
+    }
+    float *dp, *dout;
+    CU(cudaMalloc((void **)&dp, pn * sizeof(float)));
+    CU(cudaMalloc((void **)&dout, ((size_t)count + pad) * sizeof(float)));
+    CU(cudaMemcpy(dp, hp, pn * sizeof(float), cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xFF, ((size_t)count + pad) * sizeof(float))); /* NaN */
+    OK(ddt_cuda_sum_parts(dp, n_parts, count, dout, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(got, dout, ((size_t)count + pad) * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t bad = 0, stray = 0;
+    for (int64_t i = 0; i < count; i++) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    for (size_t i = 0; i < pad; i++) stray += !isnan(got[(size_t)count + i]);
+    CHECK(bad == 0 && stray == 0, "sum_parts %d x %lld: %lld values not the host's rank-order sum, %lld written past",
+          n_parts, (long long)count, (long long)bad, (long long)stray);
+    printf("sum_parts %d parts x %lld floats: bitwise the host's rank-order sum\n", n_parts, (long long)count);
+    CU(cudaFree(dp));
+    CU(cudaFree(dout));
+    free(hp), free(want), free(got);
+}
+
+static void sum_parts_errors(void) {
+    ddt_error e;
+    CHECK(ddt_cuda_sum_parts(NULL, 0, 10, NULL, NULL, &e) == DDT_ERR_INVALID && strstr(e.msg, "0 parts"),
+          "sum_parts of 0 parts accepted");
+    CHECK(ddt_cuda_sum_parts(NULL, 2, -1, NULL, NULL, &e) == DDT_ERR_INVALID, "sum_parts of -1 floats accepted");
+    CHECK(ddt_cuda_sum_parts(NULL, 3, 0, NULL, NULL, &e) == DDT_OK, "sum_parts of 0 floats refused");
+}
+
 int main(int argc, char **argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     OK(ddt_cpu_pool_create(2, &g_pool, &err_));
@@ -186,6 +227,12 @@ int main(int argc, char **argv) {
     norm_pair_case(128, 208, 64, 80, 65);      /* the shipped target: q_lora 128 | kv_a 80 side by side */
     norm_pair_case(1536, 2112, 512, 576, 3);   /* K2.6 */
     norm_pair_case(37, 101, 130, 131, 7);      /* odd: strided paths */
+    sum_parts_case(1, 1001);                   /* one rank: a copy */
+    sum_parts_case(2, 7168);                   /* K2.6's hidden row */
+    sum_parts_case(3, 4099);
+    sum_parts_case(8, 17 * 7168 + 5);          /* eight ranks, a tree's rows and a tail */
+    sum_parts_case(5, 1);
+    sum_parts_errors();
     if (!quick) {
         norm_case(8200, 8200, 2, 0); /* wider than the register rows: strided path */
         norm_case(7168, 7168, 64, 0);

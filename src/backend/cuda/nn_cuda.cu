@@ -165,6 +165,27 @@ ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream
 }
 
 
+static __global__ void sum_parts_kernel(const float *parts, int n_parts, int64_t count, float *out) {
+    DDT_GRID_DEP_WAIT();
+    for (int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x; i < count; i += (int64_t)gridDim.x * EW_THREADS) {
+        float s = parts[i];
+        for (int k = 1; k < n_parts; k++) s = s + parts[(int64_t)k * count + i];
+        out[i] = s;
+    }
+}
+
+ddt_status ddt_cuda_sum_parts(const float *parts, int32_t n_parts, int64_t count, float *out, ddt_cuda_stream stream,
+                              ddt_error *err) {
+    if (n_parts < 1 || count < 0)
+        return ddt_fail(err, DDT_ERR_INVALID, "sum of parts: %d parts of %lld floats", n_parts, (long long)count);
+    if (count == 0) return DDT_OK;
+    int64_t blocks = (count + EW_THREADS - 1) / EW_THREADS;
+    if (blocks > 1024) blocks = 1024;
+    sum_parts_kernel<<<(unsigned)blocks, EW_THREADS, 0, (cudaStream_t)stream>>>(parts, n_parts, count, out);
+    DDT_CUDA_LAUNCHED("sum_parts", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
 /* One source: the multi-source gather's launch with count 1 (one kernel for both). */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
                                 int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err) {

@@ -70,6 +70,14 @@ ddt_status ddt_cuda_silu_mul(float *g, int64_t ldg, const float *u, int64_t ldu,
 /* x[i] = x[i] + y[i] for i < count (x, y contiguous). */
 ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream stream, ddt_error *err);
 
+/* out[i] = parts[0][i] + parts[1][i] + ... + parts[n_parts - 1][i] for i < count, added in
+ * part order (((p0 + p1) + p2) + ...), parts[k] at parts + k * count (contiguous; out must not
+ * overlap them).  The multi-GPU all-reduce's sum of the ranks' gathered partials: its order
+ * depends on neither count nor the launch, so a token's sum is the same at any token count
+ * (NCCL's own all-reduce orders each element's additions by its place in the message). */
+ddt_status ddt_cuda_sum_parts(const float *parts, int32_t n_parts, int64_t count, float *out, ddt_cuda_stream stream,
+                              ddt_error *err);
+
 /* dst[k][0..cols) = src[rows[k]][0..cols) for k < m (row strides ldd >= cols, lds;
  * rows on the device): ddt_cuda_gather_rows_multi with one source. */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
