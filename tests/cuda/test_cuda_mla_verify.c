@@ -68,17 +68,26 @@ static const int32_t k_global_paths[3] = {DDT_MLA_PATH_AUTO, DDT_MLA_PATH_GLOBAL
 static const char *const k_global_path_names[3] = {"auto", "global", "staged global"};
 static double g_worst = 0.0;
 
-/* One GPU run into *out (poisoned first); returns the output bytes in host memory. */
-static void gpu_run(ddt_cuda_mla_verify *a, size_t out_bytes, size_t ws_bytes, int path, void *host_out, float *host_lse,
-                    size_t lse_n) {
+/* One GPU run into *out (poisoned first); the output bytes and lse in host memory.
+ * Returns the run's status (nothing copied unless DDT_OK), the error in *e. */
+static ddt_status try_run(ddt_cuda_mla_verify *a, size_t out_bytes, size_t ws_bytes, int path, void *host_out,
+                          float *host_lse, size_t lse_n, ddt_error *e) {
     CU(cudaMemset(a->out, 0xFF, out_bytes));
     CU(cudaMemset(a->workspace, 0xFF, ws_bytes));
     CU(cudaMemset(a->lse, 0xFF, lse_n * 4));
     a->path = path;
-    OK(ddt_cuda_mla_verify_run(a, NULL, &err_));
+    const ddt_status st = ddt_cuda_mla_verify_run(a, NULL, e);
+    if (st != DDT_OK) return st;
     CU(cudaDeviceSynchronize());
     CU(cudaMemcpy(host_out, a->out, out_bytes, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(host_lse, a->lse, lse_n * 4, cudaMemcpyDeviceToHost));
+    return DDT_OK;
+}
+
+/* try_run that must succeed. */
+static void gpu_run(ddt_cuda_mla_verify *a, size_t out_bytes, size_t ws_bytes, int path, void *host_out, float *host_lse,
+                    size_t lse_n) {
+    OK(try_run(a, out_bytes, ws_bytes, path, host_out, host_lse, lse_n, &err_));
 }
 
 static void run_case(const mla_case *c, int check_paths) {
@@ -281,22 +290,12 @@ static void run_case(const mla_case *c, int check_paths) {
         /* the cluster path: taken whenever the grid's splits (the bound on S for max_prefix)
            fit one cluster of 8; past 8, refused, or run in clusters of 8 by a build with
            grouped merges (-DDDT_MLA_GROUPED=1), which must then give the same bits too */
-        long n_qtiles = (long)((n_rows + 63) / 64), smax = 132 / n_qtiles, nb_max = (max_prefix + 63) / 64 + 1;
-        if (smax > (nb_max + 2) / 3) smax = (nb_max + 2) / 3; /* at least 3 blocks a split (DDT_MLA_MIN_BPS) */
-        if (smax < 1) smax = 1;
-        const int one_cluster = (smax < nb_max ? smax : nb_max) <= 8;
-        a.path = DDT_MLA_PATH_CLUSTER;
+        const int one_cluster = ddt_cuda_mla_verify_grid_splits(T, H, max_prefix) <= 8;
         ddt_error e;
-        CU(cudaMemset(a.out, 0xFF, out_bytes));
-        CU(cudaMemset(a.workspace, 0xFF, ws));
-        CU(cudaMemset(a.lse, 0xFF, n_rows * 4));
-        const ddt_status cst = ddt_cuda_mla_verify_run(&a, NULL, &e);
+        const ddt_status cst = try_run(&a, out_bytes, ws, DDT_MLA_PATH_CLUSTER, again, lse2, n_rows, &e);
         CHECK(cst == DDT_OK || (!one_cluster && cst == DDT_ERR_UNSUPPORTED),
               "np %d T %d H %d: cluster path refused (%s)", np, T, H, e.msg);
         if (cst == DDT_OK) {
-            CU(cudaDeviceSynchronize());
-            CU(cudaMemcpy(again, a.out, out_bytes, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(lse2, a.lse, n_rows * 4, cudaMemcpyDeviceToHost));
             CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
                   "np %d T %d H %d: cluster-merge path%s differs", np, T, H, one_cluster ? "" : " (grouped)");
             paths++;
@@ -414,7 +413,8 @@ static void bad_prefix_case(int T, int max_prefix) {
         CU(cudaMemset(dout, 0, out_bytes));
         ddt_error e;
         const ddt_status st = ddt_cuda_mla_verify_run(&a, NULL, &e);
-        if (path == DDT_MLA_PATH_CLUSTER && st == DDT_ERR_UNSUPPORTED && max_prefix > 1000) continue; /* > 8 splits */
+        if (path == DDT_MLA_PATH_CLUSTER && st == DDT_ERR_UNSUPPORTED && ddt_cuda_mla_verify_grid_splits(T, H, max_prefix) > 8)
+            continue; /* past 8 grid splits: taken only by a grouped build */
         CHECK(st == DDT_OK, "bad n_prefix, T %d, max prefix %d, path %d: %s", T, max_prefix, path, e.msg);
         CU(cudaDeviceSynchronize());
         uint16_t *h = malloc(out_bytes);

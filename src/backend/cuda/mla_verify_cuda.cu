@@ -162,15 +162,22 @@ struct Params {
 #ifndef DDT_MLA_MIN_BPS
 #define DDT_MLA_MIN_BPS 3
 #endif
-__host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, int &bps) {
-    const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
+/* The most splits nb blocks (prefix + tail) take at n_qtiles query tiles: the plan's
+ * cap (SPLIT_TARGET CTAs, at least DDT_MLA_MIN_BPS blocks a split, at most a split a
+ * block).  Both the plan and the grid bound below derive from it, so they move together. */
+__host__ __device__ inline long long max_splits(long long nb, int n_qtiles) {
     long long smax = SPLIT_TARGET / n_qtiles;
 #if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
     if (smax >= 2 * MAX_CLUSTER) smax -= smax % MAX_CLUSTER; /* whole clusters of 8 */
 #endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
-    if (smax > nb) smax = nb;
+    return smax < nb ? smax : nb;
+}
+
+__host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, int &bps) {
+    const long long nb = (np + BN - 1) / BN + 1; /* prefix blocks + the tail block */
+    const long long smax = max_splits(nb, n_qtiles);
     const long long b = (nb + smax - 1) / smax;
     bps = (int)b;
     S = (int)((nb + b - 1) / b);
@@ -178,15 +185,11 @@ __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, i
 
 /* An upper bound of S for every n_prefix <= max_prefix: the grid's y. */
 __host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
-    const long long nb = (max_prefix + BN - 1) / BN + 1;
-    long long smax = SPLIT_TARGET / n_qtiles;
-#if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
-    if (smax >= 2 * MAX_CLUSTER) smax -= smax % MAX_CLUSTER;
-#endif
-    if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
-    if (smax < 1) smax = 1;
-    return (int)(smax < nb ? smax : nb);
+    return (int)max_splits((max_prefix + BN - 1) / BN + 1, n_qtiles);
 }
+
+/* Groups of 8 splits that S splits make (the grouped merge, DDT_MLA_GROUPED). */
+__host__ __device__ inline int n_groups(int S) { return (S + MAX_CLUSTER - 1) / MAX_CLUSTER; }
 
 /* ---- PTX wrappers: hopper_dev.cuh, and the MN-major descriptor of V ---- */
 
@@ -653,7 +656,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         /* More than one group (S > 8): each cluster writes its group's partial (log2 lse)
            where the global path's split partials go, for mla_combine_groups_kernel.  Else
            cluster 0 holds every split (or none: a bad n_prefix) and writes the output. */
-        const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        const int G = n_groups(S);
         const bool to_group = ok && G > 1;
         if (to_group ? grp < G : grp == 0)
 #endif
@@ -716,7 +719,7 @@ __global__ void __launch_bounds__(128) mla_combine_groups_kernel(const Params p)
     const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
     int S = 0, bps = 0;
     if (ok) split_plan(np, p.n_qtiles, S, bps);
-    const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+    const int G = n_groups(S);
     if (G <= 1) return;
     const size_t nr = (size_t)p.n_rows;
     for (int g = threadIdx.x; g < G; g += blockDim.x) sl[g] = p.lse_part[(size_t)g * nr + grow];
@@ -778,7 +781,7 @@ __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Param
            path's order and arithmetic (merge_splits on .x: the other lanes are dead code) */
         constexpr int GMAX = (SPLIT_TARGET + MAX_CLUSTER - 1) / MAX_CLUSTER;
         float og[GMAX], lg[GMAX];
-        const int G = (S + MAX_CLUSTER - 1) / MAX_CLUSTER;
+        const int G = n_groups(S);
         float4 r;
         for (int g = 0; g < G; g++) {
             const float *const gv = sv + g * MAX_CLUSTER * MC_COLS + threadIdx.x;
@@ -872,6 +875,15 @@ cudaError_t prepare_kernels() {
 /* Can all n_qtiles clusters of C CTAs be resident at once? */
 bool clusters_fit(int C, int n_qtiles) { return g_prepared && g_cluster_cap[C] >= n_qtiles; }
 
+/* DDT_MLA_PATH_AUTO's choice: the cluster path when its clusters are all resident at
+ * once, one a query tile up to 8 grid splits (a grouped build: past 8, clusters of 8). */
+bool auto_cluster(int sgrid, int n_qtiles) {
+#if DDT_MLA_GROUPED
+    if (sgrid > MAX_CLUSTER) return clusters_fit(MAX_CLUSTER, n_qtiles * n_groups(sgrid));
+#endif
+    return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles);
+}
+
 } /* namespace */
 
 extern "C" size_t ddt_cuda_mla_verify_workspace(int32_t n_tokens, int32_t n_heads, int64_t max_prefix) {
@@ -910,12 +922,7 @@ extern "C" int32_t ddt_cuda_mla_verify_auto_path(int32_t n_tokens, int32_t n_hea
     if (n_qtiles < 1 || max_prefix < 0) return DDT_MLA_PATH_GLOBAL;
     const int sgrid = grid_splits(max_prefix, n_qtiles);
     if (prepare_kernels() != cudaSuccess) return DDT_MLA_PATH_GLOBAL;
-#if DDT_MLA_GROUPED
-    if (sgrid > MAX_CLUSTER)
-        return clusters_fit(MAX_CLUSTER, n_qtiles * ((sgrid + MAX_CLUSTER - 1) / MAX_CLUSTER)) ? DDT_MLA_PATH_CLUSTER
-                                                                                             : DDT_MLA_PATH_GLOBAL;
-#endif
-    return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
+    return auto_cluster(sgrid, n_qtiles) ? DDT_MLA_PATH_CLUSTER : DDT_MLA_PATH_GLOBAL;
 }
 
 extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_cuda_stream stream, ddt_error *err) {
@@ -982,23 +989,14 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     bool cluster;
     if (a->path == DDT_MLA_PATH_GLOBAL || a->path == DDT_MLA_PATH_GLOBAL_STAGED)
         cluster = false;
-    else if (a->path == DDT_MLA_PATH_CLUSTER)
-        cluster = sgrid <= MAX_CLUSTER;
+    else if (a->path == DDT_MLA_PATH_CLUSTER) /* forced: one cluster resident at a time will do */
+        cluster = sgrid <= MAX_CLUSTER || (DDT_MLA_GROUPED && clusters_fit(MAX_CLUSTER, 1));
     else
-        cluster = sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles);
-    int cy = sgrid, csize = sgrid; /* the cluster path's grid y and cluster size */
-#if DDT_MLA_GROUPED
-    /* past 8 grid splits, clusters of 8 along them, each merging its group */
-    bool grouped = false;
-    if (sgrid > MAX_CLUSTER && a->path != DDT_MLA_PATH_GLOBAL && a->path != DDT_MLA_PATH_GLOBAL_STAGED) {
-        const int ngroups = (sgrid + MAX_CLUSTER - 1) / MAX_CLUSTER;
-        /* forced: one cluster of 8 resident at a time will do; auto: all of them at once */
-        grouped = cluster = a->path == DDT_MLA_PATH_CLUSTER ? clusters_fit(MAX_CLUSTER, 1)
-                                                             : clusters_fit(MAX_CLUSTER, n_qtiles * ngroups);
-        cy = ngroups * MAX_CLUSTER;
-        csize = MAX_CLUSTER;
-    }
-#endif
+        cluster = auto_cluster(sgrid, n_qtiles);
+    /* past 8 grid splits (a grouped build), clusters of 8 along them, each merging its group */
+    const bool grouped = cluster && sgrid > MAX_CLUSTER;
+    const int cy = grouped ? n_groups(sgrid) * MAX_CLUSTER : sgrid; /* the cluster path's grid y */
+    const int csize = grouped ? MAX_CLUSTER : sgrid;                 /* and cluster size */
     if (a->path == DDT_MLA_PATH_CLUSTER && !cluster)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "MLA verify: %d splits do not fit a cluster of %d", sgrid, MAX_CLUSTER);
 
