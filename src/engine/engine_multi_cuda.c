@@ -22,71 +22,23 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/nn_cuda.h"
 #include "engine/engine_cuda.h"
+#include "engine/rank_sum_cuda.h"
 #include "engine/round.h"
 #include "model/shard.h"
 
 _Static_assert(DDT_ENGINE_MAX_GPUS == DDT_SHARD_MAX_WORLD, "engine and shard limits on GPUs differ");
 
-/* A rank's side of the all-reduce: its communicator and the buffer the ranks'
- * partials are gathered into, on its GPU. */
-typedef struct rank_comm {
-    ncclComm_t comm;
-    int32_t world;
-    float *gather; /* [world][cap] */
-    int64_t cap;
-} rank_comm;
-
 struct ddt_engine_multi {
     int32_t world, max_ctx;
     bool have_comms;
     ncclComm_t comm[DDT_ENGINE_MAX_GPUS];
-    rank_comm rc[DDT_ENGINE_MAX_GPUS];
+    ddt_rank_sum rs[DDT_ENGINE_MAX_GPUS]; /* the ranks' sums (rank_sum_cuda.h) */
     ddt_engine_cuda *rank[DDT_ENGINE_MAX_GPUS];
     int32_t *scratch; /* [world][max_ctx + DDT_MAX_PATH]: the tokens ranks >= 1 emit (and drop) */
 };
 
-/* Floats every rank's gather buffer holds at least: the engine's own sums (the stop
- * flag, the auto budget's packed cost table) beside the forwards'. */
-#define GATHER_MIN 4096
-_Static_assert(DDT_ENGINE_COST_WIRE <= GATHER_MIN, "the cost table's all-reduce fits the gather buffer");
-
-/* The all-reduce of the sharded target (target_cuda.h's contract), on the target's
- * stream: every rank's buf gathered by ncclAllGather, then the partials added in
- * rank order on each rank (ddt_cuda_sum_parts), in place.  Not ncclAllReduce: from
- * three ranks on, the order in which it adds an element's partials depends on the
- * element's place in the message, hence on the token count, so a tree's verify and
- * an ar step would round a token's sums differently, and greedy tree decoding
- * could leave ar's tokens at a near tie.  Rank order is the same at every count
- * (and is what the one-GPU emulation of the ranks in test_cuda_multi computes).
- * At one and two ranks the bytes are ncclAllReduce's (a copy; a + b = b + a).  The
- * cost: each rank receives every other rank's partial, (world - 1) x count floats,
- * where a ring all-reduce moves ~2 x count; at decode's few tokens both are
- * latency. */
-static ddt_status nccl_allreduce(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err) {
-    rank_comm *c = ctx;
-    if (!buf) { /* the reservation, at load, on this rank's device */
-        const int64_t cap = count > GATHER_MIN ? count : GATHER_MIN;
-        if (cap <= c->cap) return DDT_OK;
-        cudaFree(c->gather);
-        c->gather = NULL;
-        c->cap = 0;
-        const ddt_status st =
-            ddt_cuda_malloc_array((void **)&c->gather, (size_t)c->world * (size_t)cap, sizeof(float), NULL, err);
-        if (st == DDT_OK) c->cap = cap;
-        return st;
-    }
-    if (count > c->cap)
-        return ddt_fail(err, DDT_ERR_INTERNAL, "all-reduce of %lld floats past the %lld reserved", (long long)count,
-                        (long long)c->cap);
-    ncclResult_t r = ncclAllGather(buf, c->gather, (size_t)count, ncclFloat32, c->comm, (cudaStream_t)stream);
-    if (r != ncclSuccess)
-        return ddt_fail(err, DDT_ERR_INTERNAL, "NCCL: ncclAllGather of %lld floats failed: %s", (long long)count,
-                        ncclGetErrorString(r));
-    return ddt_cuda_sum_parts(c->gather, c->world, count, buf, stream, err);
-}
+_Static_assert(DDT_ENGINE_COST_WIRE <= DDT_RANK_SUM_MIN, "the cost table's all-reduce fits the gather buffer");
 
 /* ------------------------------------------------------------------ rank threads */
 
@@ -192,8 +144,8 @@ static ddt_status run_ranks(ddt_engine_multi *m, rank_job *jobs, ddt_error *err)
 
 static ddt_status create_job(rank_job *j) {
     ddt_engine_multi *m = j->m;
-    return ddt_engine_cuda_create_rank(j->dir, j->opts, m->max_ctx, j->r, m->world, nccl_allreduce, &m->rc[j->r],
-                                       &m->rank[j->r], &j->err);
+    return ddt_engine_cuda_create_rank(j->dir, j->opts, m->max_ctx, j->r, m->world, ddt_rank_sum_allreduce,
+                                       &m->rs[j->r], &m->rank[j->r], &j->err);
 }
 
 void ddt_engine_multi_free(ddt_engine_multi *m) {
@@ -204,7 +156,7 @@ void ddt_engine_multi_free(ddt_engine_multi *m) {
         if (!m->rank[r] && !m->have_comms) continue;
         if (cudaSetDevice(r) != cudaSuccess) continue; /* nothing can be freed on a device that is gone */
         ddt_engine_cuda_free(m->rank[r]);
-        cudaFree(m->rc[r].gather);
+        ddt_rank_sum_release(&m->rs[r]);
         if (m->have_comms) ncclCommDestroy(m->comm[r]);
     }
     if (have_prev) cudaSetDevice(prev);
@@ -243,7 +195,7 @@ ddt_status ddt_engine_multi_create(const char *model_dir, const ddt_engine_optio
                         ncclGetErrorString(nr));
     }
     m->have_comms = true;
-    for (int32_t r = 0; r < W; r++) m->rc[r] = (rank_comm){.comm = m->comm[r], .world = W};
+    for (int32_t r = 0; r < W; r++) m->rs[r] = ddt_rank_sum_make(m->comm[r], W);
     rank_job jobs[DDT_ENGINE_MAX_GPUS];
     memset(jobs, 0, sizeof(rank_job) * (size_t)W);
     for (int32_t r = 0; r < W; r++) jobs[r] = (rank_job){.m = m, .r = r, .fn = create_job, .dir = model_dir,
