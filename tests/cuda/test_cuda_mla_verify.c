@@ -11,8 +11,7 @@
  * expected; 1e-2 leaves room and still catches any wrong row or mask), the
  * log-sum-exp on the small cases (< 4e-3, see LSE_BOUND), two runs bitwise
  * equal, every merge path (cluster, the global combine in rounds of 8 splits
- * and staged; with -DDDT_MLA_GROUPED=1, also clusters of 8 past 8 splits, whose
- * merge the long extra cases take) bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
+ * and staged; the cluster path refused past 8 grid splits) bitwise equal, padding untouched, and a bad n_prefix giving NaN; with fp32
  * output, the output's split planes for W_UV (out_planes, head-major rows) from
  * the auto and the global merge: the output the same bits, the planes its exact
  * bf16 split, their pitch padding untouched, a short pitch refused.
@@ -288,16 +287,15 @@ static void run_case(const mla_case *c, int check_paths) {
               "np %d T %d H %d: staged global-merge path differs", np, T, H);
         paths++;
         /* the cluster path: taken whenever the grid's splits (the bound on S for max_prefix)
-           fit one cluster of 8; past 8, refused, or run in clusters of 8 by a build with
-           grouped merges (-DDDT_MLA_GROUPED=1), which must then give the same bits too */
+           fit one cluster of 8, refused past 8 */
         const int one_cluster = ddt_cuda_mla_verify_grid_splits(T, H, max_prefix) <= 8;
         ddt_error e;
         const ddt_status cst = try_run(&a, out_bytes, ws, DDT_MLA_PATH_CLUSTER, again, lse2, n_rows, &e);
-        CHECK(cst == DDT_OK || (!one_cluster && cst == DDT_ERR_UNSUPPORTED),
-              "np %d T %d H %d: cluster path refused (%s)", np, T, H, e.msg);
+        CHECK(one_cluster ? cst == DDT_OK : cst == DDT_ERR_UNSUPPORTED, "np %d T %d H %d: cluster path %s (%s)", np,
+              T, H, one_cluster ? "refused" : "taken past 8 grid splits", cst == DDT_OK ? "" : e.msg);
         if (cst == DDT_OK) {
             CHECK(memcmp(got, again, out_bytes) == 0 && memcmp(lse, lse2, n_rows * 4) == 0,
-                  "np %d T %d H %d: cluster-merge path%s differs", np, T, H, one_cluster ? "" : " (grouped)");
+                  "np %d T %d H %d: cluster-merge path differs", np, T, H);
             paths++;
         }
     }
@@ -373,7 +371,7 @@ static void run_case(const mla_case *c, int check_paths) {
 }
 
 /* *n_prefix past max_prefix: every output must come out NaN (no fault), on every path;
- * the cluster path also past 8 grid splits where a build takes it there (grouped). */
+ * the cluster path refused past 8 grid splits. */
 static void bad_prefix_case(int T, int max_prefix) {
     const int H = 64, np = max_prefix + 1, kv_rows = 300;
     ddt_cuda_mla_verify a = {0};
@@ -414,7 +412,7 @@ static void bad_prefix_case(int T, int max_prefix) {
         ddt_error e;
         const ddt_status st = ddt_cuda_mla_verify_run(&a, NULL, &e);
         if (path == DDT_MLA_PATH_CLUSTER && st == DDT_ERR_UNSUPPORTED && ddt_cuda_mla_verify_grid_splits(T, H, max_prefix) > 8)
-            continue; /* past 8 grid splits: taken only by a grouped build */
+            continue; /* past 8 grid splits: refused, as it must be */
         CHECK(st == DDT_OK, "bad n_prefix, T %d, max prefix %d, path %d: %s", T, max_prefix, path, e.msg);
         CU(cudaDeviceSynchronize());
         uint16_t *h = malloc(out_bytes);

@@ -9,8 +9,8 @@
  * cache blocks unread with no fault at all, and one with an empty split or a block
  * in two splits would sum rows twice or not at all.  The two functions are
  * separate code (split_plan, grid_splits) that every plan change must keep in step
- * (the grouped merge's build rounds both, -DDDT_MLA_GROUPED=1: relink this test
- * against that variant with scripts/gpu-variant.sh and run it here).
+ * (a variant build that changes the plan: relink this test against it with
+ * scripts/gpu-variant.sh and run it here).
  *
  * Checks, for token counts 1..64 at 64 heads and odd head counts, prefixes 0..70000
  * (every one to 2100, then strides) under grids of several max_prefix:

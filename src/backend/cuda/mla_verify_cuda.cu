@@ -33,8 +33,7 @@
  * stages) and nothing goes through HBM; otherwise through the workspace and a
  * second (combine) kernel: past 8 splits one that stages every split's rows in
  * shared memory at once (mla_combine_staged_kernel), else one that reads them in
- * rounds of 8 (mla_combine_kernel).  (DDT_MLA_GROUPED, below: an experiment that
- * merges past 8 splits in groups of 8, through clusters of 8.)
+ * rounds of 8 (mla_combine_kernel).
  *
  * The softmax is taken in base 2 (scores scaled by scale*log2 e) with the
  * hardware exp2; P is rounded to bf16 for the tensor cores and the row sums add
@@ -67,32 +66,8 @@ constexpr int BN = 64;          /* cache rows per block */
 constexpr int KT = DK / 64;     /* 9 column tiles of 64 per row */
 constexpr int TILE = 8192;      /* bytes of one 64x64 bf16 tile */
 constexpr int BLK = KT * TILE;  /* 73728: a Q tile or a cache block */
-/* Grouped merge (an experiment, compiled out by default; a variant build measures it):
- * past 8 splits the attention runs in clusters of 8 CTAs along the splits, each
- * cluster merges its group of 8 splits through distributed shared memory and writes
- * one partial, and a last kernel merges the groups.  Why: at T = 1 every split
- * writes a 64 x 512 fp32 partial (131 KB) that the merge reads back, 16.9 MB each
- * way at N = 65536 (129 splits) against a 75 MB cache stream and 11 MB at N = 16384
- * (86 splits) against 19 MB; grouped, an eighth of it.  Its arithmetic, on every
- * path of such a build: up to 8 splits merged as before; past 8, splits 8g..8g+7
- * merged into group g (merge_splits, log2 lse), then the groups merged in order
- * (merge_splits again), so the cluster, global and staged paths keep giving the
- * same bits.  Its split plan aims at 128 CTAs (16 clusters of 8: two a GPC) and,
- * with DDT_MLA_GROUP_ROUND, takes a multiple of 8 splits from 16 on, so that every
- * cluster of a launch is resident at once at T = 1..8 (T = 9..15 keep their 9-14
- * splits and, their clusters not resident at once, the staged global merge). */
-#ifndef DDT_MLA_GROUPED
-#define DDT_MLA_GROUPED 0
-#endif
-#ifndef DDT_MLA_GROUP_ROUND
-#define DDT_MLA_GROUP_ROUND 1
-#endif
 #ifndef DDT_MLA_SPLIT_TARGET
-#if DDT_MLA_GROUPED
-#define DDT_MLA_SPLIT_TARGET 128
-#else
 #define DDT_MLA_SPLIT_TARGET 132
-#endif
 #endif
 /* H200 multiprocessors; a constant so plans do not depend on the device (-D for measurements) */
 constexpr int SPLIT_TARGET = DDT_MLA_SPLIT_TARGET;
@@ -167,9 +142,6 @@ struct Params {
  * block).  Both the plan and the grid bound below derive from it, so they move together. */
 __host__ __device__ inline long long max_splits(long long nb, int n_qtiles) {
     long long smax = SPLIT_TARGET / n_qtiles;
-#if DDT_MLA_GROUPED && DDT_MLA_GROUP_ROUND
-    if (smax >= 2 * MAX_CLUSTER) smax -= smax % MAX_CLUSTER; /* whole clusters of 8 */
-#endif
     if (smax > (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS) smax = (nb + DDT_MLA_MIN_BPS - 1) / DDT_MLA_MIN_BPS;
     if (smax < 1) smax = 1;
     return smax < nb ? smax : nb;
@@ -187,9 +159,6 @@ __host__ __device__ inline void split_plan(long long np, int n_qtiles, int &S, i
 __host__ __device__ inline int grid_splits(long long max_prefix, int n_qtiles) {
     return (int)max_splits((max_prefix + BN - 1) / BN + 1, n_qtiles);
 }
-
-/* Groups of 8 splits that S splits make (the grouped merge, DDT_MLA_GROUPED). */
-__host__ __device__ inline int n_groups(int S) { return (S + MAX_CLUSTER - 1) / MAX_CLUSTER; }
 
 /* ---- PTX wrappers: hopper_dev.cuh, and the MN-major descriptor of V ---- */
 
@@ -622,12 +591,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         /* Rows [lo(c), lo(c+1)) of the tile, lo(c) = c*64/C, are merged by CTA c of
          * the cluster.  Each split pushes its rows into the owner's shared memory
          * (remote stores do not wait), then every CTA merges from local memory. */
-#if DDT_MLA_GROUPED
-        /* past 8 grid splits, clusters of 8: this CTA's rank in its cluster and its group */
-        const int C = gridDim.y < MAX_CLUSTER ? (int)gridDim.y : MAX_CLUSTER, crank = split % C, grp = split / C;
-#else
         const int C = gridDim.y, crank = split;
-#endif
         const int rpm = (BM + C - 1) / C;
         const uint32_t recv_o = sb + OFF_KV, recv_lse = sb + OFF_P;
         cluster_sync(); /* every CTA is done with its stages: they become receive buffers */
@@ -652,30 +616,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         const int lo = crank * BM / C, hi = (crank + 1) * BM / C;
         const float *const rlse = (const float *)(sg + OFF_P);
         const float *const ro = (const float *)(sg + OFF_KV);
-#if DDT_MLA_GROUPED
-        /* More than one group (S > 8): each cluster writes its group's partial (log2 lse)
-           where the global path's split partials go, for mla_combine_groups_kernel.  Else
-           cluster 0 holds every split (or none: a bad n_prefix) and writes the output. */
-        const int G = n_groups(S);
-        const bool to_group = ok && G > 1;
-        if (to_group ? grp < G : grp == 0)
-#endif
         for (int item = tid; item < (hi - lo) * 128; item += NTHREADS) {
             const int rl = item >> 7, c4 = (item & 127) * 4;
             const long long grow = (long long)qtile * BM + lo + rl;
             if (grow >= p.n_rows) continue;
-#if DDT_MLA_GROUPED
-            if (to_group) {
-                float4 res;
-                float lse2;
-                merge_splits<8>(min(MAX_CLUSTER, S - grp * MAX_CLUSTER), rlse + rl, rpm,
-                                [&](int sp) { return *(const float4 *)(ro + (size_t)(sp * rpm + rl) * SO_LD + c4); },
-                                1.f, res, lse2);
-                *(float4 *)(p.o_part + ((size_t)grp * p.n_rows + grow) * DV + c4) = res;
-                if (c4 == 0) p.lse_part[(size_t)grp * p.n_rows + grow] = lse2;
-                continue;
-            }
-#endif
             combine_row<8>(p, S, ok, grow, c4, c4 == 0, rlse + rl, rpm,
                         [&](int sp) { return *(const float4 *)(ro + (size_t)(sp * rpm + rl) * SO_LD + c4); });
         }
@@ -704,31 +648,6 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
                 [&](int s) { return *(const float4 *)(p.o_part + ((size_t)s * nr + grow) * DV + c4); });
 }
 
-#if DDT_MLA_GROUPED
-/* ---- grouped cluster path: the groups' partials merged, one CTA per query row ---- */
-
-/* The clusters of the attention wrote group g's merged rows and log2 lse where the
- * global path writes split g's (o_part, lse_part); merged here in group order like
- * mla_combine_kernel merges splits.  With one group (S <= 8) or a bad n_prefix the
- * cluster wrote the output itself. */
-__global__ void __launch_bounds__(128) mla_combine_groups_kernel(const Params p) {
-    DDT_GRID_DEP_WAIT();
-    __shared__ float sl[(SPLIT_TARGET + MAX_CLUSTER - 1) / MAX_CLUSTER];
-    const long long grow = blockIdx.x;
-    const long long np = *p.n_prefix;
-    const bool ok = np >= 0 && np <= p.max_prefix && np + p.T <= p.kv_rows;
-    int S = 0, bps = 0;
-    if (ok) split_plan(np, p.n_qtiles, S, bps);
-    const int G = n_groups(S);
-    if (G <= 1) return;
-    const size_t nr = (size_t)p.n_rows;
-    for (int g = threadIdx.x; g < G; g += blockDim.x) sl[g] = p.lse_part[(size_t)g * nr + grow];
-    __syncthreads();
-    const int c4 = threadIdx.x * 4;
-    combine_row<8>(p, G, true, grow, c4, threadIdx.x == 0, sl, 1,
-                   [&](int g) { return *(const float4 *)(p.o_part + ((size_t)g * nr + grow) * DV + c4); });
-}
-#endif
 
 /* ---- global-path merge of many splits: one CTA per query row and 128 output columns ---- */
 
@@ -775,25 +694,6 @@ __global__ void __launch_bounds__(MC_COLS) mla_combine_staged_kernel(const Param
         res = NAN;
         lse_out = NAN;
     }
-#if DDT_MLA_GROUPED
-    else if (S > MAX_CLUSTER) {
-        /* splits 8g..8g+7 merged into group g, then the groups: the grouped cluster
-           path's order and arithmetic (merge_splits on .x: the other lanes are dead code) */
-        constexpr int GMAX = (SPLIT_TARGET + MAX_CLUSTER - 1) / MAX_CLUSTER;
-        float og[GMAX], lg[GMAX];
-        const int G = n_groups(S);
-        float4 r;
-        for (int g = 0; g < G; g++) {
-            const float *const gv = sv + g * MAX_CLUSTER * MC_COLS + threadIdx.x;
-            merge_splits<8>(min(MAX_CLUSTER, S - g * MAX_CLUSTER), sl + g * MAX_CLUSTER, 1,
-                            [&](int k) { return make_float4(gv[k * MC_COLS], 0.f, 0.f, 0.f); }, 1.f, r, lg[g]);
-            og[g] = r.x;
-        }
-        merge_splits<8>(G, lg, 1, [&](int g) { return make_float4(og[g], 0.f, 0.f, 0.f); }, 0.69314718055994531f, r,
-                        lse_out);
-        res = r.x;
-    }
-#endif
     else {
         float M = -INFINITY;
         for (int s = 0; s < S; s++) M = fmaxf(M, sl[s]);
@@ -876,11 +776,8 @@ cudaError_t prepare_kernels() {
 bool clusters_fit(int C, int n_qtiles) { return g_prepared && g_cluster_cap[C] >= n_qtiles; }
 
 /* DDT_MLA_PATH_AUTO's choice: the cluster path when its clusters are all resident at
- * once, one a query tile up to 8 grid splits (a grouped build: past 8, clusters of 8). */
+ * once, one a query tile up to 8 grid splits. */
 bool auto_cluster(int sgrid, int n_qtiles) {
-#if DDT_MLA_GROUPED
-    if (sgrid > MAX_CLUSTER) return clusters_fit(MAX_CLUSTER, n_qtiles * n_groups(sgrid));
-#endif
     return sgrid <= MAX_CLUSTER && clusters_fit(sgrid, n_qtiles);
 }
 
@@ -990,13 +887,9 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     if (a->path == DDT_MLA_PATH_GLOBAL || a->path == DDT_MLA_PATH_GLOBAL_STAGED)
         cluster = false;
     else if (a->path == DDT_MLA_PATH_CLUSTER) /* forced: one cluster resident at a time will do */
-        cluster = sgrid <= MAX_CLUSTER || (DDT_MLA_GROUPED && clusters_fit(MAX_CLUSTER, 1));
+        cluster = sgrid <= MAX_CLUSTER;
     else
         cluster = auto_cluster(sgrid, n_qtiles);
-    /* past 8 grid splits (a grouped build), clusters of 8 along them, each merging its group */
-    const bool grouped = cluster && sgrid > MAX_CLUSTER;
-    const int cy = grouped ? n_groups(sgrid) * MAX_CLUSTER : sgrid; /* the cluster path's grid y */
-    const int csize = grouped ? MAX_CLUSTER : sgrid;                 /* and cluster size */
     if (a->path == DDT_MLA_PATH_CLUSTER && !cluster)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "MLA verify: %d splits do not fit a cluster of %d", sgrid, MAX_CLUSTER);
 
@@ -1004,19 +897,13 @@ extern "C" ddt_status ddt_cuda_mla_verify_run(const ddt_cuda_mla_verify *a, ddt_
     if (cluster) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr;
-        cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)cy, 1);
+        cfg.gridDim = dim3((unsigned)n_qtiles, (unsigned)sgrid, 1);
         cfg.blockDim = dim3(NTHREADS, 1, 1);
         cfg.dynamicSmemBytes = SMEM_BYTES;
         cfg.stream = s;
-        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)csize);
+        ddt_cuda_set_cluster(&cfg, &attr, 1, (unsigned)sgrid);
         DDT_CUDA_TRY(cudaLaunchKernelEx(&cfg, mla_attn_kernel<true>, tmq, tmkv, p), err);
         DDT_CUDA_LAUNCHED("mla_attn_cluster", s, err);
-#if DDT_MLA_GROUPED
-        if (grouped) {
-            mla_combine_groups_kernel<<<(unsigned)n_rows, 128, 0, s>>>(p);
-            DDT_CUDA_LAUNCHED("mla_combine_groups", s, err);
-        }
-#endif
     } else {
         mla_attn_kernel<false><<<dim3((unsigned)n_qtiles, (unsigned)sgrid, 1), NTHREADS, SMEM_BYTES, s>>>(tmq, tmkv, p);
         DDT_CUDA_LAUNCHED("mla_attn", s, err);
