@@ -286,8 +286,8 @@ int ddt_cmd_inspect(int argc, char **argv) {
             all_fit = all_fit && fits;
         }
         if (a.json) {
-            json_t *x = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:I}", "rank", r, "head0", s->head0, "heads",
-                                  s->n_heads, "expert0", s->expert0, "experts", s->n_experts, "dense", s->dense,
+            json_t *x = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I}", "rank", r, "head0", s->head0, "heads",
+                                  s->n_heads, "expert0", s->expert0, "experts", s->n_experts,
                                   "need", (json_int_t)(b.total + kv + draft_need));
             json_object_set_new(x, "bytes", bytes_json(&b));
             if (a.have_mem) json_object_set_new(x, "fits", json_boolean(fits));

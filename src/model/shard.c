@@ -40,8 +40,42 @@ ddt_status ddt_shard_plan(const ddt_model_config *cfg, int32_t rank, int32_t wor
         out->expert0 = (int32_t)((int64_t)rank * E / world);
         out->n_experts = (int32_t)((int64_t)(rank + 1) * E / world) - out->expert0;
     }
-    out->dense = rank == 0;
     return DDT_OK;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        const int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+static int64_t lcm64(int64_t a, int64_t b) { return a < 1 ? b : b < 1 ? a : a / gcd64(a, b) * b; }
+
+int64_t ddt_shard_mlp_unit_of(ddt_qformat f, int64_t block) {
+    return f == DDT_Q_FP8_BLOCK || f == DDT_Q_INT4_GROUP ? lcm64(DDT_SHARD_MLP_UNIT, block) : DDT_SHARD_MLP_UNIT;
+}
+
+int64_t ddt_shard_mlp_unit(const ddt_cpu_mlp *m) {
+    int64_t u = DDT_SHARD_MLP_UNIT;
+    /* rows of gate and up: FP8's blocks (INT4 groups run along a row); columns of down: both */
+    if (m->gate.format == DDT_Q_FP8_BLOCK) u = lcm64(u, m->gate.block);
+    if (m->up.format == DDT_Q_FP8_BLOCK) u = lcm64(u, m->up.block);
+    if (m->down.format == DDT_Q_FP8_BLOCK) u = lcm64(u, m->down.block);
+    if (m->down.format == DDT_Q_INT4_GROUP) u = lcm64(u, m->down.group);
+    return u;
+}
+
+void ddt_shard_mlp_slice(const ddt_shard *s, int64_t inter, int64_t unit, int64_t *i0, int64_t *n) {
+    *i0 = 0, *n = inter;
+    if (!s || s->world <= 1) return;
+    const int64_t per = inter / s->world;
+    if (inter % s->world == 0 && unit > 0 && per % unit == 0 && per > 0) {
+        *i0 = (int64_t)s->rank * per, *n = per;
+    } else if (s->rank != 0) {
+        *n = 0;
+    }
 }
 
 /* Bytes of one element row of data (INT4: packed int32 words). */
@@ -166,13 +200,20 @@ static uint64_t mlp_bytes(const ddt_cpu_mlp *m) {
     return stored_bytes(&m->gate) + stored_bytes(&m->up) + stored_bytes(&m->down);
 }
 
+/* rank s's slice of m (ddt_shard_mlp_slice): n rows of gate and up, n columns of down */
+static uint64_t mlp_slice_bytes(const ddt_cpu_mlp *m, const ddt_shard *s) {
+    int64_t i0, n;
+    ddt_shard_mlp_slice(s, m->gate.rows, ddt_shard_mlp_unit(m), &i0, &n);
+    if (n == m->gate.rows) return mlp_bytes(m);
+    return n == 0 ? 0 : rows_bytes(&m->gate, n) + rows_bytes(&m->up, n) + cols_bytes(&m->down, n);
+}
+
 void ddt_shard_weight_bytes(const ddt_target_desc *d, const ddt_shard *s, ddt_shard_bytes *out) {
     memset(out, 0, sizeof *out);
     const ddt_target_dims *D = &d->dims;
     /* the heads and experts this rank uploads (target_cuda.c's upload_layer) */
     const int64_t heads = s ? s->n_heads : D->heads;
     const int32_t e0 = s ? s->expert0 : 0, ne = s ? s->n_experts : D->n_experts;
-    const bool dense = !s || s->dense;
     out->embed = stored_bytes(&d->embed) + vec_bytes(&d->final_norm);
     if (!d->cfg.tie_word_embeddings) out->embed += stored_bytes(&d->lm_head);
     for (int32_t l = 0; l < D->n_layers; l++) {
@@ -184,12 +225,12 @@ void ddt_shard_weight_bytes(const ddt_target_desc *d, const ddt_shard *s, ddt_sh
         else a += rows_bytes(&L->q_proj, heads * D->qdim);
         out->attention += a;
         if (!L->moe) {
-            if (dense) out->dense += mlp_bytes(&L->mlp);
+            out->dense += mlp_slice_bytes(&L->mlp, s);
             continue;
         }
         out->router += stored_bytes(&L->router) + vec_bytes(&L->router_bias);
         for (int32_t e = e0; e < e0 + ne; e++) out->routed += mlp_bytes(&L->experts[e]);
-        if (dense && L->has_shared) out->dense += mlp_bytes(&L->shared);
+        if (L->has_shared) out->dense += mlp_slice_bytes(&L->shared, s);
     }
     out->total = out->embed + out->attention + out->router + out->dense + out->routed;
 }

@@ -17,11 +17,15 @@
  *  - routed experts [r*E/N, (r+1)*E/N) (floor division: every expert has one
  *    owner).  The router runs whole on every rank, so every rank picks the same
  *    experts; a rank adds its own experts' weighted outputs for every token.
- *  - the dense MLPs and the shared experts on rank 0 only (the others add zero).
- *    They are small beside the routed experts (about 2% of Kimi K2.6), and a split
- *    of their intermediate dimension would have to cut down_proj's columns at
- *    FP8 block (128) / INT4 group (32) boundaries, which small models' sizes
- *    (192 / 4 = 48) do not meet.
+ *  - the dense MLPs and the shared experts: rows [i0, i0 + n) of their intermediate
+ *    dimension (gate's and up's rows, down's columns; ddt_shard_mlp_slice), an
+ *    even split where the world divides it into slices of whole units (32 rows, an
+ *    FP8 block, an INT4 group), else the whole MLP on rank 0 (the others add zero;
+ *    small models: the shipped pair's shared expert of 192 at 4 GPUs).  Small in
+ *    storage (about 2% of Kimi K2.6), they are not small in what a token reads: K2.6's
+ *    bf16 shared expert is 88 MB a layer against 198 MB for a token's 8 INT4 routed
+ *    experts, and its dense layer 0's MLP 792 MB, which on rank 0 alone would make
+ *    rank 0 the slowest GPU of every layer by that much.
  * Embedding, final norm and LM head are whole on every rank.
  */
 #ifndef DDT_MODEL_SHARD_H
@@ -43,8 +47,23 @@ typedef struct ddt_shard {
     bool split_heads;       /* world divides num_attention_heads (else attention is replicated) */
     int32_t head0, n_heads; /* heads this rank computes: [head0, head0 + n_heads) */
     int32_t expert0, n_experts; /* routed experts this rank holds (0 for a model without MoE) */
-    bool dense;             /* this rank computes the dense MLPs and shared experts (rank 0) */
 } ddt_shard;
+
+/* The unit an MLP's intermediate dimension is cut in: DDT_SHARD_MLP_UNIT rows (the
+ * tensor-core products' 32-column units, so that no rank's down product has a
+ * ragged unit), times what the formats need: an FP8 block (gate / up rows, down
+ * columns), an INT4 group (down columns) (their least common multiple). */
+#define DDT_SHARD_MLP_UNIT 32
+int64_t ddt_shard_mlp_unit(const ddt_cpu_mlp *m);
+/* The unit of an MLP whose three weights are of format f with FP8 block / INT4
+ * group `block` (synthetic targets, which have no host views). */
+int64_t ddt_shard_mlp_unit_of(ddt_qformat f, int64_t block);
+
+/* The slice [*i0, *i0 + *n) of an MLP's intermediate dimension of size inter that
+ * rank s computes (s NULL, or a world of 1: all of it): inter / world rows each when
+ * the world divides inter into multiples of unit; else all of it on rank 0 and
+ * *n = 0 on the others. */
+void ddt_shard_mlp_slice(const ddt_shard *s, int64_t inter, int64_t unit, int64_t *i0, int64_t *n);
 
 /* The plan of rank `rank` of `world` for the config.  Errors (DDT_ERR_RANGE):
  * world outside 1..DDT_SHARD_MAX_WORLD, rank outside 0..world-1, or an MoE model
@@ -70,8 +89,8 @@ ddt_status ddt_shard_cols(const ddt_qweight *w, int64_t c0, int64_t n, ddt_qweig
  * The weight bytes of a rank as the checkpoint stores them: quantised values and
  * their scales (INT4's weight_shape tensors left out), norm weights and biases in
  * their stored dtype, with the rank's slices of q_b / q_proj and kv_b (its heads'
- * rows) and o_proj (its heads' columns), its routed experts, and the dense MLPs
- * and shared experts on rank 0 only (the rules above).  The CUDA target holds no
+ * rows) and o_proj (its heads' columns), its routed experts, and its slices of
+ * the dense MLPs and shared experts (the rules above).  The CUDA target holds no
  * weight in fewer bytes than that (norms become fp32, products may gain a
  * repacked or transposed copy), so weights plus the KV cache are a lower bound of
  * the memory a rank allocates: a rank that does not fit it cannot load.
@@ -80,7 +99,7 @@ typedef struct ddt_shard_bytes {
     uint64_t embed;     /* the embedding, the final norm and an untied LM head (every rank) */
     uint64_t attention; /* every layer's two norms, q / kv projections and o_proj (the rank's heads) */
     uint64_t router;    /* the MoE layers' routers and their correction biases (every rank) */
-    uint64_t dense;     /* the dense MLPs and the shared experts (rank 0 of a split) */
+    uint64_t dense;     /* the rank's slices of the dense MLPs and the shared experts */
     uint64_t routed;    /* the rank's routed experts */
     uint64_t total;     /* the sum of the five */
 } ddt_shard_bytes;

@@ -38,6 +38,7 @@ typedef struct dev_layer {
                           one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
+    bool has_mlp; /* a dense layer whose MLP this rank holds a slice of (model/shard.h) */
     bool shared_in_moe; /* the shared expert's down runs in the routed experts' down launch
                            (ddt_cuda_moe_args.shared_down; fuse_shared_down) */
     bool shared_fork;   /* the shared expert's down (silu_split + product) runs on a side stream
@@ -195,14 +196,6 @@ static ddt_status mlp_stack(ddt_cuda_target *t, dev_mlp *m, ddt_error *err) {
     return stack_pair(&m->gate, &m->up, &m->gate_up, err);
 }
 
-static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, ddt_error *err) {
-    ddt_status st;
-    if ((st = up_w(t, &h->gate, &d->gate, err)) != DDT_OK) return st;
-    if ((st = up_w(t, &h->up, &d->up, err)) != DDT_OK) return st;
-    if ((st = mlp_stack(t, d, err)) != DDT_OK) return st;
-    return up_w(t, &h->down, &d->down, err);
-}
-
 /* A MoE layer's three products of the normed input, the router's and the shared
  * expert's gate and up, as one.  On the FP32 path bitwise the three (an element's
  * order depends on the columns only).  With the tensor cores the router then runs
@@ -262,8 +255,12 @@ static ddt_status make_side(ddt_cuda_target *t, ddt_error *err) {
     return DDT_OK;
 }
 
-/* This rank computes the dense MLPs and shared experts (rank 0; shard.h says why). */
-static bool owns_dense(const ddt_cuda_target *t) { return !t->sharded || t->shard.dense; }
+/* This rank's slice [*i0, *i0 + *n) of an MLP's intermediate dimension (model/shard.h:
+ * an even split where it cuts into whole units, else all of it on rank 0); all of it
+ * unsharded. */
+static void mlp_slice(const ddt_cuda_target *t, int64_t inter, int64_t unit, int64_t *i0, int64_t *n) {
+    ddt_shard_mlp_slice(t->sharded ? &t->shard : NULL, inter, unit, i0, n);
+}
 
 /* Upload rows [r0, r0 + n) of a host weight (the whole weight when that is all of it). */
 static ddt_status up_rows(ddt_cuda_target *t, const ddt_qweight *h, int64_t r0, int64_t n, ddt_qweight *d,
@@ -283,6 +280,21 @@ static ddt_status up_cols(ddt_cuda_target *t, const ddt_qweight *h, int64_t c0, 
     if (st == DDT_OK) st = up_w(t, &v, d, err);
     free(buf);
     return st;
+}
+
+/* The rank's slice of a host MLP: its rows of gate and up, the same columns of down
+ * (whole unsharded); *has false, nothing uploaded, where the rank holds none.  The
+ * ranks' down outputs are partial sums that the all-reduce after the MLP completes. */
+static ddt_status up_mlp(ddt_cuda_target *t, const ddt_cpu_mlp *h, dev_mlp *d, bool *has, ddt_error *err) {
+    int64_t i0, n;
+    mlp_slice(t, h->gate.rows, ddt_shard_mlp_unit(h), &i0, &n);
+    *has = n > 0;
+    if (!*has) return DDT_OK;
+    ddt_status st;
+    if ((st = up_rows(t, &h->gate, i0, n, &d->gate, err)) != DDT_OK) return st;
+    if ((st = up_rows(t, &h->up, i0, n, &d->up, err)) != DDT_OK) return st;
+    if ((st = mlp_stack(t, d, err)) != DDT_OK) return st;
+    return up_cols(t, &h->down, i0, n, &d->down, err);
 }
 
 static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
@@ -310,7 +322,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     if ((st = up_cols(t, &h->o_proj, h0 * t->dims.vdim, (int64_t)t->dims.heads * t->dims.vdim, &d->o_proj, err)) != DDT_OK)
         return st;
     d->moe = h->moe;
-    if (!h->moe) return owns_dense(t) ? up_mlp(t, &h->mlp, &d->mlp, err) : DDT_OK;
+    if (!h->moe) return up_mlp(t, &h->mlp, &d->mlp, &d->has_mlp, err);
     if ((st = up_plain(t, &h->router, &d->router, err)) != DDT_OK) return st;
     if ((st = up_v(t, &h->router_bias, &d->router_bias, err)) != DDT_OK) return st;
     /* the rank's routed experts (all of them when unsharded) */
@@ -334,8 +346,8 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
     for (int32_t e = e0; e < e0 + ne; e++)
         t->weight_bytes += ddt_cuda_qweight_bytes(&h->experts[e].gate) + ddt_cuda_qweight_bytes(&h->experts[e].up) +
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
-    d->has_shared = h->has_shared && owns_dense(t);
-    if (d->has_shared && (st = up_mlp(t, &h->shared, &d->shared, err)) != DDT_OK) return st;
+    d->has_shared = false;
+    if (h->has_shared && (st = up_mlp(t, &h->shared, &d->shared, &d->has_shared, err)) != DDT_OK) return st;
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
     plan_shared_fork(t, d);
@@ -602,13 +614,18 @@ static ddt_status ones(ddt_cuda_target *t, int64_t n, float **p, ddt_error *err)
     return ddt_cuda_fill_uniform(*p, n, 1.0f, 1.0f, 0, t->stream, err);
 }
 
-static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uint64_t *seed, dev_mlp *m,
+/* The rank's slice of an MLP of intermediate size inter, as up_mlp cuts it. */
+static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uint64_t *seed, dev_mlp *m, bool *has,
                            ddt_error *err) {
+    int64_t i0, n;
+    mlp_slice(t, inter, ddt_shard_mlp_unit_of(f, f == DDT_Q_FP8_BLOCK ? DDT_FP8_BLOCK : 0), &i0, &n);
+    *has = n > 0;
+    if (!*has) return DDT_OK;
     ddt_status st;
-    if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->gate, err)) != DDT_OK) return st;
-    if ((st = rand_w(t, f, inter, t->dims.hidden, seed, &m->up, err)) != DDT_OK) return st;
+    if ((st = rand_w(t, f, n, t->dims.hidden, seed, &m->gate, err)) != DDT_OK) return st;
+    if ((st = rand_w(t, f, n, t->dims.hidden, seed, &m->up, err)) != DDT_OK) return st;
     if ((st = mlp_stack(t, m, err)) != DDT_OK) return st;
-    return rand_w(t, f, t->dims.hidden, inter, seed, &m->down, err);
+    return rand_w(t, f, t->dims.hidden, n, seed, &m->down, err);
 }
 
 static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth_options *so, uint64_t *seed,
@@ -635,7 +652,7 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
         (st = make_uk_t(t, d, err)))
         return st;
     d->moe = ddt_config_layer_is_moe(c, l);
-    if (!d->moe) return owns_dense(t) ? rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, err) : DDT_OK;
+    if (!d->moe) return rand_mlp(t, f, c->intermediate_size, seed, &d->mlp, &d->has_mlp, err);
     /* router and its bias stay bf16 / fp32 in every checkpoint */
     if ((st = rand_w(t, DDT_Q_DENSE, t->dims.n_experts, t->dims.hidden, seed, &d->router, err))) return st;
     DDT_CUDA_TRY(cudaMalloc((void **)&d->router_bias, sizeof(float) * (size_t)t->dims.n_experts), err);
@@ -654,9 +671,9 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     }
     for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
-    d->has_shared = c->n_shared_experts > 0 && owns_dense(t);
-    if (d->has_shared &&
-        (st = rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed, &d->shared, err)))
+    d->has_shared = false;
+    if (c->n_shared_experts > 0 && (st = rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed,
+                                                  &d->shared, &d->has_shared, err)))
         return st;
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
@@ -1175,13 +1192,14 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
                                  err);
                 }
             }
-        } else if (owns_dense(t)) {
+        } else if (L->has_mlp) {
             TRY(mlp_forward(t, &L->mlp, t->xn, n, t->tmp, err));
         } else {
             DDT_CUDA_TRY(cudaMemsetAsync(t->tmp, 0, sizeof(float) * (size_t)n * H, s), err);
         }
         if (!ended) {
-            /* the ranks' partial sums (their experts; the dense part on rank 0): x + 0 = x,
+            /* the ranks' partial sums (their experts, their slices of the dense MLP and the
+               shared expert, or zero where a rank holds none): x + 0 = x,
                so at one rank this is bitwise the unsharded forward */
             if (t->sharded) TRY(t->allreduce(t->allreduce_ctx, t->tmp, (int64_t)n * H, s, err));
             TRY(ddt_cuda_add_rmsnorm_split(t->x, H, t->tmp, H, n, H, next_norm, t->dims.eps, t->xn, H, &next_planes,

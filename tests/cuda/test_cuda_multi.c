@@ -9,7 +9,10 @@
  *     sampled tree, on the fixture pair and the shipped pair.
  *  2. World sizes 2, 3 and 4 emulated on the one GPU (test-only transport, not
  *     a product one): one host thread per rank, each rank's target holding its
- *     shard, partial sums added in rank order with a plain device add between
+ *     shard (heads, experts, and the slices of the dense MLPs and shared experts
+ *     where they cut into whole units: the fixture's dense MLP at 2 GPUs, the
+ *     shipped pair's dense MLP at 2 and 4 and its shared expert at 2; elsewhere on
+ *     rank 0), partial sums added in rank order with a plain device add between
  *     two barriers.  Fed the unsharded greedy sequence, the sharded logits stay
  *     within a small normalised error of the unsharded ones, and on the shipped
  *     model every step's argmax is the same (= the same greedy output).  World 3

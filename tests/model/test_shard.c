@@ -42,7 +42,6 @@ static void check_cover(const ddt_model_config *cfg, int32_t world) {
         assert_int_equal(ddt_shard_plan(cfg, r, world, &s, &err), DDT_OK);
         assert_int_equal(s.rank, r);
         assert_int_equal(s.world, world);
-        assert_int_equal(s.dense, r == 0);
         assert_int_equal(s.split_heads, H % world == 0);
         if (s.split_heads) {
             assert_int_equal(s.head0, next_head);
@@ -73,7 +72,6 @@ static void test_plan_shipped(void **state) {
     assert_int_equal(s.n_heads, 2);
     assert_int_equal(s.expert0, 4);
     assert_int_equal(s.n_experts, 4);
-    assert_false(s.dense);
     /* 3 does not divide 4 heads: attention replicated; experts 2 / 3 / 3 */
     assert_int_equal(ddt_shard_plan(&cfg, 2, 3, &s, &err), DDT_OK);
     assert_false(s.split_heads);
@@ -112,6 +110,77 @@ static void test_plan_k26_and_dense(void **state) {
     assert_int_equal(s.n_experts, 0);
     assert_false(s.split_heads); /* 4 heads over 64 GPUs: replicated */
     ddt_config_free(&cfg);
+}
+
+/* Every rank's slice of an intermediate dimension: together they cover it exactly
+ * once, in rank order, either as world equal slices of whole units or as the whole
+ * on rank 0. */
+static void check_slices(int64_t inter, int64_t unit, int32_t world, bool want_split) {
+    int64_t next = 0;
+    bool split = true;
+    for (int32_t r = 0; r < world; r++) {
+        const ddt_shard s = {.rank = r, .world = world};
+        int64_t i0, n;
+        ddt_shard_mlp_slice(&s, inter, unit, &i0, &n);
+        if (n == 0) {
+            split = false;
+            assert_true(r > 0);
+            continue;
+        }
+        assert_int_equal(i0, next);
+        if (world > 1 && n != inter) {
+            assert_int_equal(n, inter / world);
+            assert_int_equal(n % unit, 0);
+        } else if (world > 1) {
+            split = false;
+            assert_int_equal(r, 0);
+        }
+        next += n;
+    }
+    assert_int_equal(next, inter);
+    if (world > 1) assert_int_equal(split, want_split);
+}
+
+static void test_mlp_slices(void **state) {
+    (void)state;
+    int64_t i0 = -1, n = -1;
+    ddt_shard_mlp_slice(NULL, 2048, 32, &i0, &n); /* unsharded: all of it */
+    assert_int_equal(i0, 0);
+    assert_int_equal(n, 2048);
+    /* Kimi K2.6 at 8 GPUs: the shared expert (2048) and layer 0's MLP (18432), bf16 */
+    check_slices(2048, 32, 8, true);
+    check_slices(18432, 32, 8, true);
+    const ddt_shard k7 = {.rank = 7, .world = 8};
+    ddt_shard_mlp_slice(&k7, 2048, 32, &i0, &n);
+    assert_int_equal(i0, 1792);
+    assert_int_equal(n, 256);
+    /* the shipped pair's shared expert (192): 2 and 3 GPUs split it, 4 (48 rows) do not */
+    check_slices(192, 32, 2, true);
+    check_slices(192, 32, 3, true);
+    check_slices(192, 32, 4, false);
+    check_slices(768, 32, 4, true);
+    /* FP8 blocks of 128: 2304 or 1536 rows split 8 ways (288, 192) are not whole blocks */
+    check_slices(2304, 128, 8, false);
+    check_slices(1536, 128, 8, false);
+    check_slices(2048, 128, 8, true);
+    for (int64_t inter = 1; inter <= 600; inter += 7)
+        for (int32_t w = 1; w <= 9; w++)
+            for (int64_t u = 32; u <= 128; u *= 2)
+                check_slices(inter, u, w, inter % w == 0 && (inter / w) % u == 0);
+    /* units: 32 rows, with the formats' blocks and groups */
+    assert_int_equal(ddt_shard_mlp_unit_of(DDT_Q_DENSE, 0), 32);
+    assert_int_equal(ddt_shard_mlp_unit_of(DDT_Q_FP8_BLOCK, 128), 128);
+    assert_int_equal(ddt_shard_mlp_unit_of(DDT_Q_FP8_BLOCK, 96), 96);
+    assert_int_equal(ddt_shard_mlp_unit_of(DDT_Q_INT4_GROUP, 32), 32);
+    assert_int_equal(ddt_shard_mlp_unit_of(DDT_Q_INT4_GROUP, 48), 96);
+    ddt_cpu_mlp m = {.gate = {.format = DDT_Q_DENSE}, .up = {.format = DDT_Q_DENSE}, .down = {.format = DDT_Q_DENSE}};
+    assert_int_equal(ddt_shard_mlp_unit(&m), 32);
+    m.down = (ddt_qweight){.format = DDT_Q_INT4_GROUP, .group = 64};
+    assert_int_equal(ddt_shard_mlp_unit(&m), 64); /* down's columns cut at its groups */
+    m.gate = (ddt_qweight){.format = DDT_Q_FP8_BLOCK, .block = 128};
+    assert_int_equal(ddt_shard_mlp_unit(&m), 128); /* gate's rows cut at its blocks */
+    m.gate = (ddt_qweight){.format = DDT_Q_INT4_GROUP, .group = 128};
+    assert_int_equal(ddt_shard_mlp_unit(&m), 64); /* INT4 groups run along a row: rows cut anywhere */
 }
 
 static void test_plan_errors(void **state) {
@@ -249,7 +318,7 @@ static int32_t count_int4_mlp(const ddt_cpu_mlp *m) {
 
 /* The whole model's bytes are what the description counted (which adds each INT4
  * weight's 16-byte shape tensor, never uploaded); ranks of every valid split add
- * up to it: routed experts once, dense parts on rank 0 once, the embedding and
+ * up to it: routed experts once, dense parts' slices once, the embedding and
  * routers on every rank, attention split by heads or replicated. */
 static void check_bytes(const char *rel) {
     ddt_target_desc d;
@@ -288,7 +357,7 @@ static void check_bytes(const char *rel) {
             assert_int_equal(b.total, b.embed + b.attention + b.router + b.dense + b.routed);
             if (!s.split_heads) assert_int_equal(b.attention, whole.attention);
             assert_true(b.attention <= whole.attention);
-            if (r > 0) assert_int_equal(b.dense, 0);
+            assert_true(b.dense <= whole.dense);
             routed += b.routed, dense += b.dense, attention += b.attention;
         }
         if (!ok) break;
@@ -366,6 +435,7 @@ static void test_memory_check(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_shipped),     cmocka_unit_test(test_plan_k26_and_dense),
+        cmocka_unit_test(test_mlp_slices),
         cmocka_unit_test(test_plan_errors),      cmocka_unit_test(test_slice_bf16),
         cmocka_unit_test(test_slice_fp8),        cmocka_unit_test(test_slice_int4),
         cmocka_unit_test(test_bytes_fixtures),   cmocka_unit_test(test_memory_check),

@@ -1,7 +1,8 @@
 """`ddtree inspect`: each GPU's share of a target, checked against an independent reading of the
 safetensors headers (this file parses them itself: tensor names, dtypes and shapes, no weights
 read) with the split of model/shard.h (heads' rows of q_b / q_proj and kv_b and columns of o_proj,
-routed experts by floor division, dense MLPs and shared experts on GPU 0, the rest everywhere), on
+routed experts by floor division, dense MLPs and shared experts sliced along their intermediate
+dimension where it cuts into whole units, else on GPU 0, the rest everywhere), on
 every fixture format and GPU counts 1..8; the KV cache a position; --gpu-memory's verdict and exit
 status at the edge; bad arguments exiting 2 with a message.  Needs DDT_BUILD_DIR."""
 
@@ -55,6 +56,32 @@ class Ref:
         self.prefix = "language_model." if any(k.startswith("language_model.") for k in self.t) else ""
         q = self.cfg.get("quantization_config") or {}
         self.block = (q.get("weight_block_size") or [128, 128])[0]
+
+    def unit(self, base, rows):
+        """the elements weight `base` may be cut in: FP8 blocks (rows or columns), INT4 groups (columns)"""
+        base = self.prefix + base
+        if base + ".weight_packed" in self.t:
+            _, (pr, pc) = self.t[base + ".weight_packed"]
+            _, (sr, sc) = self.t[base + ".weight_scale"]
+            return 1 if rows else pc * 8 // sc
+        return self.block if base + ".weight_scale_inv" in self.t else 1
+
+    def mlp_share(self, pre, r, world):
+        """bytes of GPU r's slice of the MLP at `pre`: an equal share of its intermediate rows where
+        the world cuts them into multiples of 32 and of its weights' blocks and groups, else all on
+        GPU 0"""
+        down = self.prefix + pre + ".down_proj"
+        if down + ".weight_packed" in self.t:  # INT4: 8 columns a packed word
+            inter = self.t[down + ".weight_packed"][1][1] * 8
+        else:
+            inter = self.t[down + ".weight"][1][1]
+        unit = math.lcm(32, self.unit(pre + ".gate_proj", True), self.unit(pre + ".up_proj", True),
+                        self.unit(pre + ".down_proj", False))
+        if world > 1 and inter % world == 0 and (inter // world) % unit == 0:
+            n = inter // world
+            return self.weight(pre + ".gate_proj", rows=n) + self.weight(pre + ".up_proj", rows=n) + \
+                self.weight(pre + ".down_proj", cols=n)
+        return self.mlp(pre) if r == 0 else 0
 
     def weight(self, base, rows=None, cols=None):
         """bytes of weight `base` (its rows or columns cut to the given count)"""
@@ -112,13 +139,12 @@ class Ref:
             a += self.weight(f"{p}.self_attn.o_proj", cols=heads * v)
             b["attention"] += a
             if not self.is_moe(l):
-                if r == 0:
-                    b["dense"] += self.mlp(f"{p}.mlp")
+                b["dense"] += self.mlp_share(f"{p}.mlp", r, world)
                 continue
             b["router"] += self.weight(f"{p}.mlp.gate") + self.vec(f"{p}.mlp.gate.e_score_correction_bias")
             b["routed"] += sum(self.mlp(f"{p}.mlp.experts.{e}") for e in range(e0, e1))
-            if r == 0 and c.get("n_shared_experts"):
-                b["dense"] += self.mlp(f"{p}.mlp.shared_experts")
+            if c.get("n_shared_experts"):
+                b["dense"] += self.mlp_share(f"{p}.mlp.shared_experts", r, world)
         b["total"] = sum(b.values())
         return b
 
