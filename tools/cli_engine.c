@@ -34,7 +34,7 @@ const char cli_engine_usage[] =
     "  --no-phase-times     cuda: no timing events inside the round graph (the per-phase seconds\n"
     "                       read 0); the same tokens, for measuring what the timing costs\n"
     "  --gpus N             cuda: split the target over N GPUs of this host over NCCL (attention\n"
-    "                       heads and routed experts; default 1)\n"
+    "                       heads, routed experts, dense MLPs and shared experts; default 1)\n"
     "  --budget N|auto      tree nodes per round, 1..1024 (default 20); auto = cost-aware (CaDDTree),\n"
     "                       capped at --max-budget (default 32), with a verify-cost table measured at start\n"
     "  --max-budget N       cap of the auto budget, 1..1024\n"

@@ -3,7 +3,7 @@
  * to the engine layer; callers set engine options gpus / nccl_always).
  *
  * One CUDA engine (engine_cuda.h) per GPU, each with its rank's part of the
- * target (model/shard.h: attention heads and routed experts split, partial
+ * target (model/shard.h: attention heads, routed experts and MLP rows split, partial
  * outputs summed inside the forward: ncclAllGather, then the partials added in
  * rank order on every rank, an order that does not depend on the token count, so
  * that a tree's verify and an ar step sum a token alike).  Every rank then holds
