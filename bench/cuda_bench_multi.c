@@ -2,7 +2,8 @@
  * cuda_bench_multi.c — what the multi-GPU split costs and saves.  Two Kimi K2.6
  * MoE layers at the real shapes (hidden 7168, 64 heads, MLA 1536/512/64, 384
  * INT4 routed experts of 2048, top-8, one bf16 shared expert, bf16 attention,
- * fast attention), random weights made on the device, a random latent cache of
+ * fast attention, the tensor cores as the engine runs K2.6), random weights made
+ * on the device, a random latent cache of
  * 4096 rows standing for the context.  One forward per layer (n = 1 is the AR
  * step; n > 1 a tree verify of a random tree of n nodes).
  *
@@ -11,7 +12,8 @@
  *   sums 1     rank 0 of 1 with the engine's sums (engine/rank_sum_cuda.h: an
  *              all-gather, then the partials added in rank order; at one rank a
  *              copy), two a layer: the multi-GPU path's overhead
- *   rank 0/8   rank 0 of 8 (8 heads, 48 experts, the shared expert) with the
+ *   rank 0/8   rank 0 of 8 (8 heads, 48 experts, 256 of the shared expert's 2048
+ *              rows, its router stacked with them as every rank's is) with the
  *              sums left out: one rank's compute share at 8 GPUs.  Its outputs
  *              are not the model's (nothing is summed); the router still picks
  *              from all 384 experts, so the rank reads the experts it really would.
@@ -102,7 +104,7 @@ typedef struct row {
 } row;
 
 static ddt_cuda_target *make_target(const ddt_model_config *c, ddt_cuda_target_options o) {
-    o.max_ctx = CTX + 128, o.max_tokens = 64, o.fast_attention = true;
+    o.max_ctx = CTX + 128, o.max_tokens = 64, o.fast_attention = true, o.tensor_cores = true;
     const ddt_cuda_synth_options so = {
         .dense_format = DDT_Q_DENSE, .expert_format = DDT_Q_INT4_GROUP, .lm_head = false, .seed = 1};
     ddt_cuda_target *t;
@@ -219,7 +221,7 @@ int main(int argc, char **argv) {
     for (int world = 2; world <= max_world; world *= 2)
         for (int plain = 0; plain < 2; plain++) rows[n_rows++] = real_world(&c, world, plain, n_n, reps);
     printf("# Multi-GPU split of a Kimi K2.6 MoE layer\n\n"
-           "%d MoE layers, context %d, fast attention; ms per layer (median of %d; a real world's slowest rank), "
+           "%d MoE layers, context %d, fast attention, tensor cores; ms per layer (median of %d; a real world's slowest rank), "
            "weights on one GPU for the %d layers (embedding included); %d GPU%s visible:\n\n| variant | weights GB |",
            LAYERS, CTX, reps, LAYERS, n_dev, n_dev == 1 ? "" : "s");
     for (int i = 0; i < n_n; i++) printf(" n=%d |", NS[i]);

@@ -38,6 +38,7 @@ typedef struct dev_layer {
                           one product; router and shared.gate_up then empty */
     ddt_qweight uk_t; /* tensor cores: W_UK^T per head [heads][rank][nope] (make_uk_t), else empty */
     bool moe, has_shared;
+    bool shared_all; /* every rank holds a slice of the shared expert (unsharded, one rank, or split) */
     bool has_mlp; /* a dense layer whose MLP this rank holds a slice of (model/shard.h) */
     bool shared_in_moe; /* the shared expert's down runs in the routed experts' down launch
                            (ddt_cuda_moe_args.shared_down; fuse_shared_down) */
@@ -202,11 +203,13 @@ static ddt_status mlp_stack(ddt_cuda_target *t, dev_mlp *m, ddt_error *err) {
  * on them too (split-bf16 activations, like every other product of that mode,
  * ~1e-6 of the FP32 logits) instead of its own FP32 launch, the layer's slowest
  * small product at K2.6 shapes (13 us at n = 1, 28 at n = 16 on the H200, for
- * 5.5 MB); only unsharded, because every rank routes for itself and ranks
- * without the shared expert would keep the FP32 router: all must pick alike. */
+ * 5.5 MB).  Sharded, only where every rank holds a slice of the shared expert
+ * (shared_all: the slices are even, so every rank's front has the same shape and
+ * gives the same router logits), because every rank routes for itself and a rank
+ * without one would keep the FP32 router: all must pick alike. */
 static ddt_status stack_front(ddt_cuda_target *t, dev_layer *d, ddt_error *err) {
     if (!d->has_shared || !d->shared.gate_up.data) return DDT_OK;
-    if (t->mm != DDT_CUDA_MM_FP32 && t->sharded) return DDT_OK;
+    if (t->mm != DDT_CUDA_MM_FP32 && t->sharded && !d->shared_all) return DDT_OK;
     /* interleaved pairs must start on an even row (ddt_cuda_matmul_swiglu) */
     if (d->shared.paired && d->router.rows % 2 != 0) return DDT_OK;
     return stack_pair(&d->router, &d->shared.gate_up, &d->front, err);
@@ -282,6 +285,15 @@ static ddt_status up_cols(ddt_cuda_target *t, const ddt_qweight *h, int64_t c0, 
     return st;
 }
 
+/* Every rank holds a slice of an MLP of intermediate size inter cut in units of unit:
+ * unsharded, one rank, or an even split (not the whole on rank 0). */
+static bool mlp_on_every_rank(const ddt_cuda_target *t, int64_t inter, int64_t unit) {
+    if (!t->sharded || t->shard.world <= 1) return true;
+    int64_t i0, n;
+    mlp_slice(t, inter, unit, &i0, &n);
+    return n > 0 && n < inter;
+}
+
 /* The rank's slice of a host MLP: its rows of gate and up, the same columns of down
  * (whole unsharded); *has false, nothing uploaded, where the rank holds none.  The
  * ranks' down outputs are partial sums that the all-reduce after the MLP completes. */
@@ -348,6 +360,7 @@ static ddt_status upload_layer(ddt_cuda_target *t, int32_t l, ddt_error *err) {
                            ddt_cuda_qweight_bytes(&h->experts[e].down);
     d->has_shared = false;
     if (h->has_shared && (st = up_mlp(t, &h->shared, &d->shared, &d->has_shared, err)) != DDT_OK) return st;
+    d->shared_all = h->has_shared && mlp_on_every_rank(t, h->shared.gate.rows, ddt_shard_mlp_unit(&h->shared));
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
     plan_shared_fork(t, d);
@@ -614,11 +627,16 @@ static ddt_status ones(ddt_cuda_target *t, int64_t n, float **p, ddt_error *err)
     return ddt_cuda_fill_uniform(*p, n, 1.0f, 1.0f, 0, t->stream, err);
 }
 
+/* The unit a synthetic MLP of format f is cut in (ddt_cuda_qweight_random's FP8 blocks). */
+static int64_t synth_mlp_unit(ddt_qformat f) {
+    return ddt_shard_mlp_unit_of(f, f == DDT_Q_FP8_BLOCK ? DDT_FP8_BLOCK : 0);
+}
+
 /* The rank's slice of an MLP of intermediate size inter, as up_mlp cuts it. */
 static ddt_status rand_mlp(ddt_cuda_target *t, ddt_qformat f, int64_t inter, uint64_t *seed, dev_mlp *m, bool *has,
                            ddt_error *err) {
     int64_t i0, n;
-    mlp_slice(t, inter, ddt_shard_mlp_unit_of(f, f == DDT_Q_FP8_BLOCK ? DDT_FP8_BLOCK : 0), &i0, &n);
+    mlp_slice(t, inter, synth_mlp_unit(f), &i0, &n);
     *has = n > 0;
     if (!*has) return DDT_OK;
     ddt_status st;
@@ -672,9 +690,10 @@ static ddt_status rand_layer(ddt_cuda_target *t, int32_t l, const ddt_cuda_synth
     for (int32_t e = 0; e < ne; e++)
         t->weight_bytes += 3 * ddt_cuda_qweight_bytes(&d->experts.host_copy[e]);
     d->has_shared = false;
-    if (c->n_shared_experts > 0 && (st = rand_mlp(t, f, (int64_t)c->moe_intermediate_size * c->n_shared_experts, seed,
-                                                  &d->shared, &d->has_shared, err)))
+    const int64_t shared_inter = (int64_t)c->moe_intermediate_size * c->n_shared_experts;
+    if (c->n_shared_experts > 0 && (st = rand_mlp(t, f, shared_inter, seed, &d->shared, &d->has_shared, err)))
         return st;
+    d->shared_all = c->n_shared_experts > 0 && mlp_on_every_rank(t, shared_inter, synth_mlp_unit(f));
     if ((st = stack_front(t, d, err)) != DDT_OK) return st;
     fuse_shared_down(t, d);
     plan_shared_fork(t, d);
@@ -776,6 +795,12 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
 const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t) { return t->cfg; }
 int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->dims.vocab; }
 int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t) { return t->max_ctx; }
+int32_t ddt_cuda_target_stacked_fronts(const ddt_cuda_target *t) {
+    int32_t k = 0;
+    for (int32_t l = 0; l < t->dims.n_layers; l++) k += t->layers[l].front.data != NULL;
+    return k;
+}
+
 int32_t ddt_cuda_target_forked_layers(const ddt_cuda_target *t) {
     int32_t k = 0;
     for (int32_t l = 0; l < t->dims.n_layers; l++) k += t->layers[l].shared_fork;

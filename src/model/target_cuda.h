@@ -84,6 +84,10 @@ typedef struct ddt_cuda_target_options {
 /* How many MoE layers run their shared expert's down on the side branch
  * (ddt_cuda_target_options.shared_fork): tests and benchmarks. */
 int32_t ddt_cuda_target_forked_layers(const ddt_cuda_target *t);
+/* How many MoE layers run their router stacked with the shared expert's gate and up
+ * (one product; sharded with the tensor cores only where every rank holds a slice
+ * of the shared expert): tests. */
+int32_t ddt_cuda_target_stacked_fronts(const ddt_cuda_target *t);
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
                                 ddt_error *err);

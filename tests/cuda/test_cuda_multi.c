@@ -165,9 +165,11 @@ static void *run_forced(void *p) {
     return NULL;
 }
 
+static bool g_tc; /* load() with the tensor cores (test_emulated's tc cases) */
+
 static ddt_cuda_target *load(const char *dir, int ctx, int rank, int world, ddt_cuda_allreduce_fn fn, void *fctx) {
     ddt_cuda_target_options o = {.max_ctx = ctx, .max_tokens = CHUNK, .shard_rank = rank, .shard_world = world,
-                                 .allreduce = fn, .allreduce_ctx = fctx};
+                                 .allreduce = fn, .allreduce_ctx = fctx, .tensor_cores = g_tc};
     ddt_cuda_target *t;
     OK(ddt_cuda_target_load(dir, &o, &t, &err_));
     return t;
@@ -205,9 +207,13 @@ static void test_nccl_world1(const char *dir, const int32_t *prompt, int np, int
     free(ref), free(got), free(seq);
 }
 
-/* 2. world W emulated on one GPU. */
-static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_new, int vocab, int world,
-                          bool need_argmax) {
+/* 2. world W emulated on one GPU; tc: every target (the reference too) on the tensor
+ * cores, where want_fronts >= 0 is the number of MoE layers each rank must run with
+ * the router stacked with its slice of the shared expert (only where every rank
+ * holds one). */
+static void test_emulated_tc(const char *dir, const int32_t *prompt, int np, int n_new, int vocab, int world,
+                             bool need_argmax, bool tc, int want_fronts) {
+    g_tc = tc;
     const size_t nl = (size_t)(n_new + 1) * (size_t)vocab;
     float *ref = malloc(nl * sizeof(float));
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_new);
@@ -222,6 +228,9 @@ static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_
     for (int r = 0; r < world; r++) {
         er[r] = (emu_rank){&c, r};
         t[r] = load(dir, np + n_new + 1, r, world, emu_reduce, &er[r]);
+        if (want_fronts >= 0)
+            CHECK(ddt_cuda_target_stacked_fronts(t[r]) == want_fronts, "%s world %d rank %d: %d stacked fronts, want %d",
+                  dir, world, r, ddt_cuda_target_stacked_fronts(t[r]), want_fronts);
         c.cap = (int64_t)CHUNK * ddt_cuda_target_config(t[r])->hidden_size;
         got[r] = malloc(nl * sizeof(float));
         jobs[r] = (run_job){t[r], prompt, seq, np, n_new, vocab, got[r], NULL};
@@ -241,8 +250,8 @@ static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_
         same += argmax(a, vocab) == argmax(b, vocab);
     }
     double rel = sqrt(num / (den > 0 ? den : 1));
-    printf("  %s: world %d emulated, %d steps: normalised logit error %.2e, argmax equal at %d/%d steps\n", dir, world,
-           n_new + 1, rel, same, n_new + 1);
+    printf("  %s: world %d emulated%s, %d steps: normalised logit error %.2e, argmax equal at %d/%d steps\n", dir,
+           world, tc ? " (tensor cores)" : "", n_new + 1, rel, same, n_new + 1);
     CHECK(rel < 1e-4, "%s world %d: normalised logit error %.3e", dir, world, rel);
     if (need_argmax) CHECK(same == n_new + 1, "%s world %d: greedy token differs at %d steps", dir, world, n_new + 1 - same);
     for (int r = 0; r < world; r++) {
@@ -252,6 +261,12 @@ static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_
     }
     pthread_barrier_destroy(&c.bar);
     free(ref), free(seq);
+    g_tc = false;
+}
+
+static void test_emulated(const char *dir, const int32_t *prompt, int np, int n_new, int vocab, int world,
+                          bool need_argmax) {
+    test_emulated_tc(dir, prompt, np, n_new, vocab, world, need_argmax, false, -1);
 }
 
 /* ------------------------------------------------------------------ engine */
@@ -700,6 +715,11 @@ int main(int argc, char **argv) {
         test_nccl_world1(sm, ids, (int)n_ids, 64, V);
         test_emulated(sm, ids, (int)n_ids, 64, V, 2, true);
         test_emulated(sm, ids, (int)n_ids, 64, V, 4, true);
+        /* the tensor cores: at 2 GPUs every rank holds 96 of the shared expert's 192 rows and
+           runs its router stacked with them (5 MoE layers); at 4 (48 rows, not a whole
+           32-row unit) the shared expert is rank 0's and no rank stacks */
+        test_emulated_tc(sm, ids, (int)n_ids, 64, V, 2, true, true, 5);
+        test_emulated_tc(sm, ids, (int)n_ids, 64, V, 4, true, true, 0);
         test_engine(sm, "models/pystdlib-dflash", ids, (int)n_ids, 128);
         printf("real worlds over NCCL:\n");
         test_real_worlds(sm, "models/pystdlib-dflash", ids, (int)n_ids, 64);
