@@ -264,12 +264,13 @@ static uint64_t drafter_also(const char *model_dir, const char *draft_dir, int32
 
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err) {
-    return ddt_engine_cuda_create_rank(model_dir, opts, max_ctx, 0, 0, NULL, NULL, out, err);
+    return ddt_engine_cuda_create_rank(model_dir, opts, max_ctx, 0, 0, NULL, NULL, NULL, out, err);
 }
 
 ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
-                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce, void *ctx,
-                                       ddt_engine_cuda **out, ddt_error *err) {
+                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce,
+                                       ddt_cuda_allgather_fn allgather, void *ctx, ddt_engine_cuda **out,
+                                       ddt_error *err) {
     *out = NULL;
     if (opts->draft_fn)
         return ddt_fail(err, DDT_ERR_UNSUPPORTED, "the CUDA backend drafts with a DFlash model only (no custom drafter)");
@@ -302,6 +303,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
                                     .shard_world = world,
                                     .allreduce = allreduce,
                                     .allreduce_ctx = ctx,
+                                    .allgather = allgather,
                                     .also_bytes = dflash ? drafter_also(model_dir, opts->draft_dir, max_ctx) : 0};
     if ((st = ddt_cuda_target_load(model_dir, &topt, &e->target, err)) != DDT_OK) goto fail;
     e->s = (cudaStream_t)ddt_cuda_target_stream(e->target);

@@ -26,15 +26,17 @@ bool ddt_engine_cuda_available(void);
 ddt_status ddt_engine_cuda_create(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
                                   ddt_engine_cuda **out, ddt_error *err);
 /* One rank of a multi-GPU engine (engine_multi_cuda.h), on the calling thread's
- * current device: its target holds rank `rank` of `world` (model/shard.h) and
- * sums partial results with allreduce(ctx, ...).  Everything else (drafter,
+ * current device: its target holds rank `rank` of `world` (model/shard.h), sums
+ * partial results with allreduce(ctx, ...) and gathers its logits' vocabulary
+ * blocks with allgather(ctx, ...) (NULL: every rank computes all the logits).  Everything else (drafter,
  * tree, walk) runs whole on every rank, on the same bytes.  With world > 1 every
  * round also sums a one-float stop flag over the ranks first (allreduce, not
  * synchronised on its own), so a cancel by rank 0's emit callback ends every
  * rank after the same round (emitter.h: ddt_emitter_next_round). */
 ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_options *opts, int32_t max_ctx,
-                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce, void *ctx,
-                                       ddt_engine_cuda **out, ddt_error *err);
+                                       int32_t rank, int32_t world, ddt_cuda_allreduce_fn allreduce,
+                                       ddt_cuda_allgather_fn allgather, void *ctx, ddt_engine_cuda **out,
+                                       ddt_error *err);
 void ddt_engine_cuda_free(ddt_engine_cuda *e);
 int32_t ddt_engine_cuda_vocab(const ddt_engine_cuda *e);
 /* The auto budget's cost model (measured on this GPU at create, or the one the

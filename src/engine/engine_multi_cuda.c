@@ -145,7 +145,7 @@ static ddt_status run_ranks(ddt_engine_multi *m, rank_job *jobs, ddt_error *err)
 static ddt_status create_job(rank_job *j) {
     ddt_engine_multi *m = j->m;
     return ddt_engine_cuda_create_rank(j->dir, j->opts, m->max_ctx, j->r, m->world, ddt_rank_sum_allreduce,
-                                       &m->rs[j->r], &m->rank[j->r], &j->err);
+                                       ddt_rank_sum_allgather, &m->rs[j->r], &m->rank[j->r], &j->err);
 }
 
 void ddt_engine_multi_free(ddt_engine_multi *m) {

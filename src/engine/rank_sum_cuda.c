@@ -35,6 +35,16 @@ ddt_status ddt_rank_sum_allreduce(void *ctx, float *buf, int64_t count, void *st
     return ddt_cuda_sum_parts(c->gather, c->world, count, buf, stream, err);
 }
 
+ddt_status ddt_rank_sum_allgather(void *ctx, const float *send, int64_t count, float *recv, void *stream,
+                                  ddt_error *err) {
+    const ddt_rank_sum *c = ctx;
+    ncclResult_t r = ncclAllGather(send, recv, (size_t)count, ncclFloat32, c->comm, (cudaStream_t)stream);
+    if (r != ncclSuccess)
+        return ddt_fail(err, DDT_ERR_INTERNAL, "NCCL: ncclAllGather of %lld logits failed: %s", (long long)count,
+                        ncclGetErrorString(r));
+    return DDT_OK;
+}
+
 void ddt_rank_sum_release(ddt_rank_sum *s) {
     cudaFree(s->gather);
     s->gather = NULL;

@@ -1,7 +1,8 @@
 /*
  * rank_sum_cuda.h — the sharded target's all-reduce (model/target_cuda.h's
- * ddt_cuda_allreduce_fn) over NCCL, adding the ranks' partials in rank order:
- * the multi-GPU engine's and cuda_bench_multi's one implementation.
+ * ddt_cuda_allreduce_fn) over NCCL, adding the ranks' partials in rank order,
+ * and its logits' all-gather (ddt_cuda_allgather_fn): the multi-GPU engine's and
+ * cuda_bench_multi's one implementation.
  *
  * Each rank gathers every rank's partial into a [world][cap] buffer on its GPU
  * (ncclAllGather), then adds them in rank order (ddt_cuda_sum_parts), in place.
@@ -46,6 +47,11 @@ ddt_rank_sum ddt_rank_sum_make(struct ncclComm *comm, int32_t world);
  * stream.  A count past the reservation is an error (a sum must never allocate:
  * it runs inside captured rounds). */
 ddt_status ddt_rank_sum_allreduce(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err);
+
+/* The all-gather contract (model/target_cuda.h ddt_cuda_allgather_fn) with ctx a
+ * ddt_rank_sum: ncclAllGather of send's count floats into recv [world][count]. */
+ddt_status ddt_rank_sum_allgather(void *ctx, const float *send, int64_t count, float *recv, void *stream,
+                                  ddt_error *err);
 
 /* Frees the gather buffer (the caller's device must be the rank's); the
  * communicator stays the caller's. */

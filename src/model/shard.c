@@ -78,6 +78,14 @@ void ddt_shard_mlp_slice(const ddt_shard *s, int64_t inter, int64_t unit, int64_
     }
 }
 
+void ddt_shard_vocab_slice(const ddt_shard *s, int64_t vocab, int64_t *v0, int64_t *n, bool *split) {
+    *v0 = 0, *n = vocab, *split = false;
+    if (!s || s->world <= 1 || vocab % s->world != 0) return;
+    const int64_t per = vocab / s->world;
+    if (per < 1 || per % DDT_SHARD_VOCAB_UNIT != 0) return;
+    *v0 = (int64_t)s->rank * per, *n = per, *split = true;
+}
+
 /* Bytes of one element row of data (INT4: packed int32 words). */
 static size_t data_row_bytes(const ddt_qweight *w, int64_t cols) {
     if (w->format == DDT_Q_INT4_GROUP) return (size_t)((cols + 7) / 8) * 4;

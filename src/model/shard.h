@@ -26,7 +26,11 @@
  *    bf16 shared expert is 88 MB a layer against 198 MB for a token's 8 INT4 routed
  *    experts, and its dense layer 0's MLP 792 MB, which on rank 0 alone would make
  *    rank 0 the slowest GPU of every layer by that much.
- * Embedding, final norm and LM head are whole on every rank.
+ * Embedding, final norm and LM head are whole on every rank (a drafter borrows the
+ * embedding and the head); a forward's logits are split by vocabulary rows where
+ * the world divides the vocabulary into whole 32-row units (ddt_shard_vocab_slice:
+ * each rank reads only its rows of the head, 2.35 GB a forward at K2.6, and the
+ * ranks' logits are gathered), else every rank computes all of them.
  */
 #ifndef DDT_MODEL_SHARD_H
 #define DDT_MODEL_SHARD_H
@@ -64,6 +68,14 @@ int64_t ddt_shard_mlp_unit_of(ddt_qformat f, int64_t block);
  * the world divides inter into multiples of unit; else all of it on rank 0 and
  * *n = 0 on the others. */
 void ddt_shard_mlp_slice(const ddt_shard *s, int64_t inter, int64_t unit, int64_t *i0, int64_t *n);
+
+/* The rows [*v0, *v0 + *n) of the LM head (vocabulary ids) whose logits rank s
+ * computes: vocab / world each where the world divides the vocabulary into
+ * multiples of DDT_SHARD_VOCAB_UNIT (32 rows: whole 16-row tiles of the tensor
+ * cores' packed layouts, and DeepSeek-V3's 129280 over 8 GPUs), else all of
+ * them on every rank (s NULL or a world of 1 too).  *split: the former. */
+#define DDT_SHARD_VOCAB_UNIT 32
+void ddt_shard_vocab_slice(const ddt_shard *s, int64_t vocab, int64_t *v0, int64_t *n, bool *split);
 
 /* The plan of rank `rank` of `world` for the config.  Errors (DDT_ERR_RANGE):
  * world outside 1..DDT_SHARD_MAX_WORLD, rank outside 0..world-1, or an MoE model

@@ -67,6 +67,13 @@ struct ddt_cuda_target {
     ddt_shard shard;
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
+    ddt_cuda_allgather_fn allgather;
+    /* the logits' vocabulary rows this rank computes (model/shard.h ddt_shard_vocab_slice):
+       head_split, rows [head_v0, head_v0 + head_n) into head_part [T][head_n], every rank's
+       gathered into head_all [world][T][head_n] and set side by side into the logits */
+    bool head_split;
+    int64_t head_v0, head_n;
+    float *head_part, *head_all;
     ddt_moe_route_params route;
 
     ddt_qweight embed, lm_head;
@@ -424,6 +431,10 @@ static ddt_status alloc_state(ddt_cuda_target *t, ddt_error *err) {
             return st;
     }
     A(t->iota, T, int32_t);
+    if (t->head_split) {
+        A(t->head_part, T * (size_t)t->head_n, float);
+        A(t->head_all, (size_t)t->shard.world * T * (size_t)t->head_n, float);
+    }
     t->mm_ws_bytes = mm_workspace_bytes(t);
     if (t->mm_ws_bytes > 0 && (st = ddt_cuda_malloc_array(&t->mm_ws, t->mm_ws_bytes, 1, &t->state_bytes, err)) != DDT_OK)
         return st;
@@ -519,6 +530,8 @@ static ddt_status setup_shard(ddt_cuda_target *t, const ddt_cuda_target_options 
     t->dims.heads = t->shard.n_heads;
     t->allreduce = opts->allreduce;
     t->allreduce_ctx = opts->allreduce_ctx;
+    t->allgather = opts->allgather;
+    if (t->allgather) ddt_shard_vocab_slice(&t->shard, t->dims.vocab, &t->head_v0, &t->head_n, &t->head_split);
     /* the largest sum a forward asks for: a hidden row a token (target_cuda.h: the reservation) */
     return t->allreduce(t->allreduce_ctx, NULL, (int64_t)t->max_tokens * t->dims.hidden, NULL, err);
 }
@@ -779,7 +792,7 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
     void *bufs[] = {t->final_norm, t->cos_t, t->sin_t, t->kv.data, t->kv.len, t->kv.status, t->kv.ticket, t->x,
                     t->xn, t->qa, t->q, t->kva, t->kvn, t->q_lat, t->o_lat, t->o_v, t->tmp, t->acc, t->g, t->u,
                     t->rlogits, t->front, t->rw, t->attn_ws, t->ridx, t->iota, t->moe_ws, t->mm_ws, t->mm_next,
-                    t->capture, t->q16, t->causal, t->mla_ws};
+                    t->capture, t->q16, t->causal, t->mla_ws, t->head_part, t->head_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ddt_cuda_free(bufs[i]);
     if (t->stream) cudaStreamDestroy(t->stream);
     if (t->side) cudaStreamDestroy(t->side);
@@ -795,6 +808,8 @@ void ddt_cuda_target_free(ddt_cuda_target *t) {
 const ddt_model_config *ddt_cuda_target_config(const ddt_cuda_target *t) { return t->cfg; }
 int32_t ddt_cuda_target_vocab(const ddt_cuda_target *t) { return t->dims.vocab; }
 int32_t ddt_cuda_target_max_ctx(const ddt_cuda_target *t) { return t->max_ctx; }
+int64_t ddt_cuda_target_head_rows(const ddt_cuda_target *t) { return t->head_split ? t->head_n : t->dims.vocab; }
+
 int32_t ddt_cuda_target_stacked_fronts(const ddt_cuda_target *t) {
     int32_t k = 0;
     for (int32_t l = 0; l < t->dims.n_layers; l++) k += t->layers[l].front.data != NULL;
@@ -1235,9 +1250,21 @@ static ddt_status forward(ddt_cuda_target *t, const int32_t *ids, int32_t n, con
         if (!last) TRY(capture_store(t, l, t->x, n, err));
     }
     TRY(capture_store(t, t->dims.n_layers - 1, t->xn, n, err));
-    if (logits)
+    if (logits && t->head_split) {
+        /* this rank's vocabulary rows of the head (every rank's, 1/world of the head's
+           bytes: 2.35 GB a forward at K2.6), then the ranks' blocks gathered and set side
+           by side: every rank holds the same logits */
+        const int32_t nl = n - logit_row0;
+        const ddt_row_groups g = {.count = 1, .w_row_stride = t->head_n, .w_row_offset = t->head_v0,
+                                  .rows = t->head_n, .x_stride = 0, .y_stride = 0};
+        TRY(ddt_cuda_matmul_grouped_mode(&t->lm_head, t->mm, &g, t->xn + (size_t)logit_row0 * H, H, nl, t->head_part,
+                                         t->head_n, t->mm_ws, t->mm_ws_bytes, s, err));
+        TRY(t->allgather(t->allreduce_ctx, t->head_part, (int64_t)nl * t->head_n, t->head_all, s, err));
+        TRY(ddt_cuda_unshard_cols(t->head_all, t->shard.world, nl, t->head_n, logits, t->dims.vocab, s, err));
+    } else if (logits) {
         TRY(ddt_cuda_matmul_mode(&t->lm_head, t->mm, t->xn + (size_t)logit_row0 * H, H, n - logit_row0, logits,
                                  t->dims.vocab, t->mm_ws, t->mm_ws_bytes, s, err));
+    }
     return DDT_OK;
 }
 

@@ -45,6 +45,15 @@ typedef struct ddt_cuda_target ddt_cuda_target;
  * allocates its buffers there. */
 typedef ddt_status (*ddt_cuda_allreduce_fn)(void *ctx, float *buf, int64_t count, void *stream, ddt_error *err);
 
+/* Every rank's send[0..count) into recv [world][count] in rank order, on every rank,
+ * on stream (the same ctx as the all-reduce's; graph-capturable, no allocation;
+ * count at most the target's max_tokens x vocab / world).  The sharded target's
+ * logits: each rank computes its vocabulary rows of the LM head (model/shard.h
+ * ddt_shard_vocab_slice) and the ranks' blocks are gathered; without one (NULL)
+ * every rank computes all of them. */
+typedef ddt_status (*ddt_cuda_allgather_fn)(void *ctx, const float *send, int64_t count, float *recv, void *stream,
+                                            ddt_error *err);
+
 typedef struct ddt_cuda_target_options {
     int32_t max_ctx;               /* cache rows (committed + one forward) */
     int32_t max_tokens;            /* tokens per forward */
@@ -59,7 +68,8 @@ typedef struct ddt_cuda_target_options {
                                       (DDT_CUDA_MM_TENSOR, qmatmul_cuda.h): much faster for 8..64
                                       tokens, relative error ~1e-5 instead of ~1e-7; the router runs
                                       with the shared expert's gate / up as one product where they
-                                      stack (unsharded; else on the FP32 path).  Tree == AR equality
+                                      stack (sharded: where every rank holds a slice of the shared
+                                      expert; else on the FP32 path).  Tree == AR equality
                                       still holds (both use the same kernels) */
     int32_t shared_fork;           /* a MoE layer's shared-expert down on a side branch beside the route
                                       and the routed experts (unsharded, tensor cores): 0 = where its
@@ -75,6 +85,7 @@ typedef struct ddt_cuda_target_options {
     int32_t shard_rank, shard_world;
     ddt_cuda_allreduce_fn allreduce;
     void *allreduce_ctx;
+    ddt_cuda_allgather_fn allgather; /* NULL: the logits are not split (every rank computes all) */
     /* Bytes the caller will hold on this GPU beside the target (the engine's drafter),
        counted in the memory check before the upload (model/shard.h
        ddt_shard_memory_check: a model too large fails there, at once); 0 for none. */
@@ -88,6 +99,9 @@ int32_t ddt_cuda_target_forked_layers(const ddt_cuda_target *t);
  * (one product; sharded with the tensor cores only where every rank holds a slice
  * of the shared expert): tests. */
 int32_t ddt_cuda_target_stacked_fronts(const ddt_cuda_target *t);
+/* The LM head's rows whose logits this rank computes (the vocabulary unless they
+ * are split over the ranks: ddt_cuda_target_options.allgather): tests. */
+int64_t ddt_cuda_target_head_rows(const ddt_cuda_target *t);
 
 ddt_status ddt_cuda_target_load(const char *dir, const ddt_cuda_target_options *opts, ddt_cuda_target **out,
                                 ddt_error *err);

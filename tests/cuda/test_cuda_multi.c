@@ -12,7 +12,9 @@
  *     shard (heads, experts, and the slices of the dense MLPs and shared experts
  *     where they cut into whole units: the fixture's dense MLP at 2 GPUs, the
  *     shipped pair's dense MLP at 2 and 4 and its shared expert at 2; elsewhere on
- *     rank 0), partial sums added in rank order with a plain device add between
+ *     rank 0; the logits by vocabulary rows where the world cuts the vocabulary into
+ *     32-row units, gathered: the shipped pair's at 2 and 4), partial sums added in
+ *     rank order with a plain device add between
  *     two barriers.  Fed the unsharded greedy sequence, the sharded logits stay
  *     within a small normalised error of the unsharded ones, and on the shipped
  *     model every step's argmax is the same (= the same greedy output).  World 3
@@ -115,6 +117,28 @@ static ddt_status emu_reduce(void *ctx, float *buf, int64_t count, void *stream,
     return DDT_OK;
 }
 
+/* The emulated all-gather (the sharded logits): every rank stages its block, then
+ * copies every rank's stage into recv in rank order. */
+static ddt_status emu_gather(void *ctx, const float *send, int64_t count, float *recv, void *stream, ddt_error *err) {
+    emu_rank *er = ctx;
+    emu_comm *c = er->c;
+    cudaStream_t s = stream;
+    if (count > c->cap) {
+        snprintf(err->msg, sizeof err->msg, "emulated all-gather of %lld > %lld floats", (long long)count,
+                 (long long)c->cap);
+        return DDT_ERR_RANGE;
+    }
+    CU(cudaMemcpyAsync(c->stage[er->r], send, sizeof(float) * (size_t)count, cudaMemcpyDeviceToDevice, s));
+    CU(cudaStreamSynchronize(s));
+    pthread_barrier_wait(&c->bar);
+    for (int k = 0; k < c->world; k++)
+        CU(cudaMemcpyAsync(recv + (size_t)k * (size_t)count, c->stage[k], sizeof(float) * (size_t)count,
+                           cudaMemcpyDeviceToDevice, s));
+    CU(cudaStreamSynchronize(s));
+    pthread_barrier_wait(&c->bar);
+    return DDT_OK;
+}
+
 /* ------------------------------------------------------------------ teacher-forced runs */
 
 /* Prefill prompt then feed seq[0..n_new) one token at a time; logits [n_new + 1][vocab]
@@ -169,7 +193,8 @@ static bool g_tc; /* load() with the tensor cores (test_emulated's tc cases) */
 
 static ddt_cuda_target *load(const char *dir, int ctx, int rank, int world, ddt_cuda_allreduce_fn fn, void *fctx) {
     ddt_cuda_target_options o = {.max_ctx = ctx, .max_tokens = CHUNK, .shard_rank = rank, .shard_world = world,
-                                 .allreduce = fn, .allreduce_ctx = fctx, .tensor_cores = g_tc};
+                                 .allreduce = fn, .allreduce_ctx = fctx, .tensor_cores = g_tc,
+                                 .allgather = fn == emu_reduce ? emu_gather : NULL};
     ddt_cuda_target *t;
     OK(ddt_cuda_target_load(dir, &o, &t, &err_));
     return t;
@@ -228,10 +253,16 @@ static void test_emulated_tc(const char *dir, const int32_t *prompt, int np, int
     for (int r = 0; r < world; r++) {
         er[r] = (emu_rank){&c, r};
         t[r] = load(dir, np + n_new + 1, r, world, emu_reduce, &er[r]);
+        /* the logits by vocabulary rows where the world cuts the vocabulary into 32-row units */
+        const int64_t want_head = vocab % world == 0 && (vocab / world) % 32 == 0 ? vocab / world : vocab;
+        CHECK(ddt_cuda_target_head_rows(t[r]) == want_head, "%s world %d rank %d: logits of %lld vocabulary rows, want %lld",
+              dir, world, r, (long long)ddt_cuda_target_head_rows(t[r]), (long long)want_head);
         if (want_fronts >= 0)
             CHECK(ddt_cuda_target_stacked_fronts(t[r]) == want_fronts, "%s world %d rank %d: %d stacked fronts, want %d",
                   dir, world, r, ddt_cuda_target_stacked_fronts(t[r]), want_fronts);
-        c.cap = (int64_t)CHUNK * ddt_cuda_target_config(t[r])->hidden_size;
+        const ddt_model_config *cfg = ddt_cuda_target_config(t[r]);
+        /* a forward's hidden rows, or (the logits' gather) its rows of a rank's vocabulary block */
+        c.cap = (int64_t)CHUNK * (cfg->hidden_size > cfg->vocab_size ? cfg->hidden_size : cfg->vocab_size);
         got[r] = malloc(nl * sizeof(float));
         jobs[r] = (run_job){t[r], prompt, seq, np, n_new, vocab, got[r], NULL};
     }
@@ -579,7 +610,8 @@ typedef struct create_job {
 static void *create_thread(void *p) {
     create_job *j = p;
     CU(cudaSetDevice(0));
-    j->st = ddt_engine_cuda_create_rank(j->model, j->o, j->ctx, j->r, j->world, emu_reduce, j->er, &j->e, &j->err);
+    j->st = ddt_engine_cuda_create_rank(j->model, j->o, j->ctx, j->r, j->world, emu_reduce, emu_gather, j->er, &j->e,
+                                        &j->err);
     mark_finished(j->mu, j->cv, j->finished);
     return NULL;
 }

@@ -13,6 +13,9 @@
  *   - ddt_cuda_sum_parts (the multi-GPU all-reduce's rank-order sum): bitwise the
  *     host's ((p0 + p1) + p2) + ... for 1..8 parts of odd lengths, the output past
  *     count (NaN poison) never written; bad arguments refused.
+ *   - ddt_cuda_unshard_cols (the multi-GPU logits' gather): every float where the
+ *     host puts it for 1..8 parts of odd shapes, the row padding (NaN poison)
+ *     untouched; bad arguments refused.
  * Needs the CPU backend: link with src/core, src/io, src/backend/cpu.
  */
 #include <cuda_runtime_api.h>
@@ -216,6 +219,46 @@ static void sum_parts_errors(void) {
     CHECK(ddt_cuda_sum_parts(NULL, 3, 0, NULL, NULL, &e) == DDT_OK, "sum_parts of 0 floats refused");
 }
 
+/* ddt_cuda_unshard_cols against the host's placement, bitwise, padding untouched. */
+static void unshard_case(int32_t n_parts, int64_t rows, int64_t cols, int64_t pad) {
+    const int64_t ldo = n_parts * cols + pad;
+    const size_t pn = (size_t)n_parts * (size_t)rows * (size_t)cols, on = (size_t)rows * (size_t)ldo;
+    float *hp = malloc((pn ? pn : 1) * sizeof(float)), *got = malloc((on ? on : 1) * sizeof(float));
+    for (size_t i = 0; i < pn; i++) hp[i] = frand();
+    float *dp, *dout;
+    CU(cudaMalloc((void **)&dp, (pn ? pn : 1) * sizeof(float)));
+    CU(cudaMalloc((void **)&dout, (on ? on : 1) * sizeof(float)));
+    CU(cudaMemcpy(dp, hp, pn * sizeof(float), cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xFF, (on ? on : 1) * sizeof(float))); /* NaN */
+    OK(ddt_cuda_unshard_cols(dp, n_parts, rows, cols, dout, ldo, NULL, &err_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(got, dout, on * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t bad = 0, stray = 0;
+    for (int64_t t = 0; t < rows; t++) {
+        for (int32_t k = 0; k < n_parts; k++)
+            for (int64_t j = 0; j < cols; j++)
+                bad += memcmp(&got[t * ldo + k * cols + j], &hp[((size_t)k * (size_t)rows + (size_t)t) * (size_t)cols + (size_t)j],
+                              sizeof(float)) != 0;
+        for (int64_t j = n_parts * cols; j < ldo; j++) stray += !isnan(got[t * ldo + j]);
+    }
+    CHECK(bad == 0 && stray == 0, "unshard_cols %d x [%lld, %lld] pad %lld: %lld floats misplaced, %lld padding written",
+          n_parts, (long long)rows, (long long)cols, (long long)pad, (long long)bad, (long long)stray);
+    printf("unshard_cols %d parts of [%lld, %lld], row padding %lld: every float in place\n", n_parts, (long long)rows,
+           (long long)cols, (long long)pad);
+    CU(cudaFree(dp));
+    CU(cudaFree(dout));
+    free(hp), free(got);
+}
+
+static void unshard_errors(void) {
+    ddt_error e;
+    CHECK(ddt_cuda_unshard_cols(NULL, 0, 2, 3, NULL, 10, NULL, &e) == DDT_ERR_INVALID, "unshard of 0 parts accepted");
+    CHECK(ddt_cuda_unshard_cols(NULL, 2, 2, 3, NULL, 5, NULL, &e) == DDT_ERR_INVALID && strstr(e.msg, "rows of 5"),
+          "unshard into rows narrower than the parts accepted");
+    CHECK(ddt_cuda_unshard_cols(NULL, 2, -1, 3, NULL, 6, NULL, &e) == DDT_ERR_INVALID, "unshard of -1 rows accepted");
+    CHECK(ddt_cuda_unshard_cols(NULL, 4, 0, 3, NULL, 12, NULL, &e) == DDT_OK, "unshard of 0 rows refused");
+}
+
 int main(int argc, char **argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     OK(ddt_cpu_pool_create(2, &g_pool, &err_));
@@ -233,6 +276,12 @@ int main(int argc, char **argv) {
     sum_parts_case(8, 17 * 7168 + 5);          /* eight ranks, a tree's rows and a tail */
     sum_parts_case(5, 1);
     sum_parts_errors();
+    unshard_case(1, 3, 4352, 0);               /* one rank: a copy */
+    unshard_case(2, 17, 2176, 0);              /* the shipped pair's logits over 2 GPUs, a tree of 17 */
+    unshard_case(8, 1, 20480, 0);              /* K2.6's over 8, an ar step */
+    unshard_case(3, 5, 37, 11);                /* odd, padded rows */
+    unshard_case(5, 64, 33, 1);
+    unshard_errors();
     if (!quick) {
         norm_case(8200, 8200, 2, 0); /* wider than the register rows: strided path */
         norm_case(7168, 7168, 64, 0);

@@ -183,6 +183,48 @@ static void test_mlp_slices(void **state) {
     assert_int_equal(ddt_shard_mlp_unit(&m), 64); /* INT4 groups run along a row: rows cut anywhere */
 }
 
+/* The logits' vocabulary rows: K2.6's 163840 over 8 GPUs (20480 each), DeepSeek-V3's
+ * 129280 (16160), the shipped pair's 4352 over 2, 4 and 8 (2176, 1088, 544); not
+ * where a rank's share is no whole number of 32-row units (the fixtures' 300 over 2:
+ * 150), or the world does not divide the vocabulary (4352 over 3). */
+static void test_vocab_slices(void **state) {
+    (void)state;
+    const struct {
+        int64_t vocab;
+        int32_t world;
+        bool split;
+    } cases[] = {{163840, 8, true}, {4352, 2, true}, {4352, 4, true}, {4352, 8, true}, {300, 2, false},
+                 {4352, 3, false},  {129280, 8, true}, {129280, 16, false}, {64, 2, true}, {96, 2, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t next = 0;
+        for (int32_t r = 0; r < cases[i].world; r++) {
+            const ddt_shard s = {.rank = r, .world = cases[i].world};
+            int64_t v0, n;
+            bool split;
+            ddt_shard_vocab_slice(&s, cases[i].vocab, &v0, &n, &split);
+            assert_int_equal(split, cases[i].split);
+            if (!split) {
+                assert_int_equal(v0, 0);
+                assert_int_equal(n, cases[i].vocab);
+                continue;
+            }
+            assert_int_equal(v0, next);
+            assert_int_equal(n, cases[i].vocab / cases[i].world);
+            assert_int_equal(n % DDT_SHARD_VOCAB_UNIT, 0);
+            next += n;
+        }
+        if (cases[i].split) assert_int_equal(next, cases[i].vocab);
+    }
+    int64_t v0, n;
+    bool split;
+    ddt_shard_vocab_slice(NULL, 4352, &v0, &n, &split);
+    assert_false(split);
+    assert_int_equal(n, 4352);
+    const ddt_shard one = {.rank = 0, .world = 1};
+    ddt_shard_vocab_slice(&one, 4352, &v0, &n, &split);
+    assert_false(split);
+}
+
 static void test_plan_errors(void **state) {
     (void)state;
     ddt_model_config cfg;
@@ -435,7 +477,7 @@ static void test_memory_check(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_shipped),     cmocka_unit_test(test_plan_k26_and_dense),
-        cmocka_unit_test(test_mlp_slices),
+        cmocka_unit_test(test_mlp_slices),       cmocka_unit_test(test_vocab_slices),
         cmocka_unit_test(test_plan_errors),      cmocka_unit_test(test_slice_bf16),
         cmocka_unit_test(test_slice_fp8),        cmocka_unit_test(test_slice_int4),
         cmocka_unit_test(test_bytes_fixtures),   cmocka_unit_test(test_memory_check),

@@ -186,6 +186,31 @@ ddt_status ddt_cuda_sum_parts(const float *parts, int32_t n_parts, int64_t count
     return DDT_OK;
 }
 
+/* One thread a float of out, in out's order: a rank's row is cols contiguous floats. */
+static __global__ void unshard_cols_kernel(const float *parts, int64_t rows, int64_t cols, int64_t total,
+                                           float *out, int64_t ldo) {
+    DDT_GRID_DEP_WAIT();
+    const int64_t wide = total / rows; /* n_parts * cols */
+    for (int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * EW_THREADS) {
+        const int64_t t = i / wide, c = i % wide, k = c / cols, j = c % cols;
+        out[t * ldo + c] = parts[(k * rows + t) * cols + j];
+    }
+}
+
+ddt_status ddt_cuda_unshard_cols(const float *parts, int32_t n_parts, int64_t rows, int64_t cols, float *out,
+                                 int64_t ldo, ddt_cuda_stream stream, ddt_error *err) {
+    if (n_parts < 1 || rows < 0 || cols < 0 || ldo < (int64_t)n_parts * cols)
+        return ddt_fail(err, DDT_ERR_INVALID, "unshard columns: %d parts of %lld x %lld into rows of %lld", n_parts,
+                        (long long)rows, (long long)cols, (long long)ldo);
+    const int64_t total = (int64_t)n_parts * rows * cols;
+    if (total == 0) return DDT_OK;
+    int64_t blocks = (total + EW_THREADS - 1) / EW_THREADS;
+    if (blocks > 4096) blocks = 4096;
+    unshard_cols_kernel<<<(unsigned)blocks, EW_THREADS, 0, (cudaStream_t)stream>>>(parts, rows, cols, total, out, ldo);
+    DDT_CUDA_LAUNCHED("unshard_cols", (cudaStream_t)stream, err);
+    return DDT_OK;
+}
+
 /* One source: the multi-source gather's launch with count 1 (one kernel for both). */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
                                 int32_t m, int32_t cols, ddt_cuda_stream stream, ddt_error *err) {

@@ -78,6 +78,14 @@ ddt_status ddt_cuda_add(float *x, const float *y, int64_t count, ddt_cuda_stream
 ddt_status ddt_cuda_sum_parts(const float *parts, int32_t n_parts, int64_t count, float *out, ddt_cuda_stream stream,
                               ddt_error *err);
 
+/* out[t][k * cols + j] = parts[k][t][j] for k < n_parts, t < rows, j < cols: the ranks'
+ * column blocks (parts[k] at parts + k * rows * cols, rows of cols floats, as an
+ * all-gather leaves them) side by side in rows of ldo >= n_parts * cols floats (out
+ * must not overlap them; columns past n_parts * cols untouched).  The multi-GPU
+ * logits: each rank computes its vocabulary rows of the LM head for every token. */
+ddt_status ddt_cuda_unshard_cols(const float *parts, int32_t n_parts, int64_t rows, int64_t cols, float *out,
+                                 int64_t ldo, ddt_cuda_stream stream, ddt_error *err);
+
 /* dst[k][0..cols) = src[rows[k]][0..cols) for k < m (row strides ldd >= cols, lds;
  * rows on the device): ddt_cuda_gather_rows_multi with one source. */
 ddt_status ddt_cuda_gather_rows(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows,
