@@ -310,8 +310,11 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
     e->vocab = ddt_cuda_target_vocab(e->target);
     if (dflash) {
         const ddt_model_config *tc = ddt_cuda_target_config(e->target);
+        /* on the tensor cores with the target: at K2.6's size (7168 hidden, 6 layers and the
+           2.35 GB head) the draft's 16 rows would read every weight 4 times on the FP32 path */
         ddt_cuda_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, e->vocab,
-                                      ddt_cuda_target_embed(e->target), ddt_cuda_target_lm_head(e->target)};
+                                      ddt_cuda_target_embed(e->target), ddt_cuda_target_lm_head(e->target),
+                                      opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32};
         if ((st = ddt_cuda_drafter_load(opts->draft_dir, &dt, max_ctx, &e->drafter, err)) != DDT_OK) goto fail;
         for (int32_t i = 0; i < e->n_capture; i++) e->capture[i] = ddt_cuda_target_hidden(e->target, i);
     }

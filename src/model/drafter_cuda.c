@@ -51,6 +51,7 @@
 #include "backend/cuda/dflash_cuda.h"
 #include "backend/cuda/kv_cuda.h"
 #include "backend/cuda/nn_cuda.h"
+#include "backend/cuda/wgmma_gemm.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "model/drafter_desc.h"
@@ -74,8 +75,8 @@
  * off whole scale blocks), the parts stay separate and write the same columns,
  * one product each.  The FP32 matmul path sums an element in an order that
  * depends only on the weight's columns, so the stacked product is bitwise the
- * separate ones (a tensor-core product would not be: its k-split follows the
- * row count). */
+ * separate ones (a tensor-core product is not: its k-split follows the row count;
+ * it stays batch-invariant, which is what the drafter needs). */
 #define CAT_MAX 3
 typedef struct cat_linear {
     int64_t rows[CAT_MAX];     /* rows of each part */
@@ -97,6 +98,9 @@ typedef struct cuda_layer {
 struct ddt_cuda_drafter {
     ddt_drafter_config cfg;
     ddt_cuda_drafter_target target; /* borrowed device weights */
+    bool tc;                        /* target.mm is DDT_CUDA_MM_TENSOR: bf16 products on wgmma (mm) */
+    void *mm_ws;                    /* tc: the products' split activations (ddt_cuda_matmul_workspace_bytes) */
+    size_t mm_ws_bytes;
     ddt_drafter_dims dims;          /* drafter_desc.h */
     int32_t V, max_ctx, cap;
     ddt_dflash_attn attn;
@@ -178,10 +182,20 @@ static ddt_status upload_cat(ddt_cuda_drafter *d, const ddt_qweight *const *host
     return st;
 }
 
+/* y = x W^T: on wgmma where the drafter runs on the tensor cores and the weight is
+ * bf16 (ddt_cuda_wg_eligible: the row-major data streamed by TMA, no packed copy, so
+ * row-prefix views work too), else on the FP32 path. */
+static ddt_status mm(const ddt_cuda_drafter *d, const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
+                     int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
+    if (d->tc && ddt_cuda_wg_eligible(w))
+        return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_TENSOR, x, ldx, n, y, ldy, d->mm_ws, d->mm_ws_bytes, s, err);
+    return ddt_cuda_matmul(w, x, ldx, n, y, ldy, s, err);
+}
+
 /* y [n][ldy] columns [0, rows[0] + .. + rows[used-1]) = the first `used` parts'
  * products of x [n][ldx]. */
-static ddt_status cat_matmul(const cat_linear *c, int32_t used, const float *x, int64_t ldx, int32_t n, float *y,
-                             int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
+static ddt_status cat_matmul(const ddt_cuda_drafter *d, const cat_linear *c, int32_t used, const float *x, int64_t ldx,
+                             int32_t n, float *y, int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
     if (c->whole.data) {
         /* the first parts' rows of the stacked weight: a row-prefix view (the FP32
            path reads data and scales by row; the packed copy is not a prefix) */
@@ -190,11 +204,11 @@ static ddt_status cat_matmul(const cat_linear *c, int32_t used, const float *x, 
         for (int32_t i = 0; i < used; i++) view.rows += c->rows[i];
         view.mma = NULL;
         view.mma_scale = NULL;
-        return ddt_cuda_matmul(&view, x, ldx, n, y, ldy, s, err);
+        return mm(d, &view, x, ldx, n, y, ldy, s, err);
     }
     int64_t off = 0;
     for (int32_t i = 0; i < used; i++) {
-        TRY(ddt_cuda_matmul(&c->part[i], x, ldx, n, y + off, ldy, s, err));
+        TRY(mm(d, &c->part[i], x, ldx, n, y + off, ldy, s, err));
         off += c->rows[i];
     }
     return DDT_OK;
@@ -217,7 +231,8 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
        launches where the stacked pair takes silu_mul between them at the draft's
        16 rows; the same values either way (silu_dev.cuh's arithmetic on the same
        products) */
-    if (ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
+    /* (on the tensor cores the stacked pair: the interleaved product is the FP32 path's) */
+    if (!d->tc && ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
         ddt_qweight g, u;
         TRY(upload_linear(d, &h->gate, "gate_proj", l, &g, err));
         ddt_status st = upload_linear(d, &h->up, "up_proj", l, &u, err);
@@ -319,6 +334,15 @@ static ddt_status alloc_state(ddt_cuda_drafter *d, ddt_error *err) {
     if (!ddt_mul_size((size_t)d->dims.n_layers * 2, (size_t)d->cap, &kv_n) || !ddt_mul_size(kv_n, (size_t)d->dims.kvd, &kv_n))
         return ddt_fail(err, DDT_ERR_RANGE, "drafter cache for %d tokens overflows", d->max_ctx);
     uint64_t attn_n = ddt_dflash_attn_scratch_floats(&d->attn);
+    if (d->tc) { /* the widest product's split activations (fc's F, q's, the MLP's, the head's H) at the most rows */
+        const int32_t rows = (int32_t)(L > C ? L : C);
+        const int64_t cols[] = {d->dims.H, d->dims.qd, d->dims.inter, d->dims.F};
+        for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+            const size_t b = ddt_cuda_matmul_workspace_bytes(cols[i], 1, rows);
+            if (b > d->mm_ws_bytes) d->mm_ws_bytes = b;
+        }
+        TRY(ddt_cuda_malloc_array(&d->mm_ws, d->mm_ws_bytes, 1, &d->state_bytes, err));
+    }
     TRY(ddt_cuda_malloc_array((void **)&d->kv, kv_n, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->cos_t, (size_t)d->cap * half, sizeof(float), &d->state_bytes, err));
     TRY(ddt_cuda_malloc_array((void **)&d->sin_t, (size_t)d->cap * half, sizeof(float), &d->state_bytes, err));
@@ -396,6 +420,7 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
 
     const ddt_drafter_config *c = &d->cfg;
     d->target = *t;
+    d->tc = t->mm == DDT_CUDA_MM_TENSOR;
     ddt_drafter_dims_fill(c, &d->dims);
     d->V = t->vocab_size;
     d->max_ctx = max_ctx;
@@ -421,6 +446,7 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
     free(desc);
     desc = NULL;
     if (st != DDT_OK) goto fail;
+    if (d->tc && (st = ddt_cuda_ws_prepare(err)) != DDT_OK) goto fail; /* the wgmma kernels' attributes */
     if ((st = alloc_state(d, err)) != DDT_OK) goto fail;
     if ((st = upload_rope_table(d, err)) != DDT_OK) goto fail;
     *out = d;
@@ -458,10 +484,24 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
     free(d->layers);
     void *bufs[] = {d->kv,  d->cos_t, d->sin_t,  d->len, d->status, d->ids, d->iota, d->feat, d->ctx,
                     d->kvq, d->kv_raw, d->x,     d->xn,  d->tmp,    d->q,   d->o,    d->gu,   d->attn_scratch,
-                    d->advance_ticket};
+                    d->advance_ticket, d->mm_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     free(d);
+}
+
+/* The weight a cat_linear's product reads first (its stack, else its first part). */
+static const ddt_qweight *cat_first(const cat_linear *c) { return c->whole.data ? &c->whole : &c->part[0]; }
+
+int32_t ddt_cuda_drafter_tensor_products(const ddt_cuda_drafter *d) {
+    if (!d->tc) return 0;
+    int32_t k = ddt_cuda_wg_eligible(d->target.lm_head);
+    for (int32_t l = 0; l < d->dims.n_layers; l++) {
+        const cuda_layer *Y = &d->layers[l];
+        k += ddt_cuda_wg_eligible(cat_first(&Y->kvq)) + ddt_cuda_wg_eligible(&Y->o_proj) +
+             ddt_cuda_wg_eligible(&Y->down) + (!Y->gu_pair.data && ddt_cuda_wg_eligible(cat_first(&Y->gu)));
+    }
+    return k;
 }
 
 const ddt_drafter_config *ddt_cuda_drafter_config(const ddt_cuda_drafter *d) { return &d->cfg; }
@@ -521,15 +561,15 @@ static ddt_status append_feat(ddt_cuda_drafter *d, int32_t n, const int32_t *cou
                               int32_t max_count, ddt_cuda_stream s, ddt_error *err) {
     const int32_t H = d->dims.H, kvd = d->dims.kvd, nl = d->dims.n_layers;
     const int64_t KV = 2 * (int64_t)kvd, W = nl * KV; /* a layer's k | v; kv_raw's row */
-    TRY(ddt_cuda_matmul(&d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
+    TRY(mm(d, &d->fc, d->feat, d->dims.F, n, d->ctx, H, s, err));
     TRY(ddt_cuda_rmsnorm(d->ctx, H, n, H, d->hidden_norm, d->dims.eps, d->ctx, H, s, err));
     /* kv_raw [n][W]: layer l's k | v in columns [l KV, (l + 1) KV), from one
        product or (kv_all not stacked) one per layer, the same bits either way */
     if (d->kv_all.data) {
-        TRY(ddt_cuda_matmul(&d->kv_all, d->ctx, H, n, d->kv_raw, W, s, err));
+        TRY(mm(d, &d->kv_all, d->ctx, H, n, d->kv_raw, W, s, err));
     } else {
         for (int32_t l = 0; l < nl; l++)
-            TRY(cat_matmul(&d->layers[l].kvq, 2, d->ctx, H, n, d->kv_raw + l * KV, W, s, err));
+            TRY(cat_matmul(d, &d->layers[l].kvq, 2, d->ctx, H, n, d->kv_raw + l * KV, W, s, err));
     }
     /* every layer's K/V store, DDT_DFLASH_MAX_KV_LAYERS layers a launch; all of
        them read len before the last one's last block moves it */
@@ -609,22 +649,26 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
                           .limit = d->cap, .cos_t = d->cos_t, .sin_t = d->sin_t};
     for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        TRY(cat_matmul(&Y->kvq, 3, d->xn, H, L, d->kvq, W, s, err)); /* k | v | q */
+        TRY(cat_matmul(d, &Y->kvq, 3, d->xn, H, L, d->kvq, W, s, err)); /* k | v | q */
         qkv.q_norm = Y->q_norm;
         qkv.k_norm = Y->k_norm;
         qkv.k_cache = kv_k(d, l);
         qkv.v_cache = kv_v(d, l);
         TRY(ddt_dflash_qkv_prep(&qkv, s, err));
         TRY(ddt_dflash_attention(&d->attn, d->q, kv_k(d, l), kv_v(d, l), d->len, d->attn_scratch, d->o, s, err));
-        TRY(ddt_cuda_matmul(&Y->o_proj, d->o, qd, L, d->tmp, H, s, err));
+        TRY(mm(d, &Y->o_proj, d->o, qd, L, d->tmp, H, s, err));
         TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, Y->mlp_norm, eps, d->xn, H, s, err));
         if (Y->gu_pair.data) { /* silu(gate) * up, then a plain down */
             TRY(ddt_cuda_matmul_swiglu(&Y->gu_pair, 0, d->xn, H, L, d->gu, I, s, err));
             TRY(ddt_cuda_matmul(&Y->down, d->gu, I, L, d->tmp, H, s, err));
         } else {
-            TRY(cat_matmul(&Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
-            TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s,
-                                     err));
+            TRY(cat_matmul(d, &Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
+            if (d->tc && ddt_cuda_wg_eligible(&Y->down))
+                TRY(ddt_cuda_matmul_silu_mode(&Y->down, DDT_CUDA_MM_TENSOR, d->gu, 2 * (int64_t)I, d->gu + I,
+                                              2 * (int64_t)I, L, d->tmp, H, d->mm_ws, d->mm_ws_bytes, s, err));
+            else
+                TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s,
+                                         err));
         }
         if (l + 1 < d->dims.n_layers) {
             TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, d->layers[l + 1].attn_norm, eps, d->xn, H, s, err));
@@ -634,5 +678,5 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
             TRY(ddt_cuda_add_rmsnorm(d->x + H, H, d->tmp + H, H, L - 1, H, d->final_norm, eps, d->xn, H, s, err));
         }
     }
-    return ddt_cuda_matmul(d->target.lm_head, d->xn, H, L - 1, logits, d->V, s, err);
+    return mm(d, d->target.lm_head, d->xn, H, L - 1, logits, d->V, s, err);
 }

@@ -47,6 +47,12 @@ typedef struct ddt_cuda_drafter ddt_cuda_drafter;
 typedef struct ddt_cuda_drafter_target {
     int32_t hidden_size, num_layers, vocab_size;
     const ddt_qweight *embed, *lm_head; /* [vocab][hidden] */
+    /* DDT_CUDA_MM_TENSOR (the target's --tensor-cores): the products of bf16 weights
+       (the drafter's own and the borrowed LM head) on wgmma, each weight byte read
+       once for the whole block, where the FP32 path reads it once for every 4 rows;
+       logits then ~1e-5 off the CPU's, still batch-invariant and deterministic.  The
+       other formats, and DDT_CUDA_MM_FP32 (0), on the FP32 path. */
+    ddt_cuda_mm_mode mm;
 } ddt_cuda_drafter_target;
 
 /* Tokens one append_prefix launch handles (a prefill chunk); longer prefixes loop. */
@@ -64,6 +70,10 @@ int32_t ddt_cuda_drafter_max_ctx(const ddt_cuda_drafter *d);
 const int32_t *ddt_cuda_drafter_len_device(const ddt_cuda_drafter *d);
 /* Device int32 [1]: DDT_DFLASH_OK, or DDT_DFLASH_BAD_APPEND once an append did not fit (dflash_cuda.h). */
 const int32_t *ddt_cuda_drafter_status_device(const ddt_cuda_drafter *d);
+/* How many of the draft's products run on the tensor cores (target.mm and bf16
+ * weights): k | v | q, o, gate | up, down a layer, and the LM head; 0 on the FP32
+ * path.  Tests. */
+int32_t ddt_cuda_drafter_tensor_products(const ddt_cuda_drafter *d);
 /* Device bytes: uploaded weights (the borrowed embed / lm_head excluded), and run state. */
 uint64_t ddt_cuda_drafter_weight_bytes(const ddt_cuda_drafter *d);
 uint64_t ddt_cuda_drafter_state_bytes(const ddt_cuda_drafter *d);

@@ -118,6 +118,7 @@ typedef struct pair {
     float *d_logits;                                /* device [L][V]: L-1 rows + one poisoned padding row */
     float *h_cpu, *h_gpu;                           /* host [L][V] */
     double worst;
+    double tol, tie; /* the logits' normalised-error bound; a top-two gap below tie * (|top| + 1) is a near tie */
 } pair;
 
 /* Fresh random capture rows (scaled per layer so the layers differ in size). */
@@ -182,7 +183,7 @@ static void draft_compare(pair *p, const char *what) {
     const size_t n = (size_t)(p->L - 1) * p->V;
     char full[96];
     snprintf(full, sizeof full, "%s %s", p->name, what);
-    const double e = bo_compare(full, p->h_gpu, p->h_cpu, n, (bo_cmp){.bound = TOL});
+    const double e = bo_compare(full, p->h_gpu, p->h_cpu, n, (bo_cmp){.bound = p->tol});
     bool finite = true;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(p->h_gpu[i])) finite = false;
@@ -198,7 +199,7 @@ static void draft_compare(pair *p, const char *what) {
         float second = -INFINITY;
         for (int32_t v = 0; v < p->V; v++)
             if (v != ac && c[v] > second) second = c[v];
-        if (c[ac] - second > 1e-5f * (fabsf(c[ac]) + 1.0f)) mism++;
+        if (c[ac] - second > (float)p->tie * (fabsf(c[ac]) + 1.0f)) mism++;
         else printf("    (%s row %d: near tie %g vs %g, argmax %d vs %d not counted)\n", what, r, c[ac], second, ac, ag);
     }
     if (e > p->worst) p->worst = e;
@@ -1309,9 +1310,13 @@ static void test_concat_op(void) {
 
 /* ------------------------------------------------------------------ one model */
 
-static void test_model(const char *name, const char *drafter_dir, const char *target_dir) {
-    printf("%s (%s):\n", name, drafter_dir);
-    pair P = {.name = name}, *p = &P;
+/* tc: the drafter on the tensor cores (ddt_cuda_drafter_target.mm): its bf16 products
+ * and the LM head on wgmma, want_tc of them; logits within 1e-3 of the CPU's (split
+ * bf16 activations, ~1e-5 a product), every bitwise check (chunking, graphs) as on the
+ * FP32 path, which batch invariance keeps. */
+static void test_model_mode(const char *name, const char *drafter_dir, const char *target_dir, bool tc, int want_tc) {
+    printf("%s (%s%s):\n", name, drafter_dir, tc ? ", tensor cores" : "");
+    pair P = {.name = name, .tol = tc ? 1e-3 : TOL, .tie = tc ? 1e-3 : 1e-5}, *p = &P;
     ddt_drafter_head *head;
     OK(ddt_drafter_head_open(target_dir, &head, &err_));
     const ddt_drafter_target *ht = ddt_drafter_head_target(head);
@@ -1321,7 +1326,8 @@ static void test_model(const char *name, const char *drafter_dir, const char *ta
     OK(ddt_cuda_qweight_upload(ht->embed, &d_embed, &err_));
     OK(ddt_cuda_qweight_upload(ht->lm_head, &d_lm, &err_));
     ddt_cuda_drafter_target gt = {.hidden_size = ht->hidden_size, .num_layers = ht->num_layers,
-                                  .vocab_size = ht->vocab_size, .embed = &d_embed, .lm_head = &d_lm};
+                                  .vocab_size = ht->vocab_size, .embed = &d_embed, .lm_head = &d_lm,
+                                  .mm = tc ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32};
 
     /* the CPU's load checks, with its messages */
     ddt_cuda_drafter *bad = NULL;
@@ -1334,6 +1340,8 @@ static void test_model(const char *name, const char *drafter_dir, const char *ta
     CHECK(ddt_cuda_drafter_load(drafter_dir, &gt, 0, &bad, &e) != DDT_OK && !bad, "%s: max_ctx 0 was accepted", name);
 
     OK(ddt_cuda_drafter_load(drafter_dir, &gt, MAX_CTX, &p->gpu, &err_));
+    CHECK(ddt_cuda_drafter_tensor_products(p->gpu) == want_tc, "%s: %d products on the tensor cores, want %d", name,
+          ddt_cuda_drafter_tensor_products(p->gpu), want_tc);
     const ddt_drafter_config *c = ddt_cuda_drafter_config(p->gpu);
     p->H = c->hidden_size;
     p->L = ddt_cuda_drafter_block_size(p->gpu);
@@ -1409,6 +1417,10 @@ static void test_model(const char *name, const char *drafter_dir, const char *ta
     ddt_drafter_head_close(head);
 }
 
+static void test_model(const char *name, const char *drafter_dir, const char *target_dir) {
+    test_model_mode(name, drafter_dir, target_dir, false, 0);
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     test_attention_op(quick);
@@ -1420,7 +1432,13 @@ int main(int argc, char **argv) {
     printf("GPU DFlash drafter vs CPU drafter:\n");
     test_model("fixture fp32", "tests/fixtures/drafter/fp32", "tests/fixtures/target/fp32");
     test_model("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32");
-    if (!quick) test_model("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target");
+    /* the tensor cores: the bf16 yarn drafter's 4 products a layer (2 layers) with the fp32
+       fixture's head on the FP32 path; the shipped pair's 4 x 4 and its bf16 head */
+    test_model_mode("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32", true, 8);
+    if (!quick) {
+        test_model("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target");
+        test_model_mode("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target", true, 17);
+    }
     if (g_failures) printf("test_cuda_drafter: %d FAILURES\n", g_failures);
     else printf("test_cuda_drafter: all passed\n");
     return g_failures ? 1 : 0;
