@@ -255,10 +255,11 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
 /* The append's weight for every layer's k | v in one product: each layer's
  * stacked kvq (k rows, v rows, q rows) cut to its k | v prefix, stacked again
  * layer after layer (a copy: the draft keeps reading each layer's k | v | q as
- * one weight).  The same rows in the same format, so on the FP32 path (the
- * only one the drafter takes) every output element is summed as the layer's own
- * product sums it (qmatmul_cuda.h: an element's order depends on cols only) and
- * the one product is bitwise the per-layer ones.  Left empty, for per-layer
+ * one weight).  The same rows in the same format, so on the FP32 path every
+ * output element is summed as the layer's own product sums it (qmatmul_cuda.h: an
+ * element's order depends on cols only) and the one product is bitwise the
+ * per-layer ones (on the tensor cores its k-split follows its row count: the last
+ * bits may differ from a layer's own product, the same for every append).  Left empty, for per-layer
  * products, when a layer's kvq is not stacked (FP8 k / v off whole scale
  * blocks); the prefixes of stacked ones always concatenate (FP8: they end on a
  * block edge, as k and v then do). */
