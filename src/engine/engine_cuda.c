@@ -314,7 +314,7 @@ ddt_status ddt_engine_cuda_create_rank(const char *model_dir, const ddt_engine_o
            2.35 GB head) the draft's 16 rows would read every weight 4 times on the FP32 path */
         ddt_cuda_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, e->vocab,
                                       ddt_cuda_target_embed(e->target), ddt_cuda_target_lm_head(e->target),
-                                      opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32};
+                                      opts->tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32, 0};
         if ((st = ddt_cuda_drafter_load(opts->draft_dir, &dt, max_ctx, &e->drafter, err)) != DDT_OK) goto fail;
         for (int32_t i = 0; i < e->n_capture; i++) e->capture[i] = ddt_cuda_target_hidden(e->target, i);
     }

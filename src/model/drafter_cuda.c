@@ -99,6 +99,7 @@ struct ddt_cuda_drafter {
     ddt_drafter_config cfg;
     ddt_cuda_drafter_target target; /* borrowed device weights */
     bool tc;                        /* target.mm is DDT_CUDA_MM_TENSOR: bf16 products on wgmma (mm) */
+    uint64_t tc_min;                /* the least weight bytes a product on wgmma has (tensor_min_bytes) */
     void *mm_ws;                    /* tc: the products' split activations (ddt_cuda_matmul_workspace_bytes) */
     size_t mm_ws_bytes;
     ddt_drafter_dims dims;          /* drafter_desc.h */
@@ -182,12 +183,17 @@ static ddt_status upload_cat(ddt_cuda_drafter *d, const ddt_qweight *const *host
     return st;
 }
 
-/* y = x W^T: on wgmma where the drafter runs on the tensor cores and the weight is
- * bf16 (ddt_cuda_wg_eligible: the row-major data streamed by TMA, no packed copy, so
- * row-prefix views work too), else on the FP32 path. */
+/* Whether w's product runs on wgmma: the drafter on the tensor cores, w bf16
+ * (ddt_cuda_wg_eligible: the row-major data streamed by TMA, no packed copy, so
+ * row-prefix views work too) and at least tc_min bytes. */
+static bool on_tc(const ddt_cuda_drafter *d, const ddt_qweight *w) {
+    return d->tc && ddt_cuda_wg_eligible(w) && ddt_cuda_qweight_bytes(w) >= d->tc_min;
+}
+
+/* y = x W^T: on wgmma where on_tc, else on the FP32 path. */
 static ddt_status mm(const ddt_cuda_drafter *d, const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                      int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
-    if (d->tc && ddt_cuda_wg_eligible(w))
+    if (on_tc(d, w))
         return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_TENSOR, x, ldx, n, y, ldy, d->mm_ws, d->mm_ws_bytes, s, err);
     return ddt_cuda_matmul(w, x, ldx, n, y, ldy, s, err);
 }
@@ -231,8 +237,12 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
        launches where the stacked pair takes silu_mul between them at the draft's
        16 rows; the same values either way (silu_dev.cuh's arithmetic on the same
        products) */
-    /* (on the tensor cores the stacked pair: the interleaved product is the FP32 path's) */
-    if (!d->tc && ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
+    /* (the stacked pair where it goes to the tensor cores: the interleaved product is the
+       FP32 path's; on_tc's rule, read from the host view: bf16, 8-column rows, the
+       stacked bytes) */
+    const bool gu_tc = d->tc && h->gate.format == DDT_Q_DENSE && h->gate.dtype == DDT_DTYPE_BF16 &&
+                       h->gate.cols % 8 == 0 && 2 * (uint64_t)h->gate.rows * (uint64_t)h->gate.cols * 2 >= d->tc_min;
+    if (!gu_tc && ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
         ddt_qweight g, u;
         TRY(upload_linear(d, &h->gate, "gate_proj", l, &g, err));
         ddt_status st = upload_linear(d, &h->up, "up_proj", l, &u, err);
@@ -422,6 +432,7 @@ ddt_status ddt_cuda_drafter_load(const char *dir, const ddt_cuda_drafter_target 
     const ddt_drafter_config *c = &d->cfg;
     d->target = *t;
     d->tc = t->mm == DDT_CUDA_MM_TENSOR;
+    d->tc_min = t->tensor_min_bytes ? t->tensor_min_bytes : DDT_CUDA_DRAFTER_TC_MIN_BYTES;
     ddt_drafter_dims_fill(c, &d->dims);
     d->V = t->vocab_size;
     d->max_ctx = max_ctx;
@@ -495,12 +506,11 @@ void ddt_cuda_drafter_free(ddt_cuda_drafter *d) {
 static const ddt_qweight *cat_first(const cat_linear *c) { return c->whole.data ? &c->whole : &c->part[0]; }
 
 int32_t ddt_cuda_drafter_tensor_products(const ddt_cuda_drafter *d) {
-    if (!d->tc) return 0;
-    int32_t k = ddt_cuda_wg_eligible(d->target.lm_head);
+    int32_t k = on_tc(d, d->target.lm_head);
     for (int32_t l = 0; l < d->dims.n_layers; l++) {
         const cuda_layer *Y = &d->layers[l];
-        k += ddt_cuda_wg_eligible(cat_first(&Y->kvq)) + ddt_cuda_wg_eligible(&Y->o_proj) +
-             ddt_cuda_wg_eligible(&Y->down) + (!Y->gu_pair.data && ddt_cuda_wg_eligible(cat_first(&Y->gu)));
+        k += on_tc(d, cat_first(&Y->kvq)) + on_tc(d, &Y->o_proj) + on_tc(d, &Y->down) +
+             (!Y->gu_pair.data && on_tc(d, cat_first(&Y->gu)));
     }
     return k;
 }
@@ -664,7 +674,7 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
             TRY(ddt_cuda_matmul(&Y->down, d->gu, I, L, d->tmp, H, s, err));
         } else {
             TRY(cat_matmul(d, &Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
-            if (d->tc && ddt_cuda_wg_eligible(&Y->down))
+            if (on_tc(d, &Y->down))
                 TRY(ddt_cuda_matmul_silu_mode(&Y->down, DDT_CUDA_MM_TENSOR, d->gu, 2 * (int64_t)I, d->gu + I,
                                               2 * (int64_t)I, L, d->tmp, H, d->mm_ws, d->mm_ws_bytes, s, err));
             else

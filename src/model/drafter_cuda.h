@@ -48,12 +48,17 @@ typedef struct ddt_cuda_drafter_target {
     int32_t hidden_size, num_layers, vocab_size;
     const ddt_qweight *embed, *lm_head; /* [vocab][hidden] */
     /* DDT_CUDA_MM_TENSOR (the target's --tensor-cores): the products of bf16 weights
-       (the drafter's own and the borrowed LM head) on wgmma, each weight byte read
-       once for the whole block, where the FP32 path reads it once for every 4 rows;
-       logits then ~1e-5 off the CPU's, still batch-invariant and deterministic.  The
-       other formats, and DDT_CUDA_MM_FP32 (0), on the FP32 path. */
+       (the drafter's own and the borrowed LM head) of at least tensor_min_bytes on
+       wgmma, each weight byte read once for the whole block, where the FP32 path
+       reads it once for every 4 rows; logits then ~1e-5 off the CPU's, still
+       batch-invariant and deterministic.  Smaller weights (L2-resident: four reads
+       cost less than the tensor path's extra launch), the other formats, and
+       DDT_CUDA_MM_FP32 (0) on the FP32 path.  A property of the weights, never of n. */
     ddt_cuda_mm_mode mm;
+    uint64_t tensor_min_bytes; /* 0: DDT_CUDA_DRAFTER_TC_MIN_BYTES; 1: every bf16 product (tests) */
 } ddt_cuda_drafter_target;
+
+#define DDT_CUDA_DRAFTER_TC_MIN_BYTES (4u << 20)
 
 /* Tokens one append_prefix launch handles (a prefill chunk); longer prefixes loop. */
 #define DDT_CUDA_DRAFTER_PREFIX_CHUNK 64

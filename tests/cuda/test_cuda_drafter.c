@@ -1311,10 +1311,12 @@ static void test_concat_op(void) {
 /* ------------------------------------------------------------------ one model */
 
 /* tc: the drafter on the tensor cores (ddt_cuda_drafter_target.mm): its bf16 products
- * and the LM head on wgmma, want_tc of them; logits within 1e-3 of the CPU's (split
+ * of at least tc_min bytes (0: the default 4 MiB, which none of these small models'
+ * weights reach; 1: all) and the LM head on wgmma, want_tc of them; logits within 1e-3 of the CPU's (split
  * bf16 activations, ~1e-5 a product), every bitwise check (chunking, graphs) as on the
  * FP32 path, which batch invariance keeps. */
-static void test_model_mode(const char *name, const char *drafter_dir, const char *target_dir, bool tc, int want_tc) {
+static void test_model_mode(const char *name, const char *drafter_dir, const char *target_dir, bool tc, int want_tc,
+                            uint64_t tc_min) {
     printf("%s (%s%s):\n", name, drafter_dir, tc ? ", tensor cores" : "");
     pair P = {.name = name, .tol = tc ? 1e-3 : TOL, .tie = tc ? 1e-3 : 1e-5}, *p = &P;
     ddt_drafter_head *head;
@@ -1327,7 +1329,8 @@ static void test_model_mode(const char *name, const char *drafter_dir, const cha
     OK(ddt_cuda_qweight_upload(ht->lm_head, &d_lm, &err_));
     ddt_cuda_drafter_target gt = {.hidden_size = ht->hidden_size, .num_layers = ht->num_layers,
                                   .vocab_size = ht->vocab_size, .embed = &d_embed, .lm_head = &d_lm,
-                                  .mm = tc ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32};
+                                  .mm = tc ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32,
+                                  .tensor_min_bytes = tc_min};
 
     /* the CPU's load checks, with its messages */
     ddt_cuda_drafter *bad = NULL;
@@ -1418,7 +1421,7 @@ static void test_model_mode(const char *name, const char *drafter_dir, const cha
 }
 
 static void test_model(const char *name, const char *drafter_dir, const char *target_dir) {
-    test_model_mode(name, drafter_dir, target_dir, false, 0);
+    test_model_mode(name, drafter_dir, target_dir, false, 0, 0);
 }
 
 int main(int argc, char **argv) {
@@ -1434,10 +1437,12 @@ int main(int argc, char **argv) {
     test_model("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32");
     /* the tensor cores: the bf16 yarn drafter's 4 products a layer (2 layers) with the fp32
        fixture's head on the FP32 path; the shipped pair's 4 x 4 and its bf16 head */
-    test_model_mode("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32", true, 8);
+    test_model_mode("fixture yarn", "tests/fixtures/drafter/yarn_legacy", "tests/fixtures/target/fp32", true, 8, 1);
     if (!quick) {
         test_model("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target");
-        test_model_mode("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target", true, 17);
+        test_model_mode("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target", true, 17, 1);
+        /* the default threshold: the shipped drafter's weights (at most 2.2 MB) stay on the FP32 path */
+        test_model_mode("pystdlib", "models/pystdlib-dflash", "models/pystdlib-target", true, 0, 0);
     }
     if (g_failures) printf("test_cuda_drafter: %d FAILURES\n", g_failures);
     else printf("test_cuda_drafter: all passed\n");

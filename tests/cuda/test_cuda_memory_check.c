@@ -73,7 +73,7 @@ static void check_drafter(void) {
     const ddt_model_config *tc = ddt_cuda_target_config(t);
     ddt_cuda_drafter_target dt = {tc->hidden_size, tc->num_hidden_layers, ddt_cuda_target_vocab(t),
                                   ddt_cuda_target_embed(t), ddt_cuda_target_lm_head(t),
-                                  o.tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32};
+                                  o.tensor_cores ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32, 0};
     ddt_cuda_drafter *d = NULL;
     OK(ddt_cuda_drafter_load(ddir, &dt, ctx, &d, &err));
     const uint64_t dw = ddt_cuda_drafter_weight_bytes(d), ds = ddt_cuda_drafter_state_bytes(d);
