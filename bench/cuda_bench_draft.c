@@ -44,15 +44,15 @@ static int cmp_f(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* median ms of reps replays of a graph (after two warm-ups) */
-static float time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
+/* median ms of reps runs of work(arg) on stream s (after two warm-ups), between events */
+static float time_median(void (*work)(void *arg, cudaStream_t s), void *arg, cudaStream_t s, int reps) {
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     float v[64];
     for (int r = -2; r < reps; r++) {
         CU(cudaEventRecord(e0, s));
-        CU(cudaGraphLaunch(g, s));
+        work(arg, s);
         CU(cudaEventRecord(e1, s));
         CU(cudaEventSynchronize(e1));
         if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
@@ -63,30 +63,28 @@ static float time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
     return v[reps / 2];
 }
 
+static void launch_graph(void *g, cudaStream_t s) { CU(cudaGraphLaunch((cudaGraphExec_t)g, s)); }
+
+typedef struct copy_job {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_job;
+static void copy_work(void *arg, cudaStream_t s) {
+    const copy_job *c = arg;
+    CU(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, s));
+}
+
 /* d2d copy bandwidth, bytes read + written per second */
 static double copy_bw(cudaStream_t s) {
-    const size_t bytes = (size_t)1 << 30;
-    void *a, *b;
-    CU(cudaMalloc(&a, bytes));
-    CU(cudaMalloc(&b, bytes));
-    CU(cudaMemset(a, 0, bytes));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float v[7];
-    for (int r = -2; r < 7; r++) {
-        CU(cudaEventRecord(e0, s));
-        CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
-    }
-    qsort(v, 7, sizeof v[0], cmp_f);
-    CU(cudaEventDestroy(e0));
-    CU(cudaEventDestroy(e1));
-    CU(cudaFree(a));
-    CU(cudaFree(b));
-    return 2.0 * (double)bytes / (v[3] * 1e-3);
+    copy_job c = {.bytes = (size_t)1 << 30};
+    CU(cudaMalloc(&c.dst, c.bytes));
+    CU(cudaMalloc((void **)&c.src, c.bytes));
+    CU(cudaMemset((void *)c.src, 0, c.bytes));
+    const float ms = time_median(copy_work, &c, s, 7);
+    CU(cudaFree(c.dst));
+    CU(cudaFree((void *)c.src));
+    return 2.0 * (double)c.bytes / (ms * 1e-3);
 }
 
 typedef struct timing {
@@ -124,7 +122,7 @@ static timing run_mode(const char *dir, const ddt_cuda_drafter_target *base, ddt
     OK(ddt_cuda_drafter_draft(d, bonus, logits, s, &err_));
     CU(cudaStreamEndCapture(s, &g));
     CU(cudaGraphInstantiate(&ge, g, 0));
-    out.draft_ms = time_graph(ge, s, reps);
+    out.draft_ms = time_median(launch_graph, ge, s, reps);
     CU(cudaGraphExecDestroy(ge));
     CU(cudaGraphDestroy(g));
     /* the round's append: 16 accepted rows (len grows by 16 a replay; CTX leaves room) */
@@ -132,7 +130,7 @@ static timing run_mode(const char *dir, const ddt_cuda_drafter_target *base, ddt
     OK(ddt_cuda_drafter_append_rows(d, (const float *const *)feat, rows, m, 16, s, &err_));
     CU(cudaStreamEndCapture(s, &g));
     CU(cudaGraphInstantiate(&ge, g, 0));
-    out.append_ms = time_graph(ge, s, reps);
+    out.append_ms = time_median(launch_graph, ge, s, reps);
     CU(cudaGraphExecDestroy(ge));
     CU(cudaGraphDestroy(g));
     CU(cudaStreamSynchronize(s));
@@ -148,6 +146,26 @@ static timing run_mode(const char *dir, const ddt_cuda_drafter_target *base, ddt
     CU(cudaFree(m));
     ddt_cuda_drafter_free(d);
     return out;
+}
+
+/* The draft's products on cuBLAS: weights w[i] of shape kind[i] (rows, cols) */
+typedef struct cublas_job {
+    cublasHandle_t h;
+    int nw, L;
+    void **w, *x, *y;
+    const int64_t (*shapes)[2];
+} cublas_job;
+static void cublas_work(void *arg, cudaStream_t s) {
+    (void)s; /* the handle's stream */
+    const cublas_job *j = arg;
+    const float one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < j->nw; i++) {
+        const int k = i == j->nw - 1 ? 4 : i % 4, n = k == 4 ? j->L - 1 : j->L;
+        const int rows = (int)j->shapes[k][0], cols = (int)j->shapes[k][1];
+        /* column-major: y [rows][n] = W^T-stored [cols][rows]^T x [cols][n] */
+        CB(cublasGemmEx(j->h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, j->w[i], CUDA_R_16BF, cols, j->x,
+                        CUDA_R_16BF, cols, &zero, j->y, CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
 }
 
 /* cuBLAS bf16 for the draft's products alone: per layer k|v|q, o, gate|up, down, then
@@ -174,36 +192,16 @@ static float cublas_draft_ms(const ddt_drafter_config *c, int64_t V, int reps, c
     CU(cudaMalloc(&x, xmax * (size_t)L * 2));
     CU(cudaMalloc(&y, ymax * (size_t)L * 2));
     CU(cudaMemset(x, 0, xmax * (size_t)L * 2));
-    cublasHandle_t hb;
-    CB(cublasCreate(&hb));
-    CB(cublasSetStream(hb, s));
-    const float one = 1.0f, zero = 0.0f;
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float v[64];
-    for (int r = -2; r < reps; r++) {
-        CU(cudaEventRecord(e0, s));
-        for (int i = 0; i < nw; i++) {
-            const int k = i == nw - 1 ? 4 : i % 4, n = k == 4 ? L - 1 : L;
-            /* y^T [rows][n] = W [rows][cols] x^T [cols][n], column-major: y = W^T... as (n x rows) */
-            CB(cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)shapes[k][0], n, (int)shapes[k][1], &one, w[i],
-                            CUDA_R_16BF, (int)shapes[k][1], x, CUDA_R_16BF, (int)shapes[k][1], &zero, y, CUDA_R_16BF,
-                            (int)shapes[k][0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        }
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        if (r >= 0) CU(cudaEventElapsedTime(&v[r], e0, e1));
-    }
-    qsort(v, (size_t)reps, sizeof v[0], cmp_f);
-    CU(cudaEventDestroy(e0));
-    CU(cudaEventDestroy(e1));
-    CB(cublasDestroy(hb));
+    cublas_job j = {.nw = nw, .L = L, .w = w, .x = x, .y = y, .shapes = shapes};
+    CB(cublasCreate(&j.h));
+    CB(cublasSetStream(j.h, s));
+    const float ms = time_median(cublas_work, &j, s, reps);
+    CB(cublasDestroy(j.h));
     for (int i = 0; i < nw; i++) CU(cudaFree(w[i]));
     free(w);
     CU(cudaFree(x));
     CU(cudaFree(y));
-    return v[reps / 2];
+    return ms;
 }
 
 int main(int argc, char **argv) {
