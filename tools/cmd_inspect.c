@@ -153,6 +153,30 @@ static void formats_of(const ddt_target_desc *d, parts_fmt *p) {
 /* bytes in words for the tables: two decimals */
 static const char *human(char *buf, size_t cap, uint64_t b) { return ddt_shard_fmt_bytes(buf, cap, b, 2); }
 
+/* What one token's forward reads on rank s of the split (NULL: one GPU) whose bytes are
+ * b: an embedding row of an untied table, the rank's vocabulary rows of the LM head
+ * where the logits are split (model/shard.h ddt_shard_vocab_slice), its expected share
+ * of the token's routed experts (top_k of n_experts spread evenly: a token's real count
+ * on a GPU varies), the rest whole.  With one GPU: the whole model's decode step. */
+static uint64_t token_bytes(const ddt_target_desc *d, const ddt_shard *s, const ddt_shard_bytes *b) {
+    uint64_t step = b->total;
+    const uint64_t vocab = (uint64_t)d->dims.vocab;
+    if (!d->cfg.tie_word_embeddings) step = step - d->embed_bytes + d->embed_bytes / vocab;
+    int64_t v0, n;
+    bool split;
+    ddt_shard_vocab_slice(s, d->dims.vocab, &v0, &n, &split);
+    if (split) {
+        const uint64_t head = d->cfg.tie_word_embeddings ? d->embed_bytes : ddt_shard_stored_bytes(&d->lm_head);
+        step = step - head + head / (uint64_t)s->world;
+    }
+    const int32_t ne = s ? s->n_experts : d->dims.n_experts;
+    if (d->dims.n_experts > 0 && ne > 0) {
+        const uint64_t per = b->routed / (uint64_t)ne; /* an expert's bytes */
+        step = step - b->routed + per * (uint64_t)d->dims.top_k * (uint64_t)ne / (uint64_t)d->dims.n_experts;
+    }
+    return step;
+}
+
 static json_t *bytes_json(const ddt_shard_bytes *b) {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "embed", (json_int_t)b->embed, "attention",
                      (json_int_t)b->attention, "router", (json_int_t)b->router, "dense", (json_int_t)b->dense,
@@ -270,7 +294,9 @@ int ddt_cmd_inspect(int argc, char **argv) {
             printf("drafter %s: weights %s as stored, cache %s (%lld + a block of positions), on every GPU\n",
                    a.draft, human(h, sizeof h, draft_w), human(h2, sizeof h2, draft_kv), a.ctx);
         }
-        printf("\n--gpus %d:\n\n| GPU | heads | routed experts | weights | + KV cache%s |%s\n|---:|---|---|---:|---:|%s\n",
+        printf("\n--gpus %d (a token reads: what one token's forward reads on the GPU, its routed experts the "
+               "expected share):\n\n| GPU | heads | routed experts | weights | + KV cache%s | a token reads |%s\n"
+               "|---:|---|---|---:|---:|---:|%s\n",
                world, a.draft ? " + drafter" : "", a.have_mem ? " fits |" : "", a.have_mem ? "---|" : "");
     }
     char why[DDT_ERROR_MSG_MAX * 2] = "";
@@ -286,9 +312,10 @@ int ddt_cmd_inspect(int argc, char **argv) {
             all_fit = all_fit && fits;
         }
         if (a.json) {
-            json_t *x = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I}", "rank", r, "head0", s->head0, "heads",
+            json_t *x = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "rank", r, "head0", s->head0, "heads",
                                   s->n_heads, "expert0", s->expert0, "experts", s->n_experts,
-                                  "need", (json_int_t)(b.total + kv + draft_need));
+                                  "need", (json_int_t)(b.total + kv + draft_need), "token_bytes",
+                                  (json_int_t)token_bytes(&d, world > 1 ? s : NULL, &b));
             json_object_set_new(x, "bytes", bytes_json(&b));
             if (a.have_mem) json_object_set_new(x, "fits", json_boolean(fits));
             json_array_append_new(ranks, x);
@@ -298,9 +325,11 @@ int ddt_cmd_inspect(int argc, char **argv) {
                      s->split_heads || world == 1 ? "" : " (all)");
             if (s->n_experts > 0) snprintf(experts, sizeof experts, "%d-%d", s->expert0, s->expert0 + s->n_experts - 1);
             else snprintf(experts, sizeof experts, "-");
-            char w[32], n[32];
-            printf("| %d | %s | %s | %s | %s |%s\n", r, heads, experts, human(w, sizeof w, b.total),
-                   human(n, sizeof n, b.total + kv + draft_need), a.have_mem ? (fits ? " yes |" : " **no** |") : "");
+            char w[32], n[32], tk[32];
+            printf("| %d | %s | %s | %s | %s | %s |%s\n", r, heads, experts, human(w, sizeof w, b.total),
+                   human(n, sizeof n, b.total + kv + draft_need),
+                   human(tk, sizeof tk, token_bytes(&d, world > 1 ? s : NULL, &b)),
+                   a.have_mem ? (fits ? " yes |" : " **no** |") : "");
         }
     }
     if (a.json) {

@@ -2,7 +2,9 @@
 safetensors headers (this file parses them itself: tensor names, dtypes and shapes, no weights
 read) with the split of model/shard.h (heads' rows of q_b / q_proj and kv_b and columns of o_proj,
 routed experts by floor division, dense MLPs and shared experts sliced along their intermediate
-dimension where it cuts into whole units, else on GPU 0, the rest everywhere), on
+dimension where it cuts into whole units, else on GPU 0, the rest everywhere) and what one token
+reads on each GPU (its rows of the LM head where the vocabulary splits, its expected share of the
+routed experts), on
 every fixture format and GPU counts 1..8; the KV cache a position; --gpu-memory's verdict and exit
 status at the edge; bad arguments exiting 2 with a message.  Needs DDT_BUILD_DIR."""
 
@@ -148,6 +150,26 @@ class Ref:
         b["total"] = sum(b.values())
         return b
 
+    def token(self, r, world, b):
+        """what one token reads on GPU r of world whose bytes are b: an embedding row of an untied table,
+        the GPU's vocabulary rows of the LM head where the world cuts the vocabulary into 32-row units,
+        its expected share (top_k / n_experts of its experts) of the routed experts, the rest whole"""
+        c = self.cfg
+        V, E, k = c["vocab_size"], c.get("n_routed_experts") or 0, c.get("num_experts_per_tok") or 0
+        tied = c.get("tie_word_embeddings", False)
+        emb = self.weight("model.embed_tokens")
+        step = b["total"]
+        if not tied:
+            step = step - emb + emb // V
+        if world > 1 and V % world == 0 and (V // world) % 32 == 0:
+            head = emb if tied else self.weight("lm_head")
+            step = step - head + head // world
+        ne = (r + 1) * E // world - r * E // world
+        if E and ne:
+            per = b["routed"] // ne
+            step = step - b["routed"] + per * k * ne // E
+        return step
+
 
 def valid_worlds(cfg):
     E = cfg.get("n_routed_experts") or 0
@@ -181,6 +203,7 @@ def test_ranks_match_the_headers(model):
         for i, g in enumerate(got["ranks"]):
             assert g["rank"] == i
             assert g["bytes"] == ref.rank(i, w), (model, w, i)
+            assert g["token_bytes"] == ref.token(i, w, g["bytes"]), (model, w, i)
             assert g["need"] == g["bytes"]["total"] + got["kv_bytes"]
         c = ref.cfg
         per_pos = c["num_hidden_layers"] * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4
