@@ -253,6 +253,7 @@ def test_formats_and_text():
     r = run("--model", os.path.join(ROOT, "models/pystdlib-target"), "--gpus", "2")
     assert r.returncode == 0, r.stderr
     assert "| 0 | 0-1 | 0-3 |" in r.stdout and "| 1 | 2-3 | 4-7 |" in r.stdout
+    assert "| a token reads |" in r.stdout
     assert "8 routed experts (2 a token) + 1 shared" in r.stdout
 
 
