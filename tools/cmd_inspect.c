@@ -243,9 +243,7 @@ int ddt_cmd_inspect(int argc, char **argv) {
     const uint64_t mem = a.have_mem ? (uint64_t)(a.mem_gib * 1024.0 * 1024.0 * 1024.0) : 0;
     /* what one token's forward reads (ddt_target_decode_bytes' rule): one row of an
        untied embedding table, top_k of each MoE layer's routed experts, the rest whole */
-    uint64_t step = whole.total;
-    if (!c->tie_word_embeddings) step = step - d.embed_bytes + d.embed_bytes / (uint64_t)d.dims.vocab;
-    if (d.dims.n_experts > 0) step = step - whole.routed + whole.routed / (uint64_t)d.dims.n_experts * (uint64_t)d.dims.top_k;
+    const uint64_t step = token_bytes(&d, NULL, &whole);
     int32_t n_moe = 0;
     for (int32_t l = 0; l < d.dims.n_layers; l++) n_moe += d.layers[l].moe;
     bool all_fit = true;

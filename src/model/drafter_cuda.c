@@ -183,19 +183,30 @@ static ddt_status upload_cat(ddt_cuda_drafter *d, const ddt_qweight *const *host
     return st;
 }
 
-/* Whether w's product runs on wgmma: the drafter on the tensor cores, w bf16
- * (ddt_cuda_wg_eligible: the row-major data streamed by TMA, no packed copy, so
- * row-prefix views work too) and at least tc_min bytes. */
-static bool on_tc(const ddt_cuda_drafter *d, const ddt_qweight *w) {
-    return d->tc && ddt_cuda_wg_eligible(w) && ddt_cuda_qweight_bytes(w) >= d->tc_min;
+/* The tensor-core rule on a weight's format and size (bytes: its own, or a stack's
+ * it will join), which a host view tells before the upload: the drafter on the
+ * tensor cores, bf16 rows of whole 16-byte pieces, at least tc_min bytes. */
+static bool tc_rule(const ddt_cuda_drafter *d, const ddt_qweight *w, uint64_t bytes) {
+    return d->tc && w->format == DDT_Q_DENSE && w->dtype == DDT_DTYPE_BF16 && w->cols % 8 == 0 && bytes >= d->tc_min;
 }
 
-/* y = x W^T: on wgmma where on_tc, else on the FP32 path. */
+/* Whether w's product runs on wgmma: tc_rule on the device weight, which the wgmma
+ * path takes (ddt_cuda_wg_eligible: the row-major data streamed by TMA, no packed
+ * copy, so row-prefix views work too). */
+static bool on_tc(const ddt_cuda_drafter *d, const ddt_qweight *w) {
+    return tc_rule(d, w, ddt_cuda_qweight_bytes(w)) && ddt_cuda_wg_eligible(w);
+}
+
+/* The mode w's product runs in (qmatmul_cuda.h): the tensor cores where on_tc, else
+ * the FP32 path, which ignores the workspace. */
+static ddt_cuda_mm_mode mode_of(const ddt_cuda_drafter *d, const ddt_qweight *w) {
+    return on_tc(d, w) ? DDT_CUDA_MM_TENSOR : DDT_CUDA_MM_FP32;
+}
+
+/* y = x W^T in mode_of(w). */
 static ddt_status mm(const ddt_cuda_drafter *d, const ddt_qweight *w, const float *x, int64_t ldx, int32_t n, float *y,
                      int64_t ldy, ddt_cuda_stream s, ddt_error *err) {
-    if (on_tc(d, w))
-        return ddt_cuda_matmul_mode(w, DDT_CUDA_MM_TENSOR, x, ldx, n, y, ldy, d->mm_ws, d->mm_ws_bytes, s, err);
-    return ddt_cuda_matmul(w, x, ldx, n, y, ldy, s, err);
+    return ddt_cuda_matmul_mode(w, mode_of(d, w), x, ldx, n, y, ldy, d->mm_ws, d->mm_ws_bytes, s, err);
 }
 
 /* y [n][ldy] columns [0, rows[0] + .. + rows[used-1]) = the first `used` parts'
@@ -237,11 +248,9 @@ static ddt_status upload_layer(ddt_cuda_drafter *d, const ddt_drafter_layer *h, 
        launches where the stacked pair takes silu_mul between them at the draft's
        16 rows; the same values either way (silu_dev.cuh's arithmetic on the same
        products) */
-    /* (the stacked pair where it goes to the tensor cores: the interleaved product is the
-       FP32 path's; on_tc's rule, read from the host view: bf16, 8-column rows, the
-       stacked bytes) */
-    const bool gu_tc = d->tc && h->gate.format == DDT_Q_DENSE && h->gate.dtype == DDT_DTYPE_BF16 &&
-                       h->gate.cols % 8 == 0 && 2 * (uint64_t)h->gate.rows * (uint64_t)h->gate.cols * 2 >= d->tc_min;
+    /* (the stacked pair where it goes to the tensor cores, tc_rule on the stack's bytes:
+       the interleaved product is the FP32 path's) */
+    const bool gu_tc = tc_rule(d, &h->gate, ddt_cuda_qweight_bytes(&h->gate) + ddt_cuda_qweight_bytes(&h->up));
     if (!gu_tc && ddt_cuda_qweight_interleave_ok(&h->gate, &h->up)) { /* shapes and formats: the host views tell */
         ddt_qweight g, u;
         TRY(upload_linear(d, &h->gate, "gate_proj", l, &g, err));
@@ -674,12 +683,8 @@ ddt_status ddt_cuda_drafter_draft(ddt_cuda_drafter *d, const int32_t *bonus, flo
             TRY(ddt_cuda_matmul(&Y->down, d->gu, I, L, d->tmp, H, s, err));
         } else {
             TRY(cat_matmul(d, &Y->gu, 2, d->xn, H, L, d->gu, 2 * (int64_t)I, s, err)); /* gate | up */
-            if (on_tc(d, &Y->down))
-                TRY(ddt_cuda_matmul_silu_mode(&Y->down, DDT_CUDA_MM_TENSOR, d->gu, 2 * (int64_t)I, d->gu + I,
-                                              2 * (int64_t)I, L, d->tmp, H, d->mm_ws, d->mm_ws_bytes, s, err));
-            else
-                TRY(ddt_cuda_matmul_silu(&Y->down, d->gu, 2 * (int64_t)I, d->gu + I, 2 * (int64_t)I, L, d->tmp, H, s,
-                                         err));
+            TRY(ddt_cuda_matmul_silu_mode(&Y->down, mode_of(d, &Y->down), d->gu, 2 * (int64_t)I, d->gu + I,
+                                          2 * (int64_t)I, L, d->tmp, H, d->mm_ws, d->mm_ws_bytes, s, err));
         }
         if (l + 1 < d->dims.n_layers) {
             TRY(ddt_cuda_add_rmsnorm(d->x, H, d->tmp, H, L, H, d->layers[l + 1].attn_norm, eps, d->xn, H, s, err));
